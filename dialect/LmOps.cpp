@@ -1,0 +1,333 @@
+//===- LmOps.cpp - lm op verifiers ------------------------------------------===//
+//
+// Every verifier says what is wrong in terms a spec author or pass writer can act
+// on: which operand, which dimension, what was expected.
+//
+//===----------------------------------------------------------------------===//
+#include "dialect/LmDialect.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/OpImplementation.h"
+
+using namespace mlir;
+using namespace lmcc::lm;
+
+namespace {
+
+RankedTensorType tensorOf(Value v) { return llvm::cast<RankedTensorType>(v.getType()); }
+
+/// Two dimensions agree when equal or when either is dynamic.
+bool compatible(int64_t a, int64_t b) { return ShapedType::isDynamic(a) || ShapedType::isDynamic(b) || a == b; }
+
+std::string dimStr(int64_t d) { return ShapedType::isDynamic(d) ? "?" : std::to_string(d); }
+
+LogicalResult expectRank(Operation *op, StringRef what, Value v, int64_t rank) {
+  if (tensorOf(v).getRank() != rank)
+    return op->emitOpError() << what << " must have rank " << rank << ", got " << v.getType();
+  return success();
+}
+
+LogicalResult expectDim(Operation *op, StringRef what, int64_t got, int64_t expected) {
+  if (!compatible(got, expected))
+    return op->emitOpError() << what << ": expected " << dimStr(expected) << ", got " << dimStr(got);
+  return success();
+}
+
+} // namespace
+
+#define GET_OP_CLASSES
+#include "dialect/LmOps.cpp.inc"
+
+LogicalResult WeightOp::verify() {
+  if (getName().empty())
+    return emitOpError("needs a non-empty canonical weight name, e.g. \"embed.token\"");
+  if (!getResult().getType().hasStaticShape())
+    return emitOpError("weights have static shapes (model dimensions are compile-time constants), got ")
+           << getResult().getType();
+  return success();
+}
+
+LogicalResult EmbedOp::verify() {
+  if (failed(expectRank(*this, "table", getTable(), 2)) || failed(expectRank(*this, "ids", getIds(), 2)) ||
+      failed(expectRank(*this, "result", getResult(), 3)))
+    return failure();
+  auto ids = getIds().getType(), res = getResult().getType();
+  if (failed(expectDim(*this, "result dim 0 (batch)", res.getDimSize(0), ids.getDimSize(0))) ||
+      failed(expectDim(*this, "result dim 1 (sequence)", res.getDimSize(1), ids.getDimSize(1))) ||
+      failed(expectDim(*this, "result dim 2 (embedding width)", res.getDimSize(2), getTable().getType().getDimSize(1))))
+    return failure();
+  return success();
+}
+
+LogicalResult PositionsOp::verify() {
+  if (failed(expectRank(*this, "ids", getIds(), 2)) || failed(expectRank(*this, "result", getResult(), 3)))
+    return failure();
+  auto ids = getIds().getType(), res = getResult().getType();
+  if (failed(expectDim(*this, "result dim 0 (batch)", res.getDimSize(0), ids.getDimSize(0))) ||
+      failed(expectDim(*this, "result dim 1 (sequence)", res.getDimSize(1), ids.getDimSize(1))))
+    return failure();
+  if (ShapedType::isDynamic(res.getDimSize(2)))
+    return emitOpError("the embedding width (result dim 2) must be static");
+  if (Value table = getTable()) {
+    if (failed(expectRank(*this, "table", table, 2)) ||
+        failed(expectDim(*this, "table dim 1 (embedding width)", tensorOf(table).getDimSize(1), res.getDimSize(2))))
+      return failure();
+  } else if (res.getDimSize(2) % 2) {
+    return emitOpError("sinusoidal positions need an even embedding width, got ") << res.getDimSize(2);
+  }
+  return success();
+}
+
+LogicalResult LinearOp::verify() {
+  auto in = getInput().getType(), w = getWeight().getType(), res = getResult().getType();
+  if (failed(expectRank(*this, "weight ([out, in])", getWeight(), 2)))
+    return failure();
+  if (in.getRank() < 1 || in.getRank() != res.getRank())
+    return emitOpError("input and result must have the same rank >= 1, got ") << in << " and " << res;
+  if (failed(expectDim(*this, "input features vs weight dim 1 (in)", in.getShape().back(), w.getDimSize(1))) ||
+      failed(expectDim(*this, "result features vs weight dim 0 (out)", res.getShape().back(), w.getDimSize(0))))
+    return failure();
+  for (int64_t i = 0; i + 1 < in.getRank(); ++i)
+    if (failed(expectDim(*this, "leading dim " + std::to_string(i), res.getDimSize(i), in.getDimSize(i))))
+      return failure();
+  if (Value b = getBias())
+    if (failed(expectRank(*this, "bias", b, 1)) ||
+        failed(expectDim(*this, "bias size vs weight dim 0 (out)", tensorOf(b).getDimSize(0), w.getDimSize(0))))
+      return failure();
+  return success();
+}
+
+LogicalResult LayerNormOp::verify() {
+  if (getInput().getType() != getResult().getType())
+    return emitOpError("result type must equal the input type ") << getInput().getType();
+  int64_t width = getInput().getType().getShape().back();
+  for (auto [name, v] : {std::pair<const char *, Value>{"gamma", getGamma()}, {"beta", getBeta()}})
+    if (failed(expectRank(*this, name, v, 1)) ||
+        failed(expectDim(*this, std::string(name) + " size vs the normalized axis", tensorOf(v).getDimSize(0), width)))
+      return failure();
+  if (!(getEpsilon().convertToDouble() > 0))
+    return emitOpError("epsilon must be positive");
+  return success();
+}
+
+LogicalResult InterpolateOp::verify() {
+  double lambda = getLambda().convertToDouble();
+  if (!(lambda >= 0 && lambda <= 1))
+    return emitOpError("lambda must be in [0, 1], got ") << lambda;
+  if (getFrom() < 0)
+    return emitOpError("from must be >= 0");
+  return success();
+}
+
+LogicalResult SplitHeadsOp::verify() {
+  if (failed(expectRank(*this, "input [B, N, D]", getInput(), 3)) ||
+      failed(expectRank(*this, "result [B, H, N, dh]", getResult(), 4)))
+    return failure();
+  auto in = getInput().getType(), res = getResult().getType();
+  int64_t d = in.getDimSize(2), h = res.getDimSize(1), dh = res.getDimSize(3);
+  if (ShapedType::isDynamic(d) || ShapedType::isDynamic(h) || ShapedType::isDynamic(dh))
+    return emitOpError("heads and head size must be static");
+  if (h * dh != d)
+    return emitOpError("heads (") << h << ") x head size (" << dh << ") must equal d_model (" << d << ")";
+  if (failed(expectDim(*this, "batch", res.getDimSize(0), in.getDimSize(0))) ||
+      failed(expectDim(*this, "sequence", res.getDimSize(2), in.getDimSize(1))))
+    return failure();
+  return success();
+}
+
+LogicalResult MergeHeadsOp::verify() {
+  if (failed(expectRank(*this, "input [B, H, N, dh]", getInput(), 4)) ||
+      failed(expectRank(*this, "result [B, N, D]", getResult(), 3)))
+    return failure();
+  auto in = getInput().getType(), res = getResult().getType();
+  int64_t h = in.getDimSize(1), dh = in.getDimSize(3), d = res.getDimSize(2);
+  if (ShapedType::isDynamic(d) || ShapedType::isDynamic(h) || ShapedType::isDynamic(dh) || h * dh != d)
+    return emitOpError("heads x head size must equal the static d_model: ") << dimStr(h) << " x " << dimStr(dh)
+                                                                            << " vs " << dimStr(d);
+  if (failed(expectDim(*this, "batch", res.getDimSize(0), in.getDimSize(0))) ||
+      failed(expectDim(*this, "sequence", res.getDimSize(1), in.getDimSize(2))))
+    return failure();
+  return success();
+}
+
+LogicalResult MatmulOp::verify() {
+  auto a = getLhs().getType(), b = getRhs().getType(), c = getResult().getType();
+  int64_t rank = a.getRank();
+  if (rank < 2 || b.getRank() != rank || c.getRank() != rank)
+    return emitOpError("operands and result must share a rank >= 2, got ") << a << ", " << b << ", " << c;
+  for (int64_t i = 0; i + 2 < rank; ++i)
+    if (failed(expectDim(*this, "batch dim " + std::to_string(i) + " of rhs", b.getDimSize(i), a.getDimSize(i))) ||
+        failed(expectDim(*this, "batch dim " + std::to_string(i) + " of result", c.getDimSize(i), a.getDimSize(i))))
+      return failure();
+  bool t = getTransposeRhs();
+  int64_t m = a.getDimSize(rank - 2), k = a.getDimSize(rank - 1);
+  int64_t kb = b.getDimSize(t ? rank - 1 : rank - 2), n = b.getDimSize(t ? rank - 2 : rank - 1);
+  if (failed(expectDim(*this, "contraction size of rhs", kb, k)) ||
+      failed(expectDim(*this, "result rows", c.getDimSize(rank - 2), m)) ||
+      failed(expectDim(*this, "result columns", c.getDimSize(rank - 1), n)))
+    return failure();
+  return success();
+}
+
+/// Checks the optional per-row mask operand against the mask kind.
+static LogicalResult verifyMaskData(Operation *op, MaskKind kind, Value data, int64_t batch) {
+  bool needs = kind == MaskKind::directional || kind == MaskKind::Explicit;
+  if (needs && !data)
+    return op->emitOpError() << "#lm.mask<" << stringifyMaskKind(kind)
+                             << "> needs a data(...) operand: per-row directions [B, N] (directional) or a "
+                                "[B, N, M] i1 visibility tensor (explicit)";
+  if (!needs && data)
+    return op->emitOpError() << "#lm.mask<" << stringifyMaskKind(kind)
+                             << "> is fully described by its kind; remove the data(...) operand";
+  if (!data)
+    return success();
+  auto t = tensorOf(data);
+  if (kind == MaskKind::directional && (t.getRank() != 2 || !t.getElementType().isInteger(32)))
+    return op->emitOpError("directional mask data must be [B, N] i32 directions (0 R: j < i, 1 L: j > i, 2 S: j != i), got ") << t;
+  if (kind == MaskKind::Explicit && (t.getRank() != 3 || !t.getElementType().isInteger(1)))
+    return op->emitOpError("explicit mask data must be a [B, N, M] i1 tensor, got ") << t;
+  return expectDim(op, "mask data batch", t.getDimSize(0), batch);
+}
+
+LogicalResult MaskFillOp::verify() {
+  if (failed(expectRank(*this, "scores [B, H, N, M]", getScores(), 4)) ||
+      failed(expectRank(*this, "lengths [B]", getLengths(), 1)))
+    return failure();
+  if (getScores().getType() != getResult().getType())
+    return emitOpError("result type must equal the scores type");
+  int64_t batch = getScores().getType().getDimSize(0);
+  if (failed(expectDim(*this, "lengths size vs batch", getLengths().getType().getDimSize(0), batch)))
+    return failure();
+  return verifyMaskData(*this, getMask(), getMaskData(), batch);
+}
+
+LogicalResult RelativeScoresOp::verify() {
+  if (failed(expectRank(*this, "query", getQuery(), 4)) || failed(expectRank(*this, "keys", getKeys(), 4)) ||
+      failed(expectRank(*this, "rel", getRel(), 2)) || failed(expectRank(*this, "result", getResult(), 4)))
+    return failure();
+  if (getClip() < 1)
+    return emitOpError("clip distance must be >= 1");
+  auto rel = getRel().getType();
+  if (failed(expectDim(*this, "rel rows (2 clip + 1)", rel.getDimSize(0), 2 * getClip() + 1)) ||
+      failed(expectDim(*this, "rel width vs head size", rel.getDimSize(1), getQuery().getType().getDimSize(3))))
+    return failure();
+  return success();
+}
+
+LogicalResult RelativeValuesOp::verify() {
+  if (failed(expectRank(*this, "probs", getProbs(), 4)) || failed(expectRank(*this, "rel", getRel(), 2)) ||
+      failed(expectRank(*this, "result", getResult(), 4)))
+    return failure();
+  if (getClip() < 1)
+    return emitOpError("clip distance must be >= 1");
+  auto rel = getRel().getType();
+  if (failed(expectDim(*this, "rel rows (2 clip + 1)", rel.getDimSize(0), 2 * getClip() + 1)) ||
+      failed(expectDim(*this, "rel width vs head size", rel.getDimSize(1), getResult().getType().getDimSize(3))))
+    return failure();
+  return success();
+}
+
+LogicalResult AttentionOp::verify() {
+  for (auto [name, v] : {std::pair<const char *, Value>{"query", getQuery()}, {"key", getKey()}, {"value", getValue()}})
+    if (failed(expectRank(*this, std::string(name) + " [B, N, D]", v, 3)))
+      return failure();
+  auto q = getQuery().getType(), k = getKey().getType(), v = getValue().getType(), r = getResult().getType();
+  if (q != r)
+    return emitOpError("result type must equal the query type ") << q;
+  int64_t d = q.getDimSize(2);
+  if (ShapedType::isDynamic(d))
+    return emitOpError("d_model must be static");
+  if (getHeads() < 1 || d % getHeads())
+    return emitOpError("heads (") << getHeads() << ") must divide d_model (" << d << ")";
+  if (failed(expectDim(*this, "key width", k.getDimSize(2), d)) ||
+      failed(expectDim(*this, "value width", v.getDimSize(2), d)) ||
+      failed(expectDim(*this, "key/value sequence", v.getDimSize(1), k.getDimSize(1))) ||
+      failed(expectDim(*this, "key batch", k.getDimSize(0), q.getDimSize(0))) ||
+      failed(expectDim(*this, "value batch", v.getDimSize(0), q.getDimSize(0))) ||
+      failed(expectRank(*this, "lengths [B]", getLengths(), 1)) ||
+      failed(expectDim(*this, "lengths size vs batch", getLengths().getType().getDimSize(0), q.getDimSize(0))))
+    return failure();
+  if (bool(getRelKey()) != bool(getRelValue()))
+    return emitOpError("relative positions need both rel_key and rel_value");
+  if (getRelKey()) {
+    if (getClip() < 1)
+      return emitOpError("relative positions need clip >= 1");
+    for (Value t : {getRelKey(), getRelValue()})
+      if (tensorOf(t) != RankedTensorType::get({2 * getClip() + 1, d / getHeads()}, q.getElementType()))
+        return emitOpError("relative tables must be [2 clip + 1, d_model / heads] = [")
+               << 2 * getClip() + 1 << ", " << d / getHeads() << "], got " << t.getType();
+  }
+  return verifyMaskData(*this, getMask(), getMaskData(), q.getDimSize(0));
+}
+
+LogicalResult GatherOp::verify() {
+  if (failed(expectRank(*this, "logprobs [B, N, V]", getLogprobs(), 3)) ||
+      failed(expectRank(*this, "targets [B, N]", getTargets(), 2)) ||
+      failed(expectRank(*this, "result [B, N]", getResult(), 2)))
+    return failure();
+  if (getShift() < 0)
+    return emitOpError("shift must be >= 0");
+  auto lp = getLogprobs().getType(), t = getTargets().getType();
+  if (failed(expectDim(*this, "target batch", t.getDimSize(0), lp.getDimSize(0))) ||
+      failed(expectDim(*this, "target sequence", t.getDimSize(1), lp.getDimSize(1))))
+    return failure();
+  return success();
+}
+
+LogicalResult TokenLogprobOp::verify() {
+  if (failed(expectRank(*this, "hidden [B, N, D]", getHidden(), 3)) ||
+      failed(expectRank(*this, "weight [V, D]", getWeight(), 2)) ||
+      failed(expectRank(*this, "targets [B, N]", getTargets(), 2)) ||
+      failed(expectRank(*this, "result [B, N]", getResult(), 2)))
+    return failure();
+  if (getShift() < 0)
+    return emitOpError("shift must be >= 0");
+  auto h = getHidden().getType(), w = getWeight().getType();
+  if (failed(expectDim(*this, "hidden width vs weight dim 1", h.getDimSize(2), w.getDimSize(1))))
+    return failure();
+  if (Value b = getBias())
+    if (failed(expectRank(*this, "bias [V]", b, 1)) ||
+        failed(expectDim(*this, "bias size vs vocabulary", tensorOf(b).getDimSize(0), w.getDimSize(0))))
+      return failure();
+  return success();
+}
+
+LogicalResult SentenceScoreOp::verify() {
+  if (failed(expectRank(*this, "logprobs [B, N]", getLogprobs(), 2)) ||
+      failed(expectRank(*this, "ids [B, N]", getIds(), 2)) || failed(expectRank(*this, "lengths [B]", getLengths(), 1)))
+    return failure();
+  if (getFirst() < 0)
+    return emitOpError("first must be >= 0");
+  return success();
+}
+
+LogicalResult MeanPoolOp::verify() {
+  if (failed(expectRank(*this, "hidden [B, N, D]", getHidden(), 3)) ||
+      failed(expectRank(*this, "ids [B, N]", getIds(), 2)) ||
+      failed(expectRank(*this, "lengths [B]", getLengths(), 1)) ||
+      failed(expectRank(*this, "result [B, D]", getResult(), 2)))
+    return failure();
+  return expectDim(*this, "result width", getResult().getType().getDimSize(1), getHidden().getType().getDimSize(2));
+}
+
+LogicalResult MaskAndPredictOp::verify() {
+  if (failed(expectRank(*this, "ids [B, N]", getIds(), 2)) || failed(expectRank(*this, "lengths [B]", getLengths(), 1)))
+    return failure();
+  if (getMaskToken() < 0)
+    return emitOpError("mask_token must be a token id >= 0");
+  Region &body = getBody();
+  if (!body.hasOneBlock())
+    return emitOpError("the body must be one block");
+  Block &block = body.front();
+  if (block.getNumArguments() != 1 || block.getArgument(0).getType() != getIds().getType())
+    return emitOpError("the body takes one argument, the masked ids, of the ids type ") << getIds().getType();
+  auto yield = llvm::dyn_cast<YieldOp>(block.getTerminator());
+  if (!yield)
+    return emitOpError("the body must end with lm.yield");
+  auto y = yield.getValue().getType(), r = getResult().getType();
+  if (y != r)
+    return emitOpError("the result type ") << r << " must equal the yielded type " << y;
+  if (r.getRank() < 2)
+    return emitOpError("the yielded value must be per position: [B, N, ...]");
+  return success();
+}

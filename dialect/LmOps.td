@@ -1,0 +1,429 @@
+//===- LmOps.td - lm dialect operations ---------------------------------===//
+//
+// Shapes use B = batch, N = sequence (queries), M = keys, D = d_model, H = heads,
+// dh = D / H, V = vocabulary. B, N and M are dynamic; model dims are static.
+//
+//===----------------------------------------------------------------------===//
+#ifndef LM_OPS_TD
+#define LM_OPS_TD
+
+include "dialect/LmDialect.td"
+include "dialect/LmAttrs.td"
+include "mlir/Interfaces/SideEffectInterfaces.td"
+include "mlir/Interfaces/ControlFlowInterfaces.td"
+include "mlir/IR/RegionKindInterface.td"
+include "mlir/Interfaces/InferTypeOpInterface.td"
+include "mlir/IR/CommonAttrConstraints.td"
+include "mlir/IR/OpBase.td"
+
+def Lm_F32Tensor : RankedTensorOf<[F32]>;
+def Lm_I32Tensor : RankedTensorOf<[I32]>;
+
+//===----------------------------------------------------------------------===//
+// Parameters and embeddings
+//===----------------------------------------------------------------------===//
+
+def Lm_WeightOp : Lm_Op<"weight", [Pure]> {
+  let summary = "a named model parameter (a runtime input, loaded from safetensors)";
+  let description = [{
+    Refers to the canonical weight `name` (DESIGN.md); the shape is static and is
+    checked against the weights file when a model is loaded.
+    ```mlir
+    %E = lm.weight "embed.token" : tensor<30522x512xf32>
+    ```
+  }];
+  let arguments = (ins StrAttr:$name);
+  let results = (outs Lm_F32Tensor:$result);
+  let assemblyFormat = "$name attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
+def Lm_EmbedOp : Lm_Op<"embed", [Pure]> {
+  let summary = "gather rows of an embedding table: out[b, t] = table[ids[b, t]]";
+  let description = [{
+    ```mlir
+    %x = lm.embed %E[%ids] : (tensor<30522x512xf32>, tensor<?x?xi32>) -> tensor<?x?x512xf32>
+    ```
+  }];
+  let arguments = (ins Lm_F32Tensor:$table, Lm_I32Tensor:$ids);
+  let results = (outs Lm_F32Tensor:$result);
+  let assemblyFormat = "$table `[` $ids `]` attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Lm_PositionsOp : Lm_Op<"positions", [Pure]> {
+  let summary = "position embeddings for every (sentence, position): out[b, t] = P[t]";
+  let description = [{
+    With a table operand, P is the learned table (rows 0..N-1); without one, P is
+    the sinusoidal table P[t, 2i] = sin(t / 10000^(2i/D)), P[t, 2i+1] = cos(...).
+    Only the shape of `ids` is read.
+    ```mlir
+    %p = lm.positions %ids table(%P : tensor<128x512xf32>) : (tensor<?x?xi32>) -> tensor<?x?x512xf32>
+    %s = lm.positions %ids : (tensor<?x?xi32>) -> tensor<?x?x512xf32>
+    ```
+  }];
+  let arguments = (ins Lm_I32Tensor:$ids, Optional<Lm_F32Tensor>:$table);
+  let results = (outs Lm_F32Tensor:$result);
+  let assemblyFormat = "$ids (`table` `(` $table^ `:` type($table) `)`)? attr-dict `:` functional-type($ids, results)";
+  let hasVerifier = 1;
+}
+
+def Lm_FillIdsOp : Lm_Op<"fill_ids", [Pure, SameOperandsAndResultType]> {
+  let summary = "ids of the same shape as the input, every entry `value` (e.g. all [MASK])";
+  let description = [{
+    T-TA's `first_query = "mask+position"` embeds E[MASK] at every position.
+    ```mlir
+    %m = lm.fill_ids %ids {value = 4 : i64} : tensor<?x?xi32>
+    ```
+  }];
+  let arguments = (ins Lm_I32Tensor:$input, I64Attr:$value);
+  let results = (outs Lm_I32Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
+}
+
+//===----------------------------------------------------------------------===//
+// Dense layers, norms and elementwise ops
+//===----------------------------------------------------------------------===//
+
+def Lm_LinearOp : Lm_Op<"linear", [Pure]> {
+  let summary = "affine map over the last axis: y = x W^T + b, W stored [out, in]";
+  let description = [{
+    ```mlir
+    %q = lm.linear %h, %Wq, %bq : (tensor<?x?x512xf32>, tensor<512x512xf32>, tensor<512xf32>) -> tensor<?x?x512xf32>
+    ```
+  }];
+  let arguments = (ins Lm_F32Tensor:$input, Lm_F32Tensor:$weight, Optional<Lm_F32Tensor>:$bias);
+  let results = (outs Lm_F32Tensor:$result);
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Lm_LayerNormOp : Lm_Op<"layer_norm", [Pure]> {
+  let summary = "LayerNorm over the last axis, biased variance: (x - mean) / sqrt(var + eps) * g + b";
+  let description = [{
+    ```mlir
+    %y = lm.layer_norm %x, %g, %b {epsilon = 1.0e-12 : f64} : (tensor<?x?x512xf32>, tensor<512xf32>, tensor<512xf32>) -> tensor<?x?x512xf32>
+    ```
+  }];
+  let arguments = (ins Lm_F32Tensor:$input, Lm_F32Tensor:$gamma, Lm_F32Tensor:$beta, F64Attr:$epsilon);
+  let results = (outs Lm_F32Tensor:$result);
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Lm_GeluOp : Lm_Op<"gelu", [Pure, SameOperandsAndResultType]> {
+  let summary = "GELU: x * Phi(x) (exact erf), or the tanh approximation when `approximate`";
+  let description = [{
+    ```mlir
+    %y = lm.gelu %x : tensor<?x?x2048xf32>
+    %t = lm.gelu %x {approximate} : tensor<?x?x2048xf32>
+    ```
+  }];
+  let arguments = (ins Lm_F32Tensor:$input, UnitAttr:$approximate);
+  let results = (outs Lm_F32Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
+}
+
+def Lm_ReluOp : Lm_Op<"relu", [Pure, SameOperandsAndResultType]> {
+  let summary = "max(x, 0)";
+  let description = [{
+    ```mlir
+    %y = lm.relu %x : tensor<?x?x2048xf32>
+    ```
+  }];
+  let arguments = (ins Lm_F32Tensor:$input);
+  let results = (outs Lm_F32Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
+}
+
+def Lm_AddOp : Lm_Op<"add", [Pure, SameOperandsAndResultType, Commutative]> {
+  let summary = "elementwise sum (residuals, token + position)";
+  let description = [{
+    ```mlir
+    %y = lm.add %a, %b : tensor<?x?x512xf32>
+    ```
+  }];
+  let arguments = (ins Lm_F32Tensor:$lhs, Lm_F32Tensor:$rhs);
+  let results = (outs Lm_F32Tensor:$result);
+  let assemblyFormat = "$lhs `,` $rhs attr-dict `:` type($result)";
+}
+
+def Lm_ScaleOp : Lm_Op<"scale", [Pure, SameOperandsAndResultType]> {
+  let summary = "multiply every element by a constant (attention's 1/sqrt(dh))";
+  let description = [{
+    ```mlir
+    %s = lm.scale %scores {factor = 0.125 : f32} : tensor<?x8x?x?xf32>
+    ```
+  }];
+  let arguments = (ins Lm_F32Tensor:$input, F32Attr:$factor);
+  let results = (outs Lm_F32Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
+}
+
+def Lm_InterpolateOp : Lm_Op<"interpolate", [Pure, SameOperandsAndResultType]> {
+  let summary = "mix two per-position log-probabilities: log((1 - lambda) e^a + lambda e^b) from position `from` on";
+  let description = [{
+    out[b, t] = a[b, t] for t < from (no prediction from rhs there), else
+    log((1 - lambda) exp(a[b, t]) + lambda exp(b[b, t])). The N-gram ensemble
+    (ngram-wdr paper): the next-token model and the n-gram heads' predictions of
+    the same token, mixed in probability space.
+    ```mlir
+    %lp = lm.interpolate %a, %b {lambda = 4.0e-01 : f64, from = 2 : i64} : tensor<?x?xf32>
+    ```
+  }];
+  let arguments = (ins Lm_F32Tensor:$lhs, Lm_F32Tensor:$rhs, F64Attr:$lambda, DefaultValuedAttr<I64Attr, "0">:$from);
+  let results = (outs Lm_F32Tensor:$result);
+  let assemblyFormat = "$lhs `,` $rhs attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Attention, decomposed
+//===----------------------------------------------------------------------===//
+
+def Lm_SplitHeadsOp : Lm_Op<"split_heads", [Pure]> {
+  let summary = "[B, N, D] -> [B, H, N, dh]: head h holds features [h*dh, (h+1)*dh)";
+  let description = [{
+    ```mlir
+    %qh = lm.split_heads %q : (tensor<?x?x512xf32>) -> tensor<?x8x?x64xf32>
+    ```
+  }];
+  let arguments = (ins Lm_F32Tensor:$input);
+  let results = (outs Lm_F32Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Lm_MergeHeadsOp : Lm_Op<"merge_heads", [Pure]> {
+  let summary = "[B, H, N, dh] -> [B, N, D], the inverse of lm.split_heads";
+  let description = [{
+    ```mlir
+    %c = lm.merge_heads %ctx : (tensor<?x8x?x64xf32>) -> tensor<?x?x512xf32>
+    ```
+  }];
+  let arguments = (ins Lm_F32Tensor:$input);
+  let results = (outs Lm_F32Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Lm_MatmulOp : Lm_Op<"matmul", [Pure]> {
+  let summary = "batched matrix product over the two last axes, B optionally transposed";
+  let description = [{
+    [..., M, K] x [..., K, N] -> [..., M, N]; with `transpose_rhs`, rhs is [..., N, K].
+    ```mlir
+    %s = lm.matmul %qh, %kh {transpose_rhs} : (tensor<?x8x?x64xf32>, tensor<?x8x?x64xf32>) -> tensor<?x8x?x?xf32>
+    ```
+  }];
+  let arguments = (ins Lm_F32Tensor:$lhs, Lm_F32Tensor:$rhs, UnitAttr:$transpose_rhs);
+  let results = (outs Lm_F32Tensor:$result);
+  let assemblyFormat = "$lhs `,` $rhs attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Lm_MaskFillOp : Lm_Op<"mask_fill", [Pure]> {
+  let summary = "set attention scores of invisible keys to -inf";
+  let description = [{
+    scores [B, H, N, M]; key j of sentence b is visible to query i when
+    j < lengths[b] and the mask allows it (`#lm.mask<...>`). `directional` reads a
+    per-row direction operand [B, N] (i32), `explicit` a [B, N, M] i1 operand.
+    ```mlir
+    %m = lm.mask_fill %s, %lengths {mask = #lm.mask<diagonal>} : tensor<?x8x?x?xf32>, tensor<?xi32> -> tensor<?x8x?x?xf32>
+    ```
+  }];
+  let arguments = (ins Lm_F32Tensor:$scores, Lm_I32Tensor:$lengths, Optional<RankedTensorOf<[I32, I1]>>:$mask_data,
+                       Lm_MaskAttr:$mask);
+  let results = (outs Lm_F32Tensor:$result);
+  let assemblyFormat = [{
+    $scores `,` $lengths (`data` `(` $mask_data^ `:` type($mask_data) `)`)? attr-dict `:`
+    type($scores) `,` type($lengths) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def Lm_SoftmaxOp : Lm_Op<"softmax", [Pure, SameOperandsAndResultType]> {
+  let summary = "softmax over the last axis; a row of only -inf gives zeros (no visible key: zero context)";
+  let description = [{
+    ```mlir
+    %p = lm.softmax %m : tensor<?x8x?x?xf32>
+    ```
+  }];
+  let arguments = (ins Lm_F32Tensor:$input);
+  let results = (outs Lm_F32Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
+}
+
+def Lm_RelativeScoresOp : Lm_Op<"relative_scores", [Pure]> {
+  let summary = "Shaw relative-position score terms: out[b,h,i,j] = q[b,h,i] . rel[clip(j - i, -k, k) + k]";
+  let description = [{
+    Added to Q K^T before scaling. `rel` is [2k+1, dh], shared by heads; `keys`
+    supplies only the key count M.
+    ```mlir
+    %r = lm.relative_scores %qh, %kh, %relk {clip = 16 : i64} : (tensor<?x8x?x64xf32>, tensor<?x8x?x64xf32>, tensor<33x64xf32>) -> tensor<?x8x?x?xf32>
+    ```
+  }];
+  let arguments = (ins Lm_F32Tensor:$query, Lm_F32Tensor:$keys, Lm_F32Tensor:$rel, I64Attr:$clip);
+  let results = (outs Lm_F32Tensor:$result);
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Lm_RelativeValuesOp : Lm_Op<"relative_values", [Pure]> {
+  let summary = "Shaw relative-position value terms: out[b,h,i] = sum_j p[b,h,i,j] rel[clip(j - i, -k, k) + k]";
+  let description = [{
+    ```mlir
+    %c = lm.relative_values %p, %relv {clip = 16 : i64} : (tensor<?x8x?x?xf32>, tensor<33x64xf32>) -> tensor<?x8x?x64xf32>
+    ```
+  }];
+  let arguments = (ins Lm_F32Tensor:$probs, Lm_F32Tensor:$rel, I64Attr:$clip);
+  let results = (outs Lm_F32Tensor:$result);
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Attention, fused
+//===----------------------------------------------------------------------===//
+
+def Lm_AttentionOp : Lm_Op<"attention", [Pure, AttrSizedOperandSegments]> {
+  let summary = "masked multi-head attention: softmax(mask(Q K^T * scale)) V over heads";
+  let description = [{
+    query [B, N, D], key/value [B, M, D] (heads split inside: head h uses
+    features [h*dh, (h+1)*dh)); the mask is an attribute conjoined with key
+    padding from `lengths`. Optional operands: per-row mask data (directional,
+    explicit) and Shaw relative-position tables (both or neither). Equal to the
+    decomposed split_heads / matmul / scale / mask_fill / softmax / matmul /
+    merge_heads chain; a row that sees no key yields zeros.
+    ```mlir
+    %c = lm.attention %q, %k, %v, %lengths {heads = 8 : i64, mask = #lm.mask<causal>, scale = 0.125 : f32}
+         : tensor<?x?x512xf32>, tensor<?x?x512xf32>, tensor<?x?x512xf32>, tensor<?xi32> -> tensor<?x?x512xf32>
+    ```
+  }];
+  let arguments = (ins Lm_F32Tensor:$query, Lm_F32Tensor:$key, Lm_F32Tensor:$value, Lm_I32Tensor:$lengths,
+                       Optional<RankedTensorOf<[I32, I1]>>:$mask_data, Optional<Lm_F32Tensor>:$rel_key,
+                       Optional<Lm_F32Tensor>:$rel_value, I64Attr:$heads, Lm_MaskAttr:$mask, F32Attr:$scale,
+                       DefaultValuedAttr<I64Attr, "0">:$clip);
+  let results = (outs Lm_F32Tensor:$result);
+  let assemblyFormat = [{
+    $query `,` $key `,` $value `,` $lengths (`data` `(` $mask_data^ `:` type($mask_data) `)`)?
+    (`relative` `(` $rel_key^ `,` $rel_value `:` type($rel_key) `,` type($rel_value) `)`)? attr-dict `:`
+    type($query) `,` type($key) `,` type($value) `,` type($lengths) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Output head and scores
+//===----------------------------------------------------------------------===//
+
+def Lm_LogSoftmaxOp : Lm_Op<"log_softmax", [Pure, SameOperandsAndResultType]> {
+  let summary = "log-softmax over the last axis: x - max - log(sum(exp(x - max)))";
+  let description = [{
+    ```mlir
+    %lp = lm.log_softmax %logits : tensor<?x?x30522xf32>
+    ```
+  }];
+  let arguments = (ins Lm_F32Tensor:$input);
+  let results = (outs Lm_F32Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
+}
+
+def Lm_GatherOp : Lm_Op<"gather", [Pure]> {
+  let summary = "pick each position's target: out[b, t] = lp[b, t - shift, ids[b, t]] (0 where t < shift)";
+  let description = [{
+    `shift = 1` reads the causal prediction of x_t from position t-1.
+    ```mlir
+    %g = lm.gather %lp, %ids {shift = 1 : i64} : (tensor<?x?x30522xf32>, tensor<?x?xi32>) -> tensor<?x?xf32>
+    ```
+  }];
+  let arguments = (ins Lm_F32Tensor:$logprobs, Lm_I32Tensor:$targets, DefaultValuedAttr<I64Attr, "0">:$shift);
+  let results = (outs Lm_F32Tensor:$result);
+  let assemblyFormat = "$logprobs `,` $targets attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Lm_TokenLogprobOp : Lm_Op<"token_logprob", [Pure]> {
+  let summary = "fused vocabulary projection + log-softmax + gather: log p(target | h)";
+  let description = [{
+    out[b, t] = log_softmax(h[b, t - shift] W^T + bias)[ids[b, t]], 0 where t < shift;
+    never materializes the [B, N, V] logits.
+    ```mlir
+    %g = lm.token_logprob %t, %E, %bias, %ids : (tensor<?x?x512xf32>, tensor<30522x512xf32>, tensor<30522xf32>, tensor<?x?xi32>) -> tensor<?x?xf32>
+    ```
+  }];
+  let arguments = (ins Lm_F32Tensor:$hidden, Lm_F32Tensor:$weight, Optional<Lm_F32Tensor>:$bias, Lm_I32Tensor:$targets,
+                       DefaultValuedAttr<I64Attr, "0">:$shift);
+  let results = (outs Lm_F32Tensor:$result);
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Lm_SentenceScoreOp : Lm_Op<"sentence_score", [Pure]> {
+  let summary = "per-token log-probs -> (masked token log-probs, score, n_scored)";
+  let description = [{
+    Zeroes positions t < `first`, positions t >= lengths[b] and positions holding
+    a token in `skip`; score[b] = sum over the rest, n_scored[b] = their count.
+    ```mlir
+    %lp, %s, %n = lm.sentence_score %g, %ids, %lengths {first = 0 : i64, skip = array<i32: 3, 1>}
+        : (tensor<?x?xf32>, tensor<?x?xi32>, tensor<?xi32>) -> (tensor<?x?xf32>, tensor<?xf32>, tensor<?xi32>)
+    ```
+  }];
+  let arguments = (ins Lm_F32Tensor:$logprobs, Lm_I32Tensor:$ids, Lm_I32Tensor:$lengths, DenseI32ArrayAttr:$skip,
+                       DefaultValuedAttr<I64Attr, "0">:$first);
+  let results = (outs Lm_F32Tensor:$token_logprobs, Lm_F32Tensor:$score, Lm_I32Tensor:$n_scored);
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Lm_MeanPoolOp : Lm_Op<"mean_pool", [Pure]> {
+  let summary = "sentence embedding: mean of h over valid positions not holding a token in `exclude`";
+  let description = [{
+    All valid positions are averaged when every one holds an excluded token.
+    ```mlir
+    %e = lm.mean_pool %h, %ids, %lengths {exclude = array<i32: 3, 1>} : (tensor<?x?x512xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x512xf32>
+    ```
+  }];
+  let arguments = (ins Lm_F32Tensor:$hidden, Lm_I32Tensor:$ids, Lm_I32Tensor:$lengths, DenseI32ArrayAttr:$exclude);
+  let results = (outs Lm_F32Tensor:$result);
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Mask-and-predict
+//===----------------------------------------------------------------------===//
+
+def Lm_MaskAndPredictOp : Lm_Op<"mask_and_predict", [RecursiveMemoryEffects]> {
+  let summary = "for each position i, run the region on the ids with position i masked and keep row i";
+  let description = [{
+    result[b, i, ...] = region(ids with ids[b, i] := mask_token)[b, i, ...] for
+    i < lengths[b]; rows past a sentence's length are zero. The naive lowering is a
+    loop of n forward passes; `lm-batch-mask-predict` turns it into one batched
+    computation over the n copies.
+    ```mlir
+    %lp = lm.mask_and_predict %ids, %lengths {mask_token = 4 : i64} : (tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32> {
+    ^bb0(%masked: tensor<?x?xi32>):
+      ...
+      lm.yield %g : tensor<?x?xf32>
+    }
+    ```
+  }];
+  let arguments = (ins Lm_I32Tensor:$ids, Lm_I32Tensor:$lengths, I64Attr:$mask_token);
+  let results = (outs Lm_F32Tensor:$result);
+  let regions = (region SizedRegion<1>:$body);
+  let assemblyFormat = "$ids `,` $lengths attr-dict `:` functional-type(operands, results) $body";
+  let hasVerifier = 1;
+}
+
+def Lm_YieldOp : Lm_Op<"yield", [Pure, Terminator, ReturnLike, HasParent<"MaskAndPredictOp">]> {
+  let summary = "yields the region's per-row value from lm.mask_and_predict";
+  let description = [{
+    ```mlir
+    lm.yield %g : tensor<?x?xf32>
+    ```
+  }];
+  let arguments = (ins Lm_F32Tensor:$value);
+  let assemblyFormat = "$value attr-dict `:` type($value)";
+}
+
+#endif // LM_OPS_TD

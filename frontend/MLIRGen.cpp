@@ -1,0 +1,370 @@
+//===- MLIRGen.cpp - Build naive `lm` IR from a model spec ------------------===//
+//
+// The one bridge from specs to IR. Emits the naive, decomposed form that the
+// reference executor mirrors op for op: attention as split_heads / matmul /
+// scale / mask_fill / softmax / matmul / merge_heads, BERT's PLL as
+// lm.mask_and_predict, and T-TA's isolated keys/values as projections of the
+// embedding value X in every layer (input isolation is visible as use-def).
+//
+//===----------------------------------------------------------------------===//
+#include "frontend/MLIRGen.h"
+
+#include "dialect/LmDialect.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/Verifier.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <cmath>
+
+using namespace mlir;
+
+namespace lmcc {
+namespace {
+
+constexpr int64_t kDyn = ShapedType::kDynamic;
+
+class Generator {
+public:
+  Generator(MLIRContext &ctx, const ModelSpec &spec)
+      : spec(spec), b(&ctx), loc(b.getUnknownLoc()), f32(b.getF32Type()), i32(b.getI32Type()) {}
+
+  OwningOpRef<ModuleOp> run() {
+    OwningOpRef<ModuleOp> module = ModuleOp::create(loc, spec.name);
+    module->getOperation()->setAttr("lm.family", b.getStringAttr(toString(spec.family)));
+    module->getOperation()->setAttr("lm.spec_hash", b.getStringAttr(specHash(spec)));
+    b.setInsertionPointToEnd(module->getBody());
+    if (spec.family == Family::Diformer) {
+      diformerScore();
+    } else {
+      scoreEntry();
+      embedEntry();
+      logitsEntry();
+    }
+    return module;
+  }
+
+private:
+  // --- types -----------------------------------------------------------------
+  RankedTensorType t(ArrayRef<int64_t> shape, Type elem) { return RankedTensorType::get(shape, elem); }
+  RankedTensorType idsType() { return t({kDyn, kDyn}, i32); }
+  RankedTensorType lengthsType() { return t({kDyn}, i32); }
+  RankedTensorType seqType(int64_t width) { return t({kDyn, kDyn, width}, f32); }
+  int64_t D() const { return spec.dims.dModel; }
+
+  // --- parameters and layers ---------------------------------------------------
+  Value weight(const std::string &name, ArrayRef<int64_t> shape) {
+    return b.create<lm::WeightOp>(loc, t(shape, f32), b.getStringAttr(name));
+  }
+
+  /// y = x W^T + b with W = `prefix`.weight [out, in], b = `prefix`.bias.
+  Value linear(Value x, const std::string &prefix, int64_t in, int64_t out, bool bias = true) {
+    Value w = weight(prefix + ".weight", {out, in}); // stored [out, in]
+    Value bv = bias ? weight(prefix + ".bias", {out}) : Value();
+    auto xt = llvm::cast<RankedTensorType>(x.getType());
+    SmallVector<int64_t> shape(xt.getShape());
+    shape.back() = out;
+    return b.create<lm::LinearOp>(loc, t(shape, f32), x, w, bv);
+  }
+
+  Value layerNorm(Value x, const std::string &prefix) {
+    Value g = weight(prefix + ".weight", {D()}), bb = weight(prefix + ".bias", {D()});
+    return b.create<lm::LayerNormOp>(loc, x.getType(), x, g, bb, b.getF64FloatAttr(spec.eps));
+  }
+
+  Value activation(Value x) {
+    switch (spec.activation) {
+    case Activation::Relu: return b.create<lm::ReluOp>(loc, x);
+    case Activation::GeluTanh: return b.create<lm::GeluOp>(loc, x, b.getUnitAttr());
+    case Activation::Gelu: break;
+    }
+    return b.create<lm::GeluOp>(loc, x, UnitAttr());
+  }
+
+  Value add(Value x, Value y) { return b.create<lm::AddOp>(loc, x, y); }
+
+  Value ffn(Value x, const std::string &prefix, int64_t dFF) {
+    return linear(activation(linear(x, prefix + ".in", D(), dFF)), prefix + ".out", dFF, D());
+  }
+
+  /// Decomposed multi-head attention of `query` over `keyValue` (the attn.{q,k,v,o}
+  /// projections of layer `prefix`): softmax(mask(Q K^T [+ rel] / sqrt(dh))) V [+ rel] W_o.
+  Value attention(Value query, Value keyValue, Value lengths, const std::string &prefix, int64_t heads,
+                  lm::MaskKind mask, Value maskData, int64_t clip) {
+    int64_t dh = D() / heads;
+    Value q = linear(query, prefix + ".q", D(), D());
+    Value k = linear(keyValue, prefix + ".k", D(), D());
+    Value v = linear(keyValue, prefix + ".v", D(), D());
+    auto headsType = t({kDyn, heads, kDyn, dh}, f32);
+    auto scoresType = t({kDyn, heads, kDyn, kDyn}, f32);
+    Value qh = b.create<lm::SplitHeadsOp>(loc, headsType, q);
+    Value kh = b.create<lm::SplitHeadsOp>(loc, headsType, k);
+    Value vh = b.create<lm::SplitHeadsOp>(loc, headsType, v);
+    Value scores = b.create<lm::MatmulOp>(loc, scoresType, qh, kh, b.getUnitAttr());
+    Value relK, relV;
+    if (clip > 0) {
+      relK = weight(prefix + ".rel_k", {2 * clip + 1, dh});
+      relV = weight(prefix + ".rel_v", {2 * clip + 1, dh});
+      scores = add(scores, b.create<lm::RelativeScoresOp>(loc, scoresType, qh, kh, relK, b.getI64IntegerAttr(clip)));
+    }
+    scores = b.create<lm::ScaleOp>(loc, scores, b.getF32FloatAttr(1.0f / std::sqrt(float(dh))));
+    scores = b.create<lm::MaskFillOp>(loc, scoresType, scores, lengths, maskData,
+                                      lm::MaskKindAttr::get(b.getContext(), mask));
+    Value probs = b.create<lm::SoftmaxOp>(loc, scores);
+    Value context = b.create<lm::MatmulOp>(loc, headsType, probs, vh, UnitAttr());
+    if (clip > 0)
+      context = add(context, b.create<lm::RelativeValuesOp>(loc, headsType, probs, relV, b.getI64IntegerAttr(clip)));
+    Value merged = b.create<lm::MergeHeadsOp>(loc, seqType(D()), context);
+    return linear(merged, prefix + ".o", D(), D());
+  }
+
+  static lm::MaskKind maskOf(MaskKind kind) {
+    switch (kind) {
+    case MaskKind::None: return lm::MaskKind::none;
+    case MaskKind::Causal: return lm::MaskKind::causal;
+    case MaskKind::Anticausal: return lm::MaskKind::anticausal;
+    case MaskKind::Diagonal: return lm::MaskKind::diagonal;
+    case MaskKind::Directional: return lm::MaskKind::directional;
+    }
+    return lm::MaskKind::none;
+  }
+
+  Value optionalEmbedNorm(Value x) { return spec.embeddingNorm ? layerNorm(x, "embed.norm") : x; }
+
+  Value positions(Value ids) {
+    if (spec.position == PositionKind::Learned)
+      return b.create<lm::PositionsOp>(loc, seqType(D()), ids, weight("embed.position", {spec.dims.maxLen, D()}));
+    return b.create<lm::PositionsOp>(loc, seqType(D()), ids, Value());
+  }
+
+  /// The transformer stack over `ids`: returns the last layer's hidden states
+  /// (after final_norm for pre-norm blocks).
+  Value encode(Value ids, Value lengths) {
+    Value tokenTable = weight("embed.token", {spec.dims.vocab, D()});
+    Value tokens = b.create<lm::EmbedOp>(loc, seqType(D()), tokenTable, ids);
+    Value pos = spec.position == PositionKind::None ? Value() : positions(ids);
+    // X = norm(E[x] + P): the embedding stream (fixed for all layers under input isolation).
+    Value X = optionalEmbedNorm(pos ? add(tokens, pos) : tokens);
+    Value h = X;
+    if (spec.firstQuery == FirstQuery::Position) {
+      h = optionalEmbedNorm(pos);
+    } else if (spec.firstQuery == FirstQuery::MaskPosition) {
+      Value maskIds = b.create<lm::FillIdsOp>(loc, ids, b.getI64IntegerAttr(spec.tokens.mask));
+      Value maskTokens = b.create<lm::EmbedOp>(loc, seqType(D()), tokenTable, maskIds);
+      h = optionalEmbedNorm(pos ? add(maskTokens, pos) : maskTokens);
+    }
+    bool isolated = spec.keysValues == KeyValueSource::Embedding;
+    for (int64_t i = 0; i < spec.dims.layers; ++i) {
+      std::string p = "layers." + std::to_string(i);
+      if (spec.norm == NormPlacement::Post) {
+        Value attn = attention(h, isolated ? X : h, lengths, p + ".attn", spec.dims.heads, maskOf(spec.mask), Value(),
+                               spec.relativePositions);
+        Value a = layerNorm(add(h, attn), p + ".attn_norm");
+        h = layerNorm(add(a, ffn(a, p + ".ffn", spec.dims.dFF)), p + ".ffn_norm");
+      } else {
+        Value qIn = layerNorm(h, p + ".attn_norm");
+        Value attn = attention(qIn, isolated ? X : qIn, lengths, p + ".attn", spec.dims.heads, maskOf(spec.mask),
+                               Value(), spec.relativePositions);
+        Value a = add(h, attn);
+        h = add(a, ffn(layerNorm(a, p + ".ffn_norm"), p + ".ffn", spec.dims.dFF));
+      }
+    }
+    if (spec.norm == NormPlacement::Pre)
+      h = layerNorm(h, "final_norm");
+    return h;
+  }
+
+  /// The output head: logits = T(h) W^T + bias, T the optional dense+act+norm transform.
+  Value logits(Value h, const std::string &prefix = "head") {
+    if (spec.headTransform)
+      h = layerNorm(activation(linear(h, prefix + ".transform", D(), D())), prefix + ".norm");
+    Value w = spec.tied ? weight("embed.token", {spec.dims.vocab, D()})
+                        : weight(prefix + ".output.weight", {spec.dims.vocab, D()});
+    Value bias = spec.headBias ? weight(prefix + ".bias", {spec.dims.vocab}) : Value();
+    return b.create<lm::LinearOp>(loc, seqType(spec.dims.vocab), h, w, bias);
+  }
+
+  /// Per-position log p(ids[t] | head output at t - shift).
+  Value tokenLogprobs(Value h, Value ids, int64_t shift) {
+    Value lp = b.create<lm::LogSoftmaxOp>(loc, logits(h));
+    return b.create<lm::GatherOp>(loc, t({kDyn, kDyn}, f32), lp, ids, b.getI64IntegerAttr(shift));
+  }
+
+  SmallVector<int32_t> specialTokens() {
+    return {int32_t(spec.tokens.bos), int32_t(spec.tokens.eos)};
+  }
+
+  func::FuncOp entry(StringRef name, ArrayRef<Type> inputs, ArrayRef<Type> results) {
+    auto fn = b.create<func::FuncOp>(loc, name, b.getFunctionType(inputs, results));
+    b.setInsertionPointToStart(fn.addEntryBlock());
+    return fn;
+  }
+
+  void finish(func::FuncOp fn, ValueRange results) {
+    b.create<func::ReturnOp>(loc, results);
+    b.setInsertionPointAfter(fn);
+  }
+
+  /// The n-gram ensemble: the main next-token log-probs mixed with the heads that
+  /// predicted the same token from j-1 positions earlier (ngram-wdr paper).
+  Value ngramEnsemble(Value h, Value ids, Value mainLp) {
+    // Head j (2 <= j < n) reads h_t and predicts x_{t+j}, so its log-prob of x_t is
+    // read at shift j. Extra heads are averaged in probability space (running mean).
+    Value extra;
+    for (int64_t j = 2; j < spec.ngram->n; ++j) {
+      Value lpj = tokenLogprobs(ffn(h, "ngram.heads." + std::to_string(j), spec.dims.dFF), ids, j);
+      extra = extra ? Value(b.create<lm::InterpolateOp>(loc, extra, lpj, b.getF64FloatAttr(1.0 / (j - 1)),
+                                                        b.getI64IntegerAttr(j)))
+                    : lpj;
+    }
+    if (!extra)
+      return mainLp;
+    return b.create<lm::InterpolateOp>(loc, mainLp, extra, b.getF64FloatAttr(spec.ngram->ensembleLambda),
+                                       b.getI64IntegerAttr(2));
+  }
+
+  void scoreEntry() {
+    auto tokenLp = t({kDyn, kDyn}, f32);
+    auto fn = entry("score", {idsType(), lengthsType()}, {tokenLp, t({kDyn}, f32), t({kDyn}, i32)});
+    fn->setAttr("lm.method", b.getStringAttr(toString(spec.method)));
+    Value ids = fn.getArgument(0), lengths = fn.getArgument(1);
+    Value lp;
+    int64_t first = 0;
+    switch (spec.method) {
+    case ScoreMethod::Causal: {
+      Value h = encode(ids, lengths);
+      lp = tokenLogprobs(h, ids, 1);
+      if (spec.ngram)
+        lp = ngramEnsemble(h, ids, lp);
+      first = 1;
+      break;
+    }
+    case ScoreMethod::SinglePass:
+      lp = tokenLogprobs(encode(ids, lengths), ids, 0);
+      break;
+    case ScoreMethod::MaskAndPredict: {
+      auto mp = b.create<lm::MaskAndPredictOp>(loc, tokenLp, ids, lengths, b.getI64IntegerAttr(spec.tokens.mask));
+      OpBuilder::InsertionGuard guard(b);
+      Block *body = b.createBlock(&mp.getBody(), {}, {idsType()}, {loc});
+      // Targets are the original ids; the stack sees the masked copy.
+      Value g = tokenLogprobs(encode(body->getArgument(0), lengths), ids, 0);
+      b.create<lm::YieldOp>(loc, g);
+      lp = mp;
+      break;
+    }
+    }
+    SmallVector<int32_t> skip;
+    if (spec.skipSpecial)
+      skip = specialTokens();
+    auto score = b.create<lm::SentenceScoreOp>(loc, TypeRange{tokenLp, t({kDyn}, f32), t({kDyn}, i32)}, lp, ids,
+                                               lengths, b.getDenseI32ArrayAttr(skip), b.getI64IntegerAttr(first));
+    finish(fn, score.getResults());
+  }
+
+  void embedEntry() {
+    auto fn = entry("embed", {idsType(), lengthsType()}, {t({kDyn, D()}, f32)});
+    Value ids = fn.getArgument(0), lengths = fn.getArgument(1);
+    Value states;
+    if (spec.method == ScoreMethod::MaskAndPredict) {
+      // H^M_i: position i's state comes from the copy with position i masked.
+      auto mp = b.create<lm::MaskAndPredictOp>(loc, seqType(D()), ids, lengths, b.getI64IntegerAttr(spec.tokens.mask));
+      OpBuilder::InsertionGuard guard(b);
+      Block *body = b.createBlock(&mp.getBody(), {}, {idsType()}, {loc});
+      b.create<lm::YieldOp>(loc, encode(body->getArgument(0), lengths));
+      states = mp;
+    } else {
+      states = encode(ids, lengths);
+    }
+    Value pooled = b.create<lm::MeanPoolOp>(loc, t({kDyn, D()}, f32), states, ids, lengths,
+                                            b.getDenseI32ArrayAttr(specialTokens()));
+    finish(fn, pooled);
+  }
+
+  void logitsEntry() {
+    auto fn = entry("logits", {idsType(), lengthsType()}, {seqType(spec.dims.vocab)});
+    finish(fn, logits(encode(fn.getArgument(0), fn.getArgument(1))));
+  }
+
+  /// Diformer (diformer paper, 2.3): a bidirectional encoder over the source; a
+  /// decoder whose queries are direction + position embeddings, whose self-attention
+  /// keys/values are the target word embeddings only (positions enter through Shaw
+  /// relative positions), masked per token by its direction; then cross-attention.
+  /// score(src, src_len, tgt, tgt_len, directions) returns log p(target | source)
+  /// under the given per-position directions (all 0: left-to-right, all 1: right-to-left).
+  void diformerScore() {
+    const DiformerOptions &d = *spec.diformer;
+    auto tokenLp = t({kDyn, kDyn}, f32);
+    auto fn = entry("score", {idsType(), lengthsType(), idsType(), lengthsType(), idsType()},
+                    {tokenLp, t({kDyn}, f32), t({kDyn}, i32)});
+    Value src = fn.getArgument(0), srcLen = fn.getArgument(1), tgt = fn.getArgument(2), tgtLen = fn.getArgument(3),
+          dirs = fn.getArgument(4);
+    Value tokenTable = weight("embed.token", {spec.dims.vocab, D()});
+
+    // Encoder: post-norm BERT stack, no mask beyond padding.
+    Value h = b.create<lm::EmbedOp>(loc, seqType(D()), tokenTable, src);
+    h = optionalEmbedNorm(add(h, positions(src)));
+    for (int64_t i = 0; i < d.encoder.layers; ++i) {
+      std::string p = "encoder.layers." + std::to_string(i);
+      Value a = layerNorm(add(h, attention(h, h, srcLen, p + ".attn", d.encoder.heads, lm::MaskKind::none, Value(), 0)),
+                          p + ".attn_norm");
+      h = layerNorm(add(a, ffn(a, p + ".ffn", d.encoder.dFF)), p + ".ffn_norm");
+    }
+    Value memory = h;
+
+    // Decoder.
+    Value words = b.create<lm::EmbedOp>(loc, seqType(D()), tokenTable, tgt);
+    Value dirTable = weight("decoder.direction", {3, D()});
+    Value q = add(b.create<lm::EmbedOp>(loc, seqType(D()), dirTable, dirs), positions(tgt));
+    q = optionalEmbedNorm(q);
+    for (int64_t i = 0; i < d.decoder.layers; ++i) {
+      std::string p = "decoder.layers." + std::to_string(i);
+      Value self = attention(q, words, tgtLen, p + ".attn", d.decoder.heads, lm::MaskKind::directional, dirs,
+                             spec.relativePositions);
+      Value a = layerNorm(add(q, self), p + ".attn_norm");
+      Value cross = attention(a, memory, srcLen, p + ".cross", d.decoder.heads, lm::MaskKind::none, Value(), 0);
+      Value c = layerNorm(add(a, cross), p + ".cross_norm");
+      q = layerNorm(add(c, ffn(c, p + ".ffn", d.decoder.dFF)), p + ".ffn_norm");
+    }
+    Value lp = tokenLogprobs(q, tgt, 0);
+    SmallVector<int32_t> skip;
+    if (spec.skipSpecial)
+      skip = specialTokens();
+    auto score = b.create<lm::SentenceScoreOp>(loc, TypeRange{tokenLp, t({kDyn}, f32), t({kDyn}, i32)}, lp, tgt,
+                                               tgtLen, b.getDenseI32ArrayAttr(skip), b.getI64IntegerAttr(0));
+    finish(fn, score.getResults());
+  }
+
+  const ModelSpec &spec;
+  OpBuilder b;
+  Location loc;
+  Type f32, i32;
+};
+
+} // namespace
+
+void loadLmDialects(MLIRContext &context) {
+  context.getOrLoadDialect<lm::LmDialect>();
+  context.getOrLoadDialect<func::FuncDialect>();
+}
+
+OwningOpRef<ModuleOp> buildModule(MLIRContext &context, const ModelSpec &spec) {
+  loadLmDialects(context);
+  OwningOpRef<ModuleOp> module = Generator(context, spec).run();
+  if (failed(verify(*module)))
+    return nullptr;
+  return module;
+}
+
+std::string emitMLIR(const ModelSpec &spec) {
+  MLIRContext context;
+  OwningOpRef<ModuleOp> module = buildModule(context, spec);
+  if (!module)
+    return {};
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  module->print(os);
+  return text;
+}
+
+} // namespace lmcc

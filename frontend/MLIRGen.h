@@ -1,0 +1,25 @@
+//===- MLIRGen.h - Build naive `lm` IR from a model spec --------------------===//
+#pragma once
+
+#include "frontend/Spec.h"
+
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/IR/OwningOpRef.h"
+
+#include <string>
+
+namespace lmcc {
+
+/// Loads the dialects lm IR uses into `context`.
+void loadLmDialects(mlir::MLIRContext &context);
+
+/// Builds the module of `spec` in the naive, decomposed form: entry points
+/// `score`, `embed` and `logits` (families unilm, bilm, tta, ngram) or `score`
+/// (diformer: source ids, target ids, per-position directions). The module is verified.
+mlir::OwningOpRef<mlir::ModuleOp> buildModule(mlir::MLIRContext &context, const ModelSpec &spec);
+
+/// buildModule printed as text.
+std::string emitMLIR(const ModelSpec &spec);
+
+} // namespace lmcc

@@ -1,0 +1,522 @@
+//===- Spec.cpp - Parse and validate model specs (TOML, toml++) -------------===//
+//
+// The schema is a contract (see README.md, "Model specs"). Every error names
+// `file:line:column`, the field, and what would be valid. Unknown keys are errors
+// so that typos never silently fall back to defaults.
+//
+//===----------------------------------------------------------------------===//
+#include "frontend/Spec.h"
+
+#include <nlohmann/json.hpp>
+#include <toml++/toml.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <tuple>
+#include <set>
+#include <sstream>
+
+namespace lmcc {
+namespace {
+
+template <typename E> struct EnumName {
+  const char *name;
+  E value;
+};
+
+const EnumName<Family> kFamilies[] = {{"unilm", Family::UniLM},
+                                      {"bilm", Family::BiLM},
+                                      {"tta", Family::TTA},
+                                      {"ngram", Family::NGram},
+                                      {"diformer", Family::Diformer}};
+const EnumName<PositionKind> kPositions[] = {
+    {"learned", PositionKind::Learned}, {"sinusoidal", PositionKind::Sinusoidal}, {"none", PositionKind::None}};
+const EnumName<MaskKind> kMasks[] = {{"none", MaskKind::None},
+                                     {"causal", MaskKind::Causal},
+                                     {"anticausal", MaskKind::Anticausal},
+                                     {"diagonal", MaskKind::Diagonal},
+                                     {"directional", MaskKind::Directional}};
+const EnumName<KeyValueSource> kKeyValues[] = {{"hidden", KeyValueSource::Hidden},
+                                               {"embedding", KeyValueSource::Embedding}};
+const EnumName<FirstQuery> kFirstQueries[] = {{"embedding", FirstQuery::Embedding},
+                                              {"position", FirstQuery::Position},
+                                              {"mask+position", FirstQuery::MaskPosition}};
+const EnumName<Activation> kActivations[] = {
+    {"gelu", Activation::Gelu}, {"gelu_tanh", Activation::GeluTanh}, {"relu", Activation::Relu}};
+const EnumName<NormPlacement> kNorms[] = {{"post", NormPlacement::Post}, {"pre", NormPlacement::Pre}};
+const EnumName<ScoreMethod> kMethods[] = {{"causal", ScoreMethod::Causal},
+                                          {"mask-and-predict", ScoreMethod::MaskAndPredict},
+                                          {"single-pass", ScoreMethod::SinglePass}};
+
+template <typename E, size_t N> const char *nameOf(const EnumName<E> (&table)[N], E value) {
+  for (const auto &entry : table)
+    if (entry.value == value)
+      return entry.name;
+  return "?";
+}
+
+template <typename E, size_t N> std::string choices(const EnumName<E> (&table)[N]) {
+  std::string out;
+  for (size_t i = 0; i < N; ++i)
+    out += (i ? ", \"" : "\"") + std::string(table[i].name) + "\"";
+  return out;
+}
+
+/// Reads typed fields out of one TOML table, remembering which keys were used.
+class Reader {
+public:
+  Reader(std::string path) : path(std::move(path)) {}
+
+  std::string at(const toml::source_region &region) const {
+    if (!region.begin)
+      return path;
+    return path + ":" + std::to_string(region.begin.line) + ":" + std::to_string(region.begin.column);
+  }
+  std::string at(const toml::node &node) const { return at(node.source()); }
+
+  [[noreturn]] void fail(const std::string &where, const std::string &field, const std::string &what) const {
+    throw SpecError(where, field, what);
+  }
+
+  /// Rejects keys of `table` not in `allowed`.
+  void onlyKeys(const toml::table &table, const std::string &prefix, const std::set<std::string> &allowed) const {
+    for (auto &&[key, node] : table) {
+      std::string k(key.str());
+      if (allowed.count(k))
+        continue;
+      std::string valid;
+      for (const auto &a : allowed)
+        valid += (valid.empty() ? "" : ", ") + a;
+      fail(at(key.source()), prefix + k, "unknown key; valid keys here are: " + valid);
+    }
+  }
+
+  const toml::table *subTable(const toml::table &root, const std::string &key) const {
+    const toml::node *node = root.get(key);
+    if (!node)
+      return nullptr;
+    if (!node->is_table())
+      fail(at(*node), key, "expected a table [" + key + "]");
+    return node->as_table();
+  }
+
+  void readInt(const toml::table *t, const std::string &prefix, const char *key, int64_t &out) const {
+    if (const toml::node *n = t ? t->get(key) : nullptr) {
+      if (!n->is_integer())
+        fail(at(*n), prefix + key, std::string("expected an integer, got ") + typeName(*n));
+      out = n->as_integer()->get();
+    }
+  }
+  void readBool(const toml::table *t, const std::string &prefix, const char *key, bool &out) const {
+    if (const toml::node *n = t ? t->get(key) : nullptr) {
+      if (!n->is_boolean())
+        fail(at(*n), prefix + key, std::string("expected true or false, got ") + typeName(*n));
+      out = n->as_boolean()->get();
+    }
+  }
+  void readFloat(const toml::table *t, const std::string &prefix, const char *key, double &out) const {
+    if (const toml::node *n = t ? t->get(key) : nullptr) {
+      if (n->is_integer())
+        out = double(n->as_integer()->get());
+      else if (n->is_floating_point())
+        out = n->as_floating_point()->get();
+      else
+        fail(at(*n), prefix + key, std::string("expected a number, got ") + typeName(*n));
+    }
+  }
+  template <typename E, size_t N>
+  void readEnum(const toml::table *t, const std::string &prefix, const char *key, const EnumName<E> (&table)[N],
+                E &out) const {
+    if (const toml::node *n = t ? t->get(key) : nullptr) {
+      if (!n->is_string())
+        fail(at(*n), prefix + key, std::string("expected a string, one of ") + choices(table) + ", got " + typeName(*n));
+      const std::string &value = n->as_string()->get();
+      for (const auto &entry : table)
+        if (value == entry.name) {
+          out = entry.value;
+          return;
+        }
+      fail(at(*n), prefix + key, "unknown value \"" + value + "\"; valid values are " + choices(table));
+    }
+  }
+
+  static const char *typeName(const toml::node &n) {
+    switch (n.type()) {
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a float";
+    case toml::node_type::boolean: return "a boolean";
+    case toml::node_type::table: return "a table";
+    case toml::node_type::array: return "an array";
+    default: return "a date/time";
+    }
+  }
+
+  std::string path;
+};
+
+/// Field positions kept for validation messages that come after parsing.
+struct Positions {
+  std::map<std::string, std::string> where; // field -> file:line:column
+  std::string of(const std::string &field, const std::string &fallback) const {
+    auto it = where.find(field);
+    return it == where.end() ? fallback : it->second;
+  }
+};
+
+void recordPositions(const Reader &r, const toml::table &table, const std::string &prefix, Positions &pos) {
+  for (auto &&[key, node] : table) {
+    std::string k = prefix + std::string(key.str());
+    pos.where[k] = r.at(node);
+    if (node.is_table())
+      recordPositions(r, *node.as_table(), k + ".", pos);
+  }
+}
+
+bool isCIdentifier(const std::string &s) {
+  if (s.empty() || !(std::isalpha((unsigned char)s[0]) || s[0] == '_'))
+    return false;
+  for (char c : s)
+    if (!(std::isalnum((unsigned char)c) || c == '_'))
+      return false;
+  return true;
+}
+
+void applyFamilyDefaults(ModelSpec &s) {
+  switch (s.family) {
+  case Family::UniLM:
+  case Family::NGram:
+    s.mask = MaskKind::Causal, s.keysValues = KeyValueSource::Hidden, s.firstQuery = FirstQuery::Embedding;
+    s.method = ScoreMethod::Causal;
+    break;
+  case Family::BiLM:
+    s.mask = MaskKind::None, s.keysValues = KeyValueSource::Hidden, s.firstQuery = FirstQuery::Embedding;
+    s.method = ScoreMethod::MaskAndPredict;
+    break;
+  case Family::TTA:
+    s.mask = MaskKind::Diagonal, s.keysValues = KeyValueSource::Embedding, s.firstQuery = FirstQuery::Position;
+    s.method = ScoreMethod::SinglePass;
+    break;
+  case Family::Diformer:
+    // Decoder: per-token directional mask, keys/values from word embeddings only,
+    // query = direction + directed position; scored left-to-right or right-to-left.
+    s.mask = MaskKind::Directional, s.keysValues = KeyValueSource::Embedding, s.firstQuery = FirstQuery::Position;
+    s.method = ScoreMethod::Causal;
+    s.relativePositions = 16;
+    break;
+  }
+}
+
+void validate(const ModelSpec &s, const Positions &pos, const Reader &r) {
+  auto where = [&](const std::string &field) { return pos.of(field, r.path); };
+  auto fail = [&](const std::string &field, const std::string &what) { r.fail(where(field), field, what); };
+
+  if (!isCIdentifier(s.name))
+    fail("name", "\"" + s.name + "\" is not a C identifier (letters, digits and '_', not starting with a digit); "
+                 "the library and header are named after it");
+  const std::pair<const char *, int64_t> dims[] = {{"dims.vocab", s.dims.vocab},   {"dims.max_len", s.dims.maxLen},
+                                                   {"dims.d_model", s.dims.dModel}, {"dims.heads", s.dims.heads},
+                                                   {"dims.d_ff", s.dims.dFF},       {"dims.layers", s.dims.layers}};
+  for (auto [field, value] : dims)
+    if (value < 1 || value > (int64_t(1) << 31))
+      fail(field, "must be a positive integer below 2^31, got " + std::to_string(value));
+  if (s.dims.maxLen < 2)
+    fail("dims.max_len", "must be at least 2, got " + std::to_string(s.dims.maxLen));
+  if (s.dims.dModel % s.dims.heads)
+    fail("dims.heads", "heads (" + std::to_string(s.dims.heads) + ") must divide d_model (" +
+                           std::to_string(s.dims.dModel) + ")");
+  if (!(s.eps > 0) || !std::isfinite(s.eps))
+    fail("block.eps", "must be a positive finite number");
+  if (s.relativePositions < 0)
+    fail("attention.relative_positions", "must be >= 0 (0 = off), got " + std::to_string(s.relativePositions));
+
+  const std::pair<const char *, int64_t> tokens[] = {{"tokens.pad", s.tokens.pad},
+                                                     {"tokens.eos", s.tokens.eos},
+                                                     {"tokens.unk", s.tokens.unk},
+                                                     {"tokens.bos", s.tokens.bos},
+                                                     {"tokens.mask", s.tokens.mask}};
+  for (size_t i = 0; i < 5; ++i) {
+    auto [field, value] = tokens[i];
+    if (value < 0 || value >= s.dims.vocab)
+      fail(field, "token id " + std::to_string(value) + " is outside the vocabulary [0, " +
+                      std::to_string(s.dims.vocab) + ")");
+    for (size_t j = 0; j < i; ++j)
+      if (tokens[j].second == value)
+        fail(field, "token id " + std::to_string(value) + " is already used by " + tokens[j].first +
+                        "; special tokens must be distinct");
+  }
+
+  if (s.mask == MaskKind::Directional && s.family != Family::Diformer)
+    fail("attention.mask", "\"directional\" needs per-token directions, which only family \"diformer\" provides; "
+                           "use none, causal, anticausal or diagonal");
+  if (s.family == Family::Diformer && s.mask != MaskKind::Directional)
+    fail("attention.mask", "family \"diformer\" decodes with the \"directional\" mask");
+  if (s.family == Family::NGram && s.mask != MaskKind::Causal)
+    fail("attention.mask", "family \"ngram\" is a causal LM: the mask must be \"causal\"");
+
+  if (s.firstQuery == FirstQuery::Position && s.position == PositionKind::None)
+    fail("attention.first_query", "\"position\" needs position embeddings; set [embedding] position to \"learned\" "
+                                  "or \"sinusoidal\", or use \"mask+position\"");
+  if (s.position == PositionKind::Sinusoidal && s.dims.dModel % 2)
+    fail("embedding.position", "\"sinusoidal\" needs an even d_model, got " + std::to_string(s.dims.dModel));
+
+  // Combinations whose scores would see the token being predicted.
+  if (s.method == ScoreMethod::Causal && s.family != Family::Diformer && s.mask != MaskKind::Causal)
+    fail("score.method", std::string("\"causal\" scoring needs mask = \"causal\" (got \"") + toString(s.mask) +
+                             "\"), or position t would see x_t");
+  if (s.method == ScoreMethod::SinglePass) {
+    if (s.mask != MaskKind::Diagonal)
+      fail("score.method", std::string("\"single-pass\" scoring needs mask = \"diagonal\" (got \"") +
+                               toString(s.mask) + "\"), or position i would see x_i");
+    if (s.keysValues != KeyValueSource::Embedding)
+      fail("score.method", "\"single-pass\" scoring needs keys_values = \"embedding\" (input isolation): with hidden "
+                           "keys/values a stack of diagonal-masked layers sees each token through its neighbours "
+                           "(T-TA paper, 4.2)");
+    if (s.firstQuery == FirstQuery::Embedding)
+      fail("score.method", "\"single-pass\" scoring needs first_query = \"position\" or \"mask+position\": a query "
+                           "built from E[x_i] carries the token being predicted");
+  }
+  if (s.ngram) {
+    if (s.ngram->n < 2)
+      fail("ngram.n", "must be at least 2 (the next token plus n-2 further ones), got " + std::to_string(s.ngram->n));
+    if (s.ngram->n > s.dims.maxLen)
+      fail("ngram.n", "must not exceed max_len");
+    if (!(s.ngram->ensembleLambda >= 0 && s.ngram->ensembleLambda <= 1))
+      fail("ngram.ensemble_lambda", "must be in [0, 1]");
+  }
+  if (s.diformer) {
+    for (auto [name, d] : {std::pair<const char *, const StackDims *>{"encoder", &s.diformer->encoder},
+                           {"decoder", &s.diformer->decoder}}) {
+      if (d->layers < 1 || d->heads < 1 || d->dFF < 1)
+        fail(std::string(name), "layers, heads and d_ff must be positive");
+      if (s.dims.dModel % d->heads)
+        fail(std::string(name) + ".heads", "heads must divide d_model (" + std::to_string(s.dims.dModel) + ")");
+    }
+  }
+}
+
+ModelSpec parseTable(const toml::table &root, const Reader &r) {
+  ModelSpec s;
+  s.sourcePath = r.path;
+  Positions pos;
+  recordPositions(r, root, "", pos);
+
+  r.onlyKeys(root, "", {"name", "family", "dims", "embedding", "attention", "block", "head", "tokens", "score",
+                        "ngram", "encoder", "decoder"});
+  const toml::node *name = root.get("name");
+  if (!name)
+    r.fail(r.path + ":1:1", "name", "missing required key (a C identifier naming the library)");
+  if (!name->is_string())
+    r.fail(r.at(*name), "name", std::string("expected a string, got ") + Reader::typeName(*name));
+  s.name = name->as_string()->get();
+  if (!root.get("family"))
+    r.fail(r.path + ":1:1", "family", "missing required key; valid values are " + choices(kFamilies));
+  r.readEnum(&root, "", "family", kFamilies, s.family);
+  applyFamilyDefaults(s);
+
+  const toml::table *dims = r.subTable(root, "dims");
+  if (!dims)
+    r.fail(r.path + ":1:1", "dims", "missing required table [dims] with vocab, max_len, d_model, heads, d_ff, layers");
+  r.onlyKeys(*dims, "dims.", {"vocab", "max_len", "d_model", "heads", "d_ff", "layers"});
+  for (const char *key : {"vocab", "max_len", "d_model", "heads", "d_ff", "layers"})
+    if (!dims->get(key))
+      r.fail(r.at(*dims), std::string("dims.") + key, "missing required key in [dims]");
+  r.readInt(dims, "dims.", "vocab", s.dims.vocab);
+  r.readInt(dims, "dims.", "max_len", s.dims.maxLen);
+  r.readInt(dims, "dims.", "d_model", s.dims.dModel);
+  r.readInt(dims, "dims.", "heads", s.dims.heads);
+  r.readInt(dims, "dims.", "d_ff", s.dims.dFF);
+  r.readInt(dims, "dims.", "layers", s.dims.layers);
+
+  if (const toml::table *t = r.subTable(root, "embedding")) {
+    r.onlyKeys(*t, "embedding.", {"position", "norm"});
+    r.readEnum(t, "embedding.", "position", kPositions, s.position);
+    r.readBool(t, "embedding.", "norm", s.embeddingNorm);
+  }
+  if (const toml::table *t = r.subTable(root, "attention")) {
+    r.onlyKeys(*t, "attention.", {"mask", "keys_values", "first_query", "relative_positions"});
+    r.readEnum(t, "attention.", "mask", kMasks, s.mask);
+    r.readEnum(t, "attention.", "keys_values", kKeyValues, s.keysValues);
+    r.readEnum(t, "attention.", "first_query", kFirstQueries, s.firstQuery);
+    r.readInt(t, "attention.", "relative_positions", s.relativePositions);
+  }
+  if (const toml::table *t = r.subTable(root, "block")) {
+    r.onlyKeys(*t, "block.", {"activation", "norm", "eps"});
+    r.readEnum(t, "block.", "activation", kActivations, s.activation);
+    r.readEnum(t, "block.", "norm", kNorms, s.norm);
+    r.readFloat(t, "block.", "eps", s.eps);
+  }
+  if (const toml::table *t = r.subTable(root, "head")) {
+    r.onlyKeys(*t, "head.", {"transform", "tied", "bias"});
+    r.readBool(t, "head.", "transform", s.headTransform);
+    r.readBool(t, "head.", "tied", s.tied);
+    r.readBool(t, "head.", "bias", s.headBias);
+  }
+  if (const toml::table *t = r.subTable(root, "tokens")) {
+    r.onlyKeys(*t, "tokens.", {"pad", "eos", "unk", "bos", "mask"});
+    r.readInt(t, "tokens.", "pad", s.tokens.pad);
+    r.readInt(t, "tokens.", "eos", s.tokens.eos);
+    r.readInt(t, "tokens.", "unk", s.tokens.unk);
+    r.readInt(t, "tokens.", "bos", s.tokens.bos);
+    r.readInt(t, "tokens.", "mask", s.tokens.mask);
+  }
+  if (const toml::table *t = r.subTable(root, "score")) {
+    r.onlyKeys(*t, "score.", {"method", "skip_special"});
+    r.readEnum(t, "score.", "method", kMethods, s.method);
+    r.readBool(t, "score.", "skip_special", s.skipSpecial);
+  }
+
+  const toml::table *ngram = r.subTable(root, "ngram");
+  if (s.family == Family::NGram) {
+    s.ngram = NGramOptions{};
+    if (ngram) {
+      r.onlyKeys(*ngram, "ngram.", {"n", "wdr", "ensemble_lambda"});
+      r.readInt(ngram, "ngram.", "n", s.ngram->n);
+      r.readBool(ngram, "ngram.", "wdr", s.ngram->wdr);
+      r.readFloat(ngram, "ngram.", "ensemble_lambda", s.ngram->ensembleLambda);
+    }
+  } else if (ngram) {
+    r.fail(r.at(*ngram), "ngram", "[ngram] only applies to family \"ngram\"");
+  }
+
+  const toml::table *encoder = r.subTable(root, "encoder");
+  const toml::table *decoder = r.subTable(root, "decoder");
+  if (s.family == Family::Diformer) {
+    DiformerOptions d;
+    d.encoder = d.decoder = StackDims{s.dims.layers, s.dims.heads, s.dims.dFF};
+    for (auto [prefix, table, out] : {std::tuple<std::string, const toml::table *, StackDims *>{"encoder.", encoder, &d.encoder},
+                                      {"decoder.", decoder, &d.decoder}}) {
+      if (!table)
+        continue;
+      r.onlyKeys(*table, prefix, {"layers", "heads", "d_ff"});
+      r.readInt(table, prefix, "layers", out->layers);
+      r.readInt(table, prefix, "heads", out->heads);
+      r.readInt(table, prefix, "d_ff", out->dFF);
+    }
+    s.diformer = d;
+  } else if (encoder || decoder) {
+    const toml::table *t = encoder ? encoder : decoder;
+    r.fail(r.at(*t), encoder ? "encoder" : "decoder", "[encoder]/[decoder] only apply to family \"diformer\"");
+  }
+
+  validate(s, pos, r);
+  return s;
+}
+
+void appendJsonSpec(nlohmann::ordered_json &j, const ModelSpec &s) {
+  j["name"] = s.name;
+  j["family"] = toString(s.family);
+  j["dims"] = {{"vocab", s.dims.vocab}, {"max_len", s.dims.maxLen}, {"d_model", s.dims.dModel},
+               {"heads", s.dims.heads}, {"d_ff", s.dims.dFF},      {"layers", s.dims.layers}};
+  j["embedding"] = {{"position", toString(s.position)}, {"norm", s.embeddingNorm}};
+  j["attention"] = {{"mask", toString(s.mask)},
+                    {"keys_values", toString(s.keysValues)},
+                    {"first_query", toString(s.firstQuery)},
+                    {"relative_positions", s.relativePositions}};
+  j["block"] = {{"activation", toString(s.activation)}, {"norm", toString(s.norm)}, {"eps", s.eps}};
+  j["head"] = {{"transform", s.headTransform}, {"tied", s.tied}, {"bias", s.headBias}};
+  j["tokens"] = {{"pad", s.tokens.pad}, {"eos", s.tokens.eos}, {"unk", s.tokens.unk},
+                 {"bos", s.tokens.bos}, {"mask", s.tokens.mask}};
+  j["score"] = {{"method", toString(s.method)}, {"skip_special", s.skipSpecial}};
+  if (s.ngram)
+    j["ngram"] = {{"n", s.ngram->n}, {"wdr", s.ngram->wdr}, {"ensemble_lambda", s.ngram->ensembleLambda}};
+  if (s.diformer) {
+    auto stack = [](const StackDims &d) {
+      return nlohmann::ordered_json{{"layers", d.layers}, {"heads", d.heads}, {"d_ff", d.dFF}};
+    };
+    j["encoder"] = stack(s.diformer->encoder);
+    j["decoder"] = stack(s.diformer->decoder);
+  }
+}
+
+std::string tomlValue(const nlohmann::ordered_json &v) {
+  if (v.is_boolean())
+    return v.get<bool>() ? "true" : "false";
+  if (v.is_number_float()) {
+    // Shortest representation that reads back as the same double.
+    char buf[64];
+    double value = v.get<double>();
+    for (int precision = 1; precision <= 17; ++precision) {
+      std::snprintf(buf, sizeof buf, "%.*g", precision, value);
+      if (std::strtod(buf, nullptr) == value)
+        break;
+    }
+    std::string s = buf;
+    if (s.find_first_of(".eEn") == std::string::npos)
+      s += ".0";
+    return s;
+  }
+  return v.dump();
+}
+
+} // namespace
+
+ModelSpec parseSpec(const std::string &text, const std::string &path) {
+  Reader reader(path);
+  toml::table root;
+  try {
+    root = toml::parse(text, path);
+  } catch (const toml::parse_error &err) {
+    throw SpecError(reader.at(err.source()), "", "invalid TOML: " + std::string(err.description()));
+  }
+  return parseTable(root, reader);
+}
+
+ModelSpec loadSpec(const std::string &path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw SpecError(path, "", "cannot open the spec file");
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return parseSpec(buffer.str(), path);
+}
+
+std::string toJson(const ModelSpec &spec) {
+  nlohmann::ordered_json j;
+  appendJsonSpec(j, spec);
+  return j.dump(2);
+}
+
+std::string toToml(const ModelSpec &spec) {
+  nlohmann::ordered_json j;
+  appendJsonSpec(j, spec);
+  std::string out;
+  for (auto &[key, value] : j.items())
+    if (!value.is_object())
+      out += key + " = " + tomlValue(value) + "\n";
+  for (auto &[key, value] : j.items()) {
+    if (!value.is_object())
+      continue;
+    out += "\n[" + key + "]\n";
+    for (auto &[k, v] : value.items())
+      out += k + " = " + tomlValue(v) + "\n";
+  }
+  return out;
+}
+
+std::string specHash(const ModelSpec &spec) {
+  nlohmann::ordered_json j;
+  appendJsonSpec(j, spec);
+  uint64_t h = 1469598103934665603ull; // FNV-1a 64
+  for (unsigned char c : j.dump()) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", (unsigned long long)h);
+  return buf;
+}
+
+const char *toString(Family v) { return nameOf(kFamilies, v); }
+const char *toString(PositionKind v) { return nameOf(kPositions, v); }
+const char *toString(MaskKind v) { return nameOf(kMasks, v); }
+const char *toString(KeyValueSource v) { return nameOf(kKeyValues, v); }
+const char *toString(FirstQuery v) { return nameOf(kFirstQueries, v); }
+const char *toString(Activation v) { return nameOf(kActivations, v); }
+const char *toString(NormPlacement v) { return nameOf(kNorms, v); }
+const char *toString(ScoreMethod v) { return nameOf(kMethods, v); }
+
+} // namespace lmcc

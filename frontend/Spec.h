@@ -1,0 +1,112 @@
+//===- Spec.h - Declarative model specifications ---------------------------===//
+//
+// A ModelSpec is the resolved form of a model TOML file: every default filled in,
+// every field validated. This header is plain C++ (no MLIR, no toml++) so that the
+// reference executor, the weights loader and MLIRGen can all read it.
+//
+//===----------------------------------------------------------------------===//
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace lmcc {
+
+enum class Family { UniLM, BiLM, TTA, NGram, Diformer };
+enum class PositionKind { Learned, Sinusoidal, None };
+enum class MaskKind { None, Causal, Anticausal, Diagonal, Directional };
+enum class KeyValueSource { Hidden, Embedding };
+enum class FirstQuery { Embedding, Position, MaskPosition };
+enum class Activation { Gelu, GeluTanh, Relu };
+enum class NormPlacement { Post, Pre };
+enum class ScoreMethod { Causal, MaskAndPredict, SinglePass };
+
+struct Dims {
+  int64_t vocab = 0, maxLen = 0, dModel = 0, heads = 0, dFF = 0, layers = 0;
+  int64_t headDim() const { return dModel / heads; }
+};
+
+/// One transformer stack's size (Diformer has an encoder and a decoder stack).
+struct StackDims {
+  int64_t layers = 0, heads = 0, dFF = 0;
+};
+
+struct TokenIds {
+  int64_t pad = 0, eos = 1, unk = 2, bos = 3, mask = 4;
+};
+
+struct NGramOptions {
+  int64_t n = 3;                ///< predict t+1 .. t+n-1 with extra heads
+  bool wdr = true;              ///< word-difference representation targets
+  double ensembleLambda = 0.4;  ///< weight of the n-gram heads at inference
+};
+
+struct DiformerOptions {
+  StackDims encoder, decoder;   ///< default to [dims]
+};
+
+struct ModelSpec {
+  std::string name;
+  Family family = Family::TTA;
+  Dims dims;
+  // [embedding]
+  PositionKind position = PositionKind::Learned;
+  bool embeddingNorm = true;
+  // [attention]
+  MaskKind mask = MaskKind::Diagonal;
+  KeyValueSource keysValues = KeyValueSource::Embedding;
+  FirstQuery firstQuery = FirstQuery::Position;
+  int64_t relativePositions = 0;
+  // [block]
+  Activation activation = Activation::Gelu;
+  NormPlacement norm = NormPlacement::Post;
+  double eps = 1e-12;
+  // [head]
+  bool headTransform = true;
+  bool tied = true;
+  bool headBias = true;
+  // [tokens]
+  TokenIds tokens;
+  // [score]
+  ScoreMethod method = ScoreMethod::SinglePass;
+  bool skipSpecial = true;
+  // family extensions
+  std::optional<NGramOptions> ngram;
+  std::optional<DiformerOptions> diformer;
+
+  /// Path the spec was read from (for messages); empty when built in code.
+  std::string sourcePath;
+};
+
+/// A spec error: `where` is "file:line:column" (or "file" when no position applies).
+struct SpecError : std::runtime_error {
+  SpecError(const std::string &where, const std::string &field, const std::string &what)
+      : std::runtime_error(where + ": error: " + (field.empty() ? "" : "'" + field + "': ") + what),
+        where(where), field(field) {}
+  std::string where, field;
+};
+
+/// Parses and validates a spec file; throws SpecError.
+ModelSpec loadSpec(const std::string &path);
+/// Parses and validates spec text; `path` is only used in messages.
+ModelSpec parseSpec(const std::string &text, const std::string &path);
+
+/// The resolved spec as TOML (every default filled) and as JSON.
+std::string toToml(const ModelSpec &spec);
+std::string toJson(const ModelSpec &spec);
+/// A stable 64-bit FNV-1a hash of the resolved spec (hex), recorded in weight metadata.
+std::string specHash(const ModelSpec &spec);
+
+const char *toString(Family);
+const char *toString(PositionKind);
+const char *toString(MaskKind);
+const char *toString(KeyValueSource);
+const char *toString(FirstQuery);
+const char *toString(Activation);
+const char *toString(NormPlacement);
+const char *toString(ScoreMethod);
+
+} // namespace lmcc

@@ -1,0 +1,499 @@
+//===- Ops.cpp - Reference implementations of the `lm` dialect ops --------===//
+//
+// Every op loops over sentences (and groups), copies a sentence's valid rows into
+// a private Eigen matrix, computes, and writes the valid rows back. Nothing reads
+// padding rows, so results do not depend on batch composition.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/reference/Ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+namespace lmcc::reference {
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+void require(bool ok, const char *op, const std::string &what) {
+  if (!ok)
+    throw std::invalid_argument(std::string("reference ") + op + ": " + what);
+}
+
+/// Applies `f` to every valid element of x, into a new batch of the same shape.
+template <typename F> Batch elementwise(const Batch &x, F f) {
+  Batch out = Batch::zerosLike(x, x.C);
+  for (int64_t b = 0; b < x.B; ++b)
+    for (int64_t h = 0; h < x.H; ++h)
+      for (int64_t t = 0; t < x.lengths[b]; ++t) {
+        const float *in = x.row(b, h, t);
+        float *o = out.row(b, h, t);
+        for (int64_t c = 0; c < x.C; ++c)
+          o[c] = f(in[c]);
+      }
+  return out;
+}
+
+/// Applies `f(in, out, C)` to every valid row of x, into a new batch of C columns.
+template <typename F> Batch rowwise(const Batch &x, F f) {
+  Batch out = Batch::zerosLike(x, x.C);
+  for (int64_t b = 0; b < x.B; ++b)
+    for (int64_t h = 0; h < x.H; ++h)
+      for (int64_t t = 0; t < x.lengths[b]; ++t)
+        f(x.row(b, h, t), out.row(b, h, t), x.C);
+  return out;
+}
+
+bool sameLayout(const Batch &a, const Batch &b) {
+  return a.B == b.B && a.H == b.H && a.N == b.N && a.C == b.C && a.lengths == b.lengths;
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// Layout
+//===----------------------------------------------------------------------===//
+
+TokenBatch TokenBatch::pack(const std::vector<std::vector<int32_t>> &sentences) {
+  TokenBatch out;
+  out.B = static_cast<int64_t>(sentences.size());
+  for (const auto &s : sentences)
+    out.N = std::max<int64_t>(out.N, static_cast<int64_t>(s.size()));
+  out.ids.assign(out.B * out.N, 0);
+  for (int64_t b = 0; b < out.B; ++b) {
+    out.lengths.push_back(static_cast<int64_t>(sentences[b].size()));
+    std::copy(sentences[b].begin(), sentences[b].end(), out.ids.begin() + b * out.N);
+  }
+  return out;
+}
+
+Batch Batch::zeros(const std::vector<int64_t> &lengths, int64_t H, int64_t N, int64_t C) {
+  Batch out;
+  out.B = static_cast<int64_t>(lengths.size());
+  out.H = H;
+  out.N = N;
+  out.C = C;
+  out.lengths = lengths;
+  for (int64_t n : lengths)
+    require(n >= 0 && n <= N, "batch", "sentence length " + std::to_string(n) + " outside [0, " +
+                                           std::to_string(N) + "]");
+  out.data.assign(out.B * H * N * C, 0.0f);
+  return out;
+}
+
+Batch Batch::zerosLike(const Batch &like, int64_t C) { return zeros(like.lengths, like.H, like.N, C); }
+
+Matrix Batch::slice(int64_t b, int64_t h) const {
+  return Eigen::Map<const Matrix>(row(b, h, 0), lengths[b], C);
+}
+
+void Batch::setSlice(int64_t b, int64_t h, const Matrix &m) {
+  require(m.rows() == lengths[b] && m.cols() == C, "batch", "slice shape mismatch");
+  Eigen::Map<Matrix>(row(b, h, 0), lengths[b], C) = m;
+}
+
+//===----------------------------------------------------------------------===//
+// Embeddings
+//===----------------------------------------------------------------------===//
+
+Batch embed(const Matrix &table, const TokenBatch &ids) {
+  Batch out = Batch::zeros(ids.lengths, 1, ids.N, table.cols());
+  for (int64_t b = 0; b < ids.B; ++b)
+    for (int64_t t = 0; t < ids.lengths[b]; ++t) {
+      int32_t id = ids.at(b, t);
+      require(id >= 0 && id < table.rows(), "embed",
+              "id " + std::to_string(id) + " outside the table of " + std::to_string(table.rows()) + " rows");
+      Eigen::Map<RowVector>(out.row(b, 0, t), table.cols()) = table.row(id);
+    }
+  return out;
+}
+
+Matrix sinusoidalTable(int64_t rows, int64_t D) {
+  Matrix P(rows, D);
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t c = 0; c < D; ++c) {
+      int64_t i2 = c - c % 2; // 2i for both members of the (sin, cos) pair
+      double angle = static_cast<double>(t) / std::pow(10000.0, static_cast<double>(i2) / static_cast<double>(D));
+      P(t, c) = static_cast<float>(c % 2 == 0 ? std::sin(angle) : std::cos(angle));
+    }
+  return P;
+}
+
+Batch positions(const TokenBatch &ids, PositionKind kind, const Matrix *table, int64_t D) {
+  Batch out = Batch::zeros(ids.lengths, 1, ids.N, D);
+  if (kind == PositionKind::None)
+    return out;
+  Matrix sinusoidal;
+  if (kind == PositionKind::Learned) {
+    require(table != nullptr, "positions", "a learned position table is required");
+    require(table->cols() == D && table->rows() >= ids.N, "positions",
+            "the table has " + std::to_string(table->rows()) + " rows, sentences need " + std::to_string(ids.N));
+  } else {
+    sinusoidal = sinusoidalTable(ids.N, D);
+    table = &sinusoidal;
+  }
+  for (int64_t b = 0; b < ids.B; ++b)
+    for (int64_t t = 0; t < ids.lengths[b]; ++t)
+      Eigen::Map<RowVector>(out.row(b, 0, t), D) = table->row(t);
+  return out;
+}
+
+//===----------------------------------------------------------------------===//
+// Dense layers, norms, elementwise ops
+//===----------------------------------------------------------------------===//
+
+Batch linear(const Batch &x, const Matrix &W, const RowVector *bias) {
+  require(W.cols() == x.C, "linear", "weight has " + std::to_string(W.cols()) + " inputs, x has " +
+                                         std::to_string(x.C) + " features");
+  require(!bias || bias->size() == W.rows(), "linear", "bias size differs from the weight's outputs");
+  Batch out = Batch::zerosLike(x, W.rows());
+  for (int64_t b = 0; b < x.B; ++b)
+    for (int64_t h = 0; h < x.H; ++h) {
+      Matrix y = x.slice(b, h) * W.transpose(); // [n, in] x [in, out]
+      if (bias)
+        y.rowwise() += *bias;
+      out.setSlice(b, h, y);
+    }
+  return out;
+}
+
+Batch layerNorm(const Batch &x, const RowVector &gamma, const RowVector &beta, double eps) {
+  require(gamma.size() == x.C && beta.size() == x.C, "layer_norm", "gamma/beta size differs from features");
+  return rowwise(x, [&](const float *in, float *out, int64_t C) {
+    double mean = 0;
+    for (int64_t c = 0; c < C; ++c)
+      mean += in[c];
+    mean /= static_cast<double>(C);
+    double var = 0; // biased: divided by C
+    for (int64_t c = 0; c < C; ++c)
+      var += (in[c] - mean) * (in[c] - mean);
+    var /= static_cast<double>(C);
+    double inv = 1.0 / std::sqrt(var + eps);
+    for (int64_t c = 0; c < C; ++c)
+      out[c] = static_cast<float>((in[c] - mean) * inv) * gamma[c] + beta[c];
+  });
+}
+
+float geluExact(float x) { return x * 0.5f * (1.0f + std::erf(x / std::sqrt(2.0f))); }
+
+float geluTanh(float x) {
+  const float k = std::sqrt(2.0f / static_cast<float>(M_PI));
+  return 0.5f * x * (1.0f + std::tanh(k * (x + 0.044715f * x * x * x)));
+}
+
+Batch gelu(const Batch &x, bool approximate) {
+  return approximate ? elementwise(x, geluTanh) : elementwise(x, geluExact);
+}
+
+Batch relu(const Batch &x) {
+  return elementwise(x, [](float v) { return v > 0.0f ? v : 0.0f; });
+}
+
+Batch activation(const Batch &x, Activation act) {
+  switch (act) {
+  case Activation::Gelu:
+    return gelu(x, /*approximate=*/false);
+  case Activation::GeluTanh:
+    return gelu(x, /*approximate=*/true);
+  case Activation::Relu:
+    return relu(x);
+  }
+  throw std::invalid_argument("reference activation: unknown kind");
+}
+
+Batch add(const Batch &a, const Batch &b) {
+  require(sameLayout(a, b), "add", "operands differ in shape or lengths");
+  Batch out = Batch::zerosLike(a, a.C);
+  for (int64_t s = 0; s < a.B; ++s)
+    for (int64_t h = 0; h < a.H; ++h)
+      out.setSlice(s, h, a.slice(s, h) + b.slice(s, h));
+  return out;
+}
+
+Batch scale(const Batch &x, float factor) {
+  return elementwise(x, [factor](float v) { return v * factor; });
+}
+
+Batch interpolate(const Batch &a, const Batch &b, double lambda) {
+  require(sameLayout(a, b), "interpolate", "operands differ in shape or lengths");
+  require(lambda >= 0 && lambda <= 1, "interpolate", "lambda outside [0, 1]");
+  Batch out = Batch::zerosLike(a, a.C);
+  const double logA = std::log1p(-lambda), logB = std::log(lambda);
+  for (size_t k = 0; k < out.data.size(); ++k) {
+    // Padding entries are 0 in both operands; their result is overwritten below.
+    double u = logA + a.data[k], v = logB + b.data[k];
+    double m = std::max(u, v);
+    out.data[k] = m == -std::numeric_limits<double>::infinity()
+                      ? kNegInf
+                      : static_cast<float>(m + std::log(std::exp(u - m) + std::exp(v - m)));
+  }
+  // Keep padding rows zero.
+  for (int64_t s = 0; s < out.B; ++s)
+    for (int64_t h = 0; h < out.H; ++h)
+      for (int64_t t = out.lengths[s]; t < out.N; ++t)
+        std::fill(out.row(s, h, t), out.row(s, h, t) + out.C, 0.0f);
+  return out;
+}
+
+//===----------------------------------------------------------------------===//
+// Attention, decomposed
+//===----------------------------------------------------------------------===//
+
+Batch splitHeads(const Batch &x, int64_t heads) {
+  require(x.H == 1 && heads > 0 && x.C % heads == 0, "split_heads", "features not divisible by heads");
+  int64_t dh = x.C / heads;
+  Batch out = Batch::zeros(x.lengths, heads, x.N, dh);
+  for (int64_t b = 0; b < x.B; ++b) {
+    Matrix s = x.slice(b);
+    for (int64_t h = 0; h < heads; ++h)
+      out.setSlice(b, h, s.middleCols(h * dh, dh));
+  }
+  return out;
+}
+
+Batch mergeHeads(const Batch &x) {
+  int64_t dh = x.C;
+  Batch out = Batch::zeros(x.lengths, 1, x.N, x.H * dh);
+  for (int64_t b = 0; b < x.B; ++b) {
+    Matrix merged(x.lengths[b], x.H * dh);
+    for (int64_t h = 0; h < x.H; ++h)
+      merged.middleCols(h * dh, dh) = x.slice(b, h);
+    out.setSlice(b, 0, merged);
+  }
+  return out;
+}
+
+Batch matmul(const Batch &lhs, const Batch &rhs, bool transposeRhs) {
+  require(lhs.B == rhs.B && lhs.H == rhs.H, "matmul", "batch or group counts differ");
+  if (transposeRhs) {
+    // [N, K] x [M, K]^T -> [N, M]
+    require(lhs.C == rhs.C, "matmul", "contraction sizes differ");
+    Batch out = Batch::zeros(lhs.lengths, lhs.H, lhs.N, rhs.N);
+    for (int64_t b = 0; b < lhs.B; ++b)
+      for (int64_t h = 0; h < lhs.H; ++h) {
+        Matrix product = lhs.slice(b, h) * rhs.slice(b, h).transpose(); // [n, m]
+        Matrix padded = Matrix::Zero(lhs.lengths[b], rhs.N);
+        padded.leftCols(product.cols()) = product;
+        out.setSlice(b, h, padded);
+      }
+    return out;
+  }
+  // [N, M] x [M, C] -> [N, C], contracting over rhs's valid rows only.
+  require(lhs.C == rhs.N, "matmul", "contraction sizes differ");
+  Batch out = Batch::zeros(lhs.lengths, lhs.H, lhs.N, rhs.C);
+  for (int64_t b = 0; b < lhs.B; ++b)
+    for (int64_t h = 0; h < lhs.H; ++h) {
+      Matrix a = lhs.slice(b, h).leftCols(rhs.lengths[b]); // a private copy: [n, m]
+      out.setSlice(b, h, a * rhs.slice(b, h));
+    }
+  return out;
+}
+
+bool keyVisible(MaskKind kind, int64_t i, int64_t j, int64_t n) {
+  if (j < 0 || j >= n)
+    return false; // key padding
+  switch (kind) {
+  case MaskKind::None:
+    return true;
+  case MaskKind::Causal:
+    return j <= i;
+  case MaskKind::Anticausal:
+    return j >= i;
+  case MaskKind::Diagonal:
+    return j != i;
+  case MaskKind::Directional:
+    break;
+  }
+  throw std::invalid_argument("reference mask_fill: mask 'directional' needs per-row data and executes in a "
+                              "later release");
+}
+
+Batch maskFill(const Batch &scores, MaskKind kind) {
+  Batch out = scores;
+  for (int64_t b = 0; b < scores.B; ++b)
+    for (int64_t h = 0; h < scores.H; ++h)
+      for (int64_t i = 0; i < scores.lengths[b]; ++i) {
+        float *row = out.row(b, h, i);
+        for (int64_t j = 0; j < scores.C; ++j)
+          if (!keyVisible(kind, i, j, scores.lengths[b]))
+            row[j] = kNegInf;
+      }
+  return out;
+}
+
+Batch softmax(const Batch &x) {
+  return rowwise(x, [](const float *in, float *out, int64_t C) {
+    float max = kNegInf;
+    for (int64_t c = 0; c < C; ++c)
+      max = std::max(max, in[c]);
+    if (max == kNegInf) { // nothing visible: all zeros (the row was zero-initialized)
+      return;
+    }
+    double sum = 0;
+    for (int64_t c = 0; c < C; ++c)
+      sum += std::exp(static_cast<double>(in[c]) - max);
+    for (int64_t c = 0; c < C; ++c)
+      out[c] = static_cast<float>(std::exp(static_cast<double>(in[c]) - max) / sum);
+  });
+}
+
+int64_t relativeIndex(int64_t i, int64_t j, int64_t k) { return std::clamp(j - i, -k, k) + k; }
+
+Batch relativeScores(const Batch &query, const Batch &keys, const Matrix &rel, int64_t k) {
+  require(query.B == keys.B && query.H == keys.H, "relative_scores", "batch or group counts differ");
+  require(k > 0 && rel.rows() == 2 * k + 1 && rel.cols() == query.C, "relative_scores",
+          "rel must be [2k+1, dh]");
+  Batch out = Batch::zeros(query.lengths, query.H, query.N, keys.N);
+  for (int64_t b = 0; b < query.B; ++b)
+    for (int64_t h = 0; h < query.H; ++h)
+      for (int64_t i = 0; i < query.lengths[b]; ++i) {
+        const float *q = query.row(b, h, i);
+        for (int64_t j = 0; j < keys.lengths[b]; ++j) {
+          const float *r = rel.row(relativeIndex(i, j, k)).data();
+          float dot = 0; // q_i . rel[r], in order
+          for (int64_t c = 0; c < query.C; ++c)
+            dot += q[c] * r[c];
+          out.at(b, h, i, j) = dot;
+        }
+      }
+  return out;
+}
+
+Batch relativeValues(const Batch &probs, const Matrix &rel, int64_t k) {
+  require(k > 0 && rel.rows() == 2 * k + 1, "relative_values", "rel must be [2k+1, dh]");
+  Batch out = Batch::zeros(probs.lengths, probs.H, probs.N, rel.cols());
+  for (int64_t b = 0; b < probs.B; ++b)
+    for (int64_t h = 0; h < probs.H; ++h)
+      for (int64_t i = 0; i < probs.lengths[b]; ++i) {
+        Eigen::Map<RowVector> o(out.row(b, h, i), rel.cols());
+        for (int64_t j = 0; j < probs.lengths[b]; ++j)
+          o += probs.at(b, h, i, j) * rel.row(relativeIndex(i, j, k));
+      }
+  return out;
+}
+
+Batch attention(const Batch &query, const Batch &key, const Batch &value, int64_t heads, MaskKind mask,
+                float scaleFactor, const RelativePositions *relative) {
+  require(query.lengths == key.lengths && key.lengths == value.lengths, "attention",
+          "query, key and value lengths differ (self-attention only)");
+  Batch q = splitHeads(query, heads), k = splitHeads(key, heads), v = splitHeads(value, heads);
+  Batch scores = matmul(q, k, /*transposeRhs=*/true);
+  if (relative)
+    scores = add(scores, relativeScores(q, k, *relative->keys, relative->clip));
+  scores = scale(scores, scaleFactor);
+  scores = maskFill(scores, mask);
+  Batch probs = softmax(scores);
+  Batch context = matmul(probs, v, /*transposeRhs=*/false);
+  if (relative)
+    context = add(context, relativeValues(probs, *relative->values, relative->clip));
+  return mergeHeads(context);
+}
+
+//===----------------------------------------------------------------------===//
+// Output head and scores
+//===----------------------------------------------------------------------===//
+
+Batch logSoftmax(const Batch &x) {
+  return rowwise(x, [](const float *in, float *out, int64_t C) {
+    float max = kNegInf;
+    for (int64_t c = 0; c < C; ++c)
+      max = std::max(max, in[c]);
+    double sum = 0;
+    for (int64_t c = 0; c < C; ++c)
+      sum += std::exp(static_cast<double>(in[c]) - max);
+    double logSumExp = max + std::log(sum);
+    for (int64_t c = 0; c < C; ++c)
+      out[c] = static_cast<float>(static_cast<double>(in[c]) - logSumExp);
+  });
+}
+
+Batch gather(const Batch &logprobs, const TokenBatch &targets, int64_t shift) {
+  require(logprobs.H == 1 && logprobs.B == targets.B && logprobs.lengths == targets.lengths, "gather",
+          "log-probs and targets differ in shape or lengths");
+  require(shift >= 0, "gather", "negative shift");
+  Batch out = Batch::zeros(targets.lengths, 1, targets.N, 1);
+  for (int64_t b = 0; b < targets.B; ++b)
+    for (int64_t t = shift; t < targets.lengths[b]; ++t) {
+      int32_t id = targets.at(b, t);
+      require(id >= 0 && id < logprobs.C, "gather", "target id " + std::to_string(id) + " out of range");
+      out.at(b, 0, t, 0) = logprobs.at(b, 0, t - shift, id);
+    }
+  return out;
+}
+
+Batch tokenLogprob(const Batch &hidden, const Matrix &W, const RowVector *bias, const TokenBatch &targets,
+                   int64_t shift) {
+  return gather(logSoftmax(linear(hidden, W, bias)), targets, shift);
+}
+
+std::vector<ScoreResult> sentenceScore(const Batch &tokenLogprobs, const TokenBatch &ids,
+                                       const std::vector<int32_t> &skip, int64_t first) {
+  require(tokenLogprobs.C == 1 && tokenLogprobs.lengths == ids.lengths, "sentence_score",
+          "token log-probs and ids differ in shape or lengths");
+  std::vector<ScoreResult> results(ids.B);
+  for (int64_t b = 0; b < ids.B; ++b) {
+    ScoreResult &r = results[b];
+    r.tokenLogprobs.assign(ids.lengths[b], 0.0f);
+    for (int64_t t = first; t < ids.lengths[b]; ++t) {
+      if (std::find(skip.begin(), skip.end(), ids.at(b, t)) != skip.end())
+        continue;
+      r.tokenLogprobs[t] = tokenLogprobs.at(b, 0, t, 0);
+      r.score += r.tokenLogprobs[t];
+      ++r.nScored;
+    }
+  }
+  return results;
+}
+
+std::vector<std::vector<float>> meanPool(const Batch &hidden, const TokenBatch &ids,
+                                         const std::vector<int32_t> &exclude) {
+  require(hidden.H == 1 && hidden.lengths == ids.lengths, "mean_pool", "hidden and ids differ in lengths");
+  std::vector<std::vector<float>> out(ids.B);
+  for (int64_t b = 0; b < ids.B; ++b) {
+    auto excluded = [&](int64_t t) {
+      return std::find(exclude.begin(), exclude.end(), ids.at(b, t)) != exclude.end();
+    };
+    bool anyKept = false;
+    for (int64_t t = 0; t < ids.lengths[b]; ++t)
+      anyKept = anyKept || !excluded(t);
+    std::vector<double> sum(hidden.C, 0.0);
+    int64_t count = 0;
+    for (int64_t t = 0; t < ids.lengths[b]; ++t) {
+      if (anyKept && excluded(t))
+        continue;
+      for (int64_t c = 0; c < hidden.C; ++c)
+        sum[c] += hidden.at(b, 0, t, c);
+      ++count;
+    }
+    out[b].resize(hidden.C, 0.0f);
+    for (int64_t c = 0; c < hidden.C && count > 0; ++c)
+      out[b][c] = static_cast<float>(sum[c] / static_cast<double>(count));
+  }
+  return out;
+}
+
+Batch maskAndPredict(const TokenBatch &ids, int32_t maskToken,
+                     const std::function<Batch(const TokenBatch &)> &region) {
+  Batch out;
+  for (int64_t i = 0; i < ids.N; ++i) {
+    TokenBatch masked = ids;
+    for (int64_t b = 0; b < ids.B; ++b)
+      if (i < ids.lengths[b])
+        masked.at(b, i) = maskToken;
+    Batch result = region(masked);
+    require(result.H == 1 && result.N == ids.N && result.lengths == ids.lengths, "mask_and_predict",
+            "the region's result differs from the ids in shape or lengths");
+    if (i == 0)
+      out = Batch::zeros(ids.lengths, 1, ids.N, result.C);
+    for (int64_t b = 0; b < ids.B; ++b)
+      if (i < ids.lengths[b])
+        std::copy(result.row(b, 0, i), result.row(b, 0, i) + result.C, out.row(b, 0, i));
+  }
+  return out;
+}
+
+} // namespace lmcc::reference

@@ -1,0 +1,542 @@
+//===- ModelWeights.cpp - Spec-aware model weights ------------------------===//
+//
+// The canonical tensor list of a spec (DESIGN.md names, linear weights [out, in]),
+// Hugging Face BertForMaskedLM import, validation of a weight set against a spec
+// and seeded BERT-style initialization.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/weights/Weights.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <random>
+#include <set>
+
+namespace lmcc {
+
+namespace {
+
+// --- Small helpers -----------------------------------------------------------
+
+bool startsWith(const std::string &s, const std::string &prefix) {
+  return s.compare(0, prefix.size(), prefix) == 0;
+}
+
+bool endsWith(const std::string &s, const std::string &suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+/// A name as it appears in messages: quoted, shortened when enormous.
+std::string quoted(const std::string &name) {
+  constexpr size_t kMax = 200;
+  if (name.size() <= kMax)
+    return "'" + name + "'";
+  return "'" + name.substr(0, kMax) + "...' (" + std::to_string(name.size()) + " bytes)";
+}
+
+std::string shapeString(const std::vector<int64_t> &shape) {
+  constexpr size_t kMaxDims = 16;
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size() && i < kMaxDims; ++i)
+    s += (i ? ", " : "") + std::to_string(shape[i]);
+  if (shape.size() > kMaxDims)
+    s += ", ... (" + std::to_string(shape.size()) + " dims)";
+  return s + "]";
+}
+
+[[noreturn]] void tensorError(const std::string &path, const std::string &name,
+                              const std::string &what) {
+  throw WeightError(path + ": tensor " + quoted(name) + ": " + what);
+}
+
+const char *familyName(Family family) {
+  switch (family) {
+  case Family::UniLM: return "unilm";
+  case Family::BiLM: return "bilm";
+  case Family::TTA: return "tta";
+  case Family::NGram: return "ngram";
+  case Family::Diformer: return "diformer";
+  }
+  return "unknown";
+}
+
+/// The number of elements `shape` describes when every dimension is >= 0 and the
+/// product fits in 64 bits; -1 otherwise. Used on in-memory tensors, which nobody
+/// has validated.
+int64_t checkedNumel(const std::vector<int64_t> &shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0)
+      return -1;
+    if (d != 0 && n > std::numeric_limits<int64_t>::max() / d)
+      return -1;
+    n *= d;
+  }
+  return n;
+}
+
+/// True when `t` is a rank-2 tensor whose data matches its shape.
+bool isConsistentMatrix(const Tensor &t) {
+  return t.shape.size() == 2 && checkedNumel(t.shape) >= 0 &&
+         static_cast<uint64_t>(checkedNumel(t.shape)) == t.data.size();
+}
+
+// --- The canonical tensor list -----------------------------------------------
+
+/// How initWeights fills a tensor.
+enum class Init { Normal, Zero, One };
+
+struct ExpectedTensor {
+  TensorInfo info;
+  Init init;
+};
+
+/// Rejects specs this release cannot hold weights for, and dims that would make
+/// the shapes meaningless (a resolved spec never has them; a spec built in code may).
+void checkSpec(const ModelSpec &spec) {
+  const std::string where = "spec " + quoted(spec.name) + ": ";
+  if (spec.family == Family::NGram || spec.family == Family::Diformer)
+    throw WeightError(where + "family " + familyName(spec.family) +
+                      " executes in a later release (supported: unilm, bilm, tta)");
+  const Dims &d = spec.dims;
+  if (d.vocab <= 0 || d.maxLen <= 0 || d.dModel <= 0 || d.heads <= 0 || d.dFF <= 0 ||
+      d.layers < 0)
+    throw WeightError(where + "dims must be positive");
+  if (d.dModel % d.heads != 0)
+    throw WeightError(where + "d_model " + std::to_string(d.dModel) +
+                      " is not a multiple of heads " + std::to_string(d.heads));
+  if (spec.relativePositions < 0)
+    throw WeightError(where + "relative_positions must be >= 0");
+}
+
+std::vector<ExpectedTensor> expectedList(const ModelSpec &spec) {
+  checkSpec(spec);
+  const int64_t V = spec.dims.vocab, L = spec.dims.maxLen, D = spec.dims.dModel,
+                F = spec.dims.dFF, dh = spec.dims.headDim(), k = spec.relativePositions;
+  std::vector<ExpectedTensor> list;
+  auto add = [&](std::string name, std::vector<int64_t> shape, Init init) {
+    list.push_back({{std::move(name), std::move(shape)}, init});
+  };
+  auto addNorm = [&](const std::string &prefix) {
+    add(prefix + ".weight", {D}, Init::One);
+    add(prefix + ".bias", {D}, Init::Zero);
+  };
+
+  add("embed.token", {V, D}, Init::Normal);
+  if (spec.position == PositionKind::Learned)
+    add("embed.position", {L, D}, Init::Normal);
+  if (spec.embeddingNorm)
+    addNorm("embed.norm");
+  for (int64_t i = 0; i < spec.dims.layers; ++i) {
+    const std::string p = "layers." + std::to_string(i) + ".";
+    for (const char *proj : {"q", "k", "v", "o"}) {
+      add(p + "attn." + proj + ".weight", {D, D}, Init::Normal);
+      add(p + "attn." + proj + ".bias", {D}, Init::Zero);
+    }
+    if (k > 0) {
+      add(p + "attn.rel_k", {2 * k + 1, dh}, Init::Normal);
+      add(p + "attn.rel_v", {2 * k + 1, dh}, Init::Normal);
+    }
+    addNorm(p + "attn_norm");
+    add(p + "ffn.in.weight", {F, D}, Init::Normal);
+    add(p + "ffn.in.bias", {F}, Init::Zero);
+    add(p + "ffn.out.weight", {D, F}, Init::Normal);
+    add(p + "ffn.out.bias", {D}, Init::Zero);
+    addNorm(p + "ffn_norm");
+  }
+  if (spec.norm == NormPlacement::Pre)
+    addNorm("final_norm");
+  if (spec.headTransform) {
+    add("head.transform.weight", {D, D}, Init::Normal);
+    add("head.transform.bias", {D}, Init::Zero);
+    addNorm("head.norm");
+  }
+  if (!spec.tied)
+    add("head.output.weight", {V, D}, Init::Normal);
+  if (spec.headBias)
+    add("head.bias", {V}, Init::Zero);
+  return list;
+}
+
+// --- Hugging Face BERT names ---------------------------------------------------
+
+/// What one Hugging Face tensor becomes.
+struct HfTarget {
+  enum Kind {
+    Unknown,   ///< not a BertForMaskedLM tensor: an error
+    Ignore,    ///< pooler, next-sentence head, position_ids, tied decoder weight
+    Canonical, ///< renamed to `name`
+    Position,  ///< position table (cut, token-type row 0 folded in)
+    TokenType, ///< token-type table (row 0 folded into the position table)
+    HeadBias,  ///< cls.predictions.bias
+    DecoderBias ///< cls.predictions.decoder.bias (the same parameter in HF)
+  } kind = Unknown;
+  std::string name;
+};
+
+/// "weight"/"bias" of a dense layer.
+std::string denseSuffix(const std::string &s) {
+  return s == "weight" || s == "bias" ? s : "";
+}
+
+/// "weight"/"bias" of a LayerNorm; TF-era checkpoints call them gamma/beta.
+std::string layerNormSuffix(const std::string &s) {
+  if (s == "weight" || s == "gamma")
+    return "weight";
+  if (s == "bias" || s == "beta")
+    return "bias";
+  return "";
+}
+
+/// Maps the part of a layer name after "encoder.layer.{i}." to its canonical suffix
+/// after "layers.{i}."; empty when unknown.
+std::string mapLayerTensor(const std::string &rest) {
+  struct Rule {
+    const char *hf, *canonical;
+    bool layerNorm;
+  };
+  static const Rule rules[] = {
+      {"attention.self.query.", "attn.q.", false},
+      {"attention.self.key.", "attn.k.", false},
+      {"attention.self.value.", "attn.v.", false},
+      {"attention.output.dense.", "attn.o.", false},
+      {"attention.output.LayerNorm.", "attn_norm.", true},
+      {"intermediate.dense.", "ffn.in.", false},
+      {"output.dense.", "ffn.out.", false},
+      {"output.LayerNorm.", "ffn_norm.", true},
+  };
+  for (const Rule &r : rules) {
+    if (!startsWith(rest, r.hf))
+      continue;
+    const std::string leaf = rest.substr(std::strlen(r.hf));
+    const std::string suffix = r.layerNorm ? layerNormSuffix(leaf) : denseSuffix(leaf);
+    return suffix.empty() ? "" : r.canonical + suffix;
+  }
+  return "";
+}
+
+HfTarget mapHfName(const std::string &hfName, const ModelSpec &spec) {
+  HfTarget t;
+  auto canonical = [&](std::string name) {
+    t.kind = name.empty() ? HfTarget::Unknown : HfTarget::Canonical;
+    t.name = std::move(name);
+    return t;
+  };
+  if (endsWith(hfName, "position_ids")) {
+    t.kind = HfTarget::Ignore;
+    return t;
+  }
+
+  // The masked-LM and next-sentence heads.
+  if (startsWith(hfName, "cls.")) {
+    const std::string n = hfName.substr(4);
+    if (startsWith(n, "seq_relationship.")) {
+      t.kind = HfTarget::Ignore;
+    } else if (startsWith(n, "predictions.transform.dense.")) {
+      const std::string s = denseSuffix(n.substr(std::strlen("predictions.transform.dense.")));
+      return canonical(s.empty() ? "" : "head.transform." + s);
+    } else if (startsWith(n, "predictions.transform.LayerNorm.")) {
+      const std::string s =
+          layerNormSuffix(n.substr(std::strlen("predictions.transform.LayerNorm.")));
+      return canonical(s.empty() ? "" : "head.norm." + s);
+    } else if (n == "predictions.bias") {
+      t.kind = HfTarget::HeadBias;
+    } else if (n == "predictions.decoder.bias") {
+      t.kind = HfTarget::DecoderBias;
+    } else if (n == "predictions.decoder.weight") {
+      // With tied embeddings the decoder weight is a copy of the word embeddings.
+      if (spec.tied)
+        t.kind = HfTarget::Ignore;
+      else
+        return canonical("head.output.weight");
+    }
+    return t;
+  }
+
+  // The encoder, with or without the "bert." prefix.
+  const std::string n = startsWith(hfName, "bert.") ? hfName.substr(5) : hfName;
+  if (startsWith(n, "pooler.")) {
+    t.kind = HfTarget::Ignore;
+  } else if (n == "embeddings.word_embeddings.weight") {
+    return canonical("embed.token");
+  } else if (n == "embeddings.position_embeddings.weight") {
+    t.kind = HfTarget::Position;
+  } else if (n == "embeddings.token_type_embeddings.weight") {
+    t.kind = HfTarget::TokenType;
+  } else if (startsWith(n, "embeddings.LayerNorm.")) {
+    const std::string s = layerNormSuffix(n.substr(std::strlen("embeddings.LayerNorm.")));
+    return canonical(s.empty() ? "" : "embed.norm." + s);
+  } else if (startsWith(n, "encoder.layer.")) {
+    // encoder.layer.{i}.REST with i a plain decimal number (no leading zeros).
+    const std::string afterLayer = n.substr(std::strlen("encoder.layer."));
+    const size_t dot = afterLayer.find('.');
+    const std::string index = afterLayer.substr(0, dot);
+    const bool plainNumber =
+        dot != std::string::npos && !index.empty() &&
+        index.find_first_not_of("0123456789") == std::string::npos &&
+        (index == "0" || index[0] != '0');
+    if (plainNumber) {
+      const std::string suffix = mapLayerTensor(afterLayer.substr(dot + 1));
+      return canonical(suffix.empty() ? "" : "layers." + index + "." + suffix);
+    }
+  }
+  return t;
+}
+
+bool sameTensor(const Tensor &a, const Tensor &b) {
+  return a.shape == b.shape && a.data == b.data;
+}
+
+std::string valueString(float v) {
+  if (std::isnan(v))
+    return "nan";
+  if (std::isinf(v))
+    return v < 0 ? "-inf" : "inf";
+  return std::to_string(v);
+}
+
+// --- Seeded initialization -----------------------------------------------------
+
+/// N(0, stddev) truncated to [-2 stddev, 2 stddev] by resampling, from mt19937_64
+/// (whose output sequence the standard fixes) through Box-Muller. The transform uses
+/// only log, sqrt, sin and cos in double precision, so results agree across
+/// platforms up to the last bit of a double, far below float resolution.
+class TruncatedNormal {
+public:
+  explicit TruncatedNormal(uint64_t seed) : rng_(seed) {}
+
+  float operator()(double stddev) {
+    for (;;) {
+      const double z = standard();
+      if (std::fabs(z) <= 2.0)
+        return static_cast<float>(stddev * z);
+    }
+  }
+
+private:
+  /// Uniform in (0, 1], from the top 53 bits.
+  double uniform() { return static_cast<double>((rng_() >> 11) + 1) * 0x1p-53; }
+
+  /// A standard normal sample; Box-Muller yields two, the second is kept.
+  double standard() {
+    if (hasSpare_) {
+      hasSpare_ = false;
+      return spare_;
+    }
+    constexpr double kTwoPi = 6.283185307179586476925286766559;
+    const double radius = std::sqrt(-2.0 * std::log(uniform()));
+    const double angle = kTwoPi * uniform();
+    spare_ = radius * std::sin(angle);
+    hasSpare_ = true;
+    return radius * std::cos(angle);
+  }
+
+  std::mt19937_64 rng_;
+  bool hasSpare_ = false;
+  double spare_ = 0.0;
+};
+
+} // namespace
+
+std::vector<TensorInfo> expectedTensors(const ModelSpec &spec) {
+  std::vector<TensorInfo> infos;
+  for (ExpectedTensor &e : expectedList(spec))
+    infos.push_back(std::move(e.info));
+  return infos;
+}
+
+bool isHuggingFaceBert(const WeightSet &weights) {
+  // Canonical names start with embed., layers., final_norm. or head.; none of these
+  // prefixes can be confused with them.
+  for (const auto &entry : weights.tensors) {
+    const std::string &name = entry.first;
+    if (startsWith(name, "bert.") || startsWith(name, "cls.") ||
+        startsWith(name, "embeddings.") || startsWith(name, "encoder.layer.") ||
+        startsWith(name, "pooler."))
+      return true;
+  }
+  return false;
+}
+
+WeightSet importHuggingFaceBert(const WeightSet &hf, const ModelSpec &spec,
+                                const std::string &path) {
+  WeightSet out;
+  out.metadata = hf.metadata;
+  std::map<std::string, std::string> sourceOf; // canonical name -> HF name
+  std::vector<std::string> unknown;
+  const std::pair<const std::string, Tensor> *position = nullptr, *tokenType = nullptr,
+                                             *headBias = nullptr, *decoderBias = nullptr;
+
+  auto put = [&](const std::string &canonical, const std::string &hfName, Tensor t) {
+    auto [it, inserted] = sourceOf.emplace(canonical, hfName);
+    if (!inserted)
+      tensorError(path, hfName, "maps to " + quoted(canonical) + ", which " +
+                                    quoted(it->second) + " already provides");
+    out.tensors[canonical] = std::move(t);
+  };
+
+  for (const auto &entry : hf.tensors) {
+    const HfTarget target = mapHfName(entry.first, spec);
+    switch (target.kind) {
+    case HfTarget::Unknown: unknown.push_back(entry.first); break;
+    case HfTarget::Ignore: break;
+    case HfTarget::Canonical: put(target.name, entry.first, entry.second); break;
+    case HfTarget::Position:
+    case HfTarget::TokenType:
+    case HfTarget::HeadBias:
+    case HfTarget::DecoderBias: {
+      auto &slot = target.kind == HfTarget::Position    ? position
+                   : target.kind == HfTarget::TokenType ? tokenType
+                   : target.kind == HfTarget::HeadBias  ? headBias
+                                                        : decoderBias;
+      if (slot) // the same tensor with and without the "bert." prefix
+        tensorError(path, entry.first,
+                    "duplicates " + quoted(slot->first) + " (both with and without 'bert.')");
+      slot = &entry;
+      break;
+    }
+    }
+  }
+  if (!unknown.empty()) {
+    std::string others;
+    for (size_t i = 1; i < unknown.size() && i < 6; ++i)
+      others += (i > 1 ? ", " : "") + quoted(unknown[i]);
+    if (unknown.size() > 6)
+      others += ", ...";
+    tensorError(path, unknown[0],
+                "not a Hugging Face BertForMaskedLM tensor" +
+                    (unknown.size() > 1 ? " (" + std::to_string(unknown.size() - 1) +
+                                              " more unknown: " + others + ")"
+                                        : std::string()));
+  }
+
+  // The MLM output bias: HF stores the same parameter under one or both names.
+  if (headBias && decoderBias && !sameTensor(headBias->second, decoderBias->second))
+    tensorError(path, decoderBias->first, "differs from " + quoted(headBias->first));
+  if (const auto *bias = headBias ? headBias : decoderBias)
+    put("head.bias", bias->first, bias->second);
+
+  // Positions: token-type row 0 (single-segment input) folded into every row,
+  // the table cut to max_len.
+  if (position) {
+    const std::string &name = position->first;
+    const Tensor &table = position->second;
+    if (spec.position != PositionKind::Learned)
+      tensorError(path, name, "the spec does not use learned positions");
+    if (!isConsistentMatrix(table))
+      tensorError(path, name, "expected a [positions, d_model] table, got shape " +
+                                  shapeString(table.shape) + " with " +
+                                  std::to_string(table.data.size()) + " values");
+    const int64_t rows = table.shape[0], cols = table.shape[1], maxLen = spec.dims.maxLen;
+    if (rows < maxLen)
+      tensorError(path, name, "has " + std::to_string(rows) + " rows but max_len is " +
+                                  std::to_string(maxLen));
+    Tensor cut;
+    cut.shape = {maxLen, cols};
+    cut.data.assign(table.data.begin(), table.data.begin() + maxLen * cols);
+    if (tokenType) {
+      const Tensor &types = tokenType->second;
+      if (!isConsistentMatrix(types) || types.shape[0] < 1 || types.shape[1] != cols)
+        tensorError(path, tokenType->first,
+                    "expected a [types, " + std::to_string(cols) + "] table, got shape " +
+                        shapeString(types.shape));
+      for (int64_t r = 0; r < maxLen; ++r)
+        for (int64_t c = 0; c < cols; ++c)
+          cut.data[r * cols + c] += types.data[c];
+    }
+    put("embed.position", name, std::move(cut));
+  } else if (tokenType) {
+    tensorError(path, tokenType->first,
+                "cannot be folded: the checkpoint has no position_embeddings table");
+  }
+  return out;
+}
+
+void validateWeights(const WeightSet &weights, const ModelSpec &spec, const std::string &path) {
+  const std::vector<ExpectedTensor> expected = expectedList(spec);
+  std::set<std::string> expectedNames;
+  for (const ExpectedTensor &e : expected)
+    expectedNames.insert(e.info.name);
+
+  // Missing tensors, in canonical order.
+  std::vector<const TensorInfo *> missing;
+  for (const ExpectedTensor &e : expected)
+    if (!weights.has(e.info.name))
+      missing.push_back(&e.info);
+  if (!missing.empty())
+    tensorError(path, missing[0]->name,
+                "missing (expected shape " + shapeString(missing[0]->shape) + ")" +
+                    (missing.size() > 1
+                         ? "; " + std::to_string(missing.size() - 1) + " more missing"
+                         : std::string()));
+
+  // Tensors the spec does not use.
+  for (const auto &entry : weights.tensors) {
+    if (expectedNames.count(entry.first))
+      continue;
+    std::string hint;
+    if (entry.first == "head.output.weight" && spec.tied)
+      hint = " (the spec ties the output head to embed.token)";
+    else if (entry.first == "embed.position" && spec.position != PositionKind::Learned)
+      hint = " (the spec does not use learned positions)";
+    tensorError(path, entry.first, "unexpected for spec " + quoted(spec.name) + hint);
+  }
+
+  // Shapes and values.
+  for (const ExpectedTensor &e : expected) {
+    const Tensor &t = weights.tensors.at(e.info.name);
+    if (t.shape != e.info.shape)
+      tensorError(path, e.info.name,
+                  "wrong shape: expected " + shapeString(e.info.shape) + ", got " +
+                      shapeString(t.shape));
+    const int64_t numel = checkedNumel(t.shape);
+    if (numel < 0 || static_cast<uint64_t>(numel) != t.data.size())
+      tensorError(path, e.info.name,
+                  "holds " + std::to_string(t.data.size()) + " values but shape " +
+                      shapeString(t.shape) + " needs " + std::to_string(numel));
+    for (size_t i = 0; i < t.data.size(); ++i)
+      if (!std::isfinite(t.data[i]))
+        tensorError(path, e.info.name,
+                    "non-finite value " + valueString(t.data[i]) + " at flat index " +
+                        std::to_string(i));
+  }
+}
+
+WeightSet loadModelWeights(const std::string &path, const ModelSpec &spec) {
+  WeightSet weights = readSafetensors(path);
+  if (isHuggingFaceBert(weights))
+    weights = importHuggingFaceBert(weights, spec, path);
+  validateWeights(weights, spec, path);
+  return weights;
+}
+
+WeightSet initWeights(const ModelSpec &spec, uint64_t seed) {
+  constexpr double kStddev = 0.02;
+  WeightSet weights;
+  TruncatedNormal normal(seed);
+  // One generator drawn in canonical order: the values depend only on the seed and
+  // the spec's tensor list.
+  for (const ExpectedTensor &e : expectedList(spec)) {
+    Tensor t;
+    t.shape = e.info.shape;
+    const size_t n = static_cast<size_t>(checkedNumel(t.shape));
+    switch (e.init) {
+    case Init::Normal:
+      t.data.resize(n);
+      for (float &v : t.data)
+        v = normal(kStddev);
+      break;
+    case Init::Zero: t.data.assign(n, 0.0f); break;
+    case Init::One: t.data.assign(n, 1.0f); break;
+    }
+    weights.tensors.emplace(e.info.name, std::move(t));
+  }
+  weights.metadata = {{"name", spec.name}, {"spec_hash", specHash(spec)}, {"format", "lmcc"}};
+  return weights;
+}
+
+} // namespace lmcc

@@ -1,0 +1,23 @@
+//===- lmcc-opt.cpp - Parse, verify, transform and print lm IR ---------------===//
+//
+// Registers only the dialects lm IR uses (not registerAllDialects: on two cores
+// that doubles the link time) and lmcc's own passes.
+//
+//===----------------------------------------------------------------------===//
+#include "dialect/LmDialect.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/Tensor/IR/Tensor.h"
+#include "mlir/IR/DialectRegistry.h"
+#include "mlir/Tools/mlir-opt/MlirOptMain.h"
+#include "mlir/Transforms/Passes.h"
+
+int main(int argc, char **argv) {
+  mlir::DialectRegistry registry;
+  registry.insert<lmcc::lm::LmDialect, mlir::func::FuncDialect, mlir::tensor::TensorDialect,
+                  mlir::arith::ArithDialect>();
+  mlir::registerCanonicalizerPass();
+  mlir::registerCSEPass();
+  return mlir::asMainReturnCode(mlir::MlirOptMain(argc, argv, "lmcc optimizer: lm dialect IR\n", registry));
+}
