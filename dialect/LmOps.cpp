@@ -114,7 +114,7 @@ LogicalResult InterpolateOp::verify() {
   double lambda = getLambda().convertToDouble();
   if (!(lambda >= 0 && lambda <= 1))
     return emitOpError("lambda must be in [0, 1], got ") << lambda;
-  if (getFrom() < 0)
+  if (int64_t(getFrom()) < 0)
     return emitOpError("from must be >= 0");
   return success();
 }
@@ -205,7 +205,7 @@ LogicalResult RelativeScoresOp::verify() {
   if (failed(expectRank(*this, "query", getQuery(), 4)) || failed(expectRank(*this, "keys", getKeys(), 4)) ||
       failed(expectRank(*this, "rel", getRel(), 2)) || failed(expectRank(*this, "result", getResult(), 4)))
     return failure();
-  if (getClip() < 1)
+  if (int64_t(getClip()) < 1)
     return emitOpError("clip distance must be >= 1");
   auto rel = getRel().getType();
   if (failed(expectDim(*this, "rel rows (2 clip + 1)", rel.getDimSize(0), 2 * getClip() + 1)) ||
@@ -218,7 +218,7 @@ LogicalResult RelativeValuesOp::verify() {
   if (failed(expectRank(*this, "probs", getProbs(), 4)) || failed(expectRank(*this, "rel", getRel(), 2)) ||
       failed(expectRank(*this, "result", getResult(), 4)))
     return failure();
-  if (getClip() < 1)
+  if (int64_t(getClip()) < 1)
     return emitOpError("clip distance must be >= 1");
   auto rel = getRel().getType();
   if (failed(expectDim(*this, "rel rows (2 clip + 1)", rel.getDimSize(0), 2 * getClip() + 1)) ||
@@ -237,8 +237,8 @@ LogicalResult AttentionOp::verify() {
   int64_t d = q.getDimSize(2);
   if (ShapedType::isDynamic(d))
     return emitOpError("d_model must be static");
-  if (getHeads() < 1 || d % getHeads())
-    return emitOpError("heads (") << getHeads() << ") must divide d_model (" << d << ")";
+  if (int64_t(getHeads()) < 1 || d % int64_t(getHeads()))
+    return emitOpError("heads (") << int64_t(getHeads()) << ") must divide d_model (" << d << ")";
   if (failed(expectDim(*this, "key width", k.getDimSize(2), d)) ||
       failed(expectDim(*this, "value width", v.getDimSize(2), d)) ||
       failed(expectDim(*this, "key/value sequence", v.getDimSize(1), k.getDimSize(1))) ||
@@ -250,12 +250,12 @@ LogicalResult AttentionOp::verify() {
   if (bool(getRelKey()) != bool(getRelValue()))
     return emitOpError("relative positions need both rel_key and rel_value");
   if (getRelKey()) {
-    if (getClip() < 1)
+    if (int64_t(getClip()) < 1)
       return emitOpError("relative positions need clip >= 1");
     for (Value t : {getRelKey(), getRelValue()})
-      if (tensorOf(t) != RankedTensorType::get({2 * getClip() + 1, d / getHeads()}, q.getElementType()))
+      if (tensorOf(t) != RankedTensorType::get({2 * getClip() + 1, d / int64_t(getHeads())}, q.getElementType()))
         return emitOpError("relative tables must be [2 clip + 1, d_model / heads] = [")
-               << 2 * getClip() + 1 << ", " << d / getHeads() << "], got " << t.getType();
+               << 2 * getClip() + 1 << ", " << d / int64_t(getHeads()) << "], got " << t.getType();
   }
   return verifyMaskData(*this, getMask(), getMaskData(), q.getDimSize(0));
 }
@@ -265,7 +265,7 @@ LogicalResult GatherOp::verify() {
       failed(expectRank(*this, "targets [B, N]", getTargets(), 2)) ||
       failed(expectRank(*this, "result [B, N]", getResult(), 2)))
     return failure();
-  if (getShift() < 0)
+  if (int64_t(getShift()) < 0)
     return emitOpError("shift must be >= 0");
   auto lp = getLogprobs().getType(), t = getTargets().getType();
   if (failed(expectDim(*this, "target batch", t.getDimSize(0), lp.getDimSize(0))) ||
@@ -280,7 +280,7 @@ LogicalResult TokenLogprobOp::verify() {
       failed(expectRank(*this, "targets [B, N]", getTargets(), 2)) ||
       failed(expectRank(*this, "result [B, N]", getResult(), 2)))
     return failure();
-  if (getShift() < 0)
+  if (int64_t(getShift()) < 0)
     return emitOpError("shift must be >= 0");
   auto h = getHidden().getType(), w = getWeight().getType();
   if (failed(expectDim(*this, "hidden width vs weight dim 1", h.getDimSize(2), w.getDimSize(1))))
@@ -296,7 +296,7 @@ LogicalResult SentenceScoreOp::verify() {
   if (failed(expectRank(*this, "logprobs [B, N]", getLogprobs(), 2)) ||
       failed(expectRank(*this, "ids [B, N]", getIds(), 2)) || failed(expectRank(*this, "lengths [B]", getLengths(), 1)))
     return failure();
-  if (getFirst() < 0)
+  if (int64_t(getFirst()) < 0)
     return emitOpError("first must be >= 0");
   return success();
 }
@@ -313,7 +313,7 @@ LogicalResult MeanPoolOp::verify() {
 LogicalResult MaskAndPredictOp::verify() {
   if (failed(expectRank(*this, "ids [B, N]", getIds(), 2)) || failed(expectRank(*this, "lengths [B]", getLengths(), 1)))
     return failure();
-  if (getMaskToken() < 0)
+  if (int64_t(getMaskToken()) < 0)
     return emitOpError("mask_token must be a token id >= 0");
   Region &body = getBody();
   if (!body.hasOneBlock())

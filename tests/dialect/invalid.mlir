@@ -1,0 +1,175 @@
+// RUN: lmcc-opt %s -split-input-file -verify-diagnostics
+// Every verifier rejects malformed ops with a message a user can act on.
+
+func.func @weight_dynamic() {
+  // expected-error @+1 {{weights have static shapes}}
+  %w = lm.weight "embed.token" : tensor<?x8xf32>
+  return
+}
+
+// -----
+
+func.func @weight_unnamed() {
+  // expected-error @+1 {{needs a non-empty canonical weight name}}
+  %w = lm.weight "" : tensor<4x8xf32>
+  return
+}
+
+// -----
+
+func.func @embed_width(%E: tensor<11x8xf32>, %ids: tensor<?x?xi32>) {
+  // expected-error @+1 {{result dim 2 (embedding width): expected 8, got 9}}
+  %x = lm.embed %E[%ids] : (tensor<11x8xf32>, tensor<?x?xi32>) -> tensor<?x?x9xf32>
+  return
+}
+
+// -----
+
+func.func @sinusoidal_odd(%ids: tensor<?x?xi32>) {
+  // expected-error @+1 {{sinusoidal positions need an even embedding width}}
+  %s = lm.positions %ids : (tensor<?x?xi32>) -> tensor<?x?x7xf32>
+  return
+}
+
+// -----
+
+func.func @linear_in(%x: tensor<?x?x8xf32>, %w: tensor<4x6xf32>) {
+  // expected-error @+1 {{input features vs weight dim 1 (in): expected 6, got 8}}
+  %y = lm.linear %x, %w : (tensor<?x?x8xf32>, tensor<4x6xf32>) -> tensor<?x?x4xf32>
+  return
+}
+
+// -----
+
+func.func @linear_bias(%x: tensor<?x?x8xf32>, %w: tensor<4x8xf32>, %b: tensor<5xf32>) {
+  // expected-error @+1 {{bias size vs weight dim 0 (out): expected 4, got 5}}
+  %y = lm.linear %x, %w, %b : (tensor<?x?x8xf32>, tensor<4x8xf32>, tensor<5xf32>) -> tensor<?x?x4xf32>
+  return
+}
+
+// -----
+
+func.func @norm_gamma(%x: tensor<?x?x8xf32>, %g: tensor<7xf32>, %b: tensor<8xf32>) {
+  // expected-error @+1 {{gamma size vs the normalized axis: expected 8, got 7}}
+  %y = lm.layer_norm %x, %g, %b {epsilon = 1.0e-12 : f64} : (tensor<?x?x8xf32>, tensor<7xf32>, tensor<8xf32>) -> tensor<?x?x8xf32>
+  return
+}
+
+// -----
+
+func.func @norm_eps(%x: tensor<?x?x8xf32>, %g: tensor<8xf32>) {
+  // expected-error @+1 {{epsilon must be positive}}
+  %y = lm.layer_norm %x, %g, %g {epsilon = 0.0 : f64} : (tensor<?x?x8xf32>, tensor<8xf32>, tensor<8xf32>) -> tensor<?x?x8xf32>
+  return
+}
+
+// -----
+
+func.func @split_heads(%x: tensor<?x?x8xf32>) {
+  // expected-error @+1 {{heads (3) x head size (3) must equal d_model (8)}}
+  %y = lm.split_heads %x : (tensor<?x?x8xf32>) -> tensor<?x3x?x3xf32>
+  return
+}
+
+// -----
+
+func.func @matmul_k(%a: tensor<?x2x?x4xf32>, %b: tensor<?x2x?x5xf32>) {
+  // expected-error @+1 {{contraction size of rhs: expected 4, got 5}}
+  %c = lm.matmul %a, %b {transpose_rhs} : (tensor<?x2x?x4xf32>, tensor<?x2x?x5xf32>) -> tensor<?x2x?x?xf32>
+  return
+}
+
+// -----
+
+func.func @directional_without_data(%s: tensor<?x2x?x?xf32>, %len: tensor<?xi32>) {
+  // expected-error @+1 {{#lm.mask<directional> needs a data(...) operand}}
+  %m = lm.mask_fill %s, %len {mask = #lm.mask<directional>} : tensor<?x2x?x?xf32>, tensor<?xi32> -> tensor<?x2x?x?xf32>
+  return
+}
+
+// -----
+
+func.func @causal_with_data(%s: tensor<?x2x?x?xf32>, %len: tensor<?xi32>, %d: tensor<?x?xi32>) {
+  // expected-error @+1 {{#lm.mask<causal> is fully described by its kind}}
+  %m = lm.mask_fill %s, %len data(%d : tensor<?x?xi32>) {mask = #lm.mask<causal>} : tensor<?x2x?x?xf32>, tensor<?xi32> -> tensor<?x2x?x?xf32>
+  return
+}
+
+// -----
+
+func.func @bad_mask_kind(%s: tensor<?x2x?x?xf32>, %len: tensor<?xi32>) {
+  // expected-error @+2 {{to be one of: none, causal, anticausal, diagonal, directional, explicit}}
+  // expected-error @+1 {{failed to parse Lm_MaskAttr parameter 'value'}}
+  %m = lm.mask_fill %s, %len {mask = #lm.mask<sideways>} : tensor<?x2x?x?xf32>, tensor<?xi32> -> tensor<?x2x?x?xf32>
+  return
+}
+
+// -----
+
+func.func @attention_heads(%q: tensor<?x?x8xf32>, %len: tensor<?xi32>) {
+  // expected-error @+1 {{heads (3) must divide d_model (8)}}
+  %c = lm.attention %q, %q, %q, %len {heads = 3 : i64, mask = #lm.mask<none>, scale = 1.0 : f32} : tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<?xi32> -> tensor<?x?x8xf32>
+  return
+}
+
+// -----
+
+func.func @attention_rel(%q: tensor<?x?x8xf32>, %len: tensor<?xi32>, %r: tensor<5x3xf32>) {
+  // expected-error @+1 {{relative tables must be [2 clip + 1, d_model / heads] = [5, 4]}}
+  %c = lm.attention %q, %q, %q, %len relative(%r, %r : tensor<5x3xf32>, tensor<5x3xf32>) {clip = 2 : i64, heads = 2 : i64, mask = #lm.mask<none>, scale = 1.0 : f32} : tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<?xi32> -> tensor<?x?x8xf32>
+  return
+}
+
+// -----
+
+func.func @gather_shift(%lp: tensor<?x?x11xf32>, %ids: tensor<?x?xi32>) {
+  // expected-error @+1 {{shift must be >= 0}}
+  %g = lm.gather %lp, %ids {shift = -1 : i64} : (tensor<?x?x11xf32>, tensor<?x?xi32>) -> tensor<?x?xf32>
+  return
+}
+
+// -----
+
+func.func @interpolate_lambda(%a: tensor<?x?xf32>) {
+  // expected-error @+1 {{lambda must be in [0, 1], got 1.5}}
+  %m = lm.interpolate %a, %a {lambda = 1.5 : f64} : tensor<?x?xf32>
+  return
+}
+
+// -----
+
+func.func @token_logprob_width(%h: tensor<?x?x8xf32>, %w: tensor<11x9xf32>, %ids: tensor<?x?xi32>) {
+  // expected-error @+1 {{hidden width vs weight dim 1: expected 9, got 8}}
+  %t = lm.token_logprob %h, %w, %ids : (tensor<?x?x8xf32>, tensor<11x9xf32>, tensor<?x?xi32>) -> tensor<?x?xf32>
+  return
+}
+
+// -----
+
+func.func @mean_pool_width(%h: tensor<?x?x8xf32>, %ids: tensor<?x?xi32>, %len: tensor<?xi32>) {
+  // expected-error @+1 {{result width: expected 8, got 7}}
+  %e = lm.mean_pool %h, %ids, %len {exclude = array<i32: 3, 1>} : (tensor<?x?x8xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x7xf32>
+  return
+}
+
+// -----
+
+func.func @mask_and_predict_arg(%ids: tensor<?x?xi32>, %len: tensor<?xi32>, %v: tensor<?x?xf32>) {
+  // expected-error @+1 {{the body takes one argument, the masked ids}}
+  %r = lm.mask_and_predict %ids, %len {mask_token = 4 : i64} : (tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32> {
+  ^bb0(%m: tensor<?x?xf32>):
+    lm.yield %v : tensor<?x?xf32>
+  }
+  return
+}
+
+// -----
+
+func.func @mask_and_predict_type(%ids: tensor<?x?xi32>, %len: tensor<?xi32>, %v: tensor<?x?x3xf32>) {
+  // expected-error @+1 {{must equal the yielded type}}
+  %r = lm.mask_and_predict %ids, %len {mask_token = 4 : i64} : (tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32> {
+  ^bb0(%m: tensor<?x?xi32>):
+    lm.yield %v : tensor<?x?x3xf32>
+  }
+  return
+}

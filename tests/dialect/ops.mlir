@@ -1,0 +1,86 @@
+// RUN: lmcc-opt %s | lmcc-opt | FileCheck %s
+// Round trip of every lm op: print, re-parse, print again.
+
+// CHECK-LABEL: func.func @layer
+func.func @layer(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> tensor<?x?x8xf32> {
+  // CHECK: lm.weight "embed.token" : tensor<11x8xf32>
+  %E = lm.weight "embed.token" : tensor<11x8xf32>
+  %P = lm.weight "embed.position" : tensor<6x8xf32>
+  // CHECK: [[X:%.+]] = lm.embed
+  %x = lm.embed %E[%ids] : (tensor<11x8xf32>, tensor<?x?xi32>) -> tensor<?x?x8xf32>
+  // CHECK: lm.positions %{{.+}} table(%{{.+}} : tensor<6x8xf32>)
+  %p = lm.positions %ids table(%P : tensor<6x8xf32>) : (tensor<?x?xi32>) -> tensor<?x?x8xf32>
+  // CHECK: lm.positions %{{[^ ]+}} : (tensor<?x?xi32>)
+  %s = lm.positions %ids : (tensor<?x?xi32>) -> tensor<?x?x8xf32>
+  %m = lm.fill_ids %ids {value = 4 : i64} : tensor<?x?xi32>
+  %a = lm.add %x, %p : tensor<?x?x8xf32>
+  %g = lm.weight "embed.norm.weight" : tensor<8xf32>
+  %b = lm.weight "embed.norm.bias" : tensor<8xf32>
+  // CHECK: lm.layer_norm {{.*}}epsilon = 9.9999999999999998E-13
+  %n = lm.layer_norm %a, %g, %b {epsilon = 1.0e-12 : f64} : (tensor<?x?x8xf32>, tensor<8xf32>, tensor<8xf32>) -> tensor<?x?x8xf32>
+  %W = lm.weight "layers.0.attn.q.weight" : tensor<8x8xf32>
+  %q = lm.linear %n, %W, %b : (tensor<?x?x8xf32>, tensor<8x8xf32>, tensor<8xf32>) -> tensor<?x?x8xf32>
+  %q2 = lm.linear %n, %W : (tensor<?x?x8xf32>, tensor<8x8xf32>) -> tensor<?x?x8xf32>
+  // CHECK: lm.split_heads
+  %qh = lm.split_heads %q : (tensor<?x?x8xf32>) -> tensor<?x2x?x4xf32>
+  // CHECK: lm.matmul {{.*}} {transpose_rhs}
+  %sc = lm.matmul %qh, %qh {transpose_rhs} : (tensor<?x2x?x4xf32>, tensor<?x2x?x4xf32>) -> tensor<?x2x?x?xf32>
+  %R = lm.weight "layers.0.attn.rel_k" : tensor<5x4xf32>
+  %rs = lm.relative_scores %qh, %qh, %R {clip = 2 : i64} : (tensor<?x2x?x4xf32>, tensor<?x2x?x4xf32>, tensor<5x4xf32>) -> tensor<?x2x?x?xf32>
+  %sc2 = lm.add %sc, %rs : tensor<?x2x?x?xf32>
+  %sc3 = lm.scale %sc2 {factor = 5.000000e-01 : f32} : tensor<?x2x?x?xf32>
+  // CHECK: lm.mask_fill {{.*}}#lm.mask<diagonal>
+  %mf = lm.mask_fill %sc3, %len {mask = #lm.mask<diagonal>} : tensor<?x2x?x?xf32>, tensor<?xi32> -> tensor<?x2x?x?xf32>
+  // CHECK: lm.mask_fill {{.*}} data({{.*}} : tensor<?x?xi32>) {mask = #lm.mask<directional>}
+  %md = lm.mask_fill %sc3, %len data(%ids : tensor<?x?xi32>) {mask = #lm.mask<directional>} : tensor<?x2x?x?xf32>, tensor<?xi32> -> tensor<?x2x?x?xf32>
+  %pr = lm.softmax %mf : tensor<?x2x?x?xf32>
+  %rv = lm.relative_values %pr, %R {clip = 2 : i64} : (tensor<?x2x?x?xf32>, tensor<5x4xf32>) -> tensor<?x2x?x4xf32>
+  %ctx = lm.matmul %pr, %qh : (tensor<?x2x?x?xf32>, tensor<?x2x?x4xf32>) -> tensor<?x2x?x4xf32>
+  // CHECK: lm.merge_heads
+  %mh = lm.merge_heads %ctx : (tensor<?x2x?x4xf32>) -> tensor<?x?x8xf32>
+  // CHECK: lm.attention {{.*}} {heads = 2 : i64, mask = #lm.mask<causal>, scale = 5.000000e-01 : f32}
+  %at = lm.attention %q, %x, %x, %len {heads = 2 : i64, mask = #lm.mask<causal>, scale = 5.000000e-01 : f32} : tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<?xi32> -> tensor<?x?x8xf32>
+  // CHECK: lm.attention {{.*}} relative({{.*}} : tensor<5x4xf32>, tensor<5x4xf32>)
+  %ar = lm.attention %q, %x, %x, %len relative(%R, %R : tensor<5x4xf32>, tensor<5x4xf32>) {clip = 2 : i64, heads = 2 : i64, mask = #lm.mask<none>, scale = 5.000000e-01 : f32} : tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<?xi32> -> tensor<?x?x8xf32>
+  %ge = lm.gelu %at : tensor<?x?x8xf32>
+  // CHECK: lm.gelu {{.*}} {approximate}
+  %gt = lm.gelu %ge {approximate} : tensor<?x?x8xf32>
+  %re = lm.relu %gt : tensor<?x?x8xf32>
+  return %re : tensor<?x?x8xf32>
+}
+
+// CHECK-LABEL: func.func @head
+func.func @head(%h: tensor<?x?x8xf32>, %ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> (tensor<?x?xf32>, tensor<?xf32>, tensor<?xi32>, tensor<?x8xf32>) {
+  %E = lm.weight "embed.token" : tensor<11x8xf32>
+  %bias = lm.weight "head.bias" : tensor<11xf32>
+  %logits = lm.linear %h, %E, %bias : (tensor<?x?x8xf32>, tensor<11x8xf32>, tensor<11xf32>) -> tensor<?x?x11xf32>
+  %lp = lm.log_softmax %logits : tensor<?x?x11xf32>
+  // CHECK: lm.gather {{.*}} {shift = 1 : i64}
+  %g = lm.gather %lp, %ids {shift = 1 : i64} : (tensor<?x?x11xf32>, tensor<?x?xi32>) -> tensor<?x?xf32>
+  // CHECK: lm.token_logprob
+  %t = lm.token_logprob %h, %E, %bias, %ids : (tensor<?x?x8xf32>, tensor<11x8xf32>, tensor<11xf32>, tensor<?x?xi32>) -> tensor<?x?xf32>
+  // CHECK: lm.interpolate {{.*}} {from = 2 : i64, lambda = 4.000000e-01 : f64}
+  %mix = lm.interpolate %g, %t {lambda = 4.0e-01 : f64, from = 2 : i64} : tensor<?x?xf32>
+  // CHECK: lm.sentence_score {{.*}} {first = 1 : i64, skip = array<i32: 3, 1>}
+  %tl, %s, %n = lm.sentence_score %mix, %ids, %len {first = 1 : i64, skip = array<i32: 3, 1>} : (tensor<?x?xf32>, tensor<?x?xi32>, tensor<?xi32>) -> (tensor<?x?xf32>, tensor<?xf32>, tensor<?xi32>)
+  // CHECK: lm.mean_pool {{.*}} {exclude = array<i32: 3, 1>}
+  %e = lm.mean_pool %h, %ids, %len {exclude = array<i32: 3, 1>} : (tensor<?x?x8xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x8xf32>
+  return %tl, %s, %n, %e : tensor<?x?xf32>, tensor<?xf32>, tensor<?xi32>, tensor<?x8xf32>
+}
+
+// CHECK-LABEL: func.func @pll
+func.func @pll(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> tensor<?x?xf32> {
+  %E = lm.weight "embed.token" : tensor<11x8xf32>
+  // CHECK: lm.mask_and_predict {{.*}} {mask_token = 4 : i64}
+  // CHECK: ^bb0([[M:%.+]]: tensor<?x?xi32>):
+  // CHECK: lm.embed {{.*}}[[[M]]]
+  // CHECK: lm.yield
+  %r = lm.mask_and_predict %ids, %len {mask_token = 4 : i64} : (tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32> {
+  ^bb0(%masked: tensor<?x?xi32>):
+    %x = lm.embed %E[%masked] : (tensor<11x8xf32>, tensor<?x?xi32>) -> tensor<?x?x8xf32>
+    %lp = lm.log_softmax %x : tensor<?x?x8xf32>
+    %g = lm.gather %lp, %ids : (tensor<?x?x8xf32>, tensor<?x?xi32>) -> tensor<?x?xf32>
+    lm.yield %g : tensor<?x?xf32>
+  }
+  return %r : tensor<?x?xf32>
+}
