@@ -697,7 +697,7 @@ TEST(Ops, RelativePositionTerms) {
   EXPECT_EQ(v.at(0, 0, 0, 0), 0.5f * 0 + 0.5f * 2); // rel[1], rel[2]
   EXPECT_EQ(v.at(0, 0, 0, 1), 0.5f * 1 + 0.5f * 2);
   EXPECT_EQ(v.at(0, 0, 1, 0), 2.0f);                  // j - i = 1: rel[2]
-  EXPECT_EQ(v.at(0, 0, 2, 0), 0.25f + 0.0f + 0.0f);   // rel[0], rel[0], rel[1]
+  EXPECT_EQ(v.at(0, 0, 2, 0), 0.5f);                  // rel[0], rel[0], rel[1]
 }
 
 TEST(Ops, InterpolateAndScale) {
@@ -993,8 +993,9 @@ TEST(Model, ScoreSumsAndCounts) {
         EXPECT_LT(r.tokenLogprobs[0], 0.0f);
       }
       EXPECT_EQ(r.tokenLogprobs.size(), 8u);
-      if (f == Family::UniLM)
+      if (f == Family::UniLM) {
         EXPECT_EQ(r.tokenLogprobs[0], 0.0f);
+      }
     }
   }
 }

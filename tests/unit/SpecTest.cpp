@@ -1,1 +1,251 @@
+// Spec parser: defaults per family, resolved output, and every kind of bad spec
+// rejected with file:line:column and the field.
+#include "frontend/Spec.h"
+
 #include <gtest/gtest.h>
+
+#include <string>
+
+using namespace lmcc;
+
+namespace {
+
+std::string base(const std::string &family, const std::string &extra = "") {
+  return "name = \"m\"\nfamily = \"" + family +
+         "\"\n[dims]\nvocab = 50\nmax_len = 16\nd_model = 12\nheads = 3\nd_ff = 20\nlayers = 2\n" + extra;
+}
+
+/// Parses `text` expecting an error; returns the message.
+std::string errorOf(const std::string &text) {
+  try {
+    parseSpec(text, "t.toml");
+  } catch (const SpecError &e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a SpecError for:\n" << text;
+  return "";
+}
+
+} // namespace
+
+TEST(Spec, TTADefaults) {
+  ModelSpec s = parseSpec(base("tta"), "t.toml");
+  EXPECT_EQ(s.mask, MaskKind::Diagonal);
+  EXPECT_EQ(s.keysValues, KeyValueSource::Embedding);
+  EXPECT_EQ(s.firstQuery, FirstQuery::Position);
+  EXPECT_EQ(s.method, ScoreMethod::SinglePass);
+  EXPECT_EQ(s.position, PositionKind::Learned);
+  EXPECT_TRUE(s.embeddingNorm);
+  EXPECT_EQ(s.activation, Activation::Gelu);
+  EXPECT_EQ(s.norm, NormPlacement::Post);
+  EXPECT_DOUBLE_EQ(s.eps, 1e-12);
+  EXPECT_TRUE(s.headTransform && s.tied && s.headBias && s.skipSpecial);
+  EXPECT_EQ(s.tokens.pad, 0);
+  EXPECT_EQ(s.tokens.eos, 1);
+  EXPECT_EQ(s.tokens.unk, 2);
+  EXPECT_EQ(s.tokens.bos, 3);
+  EXPECT_EQ(s.tokens.mask, 4);
+  EXPECT_EQ(s.relativePositions, 0);
+}
+
+TEST(Spec, UniLMDefaults) {
+  ModelSpec s = parseSpec(base("unilm"), "t.toml");
+  EXPECT_EQ(s.mask, MaskKind::Causal);
+  EXPECT_EQ(s.keysValues, KeyValueSource::Hidden);
+  EXPECT_EQ(s.firstQuery, FirstQuery::Embedding);
+  EXPECT_EQ(s.method, ScoreMethod::Causal);
+}
+
+TEST(Spec, BiLMDefaults) {
+  ModelSpec s = parseSpec(base("bilm"), "t.toml");
+  EXPECT_EQ(s.mask, MaskKind::None);
+  EXPECT_EQ(s.keysValues, KeyValueSource::Hidden);
+  EXPECT_EQ(s.firstQuery, FirstQuery::Embedding);
+  EXPECT_EQ(s.method, ScoreMethod::MaskAndPredict);
+}
+
+TEST(Spec, NGramDefaults) {
+  ModelSpec s = parseSpec(base("ngram"), "t.toml");
+  EXPECT_EQ(s.mask, MaskKind::Causal);
+  EXPECT_EQ(s.method, ScoreMethod::Causal);
+  ASSERT_TRUE(s.ngram.has_value());
+  EXPECT_EQ(s.ngram->n, 3);
+  EXPECT_TRUE(s.ngram->wdr);
+  EXPECT_DOUBLE_EQ(s.ngram->ensembleLambda, 0.4);
+  ModelSpec t = parseSpec(base("ngram", "[ngram]\nn = 4\nwdr = false\nensemble_lambda = 0.25\n"), "t.toml");
+  EXPECT_EQ(t.ngram->n, 4);
+  EXPECT_FALSE(t.ngram->wdr);
+  EXPECT_DOUBLE_EQ(t.ngram->ensembleLambda, 0.25);
+}
+
+TEST(Spec, DiformerDefaults) {
+  ModelSpec s = parseSpec(base("diformer", "[decoder]\nlayers = 4\n"), "t.toml");
+  EXPECT_EQ(s.mask, MaskKind::Directional);
+  EXPECT_EQ(s.keysValues, KeyValueSource::Embedding);
+  EXPECT_EQ(s.relativePositions, 16);
+  ASSERT_TRUE(s.diformer.has_value());
+  EXPECT_EQ(s.diformer->encoder.layers, 2);
+  EXPECT_EQ(s.diformer->decoder.layers, 4);
+  EXPECT_EQ(s.diformer->decoder.heads, 3);
+}
+
+TEST(Spec, EveryFieldOverridable) {
+  ModelSpec s = parseSpec(base("bilm", R"(
+[embedding]
+position = "sinusoidal"
+norm = false
+[attention]
+mask = "anticausal"
+keys_values = "embedding"
+first_query = "mask+position"
+relative_positions = 4
+[block]
+activation = "gelu_tanh"
+norm = "pre"
+eps = 1e-5
+[head]
+transform = false
+tied = false
+bias = false
+[tokens]
+pad = 10
+eos = 11
+unk = 12
+bos = 13
+mask = 14
+[score]
+method = "mask-and-predict"
+skip_special = false
+)"),
+                          "t.toml");
+  EXPECT_EQ(s.position, PositionKind::Sinusoidal);
+  EXPECT_FALSE(s.embeddingNorm);
+  EXPECT_EQ(s.mask, MaskKind::Anticausal);
+  EXPECT_EQ(s.keysValues, KeyValueSource::Embedding);
+  EXPECT_EQ(s.firstQuery, FirstQuery::MaskPosition);
+  EXPECT_EQ(s.relativePositions, 4);
+  EXPECT_EQ(s.activation, Activation::GeluTanh);
+  EXPECT_EQ(s.norm, NormPlacement::Pre);
+  EXPECT_DOUBLE_EQ(s.eps, 1e-5);
+  EXPECT_FALSE(s.headTransform || s.tied || s.headBias || s.skipSpecial);
+  EXPECT_EQ(s.tokens.mask, 14);
+}
+
+TEST(Spec, ResolvedRoundTrip) {
+  for (const char *family : {"unilm", "bilm", "tta", "ngram", "diformer"}) {
+    ModelSpec s = parseSpec(base(family), "t.toml");
+    ModelSpec again = parseSpec(toToml(s), "resolved.toml");
+    EXPECT_EQ(toJson(s), toJson(again)) << family;
+    EXPECT_EQ(specHash(s), specHash(again)) << family;
+  }
+  EXPECT_NE(specHash(parseSpec(base("tta"), "a")), specHash(parseSpec(base("bilm"), "a")));
+}
+
+TEST(SpecErrors, MissingRequired) {
+  EXPECT_NE(errorOf("family = \"tta\"\n[dims]\nvocab = 5\n").find("'name': missing required key"), std::string::npos);
+  EXPECT_NE(errorOf("name = \"m\"\n[dims]\n").find("'family': missing required key"), std::string::npos);
+  EXPECT_NE(errorOf("name = \"m\"\nfamily = \"tta\"\n").find("'dims': missing required table"), std::string::npos);
+  std::string e = errorOf("name = \"m\"\nfamily = \"tta\"\n[dims]\nvocab = 50\nmax_len = 16\nd_model = 12\nheads = 3\n"
+                          "d_ff = 20\n");
+  EXPECT_NE(e.find("t.toml:3:1"), std::string::npos) << e;
+  EXPECT_NE(e.find("'dims.layers': missing required key"), std::string::npos) << e;
+}
+
+TEST(SpecErrors, UnknownKeys) {
+  std::string e = errorOf(base("tta", "[head]\ntied = true\nbais = true\n"));
+  EXPECT_NE(e.find("t.toml:12:1: error: 'head.bais': unknown key"), std::string::npos) << e;
+  EXPECT_NE(e.find("bias"), std::string::npos) << e;
+  EXPECT_NE(errorOf("colour = 1\n" + base("tta")).find("'colour': unknown key"), std::string::npos);
+  EXPECT_NE(errorOf(base("tta", "[extras]\nx = 1\n")).find("'extras': unknown key"), std::string::npos);
+  EXPECT_NE(errorOf(base("tta", "[ngram]\nn = 3\n")).find("only applies to family \"ngram\""), std::string::npos);
+  EXPECT_NE(errorOf(base("tta", "[encoder]\nlayers = 3\n")).find("only apply to family \"diformer\""),
+            std::string::npos);
+}
+
+TEST(SpecErrors, WrongTypes) {
+  EXPECT_NE(errorOf(base("tta", "[block]\neps = \"small\"\n")).find("t.toml:11:7: error: 'block.eps': expected a number"),
+            std::string::npos);
+  EXPECT_NE(errorOf(base("tta", "[head]\ntied = 1\n")).find("'head.tied': expected true or false, got an integer"),
+            std::string::npos);
+  EXPECT_NE(errorOf(base("tta", "[attention]\nmask = 3\n")).find("'attention.mask': expected a string"),
+            std::string::npos);
+  EXPECT_NE(errorOf("embedding = 3\n" + base("tta")).find("expected a table"), std::string::npos);
+  EXPECT_NE(errorOf("name = 5\n").find("'name': expected a string"), std::string::npos);
+}
+
+TEST(SpecErrors, UnknownEnumValues) {
+  std::string e = errorOf(base("tta", "[block]\nactivation = \"swish\"\n"));
+  EXPECT_NE(e.find("t.toml:11:14: error: 'block.activation': unknown value \"swish\""), std::string::npos) << e;
+  EXPECT_NE(e.find("\"gelu\", \"gelu_tanh\", \"relu\""), std::string::npos) << e;
+  EXPECT_NE(errorOf(base("gpt")).find("'family': unknown value \"gpt\""), std::string::npos);
+  EXPECT_NE(errorOf(base("tta", "[embedding]\nposition = \"rotary\"\n")).find("'embedding.position'"),
+            std::string::npos);
+  EXPECT_NE(errorOf(base("bilm", "[score]\nmethod = \"pll\"\n")).find("'score.method'"), std::string::npos);
+}
+
+TEST(SpecErrors, ImpossibleValues) {
+  auto dims = [](const std::string &d) {
+    return "name = \"m\"\nfamily = \"bilm\"\n[dims]\n" + d;
+  };
+  EXPECT_NE(errorOf(dims("vocab = 50\nmax_len = 16\nd_model = 12\nheads = 5\nd_ff = 20\nlayers = 2\n"))
+                .find("t.toml:7:9: error: 'dims.heads': heads (5) must divide d_model (12)"),
+            std::string::npos);
+  EXPECT_NE(errorOf(dims("vocab = 50\nmax_len = 1\nd_model = 12\nheads = 3\nd_ff = 20\nlayers = 2\n"))
+                .find("'dims.max_len': must be at least 2"),
+            std::string::npos);
+  EXPECT_NE(errorOf(dims("vocab = 50\nmax_len = 16\nd_model = 12\nheads = 3\nd_ff = 0\nlayers = 2\n"))
+                .find("'dims.d_ff': must be a positive integer"),
+            std::string::npos);
+  EXPECT_NE(errorOf(dims("vocab = 50\nmax_len = 16\nd_model = 12\nheads = 3\nd_ff = 20\nlayers = -1\n"))
+                .find("'dims.layers'"),
+            std::string::npos);
+  EXPECT_NE(errorOf("name = \"2fast\"\n" + base("tta").substr(11)).find("is not a C identifier"), std::string::npos);
+  EXPECT_NE(errorOf(base("tta", "[block]\neps = 0\n")).find("'block.eps': must be a positive"), std::string::npos);
+  EXPECT_NE(errorOf(base("tta", "[attention]\nrelative_positions = -2\n")).find("'attention.relative_positions'"),
+            std::string::npos);
+  EXPECT_NE(errorOf(base("ngram", "[ngram]\nn = 1\n")).find("'ngram.n': must be at least 2"), std::string::npos);
+  EXPECT_NE(errorOf(base("ngram", "[ngram]\nensemble_lambda = 1.5\n")).find("'ngram.ensemble_lambda'"),
+            std::string::npos);
+  EXPECT_NE(errorOf(base("tta", "[embedding]\nposition = \"none\"\n")).find("'attention.first_query'"),
+            std::string::npos);
+}
+
+TEST(SpecErrors, TokenIds) {
+  std::string e = errorOf(base("tta", "[tokens]\nmask = 50\n"));
+  EXPECT_NE(e.find("t.toml:11:8: error: 'tokens.mask': token id 50 is outside the vocabulary [0, 50)"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(errorOf(base("tta", "[tokens]\nbos = 1\n")).find("'tokens.bos': token id 1 is already used by tokens.eos"),
+            std::string::npos);
+  EXPECT_NE(errorOf(base("tta", "[tokens]\npad = -1\n")).find("'tokens.pad'"), std::string::npos);
+}
+
+TEST(SpecErrors, LeakingCombinations) {
+  // causal scoring needs the causal mask
+  EXPECT_NE(errorOf(base("unilm", "[attention]\nmask = \"none\"\n")).find("\"causal\" scoring needs mask = \"causal\""),
+            std::string::npos);
+  // single-pass scoring needs the diagonal mask, isolated keys/values, and a token-free first query
+  EXPECT_NE(errorOf(base("tta", "[attention]\nmask = \"none\"\n")).find("needs mask = \"diagonal\""), std::string::npos);
+  EXPECT_NE(errorOf(base("tta", "[attention]\nkeys_values = \"hidden\"\n")).find("keys_values = \"embedding\""),
+            std::string::npos);
+  EXPECT_NE(errorOf(base("tta", "[attention]\nfirst_query = \"embedding\"\n")).find("first_query = \"position\""),
+            std::string::npos);
+  EXPECT_NE(errorOf(base("bilm", "[score]\nmethod = \"single-pass\"\n")).find("t.toml:11:10"), std::string::npos);
+  EXPECT_NE(errorOf(base("bilm", "[attention]\nmask = \"directional\"\n")).find("only family \"diformer\""),
+            std::string::npos);
+}
+
+TEST(SpecErrors, InvalidToml) {
+  std::string e = errorOf("name = \"m\"\nfamily = = \"tta\"\n");
+  EXPECT_NE(e.find("t.toml:2:"), std::string::npos) << e;
+  EXPECT_NE(e.find("invalid TOML"), std::string::npos) << e;
+  EXPECT_THROW(loadSpec("/nonexistent/spec.toml"), SpecError);
+}
+
+TEST(Spec, BundledModelsLoad) {
+  for (const char *m : {"tta_base", "tta_mask_base", "bilm_base", "unilm_base", "bert_base", "ngram_clm",
+                        "diformer_base"}) {
+    ModelSpec s = loadSpec(std::string(LMCC_SOURCE_DIR) + "/models/" + m + ".toml");
+    EXPECT_EQ(s.name, m);
+  }
+}
