@@ -932,8 +932,7 @@ TEST(Model, OneTokenSentencesAreFinite) {
         EXPECT_TRUE(allFinite(r.tokenLogprobs));
         EXPECT_TRUE(std::isfinite(r.score));
         EXPECT_TRUE(allFinite(embed(spec, w, {{id}})[0]));
-        for (float v : logprobs(spec, w, {id})[0])
-          ASSERT_TRUE(std::isfinite(v));
+        EXPECT_TRUE(allFinite(logprobs(spec, w, {id})[0]));
       }
     }
   }
