@@ -18,10 +18,15 @@ namespace lmcc::reference {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kPi = 3.14159265358979323846f;
 
-void require(bool ok, const char *op, const std::string &what) {
+[[noreturn]] void fail(const char *op, const std::string &what) {
+  throw std::invalid_argument(std::string("reference ") + op + ": " + what);
+}
+
+void require(bool ok, const char *op, const char *what) {
   if (!ok)
-    throw std::invalid_argument(std::string("reference ") + op + ": " + what);
+    fail(op, what);
 }
 
 /// Applies `f` to every valid element of x, into a new batch of the same shape.
@@ -79,8 +84,8 @@ Batch Batch::zeros(const std::vector<int64_t> &lengths, int64_t H, int64_t N, in
   out.C = C;
   out.lengths = lengths;
   for (int64_t n : lengths)
-    require(n >= 0 && n <= N, "batch", "sentence length " + std::to_string(n) + " outside [0, " +
-                                           std::to_string(N) + "]");
+    if (n < 0 || n > N)
+      fail("batch", "sentence length " + std::to_string(n) + " outside [0, " + std::to_string(N) + "]");
   out.data.assign(out.B * H * N * C, 0.0f);
   return out;
 }
@@ -105,8 +110,8 @@ Batch embed(const Matrix &table, const TokenBatch &ids) {
   for (int64_t b = 0; b < ids.B; ++b)
     for (int64_t t = 0; t < ids.lengths[b]; ++t) {
       int32_t id = ids.at(b, t);
-      require(id >= 0 && id < table.rows(), "embed",
-              "id " + std::to_string(id) + " outside the table of " + std::to_string(table.rows()) + " rows");
+      if (id < 0 || id >= table.rows())
+        fail("embed", "id " + std::to_string(id) + " outside the table of " + std::to_string(table.rows()) + " rows");
       Eigen::Map<RowVector>(out.row(b, 0, t), table.cols()) = table.row(id);
     }
   return out;
@@ -130,8 +135,9 @@ Batch positions(const TokenBatch &ids, PositionKind kind, const Matrix *table, i
   Matrix sinusoidal;
   if (kind == PositionKind::Learned) {
     require(table != nullptr, "positions", "a learned position table is required");
-    require(table->cols() == D && table->rows() >= ids.N, "positions",
-            "the table has " + std::to_string(table->rows()) + " rows, sentences need " + std::to_string(ids.N));
+    if (table->cols() != D || table->rows() < ids.N)
+      fail("positions", "the table is [" + std::to_string(table->rows()) + ", " + std::to_string(table->cols()) +
+                            "], sentences need [" + std::to_string(ids.N) + ", " + std::to_string(D) + "]");
   } else {
     sinusoidal = sinusoidalTable(ids.N, D);
     table = &sinusoidal;
@@ -147,8 +153,8 @@ Batch positions(const TokenBatch &ids, PositionKind kind, const Matrix *table, i
 //===----------------------------------------------------------------------===//
 
 Batch linear(const Batch &x, const Matrix &W, const RowVector *bias) {
-  require(W.cols() == x.C, "linear", "weight has " + std::to_string(W.cols()) + " inputs, x has " +
-                                         std::to_string(x.C) + " features");
+  if (W.cols() != x.C)
+    fail("linear", "weight has " + std::to_string(W.cols()) + " inputs, x has " + std::to_string(x.C) + " features");
   require(!bias || bias->size() == W.rows(), "linear", "bias size differs from the weight's outputs");
   Batch out = Batch::zerosLike(x, W.rows());
   for (int64_t b = 0; b < x.B; ++b)
@@ -181,7 +187,7 @@ Batch layerNorm(const Batch &x, const RowVector &gamma, const RowVector &beta, d
 float geluExact(float x) { return x * 0.5f * (1.0f + std::erf(x / std::sqrt(2.0f))); }
 
 float geluTanh(float x) {
-  const float k = std::sqrt(2.0f / static_cast<float>(M_PI));
+  const float k = std::sqrt(2.0f / kPi);
   return 0.5f * x * (1.0f + std::tanh(k * (x + 0.044715f * x * x * x)));
 }
 
@@ -221,21 +227,19 @@ Batch scale(const Batch &x, float factor) {
 Batch interpolate(const Batch &a, const Batch &b, double lambda) {
   require(sameLayout(a, b), "interpolate", "operands differ in shape or lengths");
   require(lambda >= 0 && lambda <= 1, "interpolate", "lambda outside [0, 1]");
-  Batch out = Batch::zerosLike(a, a.C);
+  // log((1 - lambda) e^a + lambda e^b) = logaddexp(log(1 - lambda) + a, log(lambda) + b)
   const double logA = std::log1p(-lambda), logB = std::log(lambda);
-  for (size_t k = 0; k < out.data.size(); ++k) {
-    // Padding entries are 0 in both operands; their result is overwritten below.
-    double u = logA + a.data[k], v = logB + b.data[k];
-    double m = std::max(u, v);
-    out.data[k] = m == -std::numeric_limits<double>::infinity()
-                      ? kNegInf
-                      : static_cast<float>(m + std::log(std::exp(u - m) + std::exp(v - m)));
-  }
-  // Keep padding rows zero.
-  for (int64_t s = 0; s < out.B; ++s)
-    for (int64_t h = 0; h < out.H; ++h)
-      for (int64_t t = out.lengths[s]; t < out.N; ++t)
-        std::fill(out.row(s, h, t), out.row(s, h, t) + out.C, 0.0f);
+  Batch out = Batch::zerosLike(a, a.C);
+  for (int64_t s = 0; s < a.B; ++s)
+    for (int64_t h = 0; h < a.H; ++h)
+      for (int64_t t = 0; t < a.lengths[s]; ++t)
+        for (int64_t c = 0; c < a.C; ++c) {
+          double u = logA + a.at(s, h, t, c), v = logB + b.at(s, h, t, c);
+          double m = std::max(u, v);
+          out.at(s, h, t, c) = m == -std::numeric_limits<double>::infinity()
+                                   ? kNegInf
+                                   : static_cast<float>(m + std::log(std::exp(u - m) + std::exp(v - m)));
+        }
   return out;
 }
 
@@ -419,7 +423,8 @@ Batch gather(const Batch &logprobs, const TokenBatch &targets, int64_t shift) {
   for (int64_t b = 0; b < targets.B; ++b)
     for (int64_t t = shift; t < targets.lengths[b]; ++t) {
       int32_t id = targets.at(b, t);
-      require(id >= 0 && id < logprobs.C, "gather", "target id " + std::to_string(id) + " out of range");
+      if (id < 0 || id >= logprobs.C)
+        fail("gather", "target id " + std::to_string(id) + " out of range");
       out.at(b, 0, t, 0) = logprobs.at(b, 0, t - shift, id);
     }
   return out;

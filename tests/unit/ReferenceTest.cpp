@@ -353,7 +353,7 @@ private:
         if (s.activation == Activation::Gelu)
           v = 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
         else if (s.activation == Activation::GeluTanh)
-          v = 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+          v = 0.5 * v * (1 + std::tanh(std::sqrt(2 / std::acos(-1.0)) * (v + 0.044715 * v * v * v)));
         else
           v = std::max(v, 0.0);
       }
