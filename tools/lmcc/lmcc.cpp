@@ -5,14 +5,21 @@
 // field it concerns; stdout receives nothing unless the whole command succeeds.
 //
 //===----------------------------------------------------------------------===//
+#include "codegen/Emit/Library.h"
 #include "frontend/MLIRGen.h"
 #include "frontend/Spec.h"
 #include "runtime/reference/Executor.h"
+#include "runtime/lib/lmrt.h"
 #include "runtime/weights/Weights.h"
 
 #include <CLI/CLI.hpp>
 
+#include <dlfcn.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
+#include <filesystem>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -27,7 +34,7 @@ const char *kExitCodes = R"(Exit codes:
   0  success
   1  invalid input: spec, weights, ids or output file (the message names the file and position, field or tensor)
   2  invalid command line
-  3  not supported yet by this build (the message says what)
+  3  not supported yet by this build, or compilation failed (the message says what)
   4  internal error (please report))";
 
 struct InputError : std::runtime_error {
@@ -108,8 +115,8 @@ void appendNumber(std::string &out, double v, const char *what, size_t line) {
 }
 
 struct Options {
-  std::string spec, weights, ids = "-", output, from, input;
-  bool json = false, reference = false;
+  std::string spec, weights, ids = "-", output, from, input, cpu, dumpIR;
+  bool json = false, reference = false, embedWeights = false, staticArchive = false;
   int threads = 1;
   uint64_t seed = 0;
 };
@@ -156,22 +163,157 @@ int runConvert(const Options &o) {
   return kExitOk;
 }
 
-int runScoreOrEmbed(const Options &o, bool score) {
+namespace fs = std::filesystem;
+
+/// Where this lmcc's runtime (liblmrt.so, lmrt.h) lives: <prefix>/lib next to <prefix>/bin/lmcc.
+std::string runtimeDir() {
+  std::error_code ec;
+  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  return (exe.parent_path().parent_path() / "lib").string();
+}
+
+/// A cached compiled library of `spec` for this lmcc binary, compiled on first use.
+std::string cachedLibrary(const lmcc::ModelSpec &spec) {
+  const char *env = std::getenv("LMCC_CACHE_DIR");
+  const char *xdg = std::getenv("XDG_CACHE_HOME");
+  const char *home = std::getenv("HOME");
+  fs::path cache = env && *env ? fs::path(env)
+                   : xdg && *xdg ? fs::path(xdg) / "lmcc"
+                                 : fs::path(home && *home ? home : "/tmp") / ".cache" / "lmcc";
+  struct stat st {};
+  ::stat("/proc/self/exe", &st);
+  std::string stamp = std::to_string(st.st_size) + "-" + std::to_string(st.st_mtime);
+  fs::path dir = cache / (spec.name + "-" + lmcc::specHash(spec) + "-" + stamp);
+  fs::path lib = dir / ("lib" + spec.name + ".so");
+  if (fs::exists(lib))
+    return lib.string();
+  // Compile into a private directory, then move it into place (concurrent lmcc runs are safe).
+  fs::path tmp = cache / (".tmp-" + spec.name + "-" + std::to_string(::getpid()));
+  lmcc::codegen::LibraryOptions options;
+  options.outputDir = tmp.string();
+  options.runtimeDir = runtimeDir();
+  if (std::string err = lmcc::codegen::compileLibrary(spec, options); !err.empty())
+    throw std::runtime_error("compiling " + spec.name + ": " + err);
+  std::error_code ec;
+  fs::rename(tmp, dir, ec);
+  if (ec)
+    fs::remove_all(tmp, ec);
+  return lib.string();
+}
+
+/// Scores or embeds through the compiled library (JIT by way of a cached library).
+struct CompiledModel {
+  void *handle = nullptr;
+  lm_model *model = nullptr;
+  CompiledModel(const lmcc::ModelSpec &spec, const std::string &weights) {
+    std::string lib = cachedLibrary(spec);
+    handle = ::dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!handle)
+      throw std::runtime_error(std::string("cannot load ") + lib + ": " + ::dlerror());
+    auto descriptor = reinterpret_cast<const lm_model_desc *(*)()>(::dlsym(handle, (spec.name + "_descriptor").c_str()));
+    if (!descriptor)
+      throw std::runtime_error(lib + " has no " + spec.name + "_descriptor");
+    std::string path = weights;
+    lmcc::WeightSet raw = lmcc::readSafetensors(weights);
+    fs::path converted;
+    if (lmcc::isHuggingFaceBert(raw)) { // the runtime reads canonical names: convert once
+      converted = fs::temp_directory_path() / ("lmcc-" + std::to_string(::getpid()) + ".safetensors");
+      lmcc::writeSafetensors(converted.string(), lmcc::importHuggingFaceBert(raw, spec, weights));
+      path = converted.string();
+    }
+    int status = lm_rt_load(descriptor(), path.c_str(), &model);
+    if (!converted.empty())
+      fs::remove(converted);
+    if (status != LM_OK)
+      throw InputError(lm_last_error());
+  }
+  ~CompiledModel() {
+    if (model)
+      lm_rt_free(model);
+  }
+};
+
+struct Padded {
+  std::vector<int32_t> ids, lengths;
+  int32_t stride = 1;
+  explicit Padded(const std::vector<std::vector<int32_t>> &sentences) {
+    for (const auto &s : sentences)
+      stride = std::max<int32_t>(stride, int32_t(s.size()));
+    ids.assign(sentences.size() * stride, 0);
+    for (size_t b = 0; b < sentences.size(); ++b) {
+      std::copy(sentences[b].begin(), sentences[b].end(), ids.begin() + b * stride);
+      lengths.push_back(int32_t(sentences[b].size()));
+    }
+  }
+};
+
+std::vector<lmcc::reference::ScoreResult> compiledScore(const lmcc::ModelSpec &spec, const Options &o,
+                                                        const std::vector<std::vector<int32_t>> &sentences) {
+  CompiledModel m(spec, o.weights);
+  Padded p(sentences);
+  int32_t batch = int32_t(sentences.size());
+  std::vector<float> lp(size_t(batch) * p.stride), scores(batch);
+  std::vector<int32_t> nScored(batch);
+  lm_set_num_threads(o.threads);
+  if (batch && lm_rt_score_ex(m.model, p.ids.data(), p.lengths.data(), batch, p.stride, lp.data(), scores.data(),
+                              nScored.data()) != LM_OK)
+    throw std::runtime_error(lm_last_error());
+  std::vector<lmcc::reference::ScoreResult> results(batch);
+  for (int32_t b = 0; b < batch; ++b) {
+    results[b].tokenLogprobs.assign(lp.begin() + size_t(b) * p.stride, lp.begin() + size_t(b) * p.stride + p.lengths[b]);
+    results[b].score = scores[b];
+    results[b].nScored = nScored[b];
+  }
+  return results;
+}
+
+std::vector<std::vector<float>> compiledEmbed(const lmcc::ModelSpec &spec, const Options &o,
+                                              const std::vector<std::vector<int32_t>> &sentences) {
+  CompiledModel m(spec, o.weights);
+  Padded p(sentences);
+  int32_t batch = int32_t(sentences.size());
+  std::vector<float> out(size_t(batch) * spec.dims.dModel);
+  lm_set_num_threads(o.threads);
+  if (batch && lm_rt_embed(m.model, p.ids.data(), p.lengths.data(), batch, p.stride, out.data()) != LM_OK)
+    throw std::runtime_error(lm_last_error());
+  std::vector<std::vector<float>> results(batch);
+  for (int32_t b = 0; b < batch; ++b)
+    results[b].assign(out.begin() + size_t(b) * spec.dims.dModel, out.begin() + size_t(b + 1) * spec.dims.dModel);
+  return results;
+}
+
+int runCompile(const Options &o) {
   lmcc::ModelSpec spec = lmcc::loadSpec(o.spec);
-  if (!o.reference) {
-    std::cerr << "lmcc: compiled execution is not built yet; run with --reference (the reference executor)\n";
+  lmcc::codegen::LibraryOptions options;
+  options.outputDir = o.output;
+  options.weightsPath = o.weights;
+  options.embedWeights = o.embedWeights;
+  options.staticArchive = o.staticArchive;
+  options.cpu = o.cpu;
+  options.dumpDir = o.dumpIR;
+  options.runtimeDir = runtimeDir();
+  if (std::string err = lmcc::codegen::compileLibrary(spec, options); !err.empty()) {
+    std::cerr << "lmcc: " << o.spec << ": " << err << "\n";
     return kExitUnsupported;
   }
+  return kExitOk;
+}
+
+int runScoreOrEmbed(const Options &o, bool score) {
+  lmcc::ModelSpec spec = lmcc::loadSpec(o.spec);
   if (spec.family == lmcc::Family::NGram || spec.family == lmcc::Family::Diformer) {
     std::cerr << "lmcc: " << o.spec << ": family \"" << lmcc::toString(spec.family)
               << "\" is parsed and emitted as IR only; executing it comes with its training objective\n";
     return kExitUnsupported;
   }
-  lmcc::WeightSet weights = lmcc::loadModelWeights(o.weights, spec);
   std::vector<std::vector<int32_t>> sentences = readIds(o.ids, spec);
   std::string out;
   if (score) {
-    auto results = lmcc::reference::score(spec, weights, sentences, o.threads);
+    std::vector<lmcc::reference::ScoreResult> results;
+    if (o.reference)
+      results = lmcc::reference::score(spec, lmcc::loadModelWeights(o.weights, spec), sentences, o.threads);
+    else
+      results = compiledScore(spec, o, sentences);
     for (size_t s = 0; s < results.size(); ++s) {
       out += "{\"token_logprobs\":[";
       for (size_t i = 0; i < results[s].tokenLogprobs.size(); ++i) {
@@ -184,7 +326,8 @@ int runScoreOrEmbed(const Options &o, bool score) {
       out += ",\"n_scored\":" + std::to_string(results[s].nScored) + "}\n";
     }
   } else {
-    auto results = lmcc::reference::embed(spec, weights, sentences, o.threads);
+    auto results = o.reference ? lmcc::reference::embed(spec, lmcc::loadModelWeights(o.weights, spec), sentences, o.threads)
+                               : compiledEmbed(spec, o, sentences);
     for (size_t s = 0; s < results.size(); ++s) {
       out += "{\"embedding\":[";
       for (size_t i = 0; i < results[s].size(); ++i) {
@@ -227,6 +370,15 @@ int main(int argc, char **argv) {
   convert->add_option("INPUT", o.input, "input safetensors file")->required();
   convert->add_option("-o,--output", o.output, "output safetensors file")->required();
 
+  auto *compile = app.add_subcommand("compile", "compile a model into DIR/lib<name>.so and DIR/<name>.h");
+  compile->add_option("SPEC", o.spec, "model spec (TOML)")->required();
+  compile->add_option("-o,--output", o.output, "output directory")->required();
+  compile->add_option("--weights", o.weights, "weights to validate now (and bake in with --embed-weights)");
+  compile->add_flag("--embed-weights", o.embedWeights, "bake the weights into the library (_load takes NULL)");
+  compile->add_flag("--static", o.staticArchive, "also write lib<name>.a (link it with liblmrt.so)");
+  compile->add_option("--cpu", o.cpu, "target CPU (LLVM name, e.g. znver4, skylake-avx512); default: this host");
+  compile->add_option("--dump-ir", o.dumpIR, "write the IR after each lowering step into this directory");
+
   CLI::App *runners[2];
   const char *names[2] = {"score", "embed"};
   const char *help[2] = {"score sentences: one JSON object per input line",
@@ -237,7 +389,8 @@ int main(int argc, char **argv) {
     runners[k]->add_option("--weights", o.weights, "safetensors weights (canonical or Hugging Face BERT names)")
         ->required();
     runners[k]->add_option("--ids", o.ids, "token ids, one sentence per line ('-' = stdin)")->capture_default_str();
-    runners[k]->add_flag("--reference", o.reference, "run the reference executor (the numeric oracle)");
+    runners[k]->add_flag("--reference", o.reference,
+                         "run the reference executor (the numeric oracle) instead of compiled code");
     runners[k]->add_option("--threads", o.threads, "worker threads (results do not depend on it)")
         ->check(CLI::Range(1, 1024))
         ->capture_default_str();
@@ -259,6 +412,8 @@ int main(int argc, char **argv) {
       return runInit(o);
     if (*convert)
       return runConvert(o);
+    if (*compile)
+      return runCompile(o);
     return runScoreOrEmbed(o, bool(*runners[0]));
   } catch (const lmcc::SpecError &e) {
     std::cerr << e.what() << "\n";

@@ -1,0 +1,473 @@
+//===- Header.cpp - The generated C header, C glue and weight layout -------===//
+//
+// Text generation only. The header is the public contract of a compiled model
+// (see README.md, "Generated libraries"); the glue is the C file that turns the
+// compiled kernels into that contract through the runtime (runtime/lib/lmrt.h).
+//
+//===----------------------------------------------------------------------===//
+
+#include "codegen/Emit/Header.h"
+
+#include <cctype>
+#include <cstdio>
+#include <limits>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+namespace lmcc::codegen {
+
+namespace {
+
+std::string upper(const std::string &s) {
+  std::string out = s;
+  for (char &c : out)
+    c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return out;
+}
+
+bool isCIdentifier(const std::string &s) {
+  if (s.empty() || std::isdigit(static_cast<unsigned char>(s[0])))
+    return false;
+  for (char c : s)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_')
+      return false;
+  return true;
+}
+
+/// Checks that the generated symbols are valid and do not collide with the runtime's.
+void checkName(const std::string &name) {
+  if (!isCIdentifier(name))
+    throw std::invalid_argument("model name '" + name + "' is not a C identifier");
+  // <name>_load/_score/_embed/_free would be the runtime's lm_rt_load/... themselves.
+  if (name == "lm_rt")
+    throw std::invalid_argument("model name 'lm_rt' collides with the runtime's lm_rt_* functions");
+}
+
+/// The C++ namespace of the wrappers: the model name, or name + "_" when that is a C++ keyword.
+std::string cppNamespace(const std::string &name) {
+  static const std::set<std::string> keywords = {
+      "alignas", "alignof", "and", "and_eq", "asm", "auto", "bitand", "bitor", "bool", "break", "case", "catch",
+      "char", "char8_t", "char16_t", "char32_t", "class", "compl", "concept", "const", "consteval", "constexpr",
+      "constinit", "const_cast", "continue", "co_await", "co_return", "co_yield", "decltype", "default", "delete",
+      "do", "double", "dynamic_cast", "else", "enum", "explicit", "export", "extern", "false", "float", "for",
+      "friend", "goto", "if", "inline", "int", "long", "mutable", "namespace", "new", "noexcept", "not", "not_eq",
+      "nullptr", "operator", "or", "or_eq", "private", "protected", "public", "register", "reinterpret_cast",
+      "requires", "return", "short", "signed", "sizeof", "static", "static_assert", "static_cast", "struct",
+      "switch", "template", "this", "thread_local", "throw", "true", "try", "typedef", "typeid", "typename",
+      "union", "unsigned", "using", "virtual", "void", "volatile", "wchar_t", "while", "xor", "xor_eq", "std"};
+  return keywords.count(name) ? name + "_" : name;
+}
+
+/// A C string literal.
+std::string cString(const std::string &s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20 || c >= 0x7f || c == '?') { // '?' avoids trigraphs
+      char buf[5];
+      std::snprintf(buf, sizeof buf, "\\%03o", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+/// Replaces every "@name@" / "@NAME@" / "@ns@" in a template.
+std::string expand(std::string text, const std::string &name, const std::string &ns) {
+  const std::pair<std::string, std::string> subs[] = {{"@name@", name}, {"@NAME@", upper(name)}, {"@ns@", ns}};
+  for (const auto &[from, to] : subs)
+    for (size_t pos = text.find(from); pos != std::string::npos; pos = text.find(from, pos + to.size()))
+      text.replace(pos, from.size(), to);
+  return text;
+}
+
+const char *kHeaderPrologue = R"(
+#ifndef LMCC_MODEL_@NAME@_H
+#define LMCC_MODEL_@NAME@_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Version of the runtime ABI the library was generated for (shared by all lmcc model headers). */
+#ifndef LM_ABI_VERSION
+#define LM_ABI_VERSION 1
+#endif
+
+)";
+
+const char *kHeaderFunctions = R"(
+/* A loaded model (opaque). Read-only after @name@_load. */
+typedef struct @name@_model @name@_model;
+
+/* Loads the weights: a safetensors file with the canonical tensor names (F32, F16 or BF16), or, when
+ * the library was compiled with --embed-weights (@NAME@_EMBEDDED_WEIGHTS is 1), NULL for the weights
+ * compiled in. Every tensor is checked (present, right shape, finite; no unexpected tensor); the error
+ * names the file and the tensor. On success *out receives the model (free it with @name@_free); on
+ * failure *out is left unchanged. */
+int @name@_load(const char *weights_path, @name@_model **out);
+
+/* Scores a batch of sentences. Sentence b is ids[b*stride .. b*stride + lengths[b]), with
+ * 1 <= lengths[b] <= min(@NAME@_MAX_LEN, stride) and every id in [0, @NAME@_VOCAB).
+ *   token_logprobs  batch*stride floats, or NULL: token_logprobs[b*stride + i] receives the log-probability
+ *                   of token i of sentence b for i < lengths[b]; entries past a sentence's length are
+ *                   left untouched.
+ *   scores          batch floats: the sentence scores.
+ * Returns 0, or non-zero with lm_last_error() set. All arguments are validated before anything is
+ * written: on an invalid argument no output is touched. */
+int @name@_score(@name@_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride, float *token_logprobs, float *scores);
+
+/* Sentence embeddings: out receives batch*@NAME@_D_MODEL floats (row b = sentence b). Same batch layout,
+ * validation and error rules as @name@_score. */
+int @name@_embed(@name@_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride, float *out);
+
+/* Frees a model (NULL is allowed). The model must not be in use by another thread. */
+void @name@_free(@name@_model *m);
+
+/* Shared by all lmcc model headers (defined by every lmcc model library, all behaving alike). */
+#ifndef LM_RUNTIME_FUNCTIONS_DECLARED
+#define LM_RUNTIME_FUNCTIONS_DECLARED
+/* The message of the last failed call on this thread ("" if none; a successful call does not clear it).
+ * Valid until the next failing call on this thread. */
+const char *lm_last_error(void);
+/* Threads used by later calls, process-wide (default 1). Returns the previous value, or -1 (with
+ * lm_last_error() set) when n < 1. Results do not depend on the thread count. */
+int lm_set_num_threads(int n);
+#endif
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+)";
+
+const char *kHeaderCpp = R"(
+#ifdef __cplusplus
+#include <cstddef>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+/* C++ wrappers: RAII ownership, errors as exceptions. */
+namespace @ns@ {
+
+constexpr int64_t vocab = @NAME@_VOCAB;
+constexpr int64_t max_len = @NAME@_MAX_LEN;
+constexpr int64_t d_model = @NAME@_D_MODEL;
+
+/* Thrown by the wrappers: what() is lm_last_error(), code() the status returned. */
+class Error : public std::runtime_error {
+public:
+  Error(int code, const char *message) : std::runtime_error(message), code_(code) {}
+  int code() const noexcept { return code_; }
+
+private:
+  int code_;
+};
+
+/* For std::unique_ptr<@name@_model, Deleter> (ModelPtr) when using the C functions directly. */
+struct Deleter {
+  void operator()(@name@_model *m) const noexcept { @name@_free(m); }
+};
+using ModelPtr = std::unique_ptr<@name@_model, Deleter>;
+
+/* Scores of a batch: token_logprobs[b] holds one value per token of sentence b. */
+struct Scores {
+  std::vector<std::vector<float>> token_logprobs;
+  std::vector<float> scores;
+};
+
+/* A loaded model. Movable, not copyable; the const methods may be called from several threads at once. */
+class Model {
+public:
+  Model() noexcept = default;
+  /* Loads weights_path (nullptr: the embedded weights); throws Error. */
+  explicit Model(const char *weights_path) {
+    @name@_model *m = nullptr;
+    check(@name@_load(weights_path, &m));
+    ptr_.reset(m);
+  }
+  explicit Model(const std::string &weights_path) : Model(weights_path.c_str()) {}
+  static Model load(const std::string &weights_path) { return Model(weights_path); }
+
+  @name@_model *get() const noexcept { return ptr_.get(); }
+  explicit operator bool() const noexcept { return static_cast<bool>(ptr_); }
+
+  /* The C calls, throwing Error instead of returning a status. */
+  void score(const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride, float *token_logprobs,
+             float *scores) const {
+    check(@name@_score(ptr_.get(), ids, lengths, batch, stride, token_logprobs, scores));
+  }
+  void embed(const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride, float *out) const {
+    check(@name@_embed(ptr_.get(), ids, lengths, batch, stride, out));
+  }
+
+  /* One batch of sentences (an empty batch gives an empty result). */
+  Scores score(const std::vector<std::vector<int32_t>> &sentences) const {
+    Scores result;
+    if (sentences.empty())
+      return result;
+    Batch b(sentences);
+    std::vector<float> logprobs(b.ids.size());
+    result.scores.resize(sentences.size());
+    check(@name@_score(ptr_.get(), b.ids.data(), b.lengths.data(), b.batch, b.stride, logprobs.data(),
+                       result.scores.data()));
+    result.token_logprobs.resize(sentences.size());
+    for (std::size_t i = 0; i < sentences.size(); ++i) {
+      const float *row = logprobs.data() + i * static_cast<std::size_t>(b.stride);
+      result.token_logprobs[i].assign(row, row + sentences[i].size());
+    }
+    return result;
+  }
+  /* Embeddings of a batch: one vector of d_model floats per sentence. */
+  std::vector<std::vector<float>> embed(const std::vector<std::vector<int32_t>> &sentences) const {
+    std::vector<std::vector<float>> result;
+    if (sentences.empty())
+      return result;
+    Batch b(sentences);
+    std::vector<float> out(sentences.size() * static_cast<std::size_t>(d_model));
+    check(@name@_embed(ptr_.get(), b.ids.data(), b.lengths.data(), b.batch, b.stride, out.data()));
+    for (std::size_t i = 0; i < sentences.size(); ++i)
+      result.emplace_back(out.begin() + static_cast<std::ptrdiff_t>(i * static_cast<std::size_t>(d_model)),
+                          out.begin() + static_cast<std::ptrdiff_t>((i + 1) * static_cast<std::size_t>(d_model)));
+    return result;
+  }
+
+private:
+  /* Sentences packed with stride = the longest length (invalid lengths are reported by the C call). */
+  struct Batch {
+    explicit Batch(const std::vector<std::vector<int32_t>> &sentences) {
+      std::size_t longest = 1;
+      for (const std::vector<int32_t> &s : sentences)
+        longest = s.size() > longest ? s.size() : longest;
+      if (sentences.size() > 0x7fffffff || longest > 0x7fffffff)
+        throw Error(1, "the batch is too large for int32 sizes");
+      batch = static_cast<int32_t>(sentences.size());
+      stride = static_cast<int32_t>(longest);
+      ids.assign(sentences.size() * longest, 0);
+      for (std::size_t i = 0; i < sentences.size(); ++i) {
+        lengths.push_back(static_cast<int32_t>(sentences[i].size()));
+        for (std::size_t j = 0; j < sentences[i].size(); ++j)
+          ids[i * longest + j] = sentences[i][j];
+      }
+    }
+    std::vector<int32_t> ids, lengths;
+    int32_t batch = 0, stride = 1;
+  };
+  static void check(int status) {
+    if (status != 0)
+      throw Error(status, lm_last_error());
+  }
+  ModelPtr ptr_;
+};
+
+/* lm_set_num_threads, throwing Error when n < 1. */
+inline void set_num_threads(int n) {
+  if (lm_set_num_threads(n) < 0)
+    throw Error(1, lm_last_error());
+}
+
+} /* namespace @ns@ */
+#endif /* __cplusplus */
+
+#endif /* LMCC_MODEL_@NAME@_H */
+)";
+
+int64_t checkedNumel(const TensorInfo &t) {
+  int64_t n = 1;
+  for (int64_t d : t.shape) {
+    if (d < 0 || (d > 0 && n > std::numeric_limits<int64_t>::max() / 2 / d))
+      throw std::invalid_argument("tensor '" + t.name + "' has an invalid shape");
+    n *= d;
+  }
+  return n;
+}
+
+int64_t roundUp(int64_t v) { return (v + kWeightAlignFloats - 1) / kWeightAlignFloats * kWeightAlignFloats; }
+
+} // namespace
+
+std::vector<int64_t> weightOffsets(const std::vector<TensorInfo> &tensors, int64_t *totalFloats) {
+  std::vector<int64_t> offsets;
+  offsets.reserve(tensors.size());
+  int64_t cursor = 0;
+  for (const TensorInfo &t : tensors) {
+    const int64_t numel = checkedNumel(t);
+    cursor = roundUp(cursor);
+    offsets.push_back(cursor);
+    if (numel > std::numeric_limits<int64_t>::max() / 2 - cursor)
+      throw std::invalid_argument("the weights do not fit in a 64-bit buffer");
+    cursor += numel;
+  }
+  if (totalFloats)
+    *totalFloats = roundUp(cursor);
+  return offsets;
+}
+
+std::string generateHeader(const ModelSpec &spec, bool embedWeights) {
+  checkName(spec.name);
+  const std::string &name = spec.name;
+  const std::string NAME = upper(name);
+  std::ostringstream os;
+  os << "/* " << name << ".h - the C API of lib" << name << ".so, generated by lmcc from the spec \"" << name
+     << "\"\n"
+     << " * (family " << toString(spec.family) << ", spec hash " << specHash(spec) << "). Do not edit.\n"
+     << " *\n"
+     << " * Build: cc app.c -I DIR -L DIR -l" << name << " (lib" << name
+     << ".so finds liblmrt.so in its own directory).\n"
+     << " * Conventions:\n"
+     << " *  - Functions returning int return 0 on success, else a non-zero status (1 invalid argument,\n"
+     << " *    2 weights, 3 out of memory, 4 internal error) and lm_last_error() tells what went wrong.\n"
+     << " *  - Sentences are token ids (int32) in rows of a batch: see " << name << "_score.\n"
+     << " *  - Thread safety: a loaded model is read-only, so calls on the same model or on different models\n"
+     << " *    may run concurrently from any threads (only " << name
+     << "_free must not race with other calls on that model).\n"
+     << " *    lm_set_num_threads is process-wide; lm_last_error() is per thread.\n"
+     << " */";
+  os << expand(kHeaderPrologue, name, "");
+  const std::pair<const char *, int64_t> dims[] = {
+      {"VOCAB", spec.dims.vocab},   {"MAX_LEN", spec.dims.maxLen}, {"D_MODEL", spec.dims.dModel},
+      {"LAYERS", spec.dims.layers}, {"HEADS", spec.dims.heads},    {"D_FF", spec.dims.dFF}};
+  os << "/* Model dimensions. */\n";
+  for (const auto &[macro, value] : dims)
+    os << "#define " << NAME << "_" << macro << " " << value << "\n";
+  os << "/* Special token ids. */\n"
+     << "#define " << NAME << "_PAD_ID " << spec.tokens.pad << "\n"
+     << "#define " << NAME << "_UNK_ID " << spec.tokens.unk << "\n"
+     << "#define " << NAME << "_BOS_ID " << spec.tokens.bos << "\n"
+     << "#define " << NAME << "_EOS_ID " << spec.tokens.eos << "\n"
+     << "#define " << NAME << "_MASK_ID " << spec.tokens.mask << "\n"
+     << "/* specHash() of the resolved spec; 1 when the weights are compiled into the library. */\n"
+     << "#define " << NAME << "_SPEC_HASH " << cString(specHash(spec)) << "\n"
+     << "#define " << NAME << "_EMBEDDED_WEIGHTS " << (embedWeights ? 1 : 0) << "\n";
+  os << expand(kHeaderFunctions, name, "");
+  os << expand(kHeaderCpp, name, cppNamespace(name));
+  return os.str();
+}
+
+std::string generateGlue(const ModelSpec &spec, const std::vector<TensorInfo> &tensors,
+                         const std::vector<int64_t> &offsets, int64_t totalFloats, bool embedWeights) {
+  checkName(spec.name);
+  const std::string &name = spec.name;
+  if (tensors.size() != offsets.size())
+    throw std::invalid_argument("generateGlue: " + std::to_string(tensors.size()) + " tensors but " +
+                                std::to_string(offsets.size()) + " offsets");
+  if (tensors.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
+    throw std::invalid_argument("generateGlue: too many tensors");
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorInfo &t = tensors[i];
+    if (t.shape.size() < 1 || t.shape.size() > 2)
+      throw std::invalid_argument("generateGlue: tensor '" + t.name + "' has rank " +
+                                  std::to_string(t.shape.size()) + " (the runtime takes 1 or 2)");
+    const int64_t numel = checkedNumel(t);
+    if (offsets[i] < 0 || offsets[i] % kWeightAlignFloats != 0 || offsets[i] > totalFloats - numel)
+      throw std::invalid_argument("generateGlue: tensor '" + t.name + "' at offset " + std::to_string(offsets[i]) +
+                                  " does not fit in " + std::to_string(totalFloats) + " floats");
+  }
+
+  std::ostringstream os;
+  os << "/* The glue of lib" << name << ".so, generated by lmcc from the spec \"" << name << "\" (spec hash "
+     << specHash(spec) << ").\n"
+     << " * Describes the model to the runtime (lmrt.h) and defines the functions of " << name
+     << ".h. Do not edit. */\n"
+     << "#include <stddef.h>\n"
+     << "#include \"lmrt.h\"\n\n"
+     << "#if defined(__GNUC__) || defined(__clang__)\n"
+     << "#define LMCC_EXPORT __attribute__((visibility(\"default\")))\n"
+     << "#else\n"
+     << "#define LMCC_EXPORT\n"
+     << "#endif\n\n";
+  os << "/* The compiled kernels (lm_score_kernel / lm_embed_kernel signatures). */\n"
+     << "extern void _mlir_ciface_" << name
+     << "_score_kernel(lm_memref1f *weights, lm_memref2i *ids, lm_memref1i *lengths, lm_memref2f *token_logprobs,\n"
+     << "    lm_memref1f *scores, lm_memref1i *n_scored);\n"
+     << "extern void _mlir_ciface_" << name
+     << "_embed_kernel(lm_memref1f *weights, lm_memref2i *ids, lm_memref1i *lengths, lm_memref2f *out);\n";
+  if (embedWeights)
+    os << "/* The weights in the flat layout below (defined by the kernels' object file). */\n"
+       << "extern const float " << name << "_embedded_weights[];\n";
+  os << "\n";
+
+  const std::string tableName = name + "_tensors";
+  if (!tensors.empty()) {
+    os << "static const lm_tensor_desc " << tableName << "[" << tensors.size() << "] = {\n";
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const TensorInfo &t = tensors[i];
+      os << "    {" << cString(t.name) << ", " << t.shape.size() << ", {" << t.shape[0] << ", "
+         << (t.shape.size() > 1 ? t.shape[1] : 0) << "}, " << offsets[i] << "},\n";
+    }
+    os << "};\n\n";
+  }
+  os << "static const lm_model_desc " << name << "_desc = {\n"
+     << "    " << cString(name) << ", /* name */\n"
+     << "    " << cString(specHash(spec)) << ", /* spec_hash */\n"
+     << "    " << spec.dims.vocab << ", " << spec.dims.maxLen << ", " << spec.dims.dModel << ", " << spec.dims.heads
+     << ", " << spec.dims.dFF << ", " << spec.dims.layers << ", /* vocab, max_len, d_model, heads, d_ff, layers */\n"
+     << "    " << spec.tokens.pad << ", /* pad_id */\n"
+     << "    " << (tensors.empty() ? std::string("NULL") : tableName) << ", " << tensors.size()
+     << ", /* tensors, num_tensors */\n"
+     << "    " << totalFloats << ", /* total_floats */\n"
+     << "    _mlir_ciface_" << name << "_score_kernel,\n"
+     << "    _mlir_ciface_" << name << "_embed_kernel,\n"
+     << "    " << (embedWeights ? name + "_embedded_weights" : std::string("NULL")) << " /* embedded_weights */\n"
+     << "};\n\n";
+
+  os << expand(R"(/* The functions of @name@.h, forwarding to the runtime. */
+typedef struct @name@_model @name@_model;
+LMCC_EXPORT const lm_model_desc *@name@_descriptor(void);
+LMCC_EXPORT int @name@_load(const char *weights_path, @name@_model **out);
+LMCC_EXPORT int @name@_score(@name@_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch,
+    int32_t stride, float *token_logprobs, float *scores);
+LMCC_EXPORT int @name@_score_ex(@name@_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch,
+    int32_t stride, float *token_logprobs, float *scores, int32_t *n_scored);
+LMCC_EXPORT int @name@_embed(@name@_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch,
+    int32_t stride, float *out);
+LMCC_EXPORT void @name@_free(@name@_model *m);
+
+const lm_model_desc *@name@_descriptor(void) { return &@name@_desc; }
+
+int @name@_load(const char *weights_path, @name@_model **out) {
+  return lm_rt_load(&@name@_desc, weights_path, (lm_model **)out);
+}
+
+int @name@_score(@name@_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride,
+    float *token_logprobs, float *scores) {
+  return lm_rt_score((lm_model *)m, ids, lengths, batch, stride, token_logprobs, scores);
+}
+
+/* Not in @name@.h: also returns the number of scored positions per sentence. */
+int @name@_score_ex(@name@_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride,
+    float *token_logprobs, float *scores, int32_t *n_scored) {
+  return lm_rt_score_ex((lm_model *)m, ids, lengths, batch, stride, token_logprobs, scores, n_scored);
+}
+
+int @name@_embed(@name@_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride,
+    float *out) {
+  return lm_rt_embed((lm_model *)m, ids, lengths, batch, stride, out);
+}
+
+void @name@_free(@name@_model *m) { lm_rt_free((lm_model *)m); }
+
+/* Re-exported so that programs linked with -l@name@ alone find them. Every lmcc model library defines
+ * them, weak (two static archives link together), and whichever the linker picks forwards to the one
+ * runtime. */
+#if defined(__GNUC__) || defined(__clang__)
+#define LMCC_WEAK __attribute__((weak))
+#else
+#define LMCC_WEAK
+#endif
+LMCC_WEAK const char *lm_last_error(void) { return lm_rt_last_error(); }
+LMCC_WEAK int lm_set_num_threads(int n) { return lm_rt_set_num_threads(n); }
+)",
+               name, "");
+  return os.str();
+}
+
+} // namespace lmcc::codegen

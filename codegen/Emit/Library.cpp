@@ -1,0 +1,173 @@
+//===- Library.cpp - AOT: spec -> lib<name>.so + <name>.h --------------------===//
+//
+// frontend (MLIRGen) -> lm IR -> KernelGen (loops + runtime GEMM calls) -> LLVM
+// dialect -> object code; plus a generated C glue file describing the weight layout
+// and forwarding the public <name>_* functions to liblmrt; linked with the system C
+// compiler driver into a shared library whose RUNPATH is $ORIGIN.
+//
+//===----------------------------------------------------------------------===//
+#include "codegen/Emit/Library.h"
+
+#include "codegen/Emit/Header.h"
+#include "codegen/Emit/Object.h"
+#include "codegen/LmToLoops/KernelGen.h"
+#include "frontend/MLIRGen.h"
+#include "runtime/weights/Weights.h"
+
+#include "mlir/IR/MLIRContext.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sys/wait.h>
+
+namespace fs = std::filesystem;
+
+namespace lmcc::codegen {
+namespace {
+
+std::string quote(const std::string &s) {
+  std::string out = "'";
+  for (char c : s)
+    out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+/// Runs a shell command; returns "" or its failure with the captured output.
+std::string run(const std::string &command, const fs::path &logFile) {
+  int status = std::system((command + " > " + quote(logFile.string()) + " 2>&1").c_str());
+  if (status == 0)
+    return "";
+  std::ifstream log(logFile);
+  std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  return "command failed: " + command + "\n" + text;
+}
+
+bool writeFile(const fs::path &path, const std::string &text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  return bool(out);
+}
+
+template <typename Op> bool dump(const std::string &dir, const char *name, Op op) {
+  if (dir.empty())
+    return true;
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  op->print(os);
+  return writeFile(fs::path(dir) / name, text);
+}
+
+} // namespace
+
+std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options) {
+  if (spec.family != Family::UniLM && spec.family != Family::BiLM && spec.family != Family::TTA)
+    return "family \"" + std::string(toString(spec.family)) +
+           "\" is parsed and emitted as IR only; compiling it comes with its training objective";
+  std::vector<TensorInfo> tensors = expectedTensors(spec);
+  int64_t totalFloats = 0;
+  std::vector<int64_t> offsets = weightOffsets(tensors, &totalFloats);
+  std::map<std::string, int64_t> offsetByName;
+  for (size_t i = 0; i < tensors.size(); ++i)
+    offsetByName[tensors[i].name] = offsets[i];
+
+  std::error_code ec;
+  fs::path out(options.outputDir);
+  fs::create_directories(out, ec);
+  if (ec)
+    return options.outputDir + ": " + ec.message();
+  if (!options.dumpDir.empty())
+    fs::create_directories(options.dumpDir, ec);
+  fs::path work = out / (".lmcc-build-" + spec.name);
+  fs::remove_all(work, ec);
+  fs::create_directories(work, ec);
+  if (ec)
+    return work.string() + ": " + ec.message();
+
+  // Weights: validated now when given; flattened into the kernel layout when embedded.
+  ObjectOptions objectOptions;
+  objectOptions.cpu = options.cpu;
+  if (!options.weightsPath.empty()) {
+    WeightSet weights = loadModelWeights(options.weightsPath, spec); // throws WeightError
+    if (options.embedWeights) {
+      std::vector<float> flat(totalFloats, 0.0f);
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        const Tensor &t = weights.get(tensors[i].name);
+        std::copy(t.data.begin(), t.data.end(), flat.begin() + offsets[i]);
+      }
+      fs::path bin = work / "weights.bin";
+      std::ofstream f(bin, std::ios::binary);
+      f.write(reinterpret_cast<const char *>(flat.data()), std::streamsize(flat.size() * sizeof(float)));
+      if (!f)
+        return bin.string() + ": cannot write";
+      objectOptions.embeddedWeightsFile = fs::absolute(bin).string();
+      objectOptions.embeddedSymbol = spec.name + "_embedded_weights";
+    }
+  } else if (options.embedWeights) {
+    return "--embed-weights needs --weights";
+  }
+
+  // IR: lm -> loops -> LLVM dialect -> object.
+  mlir::MLIRContext context;
+  std::string diagnostics;
+  mlir::ScopedDiagnosticHandler handler(&context, [&](mlir::Diagnostic &d) {
+    diagnostics += d.str() + "\n";
+    return mlir::success();
+  });
+  mlir::OwningOpRef<mlir::ModuleOp> lm = buildModule(context, spec);
+  if (!lm)
+    return "internal error: the lm IR does not verify\n" + diagnostics;
+  dump(options.dumpDir, "lm.mlir", *lm);
+  mlir::OwningOpRef<mlir::ModuleOp> loops = lowerToLoops(*lm, spec, offsetByName);
+  if (!loops)
+    return "cannot lower the model to loops:\n" + diagnostics;
+  dump(options.dumpDir, "loops.mlir", *loops);
+  if (mlir::failed(lowerToLLVMDialect(*loops)))
+    return "cannot lower the kernels to the LLVM dialect:\n" + diagnostics;
+  dump(options.dumpDir, "llvm.mlir", *loops);
+  fs::path kernels = work / "kernels.o";
+  if (std::string err = emitObject(*loops, kernels.string(), objectOptions); !err.empty())
+    return err;
+
+  // Glue + link.
+  fs::path runtimeDir(options.runtimeDir);
+  for (const char *file : {"liblmrt.so", "lmrt.h"})
+    if (!fs::exists(runtimeDir / file))
+      return "runtime file " + (runtimeDir / file).string() + " not found";
+  fs::copy_file(runtimeDir / "lmrt.h", work / "lmrt.h", fs::copy_options::overwrite_existing, ec);
+  fs::copy_file(runtimeDir / "liblmrt.so", out / "liblmrt.so", fs::copy_options::overwrite_existing, ec);
+  if (ec)
+    return "cannot copy the runtime into " + out.string() + ": " + ec.message();
+  fs::path glue = work / "glue.c";
+  if (!writeFile(glue, generateGlue(spec, tensors, offsets, totalFloats, options.embedWeights)))
+    return glue.string() + ": cannot write";
+  const char *ccEnv = std::getenv("CC");
+  std::string cc = ccEnv && *ccEnv ? ccEnv : "cc";
+  fs::path glueObj = work / "glue.o", log = work / "log.txt";
+  if (std::string err = run(cc + " -std=c99 -O2 -fPIC -c " + quote(glue.string()) + " -I " + quote(work.string()) +
+                                " -o " + quote(glueObj.string()),
+                            log);
+      !err.empty())
+    return err;
+  std::string lib = "lib" + spec.name + ".so";
+  if (std::string err = run(cc + " -shared -o " + quote((out / lib).string()) + " " + quote(kernels.string()) + " " +
+                                quote(glueObj.string()) + " -L " + quote(out.string()) +
+                                " -llmrt -lm -Wl,-soname," + lib + " '-Wl,-rpath,$ORIGIN' -Wl,--no-undefined",
+                            log);
+      !err.empty())
+    return err;
+  if (options.staticArchive) {
+    std::string archive = (out / ("lib" + spec.name + ".a")).string();
+    fs::remove(archive, ec);
+    if (std::string err = run("ar rcs " + quote(archive) + " " + quote(kernels.string()) + " " + quote(glueObj.string()), log);
+        !err.empty())
+      return err;
+  }
+  if (!writeFile(out / (spec.name + ".h"), generateHeader(spec, options.embedWeights)))
+    return (out / (spec.name + ".h")).string() + ": cannot write";
+  fs::remove_all(work, ec);
+  return "";
+}
+
+} // namespace lmcc::codegen

@@ -1,0 +1,113 @@
+//===- Object.cpp - Loop-level IR -> LLVM -> object code ----------------------===//
+#include "codegen/Emit/Object.h"
+
+#include "mlir/Conversion/Passes.h"
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+#include "mlir/Dialect/MemRef/Transforms/Passes.h"
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Target/LLVMIR/Dialect/Builtin/BuiltinToLLVMIRTranslation.h"
+#include "mlir/Target/LLVMIR/Dialect/LLVMIR/LLVMToLLVMIRTranslation.h"
+#include "mlir/Target/LLVMIR/Export.h"
+#include "mlir/Transforms/Passes.h"
+
+#include "llvm/IR/LegacyPassManager.h"
+#include "llvm/IR/Module.h"
+#include "llvm/MC/MCSubtargetInfo.h"
+#include "llvm/MC/TargetRegistry.h"
+#include "llvm/Passes/PassBuilder.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/TargetSelect.h"
+#include "llvm/Support/raw_ostream.h"
+#include "llvm/Target/TargetMachine.h"
+#include "llvm/Target/TargetOptions.h"
+#include "llvm/TargetParser/Host.h"
+
+#include <optional>
+
+using namespace mlir;
+
+namespace lmcc::codegen {
+
+LogicalResult lowerToLLVMDialect(ModuleOp module) {
+  PassManager pm(module.getContext());
+  pm.addPass(createConvertSCFToCFPass());
+  pm.addPass(createConvertMathToLLVMPass());
+  pm.addPass(createConvertMathToLibmPass());
+  pm.addPass(memref::createExpandStridedMetadataPass());
+  pm.addPass(createFinalizeMemRefToLLVMConversionPass());
+  pm.addPass(createArithToLLVMConversionPass());
+  pm.addPass(createConvertIndexToLLVMPass());
+  pm.addPass(createConvertControlFlowToLLVMPass());
+  pm.addPass(createConvertFuncToLLVMPass());
+  pm.addPass(createReconcileUnrealizedCastsPass());
+  pm.addPass(createCanonicalizerPass());
+  return pm.run(module);
+}
+
+std::string emitObject(ModuleOp module, const std::string &path, const ObjectOptions &options) {
+  llvm::InitializeNativeTarget();
+  llvm::InitializeNativeTargetAsmPrinter();
+  llvm::InitializeNativeTargetAsmParser();
+  registerBuiltinDialectTranslation(*module.getContext());
+  registerLLVMDialectTranslation(*module.getContext());
+
+  llvm::LLVMContext llvmContext;
+  std::unique_ptr<llvm::Module> llvmModule = translateModuleToLLVMIR(module, llvmContext);
+  if (!llvmModule)
+    return "cannot translate the kernels to LLVM IR";
+
+  std::string triple = llvm::sys::getDefaultTargetTriple();
+  std::string error;
+  const llvm::Target *target = llvm::TargetRegistry::lookupTarget(triple, error);
+  if (!target)
+    return "no LLVM target for " + triple + ": " + error;
+  std::string cpu = options.cpu.empty() ? llvm::sys::getHostCPUName().str() : options.cpu;
+  std::string features;
+  if (options.cpu.empty())
+    for (auto &feature : llvm::sys::getHostCPUFeatures())
+      features += (features.empty() ? "" : ",") + std::string(feature.second ? "+" : "-") + feature.first().str();
+  llvm::TargetOptions targetOptions;
+  std::unique_ptr<llvm::TargetMachine> machine(target->createTargetMachine(
+      triple, cpu, features, targetOptions, llvm::Reloc::PIC_, std::nullopt, llvm::CodeGenOptLevel::Aggressive));
+  if (!machine)
+    return "cannot create a target machine for CPU '" + cpu + "'";
+  if (!options.cpu.empty() && !machine->getMCSubtargetInfo()->isCPUStringValid(cpu))
+    return "unknown CPU '" + cpu + "' for " + triple + " (try `llc -mcpu=help`)";
+  llvmModule->setDataLayout(machine->createDataLayout());
+  llvmModule->setTargetTriple(triple);
+
+  if (!options.embeddedWeightsFile.empty()) {
+    // The weights go into .rodata straight from the file: no 100 MB constant
+    // ever passes through LLVM's optimizer.
+    const std::string &sym = options.embeddedSymbol;
+    llvmModule->appendModuleInlineAsm(".section .rodata\n.globl " + sym + "\n.type " + sym +
+                                      ",@object\n.balign 64\n" + sym + ":\n.incbin \"" +
+                                      options.embeddedWeightsFile + "\"\n.text\n");
+  }
+
+  // O3 over the whole module, tuned for the target.
+  llvm::LoopAnalysisManager lam;
+  llvm::FunctionAnalysisManager fam;
+  llvm::CGSCCAnalysisManager cgam;
+  llvm::ModuleAnalysisManager mam;
+  llvm::PassBuilder builder(machine.get());
+  builder.registerModuleAnalyses(mam);
+  builder.registerCGSCCAnalyses(cgam);
+  builder.registerFunctionAnalyses(fam);
+  builder.registerLoopAnalyses(lam);
+  builder.crossRegisterProxies(lam, fam, cgam, mam);
+  builder.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O3).run(*llvmModule, mam);
+
+  std::error_code ec;
+  llvm::raw_fd_ostream out(path, ec, llvm::sys::fs::OF_None);
+  if (ec)
+    return path + ": " + ec.message();
+  llvm::legacy::PassManager codegen;
+  if (machine->addPassesToEmitFile(codegen, out, nullptr, llvm::CodeGenFileType::ObjectFile))
+    return "the target cannot emit object files";
+  codegen.run(*llvmModule);
+  out.flush();
+  return "";
+}
+
+} // namespace lmcc::codegen

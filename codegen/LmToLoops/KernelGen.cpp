@@ -1,0 +1,719 @@
+//===- KernelGen.cpp - lm IR -> buffer-level loop nests ---------------------===//
+//
+// Lowers each `lm` op of the score/embed entry points to memref buffers and scf
+// loop nests whose bounds and trip counts are the model's constants (d_model,
+// heads, head size, vocabulary) except for batch B and sequence N, the only
+// dynamic dimensions. The meaning of each op is the function of the same name in
+// runtime/reference/Ops.cpp; numerics follow it (double accumulation in
+// LayerNorm, softmax, log-softmax, pooling and scores).
+//
+// Dynamic dimensions: in every lm tensor type, the first `?` is the batch B and
+// every further `?` is the sequence length N (keys included: self-attention).
+//
+//===----------------------------------------------------------------------===//
+#include "codegen/LmToLoops/KernelGen.h"
+
+#include "dialect/LmDialect.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+#include "mlir/Dialect/Math/IR/Math.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/IRMapping.h"
+#include "mlir/IR/Verifier.h"
+
+#include <cmath>
+#include <functional>
+
+using namespace mlir;
+
+namespace lmcc::codegen {
+namespace {
+
+class KernelGen {
+public:
+  KernelGen(MLIRContext *ctx, const ModelSpec &spec, const std::map<std::string, int64_t> &offsets)
+      : b(ctx), loc(b.getUnknownLoc()), spec(spec), offsets(offsets) {}
+
+  OwningOpRef<ModuleOp> run(ModuleOp lm) {
+    OwningOpRef<ModuleOp> out = ModuleOp::create(loc);
+    b.setInsertionPointToEnd(out->getBody());
+    declareRuntime();
+    for (StringRef entry : {"score", "embed"}) {
+      auto fn = lm.lookupSymbol<func::FuncOp>(entry);
+      if (!fn) {
+        lm.emitError() << "lm module has no @" << entry << " entry point";
+        return nullptr;
+      }
+      if (failed(kernel(fn, entry == "score")))
+        return nullptr;
+    }
+    if (failed(verify(*out)))
+      return nullptr;
+    return out;
+  }
+
+private:
+  // --- constants and types ---------------------------------------------------
+  Value idx(int64_t v) { return b.create<arith::ConstantIndexOp>(loc, v); }
+  Value f32c(double v) { return b.create<arith::ConstantOp>(loc, b.getF32FloatAttr(float(v))); }
+  Value f64c(double v) { return b.create<arith::ConstantOp>(loc, b.getF64FloatAttr(v)); }
+  Value i32c(int64_t v) { return b.create<arith::ConstantOp>(loc, b.getI32IntegerAttr(int32_t(v))); }
+  Value i64c(int64_t v) { return b.create<arith::ConstantOp>(loc, b.getI64IntegerAttr(v)); }
+  Type f32() { return b.getF32Type(); }
+  Type f64() { return b.getF64Type(); }
+  Type i32() { return b.getI32Type(); }
+
+  /// Runtime sizes of a tensor type: first `?` = B, later `?` = N.
+  SmallVector<Value> sizes(ShapedType t) {
+    SmallVector<Value> out;
+    bool seenBatch = false;
+    for (int64_t d : t.getShape()) {
+      if (ShapedType::isDynamic(d)) {
+        out.push_back(seenBatch ? N : B);
+        seenBatch = true;
+      } else {
+        out.push_back(idx(d));
+      }
+    }
+    return out;
+  }
+
+  /// A fresh buffer for a tensor value, freed at the end of the current scope.
+  Value alloc(ShapedType t) {
+    SmallVector<Value> dyn;
+    SmallVector<Value> all = sizes(t);
+    for (auto [i, d] : llvm::enumerate(t.getShape()))
+      if (ShapedType::isDynamic(d))
+        dyn.push_back(all[i]);
+    auto type = MemRefType::get(t.getShape(), t.getElementType());
+    Value m = b.create<memref::AllocOp>(loc, type, dyn, b.getI64IntegerAttr(64));
+    scopes.back().push_back(m);
+    return m;
+  }
+
+  // --- loops -----------------------------------------------------------------
+  /// for i0 < ubs[0], i1 < ubs[1], ...: body(ivs). The builder ends after the nest.
+  void nest(ArrayRef<Value> ubs, const std::function<void(ValueRange)> &body) {
+    OpBuilder::InsertionGuard guard(b);
+    SmallVector<Value> ivs;
+    Value zero = idx(0), one = idx(1);
+    for (Value ub : ubs) {
+      auto loop = b.create<scf::ForOp>(loc, zero, ub, one);
+      b.setInsertionPointToStart(loop.getBody());
+      ivs.push_back(loop.getInductionVar());
+    }
+    body(ivs);
+  }
+
+  /// acc = init; for i in [lb, ub): acc = step(i, acc); returns acc.
+  Value reduce(Value lb, Value ub, Value init, const std::function<Value(Value, Value)> &step) {
+    auto loop = b.create<scf::ForOp>(loc, lb, ub, idx(1), ValueRange{init});
+    {
+      OpBuilder::InsertionGuard guard(b);
+      b.setInsertionPointToStart(loop.getBody());
+      Value next = step(loop.getInductionVar(), loop.getRegionIterArgs()[0]);
+      b.create<scf::YieldOp>(loc, next);
+    }
+    return loop.getResult(0);
+  }
+
+  /// if (cond) then(); — no results.
+  void when(Value cond, const std::function<void()> &then) {
+    auto op = b.create<scf::IfOp>(loc, cond, /*withElseRegion=*/false);
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(op.thenBlock());
+    then();
+  }
+
+  /// cond ? then() : otherwise() as a value, only the taken branch executes.
+  Value choose(Value cond, Type type, const std::function<Value()> &then, const std::function<Value()> &otherwise) {
+    auto op = b.create<scf::IfOp>(loc, TypeRange{type}, cond, /*withElseRegion=*/true);
+    {
+      OpBuilder::InsertionGuard guard(b);
+      b.setInsertionPointToStart(op.thenBlock());
+      b.create<scf::YieldOp>(loc, then());
+      b.setInsertionPointToStart(op.elseBlock());
+      b.create<scf::YieldOp>(loc, otherwise());
+    }
+    return op.getResult(0);
+  }
+
+  Value load(Value m, ValueRange ivs) { return b.create<memref::LoadOp>(loc, m, ivs); }
+  void store(Value v, Value m, ValueRange ivs) { b.create<memref::StoreOp>(loc, v, m, ivs); }
+  Value lengthOf(Value b_) { return b.create<arith::IndexCastOp>(loc, b.getIndexType(), load(lengths, b_)); }
+  Value lt(Value x, Value y) { return b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::slt, x, y); }
+  Value le(Value x, Value y) { return b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::sle, x, y); }
+  Value ge(Value x, Value y) { return b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::sge, x, y); }
+  Value ne(Value x, Value y) { return b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ne, x, y); }
+  Value eqI(Value x, Value y) { return b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, x, y); }
+  Value andI(Value x, Value y) { return b.create<arith::AndIOp>(loc, x, y); }
+  Value orI(Value x, Value y) { return b.create<arith::OrIOp>(loc, x, y); }
+  Value select(Value c, Value x, Value y) { return b.create<arith::SelectOp>(loc, c, x, y); }
+  Value toF64(Value x) { return b.create<arith::ExtFOp>(loc, f64(), x); }
+  Value toF32(Value x) { return b.create<arith::TruncFOp>(loc, f32(), x); }
+
+  /// The buffer's aligned base address (+ `offsetFloats` floats) as an LLVM pointer.
+  Value pointer(Value m) {
+    Value base = b.create<memref::ExtractAlignedPointerAsIndexOp>(loc, m);
+    Value addr = b.create<arith::IndexCastOp>(loc, b.getI64Type(), base);
+    auto it = viewOffset.find(m);
+    if (it != viewOffset.end() && it->second)
+      addr = b.create<arith::AddIOp>(loc, addr, i64c(it->second * 4));
+    return b.create<LLVM::IntToPtrOp>(loc, LLVM::LLVMPointerType::get(b.getContext()), addr);
+  }
+
+  void declareRuntime() {
+    auto ptr = LLVM::LLVMPointerType::get(b.getContext());
+    Type i64 = b.getI64Type();
+    auto type = b.getFunctionType({i64, i64, i64, ptr, i64, ptr, i64, ptr, ptr, i64}, {});
+    auto fn = b.create<func::FuncOp>(loc, "lm_rt_sgemm_nt", type);
+    fn.setPrivate();
+  }
+
+  // --- entry points ----------------------------------------------------------
+  LogicalResult kernel(func::FuncOp fn, bool score) {
+    auto dyn = ShapedType::kDynamic;
+    auto m1f = MemRefType::get({dyn}, f32()), m2f = MemRefType::get({dyn, dyn}, f32());
+    auto m1i = MemRefType::get({dyn}, i32()), m2i = MemRefType::get({dyn, dyn}, i32());
+    SmallVector<Type> args = {m1f, m2i, m1i};
+    if (score)
+      args.append({m2f, m1f, m1i});
+    else
+      args.push_back(m2f);
+    std::string name = spec.name + (score ? "_score_kernel" : "_embed_kernel");
+    OpBuilder::InsertionGuard guard(b);
+    auto kfn = b.create<func::FuncOp>(loc, name, b.getFunctionType(args, {}));
+    kfn->setAttr("llvm.emit_c_interface", b.getUnitAttr());
+    Block *entry = kfn.addEntryBlock();
+    b.setInsertionPointToStart(entry);
+    weights = entry->getArgument(0);
+    Value ids = entry->getArgument(1);
+    lengths = entry->getArgument(2);
+    outputs.assign(entry->getArguments().begin() + 3, entry->getArguments().end());
+    B = b.create<memref::DimOp>(loc, ids, 0);
+    N = b.create<memref::DimOp>(loc, ids, 1);
+    buffers.clear();
+    viewOffset.clear();
+    buffers[fn.getArgument(0)] = ids;
+    buffers[fn.getArgument(1)] = lengths;
+    scopes.emplace_back();
+    for (Operation &op : fn.getBody().front().without_terminator())
+      if (failed(lower(&op)))
+        return failure();
+    closeScope();
+    b.create<func::ReturnOp>(loc);
+    return success();
+  }
+
+  void closeScope() {
+    for (Value m : scopes.back())
+      b.create<memref::DeallocOp>(loc, m);
+    scopes.pop_back();
+  }
+
+  Value in(Value tensor) { return buffers.lookup(tensor); }
+  ShapedType typeOf(Value v) { return llvm::cast<ShapedType>(v.getType()); }
+
+  // --- ops -------------------------------------------------------------------
+  LogicalResult lower(Operation *op) {
+    if (auto w = dyn_cast<lm::WeightOp>(op))
+      return lowerWeight(w);
+    if (auto e = dyn_cast<lm::EmbedOp>(op)) {
+      // out[b, t, :] = table[ids[b, t], :]
+      Value table = in(e.getTable()), ids = in(e.getIds()), out = alloc(e.getType());
+      auto s = sizes(e.getType());
+      nest(s, [&](ValueRange iv) {
+        Value id = b.create<arith::IndexCastOp>(loc, b.getIndexType(), load(ids, {iv[0], iv[1]}));
+        store(load(table, {id, iv[2]}), out, iv);
+      });
+      return set(e, out);
+    }
+    if (auto p = dyn_cast<lm::PositionsOp>(op))
+      return lowerPositions(p);
+    if (auto f = dyn_cast<lm::FillIdsOp>(op)) {
+      Value out = alloc(f.getType());
+      Value v = i32c(f.getValue());
+      nest(sizes(f.getType()), [&](ValueRange iv) { store(v, out, iv); });
+      return set(f, out);
+    }
+    if (auto a = dyn_cast<lm::AddOp>(op))
+      return elementwise2(a, a.getLhs(), a.getRhs(), [&](Value x, Value y) { return b.create<arith::AddFOp>(loc, x, y); });
+    if (auto s = dyn_cast<lm::ScaleOp>(op)) {
+      Value k = f32c(s.getFactor().convertToFloat());
+      return elementwise1(s, s.getInput(), [&](Value x) { return b.create<arith::MulFOp>(loc, x, k); });
+    }
+    if (auto g = dyn_cast<lm::GeluOp>(op))
+      return elementwise1(g, g.getInput(), [&](Value x) { return gelu(x, g.getApproximate()); });
+    if (auto r = dyn_cast<lm::ReluOp>(op))
+      return elementwise1(r, r.getInput(), [&](Value x) {
+        Value zero = f32c(0);
+        return select(b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGT, x, zero), x, zero);
+      });
+    if (auto l = dyn_cast<lm::LinearOp>(op))
+      return lowerLinear(l);
+    if (auto n = dyn_cast<lm::LayerNormOp>(op))
+      return lowerLayerNorm(n);
+    if (auto s = dyn_cast<lm::SplitHeadsOp>(op)) {
+      // out[b, h, t, e] = in[b, t, h*dh + e]
+      Value x = in(s.getInput()), out = alloc(s.getType());
+      int64_t dh = s.getType().getDimSize(3);
+      nest(sizes(s.getType()), [&](ValueRange iv) {
+        Value c = b.create<arith::AddIOp>(loc, b.create<arith::MulIOp>(loc, iv[1], idx(dh)), iv[3]);
+        store(load(x, {iv[0], iv[2], c}), out, iv);
+      });
+      return set(s, out);
+    }
+    if (auto m = dyn_cast<lm::MergeHeadsOp>(op)) {
+      // out[b, t, h*dh + e] = in[b, h, t, e]
+      Value x = in(m.getInput()), out = alloc(m.getType());
+      auto xt = typeOf(m.getInput());
+      nest(sizes(xt), [&](ValueRange iv) {
+        Value c = b.create<arith::AddIOp>(loc, b.create<arith::MulIOp>(loc, iv[1], idx(xt.getDimSize(3))), iv[3]);
+        store(load(x, iv), out, {iv[0], iv[2], c});
+      });
+      return set(m, out);
+    }
+    if (auto m = dyn_cast<lm::MatmulOp>(op))
+      return lowerMatmul(m);
+    if (auto m = dyn_cast<lm::MaskFillOp>(op))
+      return lowerMaskFill(m);
+    if (auto s = dyn_cast<lm::SoftmaxOp>(op))
+      return lowerSoftmax(s);
+    if (auto r = dyn_cast<lm::RelativeScoresOp>(op))
+      return lowerRelativeScores(r);
+    if (auto r = dyn_cast<lm::RelativeValuesOp>(op))
+      return lowerRelativeValues(r);
+    if (auto l = dyn_cast<lm::LogSoftmaxOp>(op))
+      return lowerLogSoftmax(l);
+    if (auto g = dyn_cast<lm::GatherOp>(op))
+      return lowerGather(g);
+    if (auto s = dyn_cast<lm::SentenceScoreOp>(op))
+      return lowerSentenceScore(s);
+    if (auto m = dyn_cast<lm::MeanPoolOp>(op))
+      return lowerMeanPool(m);
+    if (auto m = dyn_cast<lm::MaskAndPredictOp>(op))
+      return lowerMaskAndPredict(m);
+    return op->emitOpError("has no CPU lowering yet");
+  }
+
+  LogicalResult set(Operation *op, Value buffer) {
+    buffers[op->getResult(0)] = buffer;
+    return success();
+  }
+
+  LogicalResult lowerWeight(lm::WeightOp w) {
+    auto it = offsets.find(w.getName().str());
+    if (it == offsets.end())
+      return w.emitOpError("names a tensor the weight layout does not have: ") << w.getName();
+    auto t = w.getType();
+    SmallVector<int64_t> strides(t.getRank(), 1);
+    for (int64_t i = t.getRank() - 2; i >= 0; --i)
+      strides[i] = strides[i + 1] * t.getDimSize(i + 1);
+    auto layout = StridedLayoutAttr::get(b.getContext(), it->second, strides);
+    auto type = MemRefType::get(t.getShape(), f32(), layout);
+    Value view = b.create<memref::ReinterpretCastOp>(loc, type, weights, it->second, t.getShape(), strides);
+    viewOffset[view] = it->second;
+    return set(w, view);
+  }
+
+  LogicalResult lowerPositions(lm::PositionsOp p) {
+    Value out = alloc(p.getType());
+    int64_t D = p.getType().getDimSize(2);
+    if (Value tableT = p.getTable()) {
+      Value table = in(tableT);
+      nest(sizes(p.getType()), [&](ValueRange iv) { store(load(table, {iv[1], iv[2]}), out, iv); });
+    } else {
+      // P[t, c] = sin/cos(t / 10000^((c - c % 2) / D)), in double, rounded to float.
+      nest(sizes(p.getType()), [&](ValueRange iv) {
+        Value two = idx(2);
+        Value parity = b.create<arith::RemUIOp>(loc, iv[2], two);
+        Value even = b.create<arith::SubIOp>(loc, iv[2], parity);
+        auto asF64 = [&](Value i) {
+          return b.create<arith::SIToFPOp>(loc, f64(), b.create<arith::IndexCastOp>(loc, b.getI64Type(), i));
+        };
+        Value expo = b.create<arith::DivFOp>(loc, asF64(even), f64c(double(D)));
+        Value denom = b.create<math::PowFOp>(loc, f64c(10000.0), expo);
+        Value angle = b.create<arith::DivFOp>(loc, asF64(iv[1]), denom);
+        Value isEven = eqI(parity, idx(0));
+        Value v = select(isEven, b.create<math::SinOp>(loc, angle), b.create<math::CosOp>(loc, angle));
+        store(toF32(v), out, iv);
+      });
+    }
+    return set(p, out);
+  }
+
+  LogicalResult elementwise1(Operation *op, Value x, const std::function<Value(Value)> &f) {
+    Value src = in(x), out = alloc(typeOf(op->getResult(0)));
+    nest(sizes(typeOf(x)), [&](ValueRange iv) { store(f(load(src, iv)), out, iv); });
+    return set(op, out);
+  }
+
+  LogicalResult elementwise2(Operation *op, Value x, Value y, const std::function<Value(Value, Value)> &f) {
+    Value a = in(x), c = in(y), out = alloc(typeOf(op->getResult(0)));
+    nest(sizes(typeOf(x)), [&](ValueRange iv) { store(f(load(a, iv), load(c, iv)), out, iv); });
+    return set(op, out);
+  }
+
+  /// gelu(x) = x * 0.5 * (1 + erf(x / sqrt 2)); tanh form 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3))).
+  Value gelu(Value x, bool approximate) {
+    if (!approximate) {
+      Value e = b.create<math::ErfOp>(loc, b.create<arith::DivFOp>(loc, x, f32c(std::sqrt(2.0f))));
+      Value half = b.create<arith::MulFOp>(loc, x, f32c(0.5));
+      return b.create<arith::MulFOp>(loc, half, b.create<arith::AddFOp>(loc, f32c(1), e));
+    }
+    Value x3 = b.create<arith::MulFOp>(loc, b.create<arith::MulFOp>(loc, x, x), x);
+    Value inner = b.create<arith::AddFOp>(loc, x, b.create<arith::MulFOp>(loc, f32c(0.044715f), x3));
+    Value t = b.create<math::TanhOp>(loc, b.create<arith::MulFOp>(loc, f32c(std::sqrt(2.0f / float(M_PI))), inner));
+    Value half = b.create<arith::MulFOp>(loc, f32c(0.5), x);
+    return b.create<arith::MulFOp>(loc, half, b.create<arith::AddFOp>(loc, f32c(1), t));
+  }
+
+  /// y[rows, out] = x[rows, in] W[out, in]^T + bias through the runtime GEMM.
+  LogicalResult lowerLinear(lm::LinearOp l) {
+    auto xt = typeOf(l.getInput());
+    auto wt = typeOf(l.getWeight());
+    Value out = alloc(l.getType());
+    auto s = sizes(xt);
+    Value rows = idx(1);
+    for (size_t i = 0; i + 1 < s.size(); ++i)
+      rows = b.create<arith::MulIOp>(loc, rows, s[i]);
+    Value m = b.create<arith::IndexCastOp>(loc, b.getI64Type(), rows);
+    int64_t outF = wt.getDimSize(0), inF = wt.getDimSize(1);
+    Value bias = l.getBias() ? pointer(in(l.getBias()))
+                             : Value(b.create<LLVM::ZeroOp>(loc, LLVM::LLVMPointerType::get(b.getContext())));
+    b.create<func::CallOp>(loc, "lm_rt_sgemm_nt", TypeRange{},
+                           ValueRange{m, i64c(outF), i64c(inF), pointer(in(l.getInput())), i64c(inF),
+                                      pointer(in(l.getWeight())), i64c(inF), bias, pointer(out), i64c(outF)});
+    return set(l, out);
+  }
+
+  LogicalResult lowerLayerNorm(lm::LayerNormOp n) {
+    Value x = in(n.getInput()), g = in(n.getGamma()), beta = in(n.getBeta()), out = alloc(n.getType());
+    auto s = sizes(n.getType());
+    int64_t C = n.getType().getShape().back();
+    double eps = n.getEpsilon().convertToDouble();
+    SmallVector<Value> rows(s.begin(), s.end() - 1);
+    nest(rows, [&](ValueRange iv) {
+      auto at = [&](Value c) {
+        SmallVector<Value> i(iv.begin(), iv.end());
+        i.push_back(c);
+        return i;
+      };
+      Value sum = reduce(idx(0), idx(C), f64c(0), [&](Value c, Value acc) {
+        return b.create<arith::AddFOp>(loc, acc, toF64(load(x, at(c))));
+      });
+      Value mean = b.create<arith::DivFOp>(loc, sum, f64c(double(C)));
+      Value sq = reduce(idx(0), idx(C), f64c(0), [&](Value c, Value acc) {
+        Value d = b.create<arith::SubFOp>(loc, toF64(load(x, at(c))), mean);
+        return b.create<arith::AddFOp>(loc, acc, b.create<arith::MulFOp>(loc, d, d));
+      });
+      Value var = b.create<arith::DivFOp>(loc, sq, f64c(double(C)));
+      Value inv = b.create<arith::DivFOp>(loc, f64c(1), b.create<math::SqrtOp>(loc, b.create<arith::AddFOp>(loc, var, f64c(eps))));
+      nest({idx(C)}, [&](ValueRange c) {
+        Value norm = toF32(b.create<arith::MulFOp>(loc, b.create<arith::SubFOp>(loc, toF64(load(x, at(c[0]))), mean), inv));
+        Value y = b.create<arith::AddFOp>(loc, b.create<arith::MulFOp>(loc, norm, load(g, c[0])), load(beta, c[0]));
+        store(y, out, at(c[0]));
+      });
+    });
+    return set(n, out);
+  }
+
+  LogicalResult lowerMatmul(lm::MatmulOp m) {
+    auto at = typeOf(m.getLhs());
+    if (at.getRank() != 4)
+      return m.emitOpError("CPU lowering handles [B, H, M, K] operands only");
+    Value lhs = in(m.getLhs()), rhs = in(m.getRhs()), out = alloc(m.getType());
+    bool t = m.getTransposeRhs();
+    Value K = sizes(at)[3];
+    nest(sizes(m.getType()), [&](ValueRange iv) {
+      Value acc = reduce(idx(0), K, f32c(0), [&](Value k, Value acc) {
+        Value a = load(lhs, {iv[0], iv[1], iv[2], k});
+        Value c = t ? load(rhs, {iv[0], iv[1], iv[3], k}) : load(rhs, {iv[0], iv[1], k, iv[3]});
+        return b.create<arith::AddFOp>(loc, acc, b.create<arith::MulFOp>(loc, a, c));
+      });
+      store(acc, out, iv);
+    });
+    return set(m, out);
+  }
+
+  /// Key j visible to query i: j < length and the mask kind's predicate.
+  Value visible(lm::MaskKind kind, Value i, Value j, Value length) {
+    Value v = lt(j, length);
+    switch (kind) {
+    case lm::MaskKind::none: return v;
+    case lm::MaskKind::causal: return andI(v, le(j, i));
+    case lm::MaskKind::anticausal: return andI(v, ge(j, i));
+    case lm::MaskKind::diagonal: return andI(v, ne(j, i));
+    default: return Value();
+    }
+  }
+
+  LogicalResult lowerMaskFill(lm::MaskFillOp m) {
+    if (m.getMaskData())
+      return m.emitOpError("masks with per-row data (directional, explicit) have no CPU lowering yet");
+    Value s = in(m.getScores()), out = alloc(m.getType());
+    Value negInf = f32c(-INFINITY);
+    nest(sizes(m.getType()), [&](ValueRange iv) {
+      Value vis = visible(m.getMask(), iv[2], iv[3], lengthOf(iv[0]));
+      store(select(vis, load(s, iv), negInf), out, iv);
+    });
+    return set(m, out);
+  }
+
+  /// Row-wise max of the last axis.
+  Value rowMax(Value x, SmallVector<Value> row, Value C) {
+    return reduce(idx(0), C, f32c(-INFINITY), [&](Value c, Value acc) {
+      row.push_back(c);
+      Value v = load(x, row);
+      row.pop_back();
+      return b.create<arith::MaximumFOp>(loc, acc, v);
+    });
+  }
+
+  LogicalResult lowerSoftmax(lm::SoftmaxOp s) {
+    // p_j = exp(x_j - max) / sum_k exp(x_k - max) in double; a row of -inf gives zeros.
+    Value x = in(s.getInput()), out = alloc(s.getType());
+    auto sz = sizes(s.getType());
+    Value C = sz.back();
+    SmallVector<Value> rows(sz.begin(), sz.end() - 1);
+    nest(rows, [&](ValueRange iv) {
+      SmallVector<Value> row(iv.begin(), iv.end());
+      Value max = rowMax(x, row, C);
+      Value maxD = toF64(max);
+      Value allMasked = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OEQ, max, f32c(-INFINITY));
+      Value sum = reduce(idx(0), C, f64c(0), [&](Value c, Value acc) {
+        row.push_back(c);
+        Value e = b.create<math::ExpOp>(loc, b.create<arith::SubFOp>(loc, toF64(load(x, row)), maxD));
+        row.pop_back();
+        return b.create<arith::AddFOp>(loc, acc, e);
+      });
+      nest({C}, [&](ValueRange c) {
+        row.push_back(c[0]);
+        Value e = b.create<math::ExpOp>(loc, b.create<arith::SubFOp>(loc, toF64(load(x, row)), maxD));
+        Value p = toF32(b.create<arith::DivFOp>(loc, e, sum));
+        store(select(allMasked, f32c(0), p), out, row);
+        row.pop_back();
+      });
+    });
+    return set(s, out);
+  }
+
+  LogicalResult lowerLogSoftmax(lm::LogSoftmaxOp l) {
+    // y_j = x_j - (max + log sum_k exp(x_k - max)), in double.
+    Value x = in(l.getInput()), out = alloc(l.getType());
+    auto sz = sizes(l.getType());
+    Value C = sz.back();
+    SmallVector<Value> rows(sz.begin(), sz.end() - 1);
+    nest(rows, [&](ValueRange iv) {
+      SmallVector<Value> row(iv.begin(), iv.end());
+      Value maxD = toF64(rowMax(x, row, C));
+      Value sum = reduce(idx(0), C, f64c(0), [&](Value c, Value acc) {
+        row.push_back(c);
+        Value e = b.create<math::ExpOp>(loc, b.create<arith::SubFOp>(loc, toF64(load(x, row)), maxD));
+        row.pop_back();
+        return b.create<arith::AddFOp>(loc, acc, e);
+      });
+      Value lse = b.create<arith::AddFOp>(loc, maxD, b.create<math::LogOp>(loc, sum));
+      nest({C}, [&](ValueRange c) {
+        row.push_back(c[0]);
+        store(toF32(b.create<arith::SubFOp>(loc, toF64(load(x, row)), lse)), out, row);
+        row.pop_back();
+      });
+    });
+    return set(l, out);
+  }
+
+  Value relativeIndex(Value i, Value j, int64_t k) {
+    Value d = b.create<arith::SubIOp>(loc, j, i);
+    d = b.create<arith::MaxSIOp>(loc, d, idx(-k));
+    d = b.create<arith::MinSIOp>(loc, d, idx(k));
+    return b.create<arith::AddIOp>(loc, d, idx(k));
+  }
+
+  LogicalResult lowerRelativeScores(lm::RelativeScoresOp r) {
+    // out[b,h,i,j] = q[b,h,i] . rel[clip(j - i) + k]
+    Value q = in(r.getQuery()), rel = in(r.getRel()), out = alloc(r.getType());
+    int64_t dh = typeOf(r.getQuery()).getDimSize(3), k = r.getClip();
+    nest(sizes(r.getType()), [&](ValueRange iv) {
+      Value ri = relativeIndex(iv[2], iv[3], k);
+      Value acc = reduce(idx(0), idx(dh), f32c(0), [&](Value e, Value acc) {
+        return b.create<arith::AddFOp>(
+            loc, acc, b.create<arith::MulFOp>(loc, load(q, {iv[0], iv[1], iv[2], e}), load(rel, {ri, e})));
+      });
+      store(acc, out, iv);
+    });
+    return set(r, out);
+  }
+
+  LogicalResult lowerRelativeValues(lm::RelativeValuesOp r) {
+    // out[b,h,i,e] = sum_j p[b,h,i,j] rel[clip(j - i) + k, e]
+    Value p = in(r.getProbs()), rel = in(r.getRel()), out = alloc(r.getType());
+    int64_t k = r.getClip();
+    Value M = sizes(typeOf(r.getProbs()))[3];
+    nest(sizes(r.getType()), [&](ValueRange iv) {
+      Value acc = reduce(idx(0), M, f32c(0), [&](Value j, Value acc) {
+        Value ri = relativeIndex(iv[2], j, k);
+        return b.create<arith::AddFOp>(
+            loc, acc, b.create<arith::MulFOp>(loc, load(p, {iv[0], iv[1], iv[2], j}), load(rel, {ri, iv[3]})));
+      });
+      store(acc, out, iv);
+    });
+    return set(r, out);
+  }
+
+  LogicalResult lowerGather(lm::GatherOp g) {
+    // out[b, t] = lp[b, t - shift, ids[b, t]] for shift <= t < length, else 0
+    Value lp = in(g.getLogprobs()), ids = in(g.getTargets()), out = alloc(g.getType());
+    int64_t shift = g.getShift();
+    nest(sizes(g.getType()), [&](ValueRange iv) {
+      Value valid = andI(ge(iv[1], idx(shift)), lt(iv[1], lengthOf(iv[0])));
+      Value v = choose(
+          valid, f32(),
+          [&] {
+            Value id = b.create<arith::IndexCastOp>(loc, b.getIndexType(), load(ids, {iv[0], iv[1]}));
+            return load(lp, {iv[0], b.create<arith::SubIOp>(loc, iv[1], idx(shift)), id});
+          },
+          [&] { return f32c(0); });
+      store(v, out, iv);
+    });
+    return set(g, out);
+  }
+
+  Value isOneOf(Value id, ArrayRef<int32_t> tokens) {
+    Value hit = b.create<arith::ConstantOp>(loc, b.getBoolAttr(false));
+    for (int32_t t : tokens)
+      hit = orI(hit, eqI(id, i32c(t)));
+    return hit;
+  }
+
+  LogicalResult lowerSentenceScore(lm::SentenceScoreOp s) {
+    if (outputs.size() != 3)
+      return s.emitOpError("appears outside the score entry point");
+    Value lp = in(s.getLogprobs()), ids = in(s.getIds());
+    Value tokenLp = outputs[0], scores = outputs[1], nScored = outputs[2];
+    int64_t first = s.getFirst();
+    SmallVector<int32_t> skip(s.getSkip());
+    nest({B}, [&](ValueRange bi) {
+      Value len = lengthOf(bi[0]);
+      auto loop = b.create<scf::ForOp>(loc, idx(0), N, idx(1), ValueRange{f64c(0), i32c(0)});
+      {
+        OpBuilder::InsertionGuard guard(b);
+        b.setInsertionPointToStart(loop.getBody());
+        Value t = loop.getInductionVar();
+        Value id = load(ids, {bi[0], t});
+        Value keep = andI(andI(ge(t, idx(first)), lt(t, len)),
+                          b.create<arith::XOrIOp>(loc, isOneOf(id, skip),
+                                                  b.create<arith::ConstantOp>(loc, b.getBoolAttr(true))));
+        Value v = select(keep, load(lp, {bi[0], t}), f32c(0));
+        store(v, tokenLp, {bi[0], t});
+        Value acc = b.create<arith::AddFOp>(loc, loop.getRegionIterArgs()[0], toF64(v));
+        Value cnt = b.create<arith::AddIOp>(loc, loop.getRegionIterArgs()[1],
+                                            b.create<arith::ExtUIOp>(loc, i32(), keep));
+        b.create<scf::YieldOp>(loc, ValueRange{acc, cnt});
+      }
+      store(toF32(loop.getResult(0)), scores, bi[0]);
+      store(loop.getResult(1), nScored, bi[0]);
+    });
+    return success();
+  }
+
+  LogicalResult lowerMeanPool(lm::MeanPoolOp m) {
+    if (outputs.size() != 1)
+      return m.emitOpError("appears outside the embed entry point");
+    Value h = in(m.getHidden()), ids = in(m.getIds()), out = outputs[0];
+    SmallVector<int32_t> exclude(m.getExclude());
+    int64_t D = m.getType().getDimSize(1);
+    nest({B}, [&](ValueRange bi) {
+      Value len = lengthOf(bi[0]);
+      auto excluded = [&](Value t) { return isOneOf(load(ids, {bi[0], t}), exclude); };
+      Value kept = reduce(idx(0), len, i32c(0), [&](Value t, Value acc) {
+        Value keep = b.create<arith::XOrIOp>(loc, excluded(t), b.create<arith::ConstantOp>(loc, b.getBoolAttr(true)));
+        return b.create<arith::AddIOp>(loc, acc, b.create<arith::ExtUIOp>(loc, i32(), keep));
+      });
+      Value anyKept = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::sgt, kept, i32c(0));
+      Value lenI32 = load(lengths, bi[0]);
+      Value count = select(anyKept, kept, lenI32);
+      Value countF = b.create<arith::SIToFPOp>(loc, f64(), count);
+      nest({idx(D)}, [&](ValueRange c) {
+        Value sum = reduce(idx(0), len, f64c(0), [&](Value t, Value acc) {
+          Value use = orI(b.create<arith::XOrIOp>(loc, anyKept, b.create<arith::ConstantOp>(loc, b.getBoolAttr(true))),
+                          b.create<arith::XOrIOp>(loc, excluded(t), b.create<arith::ConstantOp>(loc, b.getBoolAttr(true))));
+          Value v = select(use, toF64(load(h, {bi[0], t, c[0]})), f64c(0));
+          return b.create<arith::AddFOp>(loc, acc, v);
+        });
+        store(toF32(b.create<arith::DivFOp>(loc, sum, countF)), out, {bi[0], c[0]});
+      });
+    });
+    return success();
+  }
+
+  /// Naive mask-and-predict: for each position i, run the body on the ids with
+  /// column i masked (where i < length) and keep row i of its result.
+  LogicalResult lowerMaskAndPredict(lm::MaskAndPredictOp m) {
+    Value ids = in(m.getIds()), out = alloc(m.getType());
+    auto outSizes = sizes(m.getType());
+    nest(outSizes, [&](ValueRange iv) { store(f32c(0), out, iv); });
+    Value mask = i32c(m.getMaskToken());
+    Block &body = m.getBody().front();
+    auto yield = cast<lm::YieldOp>(body.getTerminator());
+    LogicalResult status = success();
+    nest({N}, [&](ValueRange pos) {
+      Value i = pos[0];
+      scopes.emplace_back();
+      Value masked = alloc(typeOf(m.getIds()));
+      nest({B, N}, [&](ValueRange iv) {
+        Value v = load(ids, iv);
+        Value hit = andI(eqI(iv[1], i), lt(i, lengthOf(iv[0])));
+        store(select(hit, mask, v), masked, iv);
+      });
+      buffers[body.getArgument(0)] = masked;
+      for (Operation &op : body.without_terminator())
+        if (failed(lower(&op))) {
+          status = failure();
+          return;
+        }
+      Value y = in(yield.getValue());
+      SmallVector<Value> rest(outSizes.begin() + 2, outSizes.end());
+      nest({B}, [&](ValueRange bi) {
+        when(lt(i, lengthOf(bi[0])), [&] {
+          nest(rest, [&](ValueRange r) {
+            SmallVector<Value> at = {bi[0], i};
+            at.append(r.begin(), r.end());
+            store(load(y, at), out, at);
+          });
+        });
+      });
+      closeScope();
+    });
+    if (failed(status))
+      return failure();
+    return set(m, out);
+  }
+
+  OpBuilder b;
+  Location loc;
+  const ModelSpec &spec;
+  const std::map<std::string, int64_t> &offsets;
+  // per kernel
+  Value weights, lengths, B, N;
+  SmallVector<Value> outputs;
+  DenseMap<Value, Value> buffers;
+  DenseMap<Value, int64_t> viewOffset;
+  SmallVector<SmallVector<Value>> scopes;
+};
+
+} // namespace
+
+OwningOpRef<ModuleOp> lowerToLoops(ModuleOp lmModule, const ModelSpec &spec,
+                                   const std::map<std::string, int64_t> &weightOffsets) {
+  MLIRContext *ctx = lmModule.getContext();
+  ctx->loadDialect<arith::ArithDialect, func::FuncDialect, math::MathDialect, memref::MemRefDialect,
+                   scf::SCFDialect, LLVM::LLVMDialect>();
+  return KernelGen(ctx, spec, weightOffsets).run(lmModule);
+}
+
+} // namespace lmcc::codegen

@@ -1,0 +1,582 @@
+//===- lmrt.cpp - The lmcc runtime behind every generated library ---------===//
+//
+// Implements the C ABI of lmrt.h:
+//  * loading: safetensors (F32/F16/BF16) or embedded weights into one 64-byte
+//    aligned flat buffer laid out by the model descriptor, with every tensor's
+//    presence, shape and finiteness checked, and unexpected tensors rejected;
+//  * score/embed: every argument validated before anything is written, then the
+//    batch is cut into chunks of consecutive sentences (always the same chunks,
+//    whatever the thread count, so results do not depend on it), each chunk packed
+//    into a dense [rows, n] id matrix padded with the pad id and handed to the
+//    compiled kernel; chunks run in parallel on a oneTBB arena;
+//  * the Eigen GEMM fallback the kernels call (lm_rt_sgemm_nt).
+//
+// Thread safety: a loaded model is read-only and every call works in its own
+// buffers (taken from a per-thread pool, so the steady state does not allocate),
+// so concurrent calls on one model or on different models are safe.
+// No C++ exception crosses the C ABI: every entry point catches everything and
+// turns it into a status code plus the thread's lm_last_error() message.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/lib/lmrt.h"
+#include "runtime/weights/Weights.h"
+
+#define EIGEN_DONT_PARALLELIZE
+#include <Eigen/Core>
+
+#include <tbb/blocked_range.h>
+#include <tbb/info.h>
+#include <tbb/parallel_for.h>
+#include <tbb/partitioner.h>
+#include <tbb/task_arena.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <set>
+#include <string>
+#include <vector>
+
+struct lm_model {
+  const lm_model_desc *desc = nullptr;
+  float *weights = nullptr; ///< desc->total_floats floats, 64-byte aligned
+  void *owned = nullptr;    ///< what lm_rt_free releases (null when the embedded weights are used in place)
+};
+
+namespace {
+
+using lmcc::WeightError;
+
+/// Sentences per chunk. Fixed (not derived from the thread count) so that a sentence is always
+/// computed together with the same neighbours: results are identical for every thread count.
+constexpr int64_t kChunkRows = 8;
+/// Upper bound on the arena size, whatever lm_set_num_threads was given.
+constexpr int kMaxArenaThreads = 1024;
+constexpr size_t kWeightAlignment = 64;
+
+// --- Errors ---------------------------------------------------------------------
+
+thread_local std::string t_error;
+thread_local const char *t_errorText = "";
+
+int fail(int code, const char *message) noexcept {
+  try {
+    t_error = message;
+    t_errorText = t_error.c_str();
+  } catch (...) {
+    t_errorText = "out of memory (while recording an error message)";
+  }
+  return code;
+}
+
+int fail(int code, const std::string &message) noexcept { return fail(code, message.c_str()); }
+
+/// An error with its status code, thrown inside the runtime and turned into a return value at
+/// the C boundary.
+struct Failure {
+  int code;
+  std::string message;
+};
+
+[[noreturn]] void argumentError(std::string message) { throw Failure{LM_ERR_ARGUMENT, std::move(message)}; }
+[[noreturn]] void internalError(std::string message) {
+  throw Failure{LM_ERR_INTERNAL, "internal error: " + std::move(message)};
+}
+
+/// Runs `body` and converts whatever it throws into a status code and a message.
+template <typename F> int guarded(F &&body) noexcept {
+  try {
+    body();
+    return LM_OK;
+  } catch (const Failure &f) {
+    return fail(f.code, f.message);
+  } catch (const WeightError &e) {
+    return fail(LM_ERR_WEIGHTS, e.what());
+  } catch (const std::bad_alloc &) {
+    return fail(LM_ERR_MEMORY, "out of memory");
+  } catch (const std::exception &e) {
+    try {
+      return fail(LM_ERR_INTERNAL, std::string("internal error: ") + e.what());
+    } catch (...) {
+      return fail(LM_ERR_INTERNAL, "internal error");
+    }
+  } catch (...) {
+    return fail(LM_ERR_INTERNAL, "internal error: unknown exception");
+  }
+}
+
+// --- Formatting -------------------------------------------------------------------
+
+/// A name as it appears in messages: quoted, shortened when a hostile file uses a huge one.
+std::string quoted(const std::string &name) {
+  constexpr size_t kMax = 200;
+  if (name.size() <= kMax)
+    return "'" + name + "'";
+  return "'" + name.substr(0, kMax) + "...' (" + std::to_string(name.size()) + " bytes)";
+}
+
+std::string shapeString(const std::vector<int64_t> &shape) {
+  constexpr size_t kMaxDims = 16;
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size() && i < kMaxDims; ++i)
+    s += (i ? ", " : "") + std::to_string(shape[i]);
+  if (shape.size() > kMaxDims)
+    s += ", ... (" + std::to_string(shape.size()) + " dims)";
+  return s + "]";
+}
+
+std::string valueString(float v) {
+  if (std::isnan(v))
+    return "nan";
+  return v > 0 ? "inf" : "-inf";
+}
+
+std::vector<int64_t> descShape(const lm_tensor_desc &t) {
+  return std::vector<int64_t>(t.shape, t.shape + t.rank);
+}
+
+// --- Descriptor ---------------------------------------------------------------
+
+/// Checks the descriptor a generated library passes (a failure here is a compiler bug).
+void checkDescriptor(const lm_model_desc *desc) {
+  if (!desc)
+    argumentError("the model descriptor is NULL");
+  const std::string model = desc->name ? quoted(desc->name) : std::string("(unnamed)");
+  auto bad = [&](const std::string &what) { internalError("model descriptor " + model + ": " + what); };
+  if (!desc->name)
+    bad("name is NULL");
+  if (desc->vocab < 1 || desc->vocab > std::numeric_limits<int32_t>::max())
+    bad("vocab = " + std::to_string(desc->vocab) + " is out of range");
+  if (desc->max_len < 1 || desc->max_len > std::numeric_limits<int32_t>::max())
+    bad("max_len = " + std::to_string(desc->max_len) + " is out of range");
+  if (desc->d_model < 1 || desc->d_model > (int64_t(1) << 32))
+    bad("d_model = " + std::to_string(desc->d_model) + " is out of range");
+  if (desc->pad_id < 0 || desc->pad_id >= desc->vocab)
+    bad("pad_id = " + std::to_string(desc->pad_id) + " is outside the vocabulary");
+  if (desc->num_tensors < 0 || (desc->num_tensors > 0 && !desc->tensors))
+    bad("the tensor table is missing");
+  if (desc->total_floats < 0 ||
+      static_cast<uint64_t>(desc->total_floats) > std::numeric_limits<size_t>::max() / sizeof(float) / 2)
+    bad("total_floats = " + std::to_string(desc->total_floats) + " is out of range");
+  std::set<std::string> names;
+  std::vector<std::pair<int64_t, int64_t>> ranges; // [begin, end) in floats
+  for (int32_t i = 0; i < desc->num_tensors; ++i) {
+    const lm_tensor_desc &t = desc->tensors[i];
+    if (!t.name)
+      bad("tensor " + std::to_string(i) + " has no name");
+    if (!names.insert(t.name).second)
+      bad("tensor " + quoted(t.name) + " appears twice");
+    if (t.rank < 1 || t.rank > 2)
+      bad("tensor " + quoted(t.name) + " has rank " + std::to_string(t.rank));
+    int64_t numel = 1;
+    for (int32_t d = 0; d < t.rank; ++d) {
+      if (t.shape[d] < 1)
+        bad("tensor " + quoted(t.name) + " has shape " + shapeString(descShape(t)));
+      if (t.shape[d] > desc->total_floats / numel) // numel * shape[d] > total_floats, without overflow
+        bad("tensor " + quoted(t.name) + " of shape " + shapeString(descShape(t)) +
+            " does not fit in the weight buffer");
+      numel *= t.shape[d];
+    }
+    if (t.offset < 0 || t.offset % 16 != 0 || t.offset > desc->total_floats - numel)
+      bad("tensor " + quoted(t.name) + " has offset " + std::to_string(t.offset) + " (" +
+          std::to_string(numel) + " floats, buffer of " + std::to_string(desc->total_floats) + ")");
+    ranges.emplace_back(t.offset, t.offset + numel);
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i)
+    if (ranges[i].first < ranges[i - 1].second)
+      bad("tensors overlap in the weight buffer");
+}
+
+// --- Loading ------------------------------------------------------------------
+
+struct FreeDeleter {
+  void operator()(void *p) const noexcept { std::free(p); }
+};
+
+std::unique_ptr<void, FreeDeleter> allocateWeights(int64_t totalFloats) {
+  size_t bytes = static_cast<size_t>(totalFloats) * sizeof(float);
+  bytes = (bytes + kWeightAlignment - 1) / kWeightAlignment * kWeightAlignment;
+  if (bytes == 0)
+    bytes = kWeightAlignment;
+  void *p = std::aligned_alloc(kWeightAlignment, bytes);
+  if (!p)
+    throw std::bad_alloc();
+  return std::unique_ptr<void, FreeDeleter>(p);
+}
+
+lmcc::WeightSet readFile(const std::string &path) {
+  try {
+    return lmcc::readSafetensors(path);
+  } catch (const WeightError &) {
+    throw;
+  } catch (const std::bad_alloc &) {
+    throw;
+  } catch (const std::exception &e) {
+    throw WeightError(path + ": cannot read: " + e.what());
+  }
+}
+
+/// Reads, checks and lays out the weights of `path` into `buffer` (desc->total_floats floats).
+void loadFile(const lm_model_desc *desc, const std::string &path, float *buffer) {
+  lmcc::WeightSet weights = readFile(path);
+  const std::string model = quoted(desc->name);
+
+  // Missing tensors, in the descriptor's (canonical) order.
+  std::set<std::string> expected;
+  int32_t missing = 0;
+  const lm_tensor_desc *firstMissing = nullptr;
+  for (int32_t i = 0; i < desc->num_tensors; ++i) {
+    const lm_tensor_desc &t = desc->tensors[i];
+    expected.insert(t.name);
+    if (!weights.has(t.name)) {
+      ++missing;
+      if (!firstMissing)
+        firstMissing = &t;
+    }
+  }
+  if (firstMissing)
+    throw WeightError(path + ": tensor " + quoted(firstMissing->name) + ": missing (expected shape " +
+                      shapeString(descShape(*firstMissing)) + ")" +
+                      (missing > 1 ? "; " + std::to_string(missing - 1) + " more missing" : std::string()));
+
+  // Tensors the model does not use.
+  for (const auto &entry : weights.tensors)
+    if (!expected.count(entry.first))
+      throw WeightError(path + ": tensor " + quoted(entry.first) + ": unexpected for model " + model +
+                        " (it has no such tensor)");
+
+  // Shapes and values, then copy, in offset order (gaps zeroed); each tensor is released once
+  // copied so that the peak memory stays near one copy of the weights.
+  std::vector<const lm_tensor_desc *> byOffset;
+  for (int32_t i = 0; i < desc->num_tensors; ++i)
+    byOffset.push_back(&desc->tensors[i]);
+  std::sort(byOffset.begin(), byOffset.end(),
+            [](const lm_tensor_desc *a, const lm_tensor_desc *b) { return a->offset < b->offset; });
+  for (const lm_tensor_desc *t : byOffset) {
+    const lmcc::Tensor &tensor = weights.tensors.at(t->name);
+    const std::vector<int64_t> shape = descShape(*t);
+    if (tensor.shape != shape)
+      throw WeightError(path + ": tensor " + quoted(t->name) + ": wrong shape: expected " + shapeString(shape) +
+                        ", got " + shapeString(tensor.shape));
+    for (size_t i = 0; i < tensor.data.size(); ++i)
+      if (!std::isfinite(tensor.data[i]))
+        throw WeightError(path + ": tensor " + quoted(t->name) + ": non-finite value " +
+                          valueString(tensor.data[i]) + " at flat index " + std::to_string(i));
+  }
+  int64_t cursor = 0;
+  for (const lm_tensor_desc *t : byOffset) {
+    auto it = weights.tensors.find(t->name);
+    const std::vector<float> &data = it->second.data;
+    if (t->offset > cursor)
+      std::memset(buffer + cursor, 0, static_cast<size_t>(t->offset - cursor) * sizeof(float));
+    std::memcpy(buffer + t->offset, data.data(), data.size() * sizeof(float));
+    cursor = t->offset + static_cast<int64_t>(data.size());
+    weights.tensors.erase(it);
+  }
+  if (desc->total_floats > cursor)
+    std::memset(buffer + cursor, 0, static_cast<size_t>(desc->total_floats - cursor) * sizeof(float));
+}
+
+void loadImpl(const lm_model_desc *desc, const char *path, lm_model **out) {
+  checkDescriptor(desc);
+  if (!out)
+    argumentError("out is NULL");
+  auto model = std::make_unique<lm_model>();
+  model->desc = desc;
+  if (!path) {
+    if (!desc->embedded_weights)
+      argumentError("weights_path is NULL and model " + quoted(desc->name) +
+                    " was compiled without embedded weights (lmcc compile --embed-weights)");
+    if (reinterpret_cast<uintptr_t>(desc->embedded_weights) % kWeightAlignment == 0) {
+      // Read-only use in place: the kernels never write to the weights.
+      model->weights = const_cast<float *>(desc->embedded_weights);
+    } else {
+      auto buffer = allocateWeights(desc->total_floats);
+      std::memcpy(buffer.get(), desc->embedded_weights, static_cast<size_t>(desc->total_floats) * sizeof(float));
+      model->weights = static_cast<float *>(buffer.get());
+      model->owned = buffer.release();
+    }
+  } else {
+    auto buffer = allocateWeights(desc->total_floats);
+    loadFile(desc, path, static_cast<float *>(buffer.get()));
+    model->weights = static_cast<float *>(buffer.get());
+    model->owned = buffer.release();
+  }
+  *out = model.release();
+}
+
+// --- Threads ------------------------------------------------------------------
+
+std::atomic<int> g_threads{1};
+
+/// One arena per thread count, created on first use and kept for the life of the process
+/// (deliberately never destroyed: arenas must not be torn down during static destruction
+/// while another library may still use oneTBB).
+tbb::task_arena &arenaFor(int threads) {
+  thread_local int t_threads = 0;
+  thread_local tbb::task_arena *t_arena = nullptr; // this thread's last answer, to skip the lock
+  if (t_threads == threads)
+    return *t_arena;
+  static std::mutex mutex;
+  static auto *arenas = new std::map<int, tbb::task_arena *>();
+  std::lock_guard<std::mutex> lock(mutex);
+  tbb::task_arena *&arena = (*arenas)[threads];
+  if (!arena) {
+    auto created = std::make_unique<tbb::task_arena>(threads);
+    created->initialize();
+    arena = created.release();
+  }
+  t_threads = threads;
+  t_arena = arena;
+  return *arena;
+}
+
+/// Calls chunk(begin, rows) for the fixed chunks of [0, batch), in parallel when more than one
+/// thread is configured. Exceptions thrown by a chunk reach the caller.
+template <typename F> void forEachChunk(int64_t batch, F &&chunk) {
+  const int64_t chunks = (batch + kChunkRows - 1) / kChunkRows;
+  // More threads than the machine offers would only oversubscribe it (and make oneTBB warn).
+  static const int available = std::max(1, tbb::info::default_concurrency());
+  const int threads = std::min({g_threads.load(std::memory_order_relaxed), kMaxArenaThreads, available});
+  auto run = [&](int64_t c) { chunk(c * kChunkRows, std::min(kChunkRows, batch - c * kChunkRows)); };
+  if (threads <= 1 || chunks <= 1) {
+    for (int64_t c = 0; c < chunks; ++c)
+      run(c);
+    return;
+  }
+  arenaFor(threads).execute([&] {
+    tbb::parallel_for(
+        tbb::blocked_range<int64_t>(0, chunks, 1),
+        [&](const tbb::blocked_range<int64_t> &r) {
+          for (int64_t c = r.begin(); c != r.end(); ++c)
+            run(c);
+        },
+        tbb::simple_partitioner());
+  });
+}
+
+// --- Per-chunk buffers ----------------------------------------------------------
+
+struct Workspace {
+  std::vector<int32_t> ids, lengths, nScored;
+  std::vector<float> logprobs;
+};
+
+/// A per-thread pool of workspaces: a chunk takes one out and puts it back, so the steady
+/// state does not allocate, and a nested chunk on the same thread (oneTBB may run another
+/// task while a kernel waits on a nested parallel loop) gets a workspace of its own.
+thread_local std::vector<std::unique_ptr<Workspace>> t_workspaces;
+
+class WorkspaceLease {
+public:
+  WorkspaceLease() {
+    if (t_workspaces.empty()) {
+      ws_ = std::make_unique<Workspace>();
+    } else {
+      ws_ = std::move(t_workspaces.back());
+      t_workspaces.pop_back();
+    }
+  }
+  ~WorkspaceLease() {
+    try {
+      t_workspaces.push_back(std::move(ws_));
+    } catch (...) { // out of memory growing the pool: just drop the workspace
+    }
+  }
+  WorkspaceLease(const WorkspaceLease &) = delete;
+  WorkspaceLease &operator=(const WorkspaceLease &) = delete;
+  Workspace &operator*() { return *ws_; }
+  Workspace *operator->() { return ws_.get(); }
+
+private:
+  std::unique_ptr<Workspace> ws_;
+};
+
+template <typename T> void grow(std::vector<T> &v, size_t n) {
+  if (v.size() < n)
+    v.resize(n);
+}
+
+// --- Argument validation ----------------------------------------------------------
+
+void checkInputs(const lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride) {
+  if (!m)
+    argumentError("the model is NULL");
+  if (!ids)
+    argumentError("ids is NULL");
+  if (!lengths)
+    argumentError("lengths is NULL");
+  if (batch < 1)
+    argumentError("batch = " + std::to_string(batch) + " must be at least 1");
+  if (stride < 1)
+    argumentError("stride = " + std::to_string(stride) + " must be at least 1");
+  const lm_model_desc *d = m->desc;
+  for (int32_t b = 0; b < batch; ++b) {
+    const int32_t len = lengths[b];
+    if (len < 1 || len > d->max_len)
+      argumentError("lengths[" + std::to_string(b) + "] = " + std::to_string(len) + " is outside [1, max_len=" +
+                    std::to_string(d->max_len) + "]");
+    if (len > stride)
+      argumentError("lengths[" + std::to_string(b) + "] = " + std::to_string(len) + " is larger than stride = " +
+                    std::to_string(stride));
+  }
+  for (int32_t b = 0; b < batch; ++b) {
+    const int32_t *row = ids + static_cast<int64_t>(b) * stride;
+    for (int32_t i = 0; i < lengths[b]; ++i)
+      if (row[i] < 0 || row[i] >= d->vocab)
+        argumentError("ids[" + std::to_string(b) + "*stride+" + std::to_string(i) + "] = " + std::to_string(row[i]) +
+                      " is outside the vocabulary [0, " + std::to_string(d->vocab) + ")");
+  }
+}
+
+// --- Memrefs ------------------------------------------------------------------
+
+lm_memref1f memref1(float *p, int64_t n) { return {p, p, 0, {n}, {1}}; }
+lm_memref1i memref1(int32_t *p, int64_t n) { return {p, p, 0, {n}, {1}}; }
+lm_memref2f memref2(float *p, int64_t rows, int64_t cols) { return {p, p, 0, {rows, cols}, {cols, 1}}; }
+lm_memref2i memref2(int32_t *p, int64_t rows, int64_t cols) { return {p, p, 0, {rows, cols}, {cols, 1}}; }
+
+/// Packs sentences [b0, b0 + rows) into ws.ids ([rows, n] padded with the pad id) and
+/// ws.lengths; returns n, the longest length of the chunk.
+int64_t packChunk(const lm_model_desc *d, const int32_t *ids, const int32_t *lengths, int32_t stride, int64_t b0,
+                  int64_t rows, Workspace &ws) {
+  int64_t n = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    n = std::max<int64_t>(n, lengths[b0 + r]);
+  grow(ws.ids, static_cast<size_t>(rows * n));
+  grow(ws.lengths, static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t len = lengths[b0 + r];
+    const int32_t *src = ids + (b0 + r) * stride;
+    int32_t *dst = ws.ids.data() + r * n;
+    std::copy(src, src + len, dst);
+    std::fill(dst + len, dst + n, d->pad_id);
+    ws.lengths[static_cast<size_t>(r)] = len;
+  }
+  return n;
+}
+
+void scoreImpl(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride,
+               float *tokenLogprobs, float *scores, int32_t *nScored) {
+  checkInputs(m, ids, lengths, batch, stride);
+  if (!scores)
+    argumentError("scores is NULL");
+  const lm_model_desc *d = m->desc;
+  if (!d->score)
+    internalError("model " + quoted(d->name) + " has no score kernel");
+  lm_memref1f weights = memref1(m->weights, d->total_floats);
+  forEachChunk(batch, [&](int64_t b0, int64_t rows) {
+    WorkspaceLease ws;
+    const int64_t n = packChunk(d, ids, lengths, stride, b0, rows, *ws);
+    grow(ws->logprobs, static_cast<size_t>(rows * n));
+    grow(ws->nScored, static_cast<size_t>(rows));
+    lm_memref1f w = weights;
+    lm_memref2i idsRef = memref2(ws->ids.data(), rows, n);
+    lm_memref1i lengthsRef = memref1(ws->lengths.data(), rows);
+    lm_memref2f logprobsRef = memref2(ws->logprobs.data(), rows, n);
+    lm_memref1f scoresRef = memref1(scores + b0, rows); // the kernel writes exactly `rows` scores
+    lm_memref1i nScoredRef = memref1(ws->nScored.data(), rows);
+    d->score(&w, &idsRef, &lengthsRef, &logprobsRef, &scoresRef, &nScoredRef);
+    for (int64_t r = 0; r < rows; ++r) {
+      if (tokenLogprobs) {
+        const float *src = ws->logprobs.data() + r * n;
+        std::copy(src, src + lengths[b0 + r], tokenLogprobs + (b0 + r) * stride);
+      }
+      if (nScored)
+        nScored[b0 + r] = ws->nScored[static_cast<size_t>(r)];
+    }
+  });
+}
+
+void embedImpl(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride, float *out) {
+  checkInputs(m, ids, lengths, batch, stride);
+  if (!out)
+    argumentError("out is NULL");
+  const lm_model_desc *d = m->desc;
+  if (!d->embed)
+    internalError("model " + quoted(d->name) + " has no embed kernel");
+  lm_memref1f weights = memref1(m->weights, d->total_floats);
+  forEachChunk(batch, [&](int64_t b0, int64_t rows) {
+    WorkspaceLease ws;
+    const int64_t n = packChunk(d, ids, lengths, stride, b0, rows, *ws);
+    lm_memref1f w = weights;
+    lm_memref2i idsRef = memref2(ws->ids.data(), rows, n);
+    lm_memref1i lengthsRef = memref1(ws->lengths.data(), rows);
+    lm_memref2f outRef = memref2(out + b0 * d->d_model, rows, d->d_model); // dense rows of the caller's buffer
+    d->embed(&w, &idsRef, &lengthsRef, &outRef);
+  });
+}
+
+} // namespace
+
+// --- The C ABI ----------------------------------------------------------------------
+
+extern "C" {
+
+int lm_rt_load(const lm_model_desc *desc, const char *weights_path, lm_model **out) {
+  return guarded([&] { loadImpl(desc, weights_path, out); });
+}
+
+int lm_rt_score(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride,
+                float *token_logprobs, float *scores) {
+  return guarded([&] { scoreImpl(m, ids, lengths, batch, stride, token_logprobs, scores, nullptr); });
+}
+
+int lm_rt_score_ex(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride,
+                   float *token_logprobs, float *scores, int32_t *n_scored) {
+  return guarded([&] { scoreImpl(m, ids, lengths, batch, stride, token_logprobs, scores, n_scored); });
+}
+
+int lm_rt_embed(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride, float *out) {
+  return guarded([&] { embedImpl(m, ids, lengths, batch, stride, out); });
+}
+
+void lm_rt_free(lm_model *m) {
+  if (!m)
+    return;
+  std::free(m->owned);
+  delete m;
+}
+
+const char *lm_last_error(void) { return t_errorText; }
+const char *lm_rt_last_error(void) { return t_errorText; }
+
+int lm_set_num_threads(int n) { return lm_rt_set_num_threads(n); }
+
+int lm_rt_set_num_threads(int n) {
+  if (n < 1) {
+    guarded([&] { argumentError("lm_set_num_threads: n = " + std::to_string(n) + " must be at least 1"); });
+    return -1;
+  }
+  return g_threads.exchange(n);
+}
+
+void lm_rt_sgemm_nt(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
+                    const float *bias, float *c, int64_t ldc) {
+  if (m <= 0 || n <= 0)
+    return;
+  using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  using Stride = Eigen::OuterStride<>;
+  Eigen::Map<Matrix, Eigen::Unaligned, Stride> C(c, m, n, Stride(ldc));
+  if (k <= 0) {
+    C.setZero();
+  } else {
+    Eigen::Map<const Matrix, Eigen::Unaligned, Stride> A(a, m, k, Stride(lda));
+    Eigen::Map<const Matrix, Eigen::Unaligned, Stride> B(b, n, k, Stride(ldb));
+    C.noalias() = A * B.transpose();
+  }
+  if (bias)
+    C.rowwise() += Eigen::Map<const Eigen::RowVectorXf>(bias, n);
+}
+
+} // extern "C"

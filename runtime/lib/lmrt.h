@@ -1,0 +1,116 @@
+/*===- lmrt.h - The lmcc runtime: the C ABI generated libraries link --------===*
+ *
+ * Generated libraries (lib<name>.so) consist of compiled kernels (an object file
+ * emitted by lmcc through LLVM) plus a small generated C file that describes the
+ * model (lm_model_desc) and forwards <name>_load/_score/_embed/_free to the
+ * functions below. liblmrt.so depends on neither MLIR/LLVM nor the spec parser:
+ * only the C++ runtime, oneTBB and Eigen (header-only).
+ *
+ *===----------------------------------------------------------------------===*/
+#ifndef LMRT_H
+#define LMRT_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#ifndef LM_ABI_VERSION
+#define LM_ABI_VERSION 1
+#endif
+
+/* liblmrt.so is built with -fvisibility=hidden; the functions below are its only exports. */
+#ifndef LM_API
+#if defined(__GNUC__) || defined(__clang__)
+#define LM_API __attribute__((visibility("default")))
+#else
+#define LM_API
+#endif
+#endif
+
+/* Status codes returned by every lm_rt_* and <name>_* function. */
+enum {
+  LM_OK = 0,
+  LM_ERR_ARGUMENT = 1, /* a bad argument: NULL pointer, batch/stride/length out of range, id outside the vocabulary */
+  LM_ERR_WEIGHTS = 2,  /* the weights file is unreadable, malformed or does not match the model */
+  LM_ERR_MEMORY = 3,   /* an allocation failed */
+  LM_ERR_INTERNAL = 4  /* anything else (a bug: please report) */
+};
+
+/* MLIR's C interface for ranked memrefs (llvm.emit_c_interface). */
+typedef struct { float *allocated, *aligned; int64_t offset, sizes[1], strides[1]; } lm_memref1f;
+typedef struct { float *allocated, *aligned; int64_t offset, sizes[2], strides[2]; } lm_memref2f;
+typedef struct { int32_t *allocated, *aligned; int64_t offset, sizes[1], strides[1]; } lm_memref1i;
+typedef struct { int32_t *allocated, *aligned; int64_t offset, sizes[2], strides[2]; } lm_memref2i;
+
+/* Compiled kernels. All memrefs are dense row-major (strides [cols, 1]).
+ * weights: every model tensor in one flat buffer, tensor t at float offset tensors[t].offset.
+ * ids, lengths: a chunk of `rows` sentences padded to n = max length of the chunk (ids past a
+ * sentence's length are tokens.pad and must not influence anything).
+ * score: token_logprobs [rows, n] (entries past a length: unspecified), scores [rows], n_scored [rows].
+ * embed: out [rows, d_model]. */
+typedef void (*lm_score_kernel)(lm_memref1f *weights, lm_memref2i *ids, lm_memref1i *lengths,
+                                lm_memref2f *token_logprobs, lm_memref1f *scores, lm_memref1i *n_scored);
+typedef void (*lm_embed_kernel)(lm_memref1f *weights, lm_memref2i *ids, lm_memref1i *lengths, lm_memref2f *out);
+
+typedef struct {
+  const char *name;  /* canonical name, e.g. "layers.0.attn.q.weight" */
+  int32_t rank;      /* 1 or 2 */
+  int64_t shape[2];
+  int64_t offset;    /* in floats, into the flat weight buffer (multiple of 16) */
+} lm_tensor_desc;
+
+typedef struct {
+  const char *name;          /* the spec's name */
+  const char *spec_hash;     /* specHash() of the resolved spec */
+  int64_t vocab, max_len, d_model, heads, d_ff, layers;
+  int32_t pad_id;            /* used to pad chunks */
+  const lm_tensor_desc *tensors;
+  int32_t num_tensors;
+  int64_t total_floats;      /* size of the flat weight buffer */
+  lm_score_kernel score;
+  lm_embed_kernel embed;
+  const float *embedded_weights; /* non-NULL when compiled with --embed-weights (flat layout above) */
+} lm_model_desc;
+
+typedef struct lm_model lm_model;
+
+/* Loads weights (canonical names, F32/F16/BF16 safetensors; NULL path = embedded weights),
+ * checks every tensor's presence, shape and finiteness against desc. */
+LM_API int lm_rt_load(const lm_model_desc *desc, const char *weights_path, lm_model **out);
+/* Validates all arguments first (nothing is written on error), then scores in chunks across the
+ * runtime's oneTBB arena. token_logprobs may be NULL; entries past a sentence's length are untouched. */
+/* Thread safety: a loaded model is read-only and every call works in buffers of its own, so calls on
+ * the same model or on different models may run concurrently from any number of threads. */
+LM_API int lm_rt_score(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride,
+                float *token_logprobs, float *scores);
+/* lm_rt_score plus n_scored[batch] (may be NULL): the number of positions that count in each score
+ * (skip_special leaves out special tokens). Not part of the generated header. */
+LM_API int lm_rt_score_ex(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride,
+                          float *token_logprobs, float *scores, int32_t *n_scored);
+LM_API int lm_rt_embed(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride, float *out);
+LM_API void lm_rt_free(lm_model *m);
+
+/* The message of the last failed call on this thread ("" if none; a successful call does not clear it).
+ * The pointer stays valid until the next failing call on this thread. */
+LM_API const char *lm_last_error(void);
+/* Threads used by later calls (>= 1, process-wide, default 1; at most the machine's concurrency is used);
+ * returns the previous value, or -1 (and sets the error) if n < 1. Results do not depend on the thread
+ * count: batches are always cut into the same chunks of consecutive sentences, each computed by one thread. */
+LM_API int lm_set_num_threads(int n);
+/* The same two functions under runtime names. Every generated lib<name>.so defines lm_last_error and
+ * lm_set_num_threads as forwarders to these, so that a program linked with -l<name> alone finds them
+ * (linkers do not resolve a program's symbols in a library's dependencies). */
+LM_API const char *lm_rt_last_error(void);
+LM_API int lm_rt_set_num_threads(int n);
+
+/* GEMM called by generated kernels: C[m, n] = A[m, k] * B[n, k]^T (+ bias[n] when bias != NULL).
+ * Row-major with leading dimensions lda, ldb, ldc. Pointers are passed as integers by the kernels. */
+LM_API void lm_rt_sgemm_nt(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
+                    const float *bias, float *c, int64_t ldc);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LMRT_H */

@@ -1,0 +1,907 @@
+//===- RuntimeTest.cpp - liblmrt, the generated header/glue, the examples -===//
+//
+// The runtime is tested through a hand-built model descriptor whose kernels are
+// fakes written here (simple functions of the ids and the weights that also check
+// every memref they receive), so that loading, validation, chunking, threading and
+// copying are tested independently of the compiler. Then the generated header and
+// glue are compiled with the system C/C++ compiler, and an end-to-end library (glue
+// + fake C kernels + liblmrt) runs examples/score.c and examples/score.cpp.
+//
+//===----------------------------------------------------------------------===//
+
+#include "codegen/Emit/Header.h"
+#include "runtime/lib/lmrt.h"
+#include "runtime/weights/Weights.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <thread>
+
+namespace fs = std::filesystem;
+using namespace lmcc;
+
+namespace {
+
+// --- A fake model -------------------------------------------------------------------
+
+constexpr int64_t kVocab = 50, kMaxLen = 16, kDModel = 4;
+constexpr int32_t kPad = 7;
+
+/// The tensors of the fake model and their layout (the codegen's weightOffsets).
+const std::vector<TensorInfo> &fakeTensors() {
+  static const std::vector<TensorInfo> tensors = {
+      {"emb", {kVocab, kDModel}}, {"bias", {kDModel}}, {"scale", {3}}};
+  return tensors;
+}
+
+struct Layout {
+  std::vector<int64_t> offsets;
+  int64_t total = 0;
+  Layout() { offsets = codegen::weightOffsets(fakeTensors(), &total); }
+};
+const Layout &layout() {
+  static const Layout l;
+  return l;
+}
+
+/// What the fake kernels observed that they should not have (checked by every test).
+std::atomic<int> g_violations{0};
+std::mutex g_violationMutex;
+std::string g_firstViolation;
+std::atomic<int64_t> g_maxRows{0}, g_kernelCalls{0};
+
+void violation(const std::string &what) {
+  std::lock_guard<std::mutex> lock(g_violationMutex);
+  if (g_violations++ == 0)
+    g_firstViolation = what;
+}
+
+const float *tensorAt(const lm_memref1f *w, int i) { return w->aligned + w->offset + layout().offsets[i]; }
+
+/// Checks the memrefs every kernel receives: dense row-major, consistent sizes, padding.
+void checkCommon(const lm_memref1f *w, const lm_memref2i *ids, const lm_memref1i *lengths) {
+  if (w->sizes[0] != layout().total || w->strides[0] != 1 || reinterpret_cast<uintptr_t>(w->aligned) % 64 != 0)
+    violation("weights memref");
+  // The gaps between tensors and after the last one are zero.
+  const float *buffer = w->aligned;
+  int64_t cursor = 0;
+  for (size_t t = 0; t < fakeTensors().size(); ++t) {
+    for (int64_t i = cursor; i < layout().offsets[t]; ++i)
+      if (buffer[i] != 0.0f)
+        violation("gap not zeroed at " + std::to_string(i));
+    int64_t numel = 1;
+    for (int64_t d : fakeTensors()[t].shape)
+      numel *= d;
+    cursor = layout().offsets[t] + numel;
+  }
+  for (int64_t i = cursor; i < layout().total; ++i)
+    if (buffer[i] != 0.0f)
+      violation("tail not zeroed");
+  const int64_t rows = ids->sizes[0], n = ids->sizes[1];
+  if (rows < 1 || rows > 8 || n < 1 || ids->strides[0] != n || ids->strides[1] != 1 || ids->offset != 0)
+    violation("ids memref");
+  if (lengths->sizes[0] != rows || lengths->strides[0] != 1)
+    violation("lengths memref");
+  int64_t longest = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t len = lengths->aligned[r];
+    longest = std::max<int64_t>(longest, len);
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t id = ids->aligned[r * n + i];
+      if (i >= len && id != kPad)
+        violation("padding is not the pad id");
+      if (i < len && (id < 0 || id >= kVocab))
+        violation("id out of range reached the kernel");
+    }
+  }
+  if (longest != n)
+    violation("n is not the longest length of the chunk");
+  int64_t seen = g_maxRows.load();
+  while (rows > seen && !g_maxRows.compare_exchange_weak(seen, rows)) {
+  }
+  ++g_kernelCalls;
+}
+
+/// token_logprob = -(id + 1) * scale[0]; score = their sum; n_scored = ids >= 5; garbage past lengths.
+void fakeScore(lm_memref1f *w, lm_memref2i *ids, lm_memref1i *lengths, lm_memref2f *lp, lm_memref1f *scores,
+               lm_memref1i *nScored) {
+  checkCommon(w, ids, lengths);
+  const int64_t rows = ids->sizes[0], n = ids->sizes[1];
+  if (lp->sizes[0] != rows || lp->sizes[1] != n || lp->strides[0] != n || lp->strides[1] != 1 ||
+      scores->sizes[0] != rows || scores->strides[0] != 1 || nScored->sizes[0] != rows)
+    violation("score output memrefs");
+  const float scale = tensorAt(w, 2)[0];
+  for (int64_t r = 0; r < rows; ++r) {
+    float sum = 0;
+    int32_t count = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t id = ids->aligned[r * n + i];
+      if (i < lengths->aligned[r]) {
+        const float v = -(id + 1) * scale;
+        lp->aligned[r * n + i] = v;
+        sum += v;
+        count += id >= 5;
+      } else {
+        lp->aligned[r * n + i] = 999.0f; // must never reach the caller
+      }
+    }
+    scores->aligned[scores->offset + r] = sum;
+    nScored->aligned[r] = count;
+  }
+}
+
+/// out[r, j] = mean_i emb[id_i, j] + bias[j].
+void fakeEmbed(lm_memref1f *w, lm_memref2i *ids, lm_memref1i *lengths, lm_memref2f *out) {
+  checkCommon(w, ids, lengths);
+  const int64_t rows = ids->sizes[0], n = ids->sizes[1];
+  if (out->sizes[0] != rows || out->sizes[1] != kDModel || out->strides[0] != kDModel || out->strides[1] != 1)
+    violation("embed output memref");
+  const float *emb = tensorAt(w, 0), *bias = tensorAt(w, 1);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < kDModel; ++j) {
+      float sum = 0;
+      for (int32_t i = 0; i < lengths->aligned[r]; ++i)
+        sum += emb[ids->aligned[r * n + i] * kDModel + j];
+      out->aligned[r * kDModel + j] = sum / lengths->aligned[r] + bias[j];
+    }
+}
+
+std::vector<lm_tensor_desc> tensorTable() {
+  std::vector<lm_tensor_desc> table;
+  for (size_t i = 0; i < fakeTensors().size(); ++i) {
+    const TensorInfo &t = fakeTensors()[i];
+    lm_tensor_desc d{};
+    d.name = t.name.c_str();
+    d.rank = static_cast<int32_t>(t.shape.size());
+    d.shape[0] = t.shape[0];
+    d.shape[1] = t.shape.size() > 1 ? t.shape[1] : 0;
+    d.offset = layout().offsets[i];
+    table.push_back(d);
+  }
+  return table;
+}
+
+const std::vector<lm_tensor_desc> &fakeTable() {
+  static const std::vector<lm_tensor_desc> table = tensorTable();
+  return table;
+}
+
+lm_model_desc fakeDesc() {
+  lm_model_desc d{};
+  d.name = "fake";
+  d.spec_hash = "0";
+  d.vocab = kVocab, d.max_len = kMaxLen, d.d_model = kDModel, d.heads = 1, d.d_ff = 8, d.layers = 1;
+  d.pad_id = kPad;
+  d.tensors = fakeTable().data();
+  d.num_tensors = static_cast<int32_t>(fakeTable().size());
+  d.total_floats = layout().total;
+  d.score = fakeScore;
+  d.embed = fakeEmbed;
+  d.embedded_weights = nullptr;
+  return d;
+}
+
+const lm_model_desc &theDesc() {
+  static const lm_model_desc d = fakeDesc();
+  return d;
+}
+
+WeightSet fakeWeights() {
+  WeightSet w;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1, 1);
+  Tensor emb{{kVocab, kDModel}, {}}, bias{{kDModel}, {}}, scale{{3}, {0.5f, 2.0f, 3.0f}};
+  for (int i = 0; i < kVocab * kDModel; ++i)
+    emb.data.push_back(u(rng));
+  for (int i = 0; i < kDModel; ++i)
+    bias.data.push_back(u(rng));
+  w.tensors["emb"] = emb;
+  w.tensors["bias"] = bias;
+  w.tensors["scale"] = scale;
+  return w;
+}
+
+/// The flat buffer the runtime should build from fakeWeights().
+std::vector<float> flatWeights(const WeightSet &w) {
+  std::vector<float> flat(static_cast<size_t>(layout().total), 0.0f);
+  for (size_t i = 0; i < fakeTensors().size(); ++i) {
+    const Tensor &t = w.get(fakeTensors()[i].name);
+    std::copy(t.data.begin(), t.data.end(), flat.begin() + layout().offsets[i]);
+  }
+  return flat;
+}
+
+// --- Batches ----------------------------------------------------------------------
+
+struct Batch {
+  int32_t batch = 0, stride = 0;
+  std::vector<int32_t> ids, lengths;
+};
+
+Batch randomBatch(int32_t batch, int32_t stride, uint32_t seed) {
+  std::mt19937 rng(seed);
+  Batch b;
+  b.batch = batch, b.stride = stride;
+  b.ids.assign(static_cast<size_t>(batch) * stride, -12345); // garbage past lengths must be ignored
+  for (int32_t s = 0; s < batch; ++s) {
+    const int32_t len = 1 + static_cast<int32_t>(rng() % std::min<int64_t>(stride, kMaxLen));
+    b.lengths.push_back(len);
+    for (int32_t i = 0; i < len; ++i)
+      b.ids[static_cast<size_t>(s) * stride + i] = static_cast<int32_t>(rng() % kVocab);
+  }
+  return b;
+}
+
+constexpr float kSentinel = -777.25f;
+
+class RuntimeTest : public ::testing::Test {
+protected:
+  void SetUp() override {
+    std::string pattern = (fs::temp_directory_path() / "lmcc-runtime-XXXXXX").string();
+    ASSERT_NE(mkdtemp(&pattern[0]), nullptr) << std::strerror(errno);
+    dir_ = pattern;
+    weights_ = fakeWeights();
+    writeSafetensors(path("w.safetensors"), weights_);
+    g_violations = 0;
+    g_maxRows = 0;
+    lm_set_num_threads(1);
+  }
+  void TearDown() override {
+    lm_rt_free(model_);
+    lm_set_num_threads(1);
+    EXPECT_EQ(g_violations.load(), 0) << "first violation seen by a fake kernel: " << g_firstViolation;
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  std::string path(const std::string &name) const { return (dir_ / name).string(); }
+
+  void load() {
+    ASSERT_EQ(lm_rt_load(&theDesc(), path("w.safetensors").c_str(), &model_), LM_OK) << lm_last_error();
+    ASSERT_NE(model_, nullptr);
+  }
+
+  /// Writes `w` to a file and tries to load it; returns the status.
+  int loadWeights(const WeightSet &w, const std::string &file = "bad.safetensors") {
+    writeSafetensors(path(file), w);
+    lm_model *m = nullptr;
+    const int status = lm_rt_load(&theDesc(), path(file).c_str(), &m);
+    lm_rt_free(m);
+    return status;
+  }
+
+  /// What the fake kernels should produce.
+  void expected(const Batch &b, std::vector<float> &lp, std::vector<float> &scores, std::vector<int32_t> &nScored,
+                std::vector<float> &embed) const {
+    const float scale = weights_.get("scale").data[0];
+    const Tensor &emb = weights_.get("emb"), &bias = weights_.get("bias");
+    lp.assign(b.ids.size(), kSentinel);
+    scores.assign(static_cast<size_t>(b.batch), 0.0f);
+    nScored.assign(static_cast<size_t>(b.batch), 0);
+    embed.assign(static_cast<size_t>(b.batch) * kDModel, 0.0f);
+    for (int32_t s = 0; s < b.batch; ++s) {
+      float sum = 0;
+      for (int32_t i = 0; i < b.lengths[s]; ++i) {
+        const int32_t id = b.ids[static_cast<size_t>(s) * b.stride + i];
+        const float v = -(id + 1) * scale;
+        lp[static_cast<size_t>(s) * b.stride + i] = v;
+        sum += v;
+        nScored[s] += id >= 5;
+      }
+      scores[s] = sum;
+      for (int64_t j = 0; j < kDModel; ++j) {
+        float e = 0;
+        for (int32_t i = 0; i < b.lengths[s]; ++i)
+          e += emb.data[b.ids[static_cast<size_t>(s) * b.stride + i] * kDModel + j];
+        embed[s * kDModel + j] = e / b.lengths[s] + bias.data[j];
+      }
+    }
+  }
+
+  fs::path dir_;
+  WeightSet weights_;
+  lm_model *model_ = nullptr;
+};
+
+// --- Loading ------------------------------------------------------------------------
+
+TEST_F(RuntimeTest, WeightOffsetsAreAlignedAndDisjoint) {
+  const std::vector<int64_t> &off = layout().offsets;
+  ASSERT_EQ(off.size(), 3u);
+  EXPECT_EQ(off[0], 0);
+  EXPECT_EQ(off[1], 208); // 200 floats rounded up to 16
+  EXPECT_EQ(off[2], 224); // 208 + 4 -> 224
+  EXPECT_EQ(layout().total, 240); // 227 rounded up
+  int64_t total = -1;
+  EXPECT_TRUE(codegen::weightOffsets({}, &total).empty());
+  EXPECT_EQ(total, 0);
+  EXPECT_THROW(codegen::weightOffsets({{"x", {-1, 2}}}, nullptr), std::invalid_argument);
+}
+
+TEST_F(RuntimeTest, LoadsAndRuns) {
+  load();
+  Batch b = randomBatch(5, 9, 1);
+  std::vector<float> lp(b.ids.size(), kSentinel), scores(5, kSentinel), emb(5 * kDModel, kSentinel);
+  std::vector<int32_t> nScored(5, -1);
+  ASSERT_EQ(lm_rt_score_ex(model_, b.ids.data(), b.lengths.data(), b.batch, b.stride, lp.data(), scores.data(),
+                           nScored.data()),
+            LM_OK)
+      << lm_last_error();
+  ASSERT_EQ(lm_rt_embed(model_, b.ids.data(), b.lengths.data(), b.batch, b.stride, emb.data()), LM_OK)
+      << lm_last_error();
+  std::vector<float> eLp, eScores, eEmb;
+  std::vector<int32_t> eN;
+  expected(b, eLp, eScores, eN, eEmb);
+  EXPECT_EQ(lp, eLp); // entries past each length keep the sentinel
+  EXPECT_EQ(scores, eScores);
+  EXPECT_EQ(nScored, eN);
+  EXPECT_EQ(emb, eEmb);
+}
+
+TEST_F(RuntimeTest, MissingTensorIsNamed) {
+  WeightSet w = weights_;
+  w.tensors.erase("bias");
+  EXPECT_EQ(loadWeights(w), LM_ERR_WEIGHTS);
+  const std::string msg = lm_last_error();
+  EXPECT_NE(msg.find("bad.safetensors"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'bias'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("missing"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[4]"), std::string::npos) << msg;
+}
+
+TEST_F(RuntimeTest, WrongShapeIsNamedWithBothShapes) {
+  WeightSet w = weights_;
+  w.tensors["emb"] = Tensor{{kDModel, kVocab}, w.tensors["emb"].data};
+  EXPECT_EQ(loadWeights(w), LM_ERR_WEIGHTS);
+  const std::string msg = lm_last_error();
+  EXPECT_NE(msg.find("'emb'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("expected [50, 4], got [4, 50]"), std::string::npos) << msg;
+}
+
+TEST_F(RuntimeTest, NonFiniteValuesAreNamedWithTheirIndex) {
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    WeightSet w = weights_;
+    w.tensors["emb"].data[37] = bad;
+    EXPECT_EQ(loadWeights(w), LM_ERR_WEIGHTS);
+    const std::string msg = lm_last_error();
+    EXPECT_NE(msg.find("'emb'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("index 37"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(std::isnan(bad) ? "nan" : "inf"), std::string::npos) << msg;
+  }
+}
+
+TEST_F(RuntimeTest, UnexpectedTensorIsRejected) {
+  WeightSet w = weights_;
+  w.tensors["head.output.weight"] = Tensor{{2}, {1, 2}};
+  EXPECT_EQ(loadWeights(w), LM_ERR_WEIGHTS);
+  const std::string msg = lm_last_error();
+  EXPECT_NE(msg.find("'head.output.weight'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("unexpected"), std::string::npos) << msg;
+}
+
+TEST_F(RuntimeTest, UnreadableFilesAreWeightErrors) {
+  lm_model *m = reinterpret_cast<lm_model *>(0x1);
+  EXPECT_EQ(lm_rt_load(&theDesc(), path("nope.safetensors").c_str(), &m), LM_ERR_WEIGHTS);
+  EXPECT_NE(std::string(lm_last_error()).find("nope.safetensors"), std::string::npos);
+  EXPECT_EQ(m, reinterpret_cast<lm_model *>(0x1)) << "*out is written only on success";
+  std::ofstream(path("garbage")) << "not a safetensors file";
+  EXPECT_EQ(lm_rt_load(&theDesc(), path("garbage").c_str(), &m), LM_ERR_WEIGHTS);
+  EXPECT_EQ(lm_rt_load(&theDesc(), dir_.c_str(), &m), LM_ERR_WEIGHTS);
+}
+
+TEST_F(RuntimeTest, LoadArgumentErrors) {
+  EXPECT_EQ(lm_rt_load(&theDesc(), path("w.safetensors").c_str(), nullptr), LM_ERR_ARGUMENT);
+  EXPECT_NE(std::string(lm_last_error()).find("out is NULL"), std::string::npos);
+  lm_model *m = nullptr;
+  EXPECT_EQ(lm_rt_load(nullptr, path("w.safetensors").c_str(), &m), LM_ERR_ARGUMENT);
+  EXPECT_EQ(lm_rt_load(&theDesc(), nullptr, &m), LM_ERR_ARGUMENT);
+  EXPECT_NE(std::string(lm_last_error()).find("embedded"), std::string::npos) << lm_last_error();
+  EXPECT_EQ(m, nullptr);
+}
+
+TEST_F(RuntimeTest, BadDescriptorsAreInternalErrors) {
+  std::vector<lm_tensor_desc> table = fakeTable();
+  lm_model_desc d = fakeDesc();
+  d.tensors = table.data();
+  lm_model *m = nullptr;
+  table[1].offset = 200; // not a multiple of 16
+  EXPECT_EQ(lm_rt_load(&d, path("w.safetensors").c_str(), &m), LM_ERR_INTERNAL);
+  table[1].offset = 16; // overlaps emb
+  EXPECT_EQ(lm_rt_load(&d, path("w.safetensors").c_str(), &m), LM_ERR_INTERNAL);
+  table[1].offset = 208;
+  d.total_floats = 220; // scale does not fit
+  EXPECT_EQ(lm_rt_load(&d, path("w.safetensors").c_str(), &m), LM_ERR_INTERNAL);
+  d.total_floats = layout().total;
+  d.pad_id = static_cast<int32_t>(kVocab);
+  EXPECT_EQ(lm_rt_load(&d, path("w.safetensors").c_str(), &m), LM_ERR_INTERNAL);
+  EXPECT_NE(std::string(lm_last_error()).find("pad_id"), std::string::npos) << lm_last_error();
+  EXPECT_EQ(m, nullptr);
+}
+
+TEST_F(RuntimeTest, EmbeddedWeightsAlignedAndUnaligned) {
+  const std::vector<float> flat = flatWeights(weights_);
+  // Aligned: used in place; unaligned (one float off): copied to an aligned buffer.
+  float *storage = static_cast<float *>(std::aligned_alloc(64, (flat.size() + 16) * sizeof(float)));
+  ASSERT_NE(storage, nullptr);
+  for (int shift : {0, 1}) {
+    std::copy(flat.begin(), flat.end(), storage + shift);
+    lm_model_desc d = fakeDesc();
+    d.embedded_weights = storage + shift;
+    lm_model *m = nullptr;
+    ASSERT_EQ(lm_rt_load(&d, nullptr, &m), LM_OK) << lm_last_error();
+    Batch b = randomBatch(11, 16, 3 + shift);
+    std::vector<float> out(11 * kDModel), scores(11), eLp, eScores, eEmb;
+    std::vector<int32_t> eN;
+    expected(b, eLp, eScores, eN, eEmb);
+    ASSERT_EQ(lm_rt_embed(m, b.ids.data(), b.lengths.data(), b.batch, b.stride, out.data()), LM_OK);
+    ASSERT_EQ(lm_rt_score(m, b.ids.data(), b.lengths.data(), b.batch, b.stride, nullptr, scores.data()), LM_OK);
+    EXPECT_EQ(out, eEmb);
+    EXPECT_EQ(scores, eScores);
+    // A path still wins over the embedded weights.
+    lm_model *fromFile = nullptr;
+    EXPECT_EQ(lm_rt_load(&d, path("w.safetensors").c_str(), &fromFile), LM_OK);
+    lm_rt_free(fromFile);
+    lm_rt_free(m);
+  }
+  std::free(storage);
+  lm_rt_free(nullptr); // allowed
+}
+
+// --- Argument validation ------------------------------------------------------------
+
+struct BadCall {
+  const char *what;
+  std::function<void(Batch &)> mutate;
+  const char *message;
+};
+
+TEST_F(RuntimeTest, EveryBadArgumentIsRefusedWithoutWriting) {
+  load();
+  const std::vector<BadCall> calls = {
+      {"batch 0", [](Batch &b) { b.batch = 0; }, "batch = 0"},
+      {"batch -3", [](Batch &b) { b.batch = -3; }, "batch = -3"},
+      {"stride 0", [](Batch &b) { b.stride = 0; }, "stride = 0"},
+      {"length 0", [](Batch &b) { b.lengths[3] = 0; }, "lengths[3] = 0 is outside [1, max_len=16]"},
+      {"negative length", [](Batch &b) { b.lengths[0] = -1; }, "lengths[0] = -1 is outside [1, max_len=16]"},
+      {"length > max_len",
+       [](Batch &b) {
+         b.stride = 20;
+         b.ids.assign(b.ids.size() * 2, 1);
+         b.lengths[4] = 17;
+       },
+       "lengths[4] = 17 is outside [1, max_len=16]"},
+      {"length > stride", [](Batch &b) { b.lengths[5] = b.stride + 1; }, "lengths[5] = 11 is larger than stride = 10"},
+      {"id = vocab", [](Batch &b) { b.ids[2 * b.stride + 0] = 50, b.lengths[2] = std::max(b.lengths[2], 1); },
+       "ids[2*stride+0] = 50 is outside the vocabulary [0, 50)"},
+      {"negative id in the last sentence",
+       [](Batch &b) {
+         b.lengths.back() = 6;
+         for (int i = 0; i < 6; ++i)
+           b.ids[static_cast<size_t>(b.batch - 1) * b.stride + i] = i == 5 ? -1 : 1;
+       },
+       "ids[19*stride+5] = -1 is outside the vocabulary [0, 50)"},
+  };
+  const int64_t callsBefore = g_kernelCalls.load();
+  for (const BadCall &call : calls) {
+    SCOPED_TRACE(call.what);
+    Batch b = randomBatch(20, 10, 4);
+    call.mutate(b);
+    std::vector<float> lp(400, kSentinel), scores(20, kSentinel), out(20 * kDModel, kSentinel);
+    std::vector<int32_t> nScored(20, -1);
+    EXPECT_EQ(lm_rt_score_ex(model_, b.ids.data(), b.lengths.data(), b.batch, b.stride, lp.data(), scores.data(),
+                             nScored.data()),
+              LM_ERR_ARGUMENT);
+    EXPECT_NE(std::string(lm_last_error()).find(call.message), std::string::npos) << lm_last_error();
+    EXPECT_EQ(lm_rt_score(model_, b.ids.data(), b.lengths.data(), b.batch, b.stride, nullptr, scores.data()),
+              LM_ERR_ARGUMENT);
+    EXPECT_EQ(lm_rt_embed(model_, b.ids.data(), b.lengths.data(), b.batch, b.stride, out.data()), LM_ERR_ARGUMENT);
+    EXPECT_NE(std::string(lm_last_error()).find(call.message), std::string::npos) << lm_last_error();
+    EXPECT_TRUE(std::all_of(lp.begin(), lp.end(), [](float v) { return v == kSentinel; }));
+    EXPECT_TRUE(std::all_of(scores.begin(), scores.end(), [](float v) { return v == kSentinel; }));
+    EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float v) { return v == kSentinel; }));
+    EXPECT_TRUE(std::all_of(nScored.begin(), nScored.end(), [](int32_t v) { return v == -1; }));
+  }
+  EXPECT_EQ(g_kernelCalls.load(), callsBefore) << "no kernel runs on a refused call";
+}
+
+TEST_F(RuntimeTest, NullPointersAreRefused) {
+  load();
+  Batch b = randomBatch(3, 5, 5);
+  std::vector<float> lp(15, kSentinel), scores(3, kSentinel), out(3 * kDModel, kSentinel);
+  const int32_t *ids = b.ids.data(), *lens = b.lengths.data();
+  auto expectError = [&](int status, const char *message) {
+    EXPECT_EQ(status, LM_ERR_ARGUMENT);
+    EXPECT_NE(std::string(lm_last_error()).find(message), std::string::npos) << lm_last_error();
+  };
+  expectError(lm_rt_score(nullptr, ids, lens, 3, 5, lp.data(), scores.data()), "model is NULL");
+  expectError(lm_rt_score(model_, nullptr, lens, 3, 5, lp.data(), scores.data()), "ids is NULL");
+  expectError(lm_rt_score(model_, ids, nullptr, 3, 5, lp.data(), scores.data()), "lengths is NULL");
+  expectError(lm_rt_score(model_, ids, lens, 3, 5, lp.data(), nullptr), "scores is NULL");
+  expectError(lm_rt_embed(nullptr, ids, lens, 3, 5, out.data()), "model is NULL");
+  expectError(lm_rt_embed(model_, nullptr, lens, 3, 5, out.data()), "ids is NULL");
+  expectError(lm_rt_embed(model_, ids, nullptr, 3, 5, out.data()), "lengths is NULL");
+  expectError(lm_rt_embed(model_, ids, lens, 3, 5, nullptr), "out is NULL");
+  EXPECT_TRUE(std::all_of(lp.begin(), lp.end(), [](float v) { return v == kSentinel; }));
+  EXPECT_TRUE(std::all_of(scores.begin(), scores.end(), [](float v) { return v == kSentinel; }));
+  EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float v) { return v == kSentinel; }));
+}
+
+TEST_F(RuntimeTest, TokenLogprobsMayBeNullAndEntriesPastLengthsStayUntouched) {
+  load();
+  Batch b = randomBatch(9, 16, 6);
+  b.lengths[0] = 1, b.lengths[1] = 16;
+  for (int32_t i = 0; i < 16; ++i)
+    b.ids[16 + i] = 10 + i;
+  std::vector<float> scoresA(9), scoresB(9), lp(b.ids.size(), kSentinel), eLp, eScores, eEmb;
+  std::vector<int32_t> eN;
+  expected(b, eLp, eScores, eN, eEmb);
+  ASSERT_EQ(lm_rt_score(model_, b.ids.data(), b.lengths.data(), 9, 16, nullptr, scoresA.data()), LM_OK);
+  ASSERT_EQ(lm_rt_score(model_, b.ids.data(), b.lengths.data(), 9, 16, lp.data(), scoresB.data()), LM_OK);
+  EXPECT_EQ(scoresA, eScores);
+  EXPECT_EQ(scoresB, eScores);
+  EXPECT_EQ(lp, eLp);
+  for (int32_t s = 0; s < 9; ++s)
+    for (int32_t i = b.lengths[s]; i < 16; ++i)
+      EXPECT_EQ(lp[s * 16 + i], kSentinel);
+}
+
+TEST_F(RuntimeTest, ChunksAndThreadCountsGiveIdenticalResults) {
+  load();
+  Batch b = randomBatch(37, 13, 7);
+  std::vector<float> eLp, eScores, eEmb;
+  std::vector<int32_t> eN;
+  expected(b, eLp, eScores, eN, eEmb);
+  std::vector<float> firstLp;
+  for (int threads : {1, 2, 3, 1}) {
+    SCOPED_TRACE(threads);
+    lm_set_num_threads(threads);
+    std::vector<float> lp(b.ids.size(), kSentinel), scores(37), out(37 * kDModel);
+    std::vector<int32_t> nScored(37);
+    ASSERT_EQ(lm_rt_score_ex(model_, b.ids.data(), b.lengths.data(), 37, 13, lp.data(), scores.data(),
+                             nScored.data()),
+              LM_OK);
+    ASSERT_EQ(lm_rt_embed(model_, b.ids.data(), b.lengths.data(), 37, 13, out.data()), LM_OK);
+    EXPECT_EQ(lp, eLp);
+    EXPECT_EQ(scores, eScores);
+    EXPECT_EQ(nScored, eN);
+    EXPECT_EQ(out, eEmb);
+  }
+  EXPECT_EQ(g_maxRows.load(), 8) << "37 sentences run as chunks of at most 8";
+}
+
+TEST_F(RuntimeTest, ConcurrentCallsOnOneModel) {
+  load();
+  lm_set_num_threads(2);
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      for (int iter = 0; iter < 20; ++iter) {
+        Batch b = randomBatch(1 + (t * 7 + iter) % 23, 16, static_cast<uint32_t>(100 * t + iter));
+        std::vector<float> lp(b.ids.size(), kSentinel), scores(static_cast<size_t>(b.batch)), eLp, eScores, eEmb;
+        std::vector<int32_t> eN;
+        expected(b, eLp, eScores, eN, eEmb);
+        if (lm_rt_score(model_, b.ids.data(), b.lengths.data(), b.batch, b.stride, lp.data(), scores.data()) != 0 ||
+            lp != eLp || scores != eScores)
+          ++failures;
+      }
+    });
+  for (std::thread &t : threads)
+    t.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
+TEST_F(RuntimeTest, NumThreads) {
+  EXPECT_EQ(lm_set_num_threads(4), 1);
+  EXPECT_EQ(lm_set_num_threads(2), 4);
+  EXPECT_EQ(lm_set_num_threads(0), -1);
+  EXPECT_NE(std::string(lm_last_error()).find("n = 0"), std::string::npos) << lm_last_error();
+  EXPECT_EQ(lm_set_num_threads(-3), -1);
+  EXPECT_EQ(lm_set_num_threads(1), 2) << "a refused call keeps the previous value";
+  EXPECT_EQ(lm_rt_set_num_threads(1), 1);
+  EXPECT_STREQ(lm_rt_last_error(), lm_last_error());
+}
+
+TEST_F(RuntimeTest, LastErrorIsPerThread) {
+  EXPECT_EQ(lm_set_num_threads(0), -1);
+  std::string other = "unset";
+  std::thread([&] { other = lm_last_error(); }).join();
+  EXPECT_EQ(other, "");
+  EXPECT_NE(std::string(lm_last_error()), "");
+}
+
+// --- GEMM ---------------------------------------------------------------------------
+
+TEST(RuntimeGemm, MatchesANaiveLoop) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-1, 1);
+  const int64_t n = 17, k = 13;
+  for (int64_t m = 1; m <= 9; ++m)
+    for (bool withBias : {false, true})
+      for (int64_t pad : {0, 3}) {
+        SCOPED_TRACE("m=" + std::to_string(m) + " bias=" + std::to_string(withBias) + " pad=" + std::to_string(pad));
+        const int64_t lda = k + pad, ldb = k + 2 * pad, ldc = n + pad;
+        std::vector<float> a(m * lda), b(n * ldb), bias(n), c(m * ldc, kSentinel);
+        for (float &v : a)
+          v = u(rng);
+        for (float &v : b)
+          v = u(rng);
+        for (float &v : bias)
+          v = u(rng);
+        lm_rt_sgemm_nt(m, n, k, a.data(), lda, b.data(), ldb, withBias ? bias.data() : nullptr, c.data(), ldc);
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < n; ++j) {
+            double ref = withBias ? bias[j] : 0.0;
+            for (int64_t p = 0; p < k; ++p)
+              ref += double(a[i * lda + p]) * b[j * ldb + p];
+            EXPECT_NEAR(c[i * ldc + j], ref, 1e-5);
+          }
+          for (int64_t j = n; j < ldc; ++j)
+            EXPECT_EQ(c[i * ldc + j], kSentinel) << "the gap past n columns is not written";
+        }
+      }
+}
+
+TEST(RuntimeGemm, EmptyInnerDimensionGivesBias) {
+  float bias[3] = {1, 2, 3}, c[6] = {9, 9, 9, 9, 9, 9};
+  lm_rt_sgemm_nt(2, 3, 0, nullptr, 0, nullptr, 0, bias, c, 3);
+  EXPECT_EQ(std::vector<float>(c, c + 6), (std::vector<float>{1, 2, 3, 1, 2, 3}));
+}
+
+// --- Generated header and glue ---------------------------------------------------------
+
+ModelSpec tinySpec(const std::string &name, Family family) {
+  ModelSpec s;
+  s.name = name;
+  s.family = family;
+  s.dims = Dims{40, 12, 8, 2, 16, 1};
+  if (family == Family::UniLM) {
+    s.mask = MaskKind::Causal, s.keysValues = KeyValueSource::Hidden, s.firstQuery = FirstQuery::Embedding;
+    s.method = ScoreMethod::Causal;
+  }
+  return s;
+}
+
+/// Collapses runs of whitespace so that prototypes can be compared whatever the line breaks.
+std::string squeeze(const std::string &s) {
+  std::string out;
+  for (char c : s) {
+    if (std::isspace(static_cast<unsigned char>(c))) {
+      if (!out.empty() && out.back() != ' ')
+        out += ' ';
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+bool haveTool(const char *tool) {
+  return std::system((std::string(tool) + " --version > /dev/null 2>&1").c_str()) == 0;
+}
+
+class GeneratedTest : public RuntimeTest {
+protected:
+  int sh(const std::string &command) {
+    const std::string log = path("log.txt");
+    const int status = std::system((command + " > " + log + " 2>&1").c_str());
+    std::ifstream in(log);
+    output_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    return status;
+  }
+  void write(const std::string &name, const std::string &text) {
+    std::ofstream out(path(name), std::ios::binary);
+    out << text;
+    ASSERT_TRUE(out.good());
+  }
+  std::string output_;
+};
+
+TEST_F(GeneratedTest, HeaderHasTheContractPrototypesAndMacros) {
+  const ModelSpec spec = tinySpec("tiny_tta", Family::TTA);
+  const std::string h = squeeze(codegen::generateHeader(spec));
+  for (const char *needle : {
+           "#include <stdint.h>", "extern \"C\" {", "#ifndef LM_ABI_VERSION #define LM_ABI_VERSION 1 #endif",
+           "#define TINY_TTA_VOCAB 40", "#define TINY_TTA_MAX_LEN 12", "#define TINY_TTA_D_MODEL 8",
+           "#define TINY_TTA_LAYERS 1", "#define TINY_TTA_HEADS 2", "#define TINY_TTA_D_FF 16",
+           "#define TINY_TTA_EMBEDDED_WEIGHTS 0", "typedef struct tiny_tta_model tiny_tta_model;",
+           "int tiny_tta_load(const char *weights_path, tiny_tta_model **out);",
+           "int tiny_tta_score(tiny_tta_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, "
+           "int32_t stride, float *token_logprobs, float *scores);",
+           "int tiny_tta_embed(tiny_tta_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, "
+           "int32_t stride, float *out);",
+           "void tiny_tta_free(tiny_tta_model *m);", "const char *lm_last_error(void);",
+           "int lm_set_num_threads(int n);", "namespace tiny_tta {", "class Model {"})
+    EXPECT_NE(h.find(needle), std::string::npos) << needle;
+  EXPECT_NE(squeeze(codegen::generateHeader(spec, true)).find("#define TINY_TTA_EMBEDDED_WEIGHTS 1"),
+            std::string::npos);
+  ModelSpec keyword = tinySpec("int", Family::TTA);
+  EXPECT_NE(codegen::generateHeader(keyword).find("namespace int_ {"), std::string::npos);
+  ModelSpec clash = tinySpec("lm_rt", Family::TTA);
+  EXPECT_THROW(codegen::generateHeader(clash), std::invalid_argument);
+}
+
+TEST_F(GeneratedTest, TwoHeadersCompileTogetherAsCAndCxx) {
+  const bool cc = haveTool("cc"), cxx = haveTool("c++");
+  if (!cc && !cxx)
+    GTEST_SKIP() << "no C or C++ compiler (cc, c++) on PATH";
+  write("alpha_lm.h", codegen::generateHeader(tinySpec("alpha_lm", Family::TTA)));
+  write("beta_lm.h", codegen::generateHeader(tinySpec("beta_lm", Family::UniLM), true));
+  const std::string body = R"(#include "alpha_lm.h"
+#include "beta_lm.h"
+#include "alpha_lm.h" /* the include guard */
+#include "lmrt.h"     /* the runtime's own header may come along */
+int use(void);
+int use(void) {
+  alpha_lm_model *a = 0;
+  beta_lm_model *b = 0;
+  int32_t ids[2] = {1, 2}, len[1] = {2};
+  float lp[2], sc[1], out[ALPHA_LM_D_MODEL];
+  int r = alpha_lm_load("w", &a) + beta_lm_load(0, &b);
+  r += alpha_lm_score(a, ids, len, 1, 2, lp, sc) + beta_lm_embed(b, ids, len, 1, 2, out);
+  r += lm_set_num_threads(2) + (lm_last_error() != 0) + LM_ABI_VERSION + BETA_LM_VOCAB + BETA_LM_EMBEDDED_WEIGHTS;
+  alpha_lm_free(a);
+  beta_lm_free(b);
+  return r;
+}
+)";
+  write("both.c", body);
+  const std::string inc = " -I " + dir_.string() + " -I " LMCC_SOURCE_DIR "/runtime/lib ";
+  if (cc) {
+    EXPECT_EQ(sh("cc -std=c99 -Wall -Wextra -pedantic -Werror -fsyntax-only" + inc + path("both.c")), 0) << output_;
+    EXPECT_EQ(sh("cc -std=c11 -Wall -Wextra -Werror -fsyntax-only" + inc + path("both.c")), 0) << output_;
+  }
+  if (cxx) {
+    write("both.cpp", body + R"(
+#include <cstdio>
+void cxx(void);
+void cxx(void) {
+  try {
+    alpha_lm::Model a("w.safetensors");
+    beta_lm::Model b(nullptr);
+    alpha_lm::Scores s = a.score({{1, 2, 3}, {4}});
+    std::vector<std::vector<float>> e = b.embed({{1, 2}});
+    alpha_lm::Model moved = std::move(a);
+    beta_lm::ModelPtr raw;
+    alpha_lm::set_num_threads(2);
+    std::printf("%d %zu %zu %d\n", static_cast<bool>(moved), s.scores.size(), e.size(), raw == nullptr);
+  } catch (const alpha_lm::Error &e) {
+    std::printf("%s %d\n", e.what(), e.code());
+  }
+  static_assert(alpha_lm::d_model == 8, "constants");
+}
+)");
+    EXPECT_EQ(sh("c++ -std=c++17 -Wall -Wextra -pedantic -Werror -fsyntax-only" + inc + path("both.cpp")), 0)
+        << output_;
+  }
+}
+
+TEST_F(GeneratedTest, GlueCompiles) {
+  if (!haveTool("cc"))
+    GTEST_SKIP() << "no C compiler (cc) on PATH";
+  for (bool embed : {false, true}) {
+    SCOPED_TRACE(embed);
+    const ModelSpec spec = tinySpec("tiny_glue", Family::TTA);
+    const std::vector<TensorInfo> tensors = expectedTensors(spec);
+    int64_t total = 0;
+    const std::vector<int64_t> offsets = codegen::weightOffsets(tensors, &total);
+    const std::string glue = codegen::generateGlue(spec, tensors, offsets, total, embed);
+    EXPECT_NE(glue.find("#include \"lmrt.h\""), std::string::npos);
+    EXPECT_NE(glue.find("_mlir_ciface_tiny_glue_score_kernel"), std::string::npos);
+    EXPECT_NE(glue.find("_mlir_ciface_tiny_glue_embed_kernel"), std::string::npos);
+    EXPECT_EQ(glue.find("tiny_glue_embedded_weights") != std::string::npos, embed);
+    write("glue.c", glue);
+    EXPECT_EQ(sh("cc -std=c99 -O2 -fPIC -Wall -Wextra -pedantic -Werror -Wmissing-prototypes -c -I " LMCC_SOURCE_DIR
+                 "/runtime/lib " +
+                 path("glue.c") + " -o " + path("glue.o")),
+              0)
+        << output_;
+  }
+  const ModelSpec spec = tinySpec("tiny_glue", Family::TTA);
+  const std::vector<TensorInfo> tensors = expectedTensors(spec);
+  int64_t total = 0;
+  std::vector<int64_t> offsets = codegen::weightOffsets(tensors, &total);
+  offsets.pop_back();
+  EXPECT_THROW(codegen::generateGlue(spec, tensors, offsets, total, false), std::invalid_argument);
+  offsets = codegen::weightOffsets(tensors, &total);
+  EXPECT_THROW(codegen::generateGlue(spec, tensors, offsets, total - 16, false), std::invalid_argument);
+}
+
+/// C kernels for the end-to-end library: token_logprob = -(id + 1) / 8, score = sum, embed[j] = ids[0] + j.
+const char *kFakeKernelsC = R"(#include "lmrt.h"
+void _mlir_ciface_example_model_score_kernel(lm_memref1f *w, lm_memref2i *ids, lm_memref1i *lengths,
+    lm_memref2f *lp, lm_memref1f *scores, lm_memref1i *n_scored);
+void _mlir_ciface_example_model_embed_kernel(lm_memref1f *w, lm_memref2i *ids, lm_memref1i *lengths,
+    lm_memref2f *out);
+void _mlir_ciface_example_model_score_kernel(lm_memref1f *w, lm_memref2i *ids, lm_memref1i *lengths,
+    lm_memref2f *lp, lm_memref1f *scores, lm_memref1i *n_scored) {
+  int64_t rows = ids->sizes[0], n = ids->sizes[1], r, i;
+  (void)w;
+  for (r = 0; r < rows; r++) {
+    float sum = 0;
+    for (i = 0; i < lengths->aligned[r]; i++) {
+      lp->aligned[r * n + i] = -(ids->aligned[r * n + i] + 1) / 8.0f;
+      sum += lp->aligned[r * n + i];
+    }
+    scores->aligned[r] = sum;
+    n_scored->aligned[r] = lengths->aligned[r];
+  }
+}
+void _mlir_ciface_example_model_embed_kernel(lm_memref1f *w, lm_memref2i *ids, lm_memref1i *lengths,
+    lm_memref2f *out) {
+  int64_t rows = ids->sizes[0], n = ids->sizes[1], d = out->sizes[1], r, j;
+  (void)w, (void)lengths;
+  for (r = 0; r < rows; r++)
+    for (j = 0; j < d; j++)
+      out->aligned[r * d + j] = (float)(ids->aligned[r * n] + j);
+}
+)";
+
+TEST_F(GeneratedTest, EndToEndLibraryRunsTheExamples) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "programs built here would need the sanitizer runtime of liblmrt.so";
+#endif
+  if (!haveTool("cc"))
+    GTEST_SKIP() << "no C compiler (cc) on PATH";
+  // What `lmcc compile` produces: lib<name>.so (kernels + glue, RUNPATH $ORIGIN), <name>.h, liblmrt.so.
+  const ModelSpec spec = tinySpec("example_model", Family::TTA);
+  const std::vector<TensorInfo> tensors = expectedTensors(spec);
+  int64_t total = 0;
+  const std::vector<int64_t> offsets = codegen::weightOffsets(tensors, &total);
+  write("example_model.h", codegen::generateHeader(spec));
+  write("glue.c", codegen::generateGlue(spec, tensors, offsets, total, false));
+  write("kernels.c", kFakeKernelsC);
+  fs::copy_file(LMRT_LIBRARY_DIR "/liblmrt.so", dir_ / "liblmrt.so");
+  const std::string d = dir_.string();
+  ASSERT_EQ(sh("cc -std=c99 -O1 -fPIC -shared -fvisibility=hidden -I " LMCC_SOURCE_DIR "/runtime/lib " + d +
+               "/glue.c " + d + "/kernels.c -o " + d + "/libexample_model.so -L " + d +
+               " -llmrt -Wl,-soname,libexample_model.so '-Wl,-rpath,$ORIGIN' -Wl,--no-undefined"),
+            0)
+      << output_;
+  WeightSet w = initWeights(spec, 1);
+  writeSafetensors(path("weights.safetensors"), w);
+  write("ids.txt", "3 7 9\n\n5 1\n39 0 2 4 6 8 10 12 14 16 18 20\n");
+  const std::string expected = "{\"token_logprobs\":[-0.5,-1,-1.25],\"score\":-2.75}\n"
+                               "{\"token_logprobs\":[-0.75,-0.25],\"score\":-1}\n";
+
+  // C: linked with -lexample_model alone (lm_last_error comes from the model library).
+  ASSERT_EQ(sh("cc -std=c99 -Wall -Wextra -Werror " LMCC_SOURCE_DIR "/examples/score.c -I " + d + " -L " + d +
+               " -lexample_model -Wl,-rpath," + d + " -o " + d + "/score_c"),
+            0)
+      << output_;
+  ASSERT_EQ(sh(d + "/score_c " + path("weights.safetensors") + " " + path("ids.txt")), 0) << output_;
+  EXPECT_EQ(output_.substr(0, expected.size()), expected) << output_;
+  EXPECT_EQ(std::count(output_.begin(), output_.end(), '\n'), 3) << output_;
+  // Errors: a bad weights file and an id outside the vocabulary are reported, non-zero exit.
+  EXPECT_NE(sh(d + "/score_c " + path("ids.txt") + " " + path("ids.txt")), 0);
+  EXPECT_NE(output_.find("ids.txt"), std::string::npos) << output_;
+  write("bad_ids.txt", "1 2 40\n");
+  EXPECT_NE(sh(d + "/score_c " + path("weights.safetensors") + " " + path("bad_ids.txt")), 0);
+  EXPECT_NE(output_.find("outside the vocabulary"), std::string::npos) << output_;
+
+  if (!haveTool("c++"))
+    GTEST_SKIP() << "no C++ compiler (c++) on PATH";
+  ASSERT_EQ(sh("c++ -std=c++17 -Wall -Wextra -Werror " LMCC_SOURCE_DIR "/examples/score.cpp -I " + d + " -L " + d +
+               " -lexample_model -Wl,-rpath," + d + " -o " + d + "/score_cpp"),
+            0)
+      << output_;
+  ASSERT_EQ(sh(d + "/score_cpp " + path("weights.safetensors") + " " + path("ids.txt")), 0) << output_;
+  EXPECT_EQ(output_.substr(0, expected.size()), expected) << output_;
+  EXPECT_NE(sh(d + "/score_cpp " + path("weights.safetensors") + " " + path("bad_ids.txt")), 0);
+  EXPECT_NE(output_.find("outside the vocabulary"), std::string::npos) << output_;
+}
+
+} // namespace
