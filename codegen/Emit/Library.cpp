@@ -3,7 +3,10 @@
 // frontend (MLIRGen) -> lm IR -> KernelGen (loops + runtime GEMM calls) -> LLVM
 // dialect -> object code; plus a generated C glue file describing the weight layout
 // and forwarding the public <name>_* functions to liblmrt; linked with the system C
-// compiler driver into a shared library whose RUNPATH is $ORIGIN.
+// compiler driver into a shared library whose RUNPATH is $ORIGIN (it finds the
+// liblmrt.so copied beside it) and whose SONAME is its absolute path, so a program
+// built with `cc prog.c -I DIR -L DIR -l<name>` records where the library is and
+// runs with no environment set (move DIR and relink, or set LD_LIBRARY_PATH).
 //
 //===----------------------------------------------------------------------===//
 #include "codegen/Emit/Library.h"
@@ -153,7 +156,8 @@ std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options)
   std::string lib = "lib" + spec.name + ".so";
   if (std::string err = run(cc + " -shared -o " + quote((out / lib).string()) + " " + quote(kernels.string()) + " " +
                                 quote(glueObj.string()) + " -L " + quote(out.string()) +
-                                " -llmrt -lm -Wl,-soname," + lib + " '-Wl,-rpath,$ORIGIN' -Wl,--no-undefined",
+                                " -llmrt -lm -Wl,-soname," + quote(fs::absolute(out / lib).lexically_normal().string()) +
+                                " '-Wl,-rpath,$ORIGIN' -Wl,--no-undefined",
                             log);
       !err.empty())
     return err;

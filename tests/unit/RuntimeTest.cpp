@@ -582,19 +582,19 @@ TEST_F(RuntimeTest, ChunksAndThreadCountsGiveIdenticalResults) {
   EXPECT_EQ(g_maxRows.load(), 8) << "37 sentences run as chunks of at most 8";
 }
 
-TEST_F(RuntimeTest, ConcurrentCallsOnOneModel) {
-  load();
-  lm_set_num_threads(2);
+/// Four application threads score on one model at once, each call using `threadsPerCall`.
+void concurrentCalls(lm_model *model, int threadsPerCall, const std::function<void(const Batch &, std::vector<float> &,
+                                                                                     std::vector<float> &)> &expected) {
+  lm_set_num_threads(threadsPerCall);
   std::atomic<int> failures{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t)
     threads.emplace_back([&, t] {
       for (int iter = 0; iter < 20; ++iter) {
         Batch b = randomBatch(1 + (t * 7 + iter) % 23, 16, static_cast<uint32_t>(100 * t + iter));
-        std::vector<float> lp(b.ids.size(), kSentinel), scores(static_cast<size_t>(b.batch)), eLp, eScores, eEmb;
-        std::vector<int32_t> eN;
-        expected(b, eLp, eScores, eN, eEmb);
-        if (lm_rt_score(model_, b.ids.data(), b.lengths.data(), b.batch, b.stride, lp.data(), scores.data()) != 0 ||
+        std::vector<float> lp(b.ids.size(), kSentinel), scores(static_cast<size_t>(b.batch)), eLp, eScores;
+        expected(b, eLp, eScores);
+        if (lm_rt_score(model, b.ids.data(), b.lengths.data(), b.batch, b.stride, lp.data(), scores.data()) != 0 ||
             lp != eLp || scores != eScores)
           ++failures;
       }
@@ -602,6 +602,24 @@ TEST_F(RuntimeTest, ConcurrentCallsOnOneModel) {
   for (std::thread &t : threads)
     t.join();
   EXPECT_EQ(failures.load(), 0);
+}
+
+TEST_F(RuntimeTest, ConcurrentCallsOnOneModelSingleThreadedCalls) {
+  load();
+  concurrentCalls(model_, 1, [&](const Batch &b, std::vector<float> &lp, std::vector<float> &scores) {
+    std::vector<float> embed;
+    std::vector<int32_t> nScored;
+    expected(b, lp, scores, nScored, embed);
+  });
+}
+
+TEST_F(RuntimeTest, ConcurrentCallsOnOneModelParallelCalls) {
+  load();
+  concurrentCalls(model_, 2, [&](const Batch &b, std::vector<float> &lp, std::vector<float> &scores) {
+    std::vector<float> embed;
+    std::vector<int32_t> nScored;
+    expected(b, lp, scores, nScored, embed);
+  });
 }
 
 TEST_F(RuntimeTest, NumThreads) {
