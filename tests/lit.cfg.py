@@ -12,3 +12,5 @@ config.environment["PATH"] = os.pathsep.join([config.lmcc_bin_dir, os.path.dirna
                                               config.environment.get("PATH", "")])
 config.substitutions.append(("%models", os.path.join(config.lmcc_src_dir, "models")))
 config.substitutions.append(("%inputs", os.path.join(config.lmcc_src_dir, "tests", "inputs")))
+# Compiled libraries that `lmcc score`/`embed` cache, kept inside the build tree.
+config.environment["LMCC_CACHE_DIR"] = os.path.join(config.lmcc_bin_dir, "..", "tests", "lmcc-cache")
