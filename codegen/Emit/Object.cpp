@@ -34,7 +34,10 @@ LogicalResult lowerToLLVMDialect(ModuleOp module) {
   pm.addPass(createConvertMathToLLVMPass());
   pm.addPass(createConvertMathToLibmPass());
   pm.addPass(memref::createExpandStridedMetadataPass());
-  pm.addPass(createFinalizeMemRefToLLVMConversionPass());
+  // Temporaries come from the runtime's per-thread workspace cache (lmrt.h), not malloc.
+  FinalizeMemRefToLLVMConversionPassOptions memrefOptions;
+  memrefOptions.useGenericFunctions = true;
+  pm.addPass(createFinalizeMemRefToLLVMConversionPass(memrefOptions));
   pm.addPass(createArithToLLVMConversionPass());
   pm.addPass(createConvertIndexToLLVMPass());
   pm.addPass(createConvertControlFlowToLLVMPass());

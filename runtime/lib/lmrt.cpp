@@ -579,4 +579,78 @@ void lm_rt_sgemm_nt(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda
     C.rowwise() += Eigen::Map<const Eigen::RowVectorXf>(bias, n);
 }
 
+
+} // extern "C"
+
+namespace {
+
+/// A thread's cache of freed kernel temporaries, by (size, alignment). Every block has a
+/// 64-byte header in front that records both, so free needs no lookup.
+struct WorkspaceCache {
+  struct Header {
+    uint64_t size, alignment;
+  };
+  static constexpr uint64_t kHeader = 64;
+  static constexpr uint64_t kMaxCachedBytes = uint64_t(4) << 30;
+  std::map<std::pair<uint64_t, uint64_t>, std::vector<char *>> blocks;
+  uint64_t cachedBytes = 0, systemAllocations = 0;
+
+  void *get(uint64_t alignment, uint64_t size) {
+    alignment = std::max<uint64_t>(alignment, 16);
+    if (alignment > kHeader || (alignment & (alignment - 1)))
+      return nullptr; // kernels only ask for small powers of two
+    auto &list = blocks[{size, alignment}];
+    char *block;
+    if (!list.empty()) {
+      block = list.back();
+      list.pop_back();
+      cachedBytes -= size;
+    } else {
+      block = static_cast<char *>(std::aligned_alloc(kHeader, ((kHeader + size + kHeader - 1) / kHeader) * kHeader));
+      if (!block)
+        return nullptr;
+      ++systemAllocations;
+    }
+    auto *header = reinterpret_cast<Header *>(block);
+    header->size = size;
+    header->alignment = alignment;
+    return block + kHeader;
+  }
+
+  void put(void *ptr) {
+    if (!ptr)
+      return;
+    char *block = static_cast<char *>(ptr) - kHeader;
+    auto *header = reinterpret_cast<Header *>(block);
+    if (cachedBytes + header->size > kMaxCachedBytes) {
+      std::free(block);
+      return;
+    }
+    cachedBytes += header->size;
+    blocks[{header->size, header->alignment}].push_back(block);
+  }
+
+  ~WorkspaceCache() {
+    for (auto &entry : blocks)
+      for (char *block : entry.second)
+        std::free(block);
+  }
+};
+
+WorkspaceCache &workspaceCache() {
+  thread_local WorkspaceCache cache;
+  return cache;
+}
+
+} // namespace
+
+extern "C" {
+
+void *_mlir_memref_to_llvm_alloc(uint64_t size) { return workspaceCache().get(16, size); }
+void *_mlir_memref_to_llvm_aligned_alloc(uint64_t alignment, uint64_t size) {
+  return workspaceCache().get(alignment, size);
+}
+void _mlir_memref_to_llvm_free(void *ptr) { workspaceCache().put(ptr); }
+uint64_t lm_rt_workspace_system_allocations(void) { return workspaceCache().systemAllocations; }
+
 } // extern "C"

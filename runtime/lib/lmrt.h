@@ -110,6 +110,15 @@ LM_API int lm_rt_set_num_threads(int n);
 LM_API void lm_rt_sgemm_nt(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
                     const float *bias, float *c, int64_t ldc);
 
+/* Allocation of kernel temporaries (MLIR's generic memref allocation functions). Each thread
+ * keeps the blocks it freed, by size, and hands them out again: a kernel called again with
+ * the same shapes allocates nothing from the system (the runtime's per-call workspace). */
+LM_API void *_mlir_memref_to_llvm_alloc(uint64_t size);
+LM_API void *_mlir_memref_to_llvm_aligned_alloc(uint64_t alignment, uint64_t size);
+LM_API void _mlir_memref_to_llvm_free(void *ptr);
+/* How many blocks this thread's workspace cache has taken from the system so far (tests, benchmarks). */
+LM_API uint64_t lm_rt_workspace_system_allocations(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -176,7 +176,13 @@ TEST_P(Compiled, MatchesReference) {
       EXPECT_NEAR(score, scores[b], 1e-6 * std::max(1.0f, std::fabs(score)));
     }
   }
+  // Steady state: a second identical call takes nothing from the system allocator.
   lm_set_num_threads(1);
+  ASSERT_EQ(lm_rt_score(model, ids.data(), lengths.data(), batch, stride, lp.data(), scores.data()), LM_OK);
+  uint64_t before = lm_rt_workspace_system_allocations();
+  EXPECT_GT(before, 0u) << "the kernel should run on the calling thread at 1 thread";
+  ASSERT_EQ(lm_rt_score(model, ids.data(), lengths.data(), batch, stride, lp.data(), scores.data()), LM_OK);
+  EXPECT_EQ(lm_rt_workspace_system_allocations(), before) << "kernel temporaries were allocated again";
   lm_rt_free(model);
   fs::remove_all(dir);
 }
