@@ -15,11 +15,13 @@
 #include "codegen/Emit/Object.h"
 #include "codegen/LmToLoops/KernelGen.h"
 #include "frontend/MLIRGen.h"
+#include "passes/Passes.h"
 #include "runtime/weights/Weights.h"
 
 #include "mlir/IR/MLIRContext.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -64,6 +66,44 @@ template <typename Op> bool dump(const std::string &dir, const char *name, Op op
 
 } // namespace
 
+mlir::OwningOpRef<mlir::ModuleOp> buildOptimizedModule(mlir::MLIRContext &context, const ModelSpec &spec,
+                                                       const LibraryOptions &options, std::string *error) {
+  mlir::OwningOpRef<mlir::ModuleOp> module = buildModule(context, spec);
+  if (!module) {
+    *error = "internal error: the lm IR does not verify";
+    return nullptr;
+  }
+  if (!options.dumpDir.empty()) {
+    std::error_code ec;
+    fs::create_directories(options.dumpDir, ec);
+  }
+  int step = 0;
+  auto stepName = [&](const std::string &what) {
+    char prefix[8];
+    std::snprintf(prefix, sizeof prefix, "%02d-", step++);
+    return std::string(prefix) + what + ".mlir";
+  };
+  dump(options.dumpDir, stepName("lm").c_str(), *module);
+  if (options.naive)
+    return module;
+  for (const std::string &flag : defaultPipeline()) {
+    if (options.disabledPasses.count(flag))
+      continue;
+    std::set<std::string> others;
+    for (const std::string &f : defaultPipeline())
+      if (f != flag)
+        others.insert(f);
+    mlir::PassManager pm(&context);
+    addOptimizationPasses(pm, others);
+    if (mlir::failed(pm.run(*module))) {
+      *error = "pass " + flag + " failed";
+      return nullptr;
+    }
+    dump(options.dumpDir, stepName(flag).c_str(), *module);
+  }
+  return module;
+}
+
 std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options) {
   if (spec.family != Family::UniLM && spec.family != Family::BiLM && spec.family != Family::TTA)
     return "family \"" + std::string(toString(spec.family)) +
@@ -80,8 +120,6 @@ std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options)
   fs::create_directories(out, ec);
   if (ec)
     return options.outputDir + ": " + ec.message();
-  if (!options.dumpDir.empty())
-    fs::create_directories(options.dumpDir, ec);
   fs::path work = out / (".lmcc-build-" + spec.name);
   fs::remove_all(work, ec);
   fs::create_directories(work, ec);
@@ -118,17 +156,17 @@ std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options)
     diagnostics += d.str() + "\n";
     return mlir::success();
   });
-  mlir::OwningOpRef<mlir::ModuleOp> lm = buildModule(context, spec);
+  std::string error;
+  mlir::OwningOpRef<mlir::ModuleOp> lm = buildOptimizedModule(context, spec, options, &error);
   if (!lm)
-    return "internal error: the lm IR does not verify\n" + diagnostics;
-  dump(options.dumpDir, "lm.mlir", *lm);
+    return error + "\n" + diagnostics;
   mlir::OwningOpRef<mlir::ModuleOp> loops = lowerToLoops(*lm, spec, offsetByName);
   if (!loops)
     return "cannot lower the model to loops:\n" + diagnostics;
-  dump(options.dumpDir, "loops.mlir", *loops);
+  dump(options.dumpDir, "90-loops.mlir", *loops);
   if (mlir::failed(lowerToLLVMDialect(*loops)))
     return "cannot lower the kernels to the LLVM dialect:\n" + diagnostics;
-  dump(options.dumpDir, "llvm.mlir", *loops);
+  dump(options.dumpDir, "91-llvm.mlir", *loops);
   fs::path kernels = work / "kernels.o";
   if (std::string err = emitObject(*loops, kernels.string(), objectOptions); !err.empty())
     return err;

@@ -297,6 +297,10 @@ private:
       return lowerMeanPool(m);
     if (auto m = dyn_cast<lm::MaskAndPredictOp>(op))
       return lowerMaskAndPredict(m);
+    if (auto a = dyn_cast<lm::AttentionOp>(op))
+      return lowerAttention(a);
+    if (auto t = dyn_cast<lm::TokenLogprobOp>(op))
+      return lowerTokenLogprob(t);
     return op->emitOpError("has no CPU lowering yet");
   }
 
@@ -649,6 +653,181 @@ private:
       });
     });
     return success();
+  }
+
+  /// Fused attention: for every (sentence, head, query row) an online softmax over
+  /// key tiles of kKeyTile keys (flash-style). The mask is structure, not data:
+  ///   causal keys [0, min(len, i+1)), anticausal [i, len), none/diagonal [0, len),
+  /// so tiles the mask hides are never visited and visited tiles need no mask test;
+  /// the diagonal mask only knocks out key i in the one tile that holds it. Per tile:
+  ///   s_j = (q_i . k_j [+ q_i . relK[r_ij]]) * scale, m' = max(m, max_j s_j),
+  ///   l = l e^(m - m') + sum_j e^(s_j - m'), acc = acc e^(m - m') + sum_j e^(s_j - m') (v_j [+ relV[r_ij]]),
+  /// and out_i = acc / l (zero when no key is visible). Scores exist for one tile only.
+  LogicalResult lowerAttention(lm::AttentionOp a) {
+    if (a.getMaskData())
+      return a.emitOpError("masks with per-row data (directional, explicit) have no CPU lowering yet");
+    constexpr int64_t kKeyTile = 32;
+    Value q = in(a.getQuery()), k = in(a.getKey()), v = in(a.getValue()), out = alloc(a.getType());
+    Value relK = a.getRelKey() ? in(a.getRelKey()) : Value(), relV = a.getRelValue() ? in(a.getRelValue()) : Value();
+    int64_t D = a.getType().getDimSize(2), H = a.getHeads(), dh = D / H, clip = a.getClip();
+    lm::MaskKind mask = a.getMask();
+    Value scale = f32c(a.getScale().convertToFloat());
+    Value scores = alloc(MemRefType::get({kKeyTile}, f32()));
+    Value acc = alloc(MemRefType::get({dh}, f32()));
+    Value negInf = f32c(-INFINITY);
+    nest({B, idx(H), N}, [&](ValueRange iv) {
+      Value bi = iv[0], h = iv[1], i = iv[2];
+      Value len = lengthOf(bi);
+      Value base = b.create<arith::MulIOp>(loc, h, idx(dh));
+      auto feature = [&](Value e) { return b.create<arith::AddIOp>(loc, base, e); };
+      Value lo = idx(0), hi = len;
+      if (mask == lm::MaskKind::causal)
+        hi = b.create<arith::MinSIOp>(loc, len, b.create<arith::AddIOp>(loc, i, idx(1)));
+      if (mask == lm::MaskKind::anticausal)
+        lo = i;
+      nest({idx(dh)}, [&](ValueRange e) { store(f32c(0), acc, e); });
+      auto tiles = b.create<scf::ForOp>(loc, lo, hi, idx(kKeyTile), ValueRange{negInf, f32c(0)});
+      {
+        OpBuilder::InsertionGuard guard(b);
+        b.setInsertionPointToStart(tiles.getBody());
+        Value kt = tiles.getInductionVar(), m = tiles.getRegionIterArgs()[0], l = tiles.getRegionIterArgs()[1];
+        Value tileLen = b.create<arith::MinSIOp>(loc, idx(kKeyTile), b.create<arith::SubIOp>(loc, hi, kt));
+        // Scores of this tile, and their max.
+        Value tileMax = reduce(idx(0), tileLen, negInf, [&](Value jj, Value mx) {
+          Value j = b.create<arith::AddIOp>(loc, kt, jj);
+          Value dot = reduce(idx(0), idx(dh), f32c(0), [&](Value e, Value sum) {
+            Value x = b.create<arith::MulFOp>(loc, load(q, {bi, i, feature(e)}), load(k, {bi, j, feature(e)}));
+            if (relK)
+              x = b.create<arith::AddFOp>(
+                  loc, x, b.create<arith::MulFOp>(loc, load(q, {bi, i, feature(e)}), load(relK, {relativeIndex(i, j, clip), e})));
+            return b.create<arith::AddFOp>(loc, sum, x);
+          });
+          Value sj = b.create<arith::MulFOp>(loc, dot, scale);
+          if (mask == lm::MaskKind::diagonal)
+            sj = select(eqI(j, i), negInf, sj); // only the tile holding key i has a hit
+          store(sj, scores, jj);
+          return b.create<arith::MaximumFOp>(loc, mx, sj);
+        });
+        Value mNew = b.create<arith::MaximumFOp>(loc, m, tileMax);
+        Value anyVisible = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGT, mNew, negInf);
+        auto update = b.create<scf::IfOp>(loc, TypeRange{f32(), f32()}, anyVisible, /*withElse=*/true);
+        {
+          OpBuilder::InsertionGuard g2(b);
+          b.setInsertionPointToStart(update.thenBlock());
+          Value corr = b.create<math::ExpOp>(loc, b.create<arith::SubFOp>(loc, m, mNew)); // e^(-inf) = 0
+          nest({idx(dh)}, [&](ValueRange e) { store(b.create<arith::MulFOp>(loc, load(acc, e), corr), acc, e); });
+          Value tileSum = reduce(idx(0), tileLen, f32c(0), [&](Value jj, Value sum) {
+            Value j = b.create<arith::AddIOp>(loc, kt, jj);
+            Value p = b.create<math::ExpOp>(loc, b.create<arith::SubFOp>(loc, load(scores, jj), mNew));
+            nest({idx(dh)}, [&](ValueRange e) {
+              Value vj = load(v, {bi, j, feature(e[0])});
+              if (relV)
+                vj = b.create<arith::AddFOp>(loc, vj, load(relV, {relativeIndex(i, j, clip), e[0]}));
+              store(b.create<arith::AddFOp>(loc, load(acc, e), b.create<arith::MulFOp>(loc, p, vj)), acc, e);
+            });
+            return b.create<arith::AddFOp>(loc, sum, p);
+          });
+          Value lNew = b.create<arith::AddFOp>(loc, b.create<arith::MulFOp>(loc, l, corr), tileSum);
+          b.create<scf::YieldOp>(loc, ValueRange{mNew, lNew});
+          b.setInsertionPointToStart(update.elseBlock());
+          b.create<scf::YieldOp>(loc, ValueRange{m, l});
+        }
+        b.create<scf::YieldOp>(loc, update.getResults());
+      }
+      Value l = tiles.getResult(1);
+      Value seen = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGT, l, f32c(0));
+      Value inv = select(seen, b.create<arith::DivFOp>(loc, f32c(1), l), f32c(0));
+      nest({idx(dh)}, [&](ValueRange e) {
+        store(b.create<arith::MulFOp>(loc, load(acc, e), inv), out, {bi, i, feature(e[0])});
+      });
+    });
+    return set(a, out);
+  }
+
+  /// Fused vocabulary projection + log-softmax + gather, streamed over vocabulary
+  /// tiles of kVocabTile columns: each tile's logits come from the runtime GEMM into
+  /// a [rows, kVocabTile] buffer; per row a running max m and sum s (in double,
+  /// rescaled as the max grows) and the target's logit are kept, and
+  /// out[b, t] = logit[b, t - shift, ids[b, t]] - (m + log s). The [rows, V] logits never exist.
+  LogicalResult lowerTokenLogprob(lm::TokenLogprobOp t) {
+    constexpr int64_t kVocabTile = 512;
+    auto ht = typeOf(t.getHidden());
+    int64_t D = ht.getDimSize(2), V = typeOf(t.getWeight()).getDimSize(0), shift = t.getShift();
+    Value h = in(t.getHidden()), ids = in(t.getTargets()), out = alloc(t.getType());
+    Value rows = b.create<arith::MulIOp>(loc, B, N);
+    Value logits = b.create<memref::AllocOp>(loc, MemRefType::get({ShapedType::kDynamic, kVocabTile}, f32()),
+                                             ValueRange{rows}, b.getI64IntegerAttr(64));
+    scopes.back().push_back(logits);
+    auto rowBuffer = [&](Type elem) {
+      Value m = b.create<memref::AllocOp>(loc, MemRefType::get({ShapedType::kDynamic}, elem), ValueRange{rows},
+                                          b.getI64IntegerAttr(64));
+      scopes.back().push_back(m);
+      return m;
+    };
+    Value maxBuf = rowBuffer(f64()), sumBuf = rowBuffer(f64()), targetBuf = rowBuffer(f32());
+    nest({rows}, [&](ValueRange r) {
+      store(f64c(-INFINITY), maxBuf, r);
+      store(f64c(0), sumBuf, r);
+      store(f32c(0), targetBuf, r);
+    });
+    // Row r = (b, p) holds hidden position p; its target is ids[b, p + shift] when that exists.
+    auto targetOf = [&](Value r) {
+      Value bi = b.create<arith::DivUIOp>(loc, r, N), p = b.create<arith::RemUIOp>(loc, r, N);
+      Value pt = b.create<arith::AddIOp>(loc, p, idx(shift));
+      Value exists = lt(pt, N);
+      Value safe = select(exists, pt, idx(0));
+      Value id = b.create<arith::IndexCastOp>(loc, b.getIndexType(), load(ids, {bi, safe}));
+      return std::pair<Value, Value>{exists, id};
+    };
+    Value hPtr = pointer(h), wPtr = pointer(in(t.getWeight()));
+    Value biasPtr = t.getBias() ? pointer(in(t.getBias())) : Value();
+    Value logitsPtr = pointer(logits);
+    Value m64 = b.create<arith::IndexCastOp>(loc, b.getI64Type(), rows);
+    auto ptrType = LLVM::LLVMPointerType::get(b.getContext());
+    auto offsetPtr = [&](Value p, Value elements) {
+      return b.create<LLVM::GEPOp>(loc, ptrType, f32(), p, ValueRange{elements});
+    };
+    nest({idx((V + kVocabTile - 1) / kVocabTile)}, [&](ValueRange tile) {
+      Value vt = b.create<arith::MulIOp>(loc, tile[0], idx(kVocabTile));
+      Value tv = b.create<arith::MinSIOp>(loc, idx(kVocabTile), b.create<arith::SubIOp>(loc, idx(V), vt));
+      Value vt64 = b.create<arith::IndexCastOp>(loc, b.getI64Type(), vt);
+      Value tv64 = b.create<arith::IndexCastOp>(loc, b.getI64Type(), tv);
+      Value wTile = offsetPtr(wPtr, b.create<arith::MulIOp>(loc, vt64, i64c(D)));
+      Value biasTile = biasPtr ? Value(offsetPtr(biasPtr, vt64)) : Value(b.create<LLVM::ZeroOp>(loc, ptrType));
+      b.create<func::CallOp>(loc, "lm_rt_sgemm_nt", TypeRange{},
+                             ValueRange{m64, tv64, i64c(D), hPtr, i64c(D), wTile, i64c(D), biasTile, logitsPtr,
+                                        i64c(kVocabTile)});
+      nest({rows}, [&](ValueRange r) {
+        Value tileMax = reduce(idx(0), tv, f64c(-INFINITY), [&](Value c, Value mx) {
+          return b.create<arith::MaximumFOp>(loc, mx, toF64(load(logits, {r[0], c})));
+        });
+        Value m = load(maxBuf, r), mNew = b.create<arith::MaximumFOp>(loc, m, tileMax);
+        Value sum = reduce(idx(0), tv, f64c(0), [&](Value c, Value acc) {
+          return b.create<arith::AddFOp>(
+              loc, acc, b.create<math::ExpOp>(loc, b.create<arith::SubFOp>(loc, toF64(load(logits, {r[0], c})), mNew)));
+        });
+        Value corr = b.create<math::ExpOp>(loc, b.create<arith::SubFOp>(loc, m, mNew));
+        store(b.create<arith::AddFOp>(loc, b.create<arith::MulFOp>(loc, load(sumBuf, r), corr), sum), sumBuf, r);
+        store(mNew, maxBuf, r);
+        auto [exists, id] = targetOf(r[0]);
+        Value inTile = andI(exists, andI(ge(id, vt), lt(id, b.create<arith::AddIOp>(loc, vt, tv))));
+        when(inTile, [&] { store(load(logits, {r[0], b.create<arith::SubIOp>(loc, id, vt)}), targetBuf, r); });
+      });
+    });
+    nest({B, N}, [&](ValueRange iv) {
+      Value valid = andI(ge(iv[1], idx(shift)), lt(iv[1], lengthOf(iv[0])));
+      Value v = choose(
+          valid, f32(),
+          [&] {
+            Value r = b.create<arith::AddIOp>(loc, b.create<arith::MulIOp>(loc, iv[0], N),
+                                              b.create<arith::SubIOp>(loc, iv[1], idx(shift)));
+            Value lse = b.create<arith::AddFOp>(loc, load(maxBuf, r), b.create<math::LogOp>(loc, load(sumBuf, r)));
+            return toF32(b.create<arith::SubFOp>(loc, toF64(load(targetBuf, r)), lse));
+          },
+          [&] { return f32c(0); });
+      store(v, out, iv);
+    });
+    return set(t, out);
   }
 
   /// Naive mask-and-predict: for each position i, run the body on the ids with

@@ -2,6 +2,7 @@
 // every family and variant on odd sizes, lengths 1..max_len, mixed batches, and
 // independence from thread count and batch composition.
 #include "codegen/Emit/Library.h"
+#include "passes/Passes.h"
 #include "runtime/lib/lmrt.h"
 #include "runtime/reference/Executor.h"
 #include "runtime/weights/Weights.h"
@@ -13,6 +14,7 @@
 #include <cmath>
 #include <filesystem>
 #include <random>
+#include <set>
 
 namespace fs = std::filesystem;
 using namespace lmcc;
@@ -110,12 +112,22 @@ std::vector<std::vector<int32_t>> randomSentences(const ModelSpec &spec, uint64_
 
 fs::path runtimeDir() { return fs::path(LMCC_BINARY_DIR) / "lib"; }
 
-class Compiled : public ::testing::TestWithParam<Case> {};
+struct Pipeline {
+  const char *name;
+  bool naive;
+  std::set<std::string> disabled;
+};
+
+class Compiled : public ::testing::TestWithParam<std::tuple<Case, Pipeline>> {};
 
 TEST_P(Compiled, MatchesReference) {
-  const ModelSpec &spec = GetParam().spec;
-  fs::path dir = fs::temp_directory_path() / ("lmcc-compiled-test-" + spec.name + "-" + std::to_string(::getpid()));
+  const ModelSpec &spec = std::get<0>(GetParam()).spec;
+  const Pipeline &pipeline = std::get<1>(GetParam());
+  fs::path dir = fs::temp_directory_path() /
+                 ("lmcc-compiled-test-" + spec.name + "-" + pipeline.name + "-" + std::to_string(::getpid()));
   codegen::LibraryOptions options;
+  options.naive = pipeline.naive;
+  options.disabledPasses = pipeline.disabled;
   options.outputDir = dir.string();
   options.runtimeDir = runtimeDir().string();
   ASSERT_EQ(codegen::compileLibrary(spec, options), "");
@@ -187,7 +199,28 @@ TEST_P(Compiled, MatchesReference) {
   fs::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, Compiled, ::testing::ValuesIn(cases()),
-                         [](const ::testing::TestParamInfo<Case> &info) { return std::string(info.param.name); });
+// The naive pipeline, the full default pipeline, and each pass alone dropped: every
+// configuration matches the reference executor, so pass-on == pass-off.
+std::vector<Pipeline> pipelines() {
+  std::vector<Pipeline> out = {{"naive", true, {}}, {"optimized", false, {}}};
+  static std::vector<std::string> names;
+  names.clear();
+  for (const std::string &flag : defaultPipeline())
+    names.push_back("no_" + flag.substr(3));
+  for (size_t i = 0; i < defaultPipeline().size(); ++i) {
+    std::string n = names[i];
+    for (char &c : n)
+      if (c == '-')
+        c = '_';
+    names[i] = n;
+    out.push_back({names[i].c_str(), false, {defaultPipeline()[i]}});
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, Compiled, ::testing::Combine(::testing::ValuesIn(cases()), ::testing::ValuesIn(pipelines())),
+                         [](const ::testing::TestParamInfo<std::tuple<Case, Pipeline>> &info) {
+                           return std::string(std::get<0>(info.param).name) + "_" + std::get<1>(info.param).name;
+                         });
 
 } // namespace

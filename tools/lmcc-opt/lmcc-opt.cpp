@@ -5,6 +5,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "dialect/LmDialect.h"
+#include "passes/Passes.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -17,6 +18,7 @@ int main(int argc, char **argv) {
   mlir::DialectRegistry registry;
   registry.insert<lmcc::lm::LmDialect, mlir::func::FuncDialect, mlir::tensor::TensorDialect,
                   mlir::arith::ArithDialect>();
+  lmcc::registerLmPasses();
   mlir::registerCanonicalizerPass();
   mlir::registerCSEPass();
   return mlir::asMainReturnCode(mlir::MlirOptMain(argc, argv, "lmcc optimizer: lm dialect IR\n", registry));
