@@ -257,6 +257,12 @@ LogicalResult AttentionOp::verify() {
         return emitOpError("relative tables must be [2 clip + 1, d_model / heads] = [")
                << 2 * getClip() + 1 << ", " << d / int64_t(getHeads()) << "], got " << t.getType();
   }
+  if (Value positions = getQueryPositions()) {
+    if (q.getDimSize(1) != 1)
+      return emitOpError("query_positions apply to single-query rows: the query must be [B, 1, D], got ") << q;
+    if (failed(expectRank(*this, "query_positions [B]", positions, 1)))
+      return failure();
+  }
   return verifyMaskData(*this, getMask(), getMaskData(), q.getDimSize(0));
 }
 
@@ -330,4 +336,40 @@ LogicalResult MaskAndPredictOp::verify() {
   if (r.getRank() < 2)
     return emitOpError("the yielded value must be per position: [B, N, ...]");
   return success();
+}
+
+LogicalResult MaskedBatchOp::verify() {
+  if (failed(expectRank(*this, "ids [B, N]", getIds(), 2)) || failed(expectRank(*this, "lengths [B]", getLengths(), 1)))
+    return failure();
+  if (int64_t(getMaskToken()) < 0)
+    return emitOpError("mask_token must be a token id >= 0");
+  Block &block = getBody().front();
+  auto ids = getIds().getType(), lengths = getLengths().getType();
+  if (block.getNumArguments() != 4 || block.getArgument(0).getType() != ids ||
+      block.getArgument(1).getType() != lengths || block.getArgument(2).getType() != ids ||
+      block.getArgument(3).getType() != lengths)
+    return emitOpError("the body takes (copies ") << ids << ", copy lengths " << lengths << ", targets " << ids
+                                                  << ", positions " << lengths << ")";
+  auto yield = llvm::dyn_cast<YieldOp>(block.getTerminator());
+  if (!yield)
+    return emitOpError("the body must end with lm.yield");
+  auto y = yield.getValue().getType(), r = getResult().getType();
+  if (y.getRank() != r.getRank() || y.getRank() < 2)
+    return emitOpError("the yielded value ") << y << " must be [C, N or 1, ...] like the result " << r;
+  for (int64_t i = 2; i < r.getRank(); ++i)
+    if (y.getDimSize(i) != r.getDimSize(i))
+      return emitOpError("the yielded value ") << y << " and the result " << r << " differ in dim " << i;
+  return success();
+}
+
+LogicalResult TakeRowOp::verify() {
+  auto in = llvm::cast<RankedTensorType>(getInput().getType()), out = llvm::cast<RankedTensorType>(getResult().getType());
+  if (in.getRank() < 2 || out.getRank() != in.getRank() || out.getDimSize(1) != 1)
+    return emitOpError("takes [C, N, ...] to [C, 1, ...], got ") << in << " -> " << out;
+  if (in.getElementType() != out.getElementType())
+    return emitOpError("keeps the element type");
+  for (int64_t i = 2; i < in.getRank(); ++i)
+    if (!compatible(in.getDimSize(i), out.getDimSize(i)))
+      return emitOpError("dim ") << i << " differs: " << in << " -> " << out;
+  return expectRank(*this, "positions [C]", getPositions(), 1);
 }

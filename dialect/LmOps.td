@@ -291,7 +291,10 @@ def Lm_AttentionOp : Lm_Op<"attention", [Pure, AttrSizedOperandSegments]> {
     query [B, N, D], key/value [B, M, D] (heads split inside: head h uses
     features [h*dh, (h+1)*dh)); the mask is an attribute conjoined with key
     padding from `lengths`. Optional operands: per-row mask data (directional,
-    explicit) and Shaw relative-position tables (both or neither). Equal to the
+    explicit), Shaw relative-position tables (both or neither), and per-batch-entry
+    query positions [B] for single-query rows (query [B, 1, D]: its row sits at
+    position query_positions[b] for the mask and relative positions; lm-prune-rows
+    makes these). Scores are (Q K^T [+ Q rel_k]) * scale. Equal to the
     decomposed split_heads / matmul / scale / mask_fill / softmax / matmul /
     merge_heads chain; a row that sees no key yields zeros.
     ```mlir
@@ -301,12 +304,14 @@ def Lm_AttentionOp : Lm_Op<"attention", [Pure, AttrSizedOperandSegments]> {
   }];
   let arguments = (ins Lm_F32Tensor:$query, Lm_F32Tensor:$key, Lm_F32Tensor:$value, Lm_I32Tensor:$lengths,
                        Optional<RankedTensorOf<[I32, I1]>>:$mask_data, Optional<Lm_F32Tensor>:$rel_key,
-                       Optional<Lm_F32Tensor>:$rel_value, I64Attr:$heads, Lm_MaskAttr:$mask, F32Attr:$scale,
+                       Optional<Lm_F32Tensor>:$rel_value, Optional<Lm_I32Tensor>:$query_positions,
+                       I64Attr:$heads, Lm_MaskAttr:$mask, F32Attr:$scale,
                        DefaultValuedAttr<I64Attr, "0">:$clip);
   let results = (outs Lm_F32Tensor:$result);
   let assemblyFormat = [{
     $query `,` $key `,` $value `,` $lengths (`data` `(` $mask_data^ `:` type($mask_data) `)`)?
-    (`relative` `(` $rel_key^ `,` $rel_value `:` type($rel_key) `,` type($rel_value) `)`)? attr-dict `:`
+    (`relative` `(` $rel_key^ `,` $rel_value `:` type($rel_key) `,` type($rel_value) `)`)?
+    (`query_positions` `(` $query_positions^ `:` type($query_positions) `)`)? attr-dict `:`
     type($query) `,` type($key) `,` type($value) `,` type($lengths) `->` type($result)
   }];
   let hasVerifier = 1;
@@ -415,8 +420,48 @@ def Lm_MaskAndPredictOp : Lm_Op<"mask_and_predict", [RecursiveMemoryEffects]> {
   let hasVerifier = 1;
 }
 
-def Lm_YieldOp : Lm_Op<"yield", [Pure, Terminator, ReturnLike, HasParent<"MaskAndPredictOp">]> {
-  let summary = "yields the region's per-row value from lm.mask_and_predict";
+def Lm_MaskedBatchOp : Lm_Op<"masked_batch", [RecursiveMemoryEffects]> {
+  let summary = "mask-and-predict as one batched computation over all masked copies";
+  let description = [{
+    Same result as lm.mask_and_predict, computed at once: the body runs on C =
+    sum(lengths) copies, copy c = (b, i) being sentence b with position i replaced
+    by `mask_token`. Body arguments: the copies' ids [C, N], their lengths [C], the
+    original ids of their sentences (targets) [C, N], and each copy's position i
+    [C]. The body yields [C, N, ...] (row i of copy c is kept) or, once
+    lm-prune-rows has run, [C, 1, ...] (only the kept row was computed).
+    result[b, i, ...] = yielded[c(b, i), i or 0, ...]; rows past a length are zero.
+    ```mlir
+    %lp = lm.masked_batch %ids, %lengths {mask_token = 4 : i64} : (tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32> {
+    ^bb0(%copies: tensor<?x?xi32>, %copy_lengths: tensor<?xi32>, %targets: tensor<?x?xi32>, %positions: tensor<?xi32>):
+      ...
+      lm.yield %g : tensor<?x?xf32>
+    }
+    ```
+  }];
+  let arguments = (ins Lm_I32Tensor:$ids, Lm_I32Tensor:$lengths, I64Attr:$mask_token);
+  let results = (outs Lm_F32Tensor:$result);
+  let regions = (region SizedRegion<1>:$body);
+  let assemblyFormat = "$ids `,` $lengths attr-dict `:` functional-type(operands, results) $body";
+  let hasVerifier = 1;
+}
+
+def Lm_TakeRowOp : Lm_Op<"take_row", [Pure]> {
+  let summary = "one row per batch entry: out[c, 0, ...] = x[c, positions[c], ...]";
+  let description = [{
+    Inside lm.masked_batch, copy c only needs the row at its masked position.
+    ```mlir
+    %r = lm.take_row %h, %positions : (tensor<?x?x512xf32>, tensor<?xi32>) -> tensor<?x1x512xf32>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$input, Lm_I32Tensor:$positions);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$input `,` $positions attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Lm_YieldOp : Lm_Op<"yield", [Pure, Terminator, ReturnLike,
+                                 ParentOneOf<["MaskAndPredictOp", "MaskedBatchOp"]>]> {
+  let summary = "yields the region's per-row value from lm.mask_and_predict or lm.masked_batch";
   let description = [{
     ```mlir
     lm.yield %g : tensor<?x?xf32>

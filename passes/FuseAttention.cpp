@@ -78,7 +78,7 @@ struct FuseAttentionPattern : OpRewritePattern<lm::MergeHeadsOp> {
     int64_t clip = relScores ? int64_t(relScores.getClip()) : 0;
     rewriter.replaceOpWithNewOp<lm::AttentionOp>(
         merge, merge.getType(), qh.getInput(), kh.getInput(), vh.getInput(), maskFill.getLengths(),
-        maskFill.getMaskData(), relK, relV, rewriter.getI64IntegerAttr(heads), maskFill.getMaskAttr(),
+        maskFill.getMaskData(), relK, relV, /*query_positions=*/Value(), rewriter.getI64IntegerAttr(heads), maskFill.getMaskAttr(),
         scale.getFactorAttr(), rewriter.getI64IntegerAttr(clip));
     return success();
   }

@@ -31,4 +31,29 @@ def LmFuseLogprob : Pass<"lm-fuse-logprob", "::mlir::ModuleOp"> {
   let dependentDialects = ["::lmcc::lm::LmDialect"];
 }
 
+def LmBatchMaskPredict : Pass<"lm-batch-mask-predict", "::mlir::ModuleOp"> {
+  let summary = "Run lm.mask_and_predict as one batched computation over all masked copies (lm.masked_batch)";
+  let description = [{
+    The naive lm.mask_and_predict runs its body once per position. This pass moves
+    the body into an lm.masked_batch, which runs it once over the sum(lengths)
+    masked copies of all sentences; values the body captured with the sentence
+    batch as leading dimension (ids as targets, lengths) become per-copy values.
+    Batching alone saves no FLOPs; it makes lm-prune-rows possible and turns n
+    small GEMMs into one large one.
+  }];
+  let dependentDialects = ["::lmcc::lm::LmDialect"];
+}
+
+def LmPruneRows : Pass<"lm-prune-rows", "::mlir::ModuleOp"> {
+  let summary = "Dead-row elimination in lm.masked_batch: compute only the row each copy keeps";
+  let description = [{
+    Copy c of an lm.masked_batch keeps only row i (its masked position). Walking
+    back from the yield, row-local ops (linear, norms, activations, residuals,
+    log-softmax, gathers) are recomputed on that row only, and the last attention
+    computes one query row per copy against all keys and values. With
+    lm-fuse-attention and lm-fuse-logprob first, the head runs on n rows instead of n^2.
+  }];
+  let dependentDialects = ["::lmcc::lm::LmDialect"];
+}
+
 #endif // LMCC_PASSES_TD

@@ -4,7 +4,8 @@
 namespace lmcc {
 
 const std::vector<std::string> &defaultPipeline() {
-  static const std::vector<std::string> passes = {"lm-fuse-attention", "lm-fuse-logprob"};
+  static const std::vector<std::string> passes = {"lm-fuse-attention", "lm-fuse-logprob", "lm-batch-mask-predict",
+                                                  "lm-prune-rows"};
   return passes;
 }
 
@@ -16,6 +17,10 @@ void addOptimizationPasses(mlir::OpPassManager &pm, const std::set<std::string> 
       pm.addPass(createLmFuseAttention());
     else if (flag == "lm-fuse-logprob")
       pm.addPass(createLmFuseLogprob());
+    else if (flag == "lm-batch-mask-predict")
+      pm.addPass(createLmBatchMaskPredict());
+    else if (flag == "lm-prune-rows")
+      pm.addPass(createLmPruneRows());
   }
 }
 

@@ -301,6 +301,18 @@ private:
       return lowerAttention(a);
     if (auto t = dyn_cast<lm::TokenLogprobOp>(op))
       return lowerTokenLogprob(t);
+    if (auto m = dyn_cast<lm::MaskedBatchOp>(op))
+      return lowerMaskedBatch(m);
+    if (auto t = dyn_cast<lm::TakeRowOp>(op)) {
+      // out[c, 0, ...] = x[c, positions[c], ...]
+      Value x = in(t.getInput()), positions = in(t.getPositions()), out = alloc(typeOf(t.getResult()));
+      nest(sizes(typeOf(t.getResult())), [&](ValueRange iv) {
+        SmallVector<Value> at(iv.begin(), iv.end());
+        at[1] = b.create<arith::IndexCastOp>(loc, b.getIndexType(), load(positions, iv[0]));
+        store(load(x, at), out, iv);
+      });
+      return set(t, out);
+    }
     return op->emitOpError("has no CPU lowering yet");
   }
 
@@ -675,8 +687,11 @@ private:
     Value scores = alloc(MemRefType::get({kKeyTile}, f32()));
     Value acc = alloc(MemRefType::get({dh}, f32()));
     Value negInf = f32c(-INFINITY);
-    nest({B, idx(H), N}, [&](ValueRange iv) {
-      Value bi = iv[0], h = iv[1], i = iv[2];
+    // Single-query rows (lm-prune-rows): row 0 of entry c sits at position query_positions[c].
+    Value queryPositions = a.getQueryPositions() ? in(a.getQueryPositions()) : Value();
+    nest({B, idx(H), queryPositions ? idx(1) : N}, [&](ValueRange iv) {
+      Value bi = iv[0], h = iv[1], row = iv[2];
+      Value i = queryPositions ? Value(b.create<arith::IndexCastOp>(loc, b.getIndexType(), load(queryPositions, bi))) : row;
       Value len = lengthOf(bi);
       Value base = b.create<arith::MulIOp>(loc, h, idx(dh));
       auto feature = [&](Value e) { return b.create<arith::AddIOp>(loc, base, e); };
@@ -696,10 +711,10 @@ private:
         Value tileMax = reduce(idx(0), tileLen, negInf, [&](Value jj, Value mx) {
           Value j = b.create<arith::AddIOp>(loc, kt, jj);
           Value dot = reduce(idx(0), idx(dh), f32c(0), [&](Value e, Value sum) {
-            Value x = b.create<arith::MulFOp>(loc, load(q, {bi, i, feature(e)}), load(k, {bi, j, feature(e)}));
+            Value qe = load(q, {bi, row, feature(e)});
+            Value x = b.create<arith::MulFOp>(loc, qe, load(k, {bi, j, feature(e)}));
             if (relK)
-              x = b.create<arith::AddFOp>(
-                  loc, x, b.create<arith::MulFOp>(loc, load(q, {bi, i, feature(e)}), load(relK, {relativeIndex(i, j, clip), e})));
+              x = b.create<arith::AddFOp>(loc, x, b.create<arith::MulFOp>(loc, qe, load(relK, {relativeIndex(i, j, clip), e})));
             return b.create<arith::AddFOp>(loc, sum, x);
           });
           Value sj = b.create<arith::MulFOp>(loc, dot, scale);
@@ -738,7 +753,7 @@ private:
       Value seen = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGT, l, f32c(0));
       Value inv = select(seen, b.create<arith::DivFOp>(loc, f32c(1), l), f32c(0));
       nest({idx(dh)}, [&](ValueRange e) {
-        store(b.create<arith::MulFOp>(loc, load(acc, e), inv), out, {bi, i, feature(e[0])});
+        store(b.create<arith::MulFOp>(loc, load(acc, e), inv), out, {bi, row, feature(e[0])});
       });
     });
     return set(a, out);
@@ -754,7 +769,10 @@ private:
     auto ht = typeOf(t.getHidden());
     int64_t D = ht.getDimSize(2), V = typeOf(t.getWeight()).getDimSize(0), shift = t.getShift();
     Value h = in(t.getHidden()), ids = in(t.getTargets()), out = alloc(t.getType());
-    Value rows = b.create<arith::MulIOp>(loc, B, N);
+    // Rows are (entry, position) pairs of the hidden states: [R0, R1, D] (R1 is N, or 1 when pruned).
+    auto hs = sizes(ht);
+    Value R0 = hs[0], R1 = hs[1];
+    Value rows = b.create<arith::MulIOp>(loc, R0, R1);
     Value logits = b.create<memref::AllocOp>(loc, MemRefType::get({ShapedType::kDynamic, kVocabTile}, f32()),
                                              ValueRange{rows}, b.getI64IntegerAttr(64));
     scopes.back().push_back(logits);
@@ -772,9 +790,9 @@ private:
     });
     // Row r = (b, p) holds hidden position p; its target is ids[b, p + shift] when that exists.
     auto targetOf = [&](Value r) {
-      Value bi = b.create<arith::DivUIOp>(loc, r, N), p = b.create<arith::RemUIOp>(loc, r, N);
+      Value bi = b.create<arith::DivUIOp>(loc, r, R1), p = b.create<arith::RemUIOp>(loc, r, R1);
       Value pt = b.create<arith::AddIOp>(loc, p, idx(shift));
-      Value exists = lt(pt, N);
+      Value exists = lt(pt, R1);
       Value safe = select(exists, pt, idx(0));
       Value id = b.create<arith::IndexCastOp>(loc, b.getIndexType(), load(ids, {bi, safe}));
       return std::pair<Value, Value>{exists, id};
@@ -814,12 +832,12 @@ private:
         when(inTile, [&] { store(load(logits, {r[0], b.create<arith::SubIOp>(loc, id, vt)}), targetBuf, r); });
       });
     });
-    nest({B, N}, [&](ValueRange iv) {
+    nest({R0, R1}, [&](ValueRange iv) {
       Value valid = andI(ge(iv[1], idx(shift)), lt(iv[1], lengthOf(iv[0])));
       Value v = choose(
           valid, f32(),
           [&] {
-            Value r = b.create<arith::AddIOp>(loc, b.create<arith::MulIOp>(loc, iv[0], N),
+            Value r = b.create<arith::AddIOp>(loc, b.create<arith::MulIOp>(loc, iv[0], R1),
                                               b.create<arith::SubIOp>(loc, iv[1], idx(shift)));
             Value lse = b.create<arith::AddFOp>(loc, load(maxBuf, r), b.create<math::LogOp>(loc, load(sumBuf, r)));
             return toF32(b.create<arith::SubFOp>(loc, toF64(load(targetBuf, r)), lse));
@@ -828,6 +846,74 @@ private:
       store(v, out, iv);
     });
     return set(t, out);
+  }
+
+  /// Batched mask-and-predict: build the C = sum(lengths) masked copies (copy c =
+  /// sentence b with position i masked), run the body once with batch C, then
+  /// scatter row i (or row 0 when the body was pruned to one row) of copy c to
+  /// result[b, i]. Inside the body the batch dimension is C and lengths are per copy.
+  LogicalResult lowerMaskedBatch(lm::MaskedBatchOp m) {
+    Value ids = in(m.getIds()), lens = in(m.getLengths());
+    Value total = reduce(idx(0), B, idx(0), [&](Value bi, Value acc) { return b.create<arith::AddIOp>(loc, acc, lengthOf(bi)); });
+    auto dyn = ShapedType::kDynamic;
+    auto newBuffer = [&](ArrayRef<int64_t> shape, ValueRange dynSizes) {
+      Value buf = b.create<memref::AllocOp>(loc, MemRefType::get(shape, i32()), dynSizes, b.getI64IntegerAttr(64));
+      scopes.back().push_back(buf);
+      return buf;
+    };
+    Value copies = newBuffer({dyn, dyn}, {total, N}), targets = newBuffer({dyn, dyn}, {total, N});
+    Value copyLengths = newBuffer({dyn}, {total}), positions = newBuffer({dyn}, {total}), owner = newBuffer({dyn}, {total});
+    Value mask = i32c(m.getMaskToken());
+    // Copies of sentence b occupy [offset(b), offset(b) + len(b)).
+    reduce(idx(0), B, idx(0), [&](Value bi, Value offset) {
+      Value len = lengthOf(bi);
+      nest({len}, [&](ValueRange pos) {
+        Value c = b.create<arith::AddIOp>(loc, offset, pos[0]);
+        nest({N}, [&](ValueRange t) {
+          Value id = load(ids, {bi, t[0]});
+          store(select(eqI(t[0], pos[0]), mask, id), copies, {c, t[0]});
+          store(id, targets, {c, t[0]});
+        });
+        store(load(lens, bi), copyLengths, c);
+        store(b.create<arith::IndexCastOp>(loc, i32(), pos[0]), positions, c);
+        store(b.create<arith::IndexCastOp>(loc, i32(), bi), owner, c);
+      });
+      return b.create<arith::AddIOp>(loc, offset, len);
+    });
+    Value out = alloc(m.getType());
+    auto outSizes = sizes(m.getType());
+    nest(outSizes, [&](ValueRange iv) { store(f32c(0), out, iv); });
+
+    Block &body = m.getBody().front();
+    Value savedB = B, savedLengths = lengths;
+    B = total;
+    lengths = copyLengths;
+    scopes.emplace_back();
+    buffers[body.getArgument(0)] = copies;
+    buffers[body.getArgument(1)] = copyLengths;
+    buffers[body.getArgument(2)] = targets;
+    buffers[body.getArgument(3)] = positions;
+    for (Operation &op : body.without_terminator())
+      if (failed(lower(&op)))
+        return failure();
+    auto yield = cast<lm::YieldOp>(body.getTerminator());
+    Value y = in(yield.getValue());
+    bool pruned = typeOf(yield.getValue()).getDimSize(1) == 1;
+    SmallVector<Value> rest(outSizes.begin() + 2, outSizes.end());
+    nest({total}, [&](ValueRange c) {
+      Value bi = b.create<arith::IndexCastOp>(loc, b.getIndexType(), load(owner, c));
+      Value i = b.create<arith::IndexCastOp>(loc, b.getIndexType(), load(positions, c));
+      nest(rest, [&](ValueRange r) {
+        SmallVector<Value> from = {c[0], pruned ? idx(0) : i}, to = {bi, i};
+        from.append(r.begin(), r.end());
+        to.append(r.begin(), r.end());
+        store(load(y, from), out, to);
+      });
+    });
+    closeScope();
+    B = savedB;
+    lengths = savedLengths;
+    return set(m, out);
   }
 
   /// Naive mask-and-predict: for each position i, run the body on the ids with

@@ -6,6 +6,8 @@
 //
 //===----------------------------------------------------------------------===//
 #include "codegen/Emit/Library.h"
+#include "codegen/Stats.h"
+#include "passes/Passes.h"
 #include "frontend/MLIRGen.h"
 #include "frontend/Spec.h"
 #include "runtime/reference/Executor.h"
@@ -20,6 +22,7 @@
 
 #include <cerrno>
 #include <filesystem>
+#include <map>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -116,7 +119,9 @@ void appendNumber(std::string &out, double v, const char *what, size_t line) {
 
 struct Options {
   std::string spec, weights, ids = "-", output, from, input, cpu, dumpIR;
-  bool json = false, reference = false, embedWeights = false, staticArchive = false;
+  bool json = false, reference = false, embedWeights = false, staticArchive = false, naive = false, stats = false;
+  std::map<std::string, bool> noPass; // pass flag -> --no-<pass> given
+  int64_t statsN = 0;
   int threads = 1;
   uint64_t seed = 0;
 };
@@ -172,8 +177,26 @@ std::string runtimeDir() {
   return (exe.parent_path().parent_path() / "lib").string();
 }
 
+/// The pipeline the flags ask for: --naive runs no pass, --no-<pass> drops one.
+void applyPipelineFlags(const Options &o, lmcc::codegen::LibraryOptions &options) {
+  options.naive = o.naive;
+  for (const auto &[flag, off] : o.noPass)
+    if (off)
+      options.disabledPasses.insert(flag);
+}
+
+/// A short tag naming the pipeline, so cached libraries of different pipelines never mix.
+std::string pipelineTag(const lmcc::codegen::LibraryOptions &options) {
+  if (options.naive)
+    return "naive";
+  std::string tag = "opt";
+  for (const std::string &flag : options.disabledPasses)
+    tag += "-no" + flag.substr(2);
+  return tag;
+}
+
 /// A cached compiled library of `spec` for this lmcc binary, compiled on first use.
-std::string cachedLibrary(const lmcc::ModelSpec &spec) {
+std::string cachedLibrary(const lmcc::ModelSpec &spec, const Options &o) {
   const char *env = std::getenv("LMCC_CACHE_DIR");
   const char *xdg = std::getenv("XDG_CACHE_HOME");
   const char *home = std::getenv("HOME");
@@ -183,13 +206,14 @@ std::string cachedLibrary(const lmcc::ModelSpec &spec) {
   struct stat st {};
   ::stat("/proc/self/exe", &st);
   std::string stamp = std::to_string(st.st_size) + "-" + std::to_string(st.st_mtime);
-  fs::path dir = cache / (spec.name + "-" + lmcc::specHash(spec) + "-" + stamp);
+  lmcc::codegen::LibraryOptions options;
+  applyPipelineFlags(o, options);
+  fs::path dir = cache / (spec.name + "-" + lmcc::specHash(spec) + "-" + pipelineTag(options) + "-" + stamp);
   fs::path lib = dir / ("lib" + spec.name + ".so");
   if (fs::exists(lib))
     return lib.string();
   // Compile into a private directory, then move it into place (concurrent lmcc runs are safe).
   fs::path tmp = cache / (".tmp-" + spec.name + "-" + std::to_string(::getpid()));
-  lmcc::codegen::LibraryOptions options;
   options.outputDir = tmp.string();
   options.runtimeDir = runtimeDir();
   if (std::string err = lmcc::codegen::compileLibrary(spec, options); !err.empty())
@@ -205,8 +229,9 @@ std::string cachedLibrary(const lmcc::ModelSpec &spec) {
 struct CompiledModel {
   void *handle = nullptr;
   lm_model *model = nullptr;
-  CompiledModel(const lmcc::ModelSpec &spec, const std::string &weights) {
-    std::string lib = cachedLibrary(spec);
+  CompiledModel(const lmcc::ModelSpec &spec, const Options &o) {
+    const std::string &weights = o.weights;
+    std::string lib = cachedLibrary(spec, o);
     handle = ::dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (!handle)
       throw std::runtime_error(std::string("cannot load ") + lib + ": " + ::dlerror());
@@ -249,7 +274,7 @@ struct Padded {
 
 std::vector<lmcc::reference::ScoreResult> compiledScore(const lmcc::ModelSpec &spec, const Options &o,
                                                         const std::vector<std::vector<int32_t>> &sentences) {
-  CompiledModel m(spec, o.weights);
+  CompiledModel m(spec, o);
   Padded p(sentences);
   int32_t batch = int32_t(sentences.size());
   std::vector<float> lp(size_t(batch) * p.stride), scores(batch);
@@ -269,7 +294,7 @@ std::vector<lmcc::reference::ScoreResult> compiledScore(const lmcc::ModelSpec &s
 
 std::vector<std::vector<float>> compiledEmbed(const lmcc::ModelSpec &spec, const Options &o,
                                               const std::vector<std::vector<int32_t>> &sentences) {
-  CompiledModel m(spec, o.weights);
+  CompiledModel m(spec, o);
   Padded p(sentences);
   int32_t batch = int32_t(sentences.size());
   std::vector<float> out(size_t(batch) * spec.dims.dModel);
@@ -282,9 +307,35 @@ std::vector<std::vector<float>> compiledEmbed(const lmcc::ModelSpec &spec, const
   return results;
 }
 
+int runStats(const Options &o, const lmcc::ModelSpec &spec) {
+  lmcc::codegen::LibraryOptions options;
+  applyPipelineFlags(o, options);
+  options.dumpDir = o.dumpIR;
+  mlir::MLIRContext context;
+  std::string error;
+  mlir::OwningOpRef<mlir::ModuleOp> module = lmcc::codegen::buildOptimizedModule(context, spec, options, &error);
+  if (!module) {
+    std::cerr << "lmcc: " << o.spec << ": " << error << "\n";
+    return kExitInternal;
+  }
+  for (const auto &entry : lmcc::codegen::countStats(*module, o.statsN))
+    std::cout << entry.entry << ": flops=" << entry.flops << " temp_bytes=" << entry.tempBytes << "\n";
+  return kExitOk;
+}
+
 int runCompile(const Options &o) {
   lmcc::ModelSpec spec = lmcc::loadSpec(o.spec);
+  if (o.stats) {
+    if (o.statsN < 1 || o.statsN > spec.dims.maxLen)
+      throw InputError("--n " + std::to_string(o.statsN) + " must be in [1, max_len = " +
+                       std::to_string(spec.dims.maxLen) + "]");
+    if (int status = runStats(o, spec); status != kExitOk || o.output.empty())
+      return status;
+  } else if (o.output.empty()) {
+    throw InputError("lmcc compile needs -o DIR (or --stats --n N)");
+  }
   lmcc::codegen::LibraryOptions options;
+  applyPipelineFlags(o, options);
   options.outputDir = o.output;
   options.weightsPath = o.weights;
   options.embedWeights = o.embedWeights;
@@ -372,12 +423,20 @@ int main(int argc, char **argv) {
 
   auto *compile = app.add_subcommand("compile", "compile a model into DIR/lib<name>.so and DIR/<name>.h");
   compile->add_option("SPEC", o.spec, "model spec (TOML)")->required();
-  compile->add_option("-o,--output", o.output, "output directory")->required();
+  compile->add_option("-o,--output", o.output, "output directory (required unless --stats)");
+  compile->add_flag("--stats", o.stats, "print '<entry>: flops=<int> temp_bytes=<int>' per entry point");
+  compile->add_option("--n", o.statsN, "sentence length for --stats (batch 1)");
   compile->add_option("--weights", o.weights, "weights to validate now (and bake in with --embed-weights)");
   compile->add_flag("--embed-weights", o.embedWeights, "bake the weights into the library (_load takes NULL)");
   compile->add_flag("--static", o.staticArchive, "also write lib<name>.a (link it with liblmrt.so)");
   compile->add_option("--cpu", o.cpu, "target CPU (LLVM name, e.g. znver4, skylake-avx512); default: this host");
-  compile->add_option("--dump-ir", o.dumpIR, "write the IR after each lowering step into this directory");
+  compile->add_option("--dump-ir", o.dumpIR, "write the IR after every pass and lowering step into this directory");
+  auto addPipelineFlags = [&](CLI::App *cmd) {
+    cmd->add_flag("--naive", o.naive, "run no optimization pass (decomposed attention, n-pass mask-and-predict)");
+    for (const std::string &flag : lmcc::defaultPipeline())
+      cmd->add_flag("--no-" + flag.substr(3), o.noPass[flag], "drop the " + flag + " pass");
+  };
+  addPipelineFlags(compile);
 
   CLI::App *runners[2];
   const char *names[2] = {"score", "embed"};
@@ -394,6 +453,7 @@ int main(int argc, char **argv) {
     runners[k]->add_option("--threads", o.threads, "worker threads (results do not depend on it)")
         ->check(CLI::Range(1, 1024))
         ->capture_default_str();
+    addPipelineFlags(runners[k]);
   }
 
   try {

@@ -1,0 +1,206 @@
+//===- Stats.cpp - FLOP and temporary-memory counts read off lm IR ----------===//
+#include "codegen/Stats.h"
+
+#include "dialect/LmDialect.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/BuiltinTypes.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/SmallVector.h"
+
+#include <algorithm>
+
+using namespace mlir;
+
+namespace lmcc::codegen {
+namespace {
+
+/// What the dynamic dims stand for: the first `?` of a type is the batch, every
+/// further one the sequence length n. The batch is 1 (one sentence) except inside an
+/// lm.masked_batch body, whose batch is the C = sum(lengths) = n masked copies.
+struct Sizes {
+  int64_t batch, n;
+};
+
+/// The shape of `type` with the first dynamic dim = the batch and every further one = n.
+SmallVector<int64_t> resolvedShape(Type type, Sizes z) {
+  SmallVector<int64_t> shape;
+  auto ranked = llvm::dyn_cast<RankedTensorType>(type);
+  if (!ranked)
+    return shape;
+  bool batchSeen = false;
+  for (int64_t d : ranked.getShape()) {
+    if (ShapedType::isDynamic(d)) {
+      shape.push_back(batchSeen ? z.n : z.batch);
+      batchSeen = true;
+    } else {
+      shape.push_back(d);
+    }
+  }
+  return shape;
+}
+
+int64_t product(ArrayRef<int64_t> dims) {
+  int64_t p = 1;
+  for (int64_t d : dims)
+    p *= d;
+  return p;
+}
+
+/// Product of every dim but the last (the rows of a map over the last axis).
+int64_t rows(Value v, Sizes z) {
+  SmallVector<int64_t> s = resolvedShape(v.getType(), z);
+  return s.empty() ? 0 : product(ArrayRef<int64_t>(s).drop_back());
+}
+
+int64_t lastDim(Value v, Sizes z) {
+  SmallVector<int64_t> s = resolvedShape(v.getType(), z);
+  return s.empty() ? 0 : s.back();
+}
+
+int64_t elements(Value v, Sizes z) { return product(resolvedShape(v.getType(), z)); }
+
+/// lm.masked_batch (lm-batch-mask-predict's rewrite of lm.mask_and_predict), matched by
+/// name: its body runs once, over n copies of the sentence.
+bool isMaskedBatch(Operation *op) { return op->getName().getStringRef() == "lm.masked_batch"; }
+
+/// The sizes inside the regions of `op`.
+Sizes regionSizes(Operation *op, Sizes z) { return isMaskedBatch(op) ? Sizes{z.n, z.n} : z; }
+
+/// FLOPs of `op` itself, not of its regions.
+int64_t ownFlops(Operation *op, Sizes z) {
+  if (auto linear = llvm::dyn_cast<lm::LinearOp>(op)) {
+    auto w = linear.getWeight().getType(); // [out, in]
+    return 2 * rows(linear.getInput(), z) * w.getDimSize(1) * w.getDimSize(0);
+  }
+  if (auto matmul = llvm::dyn_cast<lm::MatmulOp>(op)) // [..., M, K] x [..., K, N]: 2 * (... M N) * K
+    return 2 * elements(matmul.getResult(), z) * lastDim(matmul.getLhs(), z);
+  if (auto rel = llvm::dyn_cast<lm::RelativeScoresOp>(op)) // each of [B, H, N, M] is a dh-long dot product
+    return 2 * elements(rel.getResult(), z) * lastDim(rel.getQuery(), z);
+  if (auto rel = llvm::dyn_cast<lm::RelativeValuesOp>(op)) // each of [B, H, N, dh] sums M products
+    return 2 * elements(rel.getResult(), z) * lastDim(rel.getProbs(), z);
+  if (auto attn = llvm::dyn_cast<lm::AttentionOp>(op)) {
+    // Counted as the decomposed chain computes it: Q K^T and P V, 2*B*H*N*M*dh each
+    // (= 4*B*N*M*D together), plus the same again for the Shaw relative terms. The
+    // full products are counted even when the mask would let a lowering skip the
+    // invisible keys (causal/diagonal): the count is of the op's meaning, not of a
+    // particular lowering, so it is invariant under lm-fuse-attention.
+    int64_t bn = rows(attn.getQuery(), z);                      // B * N
+    int64_t m = resolvedShape(attn.getKey().getType(), z)[1]; // M
+    int64_t d = lastDim(attn.getQuery(), z);                    // D = H * dh
+    int64_t products = attn.getRelKey() ? 4 : 2;
+    return products * 2 * bn * m * d;
+  }
+  if (auto tl = llvm::dyn_cast<lm::TokenLogprobOp>(op)) {
+    auto w = tl.getWeight().getType(); // [V, D]
+    return 2 * rows(tl.getHidden(), z) * w.getDimSize(1) * w.getDimSize(0);
+  }
+  return 0;
+}
+
+int64_t byteSize(Type type, Sizes z) {
+  auto ranked = llvm::dyn_cast<RankedTensorType>(type);
+  if (!ranked)
+    return 0;
+  Type elem = ranked.getElementType();
+  int64_t bytes = elem.isIntOrFloat() ? (int64_t(elem.getIntOrFloatBitWidth()) + 7) / 8 : 8;
+  return bytes * product(resolvedShape(type, z));
+}
+
+/// Peak bytes of the temporaries of `block`, simulated in program order. `argsAreTemps`:
+/// the block's arguments are allocated by the enclosing op (a mask_and_predict body's
+/// masked ids) rather than given (a function's inputs).
+int64_t blockPeak(Block &block, Sizes z, bool argsAreTemps) {
+  llvm::DenseMap<Operation *, int64_t> index;
+  int64_t count = 0;
+  for (Operation &op : block)
+    index[&op] = count++;
+
+  // Values returned by the function are outputs, not temporaries.
+  llvm::DenseSet<Value> outputs;
+  if (!block.empty())
+    if (auto ret = llvm::dyn_cast<func::ReturnOp>(block.back()))
+      for (Value v : ret.getOperands())
+        outputs.insert(v);
+
+  // Index of the last op of `block` that uses `v` (directly or inside its regions); -1: none.
+  auto lastUse = [&](Value v) {
+    int64_t last = -1;
+    for (OpOperand &use : v.getUses())
+      if (Operation *ancestor = block.findAncestorOpInBlock(*use.getOwner()))
+        last = std::max(last, index.lookup(ancestor));
+    return last;
+  };
+
+  std::vector<int64_t> freedAfter(count, 0);
+  int64_t live = 0, unusedArgs = 0;
+  if (argsAreTemps)
+    for (BlockArgument arg : block.getArguments()) {
+      int64_t bytes = byteSize(arg.getType(), z);
+      int64_t last = lastUse(arg);
+      if (last >= 0)
+        live += bytes, freedAfter[last] += bytes;
+      else
+        unusedArgs += bytes; // allocated, then dropped before the first op
+    }
+  int64_t peak = live + unusedArgs;
+
+  for (Operation &op : block) {
+    int64_t i = index[&op];
+    if (!llvm::isa<lm::WeightOp>(op))
+      for (Value result : op.getResults()) {
+        if (outputs.contains(result))
+          continue;
+        int64_t bytes = byteSize(result.getType(), z);
+        live += bytes;
+        freedAfter[std::max(lastUse(result), i)] += bytes; // unused results die at once
+      }
+    // A region's temporaries live while the op runs, on top of everything live now
+    // (its own results included). A mask_and_predict body runs n times, one after the
+    // other, so its peak is that of one iteration; a masked_batch body runs once on
+    // all n copies.
+    int64_t nested = 0;
+    for (Region &region : op.getRegions())
+      for (Block &inner : region)
+        nested = std::max(nested, blockPeak(inner, regionSizes(&op, z), /*argsAreTemps=*/true));
+    peak = std::max(peak, live + nested);
+    live -= freedAfter[i];
+  }
+  return peak;
+}
+
+int64_t flopsIn(Operation *op, Sizes z) {
+  int64_t nested = 0;
+  for (Region &region : op->getRegions())
+    for (Block &block : region)
+      for (Operation &inner : block)
+        nested += flopsIn(&inner, regionSizes(op, z));
+  // The naive semantics of mask_and_predict run the body once per position (at the
+  // enclosing batch). lm.masked_batch runs it once, at batch n: its ops count the copies.
+  if (llvm::isa<lm::MaskAndPredictOp>(op))
+    nested *= z.n;
+  return ownFlops(op, z) + nested;
+}
+
+} // namespace
+
+int64_t tensorBytes(Type type, int64_t n) { return byteSize(type, Sizes{1, n}); }
+
+int64_t opFlops(Operation *op, int64_t n) { return flopsIn(op, Sizes{1, n}); }
+
+std::vector<EntryStats> countStats(ModuleOp lmModule, int64_t n) {
+  std::vector<EntryStats> stats;
+  for (auto fn : lmModule.getOps<func::FuncOp>()) {
+    EntryStats s{fn.getName().str(), 0, 0};
+    if (!fn.isExternal()) {
+      s.flops = flopsIn(fn, Sizes{1, n});
+      for (Block &block : fn.getBody())
+        s.tempBytes = std::max(s.tempBytes, blockPeak(block, Sizes{1, n}, /*argsAreTemps=*/false));
+    }
+    stats.push_back(std::move(s));
+  }
+  return stats;
+}
+
+} // namespace lmcc::codegen

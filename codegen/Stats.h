@@ -1,0 +1,60 @@
+//===- Stats.h - FLOP and temporary-memory counts read off lm IR ------------===//
+//
+// Static cost of scoring ONE sentence of n tokens (batch 1) with each entry point
+// of an `lm` module, counted from the IR as it stands (naive or optimized), so the
+// effect of a pass shows up as a change in the numbers.
+//
+// Dynamic dims follow the rule used everywhere in lmcc: in each tensor type the
+// first `?` is the batch (B = 1 here) and every further `?` is the sequence
+// length (N = M = n). Inside an lm.masked_batch body the batch is its copies:
+// C = sum(lengths) = n.
+//
+//===----------------------------------------------------------------------===//
+#pragma once
+
+#include "mlir/IR/BuiltinOps.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mlir {
+class Operation;
+class Type;
+} // namespace mlir
+
+namespace lmcc::codegen {
+
+struct EntryStats {
+  std::string entry; ///< the func.func's name
+  int64_t flops;     ///< 2 per multiply-add of every matrix product
+  int64_t tempBytes; ///< peak bytes of live temporaries
+};
+
+/// One EntryStats per func.func of `lmModule` (in module order), for one sentence
+/// of `n` tokens at batch 1.
+///
+/// flops: matrix products only (lm.linear, lm.matmul, lm.relative_scores,
+/// lm.relative_values, lm.attention, lm.token_logprob); elementwise work, norms
+/// and softmaxes are not counted. lm.attention counts its full Q K^T and P V
+/// products (4*B*N*M*D, twice that with relative positions), masks not discounted,
+/// so the count is invariant under lm-fuse-attention. lm.mask_and_predict runs its
+/// body once per position: body flops * n; lm.masked_batch runs it once at batch n.
+///
+/// tempBytes: the program order of each function is simulated; every tensor
+/// result is allocated when its op runs and freed after its last use in the
+/// block. lm.weight results (inputs), function arguments and the values the
+/// function returns (outputs) are not temporaries. A lm.mask_and_predict body's
+/// temporaries (its masked-ids argument included) live for one iteration: at
+/// that op the peak is what is live outside + the op's own result + the body's
+/// peak (an lm.masked_batch body: all n copies at once).
+std::vector<EntryStats> countStats(mlir::ModuleOp lmModule, int64_t n);
+
+/// Bytes of a tensor type with B = 1 and every further dynamic dim = n (0 for a
+/// non-tensor type).
+int64_t tensorBytes(mlir::Type type, int64_t n);
+
+/// FLOPs of one op (its nested regions included, lm.mask_and_predict's body n times).
+int64_t opFlops(mlir::Operation *op, int64_t n);
+
+} // namespace lmcc::codegen
