@@ -373,3 +373,15 @@ LogicalResult TakeRowOp::verify() {
       return emitOpError("dim ") << i << " differs: " << in << " -> " << out;
   return expectRank(*this, "positions [C]", getPositions(), 1);
 }
+
+LogicalResult SpliceCopiesOp::verify() {
+  auto sentence = getSentence().getType(), masked = getMasked().getType(), result = getResult().getType();
+  if (sentence != masked || sentence.getRank() < 2)
+    return emitOpError("sentence and masked rows must share one [B, N, ...] type, got ") << sentence << " and " << masked;
+  if (result.getRank() != sentence.getRank())
+    return emitOpError("the result must be [C, N, ...] like the shared rows");
+  for (int64_t i = 1; i < result.getRank(); ++i)
+    if (!compatible(result.getDimSize(i), sentence.getDimSize(i)))
+      return emitOpError("dim ") << i << " differs between the shared rows and the result";
+  return expectRank(*this, "positions [C]", getPositions(), 1);
+}

@@ -459,6 +459,23 @@ def Lm_TakeRowOp : Lm_Op<"take_row", [Pure]> {
   let hasVerifier = 1;
 }
 
+def Lm_SpliceCopiesOp : Lm_Op<"splice_copies", [Pure, HasParent<"MaskedBatchOp">]> {
+  let summary = "per-copy rows from shared per-sentence rows: the sentence's row, or the [MASK] row at the copy's position";
+  let description = [{
+    Inside lm.masked_batch, copy c = (b, i) differs from sentence b only at row i.
+    `sentence` [B, N, ...] and `masked` [B, N, ...] are computed once per sentence
+    outside the batch (lm-share-first-layer): out[c, t] = sentence[b, t] for t != i,
+    masked[b, i] for t = i.
+    ```mlir
+    %k = lm.splice_copies %k_sentence, %k_masked, %positions : (tensor<?x?x512xf32>, tensor<?x?x512xf32>, tensor<?xi32>) -> tensor<?x?x512xf32>
+    ```
+  }];
+  let arguments = (ins Lm_F32Tensor:$sentence, Lm_F32Tensor:$masked, Lm_I32Tensor:$positions);
+  let results = (outs Lm_F32Tensor:$result);
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
 def Lm_YieldOp : Lm_Op<"yield", [Pure, Terminator, ReturnLike,
                                  ParentOneOf<["MaskAndPredictOp", "MaskedBatchOp"]>]> {
   let summary = "yields the region's per-row value from lm.mask_and_predict or lm.masked_batch";

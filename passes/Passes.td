@@ -56,4 +56,16 @@ def LmPruneRows : Pass<"lm-prune-rows", "::mlir::ModuleOp"> {
   let dependentDialects = ["::lmcc::lm::LmDialect"];
 }
 
+def LmShareFirstLayer : Pass<"lm-share-first-layer", "::mlir::ModuleOp"> {
+  let summary = "Compute the first layer's inputs and projections once per sentence, not once per masked copy";
+  let description = [{
+    In lm.masked_batch every copy equals its sentence except at its masked row.
+    Values computed from the copies' ids by row-local ops only (embeddings, the
+    embedding norm, first-layer projections) are computed once on the sentence and
+    once on all-[MASK] ids, outside the batch, and each copy takes lm.splice_copies
+    of the two: the sentence's rows with the [MASK] row at its position. Exact.
+  }];
+  let dependentDialects = ["::lmcc::lm::LmDialect"];
+}
+
 #endif // LMCC_PASSES_TD

@@ -5,7 +5,7 @@ namespace lmcc {
 
 const std::vector<std::string> &defaultPipeline() {
   static const std::vector<std::string> passes = {"lm-fuse-attention", "lm-fuse-logprob", "lm-batch-mask-predict",
-                                                  "lm-prune-rows"};
+                                                  "lm-share-first-layer", "lm-prune-rows"};
   return passes;
 }
 
@@ -19,6 +19,8 @@ void addOptimizationPasses(mlir::OpPassManager &pm, const std::set<std::string> 
       pm.addPass(createLmFuseLogprob());
     else if (flag == "lm-batch-mask-predict")
       pm.addPass(createLmBatchMaskPredict());
+    else if (flag == "lm-share-first-layer")
+      pm.addPass(createLmShareFirstLayer());
     else if (flag == "lm-prune-rows")
       pm.addPass(createLmPruneRows());
   }

@@ -303,6 +303,20 @@ private:
       return lowerTokenLogprob(t);
     if (auto m = dyn_cast<lm::MaskedBatchOp>(op))
       return lowerMaskedBatch(m);
+    if (auto sp = dyn_cast<lm::SpliceCopiesOp>(op)) {
+      // out[c, t] = t == positions[c] ? masked[owner(c), t] : sentence[owner(c), t]
+      Value sentence = in(sp.getSentence()), masked = in(sp.getMasked()), positions = in(sp.getPositions());
+      Value out = alloc(sp.getType());
+      nest(sizes(sp.getType()), [&](ValueRange iv) {
+        Value owner = b.create<arith::IndexCastOp>(loc, b.getIndexType(), load(copyOwner, iv[0]));
+        Value at = b.create<arith::IndexCastOp>(loc, b.getIndexType(), load(positions, iv[0]));
+        SmallVector<Value> from(iv.begin(), iv.end());
+        from[0] = owner;
+        Value v = select(eqI(iv[1], at), load(masked, from), load(sentence, from));
+        store(v, out, iv);
+      });
+      return set(sp, out);
+    }
     if (auto t = dyn_cast<lm::TakeRowOp>(op)) {
       // out[c, 0, ...] = x[c, positions[c], ...]
       Value x = in(t.getInput()), positions = in(t.getPositions()), out = alloc(typeOf(t.getResult()));
@@ -885,9 +899,10 @@ private:
     nest(outSizes, [&](ValueRange iv) { store(f32c(0), out, iv); });
 
     Block &body = m.getBody().front();
-    Value savedB = B, savedLengths = lengths;
+    Value savedB = B, savedLengths = lengths, savedOwner = copyOwner;
     B = total;
     lengths = copyLengths;
+    copyOwner = owner;
     scopes.emplace_back();
     buffers[body.getArgument(0)] = copies;
     buffers[body.getArgument(1)] = copyLengths;
@@ -913,6 +928,7 @@ private:
     closeScope();
     B = savedB;
     lengths = savedLengths;
+    copyOwner = savedOwner;
     return set(m, out);
   }
 
@@ -965,6 +981,7 @@ private:
   const std::map<std::string, int64_t> &offsets;
   // per kernel
   Value weights, lengths, B, N;
+  Value copyOwner; ///< inside lm.masked_batch: the sentence of every copy [C] (i32)
   SmallVector<Value> outputs;
   DenseMap<Value, Value> buffers;
   DenseMap<Value, int64_t> viewOffset;

@@ -60,6 +60,11 @@ std::vector<Case> cases() {
     out.push_back({"bilm_mp", s});
   }
   {
+    ModelSpec s = base("bilm_pre_untied", Family::BiLM);
+    s.norm = NormPlacement::Pre, s.tied = false, s.dims.layers = 3, s.firstQuery = FirstQuery::MaskPosition;
+    out.push_back({"bilm_pre_untied", s});
+  }
+  {
     ModelSpec s = base("bilm_relu_relpos", Family::BiLM);
     s.activation = Activation::Relu, s.headTransform = false, s.relativePositions = 3, s.mask = MaskKind::Anticausal;
     s.headBias = false, s.skipSpecial = false;
