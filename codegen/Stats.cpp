@@ -148,7 +148,12 @@ int64_t blockPeak(Block &block, Sizes z, bool argsAreTemps) {
 
   for (Operation &op : block) {
     int64_t i = index[&op];
-    if (!llvm::isa<lm::WeightOp>(op))
+    // Weights are inputs, and so are stacked weights (laid out back to back at load time).
+    bool weightView = llvm::isa<lm::WeightOp>(op) ||
+                      (llvm::isa<lm::ConcatOp>(op) && llvm::all_of(op.getOperands(), [](Value v) {
+                         return v.getDefiningOp<lm::WeightOp>() != nullptr;
+                       }));
+    if (!weightView)
       for (Value result : op.getResults()) {
         if (outputs.contains(result))
           continue;

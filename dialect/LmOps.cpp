@@ -385,3 +385,32 @@ LogicalResult SpliceCopiesOp::verify() {
       return emitOpError("dim ") << i << " differs between the shared rows and the result";
   return expectRank(*this, "positions [C]", getPositions(), 1);
 }
+
+LogicalResult ConcatOp::verify() {
+  if (getInputs().empty())
+    return emitOpError("needs at least one operand");
+  auto first = llvm::cast<RankedTensorType>(getInputs()[0].getType());
+  int64_t rows = 0;
+  for (Value v : getInputs()) {
+    auto t = tensorOf(v);
+    if (t.getRank() != first.getRank() || !t.hasStaticShape())
+      return emitOpError("operands must be static tensors of one rank, got ") << t;
+    for (int64_t i = 1; i < t.getRank(); ++i)
+      if (t.getDimSize(i) != first.getDimSize(i))
+        return emitOpError("operands differ in dim ") << i << ": " << first << " vs " << t;
+    rows += t.getDimSize(0);
+  }
+  if (getResult().getType().getDimSize(0) != rows)
+    return emitOpError("the result has ") << getResult().getType().getDimSize(0) << " rows, the operands " << rows;
+  return success();
+}
+
+LogicalResult SliceFeaturesOp::verify() {
+  auto in = getInput().getType(), out = getResult().getType();
+  int64_t offset = getOffset(), size = getSize(), width = in.getShape().back();
+  if (offset < 0 || size < 1 || offset + size > width)
+    return emitOpError("slice [") << offset << ", " << offset + size << ") is outside the " << width << " features";
+  if (out.getRank() != in.getRank() || out.getShape().back() != size)
+    return emitOpError("the result must keep the leading dims and have ") << size << " features";
+  return success();
+}

@@ -459,6 +459,35 @@ def Lm_TakeRowOp : Lm_Op<"take_row", [Pure]> {
   let hasVerifier = 1;
 }
 
+def Lm_ConcatOp : Lm_Op<"concat", [Pure]> {
+  let summary = "concatenation along the first axis (stacked weights for one wide GEMM)";
+  let description = [{
+    lm-hoist-isolated-kv stacks the weights of projections that read the same value.
+    When every operand is an lm.weight, lmcc lays the tensors out contiguously at load
+    time, so the concatenation is a view and costs nothing.
+    ```mlir
+    %w = lm.concat %wk0, %wv0 : (tensor<512x512xf32>, tensor<512x512xf32>) -> tensor<1024x512xf32>
+    ```
+  }];
+  let arguments = (ins Variadic<Lm_F32Tensor>:$inputs);
+  let results = (outs Lm_F32Tensor:$result);
+  let assemblyFormat = "$inputs attr-dict `:` functional-type($inputs, results)";
+  let hasVerifier = 1;
+}
+
+def Lm_SliceFeaturesOp : Lm_Op<"slice_features", [Pure]> {
+  let summary = "features [offset, offset + size) of the last axis";
+  let description = [{
+    ```mlir
+    %k = lm.slice_features %kv {offset = 0 : i64, size = 512 : i64} : (tensor<?x?x1024xf32>) -> tensor<?x?x512xf32>
+    ```
+  }];
+  let arguments = (ins Lm_F32Tensor:$input, I64Attr:$offset, I64Attr:$size);
+  let results = (outs Lm_F32Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type($input, results)";
+  let hasVerifier = 1;
+}
+
 def Lm_SpliceCopiesOp : Lm_Op<"splice_copies", [Pure, HasParent<"MaskedBatchOp">]> {
   let summary = "per-copy rows from shared per-sentence rows: the sentence's row, or the [MASK] row at the copy's position";
   let description = [{

@@ -68,4 +68,16 @@ def LmShareFirstLayer : Pass<"lm-share-first-layer", "::mlir::ModuleOp"> {
   let dependentDialects = ["::lmcc::lm::LmDialect"];
 }
 
+def LmHoistIsolatedKV : Pass<"lm-hoist-isolated-kv", "::mlir::ModuleOp"> {
+  let summary = "Stack projections that read the same value into one wide GEMM (T-TA's isolated keys/values)";
+  let description = [{
+    Under input isolation every layer's keys and values project the one embedding
+    value X: the 2L projections become one linear with stacked weights
+    (lm.concat, laid out contiguously at load time) before the layer stack, and
+    each layer reads its lm.slice_features. Elsewhere the same rewrite joins each
+    layer's Q/K/V projections of one input. Exact.
+  }];
+  let dependentDialects = ["::lmcc::lm::LmDialect"];
+}
+
 #endif // LMCC_PASSES_TD

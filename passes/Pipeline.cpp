@@ -5,7 +5,7 @@ namespace lmcc {
 
 const std::vector<std::string> &defaultPipeline() {
   static const std::vector<std::string> passes = {"lm-fuse-attention", "lm-fuse-logprob", "lm-batch-mask-predict",
-                                                  "lm-share-first-layer", "lm-prune-rows"};
+                                                  "lm-share-first-layer", "lm-prune-rows", "lm-hoist-isolated-kv"};
   return passes;
 }
 
@@ -21,6 +21,8 @@ void addOptimizationPasses(mlir::OpPassManager &pm, const std::set<std::string> 
       pm.addPass(createLmBatchMaskPredict());
     else if (flag == "lm-share-first-layer")
       pm.addPass(createLmShareFirstLayer());
+    else if (flag == "lm-hoist-isolated-kv")
+      pm.addPass(createLmHoistIsolatedKV());
     else if (flag == "lm-prune-rows")
       pm.addPass(createLmPruneRows());
   }

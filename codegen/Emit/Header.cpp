@@ -295,12 +295,18 @@ int64_t roundUp(int64_t v) { return (v + kWeightAlignFloats - 1) / kWeightAlignF
 } // namespace
 
 std::vector<int64_t> weightOffsets(const std::vector<TensorInfo> &tensors, int64_t *totalFloats) {
+  return weightOffsets(tensors, totalFloats, {});
+}
+
+std::vector<int64_t> weightOffsets(const std::vector<TensorInfo> &tensors, int64_t *totalFloats,
+                                   const std::set<std::string> &packed) {
   std::vector<int64_t> offsets;
   offsets.reserve(tensors.size());
   int64_t cursor = 0;
   for (const TensorInfo &t : tensors) {
     const int64_t numel = checkedNumel(t);
-    cursor = roundUp(cursor);
+    if (!packed.count(t.name))
+      cursor = roundUp(cursor);
     offsets.push_back(cursor);
     if (numel > std::numeric_limits<int64_t>::max() / 2 - cursor)
       throw std::invalid_argument("the weights do not fit in a 64-bit buffer");
@@ -367,7 +373,7 @@ std::string generateGlue(const ModelSpec &spec, const std::vector<TensorInfo> &t
       throw std::invalid_argument("generateGlue: tensor '" + t.name + "' has rank " +
                                   std::to_string(t.shape.size()) + " (the runtime takes 1 or 2)");
     const int64_t numel = checkedNumel(t);
-    if (offsets[i] < 0 || offsets[i] % kWeightAlignFloats != 0 || offsets[i] > totalFloats - numel)
+    if (offsets[i] < 0 || offsets[i] > totalFloats - numel)
       throw std::invalid_argument("generateGlue: tensor '" + t.name + "' at offset " + std::to_string(offsets[i]) +
                                   " does not fit in " + std::to_string(totalFloats) + " floats");
   }

@@ -13,6 +13,7 @@
 #include "runtime/weights/Weights.h"
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,10 @@ constexpr int64_t kWeightAlignFloats = 16;
 /// tensors in the given order. *totalFloats (when non-null) receives the buffer size,
 /// also a multiple of kWeightAlignFloats. The kernel codegen uses this same function.
 std::vector<int64_t> weightOffsets(const std::vector<TensorInfo> &tensors, int64_t *totalFloats);
+/// The same, except that tensors named in `packed` follow the previous tensor with no
+/// padding (weights stacked by lm.concat must lie back to back to be one view).
+std::vector<int64_t> weightOffsets(const std::vector<TensorInfo> &tensors, int64_t *totalFloats,
+                                   const std::set<std::string> &packed);
 
 /// The public C header `<name>.h` (C99 and C++17, extern "C"): dimension macros,
 /// <name>_load/_score/_embed/_free, lm_last_error, lm_set_num_threads and, for C++,

@@ -14,6 +14,7 @@
 #include "codegen/Emit/Header.h"
 #include "codegen/Emit/Object.h"
 #include "codegen/LmToLoops/KernelGen.h"
+#include "dialect/LmDialect.h"
 #include "frontend/MLIRGen.h"
 #include "passes/Passes.h"
 #include "runtime/weights/Weights.h"
@@ -25,6 +26,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sys/wait.h>
 
 namespace fs = std::filesystem;
@@ -62,6 +65,53 @@ template <typename Op> bool dump(const std::string &dir, const char *name, Op op
   llvm::raw_string_ostream os(text);
   op->print(os);
   return writeFile(fs::path(dir) / name, text);
+}
+
+/// Weights stacked by lm.concat (lm-hoist-isolated-kv), as groups of names.
+std::vector<std::vector<std::string>> concatGroups(mlir::ModuleOp module) {
+  std::vector<std::vector<std::string>> groups;
+  module.walk([&](lm::ConcatOp concat) {
+    std::vector<std::string> names;
+    for (mlir::Value v : concat.getInputs())
+      if (auto w = v.getDefiningOp<lm::WeightOp>())
+        names.push_back(w.getName().str());
+    if (names.size() == concat.getInputs().size())
+      groups.push_back(names);
+  });
+  return groups;
+}
+
+/// The canonical tensors reordered so that every stacked group lies back to back
+/// (a tensor already placed by an earlier group stays there; that later group is
+/// then copied at run time instead of viewed). `packed` receives the names that must
+/// follow their predecessor without alignment padding.
+std::vector<TensorInfo> stackedLayout(mlir::ModuleOp module, const std::vector<TensorInfo> &tensors,
+                                      std::set<std::string> &packed) {
+  std::map<std::string, const TensorInfo *> byName;
+  for (const TensorInfo &t : tensors)
+    byName[t.name] = &t;
+  std::set<std::string> grouped;
+  std::map<std::string, std::vector<std::string>> groupAt; // first member -> group
+  for (const auto &group : concatGroups(module)) {
+    bool free = true;
+    for (const std::string &name : group)
+      free = free && byName.count(name) && !grouped.count(name);
+    if (!free)
+      continue;
+    grouped.insert(group.begin(), group.end());
+    groupAt[group.front()] = group;
+    packed.insert(group.begin() + 1, group.end());
+  }
+  std::vector<TensorInfo> out;
+  for (const TensorInfo &t : tensors) {
+    if (groupAt.count(t.name)) {
+      for (const std::string &name : groupAt[t.name])
+        out.push_back(*byName[name]);
+    } else if (!grouped.count(t.name)) {
+      out.push_back(t);
+    }
+  }
+  return out;
 }
 
 } // namespace
@@ -108,12 +158,6 @@ std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options)
   if (spec.family != Family::UniLM && spec.family != Family::BiLM && spec.family != Family::TTA)
     return "family \"" + std::string(toString(spec.family)) +
            "\" is parsed and emitted as IR only; compiling it comes with its training objective";
-  std::vector<TensorInfo> tensors = expectedTensors(spec);
-  int64_t totalFloats = 0;
-  std::vector<int64_t> offsets = weightOffsets(tensors, &totalFloats);
-  std::map<std::string, int64_t> offsetByName;
-  for (size_t i = 0; i < tensors.size(); ++i)
-    offsetByName[tensors[i].name] = offsets[i];
 
   std::error_code ec;
   fs::path out(options.outputDir);
@@ -127,6 +171,26 @@ std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options)
     return work.string() + ": " + ec.message();
 
   // Weights: validated now when given; flattened into the kernel layout when embedded.
+  // IR: lm -> loops -> LLVM dialect -> object.
+  mlir::MLIRContext context;
+  std::string diagnostics;
+  mlir::ScopedDiagnosticHandler handler(&context, [&](mlir::Diagnostic &d) {
+    diagnostics += d.str() + "\n";
+    return mlir::success();
+  });
+  std::string error;
+  mlir::OwningOpRef<mlir::ModuleOp> lm = buildOptimizedModule(context, spec, options, &error);
+  if (!lm)
+    return error + "\n" + diagnostics;
+  // The flat weight layout: tensors stacked by lm.concat lie back to back.
+  std::set<std::string> packed;
+  std::vector<TensorInfo> tensors = stackedLayout(*lm, expectedTensors(spec), packed);
+  int64_t totalFloats = 0;
+  std::vector<int64_t> offsets = weightOffsets(tensors, &totalFloats, packed);
+  std::map<std::string, int64_t> offsetByName;
+  for (size_t i = 0; i < tensors.size(); ++i)
+    offsetByName[tensors[i].name] = offsets[i];
+
   ObjectOptions objectOptions;
   objectOptions.cpu = options.cpu;
   if (!options.weightsPath.empty()) {
@@ -149,17 +213,6 @@ std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options)
     return "--embed-weights needs --weights";
   }
 
-  // IR: lm -> loops -> LLVM dialect -> object.
-  mlir::MLIRContext context;
-  std::string diagnostics;
-  mlir::ScopedDiagnosticHandler handler(&context, [&](mlir::Diagnostic &d) {
-    diagnostics += d.str() + "\n";
-    return mlir::success();
-  });
-  std::string error;
-  mlir::OwningOpRef<mlir::ModuleOp> lm = buildOptimizedModule(context, spec, options, &error);
-  if (!lm)
-    return error + "\n" + diagnostics;
   mlir::OwningOpRef<mlir::ModuleOp> loops = lowerToLoops(*lm, spec, offsetByName);
   if (!loops)
     return "cannot lower the model to loops:\n" + diagnostics;

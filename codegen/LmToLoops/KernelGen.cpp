@@ -303,6 +303,19 @@ private:
       return lowerTokenLogprob(t);
     if (auto m = dyn_cast<lm::MaskedBatchOp>(op))
       return lowerMaskedBatch(m);
+    if (auto c = dyn_cast<lm::ConcatOp>(op))
+      return lowerConcat(c);
+    if (auto sl = dyn_cast<lm::SliceFeaturesOp>(op)) {
+      // out[..., f] = x[..., offset + f]
+      Value x = in(sl.getInput()), out = alloc(sl.getType());
+      int64_t offset = sl.getOffset();
+      nest(sizes(sl.getType()), [&](ValueRange iv) {
+        SmallVector<Value> from(iv.begin(), iv.end());
+        from.back() = b.create<arith::AddIOp>(loc, from.back(), idx(offset));
+        store(load(x, from), out, iv);
+      });
+      return set(sl, out);
+    }
     if (auto sp = dyn_cast<lm::SpliceCopiesOp>(op)) {
       // out[c, t] = t == positions[c] ? masked[owner(c), t] : sentence[owner(c), t]
       Value sentence = in(sp.getSentence()), masked = in(sp.getMasked()), positions = in(sp.getPositions());
@@ -348,6 +361,45 @@ private:
     Value view = b.create<memref::ReinterpretCastOp>(loc, type, weights, it->second, t.getShape(), strides);
     viewOffset[view] = it->second;
     return set(w, view);
+  }
+
+  /// Stacked weights: a view when the operands lie back to back in the flat weight
+  /// buffer (lmcc lays concatenated weights out that way), else a copy.
+  LogicalResult lowerConcat(lm::ConcatOp c) {
+    auto t = c.getType();
+    bool contiguous = true;
+    int64_t expected = -1;
+    for (Value v : c.getInputs()) {
+      auto it = viewOffset.find(in(v));
+      if (it == viewOffset.end() || (expected >= 0 && it->second != expected)) {
+        contiguous = false;
+        break;
+      }
+      expected = it->second + llvm::cast<ShapedType>(v.getType()).getNumElements();
+    }
+    if (contiguous) {
+      int64_t offset = viewOffset.lookup(in(c.getInputs()[0]));
+      SmallVector<int64_t> strides(t.getRank(), 1);
+      for (int64_t i = t.getRank() - 2; i >= 0; --i)
+        strides[i] = strides[i + 1] * t.getDimSize(i + 1);
+      auto type = MemRefType::get(t.getShape(), f32(), StridedLayoutAttr::get(b.getContext(), offset, strides));
+      Value view = b.create<memref::ReinterpretCastOp>(loc, type, weights, offset, t.getShape(), strides);
+      viewOffset[view] = offset;
+      return set(c, view);
+    }
+    Value out = alloc(t);
+    int64_t row = 0;
+    for (Value v : c.getInputs()) {
+      Value src = in(v);
+      auto vt = llvm::cast<ShapedType>(v.getType());
+      nest(sizes(vt), [&](ValueRange iv) {
+        SmallVector<Value> to(iv.begin(), iv.end());
+        to[0] = b.create<arith::AddIOp>(loc, iv[0], idx(row));
+        store(load(src, iv), out, to);
+      });
+      row += vt.getDimSize(0);
+    }
+    return set(c, out);
   }
 
   LogicalResult lowerPositions(lm::PositionsOp p) {

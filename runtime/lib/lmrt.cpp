@@ -186,7 +186,7 @@ void checkDescriptor(const lm_model_desc *desc) {
             " does not fit in the weight buffer");
       numel *= t.shape[d];
     }
-    if (t.offset < 0 || t.offset % 16 != 0 || t.offset > desc->total_floats - numel)
+    if (t.offset < 0 || t.offset > desc->total_floats - numel)
       bad("tensor " + quoted(t.name) + " has offset " + std::to_string(t.offset) + " (" +
           std::to_string(numel) + " floats, buffer of " + std::to_string(desc->total_floats) + ")");
     ranges.emplace_back(t.offset, t.offset + numel);

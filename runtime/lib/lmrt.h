@@ -58,7 +58,7 @@ typedef struct {
   const char *name;  /* canonical name, e.g. "layers.0.attn.q.weight" */
   int32_t rank;      /* 1 or 2 */
   int64_t shape[2];
-  int64_t offset;    /* in floats, into the flat weight buffer (multiple of 16) */
+  int64_t offset;    /* in floats, into the flat weight buffer (a multiple of 16 except inside a stacked group) */
 } lm_tensor_desc;
 
 typedef struct {
