@@ -488,6 +488,22 @@ def Lm_SliceFeaturesOp : Lm_Op<"slice_features", [Pure]> {
   let hasVerifier = 1;
 }
 
+def Lm_FoldedRowsOp : Lm_Op<"folded_rows", [Pure]> {
+  let summary = "rows of a table computed once at load time: out[b, t] = table[t]";
+  let description = [{
+    lm-fold-constants moves subgraphs that depend only on weights and positions
+    into private functions marked `lm.fold`, evaluated once on positions
+    0 .. max_len-1 when the weights are loaded; `table` names that function. Only
+    the shape of `ids` is read.
+    ```mlir
+    %q = lm.folded_rows %ids {table = @fold_0} : (tensor<?x?xi32>) -> tensor<?x?x512xf32>
+    ```
+  }];
+  let arguments = (ins Lm_I32Tensor:$ids, FlatSymbolRefAttr:$table);
+  let results = (outs Lm_F32Tensor:$result);
+  let assemblyFormat = "$ids attr-dict `:` functional-type($ids, results)";
+}
+
 def Lm_SpliceCopiesOp : Lm_Op<"splice_copies", [Pure, HasParent<"MaskedBatchOp">]> {
   let summary = "per-copy rows from shared per-sentence rows: the sentence's row, or the [MASK] row at the copy's position";
   let description = [{

@@ -80,4 +80,16 @@ def LmHoistIsolatedKV : Pass<"lm-hoist-isolated-kv", "::mlir::ModuleOp"> {
   let dependentDialects = ["::lmcc::lm::LmDialect"];
 }
 
+def LmFoldConstants : Pass<"lm-fold-constants", "::mlir::ModuleOp"> {
+  let summary = "Compute subgraphs that depend only on weights and positions once, at load time";
+  let description = [{
+    Values computed from positions (and constant ids such as all-[MASK]) and weights
+    by row-local ops are the same in every call: T-TA's first query norm(P) and its
+    projection with first_query = position. Each one the program reads moves into
+    a private function marked `lm.fold`, evaluated on positions 0..max_len-1 when
+    the weights are loaded; the program reads rows [0, N) with lm.folded_rows.
+  }];
+  let dependentDialects = ["::lmcc::lm::LmDialect", "::mlir::func::FuncDialect"];
+}
+
 #endif // LMCC_PASSES_TD

@@ -5,7 +5,8 @@ namespace lmcc {
 
 const std::vector<std::string> &defaultPipeline() {
   static const std::vector<std::string> passes = {"lm-fuse-attention", "lm-fuse-logprob", "lm-batch-mask-predict",
-                                                  "lm-share-first-layer", "lm-prune-rows", "lm-hoist-isolated-kv"};
+                                                  "lm-share-first-layer", "lm-prune-rows", "lm-hoist-isolated-kv",
+                                                  "lm-fold-constants"};
   return passes;
 }
 
@@ -23,6 +24,8 @@ void addOptimizationPasses(mlir::OpPassManager &pm, const std::set<std::string> 
       pm.addPass(createLmShareFirstLayer());
     else if (flag == "lm-hoist-isolated-kv")
       pm.addPass(createLmHoistIsolatedKV());
+    else if (flag == "lm-fold-constants")
+      pm.addPass(createLmFoldConstants());
     else if (flag == "lm-prune-rows")
       pm.addPass(createLmPruneRows());
   }

@@ -98,10 +98,11 @@ struct LmShareFirstLayer : lmcc::impl::LmShareFirstLayerBase<LmShareFirstLayer> 
     IRMapping sentence, masked;
     sentence.map(copies, batch.getIds());
     masked.map(copies, maskIds);
+    SmallVector<Operation *> clones;
     for (Operation *op : chain) {
-      builder.clone(*op, sentence);
+      clones.push_back(builder.clone(*op, sentence));
       if (!isa<lm::WeightOp>(op))
-        builder.clone(*op, masked);
+        clones.push_back(builder.clone(*op, masked));
       else
         masked.map(op->getResult(0), sentence.lookup(op->getResult(0)));
     }
@@ -113,6 +114,12 @@ struct LmShareFirstLayer : lmcc::impl::LmShareFirstLayerBase<LmShareFirstLayer> 
       v.replaceAllUsesWith(spliced);
     }
     eraseDeadOps(body);
+    // Clones outside the batch that no frontier value needed (e.g. later layers' weights).
+    for (Operation *op : llvm::reverse(clones))
+      if (op->use_empty())
+        op->erase();
+    if (maskIds.use_empty())
+      maskIds.getDefiningOp()->erase();
   }
 };
 

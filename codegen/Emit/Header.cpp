@@ -395,7 +395,8 @@ std::string generateGlue(const ModelSpec &spec, const std::vector<TensorInfo> &t
      << "_score_kernel(lm_memref1f *weights, lm_memref2i *ids, lm_memref1i *lengths, lm_memref2f *token_logprobs,\n"
      << "    lm_memref1f *scores, lm_memref1i *n_scored);\n"
      << "extern void _mlir_ciface_" << name
-     << "_embed_kernel(lm_memref1f *weights, lm_memref2i *ids, lm_memref1i *lengths, lm_memref2f *out);\n";
+     << "_embed_kernel(lm_memref1f *weights, lm_memref2i *ids, lm_memref1i *lengths, lm_memref2f *out);\n"
+     << "extern void _mlir_ciface_" << name << "_init_kernel(lm_memref1f *weights);\n";
   if (embedWeights)
     os << "/* The weights in the flat layout below (defined by the kernels' object file). */\n"
        << "extern const float " << name << "_embedded_weights[];\n";
@@ -422,7 +423,8 @@ std::string generateGlue(const ModelSpec &spec, const std::vector<TensorInfo> &t
      << "    " << totalFloats << ", /* total_floats */\n"
      << "    _mlir_ciface_" << name << "_score_kernel,\n"
      << "    _mlir_ciface_" << name << "_embed_kernel,\n"
-     << "    " << (embedWeights ? name + "_embedded_weights" : std::string("NULL")) << " /* embedded_weights */\n"
+     << "    " << (embedWeights ? name + "_embedded_weights" : std::string("NULL")) << ", /* embedded_weights */\n"
+     << "    _mlir_ciface_" << name << "_init_kernel /* init */\n"
      << "};\n\n";
 
   os << expand(R"(/* The functions of @name@.h, forwarding to the runtime. */

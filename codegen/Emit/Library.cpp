@@ -183,13 +183,21 @@ std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options)
   if (!lm)
     return error + "\n" + diagnostics;
   // The flat weight layout: tensors stacked by lm.concat lie back to back.
+  // Tables folded at load time (lm-fold-constants) follow the loaded tensors.
   std::set<std::string> packed;
   std::vector<TensorInfo> tensors = stackedLayout(*lm, expectedTensors(spec), packed);
+  size_t loaded = tensors.size();
+  for (auto fold : lm->getOps<mlir::func::FuncOp>())
+    if (fold->hasAttr("lm.fold"))
+      tensors.push_back({fold.getSymName().str(),
+                         {spec.dims.maxLen, llvm::cast<mlir::ShapedType>(fold.getResultTypes()[0]).getDimSize(2)}});
   int64_t totalFloats = 0;
   std::vector<int64_t> offsets = weightOffsets(tensors, &totalFloats, packed);
   std::map<std::string, int64_t> offsetByName;
   for (size_t i = 0; i < tensors.size(); ++i)
     offsetByName[tensors[i].name] = offsets[i];
+  tensors.resize(loaded); // the runtime loads these; the folded tables it computes
+  offsets.resize(loaded);
 
   ObjectOptions objectOptions;
   objectOptions.cpu = options.cpu;

@@ -51,6 +51,8 @@ public:
       if (failed(kernel(fn, entry == "score")))
         return nullptr;
     }
+    if (failed(initKernel(lm)))
+      return nullptr;
     if (failed(verify(*out)))
       return nullptr;
     return out;
@@ -209,6 +211,61 @@ private:
     return success();
   }
 
+  /// `<name>_init_kernel(weights)`: evaluates every `lm.fold` function on positions
+  /// 0..max_len-1 (one sentence of pad ids: only positions matter) and stores the
+  /// result into its table in the weight buffer. The runtime calls it once per load.
+  LogicalResult initKernel(ModuleOp lm) {
+    auto dyn = ShapedType::kDynamic;
+    OpBuilder::InsertionGuard guard(b);
+    auto kfn = b.create<func::FuncOp>(loc, spec.name + "_init_kernel",
+                                      b.getFunctionType({MemRefType::get({dyn}, f32())}, {}));
+    kfn->setAttr("llvm.emit_c_interface", b.getUnitAttr());
+    Block *entry = kfn.addEntryBlock();
+    b.setInsertionPointToStart(entry);
+    weights = entry->getArgument(0);
+    outputs.clear();
+    buffers.clear();
+    viewOffset.clear();
+    B = idx(1);
+    N = idx(spec.dims.maxLen);
+    scopes.emplace_back();
+    for (auto fold : lm.getOps<func::FuncOp>()) {
+      if (!fold->hasAttr("lm.fold"))
+        continue;
+      auto it = offsets.find(fold.getSymName().str());
+      if (it == offsets.end())
+        return fold.emitOpError("has no table in the weight layout");
+      Value ids = b.create<memref::AllocOp>(loc, MemRefType::get({1, spec.dims.maxLen}, i32()), ValueRange{},
+                                            b.getI64IntegerAttr(64));
+      scopes.back().push_back(ids);
+      nest({B, N}, [&](ValueRange iv) { store(i32c(spec.tokens.pad), ids, iv); });
+      lengths = b.create<memref::AllocOp>(loc, MemRefType::get({1}, i32()), ValueRange{}, b.getI64IntegerAttr(64));
+      scopes.back().push_back(lengths);
+      store(i32c(spec.dims.maxLen), lengths, idx(0));
+      Value idsDyn = b.create<memref::CastOp>(loc, MemRefType::get({dyn, dyn}, i32()), ids);
+      buffers[fold.getArgument(0)] = idsDyn;
+      for (Operation &op : fold.getBody().front().without_terminator())
+        if (failed(lower(&op)))
+          return failure();
+      Value result = in(fold.getBody().front().getTerminator()->getOperand(0));
+      int64_t width = llvm::cast<ShapedType>(fold.getResultTypes()[0]).getDimSize(2);
+      Value table = tableView(it->second, {spec.dims.maxLen, width});
+      nest({N, idx(width)}, [&](ValueRange iv) { store(load(result, {idx(0), iv[0], iv[1]}), table, iv); });
+    }
+    closeScope();
+    b.create<func::ReturnOp>(loc);
+    return success();
+  }
+
+  /// A [rows, cols] view of the weight buffer at a float offset.
+  Value tableView(int64_t offset, ArrayRef<int64_t> shape) {
+    SmallVector<int64_t> strides = {shape[1], 1};
+    auto type = MemRefType::get(shape, f32(), StridedLayoutAttr::get(b.getContext(), offset, strides));
+    Value view = b.create<memref::ReinterpretCastOp>(loc, type, weights, offset, shape, strides);
+    viewOffset[view] = offset;
+    return view;
+  }
+
   void closeScope() {
     for (Value m : scopes.back())
       b.create<memref::DeallocOp>(loc, m);
@@ -305,6 +362,17 @@ private:
       return lowerMaskedBatch(m);
     if (auto c = dyn_cast<lm::ConcatOp>(op))
       return lowerConcat(c);
+    if (auto f = dyn_cast<lm::FoldedRowsOp>(op)) {
+      // out[b, t] = table[t]: the table was computed at load time by the init kernel.
+      auto it = offsets.find(f.getTable().str());
+      if (it == offsets.end())
+        return f.emitOpError("reads a table the weight layout does not have");
+      int64_t width = f.getType().getDimSize(2);
+      Value table = tableView(it->second, {spec.dims.maxLen, width});
+      Value out = alloc(f.getType());
+      nest(sizes(f.getType()), [&](ValueRange iv) { store(load(table, {iv[1], iv[2]}), out, iv); });
+      return set(f, out);
+    }
     if (auto sl = dyn_cast<lm::SliceFeaturesOp>(op)) {
       // out[..., f] = x[..., offset + f]
       Value x = in(sl.getInput()), out = alloc(sl.getType());

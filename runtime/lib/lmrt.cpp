@@ -297,8 +297,8 @@ void loadImpl(const lm_model_desc *desc, const char *path, lm_model **out) {
     if (!desc->embedded_weights)
       argumentError("weights_path is NULL and model " + quoted(desc->name) +
                     " was compiled without embedded weights (lmcc compile --embed-weights)");
-    if (reinterpret_cast<uintptr_t>(desc->embedded_weights) % kWeightAlignment == 0) {
-      // Read-only use in place: the kernels never write to the weights.
+    if (!desc->init && reinterpret_cast<uintptr_t>(desc->embedded_weights) % kWeightAlignment == 0) {
+      // Read-only use in place: the kernels never write to the weights (no init kernel).
       model->weights = const_cast<float *>(desc->embedded_weights);
     } else {
       auto buffer = allocateWeights(desc->total_floats);
@@ -311,6 +311,10 @@ void loadImpl(const lm_model_desc *desc, const char *path, lm_model **out) {
     loadFile(desc, path, static_cast<float *>(buffer.get()));
     model->weights = static_cast<float *>(buffer.get());
     model->owned = buffer.release();
+  }
+  if (desc->init) { // tensors folded at load time (lm-fold-constants)
+    lm_memref1f weights{model->weights, model->weights, 0, {desc->total_floats}, {1}};
+    desc->init(&weights);
   }
   *out = model.release();
 }

@@ -17,7 +17,7 @@ extern "C" {
 #endif
 
 #ifndef LM_ABI_VERSION
-#define LM_ABI_VERSION 1
+#define LM_ABI_VERSION 2
 #endif
 
 /* liblmrt.so is built with -fvisibility=hidden; the functions below are its only exports. */
@@ -53,6 +53,9 @@ typedef struct { int32_t *allocated, *aligned; int64_t offset, sizes[2], strides
 typedef void (*lm_score_kernel)(lm_memref1f *weights, lm_memref2i *ids, lm_memref1i *lengths,
                                 lm_memref2f *token_logprobs, lm_memref1f *scores, lm_memref1i *n_scored);
 typedef void (*lm_embed_kernel)(lm_memref1f *weights, lm_memref2i *ids, lm_memref1i *lengths, lm_memref2f *out);
+/* Computes the tensors lm-fold-constants derived from weights alone (e.g. T-TA's first-layer
+ * query of the positions) into their slots of the weight buffer, once, after loading. */
+typedef void (*lm_init_kernel)(lm_memref1f *weights);
 
 typedef struct {
   const char *name;  /* canonical name, e.g. "layers.0.attn.q.weight" */
@@ -72,6 +75,7 @@ typedef struct {
   lm_score_kernel score;
   lm_embed_kernel embed;
   const float *embedded_weights; /* non-NULL when compiled with --embed-weights (flat layout above) */
+  lm_init_kernel init;           /* NULL when nothing is folded at load time */
 } lm_model_desc;
 
 typedef struct lm_model lm_model;

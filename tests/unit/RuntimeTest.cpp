@@ -844,6 +844,8 @@ void _mlir_ciface_example_model_score_kernel(lm_memref1f *w, lm_memref2i *ids, l
     lm_memref2f *lp, lm_memref1f *scores, lm_memref1i *n_scored);
 void _mlir_ciface_example_model_embed_kernel(lm_memref1f *w, lm_memref2i *ids, lm_memref1i *lengths,
     lm_memref2f *out);
+void _mlir_ciface_example_model_init_kernel(lm_memref1f *w);
+void _mlir_ciface_example_model_init_kernel(lm_memref1f *w) { (void)w; }
 void _mlir_ciface_example_model_score_kernel(lm_memref1f *w, lm_memref2i *ids, lm_memref1i *lengths,
     lm_memref2f *lp, lm_memref1f *scores, lm_memref1i *n_scored) {
   int64_t rows = ids->sizes[0], n = ids->sizes[1], r, i;
