@@ -899,7 +899,7 @@ private:
   /// rescaled as the max grows) and the target's logit are kept, and
   /// out[b, t] = logit[b, t - shift, ids[b, t]] - (m + log s). The [rows, V] logits never exist.
   LogicalResult lowerTokenLogprob(lm::TokenLogprobOp t) {
-    constexpr int64_t kVocabTile = 512;
+    constexpr int64_t kVocabTile = 2048;
     auto ht = typeOf(t.getHidden());
     int64_t D = ht.getDimSize(2), V = typeOf(t.getWeight()).getDimSize(0), shift = t.getShift();
     Value h = in(t.getHidden()), ids = in(t.getTargets()), out = alloc(t.getType());
