@@ -13,6 +13,7 @@
 
 #include "codegen/Emit/Header.h"
 #include "codegen/Emit/Object.h"
+#include "codegen/LmToLoops/Gemm.h"
 #include "codegen/LmToLoops/KernelGen.h"
 #include "dialect/LmDialect.h"
 #include "frontend/MLIRGen.h"
@@ -191,6 +192,23 @@ std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options)
     if (fold->hasAttr("lm.fold"))
       tensors.push_back({fold.getSymName().str(),
                          {spec.dims.maxLen, llvm::cast<mlir::ShapedType>(fold.getResultTypes()[0]).getDimSize(2)}});
+  if (options.gemm == "generated") { // GEMM weights packed into panels by the init kernel
+    // Stacked weights are packed from one view, so their tensors must lie back to back
+    // (appending tables does not move the tensors before them).
+    int64_t prefixFloats = 0;
+    std::vector<int64_t> prefix = weightOffsets(tensors, &prefixFloats, packed);
+    std::map<std::string, std::pair<int64_t, int64_t>> extent; // name -> (offset, floats)
+    for (size_t i = 0; i < tensors.size(); ++i)
+      extent[tensors[i].name] = {prefix[i], tensors[i].shape[0] * (tensors[i].shape.size() > 1 ? tensors[i].shape[1] : 1)};
+    for (const PackedWeight &p : packedWeights(*lm)) {
+      bool contiguous = true;
+      for (size_t i = 1; i < p.names.size(); ++i)
+        contiguous = contiguous && extent[p.names[i]].first == extent[p.names[i - 1]].first + extent[p.names[i - 1]].second;
+      if (contiguous)
+        tensors.push_back({p.key, {packedRows(p.n, p.k), kPanel}});
+    }
+  } else if (options.gemm != "eigen")
+    return "--gemm " + options.gemm + ": expected generated or eigen";
   int64_t totalFloats = 0;
   std::vector<int64_t> offsets = weightOffsets(tensors, &totalFloats, packed);
   std::map<std::string, int64_t> offsetByName;

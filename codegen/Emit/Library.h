@@ -21,6 +21,7 @@ struct LibraryOptions {
   std::string runtimeDir;    ///< where liblmrt.so and lmrt.h are (build/lib or the install's lib)
   std::string dumpDir;       ///< when set, writes the IR after every pass and lowering step there
   bool naive = false;        ///< run no optimization pass
+  std::string gemm = "generated"; ///< "generated" (load-time packed, vector microkernel) or "eigen" (runtime call)
   std::set<std::string> disabledPasses; ///< pass flags to drop from the default pipeline
 };
 

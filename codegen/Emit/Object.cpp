@@ -33,7 +33,9 @@ LogicalResult lowerToLLVMDialect(ModuleOp module) {
   pm.addPass(createConvertSCFToCFPass());
   pm.addPass(createConvertMathToLLVMPass());
   pm.addPass(createConvertMathToLibmPass());
+  pm.addPass(createConvertVectorToLLVMPass());
   pm.addPass(memref::createExpandStridedMetadataPass());
+  pm.addPass(createLowerAffinePass()); // collapse_shape/reinterpret_cast index math
   // Temporaries come from the runtime's per-thread workspace cache (lmrt.h), not malloc.
   FinalizeMemRefToLLVMConversionPassOptions memrefOptions;
   memrefOptions.useGenericFunctions = true;

@@ -13,6 +13,8 @@
 //===----------------------------------------------------------------------===//
 #include "codegen/LmToLoops/KernelGen.h"
 
+#include "codegen/LmToLoops/Gemm.h"
+
 #include "dialect/LmDialect.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
@@ -21,6 +23,7 @@
 #include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/Dialect/Vector/IR/VectorOps.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
 #include "mlir/IR/Verifier.h"
@@ -40,6 +43,8 @@ public:
 
   OwningOpRef<ModuleOp> run(ModuleOp lm) {
     OwningOpRef<ModuleOp> out = ModuleOp::create(loc);
+    outModule = *out;
+    packed = packedWeights(lm);
     b.setInsertionPointToEnd(out->getBody());
     declareRuntime();
     for (StringRef entry : {"score", "embed"}) {
@@ -229,6 +234,16 @@ private:
     B = idx(1);
     N = idx(spec.dims.maxLen);
     scopes.emplace_back();
+    // Pack every GEMM weight into its panel layout (once per load), before the folds, whose
+    // linear layers read the packed form.
+    for (const PackedWeight &p : packed) {
+      auto dst = offsets.find(p.key);
+      auto src = offsets.find(p.names.front());
+      if (dst == offsets.end() || src == offsets.end())
+        continue;
+      emitPack(b, loc, tableView(src->second, {p.n, p.k}), tableView(dst->second, {packedRows(p.n, p.k), kPanel}),
+               p.n, p.k);
+    }
     for (auto fold : lm.getOps<func::FuncOp>()) {
       if (!fold->hasAttr("lm.fold"))
         continue;
@@ -522,8 +537,56 @@ private:
     return b.create<arith::MulFOp>(loc, half, b.create<arith::AddFOp>(loc, f32c(1), t));
   }
 
-  /// y[rows, out] = x[rows, in] W[out, in]^T + bias through the runtime GEMM.
+  /// A row-major [rows, cols] view of a dense identity-layout buffer of rank >= 2.
+  Value asMatrix(Value m, int64_t cols, bool dynamicCols = false) {
+    auto t = llvm::cast<MemRefType>(m.getType());
+    if (t.getRank() > 2) {
+      SmallVector<ReassociationIndices> groups(1);
+      for (int64_t i = 0; i + 1 < t.getRank(); ++i)
+        groups[0].push_back(i);
+      groups.push_back({t.getRank() - 1});
+      m = b.create<memref::CollapseShapeOp>(loc, m, groups);
+    }
+    int64_t dyn = ShapedType::kDynamic;
+    return b.create<memref::CastOp>(loc, MemRefType::get({dyn, dynamicCols ? dyn : cols}, f32()), m);
+  }
+
+  /// The load-time packed form of `weight`, or null when it has none (--gemm=eigen).
+  Value packedView(Value weight, int64_t n, int64_t k) {
+    std::string key = packKey(weight);
+    auto it = key.empty() ? offsets.end() : offsets.find(key);
+    if (it == offsets.end())
+      return Value();
+    Value view = tableView(it->second, {packedRows(n, k), kPanel});
+    int64_t dyn = ShapedType::kDynamic;
+    return b.create<memref::CastOp>(
+        loc, MemRefType::get({dyn, kPanel}, f32(), StridedLayoutAttr::get(b.getContext(), dyn, {kPanel, 1})), view);
+  }
+
+  Value biasView(Value bias) {
+    int64_t dyn = ShapedType::kDynamic;
+    auto type = MemRefType::get({dyn}, f32(), StridedLayoutAttr::get(b.getContext(), dyn, {1}));
+    if (bias)
+      return b.create<memref::CastOp>(loc, type, in(bias));
+    Value unused = b.create<memref::AllocaOp>(loc, MemRefType::get({1}, f32()));
+    return b.create<memref::CastOp>(loc, type, unused);
+  }
+
+  /// y[rows, out] = x[rows, in] W[out, in]^T + bias: the generated GEMM over the
+  /// load-time packed weight, or the runtime's Eigen GEMM (--gemm=eigen).
   LogicalResult lowerLinear(lm::LinearOp l) {
+    {
+      auto wt = typeOf(l.getWeight());
+      int64_t n = wt.getDimSize(0), k = wt.getDimSize(1);
+      if (Value pw = packedView(l.getWeight(), n, k)) {
+        Value out = alloc(l.getType());
+        func::FuncOp gemm = getOrCreateGemm(outModule, n, k, bool(l.getBias()));
+        b.create<func::CallOp>(loc, gemm,
+                               ValueRange{asMatrix(in(l.getInput()), k), pw, biasView(l.getBias()),
+                                          asMatrix(out, n, true), idx(0), idx((n + kPanel - 1) / kPanel)});
+        return set(l, out);
+      }
+    }
     auto xt = typeOf(l.getInput());
     auto wt = typeOf(l.getWeight());
     Value out = alloc(l.getType());
@@ -931,6 +994,11 @@ private:
       Value id = b.create<arith::IndexCastOp>(loc, b.getIndexType(), load(ids, {bi, safe}));
       return std::pair<Value, Value>{exists, id};
     };
+    Value packedWeight = packedView(t.getWeight(), V, D);
+    func::FuncOp gemm = packedWeight ? getOrCreateGemm(outModule, V, D, bool(t.getBias())) : func::FuncOp();
+    Value hMatrix = packedWeight ? asMatrix(h, D) : Value();
+    Value biasMemref = packedWeight ? biasView(t.getBias()) : Value();
+    Value logitsMatrix = packedWeight ? asMatrix(logits, 0, true) : Value();
     Value hPtr = pointer(h), wPtr = pointer(in(t.getWeight()));
     Value biasPtr = t.getBias() ? pointer(in(t.getBias())) : Value();
     Value logitsPtr = pointer(logits);
@@ -946,9 +1014,16 @@ private:
       Value tv64 = b.create<arith::IndexCastOp>(loc, b.getI64Type(), tv);
       Value wTile = offsetPtr(wPtr, b.create<arith::MulIOp>(loc, vt64, i64c(D)));
       Value biasTile = biasPtr ? Value(offsetPtr(biasPtr, vt64)) : Value(b.create<LLVM::ZeroOp>(loc, ptrType));
-      b.create<func::CallOp>(loc, "lm_rt_sgemm_nt", TypeRange{},
-                             ValueRange{m64, tv64, i64c(D), hPtr, i64c(D), wTile, i64c(D), biasTile, logitsPtr,
-                                        i64c(kVocabTile)});
+      if (packedWeight) {
+        Value pBegin = b.create<arith::MulIOp>(loc, tile[0], idx(kVocabTile / kPanel));
+        Value pEnd = b.create<arith::MinSIOp>(loc, b.create<arith::AddIOp>(loc, pBegin, idx(kVocabTile / kPanel)),
+                                              idx((V + kPanel - 1) / kPanel));
+        b.create<func::CallOp>(loc, gemm, ValueRange{hMatrix, packedWeight, biasMemref, logitsMatrix, pBegin, pEnd});
+      } else {
+        b.create<func::CallOp>(loc, "lm_rt_sgemm_nt", TypeRange{},
+                               ValueRange{m64, tv64, i64c(D), hPtr, i64c(D), wTile, i64c(D), biasTile, logitsPtr,
+                                          i64c(kVocabTile)});
+      }
       nest({rows}, [&](ValueRange r) {
         Value tileMax = reduce(idx(0), tv, f64c(-INFINITY), [&](Value c, Value mx) {
           return b.create<arith::MaximumFOp>(loc, mx, toF64(load(logits, {r[0], c})));
@@ -1102,6 +1177,8 @@ private:
   // per kernel
   Value weights, lengths, B, N;
   Value copyOwner; ///< inside lm.masked_batch: the sentence of every copy [C] (i32)
+  ModuleOp outModule;
+  std::vector<PackedWeight> packed;
   SmallVector<Value> outputs;
   DenseMap<Value, Value> buffers;
   DenseMap<Value, int64_t> viewOffset;
@@ -1114,7 +1191,7 @@ OwningOpRef<ModuleOp> lowerToLoops(ModuleOp lmModule, const ModelSpec &spec,
                                    const std::map<std::string, int64_t> &weightOffsets) {
   MLIRContext *ctx = lmModule.getContext();
   ctx->loadDialect<arith::ArithDialect, func::FuncDialect, math::MathDialect, memref::MemRefDialect,
-                   scf::SCFDialect, LLVM::LLVMDialect>();
+                   scf::SCFDialect, vector::VectorDialect, LLVM::LLVMDialect>();
   return KernelGen(ctx, spec, weightOffsets).run(lmModule);
 }
 

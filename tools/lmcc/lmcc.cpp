@@ -118,7 +118,7 @@ void appendNumber(std::string &out, double v, const char *what, size_t line) {
 }
 
 struct Options {
-  std::string spec, weights, ids = "-", output, from, input, cpu, dumpIR;
+  std::string spec, weights, ids = "-", output, from, input, cpu, dumpIR, gemm = "generated";
   bool json = false, reference = false, embedWeights = false, staticArchive = false, naive = false, stats = false;
   std::map<std::string, bool> noPass; // pass flag -> --no-<pass> given
   int64_t statsN = 0;
@@ -180,6 +180,7 @@ std::string runtimeDir() {
 /// The pipeline the flags ask for: --naive runs no pass, --no-<pass> drops one.
 void applyPipelineFlags(const Options &o, lmcc::codegen::LibraryOptions &options) {
   options.naive = o.naive;
+  options.gemm = o.gemm;
   for (const auto &[flag, off] : o.noPass)
     if (off)
       options.disabledPasses.insert(flag);
@@ -188,8 +189,8 @@ void applyPipelineFlags(const Options &o, lmcc::codegen::LibraryOptions &options
 /// A short tag naming the pipeline, so cached libraries of different pipelines never mix.
 std::string pipelineTag(const lmcc::codegen::LibraryOptions &options) {
   if (options.naive)
-    return "naive";
-  std::string tag = "opt";
+    return "naive-" + options.gemm;
+  std::string tag = "opt-" + options.gemm;
   for (const std::string &flag : options.disabledPasses)
     tag += "-no" + flag.substr(2);
   return tag;
@@ -436,6 +437,10 @@ int main(int argc, char **argv) {
     cmd->add_flag("--naive", o.naive, "run no optimization pass (decomposed attention, n-pass mask-and-predict)");
     for (const std::string &flag : lmcc::defaultPipeline())
       cmd->add_flag("--no-" + flag.substr(3), o.noPass[flag], "drop the " + flag + " pass");
+    cmd->add_option("--gemm", o.gemm,
+                    "generated: vector microkernels over weights packed at load time; eigen: the runtime's Eigen GEMM")
+        ->check(CLI::IsMember({"generated", "eigen"}))
+        ->capture_default_str();
   };
   addPipelineFlags(compile);
 

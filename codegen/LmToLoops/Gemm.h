@@ -1,0 +1,44 @@
+//===- Gemm.h - Generated GEMM microkernels over load-time packed weights ---===//
+#pragma once
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinOps.h"
+
+#include <string>
+#include <vector>
+
+namespace lmcc::codegen {
+
+/// Panel width of packed weights: output features are grouped 64 at a time.
+constexpr int64_t kPanel = 64;
+
+/// The packed form of a weight W [N, K] (stored [out, in]): panels of kPanel output
+/// features, P[p*K + k][j] = W[p*kPanel + j][k], zero past N; shape [ceil(N/64)*K, 64].
+inline int64_t packedRows(int64_t n, int64_t k) { return (n + kPanel - 1) / kPanel * k; }
+
+/// The key under which a packed weight is laid out ("pack:" + its weight names).
+std::string packKey(mlir::Value weight);
+
+/// A weight that a linear layer or the log-prob head multiplies by, to be packed at load time.
+struct PackedWeight {
+  std::string key;                ///< packKey
+  std::vector<std::string> names; ///< its tensors (several when stacked by lm.concat)
+  int64_t n = 0, k = 0;           ///< [out, in]
+};
+/// Every weight of the module's lm.linear / lm.token_logprob ops that the generated GEMM
+/// can use (an lm.weight, or an lm.concat of them), each once.
+std::vector<PackedWeight> packedWeights(mlir::ModuleOp lmModule);
+
+/// Emits, at the builder's point, loops that pack `weight` [N, K] into `packed`.
+void emitPack(mlir::OpBuilder &b, mlir::Location loc, mlir::Value weight, mlir::Value packed, int64_t n, int64_t k);
+
+/// The generated GEMM for (N, K): C[m, (p - pBegin)*64 + j] = sum_k A[m, k] P[p*K + k][j] (+ bias[p*64 + j])
+/// for panels p in [pBegin, pEnd) and p*64 + j < N. A register-tiled vector kernel: 5 rows x 64
+/// columns of accumulators (20 x vector<16xf32>) carried over k, B loaded as 4 vectors per k, A
+/// broadcast; remaining rows one at a time; partial panels by masked stores. Created once per shape.
+/// Arguments: (A memref<?xKxf32>, P memref<?x64xf32, strided<[64,1], offset:?>>, bias memref<?xf32,
+/// strided<[1], offset:?>> (ignored when !withBias), C memref<?x?xf32>, pBegin index, pEnd index).
+mlir::func::FuncOp getOrCreateGemm(mlir::ModuleOp module, int64_t n, int64_t k, bool withBias);
+
+} // namespace lmcc::codegen
