@@ -123,6 +123,10 @@ struct Pipeline {
   std::set<std::string> disabled;
 };
 
+// Short parameter names in test listings (ctest shows them).
+void PrintTo(const Case &c, std::ostream *os) { *os << c.name; }
+void PrintTo(const Pipeline &p, std::ostream *os) { *os << p.name; }
+
 class Compiled : public ::testing::TestWithParam<std::tuple<Case, Pipeline>> {};
 
 TEST_P(Compiled, MatchesReference) {
