@@ -178,4 +178,42 @@ func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBia
   return fn;
 }
 
+OwningOpRef<ModuleOp> buildGemmModule(MLIRContext &context, const std::vector<std::pair<int64_t, int64_t>> &shapes) {
+  context.loadDialect<arith::ArithDialect, func::FuncDialect, memref::MemRefDialect, scf::SCFDialect,
+                      vector::VectorDialect>();
+  OpBuilder b(&context);
+  Location loc = b.getUnknownLoc();
+  OwningOpRef<ModuleOp> module = ModuleOp::create(loc);
+  int64_t dyn = ShapedType::kDynamic;
+  Type f32 = b.getF32Type();
+  for (auto [n, k] : shapes) {
+    func::FuncOp gemm = getOrCreateGemm(*module, n, k, /*withBias=*/false);
+    std::string suffix = std::to_string(n) + "x" + std::to_string(k);
+    auto pDyn = MemRefType::get({dyn, kPanel}, f32);
+    b.setInsertionPointToEnd(module->getBody());
+    auto pack = b.create<func::FuncOp>(loc, "lm_bench_pack_" + suffix,
+                                       b.getFunctionType({MemRefType::get({n, k}, f32), pDyn}, {}));
+    pack->setAttr("llvm.emit_c_interface", b.getUnitAttr());
+    b.setInsertionPointToStart(pack.addEntryBlock());
+    emitPack(b, loc, pack.getArgument(0), pack.getArgument(1), n, k);
+    b.create<func::ReturnOp>(loc);
+    b.setInsertionPointToEnd(module->getBody());
+    auto run = b.create<func::FuncOp>(
+        loc, "lm_bench_gemm_" + suffix,
+        b.getFunctionType({MemRefType::get({dyn, k}, f32), pDyn, MemRefType::get({dyn, dyn}, f32)}, {}));
+    run->setAttr("llvm.emit_c_interface", b.getUnitAttr());
+    b.setInsertionPointToStart(run.addEntryBlock());
+    auto pType = llvm::cast<MemRefType>(gemm.getArgumentTypes()[1]);
+    auto biasType = llvm::cast<MemRefType>(gemm.getArgumentTypes()[2]);
+    Value p = b.create<memref::CastOp>(loc, pType, run.getArgument(1));
+    Value unused = b.create<memref::AllocaOp>(loc, MemRefType::get({1}, f32));
+    Value bias = b.create<memref::CastOp>(loc, biasType, unused);
+    Value zero = b.create<arith::ConstantIndexOp>(loc, 0);
+    Value panels = b.create<arith::ConstantIndexOp>(loc, (n + kPanel - 1) / kPanel);
+    b.create<func::CallOp>(loc, gemm, ValueRange{run.getArgument(0), p, bias, run.getArgument(2), zero, panels});
+    b.create<func::ReturnOp>(loc);
+  }
+  return module;
+}
+
 } // namespace lmcc::codegen

@@ -42,3 +42,13 @@ void emitPack(mlir::OpBuilder &b, mlir::Location loc, mlir::Value weight, mlir::
 mlir::func::FuncOp getOrCreateGemm(mlir::ModuleOp module, int64_t n, int64_t k, bool withBias);
 
 } // namespace lmcc::codegen
+
+namespace lmcc::codegen {
+
+/// A module exporting, for every (N, K), `lm_bench_pack_<N>x<K>(W memref<NxK>, P memref<?x64>)` and
+/// `lm_bench_gemm_<N>x<K>(A memref<?xK>, P memref<?x64>, C memref<?x?>)` (C interface), for benchmarks
+/// and tests of the generated GEMM outside a model.
+mlir::OwningOpRef<mlir::ModuleOp> buildGemmModule(mlir::MLIRContext &context,
+                                                  const std::vector<std::pair<int64_t, int64_t>> &shapes);
+
+} // namespace lmcc::codegen
