@@ -4,7 +4,8 @@
 // shared library at start-up, then times, at 1 thread:
 //   - the machine's FP32 FMA peak (an AVX-512 loop of independent FMAs),
 //   - generated: C[M, N] = A[M, K] W[N, K]^T over W packed once (as at model load),
-//   - eigen: the same product through Eigen 3.4 (what --gemm=eigen calls).
+//   - eigen: the same product through Eigen 3.4 (what --gemm=eigen calls),
+//   - openblas: cblas_sgemm, when OpenBLAS is installed (scripts/bench-deps.sh).
 // Counters: GFLOP/s and fraction of the measured peak. Run:
 //   build/bench/gemm_bench --benchmark_min_time=0.2
 //
@@ -18,6 +19,9 @@
 #include <benchmark/benchmark.h>
 #include <immintrin.h>
 
+#ifdef LMCC_HAVE_OPENBLAS
+#include <cblas.h>
+#endif
 #include <dlfcn.h>
 #include <unistd.h>
 
@@ -157,6 +161,18 @@ void BM_Eigen(benchmark::State &state, Shape s) {
   report(state, s);
 }
 
+#ifdef LMCC_HAVE_OPENBLAS
+void BM_OpenBLAS(benchmark::State &state, Shape s) {
+  std::vector<float> a = randomVector(s.m * s.k, 1), w = randomVector(s.n * s.k, 2), c(s.m * s.n);
+  for (auto _ : state) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(s.m), int(s.n), int(s.k), 1.0f, a.data(), int(s.k),
+                w.data(), int(s.k), 0.0f, c.data(), int(s.n));
+    benchmark::ClobberMemory();
+  }
+  report(state, s);
+}
+#endif
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -169,6 +185,9 @@ int main(int argc, char **argv) {
     std::string name = std::to_string(s.m) + "x" + std::to_string(s.k) + "x" + std::to_string(s.n);
     benchmark::RegisterBenchmark(("generated/" + name).c_str(), BM_Generated, s);
     benchmark::RegisterBenchmark(("eigen/" + name).c_str(), BM_Eigen, s);
+#ifdef LMCC_HAVE_OPENBLAS
+    benchmark::RegisterBenchmark(("openblas/" + name).c_str(), BM_OpenBLAS, s);
+#endif
   }
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();

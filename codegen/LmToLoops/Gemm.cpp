@@ -118,6 +118,9 @@ func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBia
   Value zeroVec = b.create<arith::ConstantOp>(loc, vec, DenseElementsAttr::get(vec, 0.0f));
   Value M = b.create<memref::DimOp>(loc, A, 0);
 
+  // Software prefetch pays off when the packed weight does not fit in the L2 cache.
+  bool prefetch = packedRows(n, k) * kPanel * 4 > (int64_t(1) << 20);
+  Value lastRow = b.create<arith::SubIOp>(loc, b.create<memref::DimOp>(loc, P, 0), cidx(1));
   // One R x 64 tile at rows [m0, m0 + R) of panel p.
   auto tile = [&](int64_t R, Value m0, Value p) {
     SmallVector<Value> init(R * 4, zeroVec);
@@ -128,6 +131,13 @@ func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBia
       b.setInsertionPointToStart(loop.getBody());
       Value kv = loop.getInductionVar();
       Value prow = b.create<arith::AddIOp>(loc, pk, kv);
+      if (prefetch) {
+        // The panel two ahead, same k: streamed from memory when W is larger than the caches
+        // (the vocabulary projection). Rows past the end are clamped to the last one.
+        Value ahead = b.create<arith::MinSIOp>(loc, b.create<arith::AddIOp>(loc, prow, cidx(2 * k)), lastRow);
+        b.create<memref::PrefetchOp>(loc, P, ValueRange{ahead, cidx(0)}, /*isWrite=*/false, /*localityHint=*/3,
+                                     /*isDataCache=*/true);
+      }
       SmallVector<Value> bv;
       for (int64_t j = 0; j < 4; ++j)
         bv.push_back(b.create<vector::LoadOp>(loc, vec, P, ValueRange{prow, cidx(16 * j)}));
