@@ -14,6 +14,7 @@
 #include "dialect/LmDialect.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/Dialect/Vector/IR/VectorOps.h"
@@ -107,12 +108,13 @@ func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBia
   auto pType = MemRefType::get({dyn, kPanel}, f32, StridedLayoutAttr::get(ctx, dyn, {kPanel, 1}));
   auto biasType = MemRefType::get({dyn}, f32, StridedLayoutAttr::get(ctx, dyn, {1}));
   auto cType = MemRefType::get({dyn, dyn}, f32);
-  auto fn = b.create<func::FuncOp>(loc, name, b.getFunctionType({aType, pType, biasType, cType, index, index}, {}));
+  auto fn =
+      b.create<func::FuncOp>(loc, name, b.getFunctionType({aType, pType, biasType, cType, index, index, index}, {}));
   fn.setPrivate();
   Block *entry = fn.addEntryBlock();
   b.setInsertionPointToStart(entry);
   Value A = entry->getArgument(0), P = entry->getArgument(1), bias = entry->getArgument(2), C = entry->getArgument(3);
-  Value pBegin = entry->getArgument(4), pEnd = entry->getArgument(5);
+  Value pBegin = entry->getArgument(4), pEnd = entry->getArgument(5), cBase = entry->getArgument(6);
   auto cidx = [&](int64_t v) -> Value { return b.create<arith::ConstantIndexOp>(loc, v); };
   auto vec = VectorType::get({16}, f32);
   Value zeroVec = b.create<arith::ConstantOp>(loc, vec, DenseElementsAttr::get(vec, 0.0f));
@@ -151,7 +153,7 @@ func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBia
       b.create<scf::YieldOp>(loc, next);
     }
     Value colW = b.create<arith::MulIOp>(loc, p, cidx(kPanel));
-    Value colC = b.create<arith::MulIOp>(loc, b.create<arith::SubIOp>(loc, p, pBegin), cidx(kPanel));
+    Value colC = b.create<arith::MulIOp>(loc, b.create<arith::SubIOp>(loc, p, cBase), cidx(kPanel));
     for (int64_t j = 0; j < 4; ++j) {
       Value col = b.create<arith::AddIOp>(loc, colW, cidx(16 * j));
       Value valid = b.create<arith::SubIOp>(loc, cidx(n), col);
@@ -188,6 +190,56 @@ func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBia
   return fn;
 }
 
+func::FuncOp getOrCreateGemmTask(ModuleOp module, int64_t n, int64_t k, bool withBias) {
+  std::string name = "lm_gemm_task_" + std::to_string(n) + "x" + std::to_string(k) + (withBias ? "_bias" : "");
+  if (auto existing = module.lookupSymbol<func::FuncOp>(name))
+    return existing;
+  func::FuncOp gemm = getOrCreateGemm(module, n, k, withBias);
+  MLIRContext *ctx = module.getContext();
+  OpBuilder b(ctx);
+  b.setInsertionPointToEnd(module.getBody());
+  Location loc = b.getUnknownLoc();
+  auto ptr = LLVM::LLVMPointerType::get(ctx);
+  Type i64 = b.getI64Type();
+  auto fn = b.create<func::FuncOp>(loc, name, b.getFunctionType({ptr, i64, i64}, {}));
+  fn.setPrivate();
+  Block *entry = fn.addEntryBlock();
+  b.setInsertionPointToStart(entry);
+  auto slot = [&](int64_t i) -> Value {
+    Value at = b.create<LLVM::GEPOp>(loc, ptr, i64, entry->getArgument(0), ArrayRef<LLVM::GEPArg>{i});
+    return b.create<LLVM::LoadOp>(loc, i64, at);
+  };
+  auto c64 = [&](int64_t v) -> Value { return b.create<LLVM::ConstantOp>(loc, i64, b.getI64IntegerAttr(v)); };
+  // A memref descriptor {allocated, aligned, offset 0, sizes, strides} viewed as `type`.
+  auto descriptor = [&](Value address, ArrayRef<Value> sizes, ArrayRef<Value> strides, Type type) -> Value {
+    int64_t rank = sizes.size();
+    auto array = LLVM::LLVMArrayType::get(i64, rank);
+    auto structType = LLVM::LLVMStructType::getLiteral(ctx, {ptr, ptr, i64, array, array});
+    Value p = b.create<LLVM::IntToPtrOp>(loc, ptr, address);
+    Value d = b.create<LLVM::UndefOp>(loc, structType);
+    d = b.create<LLVM::InsertValueOp>(loc, d, p, ArrayRef<int64_t>{0});
+    d = b.create<LLVM::InsertValueOp>(loc, d, p, ArrayRef<int64_t>{1});
+    d = b.create<LLVM::InsertValueOp>(loc, d, c64(0), ArrayRef<int64_t>{2});
+    for (int64_t i = 0; i < rank; ++i) {
+      d = b.create<LLVM::InsertValueOp>(loc, d, sizes[i], ArrayRef<int64_t>{3, i});
+      d = b.create<LLVM::InsertValueOp>(loc, d, strides[i], ArrayRef<int64_t>{4, i});
+    }
+    return b.create<UnrealizedConversionCastOp>(loc, type, d).getResult(0);
+  };
+  auto types = gemm.getArgumentTypes();
+  Value M = slot(1), cols = slot(6);
+  Value A = descriptor(slot(0), {M, c64(k)}, {c64(k), c64(1)}, types[0]);
+  Value P = descriptor(slot(2), {slot(3), c64(kPanel)}, {c64(kPanel), c64(1)}, types[1]);
+  Value bias = descriptor(slot(4), {c64(n)}, {c64(1)}, types[2]);
+  Value C = descriptor(slot(5), {M, cols}, {cols, c64(1)}, types[3]);
+  Value begin = b.create<arith::IndexCastOp>(loc, b.getIndexType(), entry->getArgument(1));
+  Value end = b.create<arith::IndexCastOp>(loc, b.getIndexType(), entry->getArgument(2));
+  Value zero = b.create<arith::ConstantIndexOp>(loc, 0);
+  b.create<func::CallOp>(loc, gemm, ValueRange{A, P, bias, C, begin, end, zero});
+  b.create<func::ReturnOp>(loc);
+  return fn;
+}
+
 OwningOpRef<ModuleOp> buildGemmModule(MLIRContext &context, const std::vector<std::pair<int64_t, int64_t>> &shapes) {
   context.loadDialect<arith::ArithDialect, func::FuncDialect, memref::MemRefDialect, scf::SCFDialect,
                       vector::VectorDialect>();
@@ -220,7 +272,7 @@ OwningOpRef<ModuleOp> buildGemmModule(MLIRContext &context, const std::vector<st
     Value bias = b.create<memref::CastOp>(loc, biasType, unused);
     Value zero = b.create<arith::ConstantIndexOp>(loc, 0);
     Value panels = b.create<arith::ConstantIndexOp>(loc, (n + kPanel - 1) / kPanel);
-    b.create<func::CallOp>(loc, gemm, ValueRange{run.getArgument(0), p, bias, run.getArgument(2), zero, panels});
+    b.create<func::CallOp>(loc, gemm, ValueRange{run.getArgument(0), p, bias, run.getArgument(2), zero, panels, zero});
     b.create<func::ReturnOp>(loc);
   }
   return module;

@@ -33,13 +33,18 @@ std::vector<PackedWeight> packedWeights(mlir::ModuleOp lmModule);
 /// Emits, at the builder's point, loops that pack `weight` [N, K] into `packed`.
 void emitPack(mlir::OpBuilder &b, mlir::Location loc, mlir::Value weight, mlir::Value packed, int64_t n, int64_t k);
 
-/// The generated GEMM for (N, K): C[m, (p - pBegin)*64 + j] = sum_k A[m, k] P[p*K + k][j] (+ bias[p*64 + j])
+/// The generated GEMM for (N, K): C[m, (p - cBase)*64 + j] = sum_k A[m, k] P[p*K + k][j] (+ bias[p*64 + j])
 /// for panels p in [pBegin, pEnd) and p*64 + j < N. A register-tiled vector kernel: 5 rows x 64
 /// columns of accumulators (20 x vector<16xf32>) carried over k, B loaded as 4 vectors per k, A
 /// broadcast; remaining rows one at a time; partial panels by masked stores. Created once per shape.
 /// Arguments: (A memref<?xKxf32>, P memref<?x64xf32, strided<[64,1], offset:?>>, bias memref<?xf32,
-/// strided<[1], offset:?>> (ignored when !withBias), C memref<?x?xf32>, pBegin index, pEnd index).
+/// strided<[1], offset:?>> (ignored when !withBias), C memref<?x?xf32>, pBegin, pEnd, cBase: index).
 mlir::func::FuncOp getOrCreateGemm(mlir::ModuleOp module, int64_t n, int64_t k, bool withBias);
+
+/// A task for lm_rt_parallel_for: `(ctx: !llvm.ptr, begin: i64, end: i64)` runs the GEMM above on panels
+/// [begin, end). ctx holds 7 i64 slots: A address, M, packed-weight address, packed rows, bias address (0
+/// without bias), C address, C columns. Splitting panels never re-packs and never changes a result.
+mlir::func::FuncOp getOrCreateGemmTask(mlir::ModuleOp module, int64_t n, int64_t k, bool withBias);
 
 } // namespace lmcc::codegen
 

@@ -163,6 +163,16 @@ private:
   Value toF64(Value x) { return b.create<arith::ExtFOp>(loc, f64(), x); }
   Value toF32(Value x) { return b.create<arith::TruncFOp>(loc, f32(), x); }
 
+  /// The buffer's aligned base address (+ its static view offset) as an i64.
+  Value address(Value m) {
+    Value base = b.create<memref::ExtractAlignedPointerAsIndexOp>(loc, m);
+    Value addr = b.create<arith::IndexCastOp>(loc, b.getI64Type(), base);
+    auto it = viewOffset.find(m);
+    if (it != viewOffset.end() && it->second)
+      addr = b.create<arith::AddIOp>(loc, addr, i64c(it->second * 4));
+    return addr;
+  }
+
   /// The buffer's aligned base address (+ `offsetFloats` floats) as an LLVM pointer.
   Value pointer(Value m) {
     Value base = b.create<memref::ExtractAlignedPointerAsIndexOp>(loc, m);
@@ -179,6 +189,8 @@ private:
     auto type = b.getFunctionType({i64, i64, i64, ptr, i64, ptr, i64, ptr, ptr, i64}, {});
     auto fn = b.create<func::FuncOp>(loc, "lm_rt_sgemm_nt", type);
     fn.setPrivate();
+    auto parallel = b.create<func::FuncOp>(loc, "lm_rt_parallel_for", b.getFunctionType({i64, ptr, ptr}, {}));
+    parallel.setPrivate();
   }
 
   // --- entry points ----------------------------------------------------------
@@ -579,11 +591,30 @@ private:
       auto wt = typeOf(l.getWeight());
       int64_t n = wt.getDimSize(0), k = wt.getDimSize(1);
       if (Value pw = packedView(l.getWeight(), n, k)) {
+        // Panels of the packed weight are split over the runtime's threads (lm_rt_parallel_for);
+        // the task rebuilds the operands from 7 addresses and sizes.
         Value out = alloc(l.getType());
-        func::FuncOp gemm = getOrCreateGemm(outModule, n, k, bool(l.getBias()));
-        b.create<func::CallOp>(loc, gemm,
-                               ValueRange{asMatrix(in(l.getInput()), k), pw, biasView(l.getBias()),
-                                          asMatrix(out, n, true), idx(0), idx((n + kPanel - 1) / kPanel)});
+        func::FuncOp task = getOrCreateGemmTask(outModule, n, k, bool(l.getBias()));
+        auto sz = sizes(typeOf(l.getInput()));
+        Value rows = idx(1);
+        for (size_t i = 0; i + 1 < sz.size(); ++i)
+          rows = b.create<arith::MulIOp>(loc, rows, sz[i]);
+        auto ctxType = MemRefType::get({7}, b.getI64Type());
+        Value ctx = b.create<memref::AllocaOp>(loc, ctxType);
+        auto key = packKey(l.getWeight());
+        Value fields[7] = {address(in(l.getInput())), b.create<arith::IndexCastOp>(loc, b.getI64Type(), rows),
+                           address(tableView(offsets.find(key)->second, {packedRows(n, k), kPanel})),
+                           i64c(packedRows(n, k)), l.getBias() ? address(in(l.getBias())) : i64c(0), address(out),
+                           i64c(n)};
+        for (int i = 0; i < 7; ++i)
+          store(fields[i], ctx, idx(i));
+        auto ptrType = LLVM::LLVMPointerType::get(b.getContext());
+        Value ctxPtr = b.create<LLVM::IntToPtrOp>(loc, ptrType, address(ctx));
+        Value fn = b.create<func::ConstantOp>(loc, task.getFunctionType(), SymbolRefAttr::get(task));
+        Value fnPtr = b.create<UnrealizedConversionCastOp>(loc, TypeRange{ptrType}, fn).getResult(0);
+        b.create<func::CallOp>(loc, "lm_rt_parallel_for", TypeRange{},
+                               ValueRange{i64c((n + kPanel - 1) / kPanel), fnPtr, ctxPtr});
+        (void)pw;
         return set(l, out);
       }
     }
@@ -1018,7 +1049,8 @@ private:
         Value pBegin = b.create<arith::MulIOp>(loc, tile[0], idx(kVocabTile / kPanel));
         Value pEnd = b.create<arith::MinSIOp>(loc, b.create<arith::AddIOp>(loc, pBegin, idx(kVocabTile / kPanel)),
                                               idx((V + kPanel - 1) / kPanel));
-        b.create<func::CallOp>(loc, gemm, ValueRange{hMatrix, packedWeight, biasMemref, logitsMatrix, pBegin, pEnd});
+        b.create<func::CallOp>(loc, gemm,
+                               ValueRange{hMatrix, packedWeight, biasMemref, logitsMatrix, pBegin, pEnd, pBegin});
       } else {
         b.create<func::CallOp>(loc, "lm_rt_sgemm_nt", TypeRange{},
                                ValueRange{m64, tv64, i64c(D), hPtr, i64c(D), wTile, i64c(D), biasTile, logitsPtr,

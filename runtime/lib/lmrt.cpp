@@ -658,3 +658,19 @@ void _mlir_memref_to_llvm_free(void *ptr) { workspaceCache().put(ptr); }
 uint64_t lm_rt_workspace_system_allocations(void) { return workspaceCache().systemAllocations; }
 
 } // extern "C"
+
+extern "C" void lm_rt_parallel_for(int64_t n, lm_task_fn fn, void *ctx) {
+  static const int available = std::max(1, tbb::info::default_concurrency());
+  const int threads = std::min({g_threads.load(std::memory_order_relaxed), kMaxArenaThreads, available});
+  if (threads <= 1 || n <= 1) {
+    fn(ctx, 0, n);
+    return;
+  }
+  // Whole pieces only: every panel is computed the same way whatever the split, so results do
+  // not depend on the thread count.
+  arenaFor(threads).execute([&] {
+    tbb::parallel_for(
+        tbb::blocked_range<int64_t>(0, n, std::max<int64_t>(1, n / (4 * threads))),
+        [&](const tbb::blocked_range<int64_t> &r) { fn(ctx, r.begin(), r.end()); }, tbb::simple_partitioner());
+  });
+}

@@ -114,6 +114,11 @@ LM_API int lm_rt_set_num_threads(int n);
 LM_API void lm_rt_sgemm_nt(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
                     const float *bias, float *c, int64_t ldc);
 
+/* Runs fn(ctx, begin, end) over pieces of [0, n) on the runtime's oneTBB arena (the thread count set by
+ * lm_set_num_threads); generated kernels split one GEMM's weight panels this way. */
+typedef void (*lm_task_fn)(void *ctx, int64_t begin, int64_t end);
+LM_API void lm_rt_parallel_for(int64_t n, lm_task_fn fn, void *ctx);
+
 /* Allocation of kernel temporaries (MLIR's generic memref allocation functions). Each thread
  * keeps the blocks it freed, by size, and hands them out again: a kernel called again with
  * the same shapes allocates nothing from the system (the runtime's per-call workspace). */

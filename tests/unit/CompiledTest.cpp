@@ -193,7 +193,8 @@ TEST_P(Compiled, MatchesReference) {
       float score = 0;
       ASSERT_EQ(lm_rt_score(model, ids.data() + size_t(b) * stride, &lengths[b], 1, stride, alone, &score), LM_OK);
       for (int32_t t = 0; t < lengths[b]; ++t)
-        EXPECT_NEAR(alone[t], lp[size_t(b) * stride + t], 1e-6 * std::max(1.0f, std::fabs(alone[t])));
+        EXPECT_NEAR(alone[t], lp[size_t(b) * stride + t], 1e-6 * std::max(1.0f, std::fabs(alone[t])))
+            << "threads " << threads << " sentence " << b << " position " << t;
       EXPECT_NEAR(score, scores[b], 1e-6 * std::max(1.0f, std::fabs(score)));
     }
   }
