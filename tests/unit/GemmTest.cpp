@@ -25,9 +25,12 @@ using PackFn = void (*)(MemRef<2> *, MemRef<2> *);
 using GemmFn = void (*)(MemRef<2> *, MemRef<2> *, MemRef<2> *);
 
 // (N, K): the panel edge cases and the shapes of the tiny test models.
-// The last one packs to more than 1 MiB, so its kernel prefetches panels ahead.
-const std::vector<std::pair<int64_t, int64_t>> kShapes = {{1, 5},    {16, 7},    {63, 33},  {64, 8},  {65, 19},
-                                                           {67, 30},  {130, 17},  {30, 46},  {120, 30}, {4133, 71}};
+// Odd shapes, then every (N, K) of the bundled models (T-TA/biLM/uniLM paper size: projections, stacked K/V,
+// FFN, vocabulary; BERT-base). Shapes packing to more than 1 MiB take the prefetching kernel.
+const std::vector<std::pair<int64_t, int64_t>> kShapes = {
+    {1, 5},     {16, 7},    {63, 33},   {64, 8},    {65, 19},   {67, 30},   {130, 17},   {30, 46},
+    {120, 30},  {4133, 71}, {512, 512}, {1536, 512}, {3072, 512}, {2048, 512}, {512, 2048}, {30522, 512},
+    {768, 768}, {2304, 768}, {3072, 768}, {768, 3072}, {30522, 768}};
 
 class GemmTest : public ::testing::Test {
 protected:
