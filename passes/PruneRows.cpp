@@ -14,6 +14,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "passes/Passes.h"
+#include "passes/Utils.h"
 
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/DenseSet.h"
@@ -147,17 +148,6 @@ private:
   llvm::DenseMap<Value, Value> rows;
   llvm::DenseSet<Value> rowOnly;
 };
-
-/// Erases the body's ops whose results are unused (all lm ops are pure). One
-/// backward sweep suffices: an op's users come after it, so they are gone first.
-void eraseDeadOps(Block &block) {
-  for (Operation *op = block.getTerminator()->getPrevNode(); op;) {
-    Operation *previous = op->getPrevNode();
-    if (op->use_empty())
-      op->erase();
-    op = previous;
-  }
-}
 
 struct LmPruneRows : lmcc::impl::LmPruneRowsBase<LmPruneRows> {
   void runOnOperation() override {

@@ -13,6 +13,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "passes/Passes.h"
+#include "passes/Utils.h"
 
 #include "mlir/IR/IRMapping.h"
 #include "llvm/ADT/DenseSet.h"
@@ -31,16 +32,6 @@ namespace {
 bool isRowLocal(Operation *op) {
   return isa<lm::EmbedOp, lm::PositionsOp, lm::AddOp, lm::ScaleOp, lm::GeluOp, lm::ReluOp, lm::LayerNormOp,
              lm::LinearOp>(op);
-}
-
-/// Erases the block's unused ops (all lm ops are pure), users before producers.
-void eraseDeadOps(Block &block) {
-  for (Operation *op = block.getTerminator()->getPrevNode(); op;) {
-    Operation *previous = op->getPrevNode();
-    if (op->use_empty())
-      op->erase();
-    op = previous;
-  }
 }
 
 struct LmShareFirstLayer : lmcc::impl::LmShareFirstLayerBase<LmShareFirstLayer> {
