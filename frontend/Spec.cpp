@@ -185,30 +185,6 @@ bool isCIdentifier(const std::string &s) {
   return true;
 }
 
-void applyFamilyDefaults(ModelSpec &s) {
-  switch (s.family) {
-  case Family::UniLM:
-  case Family::NGram:
-    s.mask = MaskKind::Causal, s.keysValues = KeyValueSource::Hidden, s.firstQuery = FirstQuery::Embedding;
-    s.method = ScoreMethod::Causal;
-    break;
-  case Family::BiLM:
-    s.mask = MaskKind::None, s.keysValues = KeyValueSource::Hidden, s.firstQuery = FirstQuery::Embedding;
-    s.method = ScoreMethod::MaskAndPredict;
-    break;
-  case Family::TTA:
-    s.mask = MaskKind::Diagonal, s.keysValues = KeyValueSource::Embedding, s.firstQuery = FirstQuery::Position;
-    s.method = ScoreMethod::SinglePass;
-    break;
-  case Family::Diformer:
-    // Decoder: per-token directional mask, keys/values from word embeddings only,
-    // query = direction + directed position; scored left-to-right or right-to-left.
-    s.mask = MaskKind::Directional, s.keysValues = KeyValueSource::Embedding, s.firstQuery = FirstQuery::Position;
-    s.method = ScoreMethod::Causal;
-    s.relativePositions = 16;
-    break;
-  }
-}
 
 void validate(const ModelSpec &s, const Positions &pos, const Reader &r) {
   auto where = [&](const std::string &field) { return pos.of(field, r.path); };
@@ -453,6 +429,31 @@ std::string tomlValue(const nlohmann::ordered_json &v) {
 }
 
 } // namespace
+
+void applyFamilyDefaults(ModelSpec &s) {
+  switch (s.family) {
+  case Family::UniLM:
+  case Family::NGram:
+    s.mask = MaskKind::Causal, s.keysValues = KeyValueSource::Hidden, s.firstQuery = FirstQuery::Embedding;
+    s.method = ScoreMethod::Causal;
+    break;
+  case Family::BiLM:
+    s.mask = MaskKind::None, s.keysValues = KeyValueSource::Hidden, s.firstQuery = FirstQuery::Embedding;
+    s.method = ScoreMethod::MaskAndPredict;
+    break;
+  case Family::TTA:
+    s.mask = MaskKind::Diagonal, s.keysValues = KeyValueSource::Embedding, s.firstQuery = FirstQuery::Position;
+    s.method = ScoreMethod::SinglePass;
+    break;
+  case Family::Diformer:
+    // Decoder: per-token directional mask, keys/values from word embeddings only,
+    // query = direction + directed position; scored left-to-right or right-to-left.
+    s.mask = MaskKind::Directional, s.keysValues = KeyValueSource::Embedding, s.firstQuery = FirstQuery::Position;
+    s.method = ScoreMethod::Causal;
+    s.relativePositions = 16;
+    break;
+  }
+}
 
 ModelSpec parseSpec(const std::string &text, const std::string &path) {
   Reader reader(path);

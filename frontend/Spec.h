@@ -94,6 +94,10 @@ ModelSpec loadSpec(const std::string &path);
 /// Parses and validates spec text; `path` is only used in messages.
 ModelSpec parseSpec(const std::string &text, const std::string &path);
 
+/// Sets the fields whose defaults depend on the family (mask, keys_values,
+/// first_query, method; relative_positions for diformer), as the parser does.
+void applyFamilyDefaults(ModelSpec &spec);
+
 /// The resolved spec as TOML (every default filled) and as JSON.
 std::string toToml(const ModelSpec &spec);
 std::string toJson(const ModelSpec &spec);

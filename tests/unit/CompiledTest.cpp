@@ -31,18 +31,7 @@ ModelSpec base(const char *name, Family family) {
   s.name = name;
   s.family = family;
   s.dims = Dims{41, 19, 30, 3, 46, 2};
-  switch (family) {
-  case Family::UniLM:
-    s.mask = MaskKind::Causal, s.keysValues = KeyValueSource::Hidden, s.firstQuery = FirstQuery::Embedding;
-    s.method = ScoreMethod::Causal;
-    break;
-  case Family::BiLM:
-    s.mask = MaskKind::None, s.keysValues = KeyValueSource::Hidden, s.firstQuery = FirstQuery::Embedding;
-    s.method = ScoreMethod::MaskAndPredict;
-    break;
-  default:
-    break; // T-TA defaults are the struct's defaults
-  }
+  applyFamilyDefaults(s);
   return s;
 }
 
