@@ -63,6 +63,34 @@ public:
     return out;
   }
 
+  /// `attention_kernel(q, k, v [B, N, D], lengths [B], out [B, N, D])`: the lowering of
+  /// the lm.attention op in `fn` (arguments q, k, v, lengths) alone, for kernel benchmarks.
+  OwningOpRef<ModuleOp> attentionOnly(func::FuncOp fn, lm::AttentionOp attention) {
+    OwningOpRef<ModuleOp> out = ModuleOp::create(loc);
+    outModule = *out;
+    b.setInsertionPointToEnd(out->getBody());
+    auto type = MemRefType::get(llvm::cast<ShapedType>(attention.getType()).getShape(), f32());
+    auto m1i = MemRefType::get({ShapedType::kDynamic}, i32());
+    auto kfn = b.create<func::FuncOp>(loc, "attention_kernel", b.getFunctionType({type, type, type, m1i, type}, {}));
+    kfn->setAttr("llvm.emit_c_interface", b.getUnitAttr());
+    Block *entry = kfn.addEntryBlock();
+    b.setInsertionPointToStart(entry);
+    for (unsigned i = 0; i < 4; ++i)
+      buffers[fn.getArgument(i)] = entry->getArgument(i);
+    lengths = entry->getArgument(3);
+    B = b.create<memref::DimOp>(loc, entry->getArgument(0), 0);
+    N = b.create<memref::DimOp>(loc, entry->getArgument(0), 1);
+    scopes.emplace_back();
+    if (failed(lowerAttention(attention)))
+      return nullptr;
+    b.create<memref::CopyOp>(loc, in(attention.getResult()), entry->getArgument(4));
+    closeScope();
+    b.create<func::ReturnOp>(loc);
+    if (failed(verify(*out)))
+      return nullptr;
+    return out;
+  }
+
 private:
   // --- constants and types ---------------------------------------------------
   Value idx(int64_t v) { return b.create<arith::ConstantIndexOp>(loc, v); }
@@ -1225,6 +1253,29 @@ OwningOpRef<ModuleOp> lowerToLoops(ModuleOp lmModule, const ModelSpec &spec,
   ctx->loadDialect<arith::ArithDialect, func::FuncDialect, math::MathDialect, memref::MemRefDialect,
                    scf::SCFDialect, vector::VectorDialect, LLVM::LLVMDialect>();
   return KernelGen(ctx, spec, weightOffsets).run(lmModule);
+}
+
+OwningOpRef<ModuleOp> buildAttentionModule(MLIRContext &context, lm::MaskKind mask, int64_t heads, int64_t dModel) {
+  context.loadDialect<lm::LmDialect, arith::ArithDialect, func::FuncDialect, math::MathDialect,
+                      memref::MemRefDialect, scf::SCFDialect, vector::VectorDialect, LLVM::LLVMDialect>();
+  OpBuilder b(&context);
+  Location loc = b.getUnknownLoc();
+  OwningOpRef<ModuleOp> lmModule = ModuleOp::create(loc);
+  b.setInsertionPointToEnd(lmModule->getBody());
+  int64_t dyn = ShapedType::kDynamic;
+  auto t3 = RankedTensorType::get({dyn, dyn, dModel}, b.getF32Type());
+  auto t1 = RankedTensorType::get({dyn}, b.getI32Type());
+  auto fn = b.create<func::FuncOp>(loc, "attention", b.getFunctionType({t3, t3, t3, t1}, {t3}));
+  Block *entry = fn.addEntryBlock();
+  b.setInsertionPointToStart(entry);
+  auto attention = b.create<lm::AttentionOp>(
+      loc, t3, entry->getArgument(0), entry->getArgument(1), entry->getArgument(2), entry->getArgument(3), Value(),
+      Value(), Value(), Value(), b.getI64IntegerAttr(heads), lm::MaskKindAttr::get(&context, mask),
+      b.getF32FloatAttr(1.0f / std::sqrt(float(dModel / heads))), b.getI64IntegerAttr(0));
+  b.create<func::ReturnOp>(loc, attention.getResult());
+  static const ModelSpec noSpec;
+  static const std::map<std::string, int64_t> noOffsets;
+  return KernelGen(&context, noSpec, noOffsets).attentionOnly(fn, attention);
 }
 
 } // namespace lmcc::codegen

@@ -1,6 +1,7 @@
 //===- KernelGen.h - lm IR -> buffer-level loop nests (scf/memref/arith/math) ===//
 #pragma once
 
+#include "dialect/LmDialect.h"
 #include "frontend/Spec.h"
 
 #include "mlir/IR/BuiltinOps.h"
@@ -22,5 +23,11 @@ namespace lmcc::codegen {
 /// diagnostics when an op cannot be lowered.
 mlir::OwningOpRef<mlir::ModuleOp> lowerToLoops(mlir::ModuleOp lmModule, const ModelSpec &spec,
                                                const std::map<std::string, int64_t> &weightOffsets);
+
+/// A module with the single kernel `attention_kernel(q, k, v [B, N, d_model], lengths [B], out [B, N, d_model])`
+/// (C interface): lm.attention with `mask` (none, causal, anticausal or diagonal), as the model kernels lower it.
+/// For kernel benchmarks (bench/kernel_bench.cpp).
+mlir::OwningOpRef<mlir::ModuleOp> buildAttentionModule(mlir::MLIRContext &context, lm::MaskKind mask, int64_t heads,
+                                                       int64_t dModel);
 
 } // namespace lmcc::codegen

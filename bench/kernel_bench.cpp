@@ -1,0 +1,340 @@
+//===- kernel_bench.cpp - The machine's limits, GEMM and attention kernels ---===//
+//
+// Builds the generated GEMM (codegen/LmToLoops/Gemm.cpp) for the model shapes and the
+// generated attention kernel (codegen/LmToLoops/KernelGen.cpp) for each mask kind into
+// one shared library at start-up, then times:
+//   - machine/peak: the FP32 FMA peak (an AVX-512 loop of independent FMAs), 1 and 2 threads,
+//   - machine/read_bw: memory read bandwidth (a 1 GiB buffer, far past L3), 1 and 2 threads,
+//   - gemm/generated: C[M, N] = A[M, K] W[N, K]^T over W packed once (as at model load),
+//   - gemm/eigen: the same product through Eigen 3.4 (what --gemm=eigen calls),
+//   - gemm/openblas: cblas_sgemm, when OpenBLAS is installed (scripts/bench-deps.sh),
+//   - attention/<mask>: lm.attention (8 heads, d 512) as the model kernels run it, 1 thread.
+// Counters: GFLOPs (GFLOP/s), GBs (GB/s) and peak_frac (of the 1-thread peak measured at
+// start-up). Run: build/bench/kernel_bench --benchmark_min_time=0.2
+//
+//===----------------------------------------------------------------------===//
+#include "codegen/Emit/Object.h"
+#include "codegen/LmToLoops/Gemm.h"
+#include "codegen/LmToLoops/KernelGen.h"
+
+#include "mlir/IR/MLIRContext.h"
+
+#include <Eigen/Core>
+#include <benchmark/benchmark.h>
+#include <immintrin.h>
+
+#ifdef LMCC_HAVE_OPENBLAS
+#include <cblas.h>
+#endif
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+namespace lm = lmcc::lm;
+
+struct Shape {
+  int64_t m, k, n;
+};
+// T-TA paper configuration (d 512, FFN 2048, vocab 30522): QKV/O, FFN in/out, stacked K/V, head; n = 20 and batched.
+// BERT-base (d 768, FFN 3072) at n = 20.
+const std::vector<Shape> kShapes = {{20, 512, 512},   {20, 512, 1536}, {20, 512, 2048}, {20, 2048, 512},
+                                    {400, 512, 2048}, {640, 512, 512}, {20, 512, 30522}, {20, 768, 768},
+                                    {20, 768, 3072},  {20, 3072, 768}, {20, 768, 30522}};
+const std::vector<std::pair<lm::MaskKind, const char *>> kMasks = {{lm::MaskKind::none, "none"},
+                                                                   {lm::MaskKind::causal, "causal"},
+                                                                   {lm::MaskKind::anticausal, "anticausal"},
+                                                                   {lm::MaskKind::diagonal, "diagonal"}};
+constexpr int64_t kHeads = 8, kModel = 512;
+
+template <int R> struct MemRef {
+  float *allocated, *aligned;
+  int64_t offset, sizes[R], strides[R];
+};
+MemRef<2> view(float *p, int64_t rows, int64_t cols) { return {p, p, 0, {rows, cols}, {cols, 1}}; }
+
+using PackFn = void (*)(MemRef<2> *, MemRef<2> *);
+using GemmFn = void (*)(MemRef<2> *, MemRef<2> *, MemRef<2> *);
+using AttentionFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<1> *, MemRef<3> *);
+void *g_library = nullptr;
+
+/// Compiles the generated GEMM for every (N, K) of kShapes and the attention kernel for
+/// every mask kind (functions attention_<mask>) into a temporary shared library.
+void buildLibrary() {
+  std::vector<std::pair<int64_t, int64_t>> nk;
+  for (const Shape &s : kShapes)
+    if (std::find(nk.begin(), nk.end(), std::make_pair(s.n, s.k)) == nk.end())
+      nk.push_back({s.n, s.k});
+  mlir::MLIRContext context;
+  auto module = lmcc::codegen::buildGemmModule(context, nk);
+  for (auto [mask, name] : kMasks) {
+    auto attention = lmcc::codegen::buildAttentionModule(context, mask, kHeads, kModel);
+    if (!attention) {
+      std::fprintf(stderr, "kernel_bench: cannot build the %s attention kernel\n", name);
+      std::exit(1);
+    }
+    auto fn = attention->lookupSymbol<mlir::func::FuncOp>("attention_kernel");
+    fn.setSymName(std::string("attention_") + name);
+    fn->moveBefore(module->getBody(), module->getBody()->end());
+  }
+  if (mlir::failed(lmcc::codegen::lowerToLLVMDialect(*module))) {
+    std::fprintf(stderr, "kernel_bench: lowering failed\n");
+    std::exit(1);
+  }
+  auto dir = std::filesystem::temp_directory_path() / ("lmcc-kernel-bench-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::string object = (dir / "kernels.o").string(), library = (dir / "libkernels.so").string();
+  if (std::string err = lmcc::codegen::emitObject(*module, object, {}); !err.empty()) {
+    std::fprintf(stderr, "kernel_bench: %s\n", err.c_str());
+    std::exit(1);
+  }
+  std::string link = "cc -shared -o " + library + " " + object + " -lm";
+  if (std::system(link.c_str()) != 0 || !(g_library = ::dlopen(library.c_str(), RTLD_NOW))) {
+    std::fprintf(stderr, "kernel_bench: cannot link or load %s\n", library.c_str());
+    std::exit(1);
+  }
+}
+
+template <typename Fn> Fn symbol(const std::string &name) {
+  auto fn = reinterpret_cast<Fn>(::dlsym(g_library, ("_mlir_ciface_" + name).c_str()));
+  if (!fn) {
+    std::fprintf(stderr, "kernel_bench: %s missing\n", name.c_str());
+    std::exit(1);
+  }
+  return fn;
+}
+
+std::vector<float> randomVector(size_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> v(n);
+  for (float &x : v)
+    x = u(rng);
+  return v;
+}
+
+/// 16 independent FMA chains of 16 floats: the FP32 FMA peak of one core.
+__attribute__((target("avx512f"), noinline)) float fmaLoop(int64_t iterations) {
+  __m512 acc[16];
+  for (auto &a : acc)
+    a = _mm512_set1_ps(0.5f);
+  const __m512 x = _mm512_set1_ps(0.999f), y = _mm512_set1_ps(0.001f);
+  for (int64_t i = 0; i < iterations; ++i)
+    for (auto &a : acc)
+      a = _mm512_fmadd_ps(a, x, y);
+  __m512 sum = acc[0];
+  for (int j = 1; j < 16; ++j)
+    sum = _mm512_add_ps(sum, acc[j]);
+  return _mm512_reduce_add_ps(sum);
+}
+
+double g_peak = 0; // 1-thread GFLOP/s, measured at start-up (best of three)
+
+double measurePeak() {
+  int64_t iterations = 20'000'000;
+  benchmark::DoNotOptimize(iterations);
+  auto start = std::chrono::steady_clock::now();
+  benchmark::DoNotOptimize(fmaLoop(iterations));
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return double(iterations) * 16 * 16 * 2 / seconds / 1e9;
+}
+
+/// Runs fn(thread) on `threads` threads at once (the calling thread is thread 0).
+template <typename Fn> void onThreads(int threads, Fn fn) {
+  std::vector<std::thread> others;
+  for (int t = 1; t < threads; ++t)
+    others.emplace_back(fn, t);
+  fn(0);
+  for (auto &t : others)
+    t.join();
+}
+
+/// The FP32 FMA peak of `threads` cores: every thread runs the FMA loop at once.
+void BM_Peak(benchmark::State &state) {
+  int threads = int(state.range(0));
+  constexpr int64_t kIterations = 2'000'000;
+  for (auto _ : state)
+    onThreads(threads, [](int) { benchmark::DoNotOptimize(fmaLoop(kIterations)); });
+  double flops = double(kIterations) * 16 * 16 * 2 * threads * state.iterations();
+  state.counters["GFLOPs"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsRate);
+}
+
+/// Sums `floats` floats with 4 independent 512-bit accumulators (a pure read stream).
+__attribute__((target("avx512f"), noinline)) float readStream(const float *p, int64_t floats) {
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (int64_t i = 0; i < floats; i += 64)
+    for (int j = 0; j < 4; ++j)
+      acc[j] = _mm512_add_ps(acc[j], _mm512_load_ps(p + i + 16 * j));
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+}
+
+/// Memory read bandwidth: `threads` threads each stream their half of a 1 GiB buffer (32x the L3).
+void BM_ReadBandwidth(benchmark::State &state) {
+  int threads = int(state.range(0));
+  constexpr int64_t kFloats = int64_t(1) << 28; // 1 GiB
+  float *buffer = static_cast<float *>(std::aligned_alloc(64, kFloats * sizeof(float)));
+  onThreads(threads, [&](int t) { // first touch by the thread that reads it
+    std::fill(buffer + t * (kFloats / threads), buffer + (t + 1) * (kFloats / threads), 1.0f);
+  });
+  for (auto _ : state)
+    onThreads(threads, [&](int t) {
+      benchmark::DoNotOptimize(readStream(buffer + t * (kFloats / threads), kFloats / threads));
+    });
+  std::free(buffer);
+  double bytes = double(kFloats) * sizeof(float) * state.iterations();
+  state.counters["GBs"] = benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsRate);
+}
+
+void report(benchmark::State &state, const Shape &s) {
+  double flops = 2.0 * s.m * s.n * s.k * state.iterations();
+  state.counters["GFLOPs"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsRate);
+  state.counters["peak_frac"] = benchmark::Counter(flops / 1e9 / g_peak, benchmark::Counter::kIsRate);
+}
+
+void BM_Generated(benchmark::State &state, Shape s) {
+  std::string suffix = std::to_string(s.n) + "x" + std::to_string(s.k);
+  auto pack = symbol<PackFn>("lm_bench_pack_" + suffix);
+  auto gemm = symbol<GemmFn>("lm_bench_gemm_" + suffix);
+  std::vector<float> a = randomVector(s.m * s.k, 1), w = randomVector(s.n * s.k, 2), c(s.m * s.n);
+  int64_t panelRows = lmcc::codegen::packedRows(s.n, s.k);
+  std::vector<float> packed(panelRows * lmcc::codegen::kPanel);
+  MemRef<2> wm = view(w.data(), s.n, s.k), pm = view(packed.data(), panelRows, lmcc::codegen::kPanel);
+  pack(&wm, &pm); // once, as at model load
+  MemRef<2> am = view(a.data(), s.m, s.k), cm = view(c.data(), s.m, s.n);
+  for (auto _ : state) {
+    gemm(&am, &pm, &cm);
+    benchmark::ClobberMemory();
+  }
+  // Spot check against a naive dot product.
+  double ref = 0;
+  for (int64_t k = 0; k < s.k; ++k)
+    ref += double(a[k]) * w[(s.n - 1) * s.k + k];
+  if (std::abs(ref - c[s.n - 1]) > 1e-3 * (1 + std::abs(ref)))
+    state.SkipWithError("generated GEMM result differs from the naive product");
+  report(state, s);
+}
+
+void BM_Eigen(benchmark::State &state, Shape s) {
+  using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  Matrix a = Matrix::Random(s.m, s.k), w = Matrix::Random(s.n, s.k), c(s.m, s.n);
+  for (auto _ : state) {
+    c.noalias() = a * w.transpose();
+    benchmark::ClobberMemory();
+  }
+  report(state, s);
+}
+
+#ifdef LMCC_HAVE_OPENBLAS
+void BM_OpenBLAS(benchmark::State &state, Shape s) {
+  std::vector<float> a = randomVector(s.m * s.k, 1), w = randomVector(s.n * s.k, 2), c(s.m * s.n);
+  for (auto _ : state) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(s.m), int(s.n), int(s.k), 1.0f, a.data(), int(s.k),
+                w.data(), int(s.k), 0.0f, c.data(), int(s.n));
+    benchmark::ClobberMemory();
+  }
+  report(state, s);
+}
+#endif
+
+/// Query-key pairs lm.attention visits per head and sentence of length n under `mask`.
+double visiblePairs(lm::MaskKind mask, int64_t n) {
+  switch (mask) {
+  case lm::MaskKind::causal:
+  case lm::MaskKind::anticausal:
+    return double(n) * (n + 1) / 2;
+  case lm::MaskKind::diagonal:
+    return double(n) * (n - 1);
+  default:
+    return double(n) * n;
+  }
+}
+
+/// lm.attention over [batch, n, 512] queries/keys/values, 8 heads: 4 * d_model FLOPs per visible pair
+/// (q.k and p*v), the exponentials not counted.
+void BM_Attention(benchmark::State &state, lm::MaskKind mask, std::string name) {
+  int64_t n = state.range(0), batch = state.range(1);
+  auto attention = symbol<AttentionFn>("attention_" + name);
+  std::vector<float> q = randomVector(batch * n * kModel, 1), k = randomVector(batch * n * kModel, 2),
+                     v = randomVector(batch * n * kModel, 3), out(batch * n * kModel);
+  std::vector<int32_t> lengths(batch, int32_t(n));
+  auto view3 = [&](float *p) { return MemRef<3>{p, p, 0, {batch, n, kModel}, {n * kModel, kModel, 1}}; };
+  MemRef<3> qm = view3(q.data()), km = view3(k.data()), vm = view3(v.data()), om = view3(out.data());
+  MemRef<1> lm_ = {reinterpret_cast<float *>(lengths.data()), reinterpret_cast<float *>(lengths.data()), 0, {batch}, {1}};
+  for (auto _ : state) {
+    attention(&qm, &km, &vm, &lm_, &om);
+    benchmark::ClobberMemory();
+  }
+  // Spot check: the last row of head 0 against a direct softmax(q k^T / 8) v.
+  int64_t i = n - 1, dh = kModel / kHeads;
+  const float *qi = &q[((batch - 1) * n + i) * kModel];
+  std::vector<double> p(n, -INFINITY);
+  double mx = -INFINITY, sum = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    bool visible = mask == lm::MaskKind::causal ? j <= i : mask == lm::MaskKind::anticausal ? j >= i
+                   : mask == lm::MaskKind::diagonal ? j != i : true;
+    if (!visible)
+      continue;
+    double d = 0;
+    for (int64_t e = 0; e < dh; ++e)
+      d += double(qi[e]) * k[((batch - 1) * n + j) * kModel + e];
+    p[j] = d / std::sqrt(double(dh));
+    mx = std::max(mx, p[j]);
+  }
+  double ref = 0;
+  for (int64_t j = 0; j < n; ++j)
+    if (p[j] > -INFINITY) {
+      double w = std::exp(p[j] - mx);
+      sum += w;
+      ref += w * v[((batch - 1) * n + j) * kModel];
+    }
+  ref = sum > 0 ? ref / sum : 0;
+  if (std::abs(ref - out[((batch - 1) * n + i) * kModel]) > 1e-4 * (1 + std::abs(ref)))
+    state.SkipWithError("generated attention differs from a direct softmax(q k^T) v");
+  double flops = 4.0 * kModel * visiblePairs(mask, n) * batch * state.iterations();
+  state.counters["GFLOPs"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsRate);
+  state.counters["peak_frac"] = benchmark::Counter(flops / 1e9 / g_peak, benchmark::Counter::kIsRate);
+}
+
+} // namespace
+
+// Kernel temporaries of the generated attention (the runtime's workspace functions; plain malloc here).
+extern "C" {
+void *_mlir_memref_to_llvm_alloc(uint64_t size) { return std::malloc(size); }
+void *_mlir_memref_to_llvm_aligned_alloc(uint64_t alignment, uint64_t size) {
+  return std::aligned_alloc(alignment, (size + alignment - 1) / alignment * alignment);
+}
+void _mlir_memref_to_llvm_free(void *ptr) { std::free(ptr); }
+}
+
+int main(int argc, char **argv) {
+  buildLibrary();
+  g_peak = measurePeak();
+  for (int i = 0; i < 2; ++i) // the best of three runs of 1.3 G FMAs
+    g_peak = std::max(g_peak, measurePeak());
+  std::printf("measured FP32 FMA peak: %.1f GFLOP/s (1 thread)\n", g_peak);
+  benchmark::RegisterBenchmark("machine/peak", BM_Peak)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime();
+  benchmark::RegisterBenchmark("machine/read_bw", BM_ReadBandwidth)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime();
+  for (const Shape &s : kShapes) {
+    std::string name = std::to_string(s.m) + "x" + std::to_string(s.k) + "x" + std::to_string(s.n);
+    benchmark::RegisterBenchmark(("gemm/generated/" + name).c_str(), BM_Generated, s);
+    benchmark::RegisterBenchmark(("gemm/eigen/" + name).c_str(), BM_Eigen, s);
+#ifdef LMCC_HAVE_OPENBLAS
+    benchmark::RegisterBenchmark(("gemm/openblas/" + name).c_str(), BM_OpenBLAS, s);
+#endif
+  }
+  for (auto [mask, name] : kMasks)
+    benchmark::RegisterBenchmark(("attention/" + std::string(name)).c_str(), BM_Attention, mask, std::string(name))
+        ->ArgNames({"n", "batch"})
+        ->ArgsProduct({{20, 80, 128}, {1, 32}});
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  return 0;
+}

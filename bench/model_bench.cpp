@@ -1,0 +1,218 @@
+//===- model_bench.cpp - Entry points of generated libraries, end to end -----===//
+//
+// Times <name>_score / <name>_embed of libraries made by `lmcc compile`, the way an
+// application calls them (through liblmrt: argument checks, chunking, threads), on the
+// token ids of a file. What to run comes from a plan file, one benchmark per line:
+//
+//   BENCH_NAME LIBRARY MODEL WEIGHTS ENTRY IDS THREADS OUTPUT
+//
+//   LIBRARY  path of lib<MODEL>.so (its directory holds the liblmrt.so it links)
+//   ENTRY    score | embed
+//   IDS      B lines of space-separated token ids (the batch of one call)
+//   OUTPUT   file receiving the result of the first call ('-': none): one line per
+//            sentence, the score (score) or the embedding (embed), "%.9g"
+//
+// scripts/bench.sh writes the plan (bench/run.py), compares OUTPUT with the peers'
+// results and turns the JSON report into bench/results/. Run by hand:
+//   build/bench/model_bench --plan PLAN --benchmark_min_time=0.5 --benchmark_format=json
+//
+//===----------------------------------------------------------------------===//
+#include "lmrt.h"
+
+#include <benchmark/benchmark.h>
+#include <dlfcn.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Plan {
+  std::string name, library, model, weights, entry, ids, output;
+  int threads = 1;
+};
+
+[[noreturn]] void fail(const std::string &message) {
+  std::fprintf(stderr, "model_bench: %s\n", message.c_str());
+  std::exit(1);
+}
+
+std::vector<Plan> readPlan(const std::string &path) {
+  std::ifstream in(path);
+  if (!in)
+    fail("cannot read plan file " + path);
+  std::vector<Plan> plans;
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    if (line.empty() || line[0] == '#')
+      continue;
+    std::istringstream fields(line);
+    Plan p;
+    if (!(fields >> p.name >> p.library >> p.model >> p.weights >> p.entry >> p.ids >> p.threads >> p.output) ||
+        (p.entry != "score" && p.entry != "embed") || p.threads < 1)
+      fail(path + ":" + std::to_string(number) +
+           ": expected 'NAME LIBRARY MODEL WEIGHTS score|embed IDS THREADS OUTPUT'");
+    plans.push_back(p);
+  }
+  return plans;
+}
+
+/// The runtime functions, looked up through the generated library (which exports the
+/// forwarders and links its own liblmrt.so).
+struct Library {
+  void *handle = nullptr;
+  const lm_model_desc *desc = nullptr;
+  int (*load)(const lm_model_desc *, const char *, lm_model **) = nullptr;
+  int (*score)(lm_model *, const int32_t *, const int32_t *, int32_t, int32_t, float *, float *) = nullptr;
+  int (*embed)(lm_model *, const int32_t *, const int32_t *, int32_t, int32_t, float *) = nullptr;
+  void (*free)(lm_model *) = nullptr;
+  const char *(*lastError)() = nullptr;
+  int (*setThreads)(int) = nullptr;
+};
+
+template <typename Fn> void find(void *handle, const std::string &name, Fn &fn) {
+  fn = reinterpret_cast<Fn>(::dlsym(handle, name.c_str()));
+  if (!fn)
+    fail("symbol " + name + " not found: " + ::dlerror());
+}
+
+Library &open(const Plan &p) {
+  static std::map<std::string, Library> libraries;
+  auto [it, fresh] = libraries.try_emplace(p.library);
+  Library &lib = it->second;
+  if (!fresh)
+    return lib;
+  if (!(lib.handle = ::dlopen(p.library.c_str(), RTLD_NOW | RTLD_LOCAL)))
+    fail(std::string("cannot load ") + ::dlerror());
+  const lm_model_desc *(*descriptor)() = nullptr;
+  find(lib.handle, p.model + "_descriptor", descriptor);
+  lib.desc = descriptor();
+  find(lib.handle, "lm_rt_load", lib.load);
+  find(lib.handle, "lm_rt_score", lib.score);
+  find(lib.handle, "lm_rt_embed", lib.embed);
+  find(lib.handle, "lm_rt_free", lib.free);
+  find(lib.handle, "lm_last_error", lib.lastError);
+  find(lib.handle, "lm_set_num_threads", lib.setThreads);
+  return lib;
+}
+
+/// One loaded model at a time (the paper-size weights are 120-440 MB): consecutive
+/// benchmarks of the same library and weights share it.
+lm_model *loadModel(const Plan &p, Library &lib) {
+  static std::string key;
+  static lm_model *model = nullptr;
+  static Library *owner = nullptr;
+  if (model && key == p.library + "\n" + p.weights)
+    return model;
+  if (model)
+    owner->free(model);
+  model = nullptr;
+  if (lib.load(lib.desc, p.weights.c_str(), &model) != LM_OK)
+    fail(p.library + ": cannot load " + p.weights + ": " + lib.lastError());
+  key = p.library + "\n" + p.weights;
+  owner = &lib;
+  return model;
+}
+
+struct Batch {
+  std::vector<int32_t> ids, lengths;
+  int32_t stride = 0;
+};
+
+Batch readIds(const std::string &path) {
+  std::ifstream in(path);
+  if (!in)
+    fail("cannot read ids file " + path);
+  std::vector<std::vector<int32_t>> rows;
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::vector<int32_t> row;
+    for (int32_t id; fields >> id;)
+      row.push_back(id);
+    if (!row.empty())
+      rows.push_back(row);
+  }
+  if (rows.empty())
+    fail(path + ": no sentences");
+  Batch b;
+  for (auto &r : rows)
+    b.stride = std::max<int32_t>(b.stride, int32_t(r.size()));
+  for (auto &r : rows) {
+    b.lengths.push_back(int32_t(r.size()));
+    r.resize(b.stride, 0);
+    b.ids.insert(b.ids.end(), r.begin(), r.end());
+  }
+  return b;
+}
+
+void BM_Entry(benchmark::State &state, Plan p) {
+  Library &lib = open(p);
+  lm_model *model = loadModel(p, lib);
+  Batch batch = readIds(p.ids);
+  auto rows = int32_t(batch.lengths.size());
+  std::vector<float> logprobs(size_t(rows) * batch.stride), scores(rows), embeddings(size_t(rows) * lib.desc->d_model);
+  lib.setThreads(p.threads);
+  auto call = [&] {
+    return p.entry == "score"
+               ? lib.score(model, batch.ids.data(), batch.lengths.data(), rows, batch.stride, logprobs.data(),
+                           scores.data())
+               : lib.embed(model, batch.ids.data(), batch.lengths.data(), rows, batch.stride, embeddings.data());
+  };
+  if (call() != LM_OK) { // warm-up: the workspace cache fills here
+    state.SkipWithError((std::string("call failed: ") + lib.lastError()).c_str());
+    return;
+  }
+  if (p.output != "-") {
+    std::FILE *out = std::fopen(p.output.c_str(), "w");
+    if (!out)
+      fail("cannot write " + p.output);
+    for (int32_t r = 0; r < rows; ++r) {
+      if (p.entry == "score")
+        std::fprintf(out, "%.9g\n", scores[r]);
+      else
+        for (int64_t e = 0; e < lib.desc->d_model; ++e)
+          std::fprintf(out, "%.9g%c", embeddings[r * lib.desc->d_model + e], e + 1 == lib.desc->d_model ? '\n' : ' ');
+    }
+    std::fclose(out);
+  }
+  for (auto _ : state)
+    if (call() != LM_OK) {
+      state.SkipWithError((std::string("call failed: ") + lib.lastError()).c_str());
+      break;
+    }
+  state.counters["sentences"] = benchmark::Counter(double(rows) * state.iterations(), benchmark::Counter::kIsRate);
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  std::string planPath;
+  std::vector<char *> rest;
+  for (int i = 0; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg.rfind("--plan=", 0) == 0)
+      planPath = arg.substr(7);
+    else if (arg == "--plan" && i + 1 < argc)
+      planPath = argv[++i];
+    else
+      rest.push_back(argv[i]);
+  }
+  if (planPath.empty())
+    fail("usage: model_bench --plan FILE [benchmark flags]");
+  for (const Plan &p : readPlan(planPath))
+    benchmark::RegisterBenchmark(p.name.c_str(), BM_Entry, p)->UseRealTime()->Unit(benchmark::kMillisecond);
+  int restCount = int(rest.size());
+  benchmark::Initialize(&restCount, rest.data());
+  if (benchmark::ReportUnrecognizedArguments(restCount, rest.data()))
+    return 2;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

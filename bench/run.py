@@ -1,0 +1,623 @@
+#!/usr/bin/env python3
+"""The lmcc benchmark suite: generated libraries vs PyTorch and ONNX Runtime, against the machine's limits.
+
+Run through scripts/bench.sh [--quick] (it builds the programs and the Python environment). Steps:
+  1. kernel_bench: the machine's FP32 FMA peak and read bandwidth (1 and 2 threads), GEMM kernels
+     (generated, Eigen, OpenBLAS) and the generated attention per mask kind.
+  2. `lmcc init` random weights and `lmcc compile` libraries for every variant (optimized, --naive,
+     --no-<pass>) of the bundled paper-size models; `lmcc compile --stats` gives each pipeline's FLOPs.
+  3. model_bench times every entry point on the same token ids (one file per n and batch) and writes
+     the first call's results.
+  4. bench/peers.py: PyTorch and ONNX Runtime on the same weights and ids, each checked against
+     lmcc's results before it is timed (a peer that disagrees is reported, not timed).
+  5. bench/results/<date>.md (medians, spread, roofline bounds, speedups) and PNG plots.
+
+Roofline bound of a call: max(FLOPs / peak, weight bytes / read bandwidth), with the FLOPs of that
+call's own pipeline (`lmcc compile --stats`, times the batch), the peak and bandwidth measured in
+this run for the same thread count, and the weight bytes the model reads at least once per call.
+"""
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = ROOT / "build"
+LMCC = BUILD / "bin" / "lmcc"
+PASSES = ["fuse-attention", "fuse-logprob", "batch-mask-predict", "share-first-layer", "prune-rows",
+          "hoist-isolated-kv", "fold-constants"]
+MODELS = {  # key: (spec, what it is)
+    "tta": ("models/tta_base.toml", "T-TA (3 layers, d 512, 8 heads, FFN 2048, vocab 30522)"),
+    "bilm": ("models/bilm_base.toml", "biLM of the same size, PLL by mask-and-predict"),
+    "unilm": ("models/unilm_base.toml", "uniLM of the same size, causal scoring"),
+    "bert": ("models/bert_base.toml", "BERT-base (12 layers, d 768), PLL"),
+}
+# lmcc entry point -> the peer methods that compute the same thing (bench/peers.py)
+PEER_METHODS = {("tta", "score"): ["tta-score"], ("tta", "embed"): ["tta-embed"],
+                ("bilm", "score"): ["pll-naive", "pll-batched"], ("bert", "score"): ["pll-naive", "pll-batched"],
+                ("unilm", "score"): ["causal"]}
+
+
+def log(msg):
+    print("[bench %s] %s" % (time.strftime("%H:%M:%S"), msg), flush=True)
+
+
+def run(cmd, **kw):
+    return subprocess.run([str(c) for c in cmd], check=True, text=True, capture_output=True, **kw).stdout
+
+
+# ----------------------------------------------------------------------------
+# Plan
+# ----------------------------------------------------------------------------
+
+class Point:
+    """One lmcc measurement: model variant, entry, n, batch, threads."""
+
+    def __init__(self, model, variant, entry, n, batch, threads):
+        self.model, self.variant, self.entry, self.n, self.batch, self.threads = model, variant, entry, n, batch, threads
+
+    @property
+    def name(self):
+        return "%s/%s/%s/n:%d/batch:%d/threads:%d" % (self.model, self.variant, self.entry, self.n, self.batch,
+                                                      self.threads)
+
+
+def variant_flags(variant):
+    if variant == "opt":
+        return []
+    if variant == "naive":
+        return ["--naive"]
+    return ["--" + variant]  # no-<pass>
+
+
+def make_plan(quick):
+    pts = []
+    if quick:
+        ns, batches, threads = [20], [1], [1]
+    else:
+        ns, batches, threads = [10, 20, 40, 80, 128], [1, 32], [1, 2]
+    for n in ns:
+        for b in batches:
+            for t in threads:
+                pts += [Point("tta", "opt", "score", n, b, t), Point("tta", "opt", "embed", n, b, t),
+                        Point("tta", "naive", "score", n, b, t), Point("bilm", "opt", "score", n, b, t),
+                        Point("bilm", "naive", "score", n, b, t), Point("unilm", "opt", "score", n, b, t)]
+    if not quick:
+        pts += [Point("bilm", "no-" + p, "score", 20, 1, 1) for p in PASSES]
+        for n in (10, 20, 40):
+            for t in (1, 2):
+                pts += [Point("bert", "opt", "score", n, 1, t), Point("bert", "naive", "score", n, 1, t)]
+    return pts
+
+
+# ----------------------------------------------------------------------------
+# Inputs: weights, libraries, ids, FLOPs
+# ----------------------------------------------------------------------------
+
+class Workspace:
+    def __init__(self, work):
+        self.work = Path(work)
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.specs = {}
+        self.flop_cache = {}
+
+    def spec(self, model):
+        if model not in self.specs:
+            self.specs[model] = json.loads(run([LMCC, "check", ROOT / MODELS[model][0], "--json"]))
+        return self.specs[model]
+
+    def weights(self, model):
+        path = self.work / ("%s.safetensors" % model)
+        if not path.exists():
+            log("lmcc init %s" % model)
+            run([LMCC, "init", ROOT / MODELS[model][0], "--seed", "7", "-o", path])
+        return path
+
+    def library(self, model, variant):
+        """lib<name>.so of a variant, rebuilt when lmcc or the spec is newer."""
+        out = self.work / "lib" / ("%s-%s" % (model, variant))
+        spec = ROOT / MODELS[model][0]
+        lib = out / ("lib%s.so" % self.spec(model)["name"])
+        if not lib.exists() or lib.stat().st_mtime < max(LMCC.stat().st_mtime, spec.stat().st_mtime):
+            log("lmcc compile %s %s" % (model, " ".join(variant_flags(variant))))
+            run([LMCC, "compile", spec, "-o", out] + variant_flags(variant))
+        return lib
+
+    def flops(self, model, variant, entry, n):
+        key = (model, variant, entry, n)
+        if key not in self.flop_cache:
+            text = run([LMCC, "compile", ROOT / MODELS[model][0], "--stats", "--n", n] + variant_flags(variant))
+            for line in text.splitlines():
+                name, _, rest = line.partition(":")
+                fields = dict(kv.split("=") for kv in rest.split())
+                self.flop_cache[(model, variant, name.strip(), n)] = int(fields["flops"])
+        return self.flop_cache[key]
+
+    def ids(self, model, n, batch):
+        """batch sentences of n ids: bos ... eos (when the spec has them), random non-special ids between."""
+        tok = self.spec(model)["tokens"]
+        vocab = self.spec(model)["dims"]["vocab"]
+        path = self.work / "ids" / ("%s-n%d-b%d.txt" % (model, n, batch))
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            rng = random.Random(1000 * n + batch)
+            special = {v for v in tok.values() if v is not None and v >= 0}
+            lines = []
+            for _ in range(batch):
+                row = [rng.randrange(999, vocab) for _ in range(n)]
+                row = [x if x not in special else 1000 for x in row]
+                if tok.get("bos", -1) >= 0 and n >= 2:
+                    row[0] = tok["bos"]
+                if tok.get("eos", -1) >= 0 and n >= 3:
+                    row[-1] = tok["eos"]
+                lines.append(" ".join(map(str, row)))
+            path.write_text("\n".join(lines) + "\n")
+        return path
+
+
+def read_ids(path):
+    import numpy as np
+    return np.array([[int(x) for x in line.split()] for line in Path(path).read_text().splitlines() if line.strip()],
+                    dtype=np.int32)
+
+
+# ----------------------------------------------------------------------------
+# Running
+# ----------------------------------------------------------------------------
+
+def gbench_results(data):
+    """Google Benchmark JSON -> {name: {"median": s, "cv": fraction, "samples": k, ...counters}}."""
+    out = {}
+    for b in data["benchmarks"]:
+        name = b.get("run_name", b["name"])
+        if b.get("error_occurred"):
+            out[name] = {"error": b.get("error_message", "error")}
+            continue
+        scale = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}[b.get("time_unit", "ns")]
+        entry = out.setdefault(name, {"times": []})
+        if b.get("run_type") == "aggregate":
+            continue
+        entry["times"].append(b["real_time"] * scale)
+        for k, v in b.items():
+            if k in ("GFLOPs", "GBs", "peak_frac"):
+                entry.setdefault(k, []).append(v)
+    for name, e in out.items():
+        if "times" in e and e["times"]:
+            e["median"] = statistics.median(e["times"])
+            e["cv"] = statistics.pstdev(e["times"]) / e["median"] if len(e["times"]) > 1 else 0.0
+            e["samples"] = len(e["times"])
+            for k in ("GFLOPs", "GBs", "peak_frac"):
+                if k in e:
+                    e[k] = statistics.median(e[k])
+    return out
+
+
+def run_kernel_bench(quick, out_json):
+    args = [BUILD / "bench" / "kernel_bench", "--benchmark_format=json", "--benchmark_out=%s" % out_json,
+            "--benchmark_out_format=json"]
+    if quick:
+        args += ["--benchmark_min_time=0.1", "--benchmark_filter=machine|gemm/generated|attention/.*/n:128/batch:1"]
+    else:
+        args += ["--benchmark_min_time=0.3", "--benchmark_repetitions=3"]
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+    subprocess.run([str(a) for a in args], check=True, env=env, stdout=subprocess.DEVNULL)
+    return gbench_results(json.loads(Path(out_json).read_text()))
+
+
+def machine_limits(kernels):
+    lim = {}
+    for t in (1, 2):
+        lim[("peak", t)] = kernels["machine/peak/threads:%d/real_time" % t]["GFLOPs"] * 1e9
+        lim[("bw", t)] = kernels["machine/read_bw/threads:%d/real_time" % t]["GBs"] * 1e9
+    return lim
+
+
+def run_model_bench(ws, points, limits, quick, est_limit):
+    """Times every point (skipping those whose estimated call exceeds est_limit seconds);
+    returns {point name: result} with result["output"] = the first call's results file."""
+    results = {}
+    fast, slow = [], []
+    for p in points:
+        flops = ws.flops(p.model, p.variant, p.entry, p.n) * p.batch
+        est = flops / (0.5 * limits[("peak", p.threads)])
+        if est > est_limit:
+            results[p.name] = {"skipped": "estimated %.0f s per call (%.1f TFLOP)" % (est, flops / 1e12)}
+            continue
+        (slow if est > 2.0 else fast).append(p)
+    for group, reps in ((fast, 1 if quick else 5), (slow, 1 if quick else 2)):
+        if not group:
+            continue
+        plan = ws.work / "plan.txt"
+        lines = []
+        for p in group:
+            out = ws.work / "out" / (p.name.replace("/", "_") + ".txt")
+            out.parent.mkdir(parents=True, exist_ok=True)
+            lines.append(" ".join(map(str, [p.name, ws.library(p.model, p.variant), ws.spec(p.model)["name"],
+                                            ws.weights(p.model), p.entry, ws.ids(p.model, p.n, p.batch),
+                                            p.threads, out])))
+        plan.write_text("\n".join(lines) + "\n")
+        log("model_bench: %d entry points, %d repetitions" % (len(group), reps))
+        out_json = ws.work / "model_bench.json"
+        subprocess.run([str(BUILD / "bench" / "model_bench"), "--plan", str(plan), "--benchmark_format=console",
+                        "--benchmark_out=%s" % out_json, "--benchmark_out_format=json",
+                        "--benchmark_min_time=%s" % ("0.2" if quick else "0.5"),
+                        "--benchmark_repetitions=%d" % reps], check=True)
+        got = gbench_results(json.loads(out_json.read_text()))
+        for p in group:
+            r = got.get(p.name + "/real_time", got.get(p.name, {"error": "no result"}))
+            r["output"] = ws.work / "out" / (p.name.replace("/", "_") + ".txt")
+            results[p.name] = r
+    return results
+
+
+def load_output(path, entry):
+    import numpy as np
+    rows = [[float(x) for x in line.split()] for line in Path(path).read_text().splitlines() if line.strip()]
+    a = np.array(rows, dtype=np.float64)
+    return a[:, 0] if entry == "score" else a
+
+
+def run_peers(ws, points, lmcc_results, quick, est_limit):
+    """Each peer on the points lmcc's optimized pipeline ran: verified on the same ids, then timed.
+    One peer model exists at a time; it serves every n and batch of its (model, entry, threads)."""
+    import numpy as np
+    sys.path.insert(0, str(ROOT / "bench"))
+    import peers
+    out = {}
+    groups = {}
+    for p in points:
+        if p.variant == "opt" and (p.model, p.entry) in PEER_METHODS and "median" in lmcc_results.get(p.name, {}):
+            groups.setdefault((p.model, p.entry, p.threads), []).append(p)
+    for (model, entry, threads), group in groups.items():
+        spec, weights = peers.load(str(ROOT / MODELS[model][0]), str(ws.weights(model)))
+        for method in PEER_METHODS[(model, entry)]:
+            for system in ("torch", "onnx"):
+                workdir = ws.work / "peers" / ("%s-%s-%s" % (system, method, model))
+                workdir.mkdir(parents=True, exist_ok=True)
+                try:
+                    peer = peers.make_peer(system, method, spec, weights, threads, str(workdir))
+                except Exception as e:  # a peer that cannot be built is reported, the suite goes on
+                    for p in group:
+                        out["%s/%s/%s" % (system, method, p.name)] = {"error": "%s: %s" % (type(e).__name__, e)}
+                    log("peer %s/%s (%s) failed: %s" % (system, method, model, e))
+                    continue
+                slow = False
+                for p in sorted(group, key=lambda p: (p.batch, p.n)):
+                    key = "%s/%s/%s" % (system, method, p.name)
+                    if slow:
+                        out[key] = {"skipped": "a smaller n took over %.0f s per call" % (est_limit / 4)}
+                        continue
+                    out[key] = time_peer(peer, ws, p, lmcc_results[p.name], quick, est_limit)
+                    r = out[key]
+                    log("peer %s: %s" % (key, ("%.2f ms (diff %.2g)" % (r["median"] * 1e3, r["max_diff"]))
+                                          if "median" in r else r.get("error", r.get("skipped"))))
+                    # Calls grow at least linearly in n: stop before one would exceed the limit.
+                    slow = "median" in r and r["median"] > est_limit / 4
+                    if p.n == max(q.n for q in group if q.batch == p.batch):
+                        slow = False
+                del peer
+    return out
+
+
+def time_peer(peer, ws, p, mine, quick, est_limit):
+    import numpy as np
+    ref = load_output(mine["output"], p.entry)
+    ids = read_ids(ws.ids(p.model, p.n, p.batch))
+    try:
+        t0 = time.perf_counter()
+        got = np.asarray(peer(ids), dtype=np.float64)
+        first = time.perf_counter() - t0
+    except Exception as e:
+        return {"error": "%s: %s" % (type(e).__name__, e)}
+    got = got.reshape(ref.shape)
+    diff = float(np.max(np.abs(got - ref)))
+    tol = 2e-3 + 1e-5 * float(np.max(np.abs(ref)))
+    if not np.isfinite(diff) or diff > tol:
+        return {"error": "results differ from lmcc by %.3g (tolerance %.3g): not timed" % (diff, tol), "max_diff": diff}
+    # Long calls: the first call counts as a sample (one more above 2 s, none more above est_limit / 4).
+    times = [first] if first > 2.0 else []
+    budget, least = (0.2, 1) if quick else (0.5, 5)
+    start = time.perf_counter()
+    while first <= est_limit / 4 and len(times) < (2 if first > 2.0 else 10 ** 6) and (
+            len(times) < least or time.perf_counter() - start < budget):
+        t0 = time.perf_counter()
+        peer(ids)
+        times.append(time.perf_counter() - t0)
+    med = statistics.median(times)
+    return {"median": med, "cv": statistics.pstdev(times) / med if len(times) > 1 else 0.0, "samples": len(times),
+            "max_diff": diff}
+
+
+# ----------------------------------------------------------------------------
+# Report
+# ----------------------------------------------------------------------------
+
+def fmt_ms(r):
+    if r is None:
+        return "-"
+    if "skipped" in r:
+        return "skipped"
+    if "median" not in r:
+        return "error"
+    return "%.2f" % (r["median"] * 1e3) + (" ±%.0f%%" % (100 * r["cv"]) if r.get("samples", 1) > 1 else " (1)")
+
+
+def machine_text(limits):
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return ("%s, %d cores visible, Linux %s. Measured in this run: FP32 FMA peak %.1f GFLOP/s (1 thread), "
+            "%.1f GFLOP/s (2 threads); read bandwidth %.1f GB/s (1 thread), %.1f GB/s (2 threads)."
+            % (cpu, os.cpu_count(), platform.release(), limits[("peak", 1)] / 1e9, limits[("peak", 2)] / 1e9,
+               limits[("bw", 1)] / 1e9, limits[("bw", 2)] / 1e9))
+
+
+def weight_bytes(ws, model):
+    return ws.weights(model).stat().st_size
+
+
+def write_report(ws, date, quick, limits, kernels, points, lmcc, peer, out_dir, versions, wall):
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = date + ("-quick" if quick else "")
+    md = ["# lmcc benchmarks, %s%s" % (date, " (--quick)" if quick else ""), "",
+          "Command: `scripts/bench.sh%s` (%.0f s wall). %s" % (" --quick" if quick else "", wall, versions), "",
+          "Machine: " + machine_text(limits), "",
+          "Times are medians in milliseconds per call (± the spread: population standard deviation over the samples "
+          "as a percentage of the median; `(1)` = one sample). `bound` is the roofline bound of that call: "
+          "max(FLOPs / peak, weight bytes / read bandwidth) with the call's own pipeline FLOPs (`lmcc compile --stats`) "
+          "and this run's peak and bandwidth for the same thread count. `x bound` = time / bound. Peers were checked "
+          "against lmcc's results on the same ids before being timed (max abs difference in the last column).", ""]
+
+    def bound(p):
+        flops = ws.flops(p.model, p.variant, p.entry, p.n) * p.batch
+        return max(flops / limits[("peak", p.threads)], weight_bytes(ws, p.model) / limits[("bw", p.threads)]), flops
+
+    # Entry points vs peers
+    md += ["## Entry points: lmcc (optimized) vs PyTorch and ONNX Runtime", "",
+           "| model | entry | n | batch | threads | lmcc ms | bound ms | x bound | GFLOP/s | best peer | peer ms | "
+           "lmcc speedup | peers (ms) | max diff |", "|" + "---|" * 14]
+    speedups = []
+    for p in points:
+        if p.variant != "opt" or p.model == "bert" and False:
+            continue
+        r = lmcc.get(p.name)
+        if r is None:
+            continue
+        b, flops = bound(p)
+        peer_rs = {k.split("/" + p.name)[0]: v for k, v in peer.items() if k.endswith("/" + p.name)}
+        timed = {k: v for k, v in peer_rs.items() if "median" in v}
+        best = min(timed.items(), key=lambda kv: kv[1]["median"]) if timed else None
+        cells = ", ".join("%s %s" % (k, fmt_ms(v) if "median" in v else ("skipped" if "skipped" in v else "failed"))
+                          for k, v in sorted(peer_rs.items()))
+        diffs = [v["max_diff"] for v in peer_rs.values() if "max_diff" in v]
+        if "median" in r:
+            sp = best[1]["median"] / r["median"] if best else None
+            if sp:
+                speedups.append((p, best[0], sp))
+            md.append("| %s | %s | %d | %d | %d | %s | %.2f | %.2f | %.1f | %s | %s | %s | %s | %s |" % (
+                p.model, p.entry, p.n, p.batch, p.threads, fmt_ms(r), b * 1e3, r["median"] / b, flops / r["median"] / 1e9,
+                best[0] if best else "-", fmt_ms(best[1]) if best else "-", "%.2fx" % sp if sp else "-", cells or "-",
+                "%.1e" % max(diffs) if diffs else "-"))
+        else:
+            md.append("| %s | %s | %d | %d | %d | %s | %.2f | - | - | - | - | - | %s | - |" % (
+                p.model, p.entry, p.n, p.batch, p.threads, r.get("skipped", r.get("error", "?")), b * 1e3, cells or "-"))
+    md.append("")
+    failed = {k: v for k, v in peer.items() if "error" in v}
+    if failed:
+        md += ["Peers that did not run or disagreed:", ""] + ["- `%s`: %s" % (k, v["error"]) for k, v in
+                                                             sorted(failed.items())] + [""]
+
+    # Fused vs naive
+    md += ["## Fused vs naive (same kernels: generated GEMM in both)", "",
+           "| model | entry | n | batch | threads | optimized ms | naive ms | speedup | FLOP ratio |", "|" + "---|" * 9]
+    for p in points:
+        if p.variant != "naive":
+            continue
+        o = lmcc.get(p.name.replace("/naive/", "/opt/"), {})
+        nv = lmcc.get(p.name, {})
+        fo, fn = ws.flops(p.model, "opt", p.entry, p.n), ws.flops(p.model, "naive", p.entry, p.n)
+        sp = "%.2fx" % (nv["median"] / o["median"]) if "median" in o and "median" in nv else "-"
+        md.append("| %s | %s | %d | %d | %d | %s | %s | %s | %.2fx |" % (p.model, p.entry, p.n, p.batch, p.threads,
+                                                                        fmt_ms(o), fmt_ms(nv), sp, fn / fo))
+    md.append("")
+    ablation = [p for p in points if p.variant.startswith("no-")]
+    if ablation:
+        base = lmcc.get(Point("bilm", "opt", "score", 20, 1, 1).name, {})
+        md += ["## Each pass dropped (biLM PLL, n = 20, batch 1, 1 thread)", "",
+               "| pipeline | ms | vs optimized | GFLOP |", "|---|---|---|---|",
+               "| optimized | %s | 1.00x | %.2f |" % (fmt_ms(base), ws.flops("bilm", "opt", "score", 20) / 1e9)]
+        for p in ablation:
+            r = lmcc.get(p.name, {})
+            rel = "%.2fx" % (r["median"] / base["median"]) if "median" in r and "median" in base else "-"
+            md.append("| --%s | %s | %s | %.2f |" % (p.variant, fmt_ms(r), rel, ws.flops("bilm", p.variant, "score", 20) / 1e9))
+        md.append("")
+
+    # T-TA vs biLM
+    md += ["## T-TA vs biLM PLL (same size; the paper reports 6.35x for reranking and 12.7x for STS)", "",
+           "| n | batch | threads | T-TA score ms | biLM PLL ms (optimized) | speedup | biLM --naive ms | speedup vs naive |",
+           "|---|---|---|---|---|---|---|---|"]
+    for p in points:
+        if p.model == "tta" and p.variant == "opt" and p.entry == "score":
+            bl = lmcc.get(Point("bilm", "opt", "score", p.n, p.batch, p.threads).name, {})
+            bn = lmcc.get(Point("bilm", "naive", "score", p.n, p.batch, p.threads).name, {})
+            t = lmcc.get(p.name, {})
+            s1 = "%.1fx" % (bl["median"] / t["median"]) if "median" in bl and "median" in t else "-"
+            s2 = "%.1fx" % (bn["median"] / t["median"]) if "median" in bn and "median" in t else "-"
+            md.append("| %d | %d | %d | %s | %s | %s | %s | %s |" % (p.n, p.batch, p.threads, fmt_ms(t), fmt_ms(bl), s1,
+                                                                   fmt_ms(bn), s2))
+    md.append("")
+
+    # Kernels
+    peak1 = limits[("peak", 1)] / 1e9
+    md += ["## GEMM kernels (1 thread, GFLOP/s and fraction of the measured peak)", "",
+           "| M x K x N | generated | of peak | Eigen | of peak | OpenBLAS | of peak |", "|---|---|---|---|---|---|---|"]
+    shapes = sorted({k.split("/")[2] for k in kernels if k.startswith("gemm/generated/")},
+                    key=lambda s: [int(x) for x in s.split("x")])
+    for s in shapes:
+        row = [s]
+        for lib in ("generated", "eigen", "openblas"):
+            r = kernels.get("gemm/%s/%s" % (lib, s))
+            row += ["%.1f" % r["GFLOPs"], "%.0f%%" % (100 * r["GFLOPs"] / peak1)] if r and "GFLOPs" in r else ["-", "-"]
+        md.append("| " + " | ".join(row) + " |")
+    md += ["", "## Attention kernels (generated, 8 heads, d 512, 1 thread)", "",
+           "| mask | n | batch | ms | GFLOP/s | of peak |", "|---|---|---|---|---|---|"]
+    for k, r in kernels.items():
+        if k.startswith("attention/") and "GFLOPs" in r:
+            parts = k.split("/")
+            md.append("| %s | %s | %s | %.3f | %.1f | %.0f%% |" % (parts[1], parts[2][2:], parts[3][6:],
+                                                                   r["median"] * 1e3, r["GFLOPs"],
+                                                                   100 * r["GFLOPs"] / peak1))
+    md.append("")
+    plots = make_plots(ws, points, lmcc, peer, limits, out_dir, stem, bound)
+    md += ["## Plots", ""] + ["![%s](%s)" % (p.stem, p.name) for p in plots] + [""]
+    path = out_dir / (stem + ".md")
+    path.write_text("\n".join(md))
+    return path
+
+
+def make_plots(ws, points, lmcc, peer, limits, out_dir, stem, bound):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    files = []
+    # 1. time vs n per system (batch 1, 1 thread), one panel per entry point.
+    panels = [("tta", "score", "T-TA score"), ("tta", "embed", "T-TA embed"), ("bilm", "score", "biLM PLL"),
+              ("unilm", "score", "uniLM score")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8))
+    for ax, (model, entry, title) in zip(axes, panels):
+        series = {}
+        for p in points:
+            if p.model != model or p.entry != entry or p.batch != 1 or p.threads != 1:
+                continue
+            r = lmcc.get(p.name, {})
+            if "median" in r:
+                series.setdefault("lmcc " + p.variant, []).append((p.n, r["median"] * 1e3))
+            if p.variant == "opt":
+                series.setdefault("roofline bound", []).append((p.n, bound(p)[0] * 1e3))
+                for k, v in peer.items():
+                    if k.endswith("/" + p.name) and "median" in v:
+                        series.setdefault(k.split("/" + p.name)[0], []).append((p.n, v["median"] * 1e3))
+        for label, pts in sorted(series.items()):
+            pts.sort()
+            style = "--" if label == "roofline bound" else "-"
+            ax.plot([x for x, _ in pts], [y for _, y in pts], style, marker="o", label=label)
+        ax.set_yscale("log")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("n (tokens)")
+        ax.set_ylabel("ms per sentence (batch 1, 1 thread)")
+        ax.set_title(title)
+        ax.legend(fontsize=7)
+        ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    files.append(out_dir / (stem + "-time-vs-n.png"))
+    fig.savefig(files[-1], dpi=110)
+    plt.close(fig)
+    # 2. speedup of lmcc over each peer at every measured point of the optimized pipelines.
+    labels, bars = [], {}
+    for p in points:
+        if p.variant != "opt" or p.threads != 1:
+            continue
+        r = lmcc.get(p.name, {})
+        if "median" not in r:
+            continue
+        ps = {k.split("/" + p.name)[0]: v for k, v in peer.items() if k.endswith("/" + p.name) and "median" in v}
+        if not ps:
+            continue
+        labels.append("%s %s\nn%d b%d" % (p.model, p.entry, p.n, p.batch))
+        for k, v in ps.items():
+            bars.setdefault(k, {})[len(labels) - 1] = v["median"] / r["median"]
+    if labels:
+        fig, ax = plt.subplots(figsize=(max(8, 0.55 * len(labels) * max(1, len(bars)) / 2), 4.5))
+        width = 0.8 / max(1, len(bars))
+        for i, (k, vals) in enumerate(sorted(bars.items())):
+            xs = [j + i * width for j in vals]
+            ax.bar(xs, list(vals.values()), width, label=k)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_yscale("log")
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(labels))])
+        ax.set_xticklabels(labels, fontsize=6, rotation=90)
+        ax.set_ylabel("peer time / lmcc time (1 thread)")
+        ax.set_title("lmcc speedup over each peer (above 1: lmcc faster)")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        files.append(out_dir / (stem + "-speedup.png"))
+        fig.savefig(files[-1], dpi=110)
+        plt.close(fig)
+    # 3. fraction of the roofline bound reached (bound / time) per entry point.
+    labels, fracs, colors = [], [], []
+    for p in points:
+        r = lmcc.get(p.name, {})
+        if p.variant != "opt" or "median" not in r:
+            continue
+        labels.append("%s %s n%d b%d t%d" % (p.model, p.entry, p.n, p.batch, p.threads))
+        fracs.append(bound(p)[0] / r["median"])
+        colors.append({"tta": "C0", "bilm": "C1", "unilm": "C2", "bert": "C3"}[p.model])
+    if labels:
+        fig, ax = plt.subplots(figsize=(max(8, 0.18 * len(labels)), 4.5))
+        ax.bar(range(len(labels)), fracs, color=colors)
+        ax.axhline(1 / 1.5, color="black", linestyle="--", linewidth=0.8, label="target: within 1.5x of the bound")
+        ax.set_xticks(range(len(labels)))
+        ax.set_xticklabels(labels, fontsize=5, rotation=90)
+        ax.set_ylabel("roofline bound / time")
+        ax.set_title("Fraction of the roofline bound (max(FLOPs/peak, bytes/bandwidth)) reached")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        files.append(out_dir / (stem + "-roofline.png"))
+        fig.savefig(files[-1], dpi=110)
+        plt.close(fig)
+    return files
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="n = 20, batch 1, 1 thread, short runs (< 3 minutes)")
+    ap.add_argument("--work", default=os.environ.get("LMCC_BENCH_WORK", str(Path.home() / ".cache/lmcc-bench/work")),
+                    help="weights, libraries, ids and raw results (default ~/.cache/lmcc-bench/work)")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results"), help="where the report and plots go")
+    ap.add_argument("--no-peers", action="store_true", help="lmcc only")
+    ap.add_argument("--max-call", type=float, default=None,
+                    help="skip calls estimated longer than this many seconds (default 60, quick 5)")
+    args = ap.parse_args()
+    start = time.time()
+    est_limit = args.max_call or (5.0 if args.quick else 60.0)
+    ws = Workspace(args.work)
+    date = datetime.date.today().isoformat()
+    log("kernel_bench (machine limits, GEMM, attention)")
+    kernels = run_kernel_bench(args.quick, ws.work / "kernel_bench.json")
+    limits = machine_limits(kernels)
+    log(machine_text(limits))
+    points = make_plan(args.quick)
+    for p in points:  # weights and libraries first, so that compiling does not overlap timing
+        ws.weights(p.model)
+        ws.library(p.model, p.variant)
+    lmcc = run_model_bench(ws, points, limits, args.quick, est_limit)
+    versions = "lmcc %s" % run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"]).strip()
+    peer = {}
+    if not args.no_peers:
+        import onnxruntime
+        import torch
+        versions += ", PyTorch %s (PyPI wheel, CPU)" % torch.__version__ + ", ONNX Runtime %s (PyPI)" % onnxruntime.__version__
+        peer = run_peers(ws, points, lmcc, args.quick, est_limit)
+    (ws.work / "raw.json").write_text(json.dumps({"limits": {"%s/%d" % k: v for k, v in limits.items()},
+                                                  "kernels": kernels, "lmcc": lmcc, "peers": peer}, default=str,
+                                                 indent=1))
+    path = write_report(ws, date, args.quick, limits, kernels, points, lmcc, peer, Path(args.out), versions,
+                        time.time() - start)
+    log("wrote %s (%.0f s)" % (path, time.time() - start))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The benchmark suite: lmcc's generated libraries vs PyTorch and ONNX Runtime, against the machine's
+# measured peak and bandwidth. Writes bench/results/<date>.md and PNG plots (bench/run.py says how).
+#   scripts/bench.sh            the full grid (n 10..128, batch 1 and 32, 1 and 2 threads; about 40 min)
+#   scripts/bench.sh --quick    n = 20, batch 1, 1 thread (under 3 minutes once built)
+# Needs nothing the tests install: OpenBLAS (scripts/bench-deps.sh) and a virtual environment with the
+# PyPI wheels of torch (CPU), onnxruntime, onnx, onnxscript and matplotlib ($LMCC_BENCH_VENV,
+# default ~/.cache/lmcc-bench/venv), made here on first use.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+"$root/scripts/bench-deps.sh"
+venv=${LMCC_BENCH_VENV:-$HOME/.cache/lmcc-bench/venv}
+check='import torch, onnxruntime, onnx, onnxscript, matplotlib, numpy'
+if ! "$venv/bin/python" -c "$check" 2>/dev/null; then
+  echo "bench.sh: installing torch, onnxruntime, onnx, onnxscript, matplotlib into $venv (PyPI)"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --upgrade pip
+  "$venv/bin/pip" install -q torch onnxruntime onnx onnxscript numpy matplotlib
+fi
+exec "$venv/bin/python" "$root/bench/run.py" "$@"
