@@ -142,13 +142,15 @@ class SelfAttention(nn.Module):
         self.v = nn.Linear(d_model, d_model)
         self.o = nn.Linear(d_model, d_model)
 
-    def forward(self, q_in, kv_in, mask, is_causal):
+    def forward(self, q_in, kv_in, mask, is_causal, no_key):
         B, n, D = q_in.shape
         H = self.heads
         q = self.q(q_in).view(B, n, H, D // H).transpose(1, 2)
         k = self.k(kv_in).view(B, n, H, D // H).transpose(1, 2)
         v = self.v(kv_in).view(B, n, H, D // H).transpose(1, 2)
         ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
+        if no_key is not None:  # a query with no visible key gets a zero context (SEMANTICS.md)
+            ctx = ctx.masked_fill(no_key, 0.0)
         return self.o(ctx.transpose(1, 2).reshape(B, n, D))
 
 
@@ -172,13 +174,14 @@ class Block(nn.Module):
         self.ffn = FeedForward(s.d_model, s.d_ff, s.activation)
         self.ffn_norm = nn.LayerNorm(s.d_model, eps=s.eps)
 
-    def forward(self, h, x_kv, mask, is_causal):
-        """x_kv: the embedding stream when keys/values come from it, else None (= hidden)."""
+    def forward(self, h, x_kv, mask):
+        """x_kv: the embedding stream when keys/values come from it, else None (= hidden);
+        mask: LM.attention_mask's triple."""
         if self.pre_norm:
             q_in = self.attn_norm(h)
-            a = h + self.attn(q_in, q_in if x_kv is None else x_kv, mask, is_causal)
+            a = h + self.attn(q_in, q_in if x_kv is None else x_kv, *mask)
             return a + self.ffn(self.ffn_norm(a))
-        a = self.attn_norm(h + self.attn(h, h if x_kv is None else x_kv, mask, is_causal))
+        a = self.attn_norm(h + self.attn(h, h if x_kv is None else x_kv, *mask))
         return self.ffn_norm(a + self.ffn(a))
 
 
@@ -234,16 +237,20 @@ class LM(nn.Module):
         self.requires_grad_(False)
 
     def attention_mask(self, n, device):
-        """(bool mask [n, n] or None, is_causal) for F.scaled_dot_product_attention."""
+        """(attn_mask, is_causal) for F.scaled_dot_product_attention (bool [n, n]: key j visible
+        to query i), and the [n, 1] rows with no visible key (or None where none can occur).
+        Only the diagonal mask has such a row, at n = 1: torch's SDPA returns zeros there, but
+        the ONNX export masks with -FLT_MAX (a uniform softmax), so the zeroing is explicit."""
         m = self.s.mask
         if m == "none":
-            return None, False
+            return None, False, None
         if m == "causal":
-            return None, True
+            return None, True, None
         i = torch.arange(n, device=device)
         if m == "anticausal":
-            return i[None, :] >= i[:, None], False
-        return i[None, :] != i[:, None], False  # diagonal
+            return i[None, :] >= i[:, None], False, None
+        visible = i[None, :] != i[:, None]  # diagonal
+        return visible, False, ~visible.any(dim=-1, keepdim=True)
 
     def hidden(self, ids):
         """ids [B, n] -> last hidden states [B, n, D] (after final_norm under pre-norm)."""
@@ -258,9 +265,9 @@ class LM(nn.Module):
         else:  # mask+position
             h = self.embed.norm(self.embed.token.weight[s.mask_id] + P).expand(B, n, s.d_model)
         x_kv = X if s.keys_values == "embedding" else None
-        mask, is_causal = self.attention_mask(n, ids.device)
+        mask = self.attention_mask(n, ids.device)
         for block in self.layers:
-            h = block(h, x_kv, mask, is_causal)
+            h = block(h, x_kv, mask)
         if self.final_norm is not None:
             h = self.final_norm(h)
         return h

@@ -3,11 +3,13 @@
 
 #include "mlir/Conversion/Passes.h"
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+#include "mlir/Dialect/Math/Transforms/Passes.h"
 #include "mlir/Dialect/MemRef/Transforms/Passes.h"
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Target/LLVMIR/Dialect/Builtin/BuiltinToLLVMIRTranslation.h"
 #include "mlir/Target/LLVMIR/Dialect/LLVMIR/LLVMToLLVMIRTranslation.h"
 #include "mlir/Target/LLVMIR/Export.h"
+#include "mlir/Transforms/GreedyPatternRewriteDriver.h"
 #include "mlir/Transforms/Passes.h"
 
 #include "llvm/IR/LegacyPassManager.h"
@@ -29,6 +31,13 @@ using namespace mlir;
 namespace lmcc::codegen {
 
 LogicalResult lowerToLLVMDialect(ModuleOp module) {
+  // f32 exp, erf, tanh, log... become inline polynomials (MLIR's approximations, about 1-2 ulp)
+  // instead of libm calls: vector<16xf32> ones stay vectors (attention), and scalar loops
+  // around them become vectorizable by LLVM (GELU, log-softmax).
+  RewritePatternSet approximations(module.getContext());
+  populateMathPolynomialApproximationPatterns(approximations);
+  if (failed(applyPatternsAndFoldGreedily(module, std::move(approximations))))
+    return failure();
   PassManager pm(module.getContext());
   pm.addPass(createConvertSCFToCFPass());
   pm.addPass(createConvertMathToLLVMPass());

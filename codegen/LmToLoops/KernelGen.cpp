@@ -923,6 +923,145 @@ private:
     return success();
   }
 
+  static constexpr int64_t kLanes = 16; ///< f32 lanes of a 512-bit vector
+
+  /// lm.attention with vectors (no relative positions; head size a multiple of 16).
+  /// Per (entry, head) the head's keys are transposed into kt [dh, M16] (M keys rounded up
+  /// to 16, zero tail). Per query row i with visible keys [lo, hi) (the mask's range, as
+  /// in the scalar form below):
+  ///   s[j..j+16) = (sum_e q_ie * kt[e, j..j+16)) * scale: dh broadcast FMAs per 16 keys,
+  ///                lanes outside [lo, hi) (and key i under the diagonal mask) set to -inf;
+  ///   m = max_j s_j, p_j = e^(s_j - m) (vector exp), l = sum_j p_j;
+  ///   out_i = (sum_j p_j v_j) / l, dh/16 vector FMAs per key; zero when no key is visible.
+  LogicalResult lowerAttentionVector(lm::AttentionOp a) {
+    Value q = in(a.getQuery()), k = in(a.getKey()), v = in(a.getValue()), out = alloc(a.getType());
+    int64_t D = a.getType().getDimSize(2), H = a.getHeads(), dh = D / H, chunks = dh / kLanes;
+    lm::MaskKind mask = a.getMask();
+    auto vt = VectorType::get({kLanes}, f32());
+    Value scale = b.create<vector::BroadcastOp>(loc, vt, f32c(a.getScale().convertToFloat()));
+    Value negInf = f32c(-INFINITY), negInfV = b.create<vector::BroadcastOp>(loc, vt, negInf);
+    Value zeroV = b.create<vector::BroadcastOp>(loc, vt, f32c(0));
+    Value M = b.create<memref::DimOp>(loc, k, 1);
+    Value M16 = b.create<arith::MulIOp>(
+        loc, b.create<arith::DivUIOp>(loc, b.create<arith::AddIOp>(loc, M, idx(kLanes - 1)), idx(kLanes)), idx(kLanes));
+    auto scratch = [&](ArrayRef<int64_t> shape, ValueRange dyn) {
+      Value m = b.create<memref::AllocOp>(loc, MemRefType::get(shape, f32()), dyn, b.getI64IntegerAttr(64));
+      scopes.back().push_back(m);
+      return m;
+    };
+    Value kt = scratch({dh, ShapedType::kDynamic}, M16), scores = scratch({ShapedType::kDynamic}, M16);
+    SmallVector<int64_t> lanes(kLanes);
+    for (int64_t l = 0; l < kLanes; ++l)
+      lanes[l] = l;
+    auto it = VectorType::get({kLanes}, b.getIndexType());
+    Value iota = b.create<arith::ConstantOp>(loc, it, DenseElementsAttr::get(it, ArrayRef<int64_t>(lanes)));
+    Value queryPositions = a.getQueryPositions() ? in(a.getQueryPositions()) : Value();
+    Value rows = queryPositions ? idx(1) : Value(b.create<memref::DimOp>(loc, q, 1));
+    nest({B, idx(H)}, [&](ValueRange iv) {
+      Value bi = iv[0], base = b.create<arith::MulIOp>(loc, iv[1], idx(dh));
+      auto feature = [&](Value e) { return b.create<arith::AddIOp>(loc, base, e); };
+      nest({M, idx(dh)}, [&](ValueRange je) {
+        Value j = je[0], e = je[1];
+        store(load(k, {bi, j, feature(e)}), kt, {e, j});
+      });
+      auto tail = b.create<scf::ForOp>(loc, M, M16, idx(1)); // zero keys up to the next 16
+      {
+        OpBuilder::InsertionGuard guard(b);
+        b.setInsertionPointToStart(tail.getBody());
+        nest({idx(dh)}, [&](ValueRange e) { store(f32c(0), kt, {e[0], tail.getInductionVar()}); });
+      }
+      Value len = lengthOf(bi);
+      nest({rows}, [&](ValueRange r) {
+        Value row = r[0];
+        Value i = queryPositions ? Value(b.create<arith::IndexCastOp>(loc, b.getIndexType(), load(queryPositions, bi)))
+                                 : row;
+        Value lo = idx(0), hi = len;
+        if (mask == lm::MaskKind::causal)
+          hi = b.create<arith::MinSIOp>(loc, len, b.create<arith::AddIOp>(loc, i, idx(1)));
+        if (mask == lm::MaskKind::anticausal)
+          lo = i;
+        Value lo16 = b.create<arith::MulIOp>(loc, b.create<arith::DivUIOp>(loc, lo, idx(kLanes)), idx(kLanes));
+        Value loV = b.create<vector::BroadcastOp>(loc, iota.getType(), lo);
+        Value hiV = b.create<vector::BroadcastOp>(loc, iota.getType(), hi);
+        Value iV = b.create<vector::BroadcastOp>(loc, iota.getType(), i);
+        // Scores of 16 keys at a time, and their running max.
+        auto blocks = b.create<scf::ForOp>(loc, lo16, hi, idx(kLanes), ValueRange{negInfV});
+        {
+          OpBuilder::InsertionGuard guard(b);
+          b.setInsertionPointToStart(blocks.getBody());
+          Value jb = blocks.getInductionVar();
+          // Four independent FMA chains (features e, e+1, e+2, e+3) hide the FMA latency.
+          auto dot = b.create<scf::ForOp>(loc, idx(0), idx(dh), idx(4), ValueRange{zeroV, zeroV, zeroV, zeroV});
+          {
+            OpBuilder::InsertionGuard g2(b);
+            b.setInsertionPointToStart(dot.getBody());
+            SmallVector<Value> next;
+            for (int64_t u = 0; u < 4; ++u) {
+              Value e = b.create<arith::AddIOp>(loc, dot.getInductionVar(), idx(u));
+              Value qe = b.create<vector::BroadcastOp>(loc, vt, load(q, {bi, row, feature(e)}));
+              Value kv = b.create<vector::LoadOp>(loc, vt, kt, ValueRange{e, jb});
+              next.push_back(b.create<vector::FMAOp>(loc, qe, kv, dot.getRegionIterArgs()[u]));
+            }
+            b.create<scf::YieldOp>(loc, next);
+          }
+          Value sum = b.create<arith::AddFOp>(loc, b.create<arith::AddFOp>(loc, dot.getResult(0), dot.getResult(1)),
+                                              b.create<arith::AddFOp>(loc, dot.getResult(2), dot.getResult(3)));
+          Value s = b.create<arith::MulFOp>(loc, sum, scale);
+          Value j = b.create<arith::AddIOp>(loc, b.create<vector::BroadcastOp>(loc, iota.getType(), jb), iota);
+          Value visible = b.create<arith::AndIOp>(
+              loc, b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::sge, j, loV),
+              b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::slt, j, hiV));
+          if (mask == lm::MaskKind::diagonal)
+            visible = b.create<arith::AndIOp>(loc, visible, b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ne, j, iV));
+          s = b.create<arith::SelectOp>(loc, visible, s, negInfV);
+          b.create<vector::StoreOp>(loc, s, scores, ValueRange{jb});
+          b.create<scf::YieldOp>(loc, ValueRange{b.create<arith::MaximumFOp>(loc, blocks.getRegionIterArgs()[0], s)});
+        }
+        Value m = b.create<vector::ReductionOp>(loc, vector::CombiningKind::MAXIMUMF, blocks.getResult(0));
+        Value anyVisible = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGT, m, negInf);
+        auto body = b.create<scf::IfOp>(loc, anyVisible, /*withElseRegion=*/true);
+        {
+          OpBuilder::InsertionGuard guard(b);
+          b.setInsertionPointToStart(body.thenBlock());
+          Value mV = b.create<vector::BroadcastOp>(loc, vt, m);
+          auto sums = b.create<scf::ForOp>(loc, lo16, hi, idx(kLanes), ValueRange{zeroV});
+          {
+            OpBuilder::InsertionGuard g2(b);
+            b.setInsertionPointToStart(sums.getBody());
+            Value jb = sums.getInductionVar();
+            Value p = b.create<math::ExpOp>(
+                loc, b.create<arith::SubFOp>(loc, b.create<vector::LoadOp>(loc, vt, scores, ValueRange{jb}), mV));
+            b.create<vector::StoreOp>(loc, p, scores, ValueRange{jb});
+            b.create<scf::YieldOp>(loc, ValueRange{b.create<arith::AddFOp>(loc, sums.getRegionIterArgs()[0], p)});
+          }
+          Value l = b.create<vector::ReductionOp>(loc, vector::CombiningKind::ADD, sums.getResult(0));
+          SmallVector<Value> zeros(chunks, zeroV);
+          auto acc = b.create<scf::ForOp>(loc, lo, hi, idx(1), zeros);
+          {
+            OpBuilder::InsertionGuard g2(b);
+            b.setInsertionPointToStart(acc.getBody());
+            Value j = acc.getInductionVar();
+            Value p = b.create<vector::BroadcastOp>(loc, vt, load(scores, j));
+            SmallVector<Value> next;
+            for (int64_t c = 0; c < chunks; ++c) {
+              Value vj = b.create<vector::LoadOp>(loc, vt, v, ValueRange{bi, j, feature(idx(c * kLanes))});
+              next.push_back(b.create<vector::FMAOp>(loc, p, vj, acc.getRegionIterArgs()[c]));
+            }
+            b.create<scf::YieldOp>(loc, next);
+          }
+          Value inv = b.create<vector::BroadcastOp>(loc, vt, b.create<arith::DivFOp>(loc, f32c(1), l));
+          for (int64_t c = 0; c < chunks; ++c)
+            b.create<vector::StoreOp>(loc, b.create<arith::MulFOp>(loc, acc.getResult(c), inv), out,
+                                      ValueRange{bi, row, feature(idx(c * kLanes))});
+          b.setInsertionPointToStart(body.elseBlock());
+          for (int64_t c = 0; c < chunks; ++c)
+            b.create<vector::StoreOp>(loc, zeroV, out, ValueRange{bi, row, feature(idx(c * kLanes))});
+        }
+      });
+    });
+    return set(a, out);
+  }
+
   /// Fused attention: for every (sentence, head, query row) an online softmax over
   /// key tiles of kKeyTile keys (flash-style). The mask is structure, not data:
   ///   causal keys [0, min(len, i+1)), anticausal [i, len), none/diagonal [0, len),
@@ -934,6 +1073,9 @@ private:
   LogicalResult lowerAttention(lm::AttentionOp a) {
     if (a.getMaskData())
       return a.emitOpError("masks with per-row data (directional, explicit) have no CPU lowering yet");
+    int64_t heads = a.getHeads(), width = a.getType().getDimSize(2);
+    if (!a.getRelKey() && (width / heads) % kLanes == 0)
+      return lowerAttentionVector(a);
     constexpr int64_t kKeyTile = 32;
     Value q = in(a.getQuery()), k = in(a.getKey()), v = in(a.getValue()), out = alloc(a.getType());
     Value relK = a.getRelKey() ? in(a.getRelKey()) : Value(), relV = a.getRelValue() ? in(a.getRelValue()) : Value();

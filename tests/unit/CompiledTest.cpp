@@ -66,6 +66,23 @@ std::vector<Case> cases() {
     s.relativePositions = 2;
     out.push_back({"tta_maskpos_pre", s});
   }
+  // Head sizes that are multiples of 16 take the vector attention (16 and 32 here; lengths up
+  // to 19 span two 16-key blocks).
+  {
+    ModelSpec s = base("unilm_vec16", Family::UniLM);
+    s.dims.dModel = 48;
+    out.push_back({"unilm_vec16", s});
+  }
+  {
+    ModelSpec s = base("bilm_vec32_anticausal", Family::BiLM);
+    s.dims.dModel = 64, s.dims.heads = 2, s.mask = MaskKind::Anticausal;
+    out.push_back({"bilm_vec32_anticausal", s});
+  }
+  {
+    ModelSpec s = base("tta_vec16", Family::TTA);
+    s.dims.dModel = 48;
+    out.push_back({"tta_vec16", s});
+  }
   return out;
 }
 
