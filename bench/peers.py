@@ -50,7 +50,6 @@ import contextlib
 import importlib.util
 import io
 import json
-import math
 import os
 import subprocess
 import sys
@@ -399,7 +398,7 @@ def _export_onnx(spec, weights, entry, workdir):
     os.makedirs(workdir, exist_ok=True)
     path = os.path.join(workdir, "%s.%s.onnx" % (spec.name, entry))
     # Example inputs of size >= 2 on every dynamic axis (torch.export specializes sizes 0 and 1).
-    B, n = 2, min(4, spec.max_len) if spec.max_len >= 2 else 2
+    B, n = 2, max(2, min(4, spec.max_len))
     ids = torch.full((B, n), 5 % spec.vocab, dtype=torch.long)
     rows = torch.export.Dim("rows", min=1)
     seq = torch.export.Dim("seq", min=1, max=spec.max_len)
@@ -408,12 +407,14 @@ def _export_onnx(spec, weights, entry, workdir):
         dyn = ({0: rows, 1: seq}, {0: rows}, {0: rows})[:len(in_names)]
     else:
         args, dyn = (ids,), ({0: rows, 1: seq},)
+    big = sum(t.numel() for t in weights.values()) * 4 > (1 << 30)
     log = io.StringIO()
     with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
         try:
             torch.onnx.export(module, args, path, dynamo=True, opset_version=18,
                               input_names=list(in_names), output_names=list(out_names),
-                              dynamic_shapes=dyn, optimize=True, external_data=False)
+                              dynamic_shapes=dyn, optimize=True,
+                              external_data=big)  # protobuf's 2 GB limit
         except Exception:
             sys.stderr.write(log.getvalue())
             raise
@@ -470,6 +471,8 @@ class Peer:
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         if ids.ndim != 2 or ids.shape[1] < 1 or ids.shape[1] > self.spec.max_len:
             raise ValueError("ids must be [B, n] with 1 <= n <= %d, got %s" % (self.spec.max_len, ids.shape))
+        if ids.size and (ids.min() < 0 or ids.max() >= self.spec.vocab):
+            raise ValueError("token ids must lie in [0, %d)" % self.spec.vocab)
         B, n = ids.shape
         m = self.method
         if m in EMBED_METHODS:

@@ -1227,14 +1227,36 @@ private:
                                           i64c(kVocabTile)});
       }
       nest({rows}, [&](ValueRange r) {
-        Value tileMax = reduce(idx(0), tv, f64c(-INFINITY), [&](Value c, Value mx) {
-          return b.create<arith::MaximumFOp>(loc, mx, toF64(load(logits, {r[0], c})));
-        });
+        // 16 columns at a time, then the tile's last tv % 16 columns one by one. The max is
+        // exact in f32; the exponentials of one tile are summed in 16 f32 lanes (at most 128
+        // terms each), the tiles in double.
+        auto vec = VectorType::get({kLanes}, f32());
+        Value tv16 = b.create<arith::MulIOp>(loc, b.create<arith::DivUIOp>(loc, tv, idx(kLanes)), idx(kLanes));
+        auto vectorLoop = [&](Value init, const std::function<Value(Value, Value)> &step) {
+          auto loop = b.create<scf::ForOp>(loc, idx(0), tv16, idx(kLanes), ValueRange{init});
+          OpBuilder::InsertionGuard guard(b);
+          b.setInsertionPointToStart(loop.getBody());
+          Value x = b.create<vector::LoadOp>(loc, vec, logits, ValueRange{r[0], loop.getInductionVar()});
+          b.create<scf::YieldOp>(loc, step(x, loop.getRegionIterArgs()[0]));
+          return loop.getResult(0);
+        };
+        Value vmax = vectorLoop(b.create<vector::BroadcastOp>(loc, vec, f32c(-INFINITY)),
+                                [&](Value x, Value mx) { return b.create<arith::MaximumFOp>(loc, mx, x); });
+        Value tileMax = reduce(tv16, tv, toF64(b.create<vector::ReductionOp>(loc, vector::CombiningKind::MAXIMUMF, vmax)),
+                               [&](Value c, Value mx) {
+                                 return b.create<arith::MaximumFOp>(loc, mx, toF64(load(logits, {r[0], c})));
+                               });
         Value m = load(maxBuf, r), mNew = b.create<arith::MaximumFOp>(loc, m, tileMax);
-        Value sum = reduce(idx(0), tv, f64c(0), [&](Value c, Value acc) {
-          return b.create<arith::AddFOp>(
-              loc, acc, b.create<math::ExpOp>(loc, b.create<arith::SubFOp>(loc, toF64(load(logits, {r[0], c})), mNew)));
+        Value mNewV = b.create<vector::BroadcastOp>(loc, vec, b.create<arith::TruncFOp>(loc, f32(), mNew));
+        Value vsum = vectorLoop(b.create<vector::BroadcastOp>(loc, vec, f32c(0)), [&](Value x, Value acc) {
+          return b.create<arith::AddFOp>(loc, acc, b.create<math::ExpOp>(loc, b.create<arith::SubFOp>(loc, x, mNewV)));
         });
+        Value sum = reduce(tv16, tv, toF64(b.create<vector::ReductionOp>(loc, vector::CombiningKind::ADD, vsum)),
+                           [&](Value c, Value acc) {
+                             return b.create<arith::AddFOp>(
+                                 loc, acc,
+                                 b.create<math::ExpOp>(loc, b.create<arith::SubFOp>(loc, toF64(load(logits, {r[0], c})), mNew)));
+                           });
         Value corr = b.create<math::ExpOp>(loc, b.create<arith::SubFOp>(loc, m, mNew));
         store(b.create<arith::AddFOp>(loc, b.create<arith::MulFOp>(loc, load(sumBuf, r), corr), sum), sumBuf, r);
         store(mNew, maxBuf, r);
