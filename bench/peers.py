@@ -6,9 +6,9 @@ the same safetensors weights (canonical names) and the same token ids as lmcc:
 
   torch/<method>  PyTorch written the way a competent user writes a BERT-like model: an
                   nn.Module of nn.Embedding / nn.Linear / nn.LayerNorm (parameters loaded from
-                  the weights with load_state_dict(strict=True)), F.scaled_dot_product_attention
-                  (boolean mask, or is_causal=True for the causal mask), float32,
-                  torch.inference_mode(), torch.set_num_threads(threads).
+                  the weights with load_state_dict(strict=True, assign=True): no copy),
+                  F.scaled_dot_product_attention (boolean mask, or is_causal=True for the
+                  causal mask), float32, torch.inference_mode(), torch.set_num_threads(threads).
   onnx/<method>   the same nn.Modules exported with torch.onnx.export (the dynamo exporter,
                   dynamic batch/row and sequence axes) and run by ONNX Runtime's
                   CPUExecutionProvider (intra_op_num_threads = threads, inter_op = 1,
@@ -55,6 +55,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 
 import numpy as np
 import torch
@@ -231,9 +232,11 @@ class LM(nn.Module):
         self.final_norm = nn.LayerNorm(s.d_model, eps=s.eps) if s.norm == "pre" else None
         self.head = Head(s)
         sd = {_module_key(k): v for k, v in weights.items() if k != "embed.position"}
-        self.load_state_dict(sd, strict=True)
+        self.load_state_dict(sd, strict=True, assign=True)  # the parameters are the weights' tensors
         self.eval()
         self.requires_grad_(False)
+        self.weights = weights  # keeps id(weights) taken by _lm_for unique while this LM lives
+        self.onnx_exports = {}  # (entry, workdir) -> exported file (_export_onnx)
 
     def attention_mask(self, n, device):
         """(attn_mask, is_causal) for F.scaled_dot_product_attention (bool [n, n]: key j visible
@@ -359,15 +362,17 @@ _METHOD_ENTRY = {
     "causal": "next-lp", "causal-embed": "mean-embed",
 }
 
-# One LM (parameters) per (spec, weights) object pair; values keep the keys' objects alive.
-_LM_CACHE = {}
+# One LM per (spec, weights) pair while some peer holds it (an LM references both, so the ids
+# stay unique while the entry exists); nothing outlives the caller's spec, weights and peers.
+_LM_CACHE = weakref.WeakValueDictionary()
 
 
 def _lm_for(spec, weights):
     key = (id(spec), id(weights))
-    if key not in _LM_CACHE:
-        _LM_CACHE[key] = (spec, weights, LM(spec, weights))
-    return _LM_CACHE[key][2]
+    lm = _LM_CACHE.get(key)
+    if lm is None:
+        lm = _LM_CACHE[key] = LM(spec, weights)
+    return lm
 
 
 # ----------------------------------------------------------------------------
@@ -386,15 +391,14 @@ class _TorchRunner:
             return self.module(*[torch.from_numpy(a) for a in arrays]).numpy()
 
 
-_EXPORTED = {}  # (id(spec), id(weights), entry, workdir) -> (spec, weights, path)
-
-
-def _export_onnx(spec, weights, entry, workdir):
-    key = (id(spec), id(weights), entry, os.path.abspath(workdir))
-    if key in _EXPORTED:
-        return _EXPORTED[key][2]
+def _export_onnx(lm, entry, workdir):
+    """Exports entry point `entry` of lm into workdir once per LM; returns the .onnx path."""
+    spec, weights = lm.s, lm.weights
+    key = (entry, os.path.abspath(workdir))
+    if key in lm.onnx_exports:
+        return lm.onnx_exports[key]
     cls, in_names, out_names = _ENTRY[entry]
-    module = cls(_lm_for(spec, weights)).eval()
+    module = cls(lm).eval()
     os.makedirs(workdir, exist_ok=True)
     path = os.path.join(workdir, "%s.%s.onnx" % (spec.name, entry))
     # Example inputs of size >= 2 on every dynamic axis (torch.export specializes sizes 0 and 1).
@@ -418,13 +422,14 @@ def _export_onnx(spec, weights, entry, workdir):
         except Exception:
             sys.stderr.write(log.getvalue())
             raise
-    _EXPORTED[key] = (spec, weights, path)
+    lm.onnx_exports[key] = path
     return path
 
 
 class _OnnxRunner:
-    def __init__(self, path, threads):
+    def __init__(self, lm, path, threads):
         import onnxruntime as ort
+        self.lm = lm  # shares the weights' tensors; keeps lm.onnx_exports for the next peer
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
@@ -518,12 +523,12 @@ def make_peer(system, method, spec, weights, threads, workdir):
                          % (method, spec.name, spec.method, ", ".join(methods_for(spec))))
     _check_supported(spec)
     entry = _METHOD_ENTRY[method]
+    lm = _lm_for(spec, weights)
     if system == "torch":
         torch.set_num_threads(threads)
-        cls = _ENTRY[entry][0]
-        run = _TorchRunner(cls(_lm_for(spec, weights)).eval(), threads)
+        run = _TorchRunner(_ENTRY[entry][0](lm).eval(), threads)
     else:
-        run = _OnnxRunner(_export_onnx(spec, weights, entry, workdir), threads)
+        run = _OnnxRunner(lm, _export_onnx(lm, entry, workdir), threads)
     return Peer(system, method, spec, run)
 
 
