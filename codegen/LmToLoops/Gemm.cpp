@@ -232,10 +232,14 @@ func::FuncOp getOrCreateGemmTask(ModuleOp module, int64_t n, int64_t k, bool wit
   Value P = descriptor(slot(2), {slot(3), c64(kPanel)}, {c64(kPanel), c64(1)}, types[1]);
   Value bias = descriptor(slot(4), {c64(n)}, {c64(1)}, types[2]);
   Value C = descriptor(slot(5), {M, cols}, {cols, c64(1)}, types[3]);
-  Value begin = b.create<arith::IndexCastOp>(loc, b.getIndexType(), entry->getArgument(1));
-  Value end = b.create<arith::IndexCastOp>(loc, b.getIndexType(), entry->getArgument(2));
-  Value zero = b.create<arith::ConstantIndexOp>(loc, 0);
-  b.create<func::CallOp>(loc, gemm, ValueRange{A, P, bias, C, begin, end, zero});
+  // Pieces [begin, end) count from panel slot(7), which is C's column 0.
+  Value first = slot(7);
+  Value begin = b.create<arith::IndexCastOp>(loc, b.getIndexType(),
+                                             b.create<LLVM::AddOp>(loc, i64, first, entry->getArgument(1)));
+  Value end = b.create<arith::IndexCastOp>(loc, b.getIndexType(),
+                                           b.create<LLVM::AddOp>(loc, i64, first, entry->getArgument(2)));
+  Value base = b.create<arith::IndexCastOp>(loc, b.getIndexType(), first);
+  b.create<func::CallOp>(loc, gemm, ValueRange{A, P, bias, C, begin, end, base});
   b.create<func::ReturnOp>(loc);
   return fn;
 }

@@ -42,8 +42,9 @@ void emitPack(mlir::OpBuilder &b, mlir::Location loc, mlir::Value weight, mlir::
 mlir::func::FuncOp getOrCreateGemm(mlir::ModuleOp module, int64_t n, int64_t k, bool withBias);
 
 /// A task for lm_rt_parallel_for: `(ctx: !llvm.ptr, begin: i64, end: i64)` runs the GEMM above on panels
-/// [begin, end). ctx holds 7 i64 slots: A address, M, packed-weight address, packed rows, bias address (0
-/// without bias), C address, C columns. Splitting panels never re-packs and never changes a result.
+/// [first + begin, first + end), panel `first` being C's column 0. ctx holds 8 i64 slots: A address, M,
+/// packed-weight address, packed rows, bias address (0 without bias), C address, C columns, first.
+/// Splitting panels never re-packs and never changes a result.
 mlir::func::FuncOp getOrCreateGemmTask(mlir::ModuleOp module, int64_t n, int64_t k, bool withBias);
 
 } // namespace lmcc::codegen

@@ -577,39 +577,31 @@ private:
     return b.create<arith::MulFOp>(loc, half, b.create<arith::AddFOp>(loc, f32c(1), t));
   }
 
-  /// A row-major [rows, cols] view of a dense identity-layout buffer of rank >= 2.
-  Value asMatrix(Value m, int64_t cols, bool dynamicCols = false) {
-    auto t = llvm::cast<MemRefType>(m.getType());
-    if (t.getRank() > 2) {
-      SmallVector<ReassociationIndices> groups(1);
-      for (int64_t i = 0; i + 1 < t.getRank(); ++i)
-        groups[0].push_back(i);
-      groups.push_back({t.getRank() - 1});
-      m = b.create<memref::CollapseShapeOp>(loc, m, groups);
-    }
-    int64_t dyn = ShapedType::kDynamic;
-    return b.create<memref::CastOp>(loc, MemRefType::get({dyn, dynamicCols ? dyn : cols}, f32()), m);
-  }
-
-  /// The load-time packed form of `weight`, or null when it has none (--gemm=eigen).
-  Value packedView(Value weight, int64_t n, int64_t k) {
+  /// Whether `weight` has a load-time packed form (not with --gemm=eigen).
+  bool isPacked(Value weight) {
     std::string key = packKey(weight);
-    auto it = key.empty() ? offsets.end() : offsets.find(key);
-    if (it == offsets.end())
-      return Value();
-    Value view = tableView(it->second, {packedRows(n, k), kPanel});
-    int64_t dyn = ShapedType::kDynamic;
-    return b.create<memref::CastOp>(
-        loc, MemRefType::get({dyn, kPanel}, f32(), StridedLayoutAttr::get(b.getContext(), dyn, {kPanel, 1})), view);
+    return !key.empty() && offsets.count(key);
   }
 
-  Value biasView(Value bias) {
-    int64_t dyn = ShapedType::kDynamic;
-    auto type = MemRefType::get({dyn}, f32(), StridedLayoutAttr::get(b.getContext(), dyn, {1}));
-    if (bias)
-      return b.create<memref::CastOp>(loc, type, in(bias));
-    Value unused = b.create<memref::AllocaOp>(loc, MemRefType::get({1}, f32()));
-    return b.create<memref::CastOp>(loc, type, unused);
+  /// The generated GEMM of the packed `weight` [n, k] on panels [first, first + panels), split over
+  /// the runtime's threads (lm_rt_parallel_for): out[rows, cols] gets columns first*64... of the
+  /// product. The task rebuilds its operands from the 8 addresses and sizes of a ctx array.
+  void parallelGemm(Value weight, int64_t n, int64_t k, Value inputAddress, Value rows, Value bias, Value outAddress,
+                    Value cols, Value first, Value panels) {
+    func::FuncOp task = getOrCreateGemmTask(outModule, n, k, bool(bias));
+    Value biasAddress = bias ? address(in(bias)) : i64c(0);
+    Value ctx = b.create<memref::AllocaOp>(loc, MemRefType::get({8}, b.getI64Type()));
+    auto i64 = [&](Value index) { return b.create<arith::IndexCastOp>(loc, b.getI64Type(), index); };
+    Value fields[8] = {inputAddress, i64(rows),
+                       address(tableView(offsets.find(packKey(weight))->second, {packedRows(n, k), kPanel})),
+                       i64c(packedRows(n, k)), biasAddress, outAddress, cols, i64(first)};
+    for (int i = 0; i < 8; ++i)
+      store(fields[i], ctx, idx(i));
+    auto ptrType = LLVM::LLVMPointerType::get(b.getContext());
+    Value ctxPtr = b.create<LLVM::IntToPtrOp>(loc, ptrType, address(ctx));
+    Value fn = b.create<func::ConstantOp>(loc, task.getFunctionType(), SymbolRefAttr::get(task));
+    Value fnPtr = b.create<UnrealizedConversionCastOp>(loc, TypeRange{ptrType}, fn).getResult(0);
+    b.create<func::CallOp>(loc, "lm_rt_parallel_for", TypeRange{}, ValueRange{i64(panels), fnPtr, ctxPtr});
   }
 
   /// y[rows, out] = x[rows, in] W[out, in]^T + bias: the generated GEMM over the
@@ -618,31 +610,14 @@ private:
     {
       auto wt = typeOf(l.getWeight());
       int64_t n = wt.getDimSize(0), k = wt.getDimSize(1);
-      if (Value pw = packedView(l.getWeight(), n, k)) {
-        // Panels of the packed weight are split over the runtime's threads (lm_rt_parallel_for);
-        // the task rebuilds the operands from 7 addresses and sizes.
+      if (isPacked(l.getWeight())) {
         Value out = alloc(l.getType());
-        func::FuncOp task = getOrCreateGemmTask(outModule, n, k, bool(l.getBias()));
         auto sz = sizes(typeOf(l.getInput()));
         Value rows = idx(1);
         for (size_t i = 0; i + 1 < sz.size(); ++i)
           rows = b.create<arith::MulIOp>(loc, rows, sz[i]);
-        auto ctxType = MemRefType::get({7}, b.getI64Type());
-        Value ctx = b.create<memref::AllocaOp>(loc, ctxType);
-        auto key = packKey(l.getWeight());
-        Value fields[7] = {address(in(l.getInput())), b.create<arith::IndexCastOp>(loc, b.getI64Type(), rows),
-                           address(tableView(offsets.find(key)->second, {packedRows(n, k), kPanel})),
-                           i64c(packedRows(n, k)), l.getBias() ? address(in(l.getBias())) : i64c(0), address(out),
-                           i64c(n)};
-        for (int i = 0; i < 7; ++i)
-          store(fields[i], ctx, idx(i));
-        auto ptrType = LLVM::LLVMPointerType::get(b.getContext());
-        Value ctxPtr = b.create<LLVM::IntToPtrOp>(loc, ptrType, address(ctx));
-        Value fn = b.create<func::ConstantOp>(loc, task.getFunctionType(), SymbolRefAttr::get(task));
-        Value fnPtr = b.create<UnrealizedConversionCastOp>(loc, TypeRange{ptrType}, fn).getResult(0);
-        b.create<func::CallOp>(loc, "lm_rt_parallel_for", TypeRange{},
-                               ValueRange{i64c((n + kPanel - 1) / kPanel), fnPtr, ctxPtr});
-        (void)pw;
+        parallelGemm(l.getWeight(), n, k, address(in(l.getInput())), rows, l.getBias(), address(out), i64c(n),
+                     idx(0), idx((n + kPanel - 1) / kPanel));
         return set(l, out);
       }
     }
@@ -1195,11 +1170,7 @@ private:
       Value id = b.create<arith::IndexCastOp>(loc, b.getIndexType(), load(ids, {bi, safe}));
       return std::pair<Value, Value>{exists, id};
     };
-    Value packedWeight = packedView(t.getWeight(), V, D);
-    func::FuncOp gemm = packedWeight ? getOrCreateGemm(outModule, V, D, bool(t.getBias())) : func::FuncOp();
-    Value hMatrix = packedWeight ? asMatrix(h, D) : Value();
-    Value biasMemref = packedWeight ? biasView(t.getBias()) : Value();
-    Value logitsMatrix = packedWeight ? asMatrix(logits, 0, true) : Value();
+    bool packedWeight = isPacked(t.getWeight());
     Value hPtr = pointer(h), wPtr = pointer(in(t.getWeight()));
     Value biasPtr = t.getBias() ? pointer(in(t.getBias())) : Value();
     Value logitsPtr = pointer(logits);
@@ -1219,8 +1190,8 @@ private:
         Value pBegin = b.create<arith::MulIOp>(loc, tile[0], idx(kVocabTile / kPanel));
         Value pEnd = b.create<arith::MinSIOp>(loc, b.create<arith::AddIOp>(loc, pBegin, idx(kVocabTile / kPanel)),
                                               idx((V + kPanel - 1) / kPanel));
-        b.create<func::CallOp>(loc, gemm,
-                               ValueRange{hMatrix, packedWeight, biasMemref, logitsMatrix, pBegin, pEnd, pBegin});
+        parallelGemm(t.getWeight(), V, D, address(h), rows, t.getBias(), address(logits), i64c(kVocabTile), pBegin,
+                     b.create<arith::SubIOp>(loc, pEnd, pBegin));
       } else {
         b.create<func::CallOp>(loc, "lm_rt_sgemm_nt", TypeRange{},
                                ValueRange{m64, tv64, i64c(D), hPtr, i64c(D), wTile, i64c(D), biasTile, logitsPtr,
