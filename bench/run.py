@@ -365,8 +365,21 @@ def machine_text(limits):
                limits[("bw", 1)] / 1e9, limits[("bw", 2)] / 1e9))
 
 
-def weight_bytes(ws, model):
-    return ws.weights(model).stat().st_size
+def weight_bytes(ws, model, entry):
+    """Bytes of the weights one call reads at least once: every tensor for score (the tied or untied
+    vocabulary head reads the whole token table), all but the token table and the head for embed
+    (which gathers only its n rows of the table)."""
+    import struct
+    with open(ws.weights(model), "rb") as f:
+        header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+    total = 0
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        if entry == "embed" and (name == "embed.token" or name.startswith("head.")):
+            continue
+        total += t["data_offsets"][1] - t["data_offsets"][0]
+    return total
 
 
 def write_report(ws, date, quick, limits, kernels, points, lmcc, peer, out_dir, versions, wall):
@@ -383,7 +396,7 @@ def write_report(ws, date, quick, limits, kernels, points, lmcc, peer, out_dir, 
 
     def bound(p):
         flops = ws.flops(p.model, p.variant, p.entry, p.n) * p.batch
-        return max(flops / limits[("peak", p.threads)], weight_bytes(ws, p.model) / limits[("bw", p.threads)]), flops
+        return max(flops / limits[("peak", p.threads)], weight_bytes(ws, p.model, p.entry) / limits[("bw", p.threads)]), flops
 
     # Entry points vs peers
     md += ["## Entry points: lmcc (optimized) vs PyTorch and ONNX Runtime", "",
@@ -604,6 +617,7 @@ def main():
         ws.weights(p.model)
         ws.library(p.model, p.variant)
     lmcc = run_model_bench(ws, points, limits, args.quick, est_limit)
+    (ws.work / "raw-lmcc.json").write_text(json.dumps(lmcc, default=str, indent=1))
     versions = "lmcc %s" % run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"]).strip()
     peer = {}
     if not args.no_peers:
