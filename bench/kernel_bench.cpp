@@ -45,10 +45,11 @@ struct Shape {
   int64_t m, k, n;
 };
 // T-TA paper configuration (d 512, FFN 2048, vocab 30522): QKV/O, FFN in/out, stacked K/V, head; n = 20 and batched.
-// BERT-base (d 768, FFN 3072) at n = 20.
-const std::vector<Shape> kShapes = {{20, 512, 512},   {20, 512, 1536}, {20, 512, 2048}, {20, 2048, 512},
-                                    {400, 512, 2048}, {640, 512, 512}, {20, 512, 30522}, {20, 768, 768},
-                                    {20, 768, 3072},  {20, 3072, 768}, {20, 768, 30522}};
+// BERT-base (d 768, FFN 3072) at n = 20. The batched PLL's FFN: biLM n = 128 (16384 rows), BERT n = 40 (1600 rows).
+const std::vector<Shape> kShapes = {
+    {20, 512, 512},    {20, 512, 1536},    {20, 512, 2048},  {20, 2048, 512},   {400, 512, 2048},
+    {640, 512, 512},   {20, 512, 30522},   {20, 768, 768},   {20, 768, 3072},   {20, 3072, 768},
+    {20, 768, 30522},  {16384, 512, 2048}, {16384, 2048, 512}, {1600, 768, 3072}, {1600, 3072, 768}};
 const std::vector<std::pair<lm::MaskKind, const char *>> kMasks = {{lm::MaskKind::none, "none"},
                                                                    {lm::MaskKind::causal, "causal"},
                                                                    {lm::MaskKind::anticausal, "anticausal"},
@@ -121,8 +122,9 @@ std::vector<float> randomVector(size_t n, unsigned seed) {
   return v;
 }
 
-/// 16 independent FMA chains of 16 floats: the FP32 FMA peak of one core.
-__attribute__((target("avx512f"), noinline)) float fmaLoop(int64_t iterations) {
+/// 16 independent FMA chains of 16 floats (AVX-512) or 12 of 8 floats (AVX2, 16 registers): the FP32 FMA
+/// peak of one core. Returns the FLOPs done.
+__attribute__((target("avx512f"), noinline)) double fmaLoop512(int64_t iterations) {
   __m512 acc[16];
   for (auto &a : acc)
     a = _mm512_set1_ps(0.5f);
@@ -133,18 +135,40 @@ __attribute__((target("avx512f"), noinline)) float fmaLoop(int64_t iterations) {
   __m512 sum = acc[0];
   for (int j = 1; j < 16; ++j)
     sum = _mm512_add_ps(sum, acc[j]);
-  return _mm512_reduce_add_ps(sum);
+  benchmark::DoNotOptimize(_mm512_reduce_add_ps(sum));
+  return double(iterations) * 16 * 16 * 2;
 }
+
+__attribute__((target("avx2,fma"), noinline)) double fmaLoop256(int64_t iterations) {
+  __m256 acc[12];
+  for (auto &a : acc)
+    a = _mm256_set1_ps(0.5f);
+  const __m256 x = _mm256_set1_ps(0.999f), y = _mm256_set1_ps(0.001f);
+  for (int64_t i = 0; i < iterations; ++i)
+    for (auto &a : acc)
+      a = _mm256_fmadd_ps(a, x, y);
+  __m256 sum = acc[0];
+  for (int j = 1; j < 12; ++j)
+    sum = _mm256_add_ps(sum, acc[j]);
+  float lanes[8];
+  _mm256_storeu_ps(lanes, sum);
+  benchmark::DoNotOptimize(lanes);
+  return double(iterations) * 12 * 8 * 2;
+}
+
+const bool g_avx512 = __builtin_cpu_supports("avx512f");
+
+double fmaLoop(int64_t iterations) { return g_avx512 ? fmaLoop512(iterations) : fmaLoop256(iterations); }
 
 double g_peak = 0; // 1-thread GFLOP/s, measured at start-up (best of three)
 
 double measurePeak() {
-  int64_t iterations = 20'000'000;
-  benchmark::DoNotOptimize(iterations);
+  volatile int64_t count = 20'000'000; // opaque to the optimizer
+  int64_t iterations = count;
   auto start = std::chrono::steady_clock::now();
-  benchmark::DoNotOptimize(fmaLoop(iterations));
+  double flops = fmaLoop(iterations);
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return double(iterations) * 16 * 16 * 2 / seconds / 1e9;
+  return flops / seconds / 1e9;
 }
 
 /// Runs fn(thread) on `threads` threads at once (the calling thread is thread 0).
@@ -161,19 +185,38 @@ template <typename Fn> void onThreads(int threads, Fn fn) {
 void BM_Peak(benchmark::State &state) {
   int threads = int(state.range(0));
   constexpr int64_t kIterations = 2'000'000;
+  double perThread = 0;
   for (auto _ : state)
-    onThreads(threads, [](int) { benchmark::DoNotOptimize(fmaLoop(kIterations)); });
-  double flops = double(kIterations) * 16 * 16 * 2 * threads * state.iterations();
+    onThreads(threads, [&](int t) {
+      double f = fmaLoop(kIterations);
+      if (t == 0)
+        perThread = f;
+    });
+  double flops = perThread * threads * state.iterations();
   state.counters["GFLOPs"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsRate);
 }
 
-/// Sums `floats` floats with 4 independent 512-bit accumulators (a pure read stream).
-__attribute__((target("avx512f"), noinline)) float readStream(const float *p, int64_t floats) {
+/// Sums `floats` floats (a multiple of 64) with 4 independent accumulators: a pure read stream.
+__attribute__((target("avx512f"), noinline)) float readStream512(const float *p, int64_t floats) {
   __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
   for (int64_t i = 0; i < floats; i += 64)
     for (int j = 0; j < 4; ++j)
       acc[j] = _mm512_add_ps(acc[j], _mm512_load_ps(p + i + 16 * j));
   return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+}
+
+__attribute__((target("avx2"), noinline)) float readStream256(const float *p, int64_t floats) {
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t i = 0; i < floats; i += 32)
+    for (int j = 0; j < 4; ++j)
+      acc[j] = _mm256_add_ps(acc[j], _mm256_load_ps(p + i + 8 * j));
+  float lanes[8];
+  _mm256_storeu_ps(lanes, _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+  return lanes[0];
+}
+
+float readStream(const float *p, int64_t floats) {
+  return g_avx512 ? readStream512(p, floats) : readStream256(p, floats);
 }
 
 /// Memory read bandwidth: `threads` threads each stream their half of a 1 GiB buffer (32x the L3).
