@@ -3,9 +3,10 @@
 // Builds the generated GEMM (codegen/LmToLoops/Gemm.cpp) for the model shapes and the
 // generated attention kernel (codegen/LmToLoops/KernelGen.cpp) for each mask kind into
 // one shared library at start-up, then times:
-//   - machine/peak: the FP32 FMA peak (an AVX-512 loop of independent FMAs), 1 and 2 threads,
+//   - machine/peak: the FP32 FMA peak (a loop of independent AVX-512 or AVX2 FMAs), 1 and 2 threads,
 //   - machine/read_bw: memory read bandwidth (a 1 GiB buffer, far past L3), 1 and 2 threads,
-//   - gemm/generated: C[M, N] = A[M, K] W[N, K]^T over W packed once (as at model load),
+//   - gemm/generated: C[M, N] = A[M, K] W[N, K]^T over W packed once (as at model load), in the tile
+//     lmcc picks for this host,
 //   - gemm/eigen: the same product through Eigen 3.4 (what --gemm=eigen calls),
 //   - gemm/openblas: cblas_sgemm, when OpenBLAS is installed (scripts/bench-deps.sh),
 //   - attention/<mask>: lm.attention (8 heads, d 512) as the model kernels run it, 1 thread.
@@ -66,6 +67,8 @@ using PackFn = void (*)(MemRef<2> *, MemRef<2> *);
 using GemmFn = void (*)(MemRef<2> *, MemRef<2> *, MemRef<2> *);
 using AttentionFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<1> *, MemRef<3> *);
 void *g_library = nullptr;
+// The register tile lmcc compiles for this host (5 x 64 with AVX-512, 6 x 16 with AVX2).
+const lmcc::codegen::GemmTile g_tile = lmcc::codegen::GemmTile::forVectorBits(lmcc::codegen::targetVectorBits(""));
 
 /// Compiles the generated GEMM for every (N, K) of kShapes and the attention kernel for
 /// every mask kind (functions attention_<mask>) into a temporary shared library.
@@ -75,7 +78,7 @@ void buildLibrary() {
     if (std::find(nk.begin(), nk.end(), std::make_pair(s.n, s.k)) == nk.end())
       nk.push_back({s.n, s.k});
   mlir::MLIRContext context;
-  auto module = lmcc::codegen::buildGemmModule(context, nk);
+  auto module = lmcc::codegen::buildGemmModule(context, nk, {g_tile});
   for (auto [mask, name] : kMasks) {
     auto attention = lmcc::codegen::buildAttentionModule(context, mask, kHeads, kModel);
     if (!attention) {
@@ -243,7 +246,8 @@ void report(benchmark::State &state, const Shape &s) {
 }
 
 void BM_Generated(benchmark::State &state, Shape s) {
-  std::string suffix = std::to_string(s.n) + "x" + std::to_string(s.k);
+  std::string suffix = std::to_string(s.n) + "x" + std::to_string(s.k) + "_" + std::to_string(g_tile.rows) + "x" +
+                       std::to_string(g_tile.cols());
   auto pack = symbol<PackFn>("lm_bench_pack_" + suffix);
   auto gemm = symbol<GemmFn>("lm_bench_gemm_" + suffix);
   std::vector<float> a = randomVector(s.m * s.k, 1), w = randomVector(s.n * s.k, 2), c(s.m * s.n);
@@ -362,7 +366,8 @@ int main(int argc, char **argv) {
   g_peak = measurePeak();
   for (int i = 0; i < 2; ++i) // the best of three runs of 1.3 G FMAs
     g_peak = std::max(g_peak, measurePeak());
-  std::printf("measured FP32 FMA peak: %.1f GFLOP/s (1 thread)\n", g_peak);
+  std::printf("measured FP32 FMA peak: %.1f GFLOP/s (1 thread, %s); generated GEMM tile %lld x %lld\n", g_peak,
+              g_avx512 ? "AVX-512" : "AVX2", (long long)g_tile.rows, (long long)g_tile.cols());
   benchmark::RegisterBenchmark("machine/peak", BM_Peak)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime();
   benchmark::RegisterBenchmark("machine/read_bw", BM_ReadBandwidth)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime();
   for (const Shape &s : kShapes) {

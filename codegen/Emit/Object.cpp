@@ -58,6 +58,21 @@ LogicalResult lowerToLLVMDialect(ModuleOp module) {
   return pm.run(module);
 }
 
+int64_t targetVectorBits(const std::string &cpu) {
+  if (cpu.empty()) {
+    auto features = llvm::sys::getHostCPUFeatures();
+    auto it = features.find("avx512f");
+    return it != features.end() && it->second ? 512 : 256;
+  }
+  llvm::InitializeNativeTarget();
+  std::string triple = llvm::sys::getDefaultTargetTriple(), error;
+  const llvm::Target *target = llvm::TargetRegistry::lookupTarget(triple, error);
+  if (!target)
+    return 256;
+  std::unique_ptr<llvm::MCSubtargetInfo> info(target->createMCSubtargetInfo(triple, cpu, ""));
+  return info && info->isCPUStringValid(cpu) && info->checkFeatures("+avx512f") ? 512 : 256;
+}
+
 std::string emitObject(ModuleOp module, const std::string &path, const ObjectOptions &options) {
   llvm::InitializeNativeTarget();
   llvm::InitializeNativeTargetAsmPrinter();

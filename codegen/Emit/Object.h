@@ -17,6 +17,10 @@ struct ObjectOptions {
 /// without LLVM intrinsics become libm calls). Fails with diagnostics.
 mlir::LogicalResult lowerToLLVMDialect(mlir::ModuleOp module);
 
+/// The width in bits of the widest vector registers of the target CPU (`cpu` as in ObjectOptions;
+/// empty = this host): 512 with AVX-512F, else 256 (x86-64 with AVX2, our minimum for fast code).
+int64_t targetVectorBits(const std::string &cpu);
+
 /// Translates an LLVM-dialect module to LLVM IR, optimizes it at O3 for the target
 /// and writes a position-independent object file to `path`. Returns "" or an error.
 std::string emitObject(mlir::ModuleOp module, const std::string &path, const ObjectOptions &options);

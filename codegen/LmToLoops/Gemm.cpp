@@ -1,12 +1,13 @@
 //===- Gemm.cpp - Generated GEMM microkernels over load-time packed weights -===//
 //
-// The weights of every linear layer are constants: the runtime packs them once at
-// load time into panels of 64 output features ([ceil(N/64)][K][64], zero-padded),
-// so the kernel streams B contiguously and never re-packs. The microkernel keeps a
-// 5 x 64 tile of C in 20 vector<16xf32> registers across the whole K loop (scf.for
-// iter_args), loads 4 vectors of B and broadcasts 5 scalars of A per k step: 20
-// FMAs per 9 loads. Rows past a multiple of 5 use a 1 x 64 tile; the last partial
-// panel is written with masked stores. DESIGN.md records the recipe.
+// The weights of every linear layer are constants: the runtime packs them once at load time into panels of 64 output
+// features, zero-padded, each panel stored as contiguous K x c slices of the tile's width c, so the kernel streams B
+// sequentially and never re-packs. The microkernel keeps a tile of C in vector registers across the whole K loop
+// (scf.for iter_args), sized to the target: on AVX-512, 5 x 64 in 20 vector<16xf32>, 4 loads of B and 5 broadcasts
+// of A per k step for 20 FMAs; on AVX2, 6 x 16 in 12 vector<8xf32>, 2 loads and 6 broadcasts for 12 FMAs (the classic
+// 16-register tile). Rows come in blocks that keep A in L2; a block is cut into tiles of balanced heights; the last
+// partial panel is written with masked stores. Every output element is one FMA chain over k in order, whatever the
+// tile or block, so the choice never changes a result. DESIGN.md records the recipe.
 //
 //===----------------------------------------------------------------------===//
 #include "codegen/LmToLoops/Gemm.h"
@@ -19,6 +20,7 @@
 #include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/Dialect/Vector/IR/VectorOps.h"
 
+#include <algorithm>
 #include <set>
 
 using namespace mlir;
@@ -66,7 +68,7 @@ std::vector<PackedWeight> packedWeights(ModuleOp lmModule) {
   return out;
 }
 
-void emitPack(OpBuilder &b, Location loc, Value weight, Value packed, int64_t n, int64_t k) {
+void emitPack(OpBuilder &b, Location loc, Value weight, Value packed, int64_t n, int64_t k, GemmTile tile) {
   Value zero = b.create<arith::ConstantIndexOp>(loc, 0), one = b.create<arith::ConstantIndexOp>(loc, 1);
   Value panels = b.create<arith::ConstantIndexOp>(loc, (n + kPanel - 1) / kPanel);
   Value kk = b.create<arith::ConstantIndexOp>(loc, k), width = b.create<arith::ConstantIndexOp>(loc, kPanel);
@@ -90,12 +92,27 @@ void emitPack(OpBuilder &b, Location loc, Value weight, Value packed, int64_t n,
     b.setInsertionPointToStart(value.elseBlock());
     b.create<scf::YieldOp>(loc, ValueRange{fzero});
   }
-  Value prow = b.create<arith::AddIOp>(loc, b.create<arith::MulIOp>(loc, p, kk), kv);
-  b.create<memref::StoreOp>(loc, value.getResult(0), packed, ValueRange{prow, j});
+  // flat = p*K*64 + (j/c)*K*c + k*c + j%c (Gemm.h), stored at [flat / 64, flat % 64].
+  Value c = b.create<arith::ConstantIndexOp>(loc, tile.cols());
+  Value flat = b.create<arith::MulIOp>(loc, b.create<arith::MulIOp>(loc, p, kk), width);
+  flat = b.create<arith::AddIOp>(
+      loc, flat,
+      b.create<arith::MulIOp>(loc, b.create<arith::MulIOp>(loc, b.create<arith::DivUIOp>(loc, j, c), kk), c));
+  flat = b.create<arith::AddIOp>(loc, flat, b.create<arith::MulIOp>(loc, kv, c));
+  flat = b.create<arith::AddIOp>(loc, flat, b.create<arith::RemUIOp>(loc, j, c));
+  b.create<memref::StoreOp>(
+      loc, value.getResult(0), packed,
+      ValueRange{b.create<arith::DivUIOp>(loc, flat, width), b.create<arith::RemUIOp>(loc, flat, width)});
 }
 
-func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBias) {
-  std::string name = "lm_gemm_" + std::to_string(n) + "x" + std::to_string(k) + (withBias ? "_bias" : "");
+static std::string gemmName(const char *prefix, int64_t n, int64_t k, bool withBias, GemmTile tile) {
+  return prefix + std::to_string(n) + "x" + std::to_string(k) + (withBias ? "_bias_" : "_") +
+         std::to_string(tile.rows) + "x" + std::to_string(tile.cols());
+}
+
+func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBias, GemmTile tile) {
+  assert(kPanel % tile.cols() == 0 && "a tile's columns divide the panel");
+  std::string name = gemmName("lm_gemm_", n, k, withBias, tile);
   if (auto existing = module.lookupSymbol<func::FuncOp>(name))
     return existing;
   MLIRContext *ctx = module.getContext();
@@ -116,85 +133,117 @@ func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBia
   Value A = entry->getArgument(0), P = entry->getArgument(1), bias = entry->getArgument(2), C = entry->getArgument(3);
   Value pBegin = entry->getArgument(4), pEnd = entry->getArgument(5), cBase = entry->getArgument(6);
   auto cidx = [&](int64_t v) -> Value { return b.create<arith::ConstantIndexOp>(loc, v); };
-  auto vec = VectorType::get({16}, f32);
+  const int64_t R = tile.rows, V = tile.vectors, L = tile.lanes, W = tile.cols(), groups = kPanel / W;
+  auto vec = VectorType::get({L}, f32);
   Value zeroVec = b.create<arith::ConstantOp>(loc, vec, DenseElementsAttr::get(vec, 0.0f));
   Value M = b.create<memref::DimOp>(loc, A, 0);
 
+  // P as one flat array: column slice q = p*groups + g (K x W, Gemm.h) starts at q*K*W.
+  auto flatType = MemRefType::get({dyn}, f32, StridedLayoutAttr::get(ctx, dyn, {1}));
+  Value flatP = b.create<memref::CollapseShapeOp>(loc, flatType, P, ArrayRef<ReassociationIndices>{{0, 1}});
   // Software prefetch pays off when the packed weight does not fit in the L2 cache.
   bool prefetch = packedRows(n, k) * kPanel * 4 > (int64_t(1) << 20);
-  Value lastRow = b.create<arith::SubIOp>(loc, b.create<memref::DimOp>(loc, P, 0), cidx(1));
-  // One R x 64 tile at rows [m0, m0 + R) of panel p.
-  auto tile = [&](int64_t R, Value m0, Value p) {
-    SmallVector<Value> init(R * 4, zeroVec);
-    Value pk = b.create<arith::MulIOp>(loc, p, cidx(k));
+  Value lastFloat = b.create<arith::SubIOp>(
+      loc, b.create<arith::MulIOp>(loc, b.create<memref::DimOp>(loc, P, 0), cidx(kPanel)), cidx(1));
+  // One r x W tile at rows [m0, m0 + r) of the column slice starting at `slice` (panel p, group g). `ahead` starts the
+  // slice two slices on, prefetched at the same k.
+  auto tileAt = [&](int64_t r, Value m0, Value p, Value g, Value slice, Value ahead) {
+    SmallVector<Value> init(r * V, zeroVec);
+    Value g0 = b.create<arith::MulIOp>(loc, g, cidx(W));
     auto loop = b.create<scf::ForOp>(loc, cidx(0), cidx(k), cidx(1), init);
     {
-      OpBuilder::InsertionGuard g(b);
+      OpBuilder::InsertionGuard guard(b);
       b.setInsertionPointToStart(loop.getBody());
       Value kv = loop.getInductionVar();
-      Value prow = b.create<arith::AddIOp>(loc, pk, kv);
+      Value kW = b.create<arith::MulIOp>(loc, kv, cidx(W));
+      Value at = b.create<arith::AddIOp>(loc, slice, kW);
       if (prefetch) {
-        // The panel two ahead, same k: streamed from memory when W is larger than the caches
-        // (the vocabulary projection). Rows past the end are clamped to the last one.
-        Value ahead = b.create<arith::MinSIOp>(loc, b.create<arith::AddIOp>(loc, prow, cidx(2 * k)), lastRow);
-        b.create<memref::PrefetchOp>(loc, P, ValueRange{ahead, cidx(0)}, /*isWrite=*/false, /*localityHint=*/3,
+        // Streamed from memory when W is larger than the caches (the vocabulary projection). Past the end, clamped to
+        // the last float.
+        Value target = b.create<arith::MinSIOp>(loc, b.create<arith::AddIOp>(loc, ahead, kW), lastFloat);
+        b.create<memref::PrefetchOp>(loc, flatP, ValueRange{target},
+                                     /*isWrite=*/false, /*localityHint=*/3,
                                      /*isDataCache=*/true);
       }
       SmallVector<Value> bv;
-      for (int64_t j = 0; j < 4; ++j)
-        bv.push_back(b.create<vector::LoadOp>(loc, vec, P, ValueRange{prow, cidx(16 * j)}));
+      for (int64_t j = 0; j < V; ++j)
+        bv.push_back(
+            b.create<vector::LoadOp>(loc, vec, flatP, ValueRange{b.create<arith::AddIOp>(loc, at, cidx(L * j))}));
       SmallVector<Value> next;
-      for (int64_t r = 0; r < R; ++r) {
-        Value a = b.create<memref::LoadOp>(loc, A, ValueRange{b.create<arith::AddIOp>(loc, m0, cidx(r)), kv});
+      for (int64_t i = 0; i < r; ++i) {
+        Value a = b.create<memref::LoadOp>(loc, A, ValueRange{b.create<arith::AddIOp>(loc, m0, cidx(i)), kv});
         Value av = b.create<vector::BroadcastOp>(loc, vec, a);
-        for (int64_t j = 0; j < 4; ++j)
-          next.push_back(b.create<vector::FMAOp>(loc, av, bv[j], loop.getRegionIterArgs()[r * 4 + j]));
+        for (int64_t j = 0; j < V; ++j)
+          next.push_back(b.create<vector::FMAOp>(loc, av, bv[j], loop.getRegionIterArgs()[i * V + j]));
       }
       b.create<scf::YieldOp>(loc, next);
     }
-    Value colW = b.create<arith::MulIOp>(loc, p, cidx(kPanel));
-    Value colC = b.create<arith::MulIOp>(loc, b.create<arith::SubIOp>(loc, p, cBase), cidx(kPanel));
-    for (int64_t j = 0; j < 4; ++j) {
-      Value col = b.create<arith::AddIOp>(loc, colW, cidx(16 * j));
+    Value colW = b.create<arith::AddIOp>(loc, b.create<arith::MulIOp>(loc, p, cidx(kPanel)), g0);
+    Value colC = b.create<arith::AddIOp>(
+        loc, b.create<arith::MulIOp>(loc, b.create<arith::SubIOp>(loc, p, cBase), cidx(kPanel)), g0);
+    for (int64_t j = 0; j < V; ++j) {
+      Value col = b.create<arith::AddIOp>(loc, colW, cidx(L * j));
       Value valid = b.create<arith::SubIOp>(loc, cidx(n), col);
-      Value mask = b.create<vector::CreateMaskOp>(loc, VectorType::get({16}, b.getI1Type()), ValueRange{valid});
-      Value biasVec = withBias ? Value(b.create<vector::MaskedLoadOp>(loc, vec, bias, ValueRange{col}, mask, zeroVec))
-                               : zeroVec;
-      Value outCol = b.create<arith::AddIOp>(loc, colC, cidx(16 * j));
-      for (int64_t r = 0; r < R; ++r) {
-        Value v = b.create<arith::AddFOp>(loc, loop.getResult(r * 4 + j), biasVec);
-        b.create<vector::MaskedStoreOp>(loc, C, ValueRange{b.create<arith::AddIOp>(loc, m0, cidx(r)), outCol}, mask, v);
+      Value mask = b.create<vector::CreateMaskOp>(loc, VectorType::get({L}, b.getI1Type()), ValueRange{valid});
+      Value biasVec =
+          withBias ? Value(b.create<vector::MaskedLoadOp>(loc, vec, bias, ValueRange{col}, mask, zeroVec)) : zeroVec;
+      Value outCol = b.create<arith::AddIOp>(loc, colC, cidx(L * j));
+      for (int64_t i = 0; i < r; ++i) {
+        Value v = b.create<arith::AddFOp>(loc, loop.getResult(i * V + j), biasVec);
+        b.create<vector::MaskedStoreOp>(loc, C, ValueRange{b.create<arith::AddIOp>(loc, m0, cidx(i)), outCol}, mask, v);
       }
     }
   };
 
-  auto panels = b.create<scf::ForOp>(loc, pBegin, pEnd, cidx(1));
+  // Blocks of rows outermost, so that a block of A (about 128 KB) stays in L2 while every column slice of B passes over
+  // it (the batched PLL has 16384 rows: A alone is 32 MB). Then column slices (panel p, group g), then row tiles: a
+  // slice of B stays in L1/L2 while the tiles of the block pass over it. A block of Mb rows is cut into ceil(Mb / R)
+  // tiles of balanced heights (20 rows: 5, 5, 5, 5 rather than 6, 6, 6, 2), since a short tile has too few accumulators
+  // to hide the FMA latency.
+  const int64_t blockRows = std::max(R, (int64_t(128) << 10) / (4 * k) / R * R);
+  auto blocks = b.create<scf::ForOp>(loc, cidx(0), M, cidx(blockRows));
   {
-    OpBuilder::InsertionGuard g(b);
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(blocks.getBody());
+    Value mb = blocks.getInductionVar();
+    Value Mb = b.create<arith::MinSIOp>(loc, b.create<arith::SubIOp>(loc, M, mb), cidx(blockRows));
+    Value T = b.create<arith::DivUIOp>(loc, b.create<arith::AddIOp>(loc, Mb, cidx(R - 1)), cidx(R));
+    auto panels = b.create<scf::ForOp>(loc, pBegin, pEnd, cidx(1));
     b.setInsertionPointToStart(panels.getBody());
     Value p = panels.getInductionVar();
-    auto rows = b.create<scf::ForOp>(loc, cidx(0), M, cidx(5));
-    b.setInsertionPointToStart(rows.getBody());
-    Value m0 = rows.getInductionVar();
-    Value rest = b.create<arith::SubIOp>(loc, M, m0);
-    Value full = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::sge, rest, cidx(5));
-    auto branch = b.create<scf::IfOp>(loc, full, /*withElse=*/true);
-    b.setInsertionPointToStart(branch.thenBlock());
-    tile(5, m0, p);
-    b.setInsertionPointToStart(branch.elseBlock());
-    auto single = b.create<scf::ForOp>(loc, cidx(0), rest, cidx(1));
-    b.setInsertionPointToStart(single.getBody());
-    tile(1, b.create<arith::AddIOp>(loc, m0, single.getInductionVar()), p);
+    auto slices = b.create<scf::ForOp>(loc, cidx(0), cidx(groups), cidx(1));
+    b.setInsertionPointToStart(slices.getBody());
+    Value g = slices.getInductionVar();
+    // Slice q = p*groups + g prefetches slice q + 2.
+    Value q = b.create<arith::AddIOp>(loc, b.create<arith::MulIOp>(loc, p, cidx(groups)), g);
+    Value slice = b.create<arith::MulIOp>(loc, q, cidx(k * W));
+    Value ahead = b.create<arith::AddIOp>(loc, slice, cidx(2 * k * W));
+    auto tiles = b.create<scf::ForOp>(loc, cidx(0), T, cidx(1));
+    b.setInsertionPointToStart(tiles.getBody());
+    // Tile t covers rows [t*Mb/T, (t+1)*Mb/T) of the block: R or R - 1 of them (fewer only when Mb < R).
+    Value t = tiles.getInductionVar();
+    Value first = b.create<arith::DivUIOp>(loc, b.create<arith::MulIOp>(loc, t, Mb), T);
+    Value next =
+        b.create<arith::DivUIOp>(loc, b.create<arith::MulIOp>(loc, b.create<arith::AddIOp>(loc, t, cidx(1)), Mb), T);
+    Value height = b.create<arith::SubIOp>(loc, next, first);
+    Value m0 = b.create<arith::AddIOp>(loc, mb, first);
+    for (int64_t r = R; r >= 1; --r) {
+      Value isR = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, height, cidx(r));
+      auto branch = b.create<scf::IfOp>(loc, isR, /*withElse=*/false);
+      OpBuilder::InsertionGuard inner(b);
+      b.setInsertionPointToStart(branch.thenBlock());
+      tileAt(r, m0, p, g, slice, ahead);
+    }
   }
   b.create<func::ReturnOp>(loc);
   return fn;
 }
 
-func::FuncOp getOrCreateGemmTask(ModuleOp module, int64_t n, int64_t k, bool withBias) {
-  std::string name = "lm_gemm_task_" + std::to_string(n) + "x" + std::to_string(k) + (withBias ? "_bias" : "");
+func::FuncOp getOrCreateGemmTask(ModuleOp module, int64_t n, int64_t k, bool withBias, GemmTile tile) {
+  std::string name = gemmName("lm_gemm_task_", n, k, withBias, tile);
   if (auto existing = module.lookupSymbol<func::FuncOp>(name))
     return existing;
-  func::FuncOp gemm = getOrCreateGemm(module, n, k, withBias);
+  func::FuncOp gemm = getOrCreateGemm(module, n, k, withBias, tile);
   MLIRContext *ctx = module.getContext();
   OpBuilder b(ctx);
   b.setInsertionPointToEnd(module.getBody());
@@ -206,7 +255,7 @@ func::FuncOp getOrCreateGemmTask(ModuleOp module, int64_t n, int64_t k, bool wit
   Block *entry = fn.addEntryBlock();
   b.setInsertionPointToStart(entry);
   auto slot = [&](int64_t i) -> Value {
-    Value at = b.create<LLVM::GEPOp>(loc, ptr, i64, entry->getArgument(0), ArrayRef<LLVM::GEPArg>{i});
+    Value at = b.create<LLVM::GEPOp>(loc, ptr, i64, entry->getArgument(0), ArrayRef<LLVM::GEPArg>{int32_t(i)});
     return b.create<LLVM::LoadOp>(loc, i64, at);
   };
   auto c64 = [&](int64_t v) -> Value { return b.create<LLVM::ConstantOp>(loc, i64, b.getI64IntegerAttr(v)); };
@@ -244,7 +293,8 @@ func::FuncOp getOrCreateGemmTask(ModuleOp module, int64_t n, int64_t k, bool wit
   return fn;
 }
 
-OwningOpRef<ModuleOp> buildGemmModule(MLIRContext &context, const std::vector<std::pair<int64_t, int64_t>> &shapes) {
+OwningOpRef<ModuleOp> buildGemmModule(MLIRContext &context, const std::vector<std::pair<int64_t, int64_t>> &shapes,
+                                      const std::vector<GemmTile> &tiles) {
   context.loadDialect<arith::ArithDialect, func::FuncDialect, memref::MemRefDialect, scf::SCFDialect,
                       vector::VectorDialect>();
   OpBuilder b(&context);
@@ -252,33 +302,36 @@ OwningOpRef<ModuleOp> buildGemmModule(MLIRContext &context, const std::vector<st
   OwningOpRef<ModuleOp> module = ModuleOp::create(loc);
   int64_t dyn = ShapedType::kDynamic;
   Type f32 = b.getF32Type();
-  for (auto [n, k] : shapes) {
-    func::FuncOp gemm = getOrCreateGemm(*module, n, k, /*withBias=*/false);
-    std::string suffix = std::to_string(n) + "x" + std::to_string(k);
-    auto pDyn = MemRefType::get({dyn, kPanel}, f32);
-    b.setInsertionPointToEnd(module->getBody());
-    auto pack = b.create<func::FuncOp>(loc, "lm_bench_pack_" + suffix,
-                                       b.getFunctionType({MemRefType::get({n, k}, f32), pDyn}, {}));
-    pack->setAttr("llvm.emit_c_interface", b.getUnitAttr());
-    b.setInsertionPointToStart(pack.addEntryBlock());
-    emitPack(b, loc, pack.getArgument(0), pack.getArgument(1), n, k);
-    b.create<func::ReturnOp>(loc);
-    b.setInsertionPointToEnd(module->getBody());
-    auto run = b.create<func::FuncOp>(
-        loc, "lm_bench_gemm_" + suffix,
-        b.getFunctionType({MemRefType::get({dyn, k}, f32), pDyn, MemRefType::get({dyn, dyn}, f32)}, {}));
-    run->setAttr("llvm.emit_c_interface", b.getUnitAttr());
-    b.setInsertionPointToStart(run.addEntryBlock());
-    auto pType = llvm::cast<MemRefType>(gemm.getArgumentTypes()[1]);
-    auto biasType = llvm::cast<MemRefType>(gemm.getArgumentTypes()[2]);
-    Value p = b.create<memref::CastOp>(loc, pType, run.getArgument(1));
-    Value unused = b.create<memref::AllocaOp>(loc, MemRefType::get({1}, f32));
-    Value bias = b.create<memref::CastOp>(loc, biasType, unused);
-    Value zero = b.create<arith::ConstantIndexOp>(loc, 0);
-    Value panels = b.create<arith::ConstantIndexOp>(loc, (n + kPanel - 1) / kPanel);
-    b.create<func::CallOp>(loc, gemm, ValueRange{run.getArgument(0), p, bias, run.getArgument(2), zero, panels, zero});
-    b.create<func::ReturnOp>(loc);
-  }
+  auto pDyn = MemRefType::get({dyn, kPanel}, f32);
+  for (auto [n, k] : shapes)
+    for (GemmTile tile : tiles) {
+      std::string suffix = std::to_string(n) + "x" + std::to_string(k) + "_" + std::to_string(tile.rows) + "x" +
+                           std::to_string(tile.cols());
+      b.setInsertionPointToEnd(module->getBody());
+      auto pack = b.create<func::FuncOp>(loc, "lm_bench_pack_" + suffix,
+                                         b.getFunctionType({MemRefType::get({n, k}, f32), pDyn}, {}));
+      pack->setAttr("llvm.emit_c_interface", b.getUnitAttr());
+      b.setInsertionPointToStart(pack.addEntryBlock());
+      emitPack(b, loc, pack.getArgument(0), pack.getArgument(1), n, k, tile);
+      b.create<func::ReturnOp>(loc);
+      func::FuncOp gemm = getOrCreateGemm(*module, n, k, /*withBias=*/false, tile);
+      b.setInsertionPointToEnd(module->getBody());
+      auto run = b.create<func::FuncOp>(
+          loc, "lm_bench_gemm_" + suffix,
+          b.getFunctionType({MemRefType::get({dyn, k}, f32), pDyn, MemRefType::get({dyn, dyn}, f32)}, {}));
+      run->setAttr("llvm.emit_c_interface", b.getUnitAttr());
+      b.setInsertionPointToStart(run.addEntryBlock());
+      auto pType = llvm::cast<MemRefType>(gemm.getArgumentTypes()[1]);
+      auto biasType = llvm::cast<MemRefType>(gemm.getArgumentTypes()[2]);
+      Value p = b.create<memref::CastOp>(loc, pType, run.getArgument(1));
+      Value unused = b.create<memref::AllocaOp>(loc, MemRefType::get({1}, f32));
+      Value bias = b.create<memref::CastOp>(loc, biasType, unused);
+      Value zero = b.create<arith::ConstantIndexOp>(loc, 0);
+      Value panels = b.create<arith::ConstantIndexOp>(loc, (n + kPanel - 1) / kPanel);
+      b.create<func::CallOp>(loc, gemm,
+                             ValueRange{run.getArgument(0), p, bias, run.getArgument(2), zero, panels, zero});
+      b.create<func::ReturnOp>(loc);
+    }
   return module;
 }
 

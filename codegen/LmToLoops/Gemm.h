@@ -13,8 +13,10 @@ namespace lmcc::codegen {
 /// Panel width of packed weights: output features are grouped 64 at a time.
 constexpr int64_t kPanel = 64;
 
-/// The packed form of a weight W [N, K] (stored [out, in]): panels of kPanel output
-/// features, P[p*K + k][j] = W[p*kPanel + j][k], zero past N; shape [ceil(N/64)*K, 64].
+/// The packed form of a weight W [N, K] (stored [out, in]): a [ceil(N/64)*K, 64] buffer holding panels of kPanel output
+/// features, zero past N. Inside panel p, the columns are stored in slices of the GEMM tile's width c
+/// (GemmTile::cols(), which divides 64), each slice K x c and contiguous: flat(P)[p*K*64 + (j/c)*K*c + k*c + j%c] =
+/// W[p*64 + j][k]. With c = 64 that is P[p*K + k][j].
 inline int64_t packedRows(int64_t n, int64_t k) { return (n + kPanel - 1) / kPanel * k; }
 
 /// The key under which a packed weight is laid out ("pack:" + its weight names).
@@ -26,35 +28,47 @@ struct PackedWeight {
   std::vector<std::string> names; ///< its tensors (several when stacked by lm.concat)
   int64_t n = 0, k = 0;           ///< [out, in]
 };
-/// Every weight of the module's lm.linear / lm.token_logprob ops that the generated GEMM
-/// can use (an lm.weight, or an lm.concat of them), each once.
+/// Every weight of the module's lm.linear / lm.token_logprob ops that the generated GEMM can use (an lm.weight, or an
+/// lm.concat of them), each once.
 std::vector<PackedWeight> packedWeights(mlir::ModuleOp lmModule);
 
-/// Emits, at the builder's point, loops that pack `weight` [N, K] into `packed`.
-void emitPack(mlir::OpBuilder &b, mlir::Location loc, mlir::Value weight, mlir::Value packed, int64_t n, int64_t k);
+/// The register tile of the generated GEMM: `rows` x (`vectors` x `lanes`) accumulators, sized to the target's vector
+/// registers (the tile must fit in them with room for B and the broadcast of A).
+struct GemmTile {
+  int64_t rows, vectors, lanes;
+  int64_t cols() const { return vectors * lanes; }
+  /// 512-bit registers (AVX-512, 32 of them): 5 x 64 in 20 zmm. 256-bit (AVX2, 16): 6 x 16 in 12 ymm.
+  static GemmTile forVectorBits(int64_t bits) { return bits >= 512 ? GemmTile{5, 4, 16} : GemmTile{6, 2, 8}; }
+};
 
-/// The generated GEMM for (N, K): C[m, (p - cBase)*64 + j] = sum_k A[m, k] P[p*K + k][j] (+ bias[p*64 + j])
-/// for panels p in [pBegin, pEnd) and p*64 + j < N. A register-tiled vector kernel: 5 rows x 64
-/// columns of accumulators (20 x vector<16xf32>) carried over k, B loaded as 4 vectors per k, A
-/// broadcast; remaining rows one at a time; partial panels by masked stores. Created once per shape.
-/// Arguments: (A memref<?xKxf32>, P memref<?x64xf32, strided<[64,1], offset:?>>, bias memref<?xf32,
-/// strided<[1], offset:?>> (ignored when !withBias), C memref<?x?xf32>, pBegin, pEnd, cBase: index).
-mlir::func::FuncOp getOrCreateGemm(mlir::ModuleOp module, int64_t n, int64_t k, bool withBias);
+/// Emits, at the builder's point, loops that pack `weight` [N, K] into `packed` for `tile`.
+void emitPack(mlir::OpBuilder &b, mlir::Location loc, mlir::Value weight, mlir::Value packed, int64_t n, int64_t k,
+              GemmTile tile);
 
-/// A task for lm_rt_parallel_for: `(ctx: !llvm.ptr, begin: i64, end: i64)` runs the GEMM above on panels
-/// [first + begin, first + end), panel `first` being C's column 0. ctx holds 8 i64 slots: A address, M,
-/// packed-weight address, packed rows, bias address (0 without bias), C address, C columns, first.
-/// Splitting panels never re-packs and never changes a result.
-mlir::func::FuncOp getOrCreateGemmTask(mlir::ModuleOp module, int64_t n, int64_t k, bool withBias);
+/// The generated GEMM for (N, K): C[m, (p - cBase)*64 + j] = sum_k A[m, k] W[p*64 + j][k] (+ bias[p*64 + j]) for panels
+/// p in [pBegin, pEnd) and p*64 + j < N (P packed for `tile`). A register-tiled vector kernel: `tile.rows` rows x
+/// tile.cols() columns of accumulators carried over k, B loaded as tile.vectors vectors per k, A broadcast; rows in
+/// blocks of about 128 KB of A, each cut into tiles of balanced heights; partial panels by masked stores. Every element is the same ordered FMA chain over k
+/// whatever the tile, so results do not depend on it. Created once per shape and tile. Arguments: (A memref<?xKxf32>, P
+/// memref<?x64xf32, strided<[64,1], offset:?>>, bias memref<?xf32, strided<[1], offset:?>> (ignored when !withBias), C
+/// memref<?x?xf32>, pBegin, pEnd, cBase: index).
+mlir::func::FuncOp getOrCreateGemm(mlir::ModuleOp module, int64_t n, int64_t k, bool withBias, GemmTile tile);
+
+/// A task for lm_rt_parallel_for: `(ctx: !llvm.ptr, begin: i64, end: i64)` runs the GEMM above on panels [first +
+/// begin, first + end), panel `first` being C's column 0. ctx holds 8 i64 slots: A address, M, packed-weight address,
+/// packed rows, bias address (0 without bias), C address, C columns, first. Splitting panels never re-packs and never
+/// changes a result.
+mlir::func::FuncOp getOrCreateGemmTask(mlir::ModuleOp module, int64_t n, int64_t k, bool withBias, GemmTile tile);
 
 } // namespace lmcc::codegen
 
 namespace lmcc::codegen {
 
-/// A module exporting, for every (N, K), `lm_bench_pack_<N>x<K>(W memref<NxK>, P memref<?x64>)` and
-/// `lm_bench_gemm_<N>x<K>(A memref<?xK>, P memref<?x64>, C memref<?x?>)` (C interface), for benchmarks
-/// and tests of the generated GEMM outside a model.
+/// A module exporting, for every (N, K) and tile, `lm_bench_pack_<N>x<K>_<rows>x<cols>(W memref<NxK>, P memref<?x64>)`
+/// and `lm_bench_gemm_<N>x<K>_<rows>x<cols>(A memref<?xK>, P memref<?x64>, C memref<?x?>)` (C interface), for
+/// benchmarks and tests of the generated GEMM outside a model.
 mlir::OwningOpRef<mlir::ModuleOp> buildGemmModule(mlir::MLIRContext &context,
-                                                  const std::vector<std::pair<int64_t, int64_t>> &shapes);
+                                                  const std::vector<std::pair<int64_t, int64_t>> &shapes,
+                                                  const std::vector<GemmTile> &tiles);
 
 } // namespace lmcc::codegen

@@ -38,8 +38,9 @@ namespace {
 
 class KernelGen {
 public:
-  KernelGen(MLIRContext *ctx, const ModelSpec &spec, const std::map<std::string, int64_t> &offsets)
-      : b(ctx), loc(b.getUnknownLoc()), spec(spec), offsets(offsets) {}
+  KernelGen(MLIRContext *ctx, const ModelSpec &spec, const std::map<std::string, int64_t> &offsets,
+            GemmTile tile)
+      : b(ctx), loc(b.getUnknownLoc()), spec(spec), offsets(offsets), tile(tile) {}
 
   OwningOpRef<ModuleOp> run(ModuleOp lm) {
     OwningOpRef<ModuleOp> out = ModuleOp::create(loc);
@@ -282,7 +283,7 @@ private:
       if (dst == offsets.end() || src == offsets.end())
         continue;
       emitPack(b, loc, tableView(src->second, {p.n, p.k}), tableView(dst->second, {packedRows(p.n, p.k), kPanel}),
-               p.n, p.k);
+               p.n, p.k, tile);
     }
     for (auto fold : lm.getOps<func::FuncOp>()) {
       if (!fold->hasAttr("lm.fold"))
@@ -588,7 +589,7 @@ private:
   /// product. The task rebuilds its operands from the 8 addresses and sizes of a ctx array.
   void parallelGemm(Value weight, int64_t n, int64_t k, Value inputAddress, Value rows, Value bias, Value outAddress,
                     Value cols, Value first, Value panels) {
-    func::FuncOp task = getOrCreateGemmTask(outModule, n, k, bool(bias));
+    func::FuncOp task = getOrCreateGemmTask(outModule, n, k, bool(bias), tile);
     Value biasAddress = bias ? address(in(bias)) : i64c(0);
     Value ctx = b.create<memref::AllocaOp>(loc, MemRefType::get({8}, b.getI64Type()));
     auto i64 = [&](Value index) { return b.create<arith::IndexCastOp>(loc, b.getI64Type(), index); };
@@ -1369,6 +1370,7 @@ private:
   Location loc;
   const ModelSpec &spec;
   const std::map<std::string, int64_t> &offsets;
+  GemmTile tile; ///< register tile of the generated GEMMs, chosen for the target
   // per kernel
   Value weights, lengths, B, N;
   Value copyOwner; ///< inside lm.masked_batch: the sentence of every copy [C] (i32)
@@ -1383,11 +1385,11 @@ private:
 } // namespace
 
 OwningOpRef<ModuleOp> lowerToLoops(ModuleOp lmModule, const ModelSpec &spec,
-                                   const std::map<std::string, int64_t> &weightOffsets) {
+                                   const std::map<std::string, int64_t> &weightOffsets, GemmTile tile) {
   MLIRContext *ctx = lmModule.getContext();
   ctx->loadDialect<arith::ArithDialect, func::FuncDialect, math::MathDialect, memref::MemRefDialect,
                    scf::SCFDialect, vector::VectorDialect, LLVM::LLVMDialect>();
-  return KernelGen(ctx, spec, weightOffsets).run(lmModule);
+  return KernelGen(ctx, spec, weightOffsets, tile).run(lmModule);
 }
 
 OwningOpRef<ModuleOp> buildAttentionModule(MLIRContext &context, lm::MaskKind mask, int64_t heads, int64_t dModel) {
@@ -1410,7 +1412,7 @@ OwningOpRef<ModuleOp> buildAttentionModule(MLIRContext &context, lm::MaskKind ma
   b.create<func::ReturnOp>(loc, attention.getResult());
   static const ModelSpec noSpec;
   static const std::map<std::string, int64_t> noOffsets;
-  return KernelGen(&context, noSpec, noOffsets).attentionOnly(fn, attention);
+  return KernelGen(&context, noSpec, noOffsets, GemmTile::forVectorBits(512)).attentionOnly(fn, attention);
 }
 
 } // namespace lmcc::codegen

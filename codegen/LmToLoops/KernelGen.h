@@ -1,6 +1,7 @@
 //===- KernelGen.h - lm IR -> buffer-level loop nests (scf/memref/arith/math) ===//
 #pragma once
 
+#include "codegen/LmToLoops/Gemm.h"
 #include "dialect/LmDialect.h"
 #include "frontend/Spec.h"
 
@@ -19,10 +20,10 @@ namespace lmcc::codegen {
 /// views at static offsets (`weightOffsets`) into one flat buffer; linear layers
 /// call the runtime GEMM `lm_rt_sgemm_nt`; everything else (embeddings, norms,
 /// activations, attention, log-softmax, scores) becomes loop nests specialized to
-/// the model's constants. Returns null and reports through the context's
-/// diagnostics when an op cannot be lowered.
+/// the model's constants; the generated GEMMs use `tile` (GemmTile::forVectorBits of the target).
+/// Returns null and reports through the context's diagnostics when an op cannot be lowered.
 mlir::OwningOpRef<mlir::ModuleOp> lowerToLoops(mlir::ModuleOp lmModule, const ModelSpec &spec,
-                                               const std::map<std::string, int64_t> &weightOffsets);
+                                               const std::map<std::string, int64_t> &weightOffsets, GemmTile tile);
 
 /// A module with the single kernel `attention_kernel(q, k, v [B, N, d_model], lengths [B], out [B, N, d_model])`
 /// (C interface): lm.attention with `mask` (none, causal, anticausal or diagonal), as the model kernels lower it.

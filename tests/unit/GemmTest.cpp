@@ -1,5 +1,5 @@
-// The generated GEMM (codegen/LmToLoops/Gemm.cpp) against a naive loop: odd shapes,
-// N not a multiple of the 64-wide panel, every M from 1 to 70, weights packed once.
+// The generated GEMM (codegen/LmToLoops/Gemm.cpp) against a naive loop: odd shapes, N not a multiple of the 64-wide
+// panel, every M from 1 to 70, weights packed once, in both register tiles (bit-identical to each other).
 #include "codegen/Emit/Object.h"
 #include "codegen/LmToLoops/Gemm.h"
 
@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <random>
 
@@ -24,19 +25,25 @@ MemRef<2> view(float *p, int64_t rows, int64_t cols) { return {p, p, 0, {rows, c
 using PackFn = void (*)(MemRef<2> *, MemRef<2> *);
 using GemmFn = void (*)(MemRef<2> *, MemRef<2> *, MemRef<2> *);
 
-// (N, K): the panel edge cases and the shapes of the tiny test models.
-// Odd shapes, then every (N, K) of the bundled models (T-TA/biLM/uniLM paper size: projections, stacked K/V,
-// FFN, vocabulary; BERT-base). Shapes packing to more than 1 MiB take the prefetching kernel.
+// (N, K): the panel edge cases and the shapes of the tiny test models. Odd shapes, then every (N, K) of the bundled
+// models (T-TA/biLM/uniLM paper size: projections, stacked K/V, FFN, vocabulary; BERT-base). Shapes packing to more
+// than 1 MiB take the prefetching kernel.
 const std::vector<std::pair<int64_t, int64_t>> kShapes = {
-    {1, 5},     {16, 7},    {63, 33},   {64, 8},    {65, 19},   {67, 30},   {130, 17},   {30, 46},
-    {120, 30},  {4133, 71}, {512, 512}, {1536, 512}, {3072, 512}, {2048, 512}, {512, 2048}, {30522, 512},
-    {768, 768}, {2304, 768}, {3072, 768}, {768, 3072}, {30522, 768}};
+    {1, 5},      {16, 7},      {63, 33},   {64, 8},     {65, 19},    {67, 30},    {130, 17},
+    {30, 46},    {120, 30},    {4133, 71}, {512, 512},  {1536, 512}, {3072, 512}, {2048, 512},
+    {512, 2048}, {30522, 512}, {768, 768}, {2304, 768}, {3072, 768}, {768, 3072}, {30522, 768}};
+
+// Both register tiles run on any x86-64 with AVX2 (512-bit vectors are split in two there).
+const std::vector<lmcc::codegen::GemmTile> kTiles = {lmcc::codegen::GemmTile::forVectorBits(512),
+                                                     lmcc::codegen::GemmTile::forVectorBits(256)};
+std::string tileSuffix(lmcc::codegen::GemmTile t) { return std::to_string(t.rows) + "x" + std::to_string(t.cols()); }
 
 class GemmTest : public ::testing::Test {
 protected:
-  static void SetUpTestSuite() {
+  // Built from the test body, not SetUpTestSuite: a failure there would show as a skipped test.
+  static void build() {
     mlir::MLIRContext context;
-    auto module = lmcc::codegen::buildGemmModule(context, kShapes);
+    auto module = lmcc::codegen::buildGemmModule(context, kShapes, kTiles);
     ASSERT_TRUE(mlir::succeeded(lmcc::codegen::lowerToLLVMDialect(*module)));
     dir = std::filesystem::temp_directory_path() / ("lmcc-gemm-test-" + std::to_string(::getpid()));
     std::filesystem::create_directories(dir);
@@ -59,40 +66,67 @@ protected:
 };
 
 TEST_F(GemmTest, MatchesNaiveProductForEveryRowCount) {
+  ASSERT_NO_FATAL_FAILURE(build());
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> u(-1, 1);
   for (auto [n, k] : kShapes) {
-    std::string suffix = std::to_string(n) + "x" + std::to_string(k);
-    auto pack = symbol<PackFn>("lm_bench_pack_" + suffix);
-    auto gemm = symbol<GemmFn>("lm_bench_gemm_" + suffix);
-    ASSERT_TRUE(pack && gemm) << suffix;
+    std::string shape = std::to_string(n) + "x" + std::to_string(k);
     std::vector<float> w(n * k);
     for (float &x : w)
       x = u(rng);
+    // Each tile packs W in its own slice order (Gemm.h).
     int64_t rows = lmcc::codegen::packedRows(n, k);
-    std::vector<float> packed(rows * lmcc::codegen::kPanel, 7.0f);
-    MemRef<2> wm = view(w.data(), n, k), pm = view(packed.data(), rows, lmcc::codegen::kPanel);
-    pack(&wm, &pm);
+    std::vector<std::vector<float>> packed;
+    std::vector<GemmFn> gemms;
+    for (auto tile : kTiles) {
+      auto pack = symbol<PackFn>("lm_bench_pack_" + shape + "_" + tileSuffix(tile));
+      auto gemm = symbol<GemmFn>("lm_bench_gemm_" + shape + "_" + tileSuffix(tile));
+      ASSERT_TRUE(pack && gemm) << shape << " " << tileSuffix(tile);
+      packed.emplace_back(rows * lmcc::codegen::kPanel, 7.0f);
+      MemRef<2> wm = view(w.data(), n, k), pm = view(packed.back().data(), rows, lmcc::codegen::kPanel);
+      pack(&wm, &pm);
+      gemms.push_back(gemm);
+    }
     bool large = n * k > 100000;
     for (int64_t m = 1; m <= 70; m += large ? 23 : 1) {
       std::vector<float> a(m * k);
       for (float &x : a)
         x = u(rng);
       const float sentinel = 1234.5f;
-      std::vector<float> c(m * n + 3, sentinel); // 3 floats past the end must stay untouched
-      MemRef<2> am = view(a.data(), m, k), cm = view(c.data(), m, n);
-      gemm(&am, &pm, &cm);
+      MemRef<2> am = view(a.data(), m, k);
+      std::vector<std::vector<float>> c;
+      for (size_t t = 0; t < kTiles.size(); ++t) {
+        c.emplace_back(m * n + 3, sentinel); // 3 floats past the end must stay untouched
+        MemRef<2> pm = view(packed[t].data(), rows, lmcc::codegen::kPanel), cm = view(c[t].data(), m, n);
+        gemms[t](&am, &pm, &cm);
+        for (int x = 0; x < 3; ++x)
+          ASSERT_EQ(c[t][m * n + x], sentinel)
+              << shape << " " << tileSuffix(kTiles[t]) << " m=" << m << ": written past C";
+      }
       for (int64_t i = 0; i < m; ++i)
         for (int64_t j = 0; j < n; ++j) {
           double ref = 0;
           for (int64_t kk = 0; kk < k; ++kk)
             ref += double(a[i * k + kk]) * w[j * k + kk];
-          ASSERT_NEAR(c[i * n + j], ref, 1e-4 * (1 + std::fabs(ref))) << suffix << " m=" << m << " [" << i << "," << j << "]";
+          ASSERT_NEAR(c[0][i * n + j], ref, 1e-4 * (1 + std::fabs(ref)))
+              << shape << " m=" << m << " [" << i << "," << j << "]";
         }
-      for (int x = 0; x < 3; ++x)
-        ASSERT_EQ(c[m * n + x], sentinel) << suffix << " m=" << m << ": written past C";
+      // Every tile computes the same ordered FMA chain per element: bit-identical results.
+      for (size_t t = 1; t < kTiles.size(); ++t)
+        ASSERT_EQ(0, std::memcmp(c[0].data(), c[t].data(), c[0].size() * sizeof(float)))
+            << shape << " " << tileSuffix(kTiles[t]) << " m=" << m;
     }
   }
+}
+
+// The tile follows the target's vector registers, for named CPUs as for the host.
+TEST(GemmTile, FollowsTheTargetsVectorWidth) {
+  EXPECT_EQ(lmcc::codegen::targetVectorBits("skylake-avx512"), 512);
+  EXPECT_EQ(lmcc::codegen::targetVectorBits("znver4"), 512);
+  EXPECT_EQ(lmcc::codegen::targetVectorBits("znver3"), 256);
+  EXPECT_EQ(lmcc::codegen::targetVectorBits("haswell"), 256);
+  EXPECT_EQ(lmcc::codegen::GemmTile::forVectorBits(512).cols(), 64);
+  EXPECT_EQ(lmcc::codegen::GemmTile::forVectorBits(256).cols(), 16);
 }
 
 } // namespace
