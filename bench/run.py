@@ -200,10 +200,12 @@ def gbench_results(data):
     return out
 
 
-def run_kernel_bench(quick, out_json):
+def run_kernel_bench(quick, out_json, machine_only=False):
     args = [BUILD / "bench" / "kernel_bench", "--benchmark_format=json", "--benchmark_out=%s" % out_json,
             "--benchmark_out_format=json"]
-    if quick:
+    if machine_only:
+        args += ["--benchmark_min_time=0.3", "--benchmark_repetitions=3", "--benchmark_filter=machine"]
+    elif quick:
         args += ["--benchmark_min_time=0.1", "--benchmark_filter=machine|gemm/generated|attention/.*/n:128/batch:1"]
     else:
         args += ["--benchmark_min_time=0.3", "--benchmark_repetitions=3"]
@@ -218,6 +220,12 @@ def machine_limits(kernels):
         lim[("peak", t)] = kernels["machine/peak/threads:%d/real_time" % t]["GFLOPs"] * 1e9
         lim[("bw", t)] = kernels["machine/read_bw/threads:%d/real_time" % t]["GBs"] * 1e9
     return lim
+
+
+def combine_limits(start, end):
+    """The machine's limits are what it can reach: the larger of the measurements at the start and the end
+    of a run (a machine busy with something else at one of them measures low)."""
+    return {k: max(start[k], end[k]) for k in start}
 
 
 def run_model_bench(ws, points, limits, quick, est_limit):
@@ -350,7 +358,13 @@ def fmt_ms(r):
     return "%.2f" % (r["median"] * 1e3) + (" ±%.0f%%" % (100 * r["cv"]) if r.get("samples", 1) > 1 else " (1)")
 
 
-def machine_text(limits):
+def limits_text(limits):
+    return ("FP32 FMA peak %.1f GFLOP/s (1 thread), %.1f GFLOP/s (2 threads); read bandwidth %.1f GB/s (1 thread), "
+            "%.1f GB/s (2 threads)" % (limits[("peak", 1)] / 1e9, limits[("peak", 2)] / 1e9, limits[("bw", 1)] / 1e9,
+                                        limits[("bw", 2)] / 1e9))
+
+
+def machine_text(limits, start=None, end=None, end_note="at its end"):
     cpu = "unknown CPU"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -359,10 +373,16 @@ def machine_text(limits):
                 break
     except OSError:
         pass
-    return ("%s, %d cores visible, Linux %s. Measured in this run: FP32 FMA peak %.1f GFLOP/s (1 thread), "
-            "%.1f GFLOP/s (2 threads); read bandwidth %.1f GB/s (1 thread), %.1f GB/s (2 threads)."
-            % (cpu, os.cpu_count(), platform.release(), limits[("peak", 1)] / 1e9, limits[("peak", 2)] / 1e9,
-               limits[("bw", 1)] / 1e9, limits[("bw", 2)] / 1e9))
+    text = "%s, %d cores visible, Linux %s. " % (cpu, os.cpu_count(), platform.release())
+    if start is None or end is None:
+        return text + "Measured in this run: %s." % limits_text(limits)
+    text += ("Measured at the start of this run: %s; %s: %s. Bounds use the larger of the two: %s."
+             % (limits_text(start), end_note, limits_text(end), limits_text(limits)))
+    low = max(1 - start[k] / limits[k] for k in limits)
+    if low > 0.1:
+        text += (" One measurement came out %.0f%% below the other: the machine was busy with something else for part "
+                 "of the run, which slows any timing taken then." % (100 * low))
+    return text
 
 
 def weight_bytes(ws, model, entry):
@@ -382,12 +402,12 @@ def weight_bytes(ws, model, entry):
     return total
 
 
-def write_report(ws, date, quick, limits, kernels, points, lmcc, peer, out_dir, versions, wall):
+def write_report(ws, date, quick, limits, kernels, points, lmcc, peer, out_dir, versions, wall, machine):
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = date + ("-quick" if quick else "")
     md = ["# lmcc benchmarks, %s%s" % (date, " (--quick)" if quick else ""), "",
           "Command: `scripts/bench.sh%s` (%.0f s wall). %s" % (" --quick" if quick else "", wall, versions), "",
-          "Machine: " + machine_text(limits), "",
+          "Machine: " + machine, "",
           "Times are medians in milliseconds per call (± the spread: population standard deviation over the samples "
           "as a percentage of the median; `(1)` = one sample). `bound` is the roofline bound of that call: "
           "max(FLOPs / peak, weight bytes / read bandwidth) with the call's own pipeline FLOPs (`lmcc compile --stats`) "
@@ -404,7 +424,7 @@ def write_report(ws, date, quick, limits, kernels, points, lmcc, peer, out_dir, 
            "lmcc speedup | peers (ms) | max diff |", "|" + "---|" * 14]
     speedups = []
     for p in points:
-        if p.variant != "opt" or p.model == "bert" and False:
+        if p.variant != "opt":
             continue
         r = lmcc.get(p.name)
         if r is None:
@@ -594,6 +614,25 @@ def make_plots(ws, points, lmcc, peer, limits, out_dir, stem, bound):
     return files
 
 
+def report_from(args):
+    """Writes the report of an earlier run from its raw.json (the machine's limits re-measured now)."""
+    raw = json.loads(Path(args.report_from).read_text())
+    start = {(k.split("/")[0], int(k.split("/")[1])): v for k, v in raw["limits"].items()}
+    if "limits_end" in raw:
+        end, note = {(k.split("/")[0], int(k.split("/")[1])): v for k, v in raw["limits_end"].items()}, "at its end"
+    else:
+        log("re-measuring the machine's limits")
+        end = machine_limits(run_kernel_bench(False, Path(args.work) / "kernel_bench-end.json", machine_only=True))
+        note = "re-measured when this report was written from the run's raw results"
+    limits = combine_limits(start, end)
+    meta = raw["meta"]
+    ws = Workspace(args.work)
+    path = write_report(ws, meta["date"], meta["quick"], limits, raw["kernels"], make_plan(meta["quick"]), raw["lmcc"],
+                        raw["peers"], Path(args.out), meta["versions"], meta["wall"],
+                        machine_text(limits, start, end, note))
+    log("wrote %s" % path)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="n = 20, batch 1, 1 thread, short runs (< 3 minutes)")
@@ -603,7 +642,11 @@ def main():
     ap.add_argument("--no-peers", action="store_true", help="lmcc only")
     ap.add_argument("--max-call", type=float, default=None,
                     help="skip calls estimated longer than this many seconds (default 60, quick 5)")
+    ap.add_argument("--report-from", metavar="RAW_JSON",
+                    help="only write the report of an earlier run from its raw.json (in --work)")
     args = ap.parse_args()
+    if args.report_from:
+        return report_from(args)
     start = time.time()
     est_limit = args.max_call or (5.0 if args.quick else 60.0)
     ws = Workspace(args.work)
@@ -625,11 +668,16 @@ def main():
         import torch
         versions += ", PyTorch %s (PyPI wheel, CPU)" % torch.__version__ + ", ONNX Runtime %s (PyPI)" % onnxruntime.__version__
         peer = run_peers(ws, points, lmcc, args.quick, est_limit)
-    (ws.work / "raw.json").write_text(json.dumps({"limits": {"%s/%d" % k: v for k, v in limits.items()},
-                                                  "kernels": kernels, "lmcc": lmcc, "peers": peer}, default=str,
-                                                 indent=1))
-    path = write_report(ws, date, args.quick, limits, kernels, points, lmcc, peer, Path(args.out), versions,
-                        time.time() - start)
+    log("kernel_bench (machine limits again, at the end)")
+    end = machine_limits(run_kernel_bench(args.quick, ws.work / "kernel_bench-end.json", machine_only=True))
+    wall = time.time() - start
+    (ws.work / "raw.json").write_text(json.dumps({
+        "limits": {"%s/%d" % k: v for k, v in limits.items()}, "limits_end": {"%s/%d" % k: v for k, v in end.items()},
+        "kernels": kernels, "lmcc": lmcc, "peers": peer,
+        "meta": {"date": date, "quick": args.quick, "versions": versions, "wall": wall}}, default=str, indent=1))
+    machine = machine_text(combine_limits(limits, end), limits, end)
+    path = write_report(ws, date, args.quick, combine_limits(limits, end), kernels, points, lmcc, peer,
+                        Path(args.out), versions, wall, machine)
     log("wrote %s (%.0f s)" % (path, time.time() - start))
 
 
