@@ -675,9 +675,9 @@ def main():
         "limits": {"%s/%d" % k: v for k, v in limits.items()}, "limits_end": {"%s/%d" % k: v for k, v in end.items()},
         "kernels": kernels, "lmcc": lmcc, "peers": peer,
         "meta": {"date": date, "quick": args.quick, "versions": versions, "wall": wall}}, default=str, indent=1))
-    machine = machine_text(combine_limits(limits, end), limits, end)
-    path = write_report(ws, date, args.quick, combine_limits(limits, end), kernels, points, lmcc, peer,
-                        Path(args.out), versions, wall, machine)
+    used = combine_limits(limits, end)
+    path = write_report(ws, date, args.quick, used, kernels, points, lmcc, peer,
+                        Path(args.out), versions, wall, machine_text(used, limits, end))
     log("wrote %s (%.0f s)" % (path, time.time() - start))
 
 

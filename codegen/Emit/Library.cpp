@@ -239,7 +239,8 @@ std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options)
     return "--embed-weights needs --weights";
   }
 
-  mlir::OwningOpRef<mlir::ModuleOp> loops = lowerToLoops(*lm, spec, offsetByName, GemmTile::forVectorBits(targetVectorBits(options.cpu)));
+  GemmTile tile = GemmTile::forVectorBits(targetVectorBits(options.cpu));
+  mlir::OwningOpRef<mlir::ModuleOp> loops = lowerToLoops(*lm, spec, offsetByName, tile);
   if (!loops)
     return "cannot lower the model to loops:\n" + diagnostics;
   dump(options.dumpDir, "90-loops.mlir", *loops);

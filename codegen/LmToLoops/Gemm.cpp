@@ -158,8 +158,8 @@ func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBia
       Value kW = b.create<arith::MulIOp>(loc, kv, cidx(W));
       Value at = b.create<arith::AddIOp>(loc, slice, kW);
       if (prefetch) {
-        // Streamed from memory when W is larger than the caches (the vocabulary projection). Past the end, clamped to
-        // the last float.
+        // Streamed from memory when the weight is larger than the caches (the vocabulary projection). Past the end,
+        // clamped to the last float.
         Value target = b.create<arith::MinSIOp>(loc, b.create<arith::AddIOp>(loc, ahead, kW), lastFloat);
         b.create<memref::PrefetchOp>(loc, flatP, ValueRange{target},
                                      /*isWrite=*/false, /*localityHint=*/3,
@@ -220,7 +220,7 @@ func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBia
     Value ahead = b.create<arith::AddIOp>(loc, slice, cidx(2 * k * W));
     auto tiles = b.create<scf::ForOp>(loc, cidx(0), T, cidx(1));
     b.setInsertionPointToStart(tiles.getBody());
-    // Tile t covers rows [t*Mb/T, (t+1)*Mb/T) of the block: R or R - 1 of them (fewer only when Mb < R).
+    // Tile t covers rows [t*Mb/T, (t+1)*Mb/T) of the block: floor(Mb/T) or ceil(Mb/T) of them, never more than R.
     Value t = tiles.getInductionVar();
     Value first = b.create<arith::DivUIOp>(loc, b.create<arith::MulIOp>(loc, t, Mb), T);
     Value next =

@@ -48,10 +48,10 @@ void emitPack(mlir::OpBuilder &b, mlir::Location loc, mlir::Value weight, mlir::
 /// The generated GEMM for (N, K): C[m, (p - cBase)*64 + j] = sum_k A[m, k] W[p*64 + j][k] (+ bias[p*64 + j]) for panels
 /// p in [pBegin, pEnd) and p*64 + j < N (P packed for `tile`). A register-tiled vector kernel: `tile.rows` rows x
 /// tile.cols() columns of accumulators carried over k, B loaded as tile.vectors vectors per k, A broadcast; rows in
-/// blocks of about 128 KB of A, each cut into tiles of balanced heights; partial panels by masked stores. Every element is the same ordered FMA chain over k
-/// whatever the tile, so results do not depend on it. Created once per shape and tile. Arguments: (A memref<?xKxf32>, P
-/// memref<?x64xf32, strided<[64,1], offset:?>>, bias memref<?xf32, strided<[1], offset:?>> (ignored when !withBias), C
-/// memref<?x?xf32>, pBegin, pEnd, cBase: index).
+/// blocks of about 128 KB of A, each cut into tiles of balanced heights; partial panels by masked stores. Every
+/// element is the same ordered FMA chain over k whatever the tile, so results do not depend on it. Created once per
+/// shape and tile. Arguments: (A memref<?xKxf32>, P memref<?x64xf32, strided<[64,1], offset:?>>, bias memref<?xf32,
+/// strided<[1], offset:?>> (ignored when !withBias), C memref<?x?xf32>, pBegin, pEnd, cBase: index).
 mlir::func::FuncOp getOrCreateGemm(mlir::ModuleOp module, int64_t n, int64_t k, bool withBias, GemmTile tile);
 
 /// A task for lm_rt_parallel_for: `(ctx: !llvm.ptr, begin: i64, end: i64)` runs the GEMM above on panels [first +

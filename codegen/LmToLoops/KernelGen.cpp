@@ -38,8 +38,7 @@ namespace {
 
 class KernelGen {
 public:
-  KernelGen(MLIRContext *ctx, const ModelSpec &spec, const std::map<std::string, int64_t> &offsets,
-            GemmTile tile)
+  KernelGen(MLIRContext *ctx, const ModelSpec &spec, const std::map<std::string, int64_t> &offsets, GemmTile tile)
       : b(ctx), loc(b.getUnknownLoc()), spec(spec), offsets(offsets), tile(tile) {}
 
   OwningOpRef<ModuleOp> run(ModuleOp lm) {
