@@ -16,7 +16,7 @@
 //===----------------------------------------------------------------------===//
 #include "codegen/Emit/Object.h"
 #include "codegen/LmToLoops/Gemm.h"
-#include "codegen/LmToLoops/KernelGen.h"
+#include "codegen/LmToLoops/Lowering.h"
 
 #include "mlir/IR/MLIRContext.h"
 

@@ -23,4 +23,21 @@ def Lm_MaskAttr : EnumAttr<Lm_Dialect, Lm_MaskKind, "mask"> {
   let assemblyFormat = "`<` $value `>`";
 }
 
+// What the lowering, the C glue and the generated header need to know about the model,
+// set by MLIRGen on the module as `lm.model`, so that codegen reads the IR and never the spec.
+def Lm_ModelAttr : AttrDef<Lm_Dialect, "Model"> {
+  let mnemonic = "model";
+  let summary = "the model's name, dimensions and special token ids";
+  let description = [{
+    ```mlir
+    module @tiny attributes {lm.model = #lm.model<name = "tiny", vocab = 67, max_len = 24, d_model = 30,
+        heads = 3, d_ff = 46, layers = 2, pad = 0, eos = 1, unk = 2, bos = 3, mask = 4>} { ... }
+    ```
+  }];
+  let parameters = (ins StringRefParameter<"C identifier of the model">:$name, "int64_t":$vocab, "int64_t":$max_len,
+                        "int64_t":$d_model, "int64_t":$heads, "int64_t":$d_ff, "int64_t":$layers, "int64_t":$pad,
+                        "int64_t":$eos, "int64_t":$unk, "int64_t":$bos, "int64_t":$mask);
+  let assemblyFormat = "`<` struct(params) `>`";
+}
+
 #endif // LM_ATTRS_TD

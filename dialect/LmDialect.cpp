@@ -2,6 +2,7 @@
 #include "dialect/LmDialect.h"
 
 #include "mlir/IR/DialectImplementation.h"
+#include "mlir/Interfaces/FunctionInterfaces.h"
 #include "llvm/ADT/TypeSwitch.h"
 
 using namespace mlir;
@@ -21,4 +22,27 @@ void LmDialect::initialize() {
 #define GET_ATTRDEF_LIST
 #include "dialect/LmAttrs.cpp.inc"
       >();
+}
+
+/// The discardable `lm.*` attributes are declared in LmDialect.td; any other `lm.` name, or a declared one
+/// with the wrong kind of value or on the wrong kind of op, is an error.
+LogicalResult LmDialect::verifyOperationAttribute(Operation *op, NamedAttribute attribute) {
+  StringRef name = attribute.getName().strref();
+  Attribute value = attribute.getValue();
+  auto expect = [&](bool ok, StringRef what) -> LogicalResult {
+    if (ok)
+      return success();
+    return op->emitError("attribute '") << name << "' must be " << what << ", got " << value;
+  };
+  if (name == ModelAttrHelper::getNameStr())
+    return expect(isa<ModelAttr>(value) && isa<ModuleOp>(op), "a #lm.model<...> on a module");
+  if (name == FamilyAttrHelper::getNameStr())
+    return expect(isa<StringAttr>(value) && isa<ModuleOp>(op), "a string on a module");
+  if (name == SpecHashAttrHelper::getNameStr())
+    return expect(isa<StringAttr>(value) && isa<ModuleOp>(op), "a string on a module");
+  if (name == MethodAttrHelper::getNameStr())
+    return expect(isa<StringAttr>(value) && isa<FunctionOpInterface>(op), "a string on a function");
+  if (name == FoldAttrHelper::getNameStr())
+    return expect(isa<UnitAttr>(value) && isa<FunctionOpInterface>(op), "a unit attribute on a function");
+  return op->emitError("unknown lm dialect attribute '") << name << "'";
 }

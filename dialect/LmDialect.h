@@ -12,11 +12,13 @@
 #include "mlir/Interfaces/InferTypeOpInterface.h"
 #include "mlir/Interfaces/SideEffectInterfaces.h"
 
-#include "dialect/LmDialect.h.inc"
 #include "dialect/LmEnums.h.inc"
 
 #define GET_ATTRDEF_CLASSES
 #include "dialect/LmAttrs.h.inc"
+
+// After the attributes: the dialect's discardable-attribute helpers name lm::ModelAttr.
+#include "dialect/LmDialect.h.inc"
 
 #define GET_OP_CLASSES
 #include "dialect/LmOps.h.inc"

@@ -19,6 +19,19 @@ def Lm_Dialect : Dialect {
     every op is the function of the same name in runtime/reference/Ops.h.
   }];
   let useDefaultAttributePrinterParser = 1;
+  // Discardable attributes lmcc puts on modules and functions (verified by verifyOperationAttribute):
+  //   lm.model (module): #lm.model<...>, the model facts codegen and the header read;
+  //   lm.family, lm.spec_hash (module): the spec's family and specHash();
+  //   lm.method (the score entry point): how the score is computed (causal, mask-and-predict, single-pass);
+  //   lm.fold (a private function made by lm-fold-constants): evaluated once at load time.
+  let discardableAttrs = (ins
+    "::lmcc::lm::ModelAttr":$model,
+    "::mlir::StringAttr":$family,
+    "::mlir::StringAttr":$spec_hash,
+    "::mlir::StringAttr":$method,
+    "::mlir::UnitAttr":$fold
+  );
+  let hasOperationAttrVerify = 1;
   let dependentDialects = ["::mlir::func::FuncDialect", "::mlir::tensor::TensorDialect"];
 }
 

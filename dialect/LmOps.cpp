@@ -269,6 +269,7 @@ LogicalResult AttentionOp::verify() {
 LogicalResult GatherOp::verify() {
   if (failed(expectRank(*this, "logprobs [B, N, V]", getLogprobs(), 3)) ||
       failed(expectRank(*this, "targets [B, N]", getTargets(), 2)) ||
+      failed(expectRank(*this, "lengths [B]", getLengths(), 1)) ||
       failed(expectRank(*this, "result [B, N]", getResult(), 2)))
     return failure();
   if (int64_t(getShift()) < 0)
@@ -284,6 +285,7 @@ LogicalResult TokenLogprobOp::verify() {
   if (failed(expectRank(*this, "hidden [B, N, D]", getHidden(), 3)) ||
       failed(expectRank(*this, "weight [V, D]", getWeight(), 2)) ||
       failed(expectRank(*this, "targets [B, N]", getTargets(), 2)) ||
+      failed(expectRank(*this, "lengths [B]", getLengths(), 1)) ||
       failed(expectRank(*this, "result [B, N]", getResult(), 2)))
     return failure();
   if (int64_t(getShift()) < 0)
@@ -345,11 +347,11 @@ LogicalResult MaskedBatchOp::verify() {
     return emitOpError("mask_token must be a token id >= 0");
   Block &block = getBody().front();
   auto ids = getIds().getType(), lengths = getLengths().getType();
-  if (block.getNumArguments() != 4 || block.getArgument(0).getType() != ids ||
+  if (block.getNumArguments() != 5 || block.getArgument(0).getType() != ids ||
       block.getArgument(1).getType() != lengths || block.getArgument(2).getType() != ids ||
-      block.getArgument(3).getType() != lengths)
+      block.getArgument(3).getType() != lengths || block.getArgument(4).getType() != lengths)
     return emitOpError("the body takes (copies ") << ids << ", copy lengths " << lengths << ", targets " << ids
-                                                  << ", positions " << lengths << ")";
+                                                  << ", positions " << lengths << ", owners " << lengths << ")";
   auto yield = llvm::dyn_cast<YieldOp>(block.getTerminator());
   if (!yield)
     return emitOpError("the body must end with lm.yield");
@@ -383,6 +385,8 @@ LogicalResult SpliceCopiesOp::verify() {
   for (int64_t i = 1; i < result.getRank(); ++i)
     if (!compatible(result.getDimSize(i), sentence.getDimSize(i)))
       return emitOpError("dim ") << i << " differs between the shared rows and the result";
+  if (failed(expectRank(*this, "owners [C]", getOwners(), 1)))
+    return failure();
   return expectRank(*this, "positions [C]", getPositions(), 1);
 }
 

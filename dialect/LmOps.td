@@ -334,30 +334,32 @@ def Lm_LogSoftmaxOp : Lm_Op<"log_softmax", [Pure, SameOperandsAndResultType]> {
 }
 
 def Lm_GatherOp : Lm_Op<"gather", [Pure]> {
-  let summary = "pick each position's target: out[b, t] = lp[b, t - shift, ids[b, t]] (0 where t < shift)";
+  let summary = "pick each position's target: out[b, t] = lp[b, t - shift, ids[b, t]] (0 where t < shift or t >= length)";
   let description = [{
-    `shift = 1` reads the causal prediction of x_t from position t-1.
+    `shift = 1` reads the causal prediction of x_t from position t-1. Positions at or
+    past `lengths[b]` are 0 (their ids are padding and never read).
     ```mlir
-    %g = lm.gather %lp, %ids {shift = 1 : i64} : (tensor<?x?x30522xf32>, tensor<?x?xi32>) -> tensor<?x?xf32>
+    %g = lm.gather %lp, %ids, %lengths {shift = 1 : i64} : (tensor<?x?x30522xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32>
     ```
   }];
-  let arguments = (ins Lm_F32Tensor:$logprobs, Lm_I32Tensor:$targets, DefaultValuedAttr<I64Attr, "0">:$shift);
+  let arguments = (ins Lm_F32Tensor:$logprobs, Lm_I32Tensor:$targets, Lm_I32Tensor:$lengths,
+                       DefaultValuedAttr<I64Attr, "0">:$shift);
   let results = (outs Lm_F32Tensor:$result);
-  let assemblyFormat = "$logprobs `,` $targets attr-dict `:` functional-type(operands, results)";
+  let assemblyFormat = "$logprobs `,` $targets `,` $lengths attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
 }
 
 def Lm_TokenLogprobOp : Lm_Op<"token_logprob", [Pure]> {
   let summary = "fused vocabulary projection + log-softmax + gather: log p(target | h)";
   let description = [{
-    out[b, t] = log_softmax(h[b, t - shift] W^T + bias)[ids[b, t]], 0 where t < shift;
-    never materializes the [B, N, V] logits.
+    out[b, t] = log_softmax(h[b, t - shift] W^T + bias)[ids[b, t]], 0 where t < shift or
+    t >= lengths[b]; never materializes the [B, N, V] logits.
     ```mlir
-    %g = lm.token_logprob %t, %E, %bias, %ids : (tensor<?x?x512xf32>, tensor<30522x512xf32>, tensor<30522xf32>, tensor<?x?xi32>) -> tensor<?x?xf32>
+    %g = lm.token_logprob %t, %E, %bias, %ids, %lengths : (tensor<?x?x512xf32>, tensor<30522x512xf32>, tensor<30522xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32>
     ```
   }];
   let arguments = (ins Lm_F32Tensor:$hidden, Lm_F32Tensor:$weight, Optional<Lm_F32Tensor>:$bias, Lm_I32Tensor:$targets,
-                       DefaultValuedAttr<I64Attr, "0">:$shift);
+                       Lm_I32Tensor:$lengths, DefaultValuedAttr<I64Attr, "0">:$shift);
   let results = (outs Lm_F32Tensor:$result);
   let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
@@ -426,13 +428,14 @@ def Lm_MaskedBatchOp : Lm_Op<"masked_batch", [RecursiveMemoryEffects]> {
     Same result as lm.mask_and_predict, computed at once: the body runs on C =
     sum(lengths) copies, copy c = (b, i) being sentence b with position i replaced
     by `mask_token`. Body arguments: the copies' ids [C, N], their lengths [C], the
-    original ids of their sentences (targets) [C, N], and each copy's position i
-    [C]. The body yields [C, N, ...] (row i of copy c is kept) or, once
+    original ids of their sentences (targets) [C, N], each copy's position i [C]
+    and each copy's sentence b [C]. The body yields [C, N, ...] (row i of copy c is kept) or, once
     lm-prune-rows has run, [C, 1, ...] (only the kept row was computed).
     result[b, i, ...] = yielded[c(b, i), i or 0, ...]; rows past a length are zero.
     ```mlir
     %lp = lm.masked_batch %ids, %lengths {mask_token = 4 : i64} : (tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32> {
-    ^bb0(%copies: tensor<?x?xi32>, %copy_lengths: tensor<?xi32>, %targets: tensor<?x?xi32>, %positions: tensor<?xi32>):
+    ^bb0(%copies: tensor<?x?xi32>, %copy_lengths: tensor<?xi32>, %targets: tensor<?x?xi32>, %positions: tensor<?xi32>,
+         %owners: tensor<?xi32>):
       ...
       lm.yield %g : tensor<?x?xf32>
     }
@@ -510,12 +513,12 @@ def Lm_SpliceCopiesOp : Lm_Op<"splice_copies", [Pure, HasParent<"MaskedBatchOp">
     Inside lm.masked_batch, copy c = (b, i) differs from sentence b only at row i.
     `sentence` [B, N, ...] and `masked` [B, N, ...] are computed once per sentence
     outside the batch (lm-share-first-layer): out[c, t] = sentence[b, t] for t != i,
-    masked[b, i] for t = i.
+    masked[b, i] for t = i, with i = positions[c] and b = owners[c].
     ```mlir
-    %k = lm.splice_copies %k_sentence, %k_masked, %positions : (tensor<?x?x512xf32>, tensor<?x?x512xf32>, tensor<?xi32>) -> tensor<?x?x512xf32>
+    %k = lm.splice_copies %k_sentence, %k_masked, %positions, %owners : (tensor<?x?x512xf32>, tensor<?x?x512xf32>, tensor<?xi32>, tensor<?xi32>) -> tensor<?x?x512xf32>
     ```
   }];
-  let arguments = (ins Lm_F32Tensor:$sentence, Lm_F32Tensor:$masked, Lm_I32Tensor:$positions);
+  let arguments = (ins Lm_F32Tensor:$sentence, Lm_F32Tensor:$masked, Lm_I32Tensor:$positions, Lm_I32Tensor:$owners);
   let results = (outs Lm_F32Tensor:$result);
   let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;

@@ -32,8 +32,14 @@ public:
 
   OwningOpRef<ModuleOp> run() {
     OwningOpRef<ModuleOp> module = ModuleOp::create(loc, spec.name);
-    module->getOperation()->setAttr("lm.family", b.getStringAttr(toString(spec.family)));
-    module->getOperation()->setAttr("lm.spec_hash", b.getStringAttr(specHash(spec)));
+    auto *dialect = b.getContext()->getLoadedDialect<lm::LmDialect>();
+    const Dims &d = spec.dims;
+    const TokenIds &tok = spec.tokens;
+    dialect->getModelAttrHelper().setAttr(*module, lm::ModelAttr::get(b.getContext(), spec.name, d.vocab, d.maxLen,
+                                                                      d.dModel, d.heads, d.dFF, d.layers, tok.pad,
+                                                                      tok.eos, tok.unk, tok.bos, tok.mask));
+    dialect->getFamilyAttrHelper().setAttr(*module, b.getStringAttr(toString(spec.family)));
+    dialect->getSpecHashAttrHelper().setAttr(*module, b.getStringAttr(specHash(spec)));
     b.setInsertionPointToEnd(module->getBody());
     if (spec.family == Family::Diformer) {
       diformerScore();
@@ -186,9 +192,9 @@ private:
   }
 
   /// Per-position log p(ids[t] | head output at t - shift).
-  Value tokenLogprobs(Value h, Value ids, int64_t shift) {
+  Value tokenLogprobs(Value h, Value ids, Value lengths, int64_t shift) {
     Value lp = b.create<lm::LogSoftmaxOp>(loc, logits(h));
-    return b.create<lm::GatherOp>(loc, t({kDyn, kDyn}, f32), lp, ids, b.getI64IntegerAttr(shift));
+    return b.create<lm::GatherOp>(loc, t({kDyn, kDyn}, f32), lp, ids, lengths, b.getI64IntegerAttr(shift));
   }
 
   SmallVector<int32_t> specialTokens() {
@@ -208,12 +214,12 @@ private:
 
   /// The n-gram ensemble: the main next-token log-probs mixed with the heads that
   /// predicted the same token from j-1 positions earlier (ngram-wdr paper).
-  Value ngramEnsemble(Value h, Value ids, Value mainLp) {
+  Value ngramEnsemble(Value h, Value ids, Value lengths, Value mainLp) {
     // Head j (2 <= j < n) reads h_t and predicts x_{t+j}, so its log-prob of x_t is
     // read at shift j. Extra heads are averaged in probability space (running mean).
     Value extra;
     for (int64_t j = 2; j < spec.ngram->n; ++j) {
-      Value lpj = tokenLogprobs(ffn(h, "ngram.heads." + std::to_string(j), spec.dims.dFF), ids, j);
+      Value lpj = tokenLogprobs(ffn(h, "ngram.heads." + std::to_string(j), spec.dims.dFF), ids, lengths, j);
       extra = extra ? Value(b.create<lm::InterpolateOp>(loc, extra, lpj, b.getF64FloatAttr(1.0 / (j - 1)),
                                                         b.getI64IntegerAttr(j)))
                     : lpj;
@@ -227,28 +233,29 @@ private:
   void scoreEntry() {
     auto tokenLp = t({kDyn, kDyn}, f32);
     auto fn = entry("score", {idsType(), lengthsType()}, {tokenLp, t({kDyn}, f32), t({kDyn}, i32)});
-    fn->setAttr("lm.method", b.getStringAttr(toString(spec.method)));
+    b.getContext()->getLoadedDialect<lm::LmDialect>()->getMethodAttrHelper().setAttr(
+        fn, b.getStringAttr(toString(spec.method)));
     Value ids = fn.getArgument(0), lengths = fn.getArgument(1);
     Value lp;
     int64_t first = 0;
     switch (spec.method) {
     case ScoreMethod::Causal: {
       Value h = encode(ids, lengths);
-      lp = tokenLogprobs(h, ids, 1);
+      lp = tokenLogprobs(h, ids, lengths, 1);
       if (spec.ngram)
-        lp = ngramEnsemble(h, ids, lp);
+        lp = ngramEnsemble(h, ids, lengths, lp);
       first = 1;
       break;
     }
     case ScoreMethod::SinglePass:
-      lp = tokenLogprobs(encode(ids, lengths), ids, 0);
+      lp = tokenLogprobs(encode(ids, lengths), ids, lengths, 0);
       break;
     case ScoreMethod::MaskAndPredict: {
       auto mp = b.create<lm::MaskAndPredictOp>(loc, tokenLp, ids, lengths, b.getI64IntegerAttr(spec.tokens.mask));
       OpBuilder::InsertionGuard guard(b);
       Block *body = b.createBlock(&mp.getBody(), {}, {idsType()}, {loc});
       // Targets are the original ids; the stack sees the masked copy.
-      Value g = tokenLogprobs(encode(body->getArgument(0), lengths), ids, 0);
+      Value g = tokenLogprobs(encode(body->getArgument(0), lengths), ids, lengths, 0);
       b.create<lm::YieldOp>(loc, g);
       lp = mp;
       break;
@@ -326,7 +333,7 @@ private:
       Value c = layerNorm(add(a, cross), p + ".cross_norm");
       q = layerNorm(add(c, ffn(c, p + ".ffn", d.decoder.dFF)), p + ".ffn_norm");
     }
-    Value lp = tokenLogprobs(q, tgt, 0);
+    Value lp = tokenLogprobs(q, tgt, tgtLen, 0);
     SmallVector<int32_t> skip;
     if (spec.skipSpecial)
       skip = specialTokens();

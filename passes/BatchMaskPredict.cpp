@@ -54,8 +54,9 @@ struct LmBatchMaskPredict : lmcc::impl::LmBatchMaskPredictBase<LmBatchMaskPredic
                                                        op.getMaskTokenAttr());
       Type idsType = op.getIds().getType(), lengthsType = op.getLengths().getType();
       Location loc = op.getLoc();
-      Block *body = builder.createBlock(&batched.getBody(), {}, {idsType, lengthsType, idsType, lengthsType},
-                                        {loc, loc, loc, loc});
+      Block *body = builder.createBlock(&batched.getBody(), {},
+                                        {idsType, lengthsType, idsType, lengthsType, lengthsType},
+                                        {loc, loc, loc, loc, loc});
       IRMapping mapping;
       mapping.map(op.getBody().front().getArgument(0), body->getArgument(0));
       mapping.map(op.getLengths(), body->getArgument(1));

@@ -37,7 +37,7 @@ struct LmFoldConstants : lmcc::impl::LmFoldConstantsBase<LmFoldConstants> {
     ModuleOp module = getOperation();
     SmallVector<func::FuncOp> functions;
     for (auto fn : module.getOps<func::FuncOp>())
-      if (!fn->hasAttr("lm.fold"))
+      if (!lm::LmDialect::FoldAttrHelper(&getContext()).isAttrPresent(fn))
         functions.push_back(fn);
     for (func::FuncOp fn : functions) {
       SmallVector<Block *> blocks;
@@ -122,7 +122,7 @@ struct LmFoldConstants : lmcc::impl::LmFoldConstantsBase<LmFoldConstants> {
     auto fn = builder.create<func::FuncOp>(v.getLoc(), name,
                                            builder.getFunctionType({ids.getType()}, {v.getType()}));
     fn.setPrivate();
-    fn->setAttr("lm.fold", builder.getUnitAttr());
+    lm::LmDialect::FoldAttrHelper(builder.getContext()).setAttr(fn, builder.getUnitAttr());
     Block *entry = fn.addEntryBlock();
     builder.setInsertionPointToStart(entry);
     IRMapping mapping;

@@ -30,7 +30,8 @@ struct FuseLogprobPattern : OpRewritePattern<lm::GatherOp> {
     if (!linear || !linear->hasOneUse() || linear.getType().getRank() != 3)
       return rewriter.notifyMatchFailure(gather, "logits are not a single-use [B, N, V] linear");
     rewriter.replaceOpWithNewOp<lm::TokenLogprobOp>(gather, gather.getType(), linear.getInput(), linear.getWeight(),
-                                                    linear.getBias(), gather.getTargets(), gather.getShiftAttr());
+                                                    linear.getBias(), gather.getTargets(), gather.getLengths(),
+                                                    gather.getShiftAttr());
     return success();
   }
 };

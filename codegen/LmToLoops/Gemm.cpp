@@ -11,6 +11,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "codegen/LmToLoops/Gemm.h"
+#include "codegen/LmToLoops/Lowering.h"
 
 #include "dialect/LmDialect.h"
 
@@ -26,47 +27,6 @@
 using namespace mlir;
 
 namespace lmcc::codegen {
-
-std::string packKey(Value weight) {
-  if (auto w = weight.getDefiningOp<lm::WeightOp>())
-    return "pack:" + w.getName().str();
-  if (auto c = weight.getDefiningOp<lm::ConcatOp>()) {
-    std::string key = "pack:";
-    for (Value v : c.getInputs()) {
-      auto w = v.getDefiningOp<lm::WeightOp>();
-      if (!w)
-        return "";
-      key += (key.size() > 5 ? "|" : "") + w.getName().str();
-    }
-    return key;
-  }
-  return "";
-}
-
-std::vector<PackedWeight> packedWeights(ModuleOp lmModule) {
-  std::vector<PackedWeight> out;
-  std::set<std::string> seen;
-  auto add = [&](Value weight) {
-    std::string key = packKey(weight);
-    auto type = llvm::cast<RankedTensorType>(weight.getType());
-    if (key.empty() || type.getRank() != 2 || !seen.insert(key).second)
-      return;
-    PackedWeight p{key, {}, type.getDimSize(0), type.getDimSize(1)};
-    if (auto w = weight.getDefiningOp<lm::WeightOp>())
-      p.names.push_back(w.getName().str());
-    else
-      for (Value v : weight.getDefiningOp<lm::ConcatOp>().getInputs())
-        p.names.push_back(v.getDefiningOp<lm::WeightOp>().getName().str());
-    out.push_back(p);
-  };
-  lmModule.walk([&](Operation *op) {
-    if (auto l = dyn_cast<lm::LinearOp>(op))
-      add(l.getWeight());
-    else if (auto t = dyn_cast<lm::TokenLogprobOp>(op))
-      add(t.getWeight());
-  });
-  return out;
-}
 
 void emitPack(OpBuilder &b, Location loc, Value weight, Value packed, int64_t n, int64_t k, GemmTile tile) {
   Value zero = b.create<arith::ConstantIndexOp>(loc, 0), one = b.create<arith::ConstantIndexOp>(loc, 1);
@@ -333,6 +293,55 @@ OwningOpRef<ModuleOp> buildGemmModule(MLIRContext &context, const std::vector<st
       b.create<func::ReturnOp>(loc);
     }
   return module;
+}
+
+namespace {
+
+/// y[rows, out] = x[rows, in] W[out, in]^T + bias: the generated GEMM over the load-time packed weight
+/// (split over the runtime's threads by panels), or the runtime's Eigen GEMM (--gemm=eigen).
+struct LinearLowering : LmLowering<lm::LinearOp> {
+  using LmLowering::LmLowering;
+  LogicalResult lower(lm::LinearOp l, Loops &L) const override {
+    auto &b = L.b;
+    Location loc = L.loc;
+
+    {
+      auto wt = L.typeOf(l.getWeight());
+      int64_t n = wt.getDimSize(0), k = wt.getDimSize(1);
+      if (L.isPacked(l.getWeight())) {
+        Value out = L.alloc(l.getType());
+        auto sz = L.sizes(L.typeOf(l.getInput()));
+        Value rows = L.idx(1);
+        for (size_t i = 0; i + 1 < sz.size(); ++i)
+          rows = b.create<arith::MulIOp>(loc, rows, sz[i]);
+        L.parallelGemm(l.getWeight(), n, k, L.address(L.in(l.getInput())), rows, l.getBias(), L.address(out), L.i64c(n),
+                     L.idx(0), L.idx((n + kPanel - 1) / kPanel));
+        return L.set(l, out);
+      }
+    }
+    auto xt = L.typeOf(l.getInput());
+    auto wt = L.typeOf(l.getWeight());
+    Value out = L.alloc(l.getType());
+    auto s = L.sizes(xt);
+    Value rows = L.idx(1);
+    for (size_t i = 0; i + 1 < s.size(); ++i)
+      rows = b.create<arith::MulIOp>(loc, rows, s[i]);
+    Value m = b.create<arith::IndexCastOp>(loc, b.getI64Type(), rows);
+    int64_t outF = wt.getDimSize(0), inF = wt.getDimSize(1);
+    Value bias = l.getBias() ? L.pointer(L.in(l.getBias()))
+                             : Value(b.create<LLVM::ZeroOp>(loc, LLVM::LLVMPointerType::get(b.getContext())));
+    b.create<func::CallOp>(loc, "lm_rt_sgemm_nt", TypeRange{},
+                           ValueRange{m, L.i64c(outF), L.i64c(inF), L.pointer(L.in(l.getInput())), L.i64c(inF),
+                                      L.pointer(L.in(l.getWeight())), L.i64c(inF), bias, L.pointer(out), L.i64c(outF)});
+    return L.set(l, out);
+  
+}
+};
+
+} // namespace
+
+void populateGemmPatterns(TypeConverter &converter, RewritePatternSet &patterns, const LoweringContext &context) {
+  patterns.add<LinearLowering>(converter, patterns.getContext(), context);
 }
 
 } // namespace lmcc::codegen

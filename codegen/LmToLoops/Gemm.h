@@ -1,6 +1,8 @@
 //===- Gemm.h - Generated GEMM microkernels over load-time packed weights ---===//
 #pragma once
 
+#include "codegen/Layout/WeightLayout.h"
+
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinOps.h"
@@ -10,27 +12,10 @@
 
 namespace lmcc::codegen {
 
-/// Panel width of packed weights: output features are grouped 64 at a time.
-constexpr int64_t kPanel = 64;
-
-/// The packed form of a weight W [N, K] (stored [out, in]): a [ceil(N/64)*K, 64] buffer holding panels of kPanel output
-/// features, zero past N. Inside panel p, the columns are stored in slices of the GEMM tile's width c
-/// (GemmTile::cols(), which divides 64), each slice K x c and contiguous: flat(P)[p*K*64 + (j/c)*K*c + k*c + j%c] =
-/// W[p*64 + j][k]. With c = 64 that is P[p*K + k][j].
-inline int64_t packedRows(int64_t n, int64_t k) { return (n + kPanel - 1) / kPanel * k; }
-
-/// The key under which a packed weight is laid out ("pack:" + its weight names).
-std::string packKey(mlir::Value weight);
-
-/// A weight that a linear layer or the log-prob head multiplies by, to be packed at load time.
-struct PackedWeight {
-  std::string key;                ///< packKey
-  std::vector<std::string> names; ///< its tensors (several when stacked by lm.concat)
-  int64_t n = 0, k = 0;           ///< [out, in]
-};
-/// Every weight of the module's lm.linear / lm.token_logprob ops that the generated GEMM can use (an lm.weight, or an
-/// lm.concat of them), each once.
-std::vector<PackedWeight> packedWeights(mlir::ModuleOp lmModule);
+/// The packed form of a weight W [N, K] (stored [out, in]): a [packedRows(N, K), kPanel] buffer (WeightLayout.h)
+/// holding panels of kPanel output features, zero past N. Inside panel p, the columns are stored in slices of the
+/// GEMM tile's width c (GemmTile::cols(), which divides 64), each slice K x c and contiguous: flat(P)[p*K*64 +
+/// (j/c)*K*c + k*c + j%c] = W[p*64 + j][k]. With c = 64 that is P[p*K + k][j].
 
 /// The register tile of the generated GEMM: `rows` x (`vectors` x `lanes`) accumulators, sized to the target's vector
 /// registers (the tile must fit in them with room for B and the broadcast of A).

@@ -61,7 +61,7 @@ using lmcc::WeightError;
 constexpr int64_t kChunkRows = 8;
 /// Upper bound on the arena size, whatever lm_set_num_threads was given.
 constexpr int kMaxArenaThreads = 1024;
-constexpr size_t kWeightAlignment = 64;
+constexpr size_t kWeightAlignment = LM_WEIGHT_ALIGNMENT;
 
 // --- Errors ---------------------------------------------------------------------
 

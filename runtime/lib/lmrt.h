@@ -19,6 +19,9 @@ extern "C" {
 #ifndef LM_ABI_VERSION
 #define LM_ABI_VERSION 2
 #endif
+/* Every tensor of the flat weight buffer, and the buffer itself, starts at a multiple of this many bytes
+ * (lmcc's weight layout, codegen/Layout/WeightLayout.h, and the runtime's loader both use it). */
+#define LM_WEIGHT_ALIGNMENT 64
 
 /* liblmrt.so is built with -fvisibility=hidden; the functions below are its only exports. */
 #ifndef LM_API

@@ -1,7 +1,7 @@
 // Compiled libraries (lmcc's codegen + liblmrt) against the reference executor:
 // every family and variant on odd sizes, lengths 1..max_len, mixed batches, and
 // independence from thread count and batch composition.
-#include "codegen/Emit/Library.h"
+#include "driver/Compile.h"
 #include "passes/Passes.h"
 #include "runtime/lib/lmrt.h"
 #include "runtime/reference/Executor.h"
@@ -140,12 +140,12 @@ TEST_P(Compiled, MatchesReference) {
   const Pipeline &pipeline = std::get<1>(GetParam());
   fs::path dir = fs::temp_directory_path() /
                  ("lmcc-compiled-test-" + spec.name + "-" + pipeline.name + "-" + std::to_string(::getpid()));
-  codegen::LibraryOptions options;
+  driver::LibraryOptions options;
   options.naive = pipeline.naive;
   options.disabledPasses = pipeline.disabled;
   options.outputDir = dir.string();
   options.runtimeDir = runtimeDir().string();
-  ASSERT_EQ(codegen::compileLibrary(spec, options), "");
+  ASSERT_EQ(driver::compileLibrary(spec, options), "");
   ASSERT_TRUE(fs::exists(dir / ("lib" + spec.name + ".so")));
   ASSERT_TRUE(fs::exists(dir / (spec.name + ".h")));
 

@@ -5,7 +5,7 @@
 // field it concerns; stdout receives nothing unless the whole command succeeds.
 //
 //===----------------------------------------------------------------------===//
-#include "codegen/Emit/Library.h"
+#include "driver/Compile.h"
 #include "codegen/Stats.h"
 #include "passes/Passes.h"
 #include "frontend/MLIRGen.h"
@@ -178,7 +178,7 @@ std::string runtimeDir() {
 }
 
 /// The pipeline the flags ask for: --naive runs no pass, --no-<pass> drops one.
-void applyPipelineFlags(const Options &o, lmcc::codegen::LibraryOptions &options) {
+void applyPipelineFlags(const Options &o, lmcc::driver::LibraryOptions &options) {
   options.naive = o.naive;
   options.gemm = o.gemm;
   for (const auto &[flag, off] : o.noPass)
@@ -187,7 +187,7 @@ void applyPipelineFlags(const Options &o, lmcc::codegen::LibraryOptions &options
 }
 
 /// A short tag naming the pipeline, so cached libraries of different pipelines never mix.
-std::string pipelineTag(const lmcc::codegen::LibraryOptions &options) {
+std::string pipelineTag(const lmcc::driver::LibraryOptions &options) {
   if (options.naive)
     return "naive-" + options.gemm;
   std::string tag = "opt-" + options.gemm;
@@ -207,7 +207,7 @@ std::string cachedLibrary(const lmcc::ModelSpec &spec, const Options &o) {
   struct stat st {};
   ::stat("/proc/self/exe", &st);
   std::string stamp = std::to_string(st.st_size) + "-" + std::to_string(st.st_mtime);
-  lmcc::codegen::LibraryOptions options;
+  lmcc::driver::LibraryOptions options;
   applyPipelineFlags(o, options);
   fs::path dir = cache / (spec.name + "-" + lmcc::specHash(spec) + "-" + pipelineTag(options) + "-" + stamp);
   fs::path lib = dir / ("lib" + spec.name + ".so");
@@ -217,7 +217,7 @@ std::string cachedLibrary(const lmcc::ModelSpec &spec, const Options &o) {
   fs::path tmp = cache / (".tmp-" + spec.name + "-" + std::to_string(::getpid()));
   options.outputDir = tmp.string();
   options.runtimeDir = runtimeDir();
-  if (std::string err = lmcc::codegen::compileLibrary(spec, options); !err.empty())
+  if (std::string err = lmcc::driver::compileLibrary(spec, options); !err.empty())
     throw std::runtime_error("compiling " + spec.name + ": " + err);
   std::error_code ec;
   fs::rename(tmp, dir, ec);
@@ -308,20 +308,24 @@ std::vector<std::vector<float>> compiledEmbed(const lmcc::ModelSpec &spec, const
   return results;
 }
 
+void printStats(const std::vector<lmcc::codegen::EntryStats> &stats) {
+  for (const auto &entry : stats)
+    if (entry.entry.rfind("fold_", 0) != 0) // load-time functions (lm-fold-constants) are not entry points
+      std::cout << entry.entry << ": flops=" << entry.flops << " temp_bytes=" << entry.tempBytes << "\n";
+}
+
 int runStats(const Options &o, const lmcc::ModelSpec &spec) {
-  lmcc::codegen::LibraryOptions options;
+  lmcc::driver::LibraryOptions options;
   applyPipelineFlags(o, options);
   options.dumpDir = o.dumpIR;
   mlir::MLIRContext context;
   std::string error;
-  mlir::OwningOpRef<mlir::ModuleOp> module = lmcc::codegen::buildOptimizedModule(context, spec, options, &error);
+  mlir::OwningOpRef<mlir::ModuleOp> module = lmcc::driver::buildOptimizedModule(context, spec, options, &error);
   if (!module) {
     std::cerr << "lmcc: " << o.spec << ": " << error << "\n";
     return kExitInternal;
   }
-  for (const auto &entry : lmcc::codegen::countStats(*module, o.statsN))
-    if (entry.entry.rfind("fold_", 0) != 0) // load-time functions (lm-fold-constants) are not entry points
-      std::cout << entry.entry << ": flops=" << entry.flops << " temp_bytes=" << entry.tempBytes << "\n";
+  printStats(lmcc::codegen::countStats(*module, o.statsN));
   return kExitOk;
 }
 
@@ -331,12 +335,12 @@ int runCompile(const Options &o) {
     if (o.statsN < 1 || o.statsN > spec.dims.maxLen)
       throw InputError("--n " + std::to_string(o.statsN) + " must be in [1, max_len = " +
                        std::to_string(spec.dims.maxLen) + "]");
-    if (int status = runStats(o, spec); status != kExitOk || o.output.empty())
-      return status;
+    if (o.output.empty())
+      return runStats(o, spec);
   } else if (o.output.empty()) {
     throw InputError("lmcc compile needs -o DIR (or --stats --n N)");
   }
-  lmcc::codegen::LibraryOptions options;
+  lmcc::driver::LibraryOptions options;
   applyPipelineFlags(o, options);
   options.outputDir = o.output;
   options.weightsPath = o.weights;
@@ -345,10 +349,13 @@ int runCompile(const Options &o) {
   options.cpu = o.cpu;
   options.dumpDir = o.dumpIR;
   options.runtimeDir = runtimeDir();
-  if (std::string err = lmcc::codegen::compileLibrary(spec, options); !err.empty()) {
+  options.statsN = o.stats ? o.statsN : 0;
+  lmcc::driver::CompileReport report; // --stats with -o: counted on the module compiled, one pipeline run
+  if (std::string err = lmcc::driver::compileLibrary(spec, options, o.stats ? &report : nullptr); !err.empty()) {
     std::cerr << "lmcc: " << o.spec << ": " << err << "\n";
     return kExitUnsupported;
   }
+  printStats(report.stats);
   return kExitOk;
 }
 

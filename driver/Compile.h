@@ -1,6 +1,11 @@
-//===- Library.h - AOT: spec -> lib<name>.so + <name>.h ----------------------===//
+//===- Compile.h - The compile pipeline: spec -> lib<name>.so + <name>.h -----===//
+//
+// The driver: the one place that runs frontend -> passes -> codegen -> link. lmcc and the tests call it;
+// codegen/ knows nothing of specs or of the optimization passes.
+//
 #pragma once
 
+#include "codegen/Stats.h"
 #include "frontend/Spec.h"
 
 #include "mlir/IR/BuiltinOps.h"
@@ -10,7 +15,7 @@
 #include <set>
 #include <string>
 
-namespace lmcc::codegen {
+namespace lmcc::driver {
 
 struct LibraryOptions {
   std::string outputDir;
@@ -23,6 +28,12 @@ struct LibraryOptions {
   bool naive = false;        ///< run no optimization pass
   std::string gemm = "generated"; ///< "generated" (load-time packed, vector microkernel) or "eigen" (runtime call)
   std::set<std::string> disabledPasses; ///< pass flags to drop from the default pipeline
+  int64_t statsN = 0;        ///< with a CompileReport: count FLOPs and temporaries for n tokens
+};
+
+/// What compileLibrary measured on the way (the optimized module it compiled).
+struct CompileReport {
+  std::vector<codegen::EntryStats> stats;
 };
 
 /// Builds the model's lm IR and runs the optimization pipeline `options` asks for
@@ -33,6 +44,7 @@ mlir::OwningOpRef<mlir::ModuleOp> buildOptimizedModule(mlir::MLIRContext &contex
 
 /// Compiles `spec` into outputDir: lib<name>.so (+ lib<name>.a), <name>.h and a copy
 /// of liblmrt.so found through RUNPATH $ORIGIN. Returns "" or an error message.
-std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options);
+/// With `report`, also counts the optimized module's FLOPs and temporaries (--stats) from the same run.
+std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options, CompileReport *report = nullptr);
 
-} // namespace lmcc::codegen
+} // namespace lmcc::driver

@@ -1,7 +1,7 @@
-//===- Library.cpp - AOT: spec -> lib<name>.so + <name>.h --------------------===//
+//===- Compile.cpp - The compile pipeline: spec -> lib<name>.so + <name>.h ---===//
 //
-// frontend (MLIRGen) -> lm IR -> KernelGen (loops + runtime GEMM calls) -> LLVM
-// dialect -> object code; plus a generated C glue file describing the weight layout
+// frontend (MLIRGen) -> lm IR -> optimization passes -> weight layout -> lm-to-loops
+// (codegen/LmToLoops) -> LLVM dialect -> object code; plus a generated C glue file describing the weight layout
 // and forwarding the public <name>_* functions to liblmrt; linked with the system C
 // compiler driver into a shared library whose RUNPATH is $ORIGIN (it finds the
 // liblmrt.so copied beside it) and whose SONAME is its absolute path, so a program
@@ -9,12 +9,13 @@
 // runs with no environment set (move DIR and relink, or set LD_LIBRARY_PATH).
 //
 //===----------------------------------------------------------------------===//
-#include "codegen/Emit/Library.h"
+#include "driver/Compile.h"
 
+#include "codegen/Emit/Facts.h"
 #include "codegen/Emit/Header.h"
 #include "codegen/Emit/Object.h"
-#include "codegen/LmToLoops/Gemm.h"
-#include "codegen/LmToLoops/KernelGen.h"
+#include "codegen/Layout/WeightLayout.h"
+#include "codegen/Passes.h"
 #include "dialect/LmDialect.h"
 #include "frontend/MLIRGen.h"
 #include "passes/Passes.h"
@@ -33,7 +34,7 @@
 
 namespace fs = std::filesystem;
 
-namespace lmcc::codegen {
+namespace lmcc::driver {
 namespace {
 
 std::string quote(const std::string &s) {
@@ -66,53 +67,6 @@ template <typename Op> bool dump(const std::string &dir, const char *name, Op op
   llvm::raw_string_ostream os(text);
   op->print(os);
   return writeFile(fs::path(dir) / name, text);
-}
-
-/// Weights stacked by lm.concat (lm-hoist-isolated-kv), as groups of names.
-std::vector<std::vector<std::string>> concatGroups(mlir::ModuleOp module) {
-  std::vector<std::vector<std::string>> groups;
-  module.walk([&](lm::ConcatOp concat) {
-    std::vector<std::string> names;
-    for (mlir::Value v : concat.getInputs())
-      if (auto w = v.getDefiningOp<lm::WeightOp>())
-        names.push_back(w.getName().str());
-    if (names.size() == concat.getInputs().size())
-      groups.push_back(names);
-  });
-  return groups;
-}
-
-/// The canonical tensors reordered so that every stacked group lies back to back
-/// (a tensor already placed by an earlier group stays there; that later group is
-/// then copied at run time instead of viewed). `packed` receives the names that must
-/// follow their predecessor without alignment padding.
-std::vector<TensorInfo> stackedLayout(mlir::ModuleOp module, const std::vector<TensorInfo> &tensors,
-                                      std::set<std::string> &packed) {
-  std::map<std::string, const TensorInfo *> byName;
-  for (const TensorInfo &t : tensors)
-    byName[t.name] = &t;
-  std::set<std::string> grouped;
-  std::map<std::string, std::vector<std::string>> groupAt; // first member -> group
-  for (const auto &group : concatGroups(module)) {
-    bool free = true;
-    for (const std::string &name : group)
-      free = free && byName.count(name) && !grouped.count(name);
-    if (!free)
-      continue;
-    grouped.insert(group.begin(), group.end());
-    groupAt[group.front()] = group;
-    packed.insert(group.begin() + 1, group.end());
-  }
-  std::vector<TensorInfo> out;
-  for (const TensorInfo &t : tensors) {
-    if (groupAt.count(t.name)) {
-      for (const std::string &name : groupAt[t.name])
-        out.push_back(*byName[name]);
-    } else if (!grouped.count(t.name)) {
-      out.push_back(t);
-    }
-  }
-  return out;
 }
 
 } // namespace
@@ -155,7 +109,7 @@ mlir::OwningOpRef<mlir::ModuleOp> buildOptimizedModule(mlir::MLIRContext &contex
   return module;
 }
 
-std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options) {
+std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options, CompileReport *report) {
   if (spec.family != Family::UniLM && spec.family != Family::BiLM && spec.family != Family::TTA)
     return "family \"" + std::string(toString(spec.family)) +
            "\" is parsed and emitted as IR only; compiling it comes with its training objective";
@@ -183,46 +137,24 @@ std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options)
   mlir::OwningOpRef<mlir::ModuleOp> lm = buildOptimizedModule(context, spec, options, &error);
   if (!lm)
     return error + "\n" + diagnostics;
-  // The flat weight layout: tensors stacked by lm.concat lie back to back.
-  // Tables folded at load time (lm-fold-constants) follow the loaded tensors.
-  std::set<std::string> packed;
-  std::vector<TensorInfo> tensors = stackedLayout(*lm, expectedTensors(spec), packed);
-  size_t loaded = tensors.size();
-  for (auto fold : lm->getOps<mlir::func::FuncOp>())
-    if (fold->hasAttr("lm.fold"))
-      tensors.push_back({fold.getSymName().str(),
-                         {spec.dims.maxLen, llvm::cast<mlir::ShapedType>(fold.getResultTypes()[0]).getDimSize(2)}});
-  if (options.gemm == "generated") { // GEMM weights packed into panels by the init kernel
-    // Stacked weights are packed from one view, so their tensors must lie back to back
-    // (appending tables does not move the tensors before them).
-    int64_t prefixFloats = 0;
-    std::vector<int64_t> prefix = weightOffsets(tensors, &prefixFloats, packed);
-    std::map<std::string, std::pair<int64_t, int64_t>> extent; // name -> (offset, floats)
-    for (size_t i = 0; i < tensors.size(); ++i)
-      extent[tensors[i].name] = {prefix[i], tensors[i].shape[0] * (tensors[i].shape.size() > 1 ? tensors[i].shape[1] : 1)};
-    for (const PackedWeight &p : packedWeights(*lm)) {
-      bool contiguous = true;
-      for (size_t i = 1; i < p.names.size(); ++i)
-        contiguous = contiguous && extent[p.names[i]].first == extent[p.names[i - 1]].first + extent[p.names[i - 1]].second;
-      if (contiguous)
-        tensors.push_back({p.key, {packedRows(p.n, p.k), kPanel}});
-    }
-  } else if (options.gemm != "eigen")
+  if (options.gemm != "generated" && options.gemm != "eigen")
     return "--gemm " + options.gemm + ": expected generated or eigen";
-  int64_t totalFloats = 0;
-  std::vector<int64_t> offsets = weightOffsets(tensors, &totalFloats, packed);
-  std::map<std::string, int64_t> offsetByName;
-  for (size_t i = 0; i < tensors.size(); ++i)
-    offsetByName[tensors[i].name] = offsets[i];
-  tensors.resize(loaded); // the runtime loads these; the folded tables it computes
-  offsets.resize(loaded);
+  if (report)
+    report->stats = codegen::countStats(*lm, options.statsN > 0 ? options.statsN : 1);
+  // The one weight layout: the lowering, the glue and the embedded weights read it.
+  codegen::WeightLayout layout = codegen::computeWeightLayout(*lm, options.gemm == "generated");
+  mlir::FailureOr<codegen::ModelFacts> facts = codegen::readModelFacts(*lm);
+  if (mlir::failed(facts))
+    return "internal error: the lm IR does not describe the model\n" + diagnostics;
+  const std::vector<codegen::LayoutTensor> tensors = layout.loadedTensors();
+  const std::vector<int64_t> offsets = layout.loadedOffsets();
 
-  ObjectOptions objectOptions;
+  codegen::ObjectOptions objectOptions;
   objectOptions.cpu = options.cpu;
   if (!options.weightsPath.empty()) {
     WeightSet weights = loadModelWeights(options.weightsPath, spec); // throws WeightError
     if (options.embedWeights) {
-      std::vector<float> flat(totalFloats, 0.0f);
+      std::vector<float> flat(layout.totalFloats, 0.0f);
       for (size_t i = 0; i < tensors.size(); ++i) {
         const Tensor &t = weights.get(tensors[i].name);
         std::copy(t.data.begin(), t.data.end(), flat.begin() + offsets[i]);
@@ -239,16 +171,20 @@ std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options)
     return "--embed-weights needs --weights";
   }
 
-  GemmTile tile = GemmTile::forVectorBits(targetVectorBits(options.cpu));
-  mlir::OwningOpRef<mlir::ModuleOp> loops = lowerToLoops(*lm, spec, offsetByName, tile);
-  if (!loops)
+  // lm -> loops (lm-to-loops, with this layout) -> LLVM dialect -> object.
+  LmToLoopsOptions lowering;
+  lowering.gemm = options.gemm;
+  lowering.vectorBits = codegen::targetVectorBits(options.cpu);
+  mlir::PassManager pm(&context);
+  pm.addPass(createLmToLoops(lowering, layout));
+  if (mlir::failed(pm.run(*lm)))
     return "cannot lower the model to loops:\n" + diagnostics;
-  dump(options.dumpDir, "90-loops.mlir", *loops);
-  if (mlir::failed(lowerToLLVMDialect(*loops)))
+  dump(options.dumpDir, "90-loops.mlir", *lm);
+  if (mlir::failed(codegen::lowerToLLVMDialect(*lm)))
     return "cannot lower the kernels to the LLVM dialect:\n" + diagnostics;
-  dump(options.dumpDir, "91-llvm.mlir", *loops);
+  dump(options.dumpDir, "91-llvm.mlir", *lm);
   fs::path kernels = work / "kernels.o";
-  if (std::string err = emitObject(*loops, kernels.string(), objectOptions); !err.empty())
+  if (std::string err = codegen::emitObject(*lm, kernels.string(), objectOptions); !err.empty())
     return err;
 
   // Glue + link.
@@ -261,7 +197,7 @@ std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options)
   if (ec)
     return "cannot copy the runtime into " + out.string() + ": " + ec.message();
   fs::path glue = work / "glue.c";
-  if (!writeFile(glue, generateGlue(spec, tensors, offsets, totalFloats, options.embedWeights)))
+  if (!writeFile(glue, codegen::generateGlue(*facts, tensors, offsets, layout.totalFloats, options.embedWeights)))
     return glue.string() + ": cannot write";
   const char *ccEnv = std::getenv("CC");
   std::string cc = ccEnv && *ccEnv ? ccEnv : "cc";
@@ -286,10 +222,10 @@ std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options)
         !err.empty())
       return err;
   }
-  if (!writeFile(out / (spec.name + ".h"), generateHeader(spec, options.embedWeights)))
+  if (!writeFile(out / (spec.name + ".h"), codegen::generateHeader(*facts, options.embedWeights)))
     return (out / (spec.name + ".h")).string() + ": cannot write";
   fs::remove_all(work, ec);
   return "";
 }
 
-} // namespace lmcc::codegen
+} // namespace lmcc::driver

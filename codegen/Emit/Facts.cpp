@@ -1,0 +1,33 @@
+//===- Facts.cpp - The model facts the header and glue need, read off lm IR -===//
+#include "codegen/Emit/Facts.h"
+
+#include "dialect/LmDialect.h"
+
+namespace lmcc::codegen {
+
+mlir::FailureOr<ModelFacts> readModelFacts(mlir::ModuleOp module) {
+  auto *dialect = module.getContext()->getLoadedDialect<lm::LmDialect>();
+  lm::ModelAttr model = dialect ? dialect->getModelAttrHelper().getAttr(module) : lm::ModelAttr();
+  if (!model)
+    return module.emitError("the module has no lm.model attribute");
+  ModelFacts facts;
+  facts.name = model.getName().str();
+  if (auto family = dialect->getFamilyAttrHelper().getAttr(module))
+    facts.family = family.str();
+  if (auto hash = dialect->getSpecHashAttrHelper().getAttr(module))
+    facts.specHash = hash.str();
+  facts.vocab = model.getVocab();
+  facts.maxLen = model.getMaxLen();
+  facts.dModel = model.getDModel();
+  facts.heads = model.getHeads();
+  facts.dFF = model.getDFf();
+  facts.layers = model.getLayers();
+  facts.pad = model.getPad();
+  facts.unk = model.getUnk();
+  facts.bos = model.getBos();
+  facts.eos = model.getEos();
+  facts.mask = model.getMask();
+  return facts;
+}
+
+} // namespace lmcc::codegen

@@ -1,0 +1,357 @@
+//===- Elementwise.cpp - lm-to-loops: embeddings, elementwise ops, norms ----===//
+//
+// Embeddings and positions, elementwise ops, LayerNorm, softmax and log-softmax, head splitting and the ops of
+// the decomposed attention (matmul, mask_fill, Shaw relative terms): one loop nest each over the result, with
+// the reference executor's numerics (runtime/reference/Ops.cpp).
+//
+//===----------------------------------------------------------------------===//
+#include "codegen/LmToLoops/Lowering.h"
+
+using namespace mlir;
+
+namespace lmcc::codegen {
+namespace {
+
+/// out[b, t, :] = table[ids[b, t], :]
+struct EmbedLowering : LmLowering<lm::EmbedOp> {
+  using LmLowering::LmLowering;
+  LogicalResult lower(lm::EmbedOp e, Loops &L) const override {
+    Value table = L.in(e.getTable()), ids = L.in(e.getIds()), out = L.alloc(e.getType());
+    L.nest(L.sizes(e.getType()), [&](ValueRange iv) {
+      Value id = L.toIndex(L.load(ids, {iv[0], iv[1]}));
+      L.store(L.load(table, {id, iv[2]}), out, iv);
+    });
+    return L.set(e, out);
+  }
+};
+
+/// out[b, t] = P[t]: the learned table, or P[t, c] = sin/cos(t / 10000^((c - c % 2) / D)) in double.
+struct PositionsLowering : LmLowering<lm::PositionsOp> {
+  using LmLowering::LmLowering;
+  LogicalResult lower(lm::PositionsOp p, Loops &L) const override {
+    auto &b = L.b;
+    Location loc = L.loc;
+    Value out = L.alloc(p.getType());
+    int64_t D = p.getType().getDimSize(2);
+    if (Value tableT = p.getTable()) {
+      Value table = L.in(tableT);
+      L.nest(L.sizes(p.getType()), [&](ValueRange iv) { L.store(L.load(table, {iv[1], iv[2]}), out, iv); });
+      return L.set(p, out);
+    }
+    L.nest(L.sizes(p.getType()), [&](ValueRange iv) {
+      Value parity = b.create<arith::RemUIOp>(loc, iv[2], L.idx(2));
+      Value even = b.create<arith::SubIOp>(loc, iv[2], parity);
+      auto asF64 = [&](Value i) {
+        return b.create<arith::SIToFPOp>(loc, L.f64(), b.create<arith::IndexCastOp>(loc, b.getI64Type(), i));
+      };
+      Value expo = b.create<arith::DivFOp>(loc, asF64(even), L.f64c(double(D)));
+      Value denom = b.create<math::PowFOp>(loc, L.f64c(10000.0), expo);
+      Value angle = b.create<arith::DivFOp>(loc, asF64(iv[1]), denom);
+      Value isEven = L.eqI(parity, L.idx(0));
+      Value v = L.select(isEven, b.create<math::SinOp>(loc, angle), b.create<math::CosOp>(loc, angle));
+      L.store(L.toF32(v), out, iv);
+    });
+    return L.set(p, out);
+  }
+};
+
+struct FillIdsLowering : LmLowering<lm::FillIdsOp> {
+  using LmLowering::LmLowering;
+  LogicalResult lower(lm::FillIdsOp f, Loops &L) const override {
+    Value out = L.alloc(f.getType());
+    Value v = L.i32c(f.getValue());
+    L.nest(L.sizes(f.getType()), [&](ValueRange iv) { L.store(v, out, iv); });
+    return L.set(f, out);
+  }
+};
+
+/// out = f(x) elementwise; `Fn(Loops &, Op, Value x) -> Value`.
+template <typename Op, Value (*Fn)(Loops &, Op, Value)> struct UnaryLowering : LmLowering<Op> {
+  using LmLowering<Op>::LmLowering;
+  LogicalResult lower(Op op, Loops &L) const override {
+    Value x = op->getOperand(0);
+    Value src = L.in(x), out = L.alloc(llvm::cast<ShapedType>(op->getResult(0).getType()));
+    L.nest(L.sizes(llvm::cast<ShapedType>(x.getType())), [&](ValueRange iv) { L.store(Fn(L, op, L.load(src, iv)), out, iv); });
+    return L.set(op, out);
+  }
+};
+
+Value scaleOf(Loops &L, lm::ScaleOp s, Value x) {
+  return L.b.create<arith::MulFOp>(L.loc, x, L.f32c(s.getFactor().convertToFloat()));
+}
+
+/// gelu(x) = x * 0.5 * (1 + erf(x / sqrt 2)); tanh form 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3))).
+Value geluOf(Loops &L, lm::GeluOp g, Value x) {
+  auto &b = L.b;
+  Location loc = L.loc;
+  if (!g.getApproximate()) {
+    Value e = b.create<math::ErfOp>(loc, b.create<arith::DivFOp>(loc, x, L.f32c(std::sqrt(2.0f))));
+    Value half = b.create<arith::MulFOp>(loc, x, L.f32c(0.5));
+    return b.create<arith::MulFOp>(loc, half, b.create<arith::AddFOp>(loc, L.f32c(1), e));
+  }
+  Value x3 = b.create<arith::MulFOp>(loc, b.create<arith::MulFOp>(loc, x, x), x);
+  Value inner = b.create<arith::AddFOp>(loc, x, b.create<arith::MulFOp>(loc, L.f32c(0.044715f), x3));
+  Value t = b.create<math::TanhOp>(loc, b.create<arith::MulFOp>(loc, L.f32c(std::sqrt(2.0f / float(M_PI))), inner));
+  Value half = b.create<arith::MulFOp>(loc, L.f32c(0.5), x);
+  return b.create<arith::MulFOp>(loc, half, b.create<arith::AddFOp>(loc, L.f32c(1), t));
+}
+
+Value reluOf(Loops &L, lm::ReluOp, Value x) {
+  Value zero = L.f32c(0);
+  return L.select(L.b.create<arith::CmpFOp>(L.loc, arith::CmpFPredicate::OGT, x, zero), x, zero);
+}
+
+struct AddLowering : LmLowering<lm::AddOp> {
+  using LmLowering::LmLowering;
+  LogicalResult lower(lm::AddOp a, Loops &L) const override {
+    Value x = L.in(a.getLhs()), y = L.in(a.getRhs()), out = L.alloc(a.getType());
+    L.nest(L.sizes(a.getType()), [&](ValueRange iv) {
+      L.store(L.b.create<arith::AddFOp>(L.loc, L.load(x, iv), L.load(y, iv)), out, iv);
+    });
+    return L.set(a, out);
+  }
+};
+
+/// (x - mean) / sqrt(var + eps) * g + b over the last axis, mean and variance in double.
+struct LayerNormLowering : LmLowering<lm::LayerNormOp> {
+  using LmLowering::LmLowering;
+  LogicalResult lower(lm::LayerNormOp n, Loops &L) const override {
+    auto &b = L.b;
+    Location loc = L.loc;
+    Value x = L.in(n.getInput()), g = L.in(n.getGamma()), beta = L.in(n.getBeta()), out = L.alloc(n.getType());
+    auto s = L.sizes(n.getType());
+    int64_t C = n.getType().getShape().back();
+    double eps = n.getEpsilon().convertToDouble();
+    SmallVector<Value> rows(s.begin(), s.end() - 1);
+    L.nest(rows, [&](ValueRange iv) {
+      auto at = [&](Value c) {
+        SmallVector<Value> i(iv.begin(), iv.end());
+        i.push_back(c);
+        return i;
+      };
+      Value sum = L.reduce(L.idx(0), L.idx(C), L.f64c(0), [&](Value c, Value acc) {
+        return b.create<arith::AddFOp>(loc, acc, L.toF64(L.load(x, at(c))));
+      });
+      Value mean = b.create<arith::DivFOp>(loc, sum, L.f64c(double(C)));
+      Value sq = L.reduce(L.idx(0), L.idx(C), L.f64c(0), [&](Value c, Value acc) {
+        Value d = b.create<arith::SubFOp>(loc, L.toF64(L.load(x, at(c))), mean);
+        return b.create<arith::AddFOp>(loc, acc, b.create<arith::MulFOp>(loc, d, d));
+      });
+      Value var = b.create<arith::DivFOp>(loc, sq, L.f64c(double(C)));
+      Value inv = b.create<arith::DivFOp>(
+          loc, L.f64c(1), b.create<math::SqrtOp>(loc, b.create<arith::AddFOp>(loc, var, L.f64c(eps))));
+      L.nest({L.idx(C)}, [&](ValueRange c) {
+        Value norm =
+            L.toF32(b.create<arith::MulFOp>(loc, b.create<arith::SubFOp>(loc, L.toF64(L.load(x, at(c[0]))), mean), inv));
+        Value y = b.create<arith::AddFOp>(loc, b.create<arith::MulFOp>(loc, norm, L.load(g, c[0])), L.load(beta, c[0]));
+        L.store(y, out, at(c[0]));
+      });
+    });
+    return L.set(n, out);
+  }
+};
+
+/// out[b, h, t, e] = in[b, t, h*dh + e]
+struct SplitHeadsLowering : LmLowering<lm::SplitHeadsOp> {
+  using LmLowering::LmLowering;
+  LogicalResult lower(lm::SplitHeadsOp s, Loops &L) const override {
+    Value x = L.in(s.getInput()), out = L.alloc(s.getType());
+    int64_t dh = s.getType().getDimSize(3);
+    L.nest(L.sizes(s.getType()), [&](ValueRange iv) {
+      Value c = L.b.create<arith::AddIOp>(L.loc, L.b.create<arith::MulIOp>(L.loc, iv[1], L.idx(dh)), iv[3]);
+      L.store(L.load(x, {iv[0], iv[2], c}), out, iv);
+    });
+    return L.set(s, out);
+  }
+};
+
+/// out[b, t, h*dh + e] = in[b, h, t, e]
+struct MergeHeadsLowering : LmLowering<lm::MergeHeadsOp> {
+  using LmLowering::LmLowering;
+  LogicalResult lower(lm::MergeHeadsOp m, Loops &L) const override {
+    Value x = L.in(m.getInput()), out = L.alloc(m.getType());
+    auto xt = llvm::cast<ShapedType>(m.getInput().getType());
+    L.nest(L.sizes(xt), [&](ValueRange iv) {
+      Value c = L.b.create<arith::AddIOp>(L.loc, L.b.create<arith::MulIOp>(L.loc, iv[1], L.idx(xt.getDimSize(3))), iv[3]);
+      L.store(L.load(x, iv), out, {iv[0], iv[2], c});
+    });
+    return L.set(m, out);
+  }
+};
+
+/// out[b, h, i, j] = sum_k lhs[b, h, i, k] rhs[b, h, k, j] (rhs[b, h, j, k] when transposed).
+struct MatmulLowering : LmLowering<lm::MatmulOp> {
+  using LmLowering::LmLowering;
+  LogicalResult lower(lm::MatmulOp m, Loops &L) const override {
+    auto at = llvm::cast<ShapedType>(m.getLhs().getType());
+    if (at.getRank() != 4)
+      return m.emitOpError("CPU lowering handles [B, H, M, K] operands only");
+    Value lhs = L.in(m.getLhs()), rhs = L.in(m.getRhs()), out = L.alloc(m.getType());
+    bool t = m.getTransposeRhs();
+    Value K = L.sizes(at)[3];
+    L.nest(L.sizes(m.getType()), [&](ValueRange iv) {
+      Value acc = L.reduce(L.idx(0), K, L.f32c(0), [&](Value k, Value acc) {
+        Value a = L.load(lhs, {iv[0], iv[1], iv[2], k});
+        Value c = t ? L.load(rhs, {iv[0], iv[1], iv[3], k}) : L.load(rhs, {iv[0], iv[1], k, iv[3]});
+        return L.b.create<arith::AddFOp>(L.loc, acc, L.b.create<arith::MulFOp>(L.loc, a, c));
+      });
+      L.store(acc, out, iv);
+    });
+    return L.set(m, out);
+  }
+};
+
+/// Key j visible to query i: j < length and the mask kind's predicate (runtime/reference: keyVisible).
+Value visible(Loops &L, lm::MaskKind kind, Value i, Value j, Value length) {
+  Value v = L.lt(j, length);
+  switch (kind) {
+  case lm::MaskKind::none: return v;
+  case lm::MaskKind::causal: return L.andI(v, L.le(j, i));
+  case lm::MaskKind::anticausal: return L.andI(v, L.ge(j, i));
+  case lm::MaskKind::diagonal: return L.andI(v, L.ne(j, i));
+  default: return Value();
+  }
+}
+
+struct MaskFillLowering : LmLowering<lm::MaskFillOp> {
+  using LmLowering::LmLowering;
+  LogicalResult lower(lm::MaskFillOp m, Loops &L) const override {
+    if (m.getMaskData())
+      return m.emitOpError("masks with per-row data (directional, explicit) have no CPU lowering yet");
+    L.lengths = L.in(m.getLengths());
+    Value s = L.in(m.getScores()), out = L.alloc(m.getType());
+    Value negInf = L.f32c(-INFINITY);
+    L.nest(L.sizes(m.getType()), [&](ValueRange iv) {
+      Value vis = visible(L, m.getMask(), iv[2], iv[3], L.lengthOf(iv[0]));
+      L.store(L.select(vis, L.load(s, iv), negInf), out, iv);
+    });
+    return L.set(m, out);
+  }
+};
+
+/// p_j = exp(x_j - max) / sum_k exp(x_k - max) in double; a row of -inf gives zeros.
+struct SoftmaxLowering : LmLowering<lm::SoftmaxOp> {
+  using LmLowering::LmLowering;
+  LogicalResult lower(lm::SoftmaxOp s, Loops &L) const override {
+    auto &b = L.b;
+    Location loc = L.loc;
+    Value x = L.in(s.getInput()), out = L.alloc(s.getType());
+    auto sz = L.sizes(s.getType());
+    Value C = sz.back();
+    SmallVector<Value> rows(sz.begin(), sz.end() - 1);
+    L.nest(rows, [&](ValueRange iv) {
+      SmallVector<Value> row(iv.begin(), iv.end());
+      Value max = L.rowMax(x, row, C);
+      Value maxD = L.toF64(max);
+      Value allMasked = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OEQ, max, L.f32c(-INFINITY));
+      Value sum = L.reduce(L.idx(0), C, L.f64c(0), [&](Value c, Value acc) {
+        row.push_back(c);
+        Value e = b.create<math::ExpOp>(loc, b.create<arith::SubFOp>(loc, L.toF64(L.load(x, row)), maxD));
+        row.pop_back();
+        return b.create<arith::AddFOp>(loc, acc, e);
+      });
+      L.nest({C}, [&](ValueRange c) {
+        row.push_back(c[0]);
+        Value e = b.create<math::ExpOp>(loc, b.create<arith::SubFOp>(loc, L.toF64(L.load(x, row)), maxD));
+        Value p = L.toF32(b.create<arith::DivFOp>(loc, e, sum));
+        L.store(L.select(allMasked, L.f32c(0), p), out, row);
+        row.pop_back();
+      });
+    });
+    return L.set(s, out);
+  }
+};
+
+/// y_j = x_j - (max + log sum_k exp(x_k - max)), in double.
+struct LogSoftmaxLowering : LmLowering<lm::LogSoftmaxOp> {
+  using LmLowering::LmLowering;
+  LogicalResult lower(lm::LogSoftmaxOp l, Loops &L) const override {
+    auto &b = L.b;
+    Location loc = L.loc;
+    Value x = L.in(l.getInput()), out = L.alloc(l.getType());
+    auto sz = L.sizes(l.getType());
+    Value C = sz.back();
+    SmallVector<Value> rows(sz.begin(), sz.end() - 1);
+    L.nest(rows, [&](ValueRange iv) {
+      SmallVector<Value> row(iv.begin(), iv.end());
+      Value maxD = L.toF64(L.rowMax(x, row, C));
+      Value sum = L.reduce(L.idx(0), C, L.f64c(0), [&](Value c, Value acc) {
+        row.push_back(c);
+        Value e = b.create<math::ExpOp>(loc, b.create<arith::SubFOp>(loc, L.toF64(L.load(x, row)), maxD));
+        row.pop_back();
+        return b.create<arith::AddFOp>(loc, acc, e);
+      });
+      Value lse = b.create<arith::AddFOp>(loc, maxD, b.create<math::LogOp>(loc, sum));
+      L.nest({C}, [&](ValueRange c) {
+        row.push_back(c[0]);
+        L.store(L.toF32(b.create<arith::SubFOp>(loc, L.toF64(L.load(x, row)), lse)), out, row);
+        row.pop_back();
+      });
+    });
+    return L.set(l, out);
+  }
+};
+
+/// out[b,h,i,j] = q[b,h,i] . rel[clip(j - i) + k]
+struct RelativeScoresLowering : LmLowering<lm::RelativeScoresOp> {
+  using LmLowering::LmLowering;
+  LogicalResult lower(lm::RelativeScoresOp r, Loops &L) const override {
+    Value q = L.in(r.getQuery()), rel = L.in(r.getRel()), out = L.alloc(r.getType());
+    int64_t dh = llvm::cast<ShapedType>(r.getQuery().getType()).getDimSize(3), k = r.getClip();
+    L.nest(L.sizes(r.getType()), [&](ValueRange iv) {
+      Value ri = L.relativeIndex(iv[2], iv[3], k);
+      Value acc = L.reduce(L.idx(0), L.idx(dh), L.f32c(0), [&](Value e, Value acc) {
+        return L.b.create<arith::AddFOp>(
+            L.loc, acc, L.b.create<arith::MulFOp>(L.loc, L.load(q, {iv[0], iv[1], iv[2], e}), L.load(rel, {ri, e})));
+      });
+      L.store(acc, out, iv);
+    });
+    return L.set(r, out);
+  }
+};
+
+/// out[b,h,i,e] = sum_j p[b,h,i,j] rel[clip(j - i) + k, e]
+struct RelativeValuesLowering : LmLowering<lm::RelativeValuesOp> {
+  using LmLowering::LmLowering;
+  LogicalResult lower(lm::RelativeValuesOp r, Loops &L) const override {
+    Value p = L.in(r.getProbs()), rel = L.in(r.getRel()), out = L.alloc(r.getType());
+    int64_t k = r.getClip();
+    Value M = L.sizes(llvm::cast<ShapedType>(r.getProbs().getType()))[3];
+    L.nest(L.sizes(r.getType()), [&](ValueRange iv) {
+      Value acc = L.reduce(L.idx(0), M, L.f32c(0), [&](Value j, Value acc) {
+        Value ri = L.relativeIndex(iv[2], j, k);
+        return L.b.create<arith::AddFOp>(
+            L.loc, acc, L.b.create<arith::MulFOp>(L.loc, L.load(p, {iv[0], iv[1], iv[2], j}), L.load(rel, {ri, iv[3]})));
+      });
+      L.store(acc, out, iv);
+    });
+    return L.set(r, out);
+  }
+};
+
+/// out[..., f] = x[..., offset + f]
+struct SliceFeaturesLowering : LmLowering<lm::SliceFeaturesOp> {
+  using LmLowering::LmLowering;
+  LogicalResult lower(lm::SliceFeaturesOp sl, Loops &L) const override {
+    Value x = L.in(sl.getInput()), out = L.alloc(sl.getType());
+    int64_t offset = sl.getOffset();
+    L.nest(L.sizes(sl.getType()), [&](ValueRange iv) {
+      SmallVector<Value> from(iv.begin(), iv.end());
+      from.back() = L.b.create<arith::AddIOp>(L.loc, from.back(), L.idx(offset));
+      L.store(L.load(x, from), out, iv);
+    });
+    return L.set(sl, out);
+  }
+};
+
+} // namespace
+
+void populateElementwisePatterns(TypeConverter &converter, RewritePatternSet &patterns, const LoweringContext &context) {
+  patterns.add<EmbedLowering, PositionsLowering, FillIdsLowering, AddLowering, UnaryLowering<lm::ScaleOp, scaleOf>,
+               UnaryLowering<lm::GeluOp, geluOf>, UnaryLowering<lm::ReluOp, reluOf>, LayerNormLowering,
+               SplitHeadsLowering, MergeHeadsLowering, MatmulLowering, MaskFillLowering, SoftmaxLowering,
+               LogSoftmaxLowering, RelativeScoresLowering, RelativeValuesLowering, SliceFeaturesLowering>(
+      converter, patterns.getContext(), context);
+}
+
+} // namespace lmcc::codegen

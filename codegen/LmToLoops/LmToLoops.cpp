@@ -1,0 +1,202 @@
+//===- LmToLoops.cpp - The lm-to-loops conversion pass ----------------------===//
+//
+// Dialect conversion of a whole lm module into CPU kernels: a type converter (tensor -> memref), the
+// entry-point and lm.fold function signatures, the op patterns of each family (Lowering.h), then the
+// init kernel and the deallocation of every buffer at the end of the block that allocates it.
+//
+//===----------------------------------------------------------------------===//
+#include "codegen/Emit/Object.h"
+#include "codegen/LmToLoops/Lowering.h"
+#include "codegen/Passes.h"
+
+#include "mlir/IR/Verifier.h"
+
+namespace lmcc {
+#define GEN_PASS_DEF_LMTOLOOPS
+#include "codegen/Passes.h.inc"
+} // namespace lmcc
+
+using namespace mlir;
+
+namespace lmcc::codegen {
+namespace {
+
+bool hasTensors(TypeRange types) {
+  return llvm::any_of(types, [](Type t) { return llvm::isa<TensorType>(t); });
+}
+
+/// `score` / `embed` -> `<model>_<entry>_kernel(weights, ids, lengths, outputs...)` (results become output
+/// buffers the entry's last ops write); an lm.fold function -> `(weights, ids)` writing its table.
+struct FuncLowering : OpConversionPattern<func::FuncOp> {
+  FuncLowering(TypeConverter &converter, MLIRContext *ctx, std::string model)
+      : OpConversionPattern(converter, ctx), model(std::move(model)) {}
+
+  LogicalResult matchAndRewrite(func::FuncOp fn, OpAdaptor, ConversionPatternRewriter &rewriter) const override {
+    auto *dialect = getContext()->getLoadedDialect<lm::LmDialect>();
+    bool fold = dialect->getFoldAttrHelper().isAttrPresent(fn);
+    TypeConverter::SignatureConversion conversion(fn.getNumArguments());
+    conversion.addInputs({MemRefType::get({ShapedType::kDynamic}, rewriter.getF32Type())});
+    for (auto [i, type] : llvm::enumerate(fn.getArgumentTypes()))
+      conversion.addInputs(i, {getTypeConverter()->convertType(type)});
+    if (!fold)
+      for (Type type : fn.getResultTypes())
+        conversion.addInputs({getTypeConverter()->convertType(type)});
+    std::string name = fold ? fn.getSymName().str() : model + "_" + fn.getSymName().str() + "_kernel";
+    auto kernel = rewriter.create<func::FuncOp>(fn.getLoc(), name,
+                                                rewriter.getFunctionType(conversion.getConvertedTypes(), {}));
+    if (fold) {
+      kernel.setPrivate();
+      dialect->getFoldAttrHelper().setAttr(kernel, rewriter.getUnitAttr());
+    } else {
+      kernel->setAttr("llvm.emit_c_interface", rewriter.getUnitAttr());
+    }
+    rewriter.inlineRegionBefore(fn.getBody(), kernel.getBody(), kernel.end());
+    rewriter.applySignatureConversion(&kernel.getBody().front(), conversion, getTypeConverter());
+    rewriter.eraseOp(fn);
+    return success();
+  }
+
+  std::string model;
+};
+
+/// An entry point's outputs are already written: plain return. An lm.fold function copies its [1, max_len,
+/// W] result into its table in the weight buffer.
+struct ReturnLowering : OpConversionPattern<func::ReturnOp> {
+  ReturnLowering(TypeConverter &converter, MLIRContext *ctx, const LoweringContext &context)
+      : OpConversionPattern(converter, ctx), context(context) {}
+
+  LogicalResult matchAndRewrite(func::ReturnOp ret, OpAdaptor adaptor,
+                                ConversionPatternRewriter &rewriter) const override {
+    auto fn = ret->getParentOfType<func::FuncOp>();
+    if (getContext()->getLoadedDialect<lm::LmDialect>()->getFoldAttrHelper().isAttrPresent(fn)) {
+      const WeightLayout::Entry *entry = context.layout->find(fn.getSymName().str());
+      if (!entry)
+        return fn.emitOpError("has no table in the weight layout");
+      Loops L(rewriter, ret, adaptor.getOperands(), context);
+      Value result = adaptor.getOperands()[0];
+      Value table = L.weightView(entry->offset, entry->tensor.shape);
+      L.nest({L.idx(entry->tensor.shape[0]), L.idx(entry->tensor.shape[1])},
+             [&](ValueRange iv) { L.store(L.load(result, {L.idx(0), iv[0], iv[1]}), table, iv); });
+    }
+    rewriter.replaceOpWithNewOp<func::ReturnOp>(ret);
+    return success();
+  }
+
+  const LoweringContext &context;
+};
+
+/// Frees every buffer at the end of the block that allocates it (kernels return nothing, so no buffer
+/// escapes; pointers handed to the runtime GEMM are used before the block ends).
+void deallocateAtBlockEnd(ModuleOp module) {
+  module.walk([](memref::AllocOp alloc) {
+    for (Operation *user : alloc->getUsers())
+      if (isa<memref::DeallocOp>(user))
+        return;
+    OpBuilder b(alloc->getBlock()->getTerminator());
+    b.create<memref::DeallocOp>(alloc.getLoc(), alloc.getResult());
+  });
+}
+
+struct LmToLoopsPass : lmcc::impl::LmToLoopsBase<LmToLoopsPass> {
+  using LmToLoopsBase::LmToLoopsBase;
+  const WeightLayout *givenLayout = nullptr;
+
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    MLIRContext *ctx = &getContext();
+    auto *dialect = ctx->getLoadedDialect<lm::LmDialect>();
+    lm::ModelAttr model = dialect ? dialect->getModelAttrHelper().getAttr(module) : lm::ModelAttr();
+    if (!model) {
+      module.emitError("lm-to-loops needs the module attribute lm.model (set by lmcc's MLIRGen)");
+      return signalPassFailure();
+    }
+    if (gemm != "generated" && gemm != "eigen") {
+      module.emitError("lm-to-loops: gemm must be generated or eigen, got ") << gemm;
+      return signalPassFailure();
+    }
+    for (StringRef entry : {"score", "embed"})
+      if (!module.lookupSymbol<func::FuncOp>(entry)) {
+        module.emitError() << "lm module has no @" << entry << " entry point";
+        return signalPassFailure();
+      }
+    WeightLayout computed;
+    if (!givenLayout)
+      computed = computeWeightLayout(module, gemm == "generated");
+    LoweringContext context;
+    context.layout = givenLayout ? givenLayout : &computed;
+    context.generatedGemm = gemm == "generated";
+    context.tile = GemmTile::forVectorBits(vectorBits ? vectorBits : targetVectorBits(""));
+    context.maxLen = model.getMaxLen();
+
+    // Only the entry points and the folds are compiled.
+    for (auto fn : llvm::to_vector(module.getOps<func::FuncOp>()))
+      if (fn.getSymName() != "score" && fn.getSymName() != "embed" && !dialect->getFoldAttrHelper().isAttrPresent(fn))
+        fn.erase();
+    declareRuntime(module, context);
+
+    TypeConverter converter;
+    converter.addConversion([](Type t) { return t; });
+    converter.addConversion([](RankedTensorType t) -> Type { return bufferType(t); });
+    ConversionTarget target(*ctx);
+    target.addLegalDialect<arith::ArithDialect, math::MathDialect, memref::MemRefDialect, scf::SCFDialect,
+                           vector::VectorDialect, LLVM::LLVMDialect>();
+    target.addLegalOp<UnrealizedConversionCastOp, func::CallOp, func::ConstantOp>();
+    target.addIllegalDialect<lm::LmDialect>();
+    target.addDynamicallyLegalOp<func::FuncOp>([](func::FuncOp fn) {
+      return !hasTensors(fn.getArgumentTypes()) && !hasTensors(fn.getResultTypes());
+    });
+    target.addDynamicallyLegalOp<func::ReturnOp>([](func::ReturnOp ret) { return ret.getNumOperands() == 0; });
+    RewritePatternSet patterns(ctx);
+    patterns.add<FuncLowering>(converter, ctx, model.getName().str());
+    patterns.add<ReturnLowering>(converter, ctx, context);
+    populateElementwisePatterns(converter, patterns, context);
+    populateAttentionPatterns(converter, patterns, context);
+    populateLogprobPatterns(converter, patterns, context);
+    populateMaskedBatchPatterns(converter, patterns, context);
+    populateGemmPatterns(converter, patterns, context);
+    populateWeightPatterns(converter, patterns, context);
+    if (failed(applyPartialConversion(module, target, std::move(patterns))))
+      return signalPassFailure();
+    if (failed(buildInitKernel(module, context, model.getName(), model.getPad())))
+      return signalPassFailure();
+    deallocateAtBlockEnd(module);
+  }
+
+  /// The runtime functions kernels call, and the generated GEMM of every packed weight (created before the
+  /// conversion so that patterns only look them up).
+  void declareRuntime(ModuleOp module, const LoweringContext &context) {
+    OpBuilder b(module.getBodyRegion());
+    Location loc = module.getLoc();
+    auto ptr = LLVM::LLVMPointerType::get(b.getContext());
+    Type i64 = b.getI64Type();
+    b.create<func::FuncOp>(loc, "lm_rt_sgemm_nt", b.getFunctionType({i64, i64, i64, ptr, i64, ptr, i64, ptr, ptr, i64}, {}))
+        .setPrivate();
+    b.create<func::FuncOp>(loc, "lm_rt_parallel_for", b.getFunctionType({i64, ptr, ptr}, {})).setPrivate();
+    if (!context.generatedGemm)
+      return;
+    module.walk([&](Operation *op) {
+      Value weight, bias;
+      if (auto l = dyn_cast<lm::LinearOp>(op))
+        weight = l.getWeight(), bias = l.getBias();
+      else if (auto t = dyn_cast<lm::TokenLogprobOp>(op))
+        weight = t.getWeight(), bias = t.getBias();
+      else
+        return;
+      std::vector<std::string> names = weightNames(weight);
+      if (names.empty() || !context.layout->find(packKey(names)))
+        return;
+      auto type = llvm::cast<ShapedType>(weight.getType());
+      getOrCreateGemmTask(module, type.getDimSize(0), type.getDimSize(1), bool(bias), context.tile);
+    });
+  }
+};
+
+} // namespace
+} // namespace lmcc::codegen
+
+std::unique_ptr<mlir::Pass> lmcc::createLmToLoops(const LmToLoopsOptions &options,
+                                                  const codegen::WeightLayout &layout) {
+  auto pass = std::make_unique<codegen::LmToLoopsPass>(options);
+  pass->givenLayout = &layout;
+  return pass;
+}

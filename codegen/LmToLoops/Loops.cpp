@@ -1,0 +1,218 @@
+//===- Loops.cpp - Builder helpers shared by the lm-to-loops patterns -------===//
+#include "codegen/LmToLoops/Lowering.h"
+
+using namespace mlir;
+
+namespace lmcc::codegen {
+
+MemRefType bufferType(RankedTensorType type) {
+  if (!type.hasStaticShape())
+    return MemRefType::get(type.getShape(), type.getElementType());
+  SmallVector<int64_t> strides(type.getRank(), 1);
+  for (int64_t i = type.getRank() - 2; i >= 0; --i)
+    strides[i] = strides[i + 1] * type.getDimSize(i + 1);
+  auto layout = StridedLayoutAttr::get(type.getContext(), ShapedType::kDynamic, strides);
+  return MemRefType::get(type.getShape(), type.getElementType(), layout);
+}
+
+Loops::Loops(ConversionPatternRewriter &rewriter, Operation *op, ValueRange operands, const LoweringContext &context)
+    : b(rewriter), loc(op->getLoc()), context(context), op(op), operands(operands) {
+  // B and N from the first operand buffers that have them (first `?` = B, second = N).
+  for (Value v : operands) {
+    auto type = llvm::dyn_cast<MemRefType>(v.getType());
+    if (!type)
+      continue;
+    int seen = 0;
+    for (int64_t i = 0; i < type.getRank(); ++i) {
+      if (!ShapedType::isDynamic(type.getDimSize(i)))
+        continue;
+      if (seen == 0 && !B)
+        B = b.create<memref::DimOp>(loc, v, i);
+      if (seen == 1 && !N)
+        N = b.create<memref::DimOp>(loc, v, i);
+      ++seen;
+    }
+  }
+}
+
+Value Loops::in(Value original) const {
+  for (unsigned i = 0; i < op->getNumOperands(); ++i)
+    if (op->getOperand(i) == original)
+      return operands[i];
+  return Value();
+}
+
+LogicalResult Loops::set(Operation *original, Value buffer) {
+  auto want = bufferType(llvm::cast<RankedTensorType>(original->getResult(0).getType()));
+  if (buffer.getType() != want)
+    buffer = b.create<memref::CastOp>(loc, want, buffer);
+  b.replaceOp(original, buffer);
+  return success();
+}
+
+SmallVector<Value> Loops::sizes(ShapedType t) {
+  SmallVector<Value> out;
+  bool seenBatch = false;
+  for (int64_t d : t.getShape()) {
+    if (ShapedType::isDynamic(d)) {
+      out.push_back(seenBatch ? N : B);
+      seenBatch = true;
+    } else {
+      out.push_back(idx(d));
+    }
+  }
+  return out;
+}
+
+Value Loops::alloc(ShapedType t) {
+  SmallVector<Value> dyn;
+  SmallVector<Value> all = sizes(t);
+  for (auto [i, d] : llvm::enumerate(t.getShape()))
+    if (ShapedType::isDynamic(d))
+      dyn.push_back(all[i]);
+  auto type = MemRefType::get(t.getShape(), t.getElementType());
+  return b.create<memref::AllocOp>(loc, type, dyn, b.getI64IntegerAttr(64));
+}
+
+void Loops::nest(ArrayRef<Value> ubs, const std::function<void(ValueRange)> &body) {
+  OpBuilder::InsertionGuard guard(b);
+  SmallVector<Value> ivs;
+  Value zero = idx(0), one = idx(1);
+  for (Value ub : ubs) {
+    auto loop = b.create<scf::ForOp>(loc, zero, ub, one);
+    b.setInsertionPointToStart(loop.getBody());
+    ivs.push_back(loop.getInductionVar());
+  }
+  body(ivs);
+}
+
+Value Loops::reduce(Value lb, Value ub, Value init, const std::function<Value(Value, Value)> &step) {
+  auto loop = b.create<scf::ForOp>(loc, lb, ub, idx(1), ValueRange{init});
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(loop.getBody());
+    Value next = step(loop.getInductionVar(), loop.getRegionIterArgs()[0]);
+    b.create<scf::YieldOp>(loc, next);
+  }
+  return loop.getResult(0);
+}
+
+void Loops::when(Value cond, const std::function<void()> &then) {
+  auto ifOp = b.create<scf::IfOp>(loc, cond, /*withElseRegion=*/false);
+  OpBuilder::InsertionGuard guard(b);
+  b.setInsertionPointToStart(ifOp.thenBlock());
+  then();
+}
+
+Value Loops::choose(Value cond, Type type, const std::function<Value()> &then, const std::function<Value()> &otherwise) {
+  auto ifOp = b.create<scf::IfOp>(loc, TypeRange{type}, cond, /*withElseRegion=*/true);
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(ifOp.thenBlock());
+    b.create<scf::YieldOp>(loc, then());
+    b.setInsertionPointToStart(ifOp.elseBlock());
+    b.create<scf::YieldOp>(loc, otherwise());
+  }
+  return ifOp.getResult(0);
+}
+
+Value Loops::isOneOf(Value id, ArrayRef<int32_t> tokens) {
+  Value hit = b.create<arith::ConstantOp>(loc, b.getBoolAttr(false));
+  for (int32_t t : tokens)
+    hit = orI(hit, eqI(id, i32c(t)));
+  return hit;
+}
+
+Value Loops::relativeIndex(Value i, Value j, int64_t k) {
+  Value d = b.create<arith::SubIOp>(loc, j, i);
+  d = b.create<arith::MaxSIOp>(loc, d, idx(-k));
+  d = b.create<arith::MinSIOp>(loc, d, idx(k));
+  return b.create<arith::AddIOp>(loc, d, idx(k));
+}
+
+Value Loops::rowMax(Value x, SmallVector<Value> row, Value C) {
+  return reduce(idx(0), C, f32c(-INFINITY), [&](Value c, Value acc) {
+    row.push_back(c);
+    Value v = load(x, row);
+    row.pop_back();
+    return b.create<arith::MaximumFOp>(loc, acc, v);
+  });
+}
+
+Value Loops::address(Value m) {
+  Value base = b.create<memref::ExtractAlignedPointerAsIndexOp>(loc, m);
+  Value addr = b.create<arith::IndexCastOp>(loc, b.getI64Type(), base);
+  auto type = llvm::cast<MemRefType>(m.getType());
+  int64_t offset = 0;
+  SmallVector<int64_t> strides;
+  if (failed(getStridesAndOffset(type, strides, offset)) || offset != 0) {
+    // A view into the weight buffer: add its offset (static or read from the descriptor) in bytes.
+    auto metadata = b.create<memref::ExtractStridedMetadataOp>(loc, m);
+    Value elements = b.create<arith::IndexCastOp>(loc, b.getI64Type(), metadata.getOffset());
+    addr = b.create<arith::AddIOp>(loc, addr, b.create<arith::MulIOp>(loc, elements, i64c(4)));
+  }
+  return addr;
+}
+
+Value Loops::pointer(Value m) {
+  return b.create<LLVM::IntToPtrOp>(loc, LLVM::LLVMPointerType::get(b.getContext()), address(m));
+}
+
+Value Loops::weights() {
+  Operation *fn = op->getParentOfType<func::FuncOp>();
+  return llvm::cast<func::FuncOp>(fn).getArgument(0);
+}
+
+Value Loops::weightView(int64_t offset, ArrayRef<int64_t> shape) {
+  SmallVector<int64_t> strides(shape.size(), 1);
+  for (int64_t i = int64_t(shape.size()) - 2; i >= 0; --i)
+    strides[i] = strides[i + 1] * shape[i + 1];
+  auto type = MemRefType::get(shape, f32(), StridedLayoutAttr::get(b.getContext(), offset, strides));
+  return b.create<memref::ReinterpretCastOp>(loc, type, weights(), offset, shape, strides);
+}
+
+SmallVector<Value> Loops::outputs() {
+  auto fn = op->getParentOfType<func::FuncOp>();
+  return SmallVector<Value>(fn.getArguments().drop_front(3));
+}
+
+std::vector<std::string> weightNames(Value weight) {
+  if (auto w = weight.getDefiningOp<lm::WeightOp>())
+    return {w.getName().str()};
+  std::vector<std::string> names;
+  if (auto c = weight.getDefiningOp<lm::ConcatOp>())
+    for (Value v : c.getInputs()) {
+      auto w = v.getDefiningOp<lm::WeightOp>();
+      if (!w)
+        return {};
+      names.push_back(w.getName().str());
+    }
+  return names;
+}
+
+const WeightLayout::Entry *Loops::packed(Value weight) const {
+  if (!context.generatedGemm)
+    return nullptr;
+  std::vector<std::string> names = weightNames(weight);
+  return names.empty() ? nullptr : context.layout->find(packKey(names));
+}
+
+void Loops::parallelGemm(Value weight, int64_t n, int64_t k, Value inputAddress, Value rows, Value bias,
+                         Value outAddress, Value cols, Value first, Value panels) {
+  auto module = op->getParentOfType<ModuleOp>();
+  func::FuncOp task = getOrCreateGemmTask(module, n, k, bool(bias), context.tile);
+  Value biasAddress = bias ? address(in(bias)) : i64c(0);
+  Value ctx = b.create<memref::AllocaOp>(loc, MemRefType::get({8}, b.getI64Type()));
+  auto i64 = [&](Value index) { return b.create<arith::IndexCastOp>(loc, b.getI64Type(), index); };
+  Value fields[8] = {inputAddress, i64(rows), address(weightView(packed(weight)->offset, {packedRows(n, k), kPanel})),
+                     i64c(packedRows(n, k)), biasAddress, outAddress, cols, i64(first)};
+  for (int i = 0; i < 8; ++i)
+    store(fields[i], ctx, idx(i));
+  auto ptrType = LLVM::LLVMPointerType::get(b.getContext());
+  Value ctxPtr = b.create<LLVM::IntToPtrOp>(loc, ptrType, address(ctx));
+  Value fn = b.create<func::ConstantOp>(loc, task.getFunctionType(), SymbolRefAttr::get(task));
+  Value fnPtr = b.create<UnrealizedConversionCastOp>(loc, TypeRange{ptrType}, fn).getResult(0);
+  b.create<func::CallOp>(loc, "lm_rt_parallel_for", TypeRange{}, ValueRange{i64(panels), fnPtr, ctxPtr});
+}
+
+} // namespace lmcc::codegen

@@ -1,0 +1,196 @@
+//===- Lowering.h - Shared pieces of the lm-to-loops conversion patterns ----===//
+//
+// The lm-to-loops pass (LmToLoops.cpp) lowers each `lm` op to buffer-level scf / memref / arith / math /
+// vector loop nests with one conversion pattern per op, grouped in one file per op family:
+//   Elementwise.cpp  embeddings, positions, elementwise ops, norms, softmaxes, heads, decomposed attention
+//   Attention.cpp    lm.attention (key-tiled online softmax; the vector form for head sizes % 16 == 0)
+//   Logprob.cpp      lm.token_logprob (streamed vocabulary tiles), lm.gather, lm.sentence_score, lm.mean_pool
+//   MaskedBatch.cpp  lm.mask_and_predict (n passes), lm.masked_batch, lm.take_row, lm.splice_copies
+//   Gemm.cpp         lm.linear (the generated GEMM over load-time packed weights, or the runtime's Eigen GEMM)
+//   Weights.cpp      lm.weight, lm.concat, lm.folded_rows, lm.fold functions and the init kernel
+// Tensors become memrefs (the type converter in LmToLoops.cpp): dynamic-shaped values identity-layout
+// buffers, static-shaped values (weights) views into the one flat weight buffer, which every lowered
+// function takes as its first argument. The meaning of every op is the function of the same name in
+// runtime/reference/Ops.cpp; numerics follow it (double accumulation in norms, softmaxes, scores).
+//
+// Dynamic dimensions: in every lm tensor type the first `?` is the batch B (the copies C inside
+// lm.masked_batch) and every further `?` is the sequence length N; a pattern reads B and N off its
+// operands' buffers.
+//
+//===----------------------------------------------------------------------===//
+#pragma once
+
+#include "codegen/Layout/WeightLayout.h"
+#include "codegen/LmToLoops/Gemm.h"
+#include "dialect/LmDialect.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+#include "mlir/Dialect/Math/IR/Math.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/Dialect/Vector/IR/VectorOps.h"
+#include "mlir/Transforms/DialectConversion.h"
+
+#include <cmath>
+#include <functional>
+
+namespace lmcc::codegen {
+
+/// What every pattern may read besides its op: the weight layout, the GEMM choice and tile.
+struct LoweringContext {
+  const WeightLayout *layout = nullptr;
+  bool generatedGemm = true; ///< false: --gemm=eigen (lm_rt_sgemm_nt)
+  GemmTile tile = GemmTile::forVectorBits(256);
+  int64_t maxLen = 0;        ///< the model's max_len (folded tables)
+};
+
+/// tensor<...> -> memref<...>: identity layout for dynamic shapes, a view with a dynamic offset for static shapes.
+mlir::MemRefType bufferType(mlir::RankedTensorType type);
+
+void populateElementwisePatterns(mlir::TypeConverter &converter, mlir::RewritePatternSet &patterns,
+                                 const LoweringContext &context);
+void populateAttentionPatterns(mlir::TypeConverter &converter, mlir::RewritePatternSet &patterns,
+                               const LoweringContext &context);
+void populateLogprobPatterns(mlir::TypeConverter &converter, mlir::RewritePatternSet &patterns,
+                             const LoweringContext &context);
+void populateMaskedBatchPatterns(mlir::TypeConverter &converter, mlir::RewritePatternSet &patterns,
+                                 const LoweringContext &context);
+void populateGemmPatterns(mlir::TypeConverter &converter, mlir::RewritePatternSet &patterns,
+                          const LoweringContext &context);
+void populateWeightPatterns(mlir::TypeConverter &converter, mlir::RewritePatternSet &patterns,
+                            const LoweringContext &context);
+
+/// `<model>_init_kernel(weights)`: packs every GEMM weight into its panel layout, then calls every lowered
+/// lm.fold function (which writes its table) on one sentence of max_len pad ids. Built after the conversion.
+mlir::LogicalResult buildInitKernel(mlir::ModuleOp module, const LoweringContext &context, llvm::StringRef name,
+                                    int64_t padId);
+
+/// A module with the single kernel `attention_kernel(q, k, v [B, N, d_model], lengths [B], out [B, N, d_model])`
+/// (C interface): lm.attention with `mask` (none, causal, anticausal or diagonal) lowered by the model's pattern.
+/// For kernel benchmarks (bench/kernel_bench.cpp).
+mlir::OwningOpRef<mlir::ModuleOp> buildAttentionModule(mlir::MLIRContext &context, lm::MaskKind mask, int64_t heads,
+                                                       int64_t dModel);
+
+/// Builder helpers for one op's lowering: constants, loop nests, loads and stores, comparisons, and the
+/// op's converted operands (`in`). B and N are read off the converted operands (see the file comment).
+class Loops {
+public:
+  Loops(mlir::ConversionPatternRewriter &rewriter, mlir::Operation *op, mlir::ValueRange operands,
+        const LoweringContext &context);
+
+  mlir::ConversionPatternRewriter &b;
+  mlir::Location loc;
+  const LoweringContext &context;
+  mlir::Value B, N;
+
+  /// The buffer of `original`, one of the op's operands.
+  mlir::Value in(mlir::Value original) const;
+  /// Replaces the op with `buffer` (cast to the converted type of its result when they differ).
+  mlir::LogicalResult set(mlir::Operation *op, mlir::Value buffer);
+
+  mlir::Value idx(int64_t v) { return b.create<mlir::arith::ConstantIndexOp>(loc, v); }
+  mlir::Value f32c(double v) { return b.create<mlir::arith::ConstantOp>(loc, b.getF32FloatAttr(float(v))); }
+  mlir::Value f64c(double v) { return b.create<mlir::arith::ConstantOp>(loc, b.getF64FloatAttr(v)); }
+  mlir::Value i32c(int64_t v) { return b.create<mlir::arith::ConstantOp>(loc, b.getI32IntegerAttr(int32_t(v))); }
+  mlir::Value i64c(int64_t v) { return b.create<mlir::arith::ConstantOp>(loc, b.getI64IntegerAttr(v)); }
+  mlir::Type f32() { return b.getF32Type(); }
+  mlir::Type f64() { return b.getF64Type(); }
+  mlir::Type i32() { return b.getI32Type(); }
+
+  /// Runtime sizes of a tensor or memref type: first `?` = B, later `?` = N.
+  llvm::SmallVector<mlir::Value> sizes(mlir::ShapedType t);
+  /// A fresh 64-byte aligned buffer; deallocated at the end of its block by the pass.
+  mlir::Value alloc(mlir::ShapedType t);
+
+  /// for i0 < ubs[0], i1 < ubs[1], ...: body(ivs). The builder ends after the nest.
+  void nest(llvm::ArrayRef<mlir::Value> ubs, const std::function<void(mlir::ValueRange)> &body);
+  /// acc = init; for i in [lb, ub): acc = step(i, acc); returns acc.
+  mlir::Value reduce(mlir::Value lb, mlir::Value ub, mlir::Value init,
+                     const std::function<mlir::Value(mlir::Value, mlir::Value)> &step);
+  /// if (cond) then(); no results.
+  void when(mlir::Value cond, const std::function<void()> &then);
+  /// cond ? then() : otherwise() as a value; only the taken branch executes.
+  mlir::Value choose(mlir::Value cond, mlir::Type type, const std::function<mlir::Value()> &then,
+                     const std::function<mlir::Value()> &otherwise);
+
+  mlir::Value load(mlir::Value m, mlir::ValueRange ivs) { return b.create<mlir::memref::LoadOp>(loc, m, ivs); }
+  void store(mlir::Value v, mlir::Value m, mlir::ValueRange ivs) { b.create<mlir::memref::StoreOp>(loc, v, m, ivs); }
+  /// lengths[bi] as an index (`lengths` = the op's lengths buffer).
+  mlir::Value lengthOf(mlir::Value bi) { return toIndex(load(lengths, bi)); }
+  mlir::Value toIndex(mlir::Value i) { return b.create<mlir::arith::IndexCastOp>(loc, b.getIndexType(), i); }
+  mlir::Value lt(mlir::Value x, mlir::Value y) { return cmp(mlir::arith::CmpIPredicate::slt, x, y); }
+  mlir::Value le(mlir::Value x, mlir::Value y) { return cmp(mlir::arith::CmpIPredicate::sle, x, y); }
+  mlir::Value ge(mlir::Value x, mlir::Value y) { return cmp(mlir::arith::CmpIPredicate::sge, x, y); }
+  mlir::Value ne(mlir::Value x, mlir::Value y) { return cmp(mlir::arith::CmpIPredicate::ne, x, y); }
+  mlir::Value eqI(mlir::Value x, mlir::Value y) { return cmp(mlir::arith::CmpIPredicate::eq, x, y); }
+  mlir::Value cmp(mlir::arith::CmpIPredicate p, mlir::Value x, mlir::Value y) {
+    return b.create<mlir::arith::CmpIOp>(loc, p, x, y);
+  }
+  mlir::Value andI(mlir::Value x, mlir::Value y) { return b.create<mlir::arith::AndIOp>(loc, x, y); }
+  mlir::Value orI(mlir::Value x, mlir::Value y) { return b.create<mlir::arith::OrIOp>(loc, x, y); }
+  mlir::Value notI(mlir::Value x) {
+    return b.create<mlir::arith::XOrIOp>(loc, x, b.create<mlir::arith::ConstantOp>(loc, b.getBoolAttr(true)));
+  }
+  mlir::Value select(mlir::Value c, mlir::Value x, mlir::Value y) {
+    return b.create<mlir::arith::SelectOp>(loc, c, x, y);
+  }
+  mlir::Value toF64(mlir::Value x) { return b.create<mlir::arith::ExtFOp>(loc, f64(), x); }
+  mlir::Value toF32(mlir::Value x) { return b.create<mlir::arith::TruncFOp>(loc, f32(), x); }
+  /// Whether the i32 `id` is one of `tokens`.
+  mlir::Value isOneOf(mlir::Value id, llvm::ArrayRef<int32_t> tokens);
+  /// clip(j - i, -k, k) + k: the row of a relative-position table.
+  mlir::Value relativeIndex(mlir::Value i, mlir::Value j, int64_t k);
+  /// Row-wise max of the last axis of x at `row`.
+  mlir::Value rowMax(mlir::Value x, llvm::SmallVector<mlir::Value> row, mlir::Value C);
+
+  /// The buffer's aligned base address + its view offset, in bytes, as an i64 (runtime GEMM arguments).
+  mlir::Value address(mlir::Value m);
+  /// The same as an !llvm.ptr.
+  mlir::Value pointer(mlir::Value m);
+  /// The flat weight buffer: argument 0 of the function being lowered.
+  mlir::Value weights();
+  /// A [rows, cols] (or any rank, row-major) view of the weight buffer at a float offset.
+  mlir::Value weightView(int64_t offset, llvm::ArrayRef<int64_t> shape);
+
+  /// The output buffers of the entry point being lowered (its arguments after weights, ids, lengths).
+  llvm::SmallVector<mlir::Value> outputs();
+  mlir::ShapedType typeOf(mlir::Value v) { return llvm::cast<mlir::ShapedType>(v.getType()); }
+
+  /// The packed form of a GEMM weight (an lm.weight or an lm.concat of them) in the layout, or null
+  /// (--gemm=eigen, or a stack whose tensors are not back to back).
+  const WeightLayout::Entry *packed(mlir::Value weight) const;
+  bool isPacked(mlir::Value weight) const { return packed(weight) != nullptr; }
+  /// The generated GEMM of the packed `weight` [n, k] on panels [first, first + panels), split over the
+  /// runtime's threads (lm_rt_parallel_for): out[rows, cols] gets columns first*64... of the product. The
+  /// task rebuilds its operands from the 8 addresses and sizes of a ctx array.
+  void parallelGemm(mlir::Value weight, int64_t n, int64_t k, mlir::Value inputAddress, mlir::Value rows,
+                    mlir::Value bias, mlir::Value outAddress, mlir::Value cols, mlir::Value first, mlir::Value panels);
+
+  mlir::Value lengths; ///< the op's key-padding lengths buffer, when it has one
+
+private:
+  mlir::Operation *op;
+  mlir::ValueRange operands;
+};
+
+/// The canonical weight names behind a GEMM weight operand (an lm.weight, or an lm.concat of them), or none.
+std::vector<std::string> weightNames(mlir::Value weight);
+
+/// A conversion pattern for one lm op that lowers it through Loops.
+template <typename Op> struct LmLowering : mlir::OpConversionPattern<Op> {
+  LmLowering(mlir::TypeConverter &converter, mlir::MLIRContext *ctx, const LoweringContext &context)
+      : mlir::OpConversionPattern<Op>(converter, ctx), context(context) {}
+
+  mlir::LogicalResult matchAndRewrite(Op op, typename Op::Adaptor adaptor,
+                                      mlir::ConversionPatternRewriter &rewriter) const final {
+    Loops L(rewriter, op, adaptor.getOperands(), context);
+    return lower(op, L);
+  }
+  virtual mlir::LogicalResult lower(Op op, Loops &L) const = 0;
+
+  const LoweringContext &context;
+};
+
+} // namespace lmcc::codegen

@@ -1,0 +1,165 @@
+//===- MaskedBatch.cpp - lm-to-loops: mask-and-predict, batched and naive ---===//
+//
+// lm.masked_batch builds the C = sum(lengths) masked copies, runs its body once on them (the body's ops are
+// inlined and converted by their own patterns) and scatters the kept rows; lm.mask_and_predict runs its
+// body once per position inside a loop. lm.take_row and lm.splice_copies are the ops lm-prune-rows and
+// lm-share-first-layer put inside a masked batch.
+//
+//===----------------------------------------------------------------------===//
+#include "codegen/LmToLoops/Lowering.h"
+
+using namespace mlir;
+
+namespace lmcc::codegen {
+namespace {
+
+/// Batched mask-and-predict: copy c = sentence b with position i masked, for the copies of sentence b at
+/// [offset(b), offset(b) + len(b)); the body runs once with batch C; row i (or row 0 when the body was
+/// pruned to one row) of copy c goes to result[b, i]. Rows past a length are zero.
+struct MaskedBatchLowering : LmLowering<lm::MaskedBatchOp> {
+  using LmLowering::LmLowering;
+  LogicalResult lower(lm::MaskedBatchOp m, Loops &L) const override {
+    auto &b = L.b;
+    Location loc = L.loc;
+    Value ids = L.in(m.getIds()), lens = L.in(m.getLengths());
+    L.lengths = lens;
+    Value total = L.reduce(L.idx(0), L.B, L.idx(0),
+                           [&](Value bi, Value acc) { return b.create<arith::AddIOp>(loc, acc, L.lengthOf(bi)); });
+    auto dyn = ShapedType::kDynamic;
+    auto newBuffer = [&](ArrayRef<int64_t> shape, ValueRange dynSizes) -> Value {
+      return b.create<memref::AllocOp>(loc, MemRefType::get(shape, L.i32()), dynSizes, b.getI64IntegerAttr(64));
+    };
+    Value copies = newBuffer({dyn, dyn}, {total, L.N}), targets = newBuffer({dyn, dyn}, {total, L.N});
+    Value copyLengths = newBuffer({dyn}, {total}), positions = newBuffer({dyn}, {total}), owner = newBuffer({dyn}, {total});
+    Value mask = L.i32c(m.getMaskToken());
+    L.reduce(L.idx(0), L.B, L.idx(0), [&](Value bi, Value offset) {
+      Value len = L.lengthOf(bi);
+      L.nest({len}, [&](ValueRange pos) {
+        Value c = b.create<arith::AddIOp>(loc, offset, pos[0]);
+        L.nest({L.N}, [&](ValueRange t) {
+          Value id = L.load(ids, {bi, t[0]});
+          L.store(L.select(L.eqI(t[0], pos[0]), mask, id), copies, {c, t[0]});
+          L.store(id, targets, {c, t[0]});
+        });
+        L.store(L.load(lens, bi), copyLengths, c);
+        L.store(b.create<arith::IndexCastOp>(loc, L.i32(), pos[0]), positions, c);
+        L.store(b.create<arith::IndexCastOp>(loc, L.i32(), bi), owner, c);
+      });
+      return b.create<arith::AddIOp>(loc, offset, len);
+    });
+    Value out = L.alloc(m.getType());
+    auto outSizes = L.sizes(m.getType());
+    L.nest(outSizes, [&](ValueRange iv) { L.store(L.f32c(0), out, iv); });
+
+    // The body, inlined here with its arguments bound to the copies' buffers.
+    Block &body = m.getBody().front();
+    auto yield = cast<lm::YieldOp>(body.getTerminator());
+    Value yielded = yield.getValue();
+    bool pruned = L.typeOf(yielded).getDimSize(1) == 1;
+    b.inlineBlockBefore(&body, m, ValueRange{copies, copyLengths, targets, positions, owner});
+    Value y = b.getRemappedValue(yielded);
+    b.eraseOp(yield);
+    SmallVector<Value> rest(outSizes.begin() + 2, outSizes.end());
+    L.nest({total}, [&](ValueRange c) {
+      Value bi = L.toIndex(L.load(owner, c));
+      Value i = L.toIndex(L.load(positions, c));
+      L.nest(rest, [&](ValueRange r) {
+        SmallVector<Value> from = {c[0], pruned ? L.idx(0) : i}, to = {bi, i};
+        from.append(r.begin(), r.end());
+        to.append(r.begin(), r.end());
+        L.store(L.load(y, from), out, to);
+      });
+    });
+    return L.set(m, out);
+  }
+};
+
+/// Naive mask-and-predict: for each position i, run the body on the ids with column i masked (where
+/// i < length) and keep row i of its result. The body's buffers live for one iteration.
+struct MaskAndPredictLowering : LmLowering<lm::MaskAndPredictOp> {
+  using LmLowering::LmLowering;
+  LogicalResult lower(lm::MaskAndPredictOp m, Loops &L) const override {
+    auto &b = L.b;
+    Location loc = L.loc;
+    Value ids = L.in(m.getIds());
+    L.lengths = L.in(m.getLengths());
+    Value out = L.alloc(m.getType());
+    auto outSizes = L.sizes(m.getType());
+    L.nest(outSizes, [&](ValueRange iv) { L.store(L.f32c(0), out, iv); });
+    Value mask = L.i32c(m.getMaskToken());
+    Block &body = m.getBody().front();
+    auto yield = cast<lm::YieldOp>(body.getTerminator());
+    Value yielded = yield.getValue();
+    auto loop = b.create<scf::ForOp>(loc, L.idx(0), L.N, L.idx(1));
+    {
+      OpBuilder::InsertionGuard guard(b);
+      b.setInsertionPoint(loop.getBody()->getTerminator());
+      Value i = loop.getInductionVar();
+      Value masked = L.alloc(L.typeOf(m.getIds()));
+      L.nest({L.B, L.N}, [&](ValueRange iv) {
+        Value v = L.load(ids, iv);
+        Value hit = L.andI(L.eqI(iv[1], i), L.lt(i, L.lengthOf(iv[0])));
+        L.store(L.select(hit, mask, v), masked, iv);
+      });
+      b.inlineBlockBefore(&body, loop.getBody(), loop.getBody()->getTerminator()->getIterator(), ValueRange{masked});
+      Value y = b.getRemappedValue(yielded);
+      b.eraseOp(yield);
+      SmallVector<Value> rest(outSizes.begin() + 2, outSizes.end());
+      L.nest({L.B}, [&](ValueRange bi) {
+        L.when(L.lt(i, L.lengthOf(bi[0])), [&] {
+          L.nest(rest, [&](ValueRange r) {
+            SmallVector<Value> at = {bi[0], i};
+            at.append(r.begin(), r.end());
+            L.store(L.load(y, at), out, at);
+          });
+        });
+      });
+    }
+    return L.set(m, out);
+  }
+};
+
+/// out[c, 0, ...] = x[c, positions[c], ...]
+struct TakeRowLowering : LmLowering<lm::TakeRowOp> {
+  using LmLowering::LmLowering;
+  LogicalResult lower(lm::TakeRowOp t, Loops &L) const override {
+    Value x = L.in(t.getInput()), positions = L.in(t.getPositions());
+    Value out = L.alloc(L.typeOf(t.getResult()));
+    L.nest(L.sizes(L.typeOf(t.getResult())), [&](ValueRange iv) {
+      SmallVector<Value> at(iv.begin(), iv.end());
+      at[1] = L.toIndex(L.load(positions, iv[0]));
+      L.store(L.load(x, at), out, iv);
+    });
+    return L.set(t, out);
+  }
+};
+
+/// out[c, t] = t == positions[c] ? masked[owners[c], t] : sentence[owners[c], t]
+struct SpliceCopiesLowering : LmLowering<lm::SpliceCopiesOp> {
+  using LmLowering::LmLowering;
+  LogicalResult lower(lm::SpliceCopiesOp sp, Loops &L) const override {
+    Value sentence = L.in(sp.getSentence()), masked = L.in(sp.getMasked());
+    Value positions = L.in(sp.getPositions()), owners = L.in(sp.getOwners());
+    // B here is the copies' count: read it off `positions` [C] (sentence and masked are [B, N, ...]).
+    L.B = L.b.create<memref::DimOp>(L.loc, positions, 0);
+    Value out = L.alloc(sp.getType());
+    L.nest(L.sizes(sp.getType()), [&](ValueRange iv) {
+      Value owner = L.toIndex(L.load(owners, iv[0]));
+      Value at = L.toIndex(L.load(positions, iv[0]));
+      SmallVector<Value> from(iv.begin(), iv.end());
+      from[0] = owner;
+      Value v = L.select(L.eqI(iv[1], at), L.load(masked, from), L.load(sentence, from));
+      L.store(v, out, iv);
+    });
+    return L.set(sp, out);
+  }
+};
+
+} // namespace
+
+void populateMaskedBatchPatterns(TypeConverter &converter, RewritePatternSet &patterns, const LoweringContext &context) {
+  patterns.add<MaskedBatchLowering, MaskAndPredictLowering, TakeRowLowering, SpliceCopiesLowering>(
+      converter, patterns.getContext(), context);
+}
+
+} // namespace lmcc::codegen

@@ -1,0 +1,29 @@
+//===- Passes.td - lmcc conversion passes (codegen) --------------------------===//
+#ifndef LMCC_CODEGEN_PASSES_TD
+#define LMCC_CODEGEN_PASSES_TD
+
+include "mlir/Pass/PassBase.td"
+
+def LmToLoops : Pass<"lm-to-loops", "::mlir::ModuleOp"> {
+  let summary = "Lower lm ops to buffer-level scf/memref/arith/math/vector loop nests (CPU kernels)";
+  let description = [{
+    Dialect conversion with one pattern per lm op, grouped by op family (codegen/LmToLoops/*.cpp). Tensors
+    become memrefs; the `score` and `embed` entry points become `<model>_score_kernel(weights, ids, lengths,
+    token_logprobs, scores, n_scored)` and `<model>_embed_kernel(weights, ids, lengths, out)` with the
+    runtime's ABI (runtime/lib/lmrt.h), every weight a view at its offset in the flat weight buffer
+    (codegen/Layout/WeightLayout.h); lm.fold functions write their tables and `<model>_init_kernel(weights)`
+    packs the GEMM weights and calls them. Other functions (`logits`) are dropped. Needs `lm.model` on the
+    module. Buffers are freed at the end of the block that allocates them.
+  }];
+  let options = [
+    Option<"gemm", "gemm", "std::string", "\"generated\"",
+           "generated: vector microkernels over weights packed at load time; eigen: the runtime's Eigen GEMM">,
+    Option<"vectorBits", "vector-bits", "int64_t", "0",
+           "vector register width the GEMM tile is sized for (512: AVX-512, 256: AVX2); 0 = this host">
+  ];
+  let dependentDialects = ["::mlir::arith::ArithDialect", "::mlir::func::FuncDialect", "::mlir::math::MathDialect",
+                           "::mlir::memref::MemRefDialect", "::mlir::scf::SCFDialect", "::mlir::vector::VectorDialect",
+                           "::mlir::LLVM::LLVMDialect"];
+}
+
+#endif // LMCC_CODEGEN_PASSES_TD
