@@ -4,6 +4,8 @@
 # specs) into OUTDIR/<spec>/<pipeline>.{score,embed}.jsonl, so two builds can be compared bit for bit:
 #   scripts/compare-outputs.sh OLD/build/bin/lmcc /tmp/old && scripts/compare-outputs.sh build/bin/lmcc /tmp/new
 #   diff -r /tmp/old /tmp/new
+# Paper-size models take long (BERT-base's naive PLL most): MODELS="tta_base bilm_base" and
+# PAPER_PIPELINES="opt naive" restrict them; FIXTURES=0 skips the test specs.
 # Numbers are printed with 9 significant digits, which round-trips float32: equal text = equal bits.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -40,11 +42,15 @@ run_spec() { # name spec weights ids
     "$lmcc" embed "$spec" --weights "$weights" --ids "$ids" $(flags_of "$p") > "$out/$name/$p.embed.jsonl" 2>&1 || true
   done
 }
-for spec in "$root"/models/{tta_base,tta_mask_base,bilm_base,unilm_base,bert_base}.toml; do
-  name=$(basename "$spec" .toml)
+for name in ${MODELS-tta_base tta_mask_base bilm_base unilm_base bert_base}; do
+  spec=$root/models/$name.toml
   "$lmcc" init "$spec" --seed 11 -o "$out/.cache-$name.safetensors" >/dev/null
+  pipelines_saved=("${pipelines[@]}")
+  [ -n "${PAPER_PIPELINES:-}" ] && read -r -a pipelines <<< "$PAPER_PIPELINES"
   run_spec "$name" "$spec" "$out/.cache-$name.safetensors" "$out/paper_ids.txt"
+  pipelines=("${pipelines_saved[@]}")
 done
+[ "${FIXTURES:-1}" = 0 ] && { rm -rf "$out/.cache" "$out"/.cache-*.safetensors; exit 0; }
 for dir in "$root"/tests/golden/fixtures/*/; do
   run_spec "fixture-$(basename "$dir")" "$dir/spec.toml" "$dir/weights.safetensors" "$dir/ids.txt"
 done

@@ -85,6 +85,26 @@ struct ReturnLowering : OpConversionPattern<func::ReturnOp> {
   const LoweringContext &context;
 };
 
+/// memref -> tensor -> memref cast chains left by the conversion become the memref itself.
+void foldCastPairs(ModuleOp module) {
+  SmallVector<UnrealizedConversionCastOp> casts;
+  module.walk([&](UnrealizedConversionCastOp c) { casts.push_back(c); });
+  for (UnrealizedConversionCastOp c : casts) {
+    if (c->getNumOperands() != 1 || c->getNumResults() != 1)
+      continue;
+    auto inner = c->getOperand(0).getDefiningOp<UnrealizedConversionCastOp>();
+    if (inner && inner->getNumOperands() == 1 && inner->getOperand(0).getType() == c.getResult(0).getType())
+      c.getResult(0).replaceAllUsesWith(inner->getOperand(0));
+  }
+  for (UnrealizedConversionCastOp c : llvm::reverse(casts))
+    if (c->use_empty() && llvm::isa<TensorType>(c->getResult(0).getType()) == false)
+      c->erase();
+  module.walk([](UnrealizedConversionCastOp c) {
+    if (c->use_empty())
+      c->erase();
+  });
+}
+
 /// Frees every buffer at the end of the block that allocates it (kernels return nothing, so no buffer
 /// escapes; pointers handed to the runtime GEMM are used before the block ends).
 void deallocateAtBlockEnd(ModuleOp module) {
@@ -137,6 +157,13 @@ struct LmToLoopsPass : lmcc::impl::LmToLoopsBase<LmToLoopsPass> {
     TypeConverter converter;
     converter.addConversion([](Type t) { return t; });
     converter.addConversion([](RankedTensorType t) -> Type { return bufferType(t); });
+    // A region op (lm.masked_batch, lm.mask_and_predict) reads its body's yielded buffer before the body's
+    // ops are converted: a cast stands in for it until then, and the cast pair folds away below.
+    auto cast = [](OpBuilder &b, Type type, ValueRange inputs, Location loc) -> std::optional<Value> {
+      return b.create<UnrealizedConversionCastOp>(loc, type, inputs).getResult(0);
+    };
+    converter.addSourceMaterialization(cast);
+    converter.addTargetMaterialization(cast);
     ConversionTarget target(*ctx);
     target.addLegalDialect<arith::ArithDialect, math::MathDialect, memref::MemRefDialect, scf::SCFDialect,
                            vector::VectorDialect, LLVM::LLVMDialect>();
@@ -157,6 +184,7 @@ struct LmToLoopsPass : lmcc::impl::LmToLoopsBase<LmToLoopsPass> {
     populateWeightPatterns(converter, patterns, context);
     if (failed(applyPartialConversion(module, target, std::move(patterns))))
       return signalPassFailure();
+    foldCastPairs(module);
     if (failed(buildInitKernel(module, context, model.getName(), model.getPad())))
       return signalPassFailure();
     deallocateAtBlockEnd(module);

@@ -122,9 +122,9 @@ func.func @attention_rel(%q: tensor<?x?x8xf32>, %len: tensor<?xi32>, %r: tensor<
 
 // -----
 
-func.func @gather_shift(%lp: tensor<?x?x11xf32>, %ids: tensor<?x?xi32>) {
+func.func @gather_shift(%lp: tensor<?x?x11xf32>, %ids: tensor<?x?xi32>, %len: tensor<?xi32>) {
   // expected-error @+1 {{shift must be >= 0}}
-  %g = lm.gather %lp, %ids {shift = -1 : i64} : (tensor<?x?x11xf32>, tensor<?x?xi32>) -> tensor<?x?xf32>
+  %g = lm.gather %lp, %ids, %len {shift = -1 : i64} : (tensor<?x?x11xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32>
   return
 }
 
@@ -138,9 +138,9 @@ func.func @interpolate_lambda(%a: tensor<?x?xf32>) {
 
 // -----
 
-func.func @token_logprob_width(%h: tensor<?x?x8xf32>, %w: tensor<11x9xf32>, %ids: tensor<?x?xi32>) {
+func.func @token_logprob_width(%h: tensor<?x?x8xf32>, %w: tensor<11x9xf32>, %ids: tensor<?x?xi32>, %len: tensor<?xi32>) {
   // expected-error @+1 {{hidden width vs weight dim 1: expected 9, got 8}}
-  %t = lm.token_logprob %h, %w, %ids : (tensor<?x?x8xf32>, tensor<11x9xf32>, tensor<?x?xi32>) -> tensor<?x?xf32>
+  %t = lm.token_logprob %h, %w, %ids, %len : (tensor<?x?x8xf32>, tensor<11x9xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32>
   return
 }
 

@@ -56,9 +56,9 @@ func.func @head(%h: tensor<?x?x8xf32>, %ids: tensor<?x?xi32>, %len: tensor<?xi32
   %logits = lm.linear %h, %E, %bias : (tensor<?x?x8xf32>, tensor<11x8xf32>, tensor<11xf32>) -> tensor<?x?x11xf32>
   %lp = lm.log_softmax %logits : tensor<?x?x11xf32>
   // CHECK: lm.gather {{.*}} {shift = 1 : i64}
-  %g = lm.gather %lp, %ids {shift = 1 : i64} : (tensor<?x?x11xf32>, tensor<?x?xi32>) -> tensor<?x?xf32>
+  %g = lm.gather %lp, %ids, %len {shift = 1 : i64} : (tensor<?x?x11xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32>
   // CHECK: lm.token_logprob
-  %t = lm.token_logprob %h, %E, %bias, %ids : (tensor<?x?x8xf32>, tensor<11x8xf32>, tensor<11xf32>, tensor<?x?xi32>) -> tensor<?x?xf32>
+  %t = lm.token_logprob %h, %E, %bias, %ids, %len : (tensor<?x?x8xf32>, tensor<11x8xf32>, tensor<11xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32>
   // CHECK: lm.interpolate {{.*}} {from = 2 : i64, lambda = 4.000000e-01 : f64}
   %mix = lm.interpolate %g, %t {lambda = 4.0e-01 : f64, from = 2 : i64} : tensor<?x?xf32>
   // CHECK: lm.sentence_score {{.*}} {first = 1 : i64, skip = array<i32: 3, 1>}
@@ -79,7 +79,7 @@ func.func @pll(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> tensor<?x?xf32> {
   ^bb0(%masked: tensor<?x?xi32>):
     %x = lm.embed %E[%masked] : (tensor<11x8xf32>, tensor<?x?xi32>) -> tensor<?x?x8xf32>
     %lp = lm.log_softmax %x : tensor<?x?x8xf32>
-    %g = lm.gather %lp, %ids : (tensor<?x?x8xf32>, tensor<?x?xi32>) -> tensor<?x?xf32>
+    %g = lm.gather %lp, %ids, %len : (tensor<?x?x8xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32>
     lm.yield %g : tensor<?x?xf32>
   }
   return %r : tensor<?x?xf32>

@@ -12,7 +12,7 @@
 // CHECK: lm.scale {{.*}} {factor = 1.250000e-01 : f32}
 // CHECK: lm.mask_fill {{.*}}#lm.mask<none>
 // CHECK: lm.softmax
-// CHECK: lm.gather %{{[0-9]+}}, %arg0 : (tensor<?x?x30522xf32>
+// CHECK: lm.gather %{{[0-9]+}}, %arg0, %arg1 : (tensor<?x?x30522xf32>
 // CHECK: lm.yield
 // CHECK: lm.sentence_score
 // CHECK-LABEL: func.func @embed

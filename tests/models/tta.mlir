@@ -24,7 +24,7 @@
 // CHECK-NEXT: lm.weight "layers.2.attn.v.bias"
 // CHECK-NEXT: lm.linear [[X]],
 // CHECK: lm.log_softmax
-// CHECK: lm.gather %{{[0-9]+}}, %arg0 : (tensor<?x?x30522xf32>
+// CHECK: lm.gather %{{[0-9]+}}, %arg0, %arg1 : (tensor<?x?x30522xf32>
 // CHECK: lm.sentence_score {{.*}}skip = array<i32: 3, 1>
 // CHECK-NOT: lm.mask_and_predict
 // CHECK-LABEL: func.func @embed

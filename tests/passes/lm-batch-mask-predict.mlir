@@ -13,12 +13,12 @@
 // CHECK: [[E:%.+]] = lm.weight "embed.token" : tensor<11x8xf32>
 // CHECK-NOT: lm.mask_and_predict
 // CHECK: [[R:%.+]] = lm.masked_batch [[IDS]], [[LEN]] {mask_token = 4 : i64} : (tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32> {
-// CHECK-NEXT: ^bb0([[C:%[^:]+]]: tensor<?x?xi32>, [[CL:%[^:]+]]: tensor<?xi32>, [[T:%[^:]+]]: tensor<?x?xi32>, [[P:%[^:]+]]: tensor<?xi32>):
+// CHECK-NEXT: ^bb0([[C:%[^:]+]]: tensor<?x?xi32>, [[CL:%[^:]+]]: tensor<?xi32>, [[T:%[^:]+]]: tensor<?x?xi32>, [[P:%[^:]+]]: tensor<?xi32>, [[O:%[^:]+]]: tensor<?xi32>):
 // CHECK-NEXT: [[X:%.+]] = lm.embed [[E]][[[C]]] : (tensor<11x8xf32>, tensor<?x?xi32>) -> tensor<?x?x8xf32>
 // CHECK-NEXT: [[A:%.+]] = lm.attention [[X]], [[X]], [[X]], [[CL]] {heads = 2 : i64, mask = #lm.mask<none>, scale = 5.000000e-01 : f32}
 // CHECK-NEXT: [[L:%.+]] = lm.linear [[A]], [[E]] :
 // CHECK-NEXT: [[LP:%.+]] = lm.log_softmax [[L]] : tensor<?x?x11xf32>
-// CHECK-NEXT: [[G:%.+]] = lm.gather [[LP]], [[T]] : (tensor<?x?x11xf32>, tensor<?x?xi32>) -> tensor<?x?xf32>
+// CHECK-NEXT: [[G:%.+]] = lm.gather [[LP]], [[T]], [[CL]] : (tensor<?x?x11xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32>
 // CHECK-NEXT: lm.yield [[G]] : tensor<?x?xf32>
 // CHECK-NEXT: }
 // CHECK-NOT: lm.mask_and_predict
@@ -31,7 +31,7 @@ func.func @pll(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> tensor<?x?xf32> {
     %a = lm.attention %x, %x, %x, %len {heads = 2 : i64, mask = #lm.mask<none>, scale = 5.000000e-01 : f32} : tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<?xi32> -> tensor<?x?x8xf32>
     %logits = lm.linear %a, %E : (tensor<?x?x8xf32>, tensor<11x8xf32>) -> tensor<?x?x11xf32>
     %lp = lm.log_softmax %logits : tensor<?x?x11xf32>
-    %g = lm.gather %lp, %ids : (tensor<?x?x11xf32>, tensor<?x?xi32>) -> tensor<?x?xf32>
+    %g = lm.gather %lp, %ids, %len : (tensor<?x?x11xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32>
     lm.yield %g : tensor<?x?xf32>
   }
   return %r : tensor<?x?xf32>
@@ -43,7 +43,7 @@ func.func @pll(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> tensor<?x?xf32> {
 // CHECK-SAME: ([[IDS:%[^:]+]]: tensor<?x?xi32>, [[LEN:%[^:]+]]: tensor<?xi32>)
 // CHECK-NOT: lm.mask_and_predict
 // CHECK: [[R:%.+]] = lm.masked_batch [[IDS]], [[LEN]] {mask_token = 103 : i64}
-// CHECK-NEXT: ^bb0([[C:%[^:]+]]: tensor<?x?xi32>, [[CL:%[^:]+]]: tensor<?xi32>, [[T:%[^:]+]]: tensor<?x?xi32>, [[P:%[^:]+]]: tensor<?xi32>):
+// CHECK-NEXT: ^bb0([[C:%[^:]+]]: tensor<?x?xi32>, [[CL:%[^:]+]]: tensor<?xi32>, [[T:%[^:]+]]: tensor<?x?xi32>, [[P:%[^:]+]]: tensor<?xi32>, [[O:%[^:]+]]: tensor<?xi32>):
 // CHECK-NEXT: [[E:%.+]] = lm.weight "embed.token" : tensor<11x8xf32>
 // CHECK-NEXT: [[X:%.+]] = lm.embed [[E]][[[C]]]
 // CHECK-NEXT: [[XH:%.+]] = lm.split_heads [[X]]
@@ -52,7 +52,7 @@ func.func @pll(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> tensor<?x?xf32> {
 // CHECK-NEXT: [[PR:%.+]] = lm.softmax [[M]]
 // CHECK-NEXT: [[CX:%.+]] = lm.matmul [[PR]], [[XH]]
 // CHECK-NEXT: [[H:%.+]] = lm.merge_heads [[CX]]
-// CHECK-NEXT: [[TL:%.+]] = lm.token_logprob [[H]], [[E]], [[T]] :
+// CHECK-NEXT: [[TL:%.+]] = lm.token_logprob [[H]], [[E]], [[T]], [[CL]] :
 // CHECK-NEXT: lm.yield [[TL]]
 // CHECK-NEXT: }
 // CHECK-NEXT: return [[R]]
@@ -67,7 +67,7 @@ func.func @decomposed(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> tensor<?x?x
     %p = lm.softmax %m : tensor<?x2x?x?xf32>
     %c = lm.matmul %p, %xh : (tensor<?x2x?x?xf32>, tensor<?x2x?x4xf32>) -> tensor<?x2x?x4xf32>
     %h = lm.merge_heads %c : (tensor<?x2x?x4xf32>) -> tensor<?x?x8xf32>
-    %t = lm.token_logprob %h, %E, %ids : (tensor<?x?x8xf32>, tensor<11x8xf32>, tensor<?x?xi32>) -> tensor<?x?xf32>
+    %t = lm.token_logprob %h, %E, %ids, %len : (tensor<?x?x8xf32>, tensor<11x8xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32>
     lm.yield %t : tensor<?x?xf32>
   }
   return %r : tensor<?x?xf32>
@@ -82,7 +82,7 @@ func.func @decomposed(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> tensor<?x?x
 // CHECK-NEXT: ^bb0([[M:%[^:]+]]: tensor<?x?xi32>):
 // CHECK-NEXT: [[X:%.+]] = lm.embed %{{.+}}[[[M]]]
 // CHECK-NEXT: [[Y:%.+]] = lm.add [[X]], [[HID]] : tensor<?x?x8xf32>
-// CHECK-NEXT: [[TL:%.+]] = lm.token_logprob [[Y]], %{{.+}}, [[IDS]] :
+// CHECK-NEXT: [[TL:%.+]] = lm.token_logprob [[Y]], %{{.+}}, [[IDS]], [[LEN]] :
 // CHECK-NEXT: lm.yield [[TL]]
 // CHECK-NOT: lm.masked_batch
 // CHECK: return [[R]]
@@ -93,7 +93,7 @@ func.func @captures_hidden(%ids: tensor<?x?xi32>, %len: tensor<?xi32>, %hidden: 
   ^bb0(%masked: tensor<?x?xi32>):
     %x = lm.embed %E[%masked] : (tensor<11x8xf32>, tensor<?x?xi32>) -> tensor<?x?x8xf32>
     %y = lm.add %x, %hidden : tensor<?x?x8xf32>
-    %t = lm.token_logprob %y, %E, %ids : (tensor<?x?x8xf32>, tensor<11x8xf32>, tensor<?x?xi32>) -> tensor<?x?xf32>
+    %t = lm.token_logprob %y, %E, %ids, %len : (tensor<?x?x8xf32>, tensor<11x8xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32>
     lm.yield %t : tensor<?x?xf32>
   }
   return %r : tensor<?x?xf32>
@@ -114,7 +114,7 @@ func.func @captures_outer_embedding(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) 
   ^bb0(%masked: tensor<?x?xi32>):
     %x = lm.embed %E[%masked] : (tensor<11x8xf32>, tensor<?x?xi32>) -> tensor<?x?x8xf32>
     %a = lm.attention %x, %outer, %outer, %len {heads = 2 : i64, mask = #lm.mask<none>, scale = 5.000000e-01 : f32} : tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<?xi32> -> tensor<?x?x8xf32>
-    %t = lm.token_logprob %a, %E, %ids : (tensor<?x?x8xf32>, tensor<11x8xf32>, tensor<?x?xi32>) -> tensor<?x?xf32>
+    %t = lm.token_logprob %a, %E, %ids, %len : (tensor<?x?x8xf32>, tensor<11x8xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32>
     lm.yield %t : tensor<?x?xf32>
   }
   return %r : tensor<?x?xf32>
@@ -126,13 +126,13 @@ func.func @captures_outer_embedding(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) 
 // MODEL-LABEL: func.func @score
 // MODEL-SAME: ([[IDS:%[^:]+]]: tensor<?x?xi32>, [[LEN:%[^:]+]]: tensor<?xi32>)
 // MODEL: [[R:%.+]] = lm.masked_batch [[IDS]], [[LEN]] {mask_token = 4 : i64} : (tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32> {
-// MODEL-NEXT: ^bb0([[C:%[^:]+]]: tensor<?x?xi32>, [[CL:%[^:]+]]: tensor<?xi32>, [[T:%[^:]+]]: tensor<?x?xi32>, [[P:%[^:]+]]: tensor<?xi32>):
+// MODEL-NEXT: ^bb0([[C:%[^:]+]]: tensor<?x?xi32>, [[CL:%[^:]+]]: tensor<?xi32>, [[T:%[^:]+]]: tensor<?x?xi32>, [[P:%[^:]+]]: tensor<?xi32>, [[O:%[^:]+]]: tensor<?xi32>):
 // MODEL: lm.embed %{{.+}}[[[C]]]
 // MODEL: lm.attention {{.*}}, [[CL]] {heads = 8 : i64, mask = #lm.mask<none>, scale = 1.250000e-01 : f32}
 // MODEL: lm.attention {{.*}}, [[CL]] {heads = 8 : i64
 // MODEL: lm.attention {{.*}}, [[CL]] {heads = 8 : i64
 // MODEL: [[LP:%.+]] = lm.log_softmax
-// MODEL-NEXT: [[G:%.+]] = lm.gather [[LP]], [[T]] :
+// MODEL-NEXT: [[G:%.+]] = lm.gather [[LP]], [[T]], [[CL]] :
 // MODEL-NEXT: lm.yield [[G]] : tensor<?x?xf32>
 // MODEL: lm.sentence_score [[R]], [[IDS]], [[LEN]]
 // MODEL-LABEL: func.func @embed

@@ -6,35 +6,35 @@
 // nothing else. d_model 8, vocab 11.
 
 // CHECK-LABEL: func.func @causal_head
-// CHECK-SAME: ([[H:%[^:]+]]: tensor<?x?x8xf32>, [[IDS:%[^:]+]]: tensor<?x?xi32>)
+// CHECK-SAME: ([[H:%[^:]+]]: tensor<?x?x8xf32>, [[IDS:%[^:]+]]: tensor<?x?xi32>, [[LEN:%[^:]+]]: tensor<?xi32>)
 // CHECK-DAG: [[E:%.+]] = lm.weight "embed.token" : tensor<11x8xf32>
 // CHECK-DAG: [[BIAS:%.+]] = lm.weight "head.bias" : tensor<11xf32>
 // CHECK-NOT: lm.linear
-// CHECK: [[T:%.+]] = lm.token_logprob [[H]], [[E]], [[BIAS]], [[IDS]] {shift = 1 : i64} : (tensor<?x?x8xf32>, tensor<11x8xf32>, tensor<11xf32>, tensor<?x?xi32>) -> tensor<?x?xf32>
+// CHECK: [[T:%.+]] = lm.token_logprob [[H]], [[E]], [[BIAS]], [[IDS]], [[LEN]] {shift = 1 : i64} : (tensor<?x?x8xf32>, tensor<11x8xf32>, tensor<11xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32>
 // CHECK-NOT: lm.linear
 // CHECK-NOT: lm.log_softmax
 // CHECK-NOT: lm.gather
 // CHECK: return [[T]]
-func.func @causal_head(%h: tensor<?x?x8xf32>, %ids: tensor<?x?xi32>) -> tensor<?x?xf32> {
+func.func @causal_head(%h: tensor<?x?x8xf32>, %ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> tensor<?x?xf32> {
   %E = lm.weight "embed.token" : tensor<11x8xf32>
   %bias = lm.weight "head.bias" : tensor<11xf32>
   %logits = lm.linear %h, %E, %bias : (tensor<?x?x8xf32>, tensor<11x8xf32>, tensor<11xf32>) -> tensor<?x?x11xf32>
   %lp = lm.log_softmax %logits : tensor<?x?x11xf32>
-  %g = lm.gather %lp, %ids {shift = 1 : i64} : (tensor<?x?x11xf32>, tensor<?x?xi32>) -> tensor<?x?xf32>
+  %g = lm.gather %lp, %ids, %len {shift = 1 : i64} : (tensor<?x?x11xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32>
   return %g : tensor<?x?xf32>
 }
 
 // No bias, shift 0 (the default, not printed).
 // CHECK-LABEL: func.func @no_bias
-// CHECK-SAME: ([[H:%[^:]+]]: tensor<?x?x8xf32>, [[IDS:%[^:]+]]: tensor<?x?xi32>)
+// CHECK-SAME: ([[H:%[^:]+]]: tensor<?x?x8xf32>, [[IDS:%[^:]+]]: tensor<?x?xi32>, [[LEN:%[^:]+]]: tensor<?xi32>)
 // CHECK: [[W:%.+]] = lm.weight "head.output.weight" : tensor<11x8xf32>
-// CHECK-NEXT: [[T:%.+]] = lm.token_logprob [[H]], [[W]], [[IDS]] : (tensor<?x?x8xf32>, tensor<11x8xf32>, tensor<?x?xi32>) -> tensor<?x?xf32>
+// CHECK-NEXT: [[T:%.+]] = lm.token_logprob [[H]], [[W]], [[IDS]], [[LEN]] : (tensor<?x?x8xf32>, tensor<11x8xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32>
 // CHECK-NEXT: return [[T]]
-func.func @no_bias(%h: tensor<?x?x8xf32>, %ids: tensor<?x?xi32>) -> tensor<?x?xf32> {
+func.func @no_bias(%h: tensor<?x?x8xf32>, %ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> tensor<?x?xf32> {
   %W = lm.weight "head.output.weight" : tensor<11x8xf32>
   %logits = lm.linear %h, %W : (tensor<?x?x8xf32>, tensor<11x8xf32>) -> tensor<?x?x11xf32>
   %lp = lm.log_softmax %logits : tensor<?x?x11xf32>
-  %g = lm.gather %lp, %ids : (tensor<?x?x11xf32>, tensor<?x?xi32>) -> tensor<?x?xf32>
+  %g = lm.gather %lp, %ids, %len : (tensor<?x?x11xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32>
   return %g : tensor<?x?xf32>
 }
 
@@ -43,7 +43,7 @@ func.func @no_bias(%h: tensor<?x?x8xf32>, %ids: tensor<?x?xi32>) -> tensor<?x?xf
 // CHECK: lm.mask_and_predict
 // CHECK-NEXT: ^bb0([[M:%.+]]: tensor<?x?xi32>):
 // CHECK: [[X:%.+]] = lm.embed {{.*}}[[[M]]]
-// CHECK-NEXT: [[T:%.+]] = lm.token_logprob [[X]], {{.*}}, %arg0 :
+// CHECK-NEXT: [[T:%.+]] = lm.token_logprob [[X]], {{.*}}, %arg0, %{{.+}} :
 // CHECK-NEXT: lm.yield [[T]]
 func.func @pll(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> tensor<?x?xf32> {
   %E = lm.weight "embed.token" : tensor<11x8xf32>
@@ -52,7 +52,7 @@ func.func @pll(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> tensor<?x?xf32> {
     %x = lm.embed %E[%masked] : (tensor<11x8xf32>, tensor<?x?xi32>) -> tensor<?x?x8xf32>
     %logits = lm.linear %x, %E : (tensor<?x?x8xf32>, tensor<11x8xf32>) -> tensor<?x?x11xf32>
     %lp = lm.log_softmax %logits : tensor<?x?x11xf32>
-    %g = lm.gather %lp, %ids : (tensor<?x?x11xf32>, tensor<?x?xi32>) -> tensor<?x?xf32>
+    %g = lm.gather %lp, %ids, %len : (tensor<?x?x11xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32>
     lm.yield %g : tensor<?x?xf32>
   }
   return %r : tensor<?x?xf32>
@@ -64,14 +64,14 @@ func.func @pll(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> tensor<?x?xf32> {
 // CHECK-NOT: lm.token_logprob
 // CHECK: [[L:%.+]] = lm.linear
 // CHECK: [[LP:%.+]] = lm.log_softmax [[L]]
-// CHECK: [[G:%.+]] = lm.gather [[LP]], %{{.+}} {shift = 1 : i64}
+// CHECK: [[G:%.+]] = lm.gather [[LP]], %{{.+}}, %{{.+}} {shift = 1 : i64}
 // CHECK-NOT: lm.token_logprob
 // CHECK: return [[G]], [[LP]]
-func.func @logprobs_escape(%h: tensor<?x?x8xf32>, %ids: tensor<?x?xi32>) -> (tensor<?x?xf32>, tensor<?x?x11xf32>) {
+func.func @logprobs_escape(%h: tensor<?x?x8xf32>, %ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> (tensor<?x?xf32>, tensor<?x?x11xf32>) {
   %E = lm.weight "embed.token" : tensor<11x8xf32>
   %logits = lm.linear %h, %E : (tensor<?x?x8xf32>, tensor<11x8xf32>) -> tensor<?x?x11xf32>
   %lp = lm.log_softmax %logits : tensor<?x?x11xf32>
-  %g = lm.gather %lp, %ids {shift = 1 : i64} : (tensor<?x?x11xf32>, tensor<?x?xi32>) -> tensor<?x?xf32>
+  %g = lm.gather %lp, %ids, %len {shift = 1 : i64} : (tensor<?x?x11xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32>
   return %g, %lp : tensor<?x?xf32>, tensor<?x?x11xf32>
 }
 
@@ -84,12 +84,12 @@ func.func @logprobs_escape(%h: tensor<?x?x8xf32>, %ids: tensor<?x?xi32>) -> (ten
 // CHECK: lm.gather [[LP]]
 // CHECK-NOT: lm.token_logprob
 // CHECK: return
-func.func @two_gathers(%h: tensor<?x?x8xf32>, %a: tensor<?x?xi32>, %b: tensor<?x?xi32>) -> (tensor<?x?xf32>, tensor<?x?xf32>) {
+func.func @two_gathers(%h: tensor<?x?x8xf32>, %a: tensor<?x?xi32>, %b: tensor<?x?xi32>, %len: tensor<?xi32>) -> (tensor<?x?xf32>, tensor<?x?xf32>) {
   %E = lm.weight "embed.token" : tensor<11x8xf32>
   %logits = lm.linear %h, %E : (tensor<?x?x8xf32>, tensor<11x8xf32>) -> tensor<?x?x11xf32>
   %lp = lm.log_softmax %logits : tensor<?x?x11xf32>
-  %ga = lm.gather %lp, %a : (tensor<?x?x11xf32>, tensor<?x?xi32>) -> tensor<?x?xf32>
-  %gb = lm.gather %lp, %b : (tensor<?x?x11xf32>, tensor<?x?xi32>) -> tensor<?x?xf32>
+  %ga = lm.gather %lp, %a, %len : (tensor<?x?x11xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32>
+  %gb = lm.gather %lp, %b, %len : (tensor<?x?x11xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32>
   return %ga, %gb : tensor<?x?xf32>, tensor<?x?xf32>
 }
 
@@ -101,11 +101,11 @@ func.func @two_gathers(%h: tensor<?x?x8xf32>, %a: tensor<?x?xi32>, %b: tensor<?x
 // CHECK: lm.gather
 // CHECK-NOT: lm.token_logprob
 // CHECK: return
-func.func @logits_escape(%h: tensor<?x?x8xf32>, %ids: tensor<?x?xi32>) -> (tensor<?x?xf32>, tensor<?x?x11xf32>) {
+func.func @logits_escape(%h: tensor<?x?x8xf32>, %ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> (tensor<?x?xf32>, tensor<?x?x11xf32>) {
   %E = lm.weight "embed.token" : tensor<11x8xf32>
   %logits = lm.linear %h, %E : (tensor<?x?x8xf32>, tensor<11x8xf32>) -> tensor<?x?x11xf32>
   %lp = lm.log_softmax %logits : tensor<?x?x11xf32>
-  %g = lm.gather %lp, %ids : (tensor<?x?x11xf32>, tensor<?x?xi32>) -> tensor<?x?xf32>
+  %g = lm.gather %lp, %ids, %len : (tensor<?x?x11xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32>
   return %g, %logits : tensor<?x?xf32>, tensor<?x?x11xf32>
 }
 
@@ -116,9 +116,9 @@ func.func @logits_escape(%h: tensor<?x?x8xf32>, %ids: tensor<?x?xi32>) -> (tenso
 // CHECK: lm.gather
 // CHECK-NOT: lm.token_logprob
 // CHECK: return
-func.func @no_linear(%logits: tensor<?x?x11xf32>, %ids: tensor<?x?xi32>) -> tensor<?x?xf32> {
+func.func @no_linear(%logits: tensor<?x?x11xf32>, %ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> tensor<?x?xf32> {
   %lp = lm.log_softmax %logits : tensor<?x?x11xf32>
-  %g = lm.gather %lp, %ids : (tensor<?x?x11xf32>, tensor<?x?xi32>) -> tensor<?x?xf32>
+  %g = lm.gather %lp, %ids, %len : (tensor<?x?x11xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32>
   return %g : tensor<?x?xf32>
 }
 
@@ -128,7 +128,7 @@ func.func @no_linear(%logits: tensor<?x?x11xf32>, %ids: tensor<?x?xi32>) -> tens
 // MODEL: lm.mask_and_predict %arg0, %arg1
 // MODEL-NOT: lm.log_softmax
 // MODEL-NOT: lm.gather
-// MODEL: [[T:%.+]] = lm.token_logprob {{.*}}, %arg0 : (tensor<?x?x512xf32>, tensor<30522x512xf32>, tensor<30522xf32>, tensor<?x?xi32>) -> tensor<?x?xf32>
+// MODEL: [[T:%.+]] = lm.token_logprob {{.*}}, %arg0, %arg1 : (tensor<?x?x512xf32>, tensor<30522x512xf32>, tensor<30522xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32>
 // MODEL-NEXT: lm.yield [[T]]
 // MODEL-NOT: lm.log_softmax
 // MODEL: lm.sentence_score
@@ -140,6 +140,6 @@ func.func @no_linear(%logits: tensor<?x?x11xf32>, %ids: tensor<?x?xi32>) -> tens
 // uniLM: the causal head keeps its shift.
 // CAUSAL-LABEL: func.func @score
 // CAUSAL-NOT: lm.log_softmax
-// CAUSAL: [[T:%.+]] = lm.token_logprob {{.*}}, %arg0 {shift = 1 : i64}
+// CAUSAL: [[T:%.+]] = lm.token_logprob {{.*}}, %arg0, %arg1 {shift = 1 : i64}
 // CAUSAL-NEXT: lm.sentence_score [[T]], %arg0, %arg1 {first = 1 : i64
 // CAUSAL-LABEL: func.func @embed

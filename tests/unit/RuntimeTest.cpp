@@ -40,7 +40,14 @@ namespace {
 constexpr int64_t kVocab = 50, kMaxLen = 16, kDModel = 4;
 constexpr int32_t kPad = 7;
 
-/// The tensors of the fake model and their layout (the codegen's weightOffsets).
+std::vector<codegen::LayoutTensor> toLayout(const std::vector<TensorInfo> &tensors) {
+  std::vector<codegen::LayoutTensor> out;
+  for (const TensorInfo &t : tensors)
+    out.push_back({t.name, t.shape});
+  return out;
+}
+
+/// The tensors of the fake model and their layout (the codegen's layoutOffsets).
 const std::vector<TensorInfo> &fakeTensors() {
   static const std::vector<TensorInfo> tensors = {
       {"emb", {kVocab, kDModel}}, {"bias", {kDModel}}, {"scale", {3}}};
@@ -50,7 +57,7 @@ const std::vector<TensorInfo> &fakeTensors() {
 struct Layout {
   std::vector<int64_t> offsets;
   int64_t total = 0;
-  Layout() { offsets = codegen::weightOffsets(fakeTensors(), &total); }
+  Layout() { offsets = codegen::layoutOffsets(toLayout(fakeTensors()), &total); }
 };
 const Layout &layout() {
   static const Layout l;
@@ -325,9 +332,9 @@ TEST_F(RuntimeTest, WeightOffsetsAreAlignedAndDisjoint) {
   EXPECT_EQ(off[2], 224); // 208 + 4 -> 224
   EXPECT_EQ(layout().total, 240); // 227 rounded up
   int64_t total = -1;
-  EXPECT_TRUE(codegen::weightOffsets({}, &total).empty());
+  EXPECT_TRUE(codegen::layoutOffsets({}, &total).empty());
   EXPECT_EQ(total, 0);
-  EXPECT_THROW(codegen::weightOffsets({{"x", {-1, 2}}}, nullptr), std::invalid_argument);
+  EXPECT_THROW(codegen::layoutOffsets({{"x", {-1, 2}}}, nullptr), std::invalid_argument);
 }
 
 TEST_F(RuntimeTest, LoadsAndRuns) {
@@ -681,6 +688,16 @@ TEST(RuntimeGemm, EmptyInnerDimensionGivesBias) {
 
 // --- Generated header and glue ---------------------------------------------------------
 
+/// What MLIRGen records in the lm.model / lm.family / lm.spec_hash attributes for `s`.
+codegen::ModelFacts facts(const ModelSpec &s) {
+  codegen::ModelFacts f;
+  f.name = s.name, f.family = toString(s.family), f.specHash = specHash(s);
+  f.vocab = s.dims.vocab, f.maxLen = s.dims.maxLen, f.dModel = s.dims.dModel, f.heads = s.dims.heads;
+  f.dFF = s.dims.dFF, f.layers = s.dims.layers;
+  f.pad = s.tokens.pad, f.unk = s.tokens.unk, f.bos = s.tokens.bos, f.eos = s.tokens.eos, f.mask = s.tokens.mask;
+  return f;
+}
+
 ModelSpec tinySpec(const std::string &name, Family family) {
   ModelSpec s;
   s.name = name;
@@ -730,7 +747,7 @@ protected:
 
 TEST_F(GeneratedTest, HeaderHasTheContractPrototypesAndMacros) {
   const ModelSpec spec = tinySpec("tiny_tta", Family::TTA);
-  const std::string h = squeeze(codegen::generateHeader(spec));
+  const std::string h = squeeze(codegen::generateHeader(facts(spec)));
   for (const char *needle : {
            "#include <stdint.h>", "extern \"C\" {", "#ifndef LM_ABI_VERSION #define LM_ABI_VERSION 1 #endif",
            "#define TINY_TTA_VOCAB 40", "#define TINY_TTA_MAX_LEN 12", "#define TINY_TTA_D_MODEL 8",
@@ -744,20 +761,20 @@ TEST_F(GeneratedTest, HeaderHasTheContractPrototypesAndMacros) {
            "void tiny_tta_free(tiny_tta_model *m);", "const char *lm_last_error(void);",
            "int lm_set_num_threads(int n);", "namespace tiny_tta {", "class Model {"})
     EXPECT_NE(h.find(needle), std::string::npos) << needle;
-  EXPECT_NE(squeeze(codegen::generateHeader(spec, true)).find("#define TINY_TTA_EMBEDDED_WEIGHTS 1"),
+  EXPECT_NE(squeeze(codegen::generateHeader(facts(spec), true)).find("#define TINY_TTA_EMBEDDED_WEIGHTS 1"),
             std::string::npos);
   ModelSpec keyword = tinySpec("int", Family::TTA);
-  EXPECT_NE(codegen::generateHeader(keyword).find("namespace int_ {"), std::string::npos);
+  EXPECT_NE(codegen::generateHeader(facts(keyword)).find("namespace int_ {"), std::string::npos);
   ModelSpec clash = tinySpec("lm_rt", Family::TTA);
-  EXPECT_THROW(codegen::generateHeader(clash), std::invalid_argument);
+  EXPECT_THROW(codegen::generateHeader(facts(clash)), std::invalid_argument);
 }
 
 TEST_F(GeneratedTest, TwoHeadersCompileTogetherAsCAndCxx) {
   const bool cc = haveTool("cc"), cxx = haveTool("c++");
   if (!cc && !cxx)
     GTEST_SKIP() << "no C or C++ compiler (cc, c++) on PATH";
-  write("alpha_lm.h", codegen::generateHeader(tinySpec("alpha_lm", Family::TTA)));
-  write("beta_lm.h", codegen::generateHeader(tinySpec("beta_lm", Family::UniLM), true));
+  write("alpha_lm.h", codegen::generateHeader(facts(tinySpec("alpha_lm", Family::TTA))));
+  write("beta_lm.h", codegen::generateHeader(facts(tinySpec("beta_lm", Family::UniLM)), true));
   const std::string body = R"(#include "alpha_lm.h"
 #include "beta_lm.h"
 #include "alpha_lm.h" /* the include guard */
@@ -815,8 +832,8 @@ TEST_F(GeneratedTest, GlueCompiles) {
     const ModelSpec spec = tinySpec("tiny_glue", Family::TTA);
     const std::vector<TensorInfo> tensors = expectedTensors(spec);
     int64_t total = 0;
-    const std::vector<int64_t> offsets = codegen::weightOffsets(tensors, &total);
-    const std::string glue = codegen::generateGlue(spec, tensors, offsets, total, embed);
+    const std::vector<int64_t> offsets = codegen::layoutOffsets(toLayout(tensors), &total);
+    const std::string glue = codegen::generateGlue(facts(spec), toLayout(tensors), offsets, total, embed);
     EXPECT_NE(glue.find("#include \"lmrt.h\""), std::string::npos);
     EXPECT_NE(glue.find("_mlir_ciface_tiny_glue_score_kernel"), std::string::npos);
     EXPECT_NE(glue.find("_mlir_ciface_tiny_glue_embed_kernel"), std::string::npos);
@@ -831,11 +848,11 @@ TEST_F(GeneratedTest, GlueCompiles) {
   const ModelSpec spec = tinySpec("tiny_glue", Family::TTA);
   const std::vector<TensorInfo> tensors = expectedTensors(spec);
   int64_t total = 0;
-  std::vector<int64_t> offsets = codegen::weightOffsets(tensors, &total);
+  std::vector<int64_t> offsets = codegen::layoutOffsets(toLayout(tensors), &total);
   offsets.pop_back();
-  EXPECT_THROW(codegen::generateGlue(spec, tensors, offsets, total, false), std::invalid_argument);
-  offsets = codegen::weightOffsets(tensors, &total);
-  EXPECT_THROW(codegen::generateGlue(spec, tensors, offsets, total - 16, false), std::invalid_argument);
+  EXPECT_THROW(codegen::generateGlue(facts(spec), toLayout(tensors), offsets, total, false), std::invalid_argument);
+  offsets = codegen::layoutOffsets(toLayout(tensors), &total);
+  EXPECT_THROW(codegen::generateGlue(facts(spec), toLayout(tensors), offsets, total - 16, false), std::invalid_argument);
 }
 
 /// C kernels for the end-to-end library: token_logprob = -(id + 1) / 8, score = sum, embed[j] = ids[0] + j.
@@ -880,9 +897,9 @@ TEST_F(GeneratedTest, EndToEndLibraryRunsTheExamples) {
   const ModelSpec spec = tinySpec("example_model", Family::TTA);
   const std::vector<TensorInfo> tensors = expectedTensors(spec);
   int64_t total = 0;
-  const std::vector<int64_t> offsets = codegen::weightOffsets(tensors, &total);
-  write("example_model.h", codegen::generateHeader(spec));
-  write("glue.c", codegen::generateGlue(spec, tensors, offsets, total, false));
+  const std::vector<int64_t> offsets = codegen::layoutOffsets(toLayout(tensors), &total);
+  write("example_model.h", codegen::generateHeader(facts(spec)));
+  write("glue.c", codegen::generateGlue(facts(spec), toLayout(tensors), offsets, total, false));
   write("kernels.c", kFakeKernelsC);
   fs::copy_file(LMRT_LIBRARY_DIR "/liblmrt.so", dir_ / "liblmrt.so");
   const std::string d = dir_.string();
