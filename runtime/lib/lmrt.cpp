@@ -20,7 +20,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/lib/lmrt.h"
-#include "runtime/weights/Weights.h"
+#include "runtime/weights/Safetensors.h"
 
 #define EIGEN_DONT_PARALLELIZE
 #include <Eigen/Core>

@@ -12,7 +12,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "runtime/weights/Weights.h"
+#include "runtime/weights/Safetensors.h"
 
 #include <nlohmann/json.hpp>
 
