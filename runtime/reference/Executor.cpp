@@ -9,6 +9,7 @@
 #include "runtime/reference/Executor.h"
 
 #include "runtime/reference/Ops.h"
+#include "runtime/weights/Format.h"
 
 #include <oneapi/tbb/parallel_for.h>
 #include <oneapi/tbb/task_arena.h>
@@ -59,17 +60,11 @@ struct Model {
   RowVector headBias;   ///< head.bias [V], head bias only
 };
 
-std::string shapeString(const std::vector<int64_t> &shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i)
-    s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 const Tensor &tensor(const WeightSet &weights, const std::string &name, const std::vector<int64_t> &shape) {
   const Tensor &t = weights.get(name);
   if (t.shape != shape || static_cast<int64_t>(t.data.size()) != t.numel())
-    throw WeightError("tensor '" + name + "': shape " + shapeString(t.shape) + ", expected " + shapeString(shape));
+    throw WeightError("tensor " + quoted(name) + ": shape " + shapeString(t.shape) + ", expected " +
+                      shapeString(shape));
   return t;
 }
 

@@ -8,6 +8,8 @@
 
 #include "runtime/weights/ModelWeights.h"
 
+#include "runtime/weights/Format.h"
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -28,24 +30,6 @@ bool startsWith(const std::string &s, const std::string &prefix) {
 bool endsWith(const std::string &s, const std::string &suffix) {
   return s.size() >= suffix.size() &&
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-/// A name as it appears in messages: quoted, shortened when enormous.
-std::string quoted(const std::string &name) {
-  constexpr size_t kMax = 200;
-  if (name.size() <= kMax)
-    return "'" + name + "'";
-  return "'" + name.substr(0, kMax) + "...' (" + std::to_string(name.size()) + " bytes)";
-}
-
-std::string shapeString(const std::vector<int64_t> &shape) {
-  constexpr size_t kMaxDims = 16;
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size() && i < kMaxDims; ++i)
-    s += (i ? ", " : "") + std::to_string(shape[i]);
-  if (shape.size() > kMaxDims)
-    s += ", ... (" + std::to_string(shape.size()) + " dims)";
-  return s + "]";
 }
 
 [[noreturn]] void tensorError(const std::string &path, const std::string &name,
@@ -289,14 +273,6 @@ HfTarget mapHfName(const std::string &hfName, const ModelSpec &spec) {
 
 bool sameTensor(const Tensor &a, const Tensor &b) {
   return a.shape == b.shape && a.data == b.data;
-}
-
-std::string valueString(float v) {
-  if (std::isnan(v))
-    return "nan";
-  if (std::isinf(v))
-    return v < 0 ? "-inf" : "inf";
-  return std::to_string(v);
 }
 
 // --- Seeded initialization -----------------------------------------------------
