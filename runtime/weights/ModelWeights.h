@@ -1,7 +1,7 @@
 //===- ModelWeights.h - Spec-aware model weights ---------------------------===//
 //
-// The weights a ModelSpec needs: the canonical tensor list (DESIGN.md names,
-// linear weights [out, in]), import of Hugging Face BERT names,
+// The weights a ModelSpec needs: the canonical tensor list (names from
+// WeightNames.h, linear weights [out, in]), import of Hugging Face BERT names,
 // validation against the spec (missing, unexpected, wrong shape, non-finite
 // values) and seeded BERT-style init. The compiler and the reference executor use
 // this layer; liblmrt does not (it sees only Safetensors.h).
