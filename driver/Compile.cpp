@@ -19,7 +19,7 @@
 #include "dialect/LmDialect.h"
 #include "frontend/MLIRGen.h"
 #include "passes/Passes.h"
-#include "runtime/weights/Weights.h"
+#include "runtime/weights/ModelWeights.h"
 
 #include "mlir/IR/MLIRContext.h"
 #include "llvm/Support/raw_ostream.h"

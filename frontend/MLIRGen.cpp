@@ -10,6 +10,7 @@
 #include "frontend/MLIRGen.h"
 
 #include "dialect/LmDialect.h"
+#include "runtime/weights/WeightNames.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
@@ -66,8 +67,8 @@ private:
 
   /// y = x W^T + b with W = `prefix`.weight [out, in], b = `prefix`.bias.
   Value linear(Value x, const std::string &prefix, int64_t in, int64_t out, bool bias = true) {
-    Value w = weight(prefix + ".weight", {out, in}); // stored [out, in]
-    Value bv = bias ? weight(prefix + ".bias", {out}) : Value();
+    Value w = weight(names::weight(prefix), {out, in}); // stored [out, in]
+    Value bv = bias ? weight(names::bias(prefix), {out}) : Value();
     auto xt = llvm::cast<RankedTensorType>(x.getType());
     SmallVector<int64_t> shape(xt.getShape());
     shape.back() = out;
@@ -75,7 +76,7 @@ private:
   }
 
   Value layerNorm(Value x, const std::string &prefix) {
-    Value g = weight(prefix + ".weight", {D()}), bb = weight(prefix + ".bias", {D()});
+    Value g = weight(names::weight(prefix), {D()}), bb = weight(names::bias(prefix), {D()});
     return b.create<lm::LayerNormOp>(loc, x.getType(), x, g, bb, b.getF64FloatAttr(spec.eps));
   }
 
@@ -91,7 +92,7 @@ private:
   Value add(Value x, Value y) { return b.create<lm::AddOp>(loc, x, y); }
 
   Value ffn(Value x, const std::string &prefix, int64_t dFF) {
-    return linear(activation(linear(x, prefix + ".in", D(), dFF)), prefix + ".out", dFF, D());
+    return linear(activation(linear(x, names::ffnIn(prefix), D(), dFF)), names::ffnOut(prefix), dFF, D());
   }
 
   /// Decomposed multi-head attention of `query` over `keyValue` (the attn.{q,k,v,o}
@@ -99,9 +100,9 @@ private:
   Value attention(Value query, Value keyValue, Value lengths, const std::string &prefix, int64_t heads,
                   lm::MaskKind mask, Value maskData, int64_t clip) {
     int64_t dh = D() / heads;
-    Value q = linear(query, prefix + ".q", D(), D());
-    Value k = linear(keyValue, prefix + ".k", D(), D());
-    Value v = linear(keyValue, prefix + ".v", D(), D());
+    Value q = linear(query, names::q(prefix), D(), D());
+    Value k = linear(keyValue, names::k(prefix), D(), D());
+    Value v = linear(keyValue, names::v(prefix), D(), D());
     auto headsType = t({kDyn, heads, kDyn, dh}, f32);
     auto scoresType = t({kDyn, heads, kDyn, kDyn}, f32);
     Value qh = b.create<lm::SplitHeadsOp>(loc, headsType, q);
@@ -110,8 +111,8 @@ private:
     Value scores = b.create<lm::MatmulOp>(loc, scoresType, qh, kh, b.getUnitAttr());
     Value relK, relV;
     if (clip > 0) {
-      relK = weight(prefix + ".rel_k", {2 * clip + 1, dh});
-      relV = weight(prefix + ".rel_v", {2 * clip + 1, dh});
+      relK = weight(names::relK(prefix), {2 * clip + 1, dh});
+      relV = weight(names::relV(prefix), {2 * clip + 1, dh});
       scores = add(scores, b.create<lm::RelativeScoresOp>(loc, scoresType, qh, kh, relK, b.getI64IntegerAttr(clip)));
     }
     scores = b.create<lm::ScaleOp>(loc, scores, b.getF32FloatAttr(1.0f / std::sqrt(float(dh))));
@@ -122,7 +123,7 @@ private:
     if (clip > 0)
       context = add(context, b.create<lm::RelativeValuesOp>(loc, headsType, probs, relV, b.getI64IntegerAttr(clip)));
     Value merged = b.create<lm::MergeHeadsOp>(loc, seqType(D()), context);
-    return linear(merged, prefix + ".o", D(), D());
+    return linear(merged, names::o(prefix), D(), D());
   }
 
   static lm::MaskKind maskOf(MaskKind kind) {
@@ -136,18 +137,18 @@ private:
     return lm::MaskKind::none;
   }
 
-  Value optionalEmbedNorm(Value x) { return spec.embeddingNorm ? layerNorm(x, "embed.norm") : x; }
+  Value optionalEmbedNorm(Value x) { return spec.embeddingNorm ? layerNorm(x, names::embedNorm()) : x; }
 
   Value positions(Value ids) {
     if (spec.position == PositionKind::Learned)
-      return b.create<lm::PositionsOp>(loc, seqType(D()), ids, weight("embed.position", {spec.dims.maxLen, D()}));
+      return b.create<lm::PositionsOp>(loc, seqType(D()), ids, weight(names::embedPosition(), {spec.dims.maxLen, D()}));
     return b.create<lm::PositionsOp>(loc, seqType(D()), ids, Value());
   }
 
   /// The transformer stack over `ids`: returns the last layer's hidden states
   /// (after final_norm for pre-norm blocks).
   Value encode(Value ids, Value lengths) {
-    Value tokenTable = weight("embed.token", {spec.dims.vocab, D()});
+    Value tokenTable = weight(names::embedToken(), {spec.dims.vocab, D()});
     Value tokens = b.create<lm::EmbedOp>(loc, seqType(D()), tokenTable, ids);
     Value pos = spec.position == PositionKind::None ? Value() : positions(ids);
     // X = norm(E[x] + P): the embedding stream (fixed for all layers under input isolation).
@@ -162,32 +163,32 @@ private:
     }
     bool isolated = spec.keysValues == KeyValueSource::Embedding;
     for (int64_t i = 0; i < spec.dims.layers; ++i) {
-      std::string p = "layers." + std::to_string(i);
+      std::string p = names::layer(i);
       if (spec.norm == NormPlacement::Post) {
-        Value attn = attention(h, isolated ? X : h, lengths, p + ".attn", spec.dims.heads, maskOf(spec.mask), Value(),
-                               spec.relativePositions);
-        Value a = layerNorm(add(h, attn), p + ".attn_norm");
-        h = layerNorm(add(a, ffn(a, p + ".ffn", spec.dims.dFF)), p + ".ffn_norm");
+        Value attn = attention(h, isolated ? X : h, lengths, names::attn(p), spec.dims.heads, maskOf(spec.mask),
+                               Value(), spec.relativePositions);
+        Value a = layerNorm(add(h, attn), names::attnNorm(p));
+        h = layerNorm(add(a, ffn(a, names::ffn(p), spec.dims.dFF)), names::ffnNorm(p));
       } else {
-        Value qIn = layerNorm(h, p + ".attn_norm");
-        Value attn = attention(qIn, isolated ? X : qIn, lengths, p + ".attn", spec.dims.heads, maskOf(spec.mask),
+        Value qIn = layerNorm(h, names::attnNorm(p));
+        Value attn = attention(qIn, isolated ? X : qIn, lengths, names::attn(p), spec.dims.heads, maskOf(spec.mask),
                                Value(), spec.relativePositions);
         Value a = add(h, attn);
-        h = add(a, ffn(layerNorm(a, p + ".ffn_norm"), p + ".ffn", spec.dims.dFF));
+        h = add(a, ffn(layerNorm(a, names::ffnNorm(p)), names::ffn(p), spec.dims.dFF));
       }
     }
     if (spec.norm == NormPlacement::Pre)
-      h = layerNorm(h, "final_norm");
+      h = layerNorm(h, names::finalNorm());
     return h;
   }
 
   /// The output head: logits = T(h) W^T + bias, T the optional dense+act+norm transform.
-  Value logits(Value h, const std::string &prefix = "head") {
+  Value logits(Value h) {
     if (spec.headTransform)
-      h = layerNorm(activation(linear(h, prefix + ".transform", D(), D())), prefix + ".norm");
-    Value w = spec.tied ? weight("embed.token", {spec.dims.vocab, D()})
-                        : weight(prefix + ".output.weight", {spec.dims.vocab, D()});
-    Value bias = spec.headBias ? weight(prefix + ".bias", {spec.dims.vocab}) : Value();
+      h = layerNorm(activation(linear(h, names::headTransform(), D(), D())), names::headNorm());
+    Value w = spec.tied ? weight(names::embedToken(), {spec.dims.vocab, D()})
+                        : weight(names::headOutputWeight(), {spec.dims.vocab, D()});
+    Value bias = spec.headBias ? weight(names::headBias(), {spec.dims.vocab}) : Value();
     return b.create<lm::LinearOp>(loc, seqType(spec.dims.vocab), h, w, bias);
   }
 
@@ -219,7 +220,7 @@ private:
     // read at shift j. Extra heads are averaged in probability space (running mean).
     Value extra;
     for (int64_t j = 2; j < spec.ngram->n; ++j) {
-      Value lpj = tokenLogprobs(ffn(h, "ngram.heads." + std::to_string(j), spec.dims.dFF), ids, lengths, j);
+      Value lpj = tokenLogprobs(ffn(h, names::ngramHead(j), spec.dims.dFF), ids, lengths, j);
       extra = extra ? Value(b.create<lm::InterpolateOp>(loc, extra, lpj, b.getF64FloatAttr(1.0 / (j - 1)),
                                                         b.getI64IntegerAttr(j)))
                     : lpj;
@@ -306,32 +307,33 @@ private:
                     {tokenLp, t({kDyn}, f32), t({kDyn}, i32)});
     Value src = fn.getArgument(0), srcLen = fn.getArgument(1), tgt = fn.getArgument(2), tgtLen = fn.getArgument(3),
           dirs = fn.getArgument(4);
-    Value tokenTable = weight("embed.token", {spec.dims.vocab, D()});
+    Value tokenTable = weight(names::embedToken(), {spec.dims.vocab, D()});
 
     // Encoder: post-norm BERT stack, no mask beyond padding.
     Value h = b.create<lm::EmbedOp>(loc, seqType(D()), tokenTable, src);
     h = optionalEmbedNorm(add(h, positions(src)));
     for (int64_t i = 0; i < d.encoder.layers; ++i) {
-      std::string p = "encoder.layers." + std::to_string(i);
-      Value a = layerNorm(add(h, attention(h, h, srcLen, p + ".attn", d.encoder.heads, lm::MaskKind::none, Value(), 0)),
-                          p + ".attn_norm");
-      h = layerNorm(add(a, ffn(a, p + ".ffn", d.encoder.dFF)), p + ".ffn_norm");
+      std::string p = names::encoderLayer(i);
+      Value a = layerNorm(
+          add(h, attention(h, h, srcLen, names::attn(p), d.encoder.heads, lm::MaskKind::none, Value(), 0)),
+          names::attnNorm(p));
+      h = layerNorm(add(a, ffn(a, names::ffn(p), d.encoder.dFF)), names::ffnNorm(p));
     }
     Value memory = h;
 
     // Decoder.
     Value words = b.create<lm::EmbedOp>(loc, seqType(D()), tokenTable, tgt);
-    Value dirTable = weight("decoder.direction", {3, D()});
+    Value dirTable = weight(names::decoderDirection(), {3, D()});
     Value q = add(b.create<lm::EmbedOp>(loc, seqType(D()), dirTable, dirs), positions(tgt));
     q = optionalEmbedNorm(q);
     for (int64_t i = 0; i < d.decoder.layers; ++i) {
-      std::string p = "decoder.layers." + std::to_string(i);
-      Value self = attention(q, words, tgtLen, p + ".attn", d.decoder.heads, lm::MaskKind::directional, dirs,
+      std::string p = names::decoderLayer(i);
+      Value self = attention(q, words, tgtLen, names::attn(p), d.decoder.heads, lm::MaskKind::directional, dirs,
                              spec.relativePositions);
-      Value a = layerNorm(add(q, self), p + ".attn_norm");
-      Value cross = attention(a, memory, srcLen, p + ".cross", d.decoder.heads, lm::MaskKind::none, Value(), 0);
-      Value c = layerNorm(add(a, cross), p + ".cross_norm");
-      q = layerNorm(add(c, ffn(c, p + ".ffn", d.decoder.dFF)), p + ".ffn_norm");
+      Value a = layerNorm(add(q, self), names::attnNorm(p));
+      Value cross = attention(a, memory, srcLen, names::cross(p), d.decoder.heads, lm::MaskKind::none, Value(), 0);
+      Value c = layerNorm(add(a, cross), names::crossNorm(p));
+      q = layerNorm(add(c, ffn(c, names::ffn(p), d.decoder.dFF)), names::ffnNorm(p));
     }
     Value lp = tokenLogprobs(q, tgt, tgtLen, 0);
     SmallVector<int32_t> skip;

@@ -20,7 +20,8 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/lib/lmrt.h"
-#include "runtime/weights/Weights.h"
+#include "runtime/weights/Format.h"
+#include "runtime/weights/Safetensors.h"
 
 #define EIGEN_DONT_PARALLELIZE
 #include <Eigen/Core>
@@ -54,6 +55,9 @@ struct lm_model {
 
 namespace {
 
+using lmcc::quoted;
+using lmcc::shapeString;
+using lmcc::valueString;
 using lmcc::WeightError;
 
 /// Sentences per chunk. Fixed (not derived from the thread count) so that a sentence is always
@@ -115,30 +119,6 @@ template <typename F> int guarded(F &&body) noexcept {
 }
 
 // --- Formatting -------------------------------------------------------------------
-
-/// A name as it appears in messages: quoted, shortened when a hostile file uses a huge one.
-std::string quoted(const std::string &name) {
-  constexpr size_t kMax = 200;
-  if (name.size() <= kMax)
-    return "'" + name + "'";
-  return "'" + name.substr(0, kMax) + "...' (" + std::to_string(name.size()) + " bytes)";
-}
-
-std::string shapeString(const std::vector<int64_t> &shape) {
-  constexpr size_t kMaxDims = 16;
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size() && i < kMaxDims; ++i)
-    s += (i ? ", " : "") + std::to_string(shape[i]);
-  if (shape.size() > kMaxDims)
-    s += ", ... (" + std::to_string(shape.size()) + " dims)";
-  return s + "]";
-}
-
-std::string valueString(float v) {
-  if (std::isnan(v))
-    return "nan";
-  return v > 0 ? "inf" : "-inf";
-}
 
 std::vector<int64_t> descShape(const lm_tensor_desc &t) {
   return std::vector<int64_t>(t.shape, t.shape + t.rank);

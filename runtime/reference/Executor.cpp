@@ -9,6 +9,8 @@
 #include "runtime/reference/Executor.h"
 
 #include "runtime/reference/Ops.h"
+#include "runtime/weights/Format.h"
+#include "runtime/weights/WeightNames.h"
 
 #include <oneapi/tbb/parallel_for.h>
 #include <oneapi/tbb/task_arena.h>
@@ -59,17 +61,11 @@ struct Model {
   RowVector headBias;   ///< head.bias [V], head bias only
 };
 
-std::string shapeString(const std::vector<int64_t> &shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i)
-    s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 const Tensor &tensor(const WeightSet &weights, const std::string &name, const std::vector<int64_t> &shape) {
   const Tensor &t = weights.get(name);
   if (t.shape != shape || static_cast<int64_t>(t.data.size()) != t.numel())
-    throw WeightError("tensor '" + name + "': shape " + shapeString(t.shape) + ", expected " + shapeString(shape));
+    throw WeightError("tensor " + quoted(name) + ": shape " + shapeString(t.shape) + ", expected " +
+                      shapeString(shape));
   return t;
 }
 
@@ -82,49 +78,49 @@ RowVector loadVector(const WeightSet &weights, const std::string &name, int64_t 
 }
 
 Linear loadLinear(const WeightSet &weights, const std::string &prefix, int64_t out, int64_t in) {
-  return {loadMatrix(weights, prefix + ".weight", out, in), loadVector(weights, prefix + ".bias", out)};
+  return {loadMatrix(weights, names::weight(prefix), out, in), loadVector(weights, names::bias(prefix), out)};
 }
 
 Norm loadNorm(const WeightSet &weights, const std::string &prefix, int64_t size) {
-  return {loadVector(weights, prefix + ".weight", size), loadVector(weights, prefix + ".bias", size)};
+  return {loadVector(weights, names::weight(prefix), size), loadVector(weights, names::bias(prefix), size)};
 }
 
 Model loadModel(const ModelSpec &spec, const WeightSet &weights) {
   const Dims &d = spec.dims;
   const int64_t D = d.dModel, dh = d.headDim(), k = spec.relativePositions;
   Model m;
-  m.token = loadMatrix(weights, "embed.token", d.vocab, D);
+  m.token = loadMatrix(weights, names::embedToken(), d.vocab, D);
   if (spec.position == PositionKind::Learned)
-    m.position = loadMatrix(weights, "embed.position", d.maxLen, D);
+    m.position = loadMatrix(weights, names::embedPosition(), d.maxLen, D);
   if (spec.embeddingNorm)
-    m.embedNorm = loadNorm(weights, "embed.norm", D);
+    m.embedNorm = loadNorm(weights, names::embedNorm(), D);
   for (int64_t i = 0; i < d.layers; ++i) {
-    const std::string p = "layers." + std::to_string(i) + ".";
+    const std::string layer = names::layer(i), attn = names::attn(layer), ffn = names::ffn(layer);
     Layer l;
-    l.q = loadLinear(weights, p + "attn.q", D, D);
-    l.k = loadLinear(weights, p + "attn.k", D, D);
-    l.v = loadLinear(weights, p + "attn.v", D, D);
-    l.o = loadLinear(weights, p + "attn.o", D, D);
+    l.q = loadLinear(weights, names::q(attn), D, D);
+    l.k = loadLinear(weights, names::k(attn), D, D);
+    l.v = loadLinear(weights, names::v(attn), D, D);
+    l.o = loadLinear(weights, names::o(attn), D, D);
     if (k > 0) {
-      l.relK = loadMatrix(weights, p + "attn.rel_k", 2 * k + 1, dh);
-      l.relV = loadMatrix(weights, p + "attn.rel_v", 2 * k + 1, dh);
+      l.relK = loadMatrix(weights, names::relK(attn), 2 * k + 1, dh);
+      l.relV = loadMatrix(weights, names::relV(attn), 2 * k + 1, dh);
     }
-    l.attnNorm = loadNorm(weights, p + "attn_norm", D);
-    l.ffnIn = loadLinear(weights, p + "ffn.in", d.dFF, D);
-    l.ffnOut = loadLinear(weights, p + "ffn.out", D, d.dFF);
-    l.ffnNorm = loadNorm(weights, p + "ffn_norm", D);
+    l.attnNorm = loadNorm(weights, names::attnNorm(layer), D);
+    l.ffnIn = loadLinear(weights, names::ffnIn(ffn), d.dFF, D);
+    l.ffnOut = loadLinear(weights, names::ffnOut(ffn), D, d.dFF);
+    l.ffnNorm = loadNorm(weights, names::ffnNorm(layer), D);
     m.layers.push_back(std::move(l));
   }
   if (spec.norm == NormPlacement::Pre)
-    m.finalNorm = loadNorm(weights, "final_norm", D);
+    m.finalNorm = loadNorm(weights, names::finalNorm(), D);
   if (spec.headTransform) {
-    m.headTransform = loadLinear(weights, "head.transform", D, D);
-    m.headNorm = loadNorm(weights, "head.norm", D);
+    m.headTransform = loadLinear(weights, names::headTransform(), D, D);
+    m.headNorm = loadNorm(weights, names::headNorm(), D);
   }
   if (!spec.tied)
-    m.headOutput = loadMatrix(weights, "head.output.weight", d.vocab, D);
+    m.headOutput = loadMatrix(weights, names::headOutputWeight(), d.vocab, D);
   if (spec.headBias)
-    m.headBias = loadVector(weights, "head.bias", d.vocab);
+    m.headBias = loadVector(weights, names::headBias(), d.vocab);
   return m;
 }
 

@@ -10,7 +10,7 @@
 #pragma once
 
 #include "frontend/Spec.h"
-#include "runtime/weights/Weights.h"
+#include "runtime/weights/Safetensors.h"
 
 #include <cstdint>
 #include <vector>

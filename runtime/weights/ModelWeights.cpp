@@ -6,7 +6,10 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "runtime/weights/Weights.h"
+#include "runtime/weights/ModelWeights.h"
+
+#include "runtime/weights/Format.h"
+#include "runtime/weights/WeightNames.h"
 
 #include <cmath>
 #include <cstring>
@@ -28,24 +31,6 @@ bool startsWith(const std::string &s, const std::string &prefix) {
 bool endsWith(const std::string &s, const std::string &suffix) {
   return s.size() >= suffix.size() &&
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-/// A name as it appears in messages: quoted, shortened when enormous.
-std::string quoted(const std::string &name) {
-  constexpr size_t kMax = 200;
-  if (name.size() <= kMax)
-    return "'" + name + "'";
-  return "'" + name.substr(0, kMax) + "...' (" + std::to_string(name.size()) + " bytes)";
-}
-
-std::string shapeString(const std::vector<int64_t> &shape) {
-  constexpr size_t kMaxDims = 16;
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size() && i < kMaxDims; ++i)
-    s += (i ? ", " : "") + std::to_string(shape[i]);
-  if (shape.size() > kMaxDims)
-    s += ", ... (" + std::to_string(shape.size()) + " dims)";
-  return s + "]";
 }
 
 [[noreturn]] void tensorError(const std::string &path, const std::string &name,
@@ -122,43 +107,43 @@ std::vector<ExpectedTensor> expectedList(const ModelSpec &spec) {
     list.push_back({{std::move(name), std::move(shape)}, init});
   };
   auto addNorm = [&](const std::string &prefix) {
-    add(prefix + ".weight", {D}, Init::One);
-    add(prefix + ".bias", {D}, Init::Zero);
+    add(names::weight(prefix), {D}, Init::One);
+    add(names::bias(prefix), {D}, Init::Zero);
   };
 
-  add("embed.token", {V, D}, Init::Normal);
+  add(names::embedToken(), {V, D}, Init::Normal);
   if (spec.position == PositionKind::Learned)
-    add("embed.position", {L, D}, Init::Normal);
+    add(names::embedPosition(), {L, D}, Init::Normal);
   if (spec.embeddingNorm)
-    addNorm("embed.norm");
+    addNorm(names::embedNorm());
   for (int64_t i = 0; i < spec.dims.layers; ++i) {
-    const std::string p = "layers." + std::to_string(i) + ".";
-    for (const char *proj : {"q", "k", "v", "o"}) {
-      add(p + "attn." + proj + ".weight", {D, D}, Init::Normal);
-      add(p + "attn." + proj + ".bias", {D}, Init::Zero);
+    const std::string layer = names::layer(i), attn = names::attn(layer), ffn = names::ffn(layer);
+    for (const std::string &proj : {names::q(attn), names::k(attn), names::v(attn), names::o(attn)}) {
+      add(names::weight(proj), {D, D}, Init::Normal);
+      add(names::bias(proj), {D}, Init::Zero);
     }
     if (k > 0) {
-      add(p + "attn.rel_k", {2 * k + 1, dh}, Init::Normal);
-      add(p + "attn.rel_v", {2 * k + 1, dh}, Init::Normal);
+      add(names::relK(attn), {2 * k + 1, dh}, Init::Normal);
+      add(names::relV(attn), {2 * k + 1, dh}, Init::Normal);
     }
-    addNorm(p + "attn_norm");
-    add(p + "ffn.in.weight", {F, D}, Init::Normal);
-    add(p + "ffn.in.bias", {F}, Init::Zero);
-    add(p + "ffn.out.weight", {D, F}, Init::Normal);
-    add(p + "ffn.out.bias", {D}, Init::Zero);
-    addNorm(p + "ffn_norm");
+    addNorm(names::attnNorm(layer));
+    add(names::weight(names::ffnIn(ffn)), {F, D}, Init::Normal);
+    add(names::bias(names::ffnIn(ffn)), {F}, Init::Zero);
+    add(names::weight(names::ffnOut(ffn)), {D, F}, Init::Normal);
+    add(names::bias(names::ffnOut(ffn)), {D}, Init::Zero);
+    addNorm(names::ffnNorm(layer));
   }
   if (spec.norm == NormPlacement::Pre)
-    addNorm("final_norm");
+    addNorm(names::finalNorm());
   if (spec.headTransform) {
-    add("head.transform.weight", {D, D}, Init::Normal);
-    add("head.transform.bias", {D}, Init::Zero);
-    addNorm("head.norm");
+    add(names::weight(names::headTransform()), {D, D}, Init::Normal);
+    add(names::bias(names::headTransform()), {D}, Init::Zero);
+    addNorm(names::headNorm());
   }
   if (!spec.tied)
-    add("head.output.weight", {V, D}, Init::Normal);
+    add(names::headOutputWeight(), {V, D}, Init::Normal);
   if (spec.headBias)
-    add("head.bias", {V}, Init::Zero);
+    add(names::headBias(), {V}, Init::Zero);
   return list;
 }
 
@@ -178,43 +163,53 @@ struct HfTarget {
   std::string name;
 };
 
-/// "weight"/"bias" of a dense layer.
-std::string denseSuffix(const std::string &s) {
-  return s == "weight" || s == "bias" ? s : "";
+/// names::weight or names::bias: a tensor of a linear layer or LayerNorm prefix.
+using Leaf = std::string (*)(std::string_view prefix);
+
+/// The canonical leaf of a dense layer's Hugging Face tensor "weight"/"bias"; null when unknown.
+Leaf denseLeaf(const std::string &s) {
+  if (s == "weight")
+    return names::weight;
+  if (s == "bias")
+    return names::bias;
+  return nullptr;
 }
 
-/// "weight"/"bias" of a LayerNorm; TF-era checkpoints call them gamma/beta.
-std::string layerNormSuffix(const std::string &s) {
+/// The same for a LayerNorm; TF-era checkpoints call its tensors gamma/beta.
+Leaf layerNormLeaf(const std::string &s) {
   if (s == "weight" || s == "gamma")
-    return "weight";
+    return names::weight;
   if (s == "bias" || s == "beta")
-    return "bias";
-  return "";
+    return names::bias;
+  return nullptr;
 }
 
-/// Maps the part of a layer name after "encoder.layer.{i}." to its canonical suffix
-/// after "layers.{i}."; empty when unknown.
-std::string mapLayerTensor(const std::string &rest) {
+/// leaf(prefix), or "" (unknown) when there is no leaf.
+std::string leafName(Leaf leaf, const std::string &prefix) { return leaf ? leaf(prefix) : ""; }
+
+/// Maps the part of a layer name after "encoder.layer.{i}." to its canonical name in
+/// `layer` (names::layer(i)); empty when unknown.
+std::string mapLayerTensor(const std::string &rest, const std::string &layer) {
   struct Rule {
-    const char *hf, *canonical;
+    const char *hf;
+    std::string (*module)(std::string_view layer); ///< the canonical prefix in the layer
     bool layerNorm;
   };
   static const Rule rules[] = {
-      {"attention.self.query.", "attn.q.", false},
-      {"attention.self.key.", "attn.k.", false},
-      {"attention.self.value.", "attn.v.", false},
-      {"attention.output.dense.", "attn.o.", false},
-      {"attention.output.LayerNorm.", "attn_norm.", true},
-      {"intermediate.dense.", "ffn.in.", false},
-      {"output.dense.", "ffn.out.", false},
-      {"output.LayerNorm.", "ffn_norm.", true},
+      {"attention.self.query.", [](std::string_view l) { return names::q(names::attn(l)); }, false},
+      {"attention.self.key.", [](std::string_view l) { return names::k(names::attn(l)); }, false},
+      {"attention.self.value.", [](std::string_view l) { return names::v(names::attn(l)); }, false},
+      {"attention.output.dense.", [](std::string_view l) { return names::o(names::attn(l)); }, false},
+      {"attention.output.LayerNorm.", names::attnNorm, true},
+      {"intermediate.dense.", [](std::string_view l) { return names::ffnIn(names::ffn(l)); }, false},
+      {"output.dense.", [](std::string_view l) { return names::ffnOut(names::ffn(l)); }, false},
+      {"output.LayerNorm.", names::ffnNorm, true},
   };
   for (const Rule &r : rules) {
     if (!startsWith(rest, r.hf))
       continue;
     const std::string leaf = rest.substr(std::strlen(r.hf));
-    const std::string suffix = r.layerNorm ? layerNormSuffix(leaf) : denseSuffix(leaf);
-    return suffix.empty() ? "" : r.canonical + suffix;
+    return leafName(r.layerNorm ? layerNormLeaf(leaf) : denseLeaf(leaf), r.module(layer));
   }
   return "";
 }
@@ -237,12 +232,11 @@ HfTarget mapHfName(const std::string &hfName, const ModelSpec &spec) {
     if (startsWith(n, "seq_relationship.")) {
       t.kind = HfTarget::Ignore;
     } else if (startsWith(n, "predictions.transform.dense.")) {
-      const std::string s = denseSuffix(n.substr(std::strlen("predictions.transform.dense.")));
-      return canonical(s.empty() ? "" : "head.transform." + s);
+      return canonical(leafName(denseLeaf(n.substr(std::strlen("predictions.transform.dense."))),
+                                names::headTransform()));
     } else if (startsWith(n, "predictions.transform.LayerNorm.")) {
-      const std::string s =
-          layerNormSuffix(n.substr(std::strlen("predictions.transform.LayerNorm.")));
-      return canonical(s.empty() ? "" : "head.norm." + s);
+      return canonical(leafName(layerNormLeaf(n.substr(std::strlen("predictions.transform.LayerNorm."))),
+                                names::headNorm()));
     } else if (n == "predictions.bias") {
       t.kind = HfTarget::HeadBias;
     } else if (n == "predictions.decoder.bias") {
@@ -252,7 +246,7 @@ HfTarget mapHfName(const std::string &hfName, const ModelSpec &spec) {
       if (spec.tied)
         t.kind = HfTarget::Ignore;
       else
-        return canonical("head.output.weight");
+        return canonical(names::headOutputWeight());
     }
     return t;
   }
@@ -262,14 +256,14 @@ HfTarget mapHfName(const std::string &hfName, const ModelSpec &spec) {
   if (startsWith(n, "pooler.")) {
     t.kind = HfTarget::Ignore;
   } else if (n == "embeddings.word_embeddings.weight") {
-    return canonical("embed.token");
+    return canonical(names::embedToken());
   } else if (n == "embeddings.position_embeddings.weight") {
     t.kind = HfTarget::Position;
   } else if (n == "embeddings.token_type_embeddings.weight") {
     t.kind = HfTarget::TokenType;
   } else if (startsWith(n, "embeddings.LayerNorm.")) {
-    const std::string s = layerNormSuffix(n.substr(std::strlen("embeddings.LayerNorm.")));
-    return canonical(s.empty() ? "" : "embed.norm." + s);
+    return canonical(
+        leafName(layerNormLeaf(n.substr(std::strlen("embeddings.LayerNorm."))), names::embedNorm()));
   } else if (startsWith(n, "encoder.layer.")) {
     // encoder.layer.{i}.REST with i a plain decimal number (no leading zeros).
     const std::string afterLayer = n.substr(std::strlen("encoder.layer."));
@@ -279,24 +273,14 @@ HfTarget mapHfName(const std::string &hfName, const ModelSpec &spec) {
         dot != std::string::npos && !index.empty() &&
         index.find_first_not_of("0123456789") == std::string::npos &&
         (index == "0" || index[0] != '0');
-    if (plainNumber) {
-      const std::string suffix = mapLayerTensor(afterLayer.substr(dot + 1));
-      return canonical(suffix.empty() ? "" : "layers." + index + "." + suffix);
-    }
+    if (plainNumber)
+      return canonical(mapLayerTensor(afterLayer.substr(dot + 1), names::layer(index)));
   }
   return t;
 }
 
 bool sameTensor(const Tensor &a, const Tensor &b) {
   return a.shape == b.shape && a.data == b.data;
-}
-
-std::string valueString(float v) {
-  if (std::isnan(v))
-    return "nan";
-  if (std::isinf(v))
-    return v < 0 ? "-inf" : "inf";
-  return std::to_string(v);
 }
 
 // --- Seeded initialization -----------------------------------------------------
@@ -418,7 +402,7 @@ WeightSet importHuggingFaceBert(const WeightSet &hf, const ModelSpec &spec,
   if (headBias && decoderBias && !sameTensor(headBias->second, decoderBias->second))
     tensorError(path, decoderBias->first, "differs from " + quoted(headBias->first));
   if (const auto *bias = headBias ? headBias : decoderBias)
-    put("head.bias", bias->first, bias->second);
+    put(names::headBias(), bias->first, bias->second);
 
   // Positions: token-type row 0 (single-segment input) folded into every row,
   // the table cut to max_len.
@@ -448,7 +432,7 @@ WeightSet importHuggingFaceBert(const WeightSet &hf, const ModelSpec &spec,
         for (int64_t c = 0; c < cols; ++c)
           cut.data[r * cols + c] += types.data[c];
     }
-    put("embed.position", name, std::move(cut));
+    put(names::embedPosition(), name, std::move(cut));
   } else if (tokenType) {
     tensorError(path, tokenType->first,
                 "cannot be folded: the checkpoint has no position_embeddings table");
@@ -479,9 +463,9 @@ void validateWeights(const WeightSet &weights, const ModelSpec &spec, const std:
     if (expectedNames.count(entry.first))
       continue;
     std::string hint;
-    if (entry.first == "head.output.weight" && spec.tied)
-      hint = " (the spec ties the output head to embed.token)";
-    else if (entry.first == "embed.position" && spec.position != PositionKind::Learned)
+    if (entry.first == names::headOutputWeight() && spec.tied)
+      hint = " (the spec ties the output head to " + names::embedToken() + ")";
+    else if (entry.first == names::embedPosition() && spec.position != PositionKind::Learned)
       hint = " (the spec does not use learned positions)";
     tensorError(path, entry.first, "unexpected for spec " + quoted(spec.name) + hint);
   }

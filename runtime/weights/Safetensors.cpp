@@ -12,7 +12,9 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "runtime/weights/Weights.h"
+#include "runtime/weights/Safetensors.h"
+
+#include "runtime/weights/Format.h"
 
 #include <nlohmann/json.hpp>
 
@@ -40,25 +42,6 @@ constexpr uint64_t kMaxHeaderBytes = 100ull * 1000 * 1000;
 constexpr uint64_t kDataAlignment = 8;
 /// Tensor data is read and decoded in chunks of at most this many bytes.
 constexpr uint64_t kReadChunkBytes = 1ull << 20;
-
-/// A name as it appears in messages: quoted, and shortened when a hostile file
-/// uses an enormous one.
-std::string quoted(const std::string &name) {
-  constexpr size_t kMax = 200;
-  if (name.size() <= kMax)
-    return "'" + name + "'";
-  return "'" + name.substr(0, kMax) + "...' (" + std::to_string(name.size()) + " bytes)";
-}
-
-std::string shapeString(const std::vector<int64_t> &shape) {
-  constexpr size_t kMaxDims = 16;
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size() && i < kMaxDims; ++i)
-    s += (i ? ", " : "") + std::to_string(shape[i]);
-  if (shape.size() > kMaxDims)
-    s += ", ... (" + std::to_string(shape.size()) + " dims)";
-  return s + "]";
-}
 
 [[noreturn]] void headerError(const std::string &path, const std::string &what) {
   throw WeightError(path + ": header: " + what);

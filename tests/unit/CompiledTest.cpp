@@ -5,7 +5,7 @@
 #include "passes/Passes.h"
 #include "runtime/lib/lmrt.h"
 #include "runtime/reference/Executor.h"
-#include "runtime/weights/Weights.h"
+#include "runtime/weights/ModelWeights.h"
 
 #include <gtest/gtest.h>
 

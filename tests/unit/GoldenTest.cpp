@@ -11,7 +11,7 @@
 //===----------------------------------------------------------------------===//
 #include "frontend/Spec.h"
 #include "runtime/reference/Executor.h"
-#include "runtime/weights/Weights.h"
+#include "runtime/weights/ModelWeights.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

@@ -10,7 +10,7 @@
 #include "frontend/Spec.h"
 #include "runtime/reference/Executor.h"
 #include "runtime/reference/Ops.h"
-#include "runtime/weights/Weights.h"
+#include "runtime/weights/Safetensors.h"
 
 #include <gtest/gtest.h>
 

@@ -11,7 +11,7 @@
 
 #include "codegen/Emit/Header.h"
 #include "runtime/lib/lmrt.h"
-#include "runtime/weights/Weights.h"
+#include "runtime/weights/ModelWeights.h"
 
 #include <gtest/gtest.h>
 

@@ -7,7 +7,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "runtime/weights/Weights.h"
+#include "runtime/weights/ModelWeights.h"
+#include "runtime/weights/WeightNames.h"
 
 #include <gtest/gtest.h>
 
@@ -587,6 +588,40 @@ TEST_F(WeightsTest, FuzzedFilesNeverCrash) {
 }
 
 // === Canonical tensor list =======================================================
+
+TEST(WeightNames, SpellTheCanonicalNames) {
+  // The names are a contract (DESIGN.md, safetensors files): spelled out here on purpose.
+  namespace n = names;
+  EXPECT_EQ(n::embedToken(), "embed.token");
+  EXPECT_EQ(n::embedPosition(), "embed.position");
+  EXPECT_EQ(n::weight(n::embedNorm()), "embed.norm.weight");
+  EXPECT_EQ(n::bias(n::embedNorm()), "embed.norm.bias");
+  const std::string layer = n::layer(11);
+  EXPECT_EQ(layer, "layers.11");
+  EXPECT_EQ(n::layer(std::string("11")), layer);
+  const std::string attn = n::attn(layer);
+  EXPECT_EQ(n::weight(n::q(attn)), "layers.11.attn.q.weight");
+  EXPECT_EQ(n::bias(n::k(attn)), "layers.11.attn.k.bias");
+  EXPECT_EQ(n::weight(n::v(attn)), "layers.11.attn.v.weight");
+  EXPECT_EQ(n::bias(n::o(attn)), "layers.11.attn.o.bias");
+  EXPECT_EQ(n::relK(attn), "layers.11.attn.rel_k");
+  EXPECT_EQ(n::relV(attn), "layers.11.attn.rel_v");
+  EXPECT_EQ(n::weight(n::attnNorm(layer)), "layers.11.attn_norm.weight");
+  EXPECT_EQ(n::weight(n::ffnIn(n::ffn(layer))), "layers.11.ffn.in.weight");
+  EXPECT_EQ(n::bias(n::ffnOut(n::ffn(layer))), "layers.11.ffn.out.bias");
+  EXPECT_EQ(n::bias(n::ffnNorm(layer)), "layers.11.ffn_norm.bias");
+  EXPECT_EQ(n::weight(n::finalNorm()), "final_norm.weight");
+  EXPECT_EQ(n::bias(n::headTransform()), "head.transform.bias");
+  EXPECT_EQ(n::weight(n::headNorm()), "head.norm.weight");
+  EXPECT_EQ(n::headOutputWeight(), "head.output.weight");
+  EXPECT_EQ(n::headBias(), "head.bias");
+  EXPECT_EQ(n::weight(n::ffnIn(n::ngramHead(2))), "ngram.heads.2.in.weight");
+  EXPECT_EQ(n::weight(n::q(n::attn(n::encoderLayer(0)))), "encoder.layers.0.attn.q.weight");
+  EXPECT_EQ(n::relK(n::attn(n::decoderLayer(1))), "decoder.layers.1.attn.rel_k");
+  EXPECT_EQ(n::bias(n::o(n::cross(n::decoderLayer(1)))), "decoder.layers.1.cross.o.bias");
+  EXPECT_EQ(n::weight(n::crossNorm(n::decoderLayer(1))), "decoder.layers.1.cross_norm.weight");
+  EXPECT_EQ(n::decoderDirection(), "decoder.direction");
+}
 
 TEST_F(WeightsTest, ExpectedTensorsForTheDefaultBertLayout) {
   const ModelSpec spec = tinySpec();

@@ -12,7 +12,7 @@
 #include "frontend/Spec.h"
 #include "runtime/reference/Executor.h"
 #include "runtime/lib/lmrt.h"
-#include "runtime/weights/Weights.h"
+#include "runtime/weights/ModelWeights.h"
 
 #include <CLI/CLI.hpp>
 

@@ -1,57 +1,24 @@
-//===- Weights.h - Named float32 tensors, safetensors I/O, model weights ---===//
+//===- ModelWeights.h - Spec-aware model weights ---------------------------===//
 //
-// Two layers:
-//  * Safetensors I/O (no spec): read any safetensors file into named float32
-//    tensors (F32, F16 and BF16 converted), validating the header JSON, dtypes,
-//    shapes, offsets inside the file and overlaps; write float32 files.
-//  * Model weights (spec-aware): the canonical tensor list a ModelSpec needs,
-//    import of Hugging Face BERT names, validation against the spec (missing,
-//    unexpected, wrong shape, non-finite values), seeded BERT-style init.
+// The weights a ModelSpec needs: the canonical tensor list (names from
+// WeightNames.h, linear weights [out, in]), import of Hugging Face BERT names,
+// validation against the spec (missing, unexpected, wrong shape, non-finite
+// values) and seeded BERT-style init. The compiler and the reference executor use
+// this layer; liblmrt does not (it sees only Safetensors.h).
 // Every error is a WeightError whose message names the file and the tensor.
 //
 //===----------------------------------------------------------------------===//
 #pragma once
 
 #include "frontend/Spec.h"
+#include "runtime/weights/Safetensors.h"
 
 #include <cstdint>
-#include <map>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace lmcc {
 
-/// A dense row-major float32 tensor.
-struct Tensor {
-  std::vector<int64_t> shape;
-  std::vector<float> data;
-  int64_t numel() const;
-};
-
-/// Named tensors plus the file's `__metadata__` string map.
-struct WeightSet {
-  std::map<std::string, Tensor> tensors;
-  std::map<std::string, std::string> metadata;
-  /// The tensor `name`; throws WeightError naming it when absent.
-  const Tensor &get(const std::string &name) const;
-  bool has(const std::string &name) const { return tensors.count(name) != 0; }
-};
-
-struct WeightError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-/// Reads a safetensors file. Throws WeightError ("FILE: tensor 'NAME': ...").
-WeightSet readSafetensors(const std::string &path);
-/// Writes all tensors as F32 with the metadata. Throws WeightError on I/O failure.
-void writeSafetensors(const std::string &path, const WeightSet &weights);
-
-/// Name and shape of one tensor a model needs.
-struct TensorInfo {
-  std::string name;
-  std::vector<int64_t> shape;
-};
 /// The canonical tensors (DESIGN.md names, linear weights [out, in]) that `spec`
 /// needs, in a stable order. Supports families unilm, bilm and tta.
 std::vector<TensorInfo> expectedTensors(const ModelSpec &spec);
