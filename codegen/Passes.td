@@ -12,7 +12,8 @@ def LmToLoops : Pass<"lm-to-loops", "::mlir::ModuleOp"> {
     token_logprobs, scores, n_scored)` and `<model>_embed_kernel(weights, ids, lengths, out)` with the
     runtime's ABI (runtime/lib/lmrt.h), every weight a view at its offset in the flat weight buffer
     (codegen/Layout/WeightLayout.h); lm.fold functions write their tables and `<model>_init_kernel(weights)`
-    packs the GEMM weights and calls them. Other functions (`logits`) are dropped. Needs `lm.model` on the
+    packs the GEMM weights and calls them. Other functions (`logits`) are dropped. A library needs both
+    entry points (the driver checks); lit tests may lower one. Needs `lm.model` on the
     module. Buffers are freed at the end of the block that allocates them.
   }];
   let options = [

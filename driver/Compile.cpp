@@ -139,6 +139,9 @@ std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options,
     return error + "\n" + diagnostics;
   if (options.gemm != "generated" && options.gemm != "eigen")
     return "--gemm " + options.gemm + ": expected generated or eigen";
+  for (const char *entry : {"score", "embed"})
+    if (!lm->lookupSymbol<mlir::func::FuncOp>(entry))
+      return std::string("internal error: the lm module has no @") + entry + " entry point";
   if (report)
     report->stats = codegen::countStats(*lm, options.statsN > 0 ? options.statsN : 1);
   // The one weight layout: the lowering, the glue and the embedded weights read it.

@@ -134,11 +134,6 @@ struct LmToLoopsPass : lmcc::impl::LmToLoopsBase<LmToLoopsPass> {
       module.emitError("lm-to-loops: gemm must be generated or eigen, got ") << gemm;
       return signalPassFailure();
     }
-    for (StringRef entry : {"score", "embed"})
-      if (!module.lookupSymbol<func::FuncOp>(entry)) {
-        module.emitError() << "lm module has no @" << entry << " entry point";
-        return signalPassFailure();
-      }
     WeightLayout computed;
     if (!givenLayout)
       computed = computeWeightLayout(module, gemm == "generated");
