@@ -1,0 +1,37 @@
+// RUN: lmcc-opt --lm-to-loops="vector-bits=256" %s | FileCheck %s
+// lm.attention: head size 16 takes the vector form (keys transposed per head, 16 keys per vector, scores
+// masked by lane, vector exp); head size 8 the scalar key-tiled online softmax (32-key tiles, running max
+// and sum rescaled by e^(m - m')). The causal mask shrinks the key range instead of testing every key; the
+// diagonal mask knocks out key i by a select.
+
+// CHECK-LABEL: func.func @m_score_kernel
+// vector form, causal: keys [0, min(len, i + 1))
+// CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<16x?xf32>
+// CHECK: arith.minsi
+// CHECK: scf.for {{.*}} step %c16{{(_[0-9]+)?}}
+// CHECK: vector.fma {{.*}} : vector<16xf32>
+// CHECK: vector.reduction <maximumf>
+// CHECK: math.exp {{.*}} : vector<16xf32>
+// CHECK: vector.reduction <add>
+// scalar form, diagonal
+// CHECK: memref.alloc() {alignment = 64 : i64} : memref<32xf32>
+// CHECK: scf.for {{.*}} step %c32{{(_[0-9]+)?}} iter_args
+// CHECK: arith.cmpi eq
+// CHECK: arith.select {{.*}} : f32
+// CHECK: math.exp
+// CHECK-NOT: lm.attention
+module @m attributes {lm.model = #lm.model<name = "m", vocab = 11, max_len = 6, d_model = 32, heads = 2, d_ff = 16,
+                                           layers = 1, pad = 0, eos = 1, unk = 2, bos = 3, mask = 4>} {
+  func.func @score(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> (tensor<?x?xf32>, tensor<?xf32>, tensor<?xi32>) {
+    %E = lm.weight "embed.token" : tensor<11x32xf32>
+    %x = lm.embed %E[%ids] : (tensor<11x32xf32>, tensor<?x?xi32>) -> tensor<?x?x32xf32>
+    %c = lm.attention %x, %x, %x, %len {heads = 2 : i64, mask = #lm.mask<causal>, scale = 0.25 : f32}
+         : tensor<?x?x32xf32>, tensor<?x?x32xf32>, tensor<?x?x32xf32>, tensor<?xi32> -> tensor<?x?x32xf32>
+    %d = lm.attention %c, %x, %x, %len {heads = 4 : i64, mask = #lm.mask<diagonal>, scale = 0.25 : f32}
+         : tensor<?x?x32xf32>, tensor<?x?x32xf32>, tensor<?x?x32xf32>, tensor<?xi32> -> tensor<?x?x32xf32>
+    %t = lm.token_logprob %d, %E, %ids, %len : (tensor<?x?x32xf32>, tensor<11x32xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32>
+    %lp, %s, %n = lm.sentence_score %t, %ids, %len {first = 0 : i64, skip = array<i32: 3, 1>}
+        : (tensor<?x?xf32>, tensor<?x?xi32>, tensor<?xi32>) -> (tensor<?x?xf32>, tensor<?xf32>, tensor<?xi32>)
+    return %lp, %s, %n : tensor<?x?xf32>, tensor<?xf32>, tensor<?xi32>
+  }
+}

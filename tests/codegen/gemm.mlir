@@ -1,0 +1,39 @@
+// RUN: lmcc-opt --lm-to-loops="vector-bits=256" %s | FileCheck %s --check-prefix=GEN
+// RUN: lmcc-opt --lm-to-loops="vector-bits=512" %s | FileCheck %s --check-prefix=AVX512
+// RUN: lmcc-opt --lm-to-loops="gemm=eigen" %s | FileCheck %s --check-prefix=EIGEN
+// RUN: not lmcc-opt --lm-to-loops="gemm=blas" %s 2>&1 | FileCheck %s --check-prefix=BAD
+// lm.linear: the generated GEMM over the load-time packed weight, split over threads by 64-wide panels
+// (lm_rt_parallel_for of a task), with the register tile of the target; or the runtime's Eigen GEMM.
+
+// GEN-LABEL: func.func @m_embed_kernel
+// GEN: %[[OUT:.+]] = memref.alloc({{.*}}) {alignment = 64 : i64} : memref<?x?x16xf32>
+// GEN: memref.alloca() : memref<8xi64>
+// GEN: constant @lm_gemm_task_16x8_bias_6x16
+// GEN: call @lm_rt_parallel_for
+// GEN: func.func private @lm_gemm_16x8_bias_6x16
+// GEN: vector.fma
+// GEN: func.func private @lm_gemm_task_16x8_bias_6x16
+// GEN-LABEL: func.func @m_init_kernel
+// The packed weight: ceil(16 / 64) panels of K = 8 rows of 64.
+// GEN: memref.reinterpret_cast %arg0 to offset: [{{[0-9]+}}], sizes: [8, 64], strides: [64, 1]
+
+// AVX512: func.func private @lm_gemm_16x8_bias_5x64
+
+// EIGEN-LABEL: func.func @m_embed_kernel
+// EIGEN: call @lm_rt_sgemm_nt
+// EIGEN-NOT: lm_rt_parallel_for
+// EIGEN-NOT: lm_gemm_
+
+// BAD: lm-to-loops: gemm must be generated or eigen, got blas
+module @m attributes {lm.model = #lm.model<name = "m", vocab = 11, max_len = 6, d_model = 8, heads = 2, d_ff = 16,
+                                           layers = 1, pad = 0, eos = 1, unk = 2, bos = 3, mask = 4>} {
+  func.func @embed(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> tensor<?x16xf32> {
+    %E = lm.weight "embed.token" : tensor<11x8xf32>
+    %x = lm.embed %E[%ids] : (tensor<11x8xf32>, tensor<?x?xi32>) -> tensor<?x?x8xf32>
+    %W = lm.weight "layers.0.ffn.in.weight" : tensor<16x8xf32>
+    %b = lm.weight "layers.0.ffn.in.bias" : tensor<16xf32>
+    %y = lm.linear %x, %W, %b : (tensor<?x?x8xf32>, tensor<16x8xf32>, tensor<16xf32>) -> tensor<?x?x16xf32>
+    %e = lm.mean_pool %y, %ids, %len {exclude = array<i32: 3, 1>} : (tensor<?x?x16xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x16xf32>
+    return %e : tensor<?x16xf32>
+  }
+}
