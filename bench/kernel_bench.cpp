@@ -1,7 +1,7 @@
 //===- kernel_bench.cpp - The machine's limits, GEMM and attention kernels ---===//
 //
 // Builds the generated GEMM (codegen/LmToLoops/Gemm.cpp) for the model shapes and the
-// generated attention kernel (codegen/LmToLoops/KernelGen.cpp) for each mask kind into
+// generated attention kernel (codegen/LmToLoops/Attention.cpp, the lm-to-loops pattern) for each mask kind into
 // one shared library at start-up, then times:
 //   - machine/peak: the FP32 FMA peak (a loop of independent AVX-512 or AVX2 FMAs), 1 and 2 threads,
 //   - machine/read_bw: memory read bandwidth (a 1 GiB buffer, far past L3), 1 and 2 threads,
