@@ -16,6 +16,8 @@
 //===----------------------------------------------------------------------===//
 #pragma once
 
+#include "runtime/lib/lmrt.h"
+
 #include <cstdint>
 #include <set>
 #include <string>
@@ -27,8 +29,8 @@ class ModuleOp;
 
 namespace lmcc::codegen {
 
-/// Bytes of alignment of every tensor: LM_WEIGHT_ALIGNMENT of runtime/lib/lmrt.h.
-constexpr int64_t kAlignBytes = 64;
+/// Bytes of alignment of every tensor: the runtime's (runtime/lib/lmrt.h), which allocates the buffer.
+constexpr int64_t kAlignBytes = LM_WEIGHT_ALIGNMENT;
 constexpr int64_t kAlignFloats = kAlignBytes / 4;
 /// Panel width of packed GEMM weights: output features are grouped 64 at a time.
 constexpr int64_t kPanel = 64;
