@@ -87,22 +87,19 @@ struct ReturnLowering : OpConversionPattern<func::ReturnOp> {
 
 /// memref -> tensor -> memref cast chains left by the conversion become the memref itself.
 void foldCastPairs(ModuleOp module) {
-  SmallVector<UnrealizedConversionCastOp> casts;
-  module.walk([&](UnrealizedConversionCastOp c) { casts.push_back(c); });
-  for (UnrealizedConversionCastOp c : casts) {
-    if (c->getNumOperands() != 1 || c->getNumResults() != 1)
-      continue;
-    auto inner = c->getOperand(0).getDefiningOp<UnrealizedConversionCastOp>();
-    if (inner && inner->getNumOperands() == 1 && inner->getOperand(0).getType() == c.getResult(0).getType())
-      c.getResult(0).replaceAllUsesWith(inner->getOperand(0));
-  }
-  for (UnrealizedConversionCastOp c : llvm::reverse(casts))
-    if (c->use_empty() && llvm::isa<TensorType>(c->getResult(0).getType()) == false)
-      c->erase();
-  module.walk([](UnrealizedConversionCastOp c) {
-    if (c->use_empty())
-      c->erase();
+  module.walk([](UnrealizedConversionCastOp cast) {
+    if (cast->getNumOperands() != 1 || cast->getNumResults() != 1)
+      return;
+    auto inner = cast->getOperand(0).getDefiningOp<UnrealizedConversionCastOp>();
+    if (inner && inner->getNumOperands() == 1 && inner->getOperand(0).getType() == cast.getResult(0).getType())
+      cast.getResult(0).replaceAllUsesWith(inner->getOperand(0));
   });
+  // Erase dead casts, users first (a walk visits producers before their users).
+  SmallVector<UnrealizedConversionCastOp> casts;
+  module.walk([&](UnrealizedConversionCastOp cast) { casts.push_back(cast); });
+  for (UnrealizedConversionCastOp cast : llvm::reverse(casts))
+    if (cast->use_empty())
+      cast->erase();
 }
 
 /// Frees every buffer at the end of the block that allocates it (kernels return nothing, so no buffer
