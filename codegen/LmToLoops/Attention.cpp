@@ -290,13 +290,15 @@ OwningOpRef<ModuleOp> buildAttentionModule(MLIRContext &context, lm::MaskKind ma
   Value result = b.create<UnrealizedConversionCastOp>(loc, m3, attention.getResult()).getResult(0);
   b.create<memref::CopyOp>(loc, result, entry->getArgument(4));
   b.create<func::ReturnOp>(loc);
-  // The model lowering's attention pattern alone; lowerToLLVMDialect folds the unrealized casts away.
+  // The model lowering's attention pattern alone; the argument casts fold away.
   TypeConverter converter;
   converter.addConversion([](Type t) { return t; });
   converter.addConversion([](RankedTensorType t) -> Type { return bufferType(t); });
-  converter.addTargetMaterialization([](OpBuilder &builder, Type type, ValueRange inputs, Location l) -> Value {
+  auto cast = [](OpBuilder &builder, Type type, ValueRange inputs, Location l) -> std::optional<Value> {
     return builder.create<UnrealizedConversionCastOp>(l, type, inputs).getResult(0);
-  });
+  };
+  converter.addSourceMaterialization(cast);
+  converter.addTargetMaterialization(cast);
   ConversionTarget target(context);
   target.addLegalDialect<arith::ArithDialect, math::MathDialect, memref::MemRefDialect, scf::SCFDialect,
                          vector::VectorDialect, func::FuncDialect, LLVM::LLVMDialect>();
@@ -309,6 +311,7 @@ OwningOpRef<ModuleOp> buildAttentionModule(MLIRContext &context, lm::MaskKind ma
   populateAttentionPatterns(converter, patterns, lowering);
   if (failed(applyPartialConversion(*module, target, std::move(patterns))))
     return nullptr;
+  foldCastPairs(*module);
   return module;
 }
 

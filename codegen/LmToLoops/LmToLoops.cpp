@@ -85,23 +85,6 @@ struct ReturnLowering : OpConversionPattern<func::ReturnOp> {
   const LoweringContext &context;
 };
 
-/// memref -> tensor -> memref cast chains left by the conversion become the memref itself.
-void foldCastPairs(ModuleOp module) {
-  module.walk([](UnrealizedConversionCastOp cast) {
-    if (cast->getNumOperands() != 1 || cast->getNumResults() != 1)
-      return;
-    auto inner = cast->getOperand(0).getDefiningOp<UnrealizedConversionCastOp>();
-    if (inner && inner->getNumOperands() == 1 && inner->getOperand(0).getType() == cast.getResult(0).getType())
-      cast.getResult(0).replaceAllUsesWith(inner->getOperand(0));
-  });
-  // Erase dead casts, users first (a walk visits producers before their users).
-  SmallVector<UnrealizedConversionCastOp> casts;
-  module.walk([&](UnrealizedConversionCastOp cast) { casts.push_back(cast); });
-  for (UnrealizedConversionCastOp cast : llvm::reverse(casts))
-    if (cast->use_empty())
-      cast->erase();
-}
-
 /// Frees every buffer at the end of the block that allocates it (kernels return nothing, so no buffer
 /// escapes; pointers handed to the runtime GEMM are used before the block ends).
 void deallocateAtBlockEnd(ModuleOp module) {

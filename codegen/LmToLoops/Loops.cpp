@@ -215,4 +215,21 @@ void Loops::parallelGemm(Value weight, int64_t n, int64_t k, Value inputAddress,
   b.create<func::CallOp>(loc, "lm_rt_parallel_for", TypeRange{}, ValueRange{i64(panels), fnPtr, ctxPtr});
 }
 
+/// memref -> tensor -> memref cast chains left by the conversion become the memref itself.
+void foldCastPairs(ModuleOp module) {
+  module.walk([](UnrealizedConversionCastOp cast) {
+    if (cast->getNumOperands() != 1 || cast->getNumResults() != 1)
+      return;
+    auto inner = cast->getOperand(0).getDefiningOp<UnrealizedConversionCastOp>();
+    if (inner && inner->getNumOperands() == 1 && inner->getOperand(0).getType() == cast.getResult(0).getType())
+      cast.getResult(0).replaceAllUsesWith(inner->getOperand(0));
+  });
+  // Erase dead casts, users first (a walk visits producers before their users).
+  SmallVector<UnrealizedConversionCastOp> casts;
+  module.walk([&](UnrealizedConversionCastOp cast) { casts.push_back(cast); });
+  for (UnrealizedConversionCastOp cast : llvm::reverse(casts))
+    if (cast->use_empty())
+      cast->erase();
+}
+
 } // namespace lmcc::codegen

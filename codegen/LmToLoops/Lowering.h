@@ -67,6 +67,10 @@ void populateWeightPatterns(mlir::TypeConverter &converter, mlir::RewritePattern
 mlir::LogicalResult buildInitKernel(mlir::ModuleOp module, const LoweringContext &context, llvm::StringRef name,
                                     int64_t padId);
 
+/// Forwards memref -> tensor -> memref unrealized-cast chains (left by out-of-order conversion) to the memref
+/// and erases the casts nobody uses.
+void foldCastPairs(mlir::ModuleOp module);
+
 /// A module with the single kernel `attention_kernel(q, k, v [B, N, d_model], lengths [B], out [B, N, d_model])`
 /// (C interface): lm.attention with `mask` (none, causal, anticausal or diagonal) lowered by the model's pattern.
 /// For kernel benchmarks (bench/kernel_bench.cpp).
