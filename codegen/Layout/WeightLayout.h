@@ -73,7 +73,7 @@ struct WeightLayout {
 };
 
 /// The layout of an optimized lm module. `packGemmWeights`: lay out the panel form of every weight an
-/// lm.linear / lm.token_logprob multiplies by (--gemm=generated). `maxLen` sizes the folded tables.
+/// lm.linear / lm.token_logprob multiplies by (--gemm=generated). Folded tables have max_len rows (lm.model).
 WeightLayout computeWeightLayout(mlir::ModuleOp module, bool packGemmWeights);
 
 /// The key under which the packed form of a weight is laid out: "pack:" + its tensor names joined by '|'.
