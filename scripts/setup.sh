@@ -23,6 +23,8 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/lmcc-ccache}
+# codegen/ compiles against a precompiled header of the MLIR headers; ccache caches such objects only with this.
+export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros}
 if [ ! -f "$root/build/build.ninja" ]; then
   cmake -S "$root" -B "$root/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache >/dev/null
