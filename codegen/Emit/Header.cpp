@@ -337,12 +337,7 @@ std::string generateGlue(const ModelFacts &spec, const std::vector<LayoutTensor>
     if (t.shape.size() < 1 || t.shape.size() > 2)
       throw std::invalid_argument("generateGlue: tensor '" + t.name + "' has rank " +
                                   std::to_string(t.shape.size()) + " (the runtime takes 1 or 2)");
-    int64_t numel = 1;
-    for (int64_t d : t.shape) {
-      if (d < 0 || (d > 0 && numel > std::numeric_limits<int64_t>::max() / 2 / d))
-        throw std::invalid_argument("tensor '" + t.name + "' has an invalid shape");
-      numel *= d;
-    }
+    const int64_t numel = numelOf(t);
     if (offsets[i] < 0 || offsets[i] > totalFloats - numel)
       throw std::invalid_argument("generateGlue: tensor '" + t.name + "' at offset " + std::to_string(offsets[i]) +
                                   " does not fit in " + std::to_string(totalFloats) + " floats");

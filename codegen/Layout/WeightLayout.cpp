@@ -7,7 +7,11 @@
 namespace lmcc::codegen {
 namespace {
 
-int64_t checkedNumel(const LayoutTensor &t) {
+int64_t roundUp(int64_t v) { return (v + kAlignFloats - 1) / kAlignFloats * kAlignFloats; }
+
+} // namespace
+
+int64_t numelOf(const LayoutTensor &t) {
   int64_t n = 1;
   for (int64_t d : t.shape) {
     if (d < 0 || (d > 0 && n > std::numeric_limits<int64_t>::max() / 2 / d))
@@ -17,17 +21,13 @@ int64_t checkedNumel(const LayoutTensor &t) {
   return n;
 }
 
-int64_t roundUp(int64_t v) { return (v + kAlignFloats - 1) / kAlignFloats * kAlignFloats; }
-
-} // namespace
-
 std::vector<int64_t> layoutOffsets(const std::vector<LayoutTensor> &tensors, int64_t *totalFloats,
                                    const std::set<std::string> &stacked) {
   std::vector<int64_t> offsets;
   offsets.reserve(tensors.size());
   int64_t cursor = 0;
   for (const LayoutTensor &t : tensors) {
-    const int64_t numel = checkedNumel(t);
+    const int64_t numel = numelOf(t);
     if (!stacked.count(t.name))
       cursor = roundUp(cursor);
     offsets.push_back(cursor);
@@ -67,7 +67,7 @@ int64_t WeightLayout::bytes(Kind kind) const {
   int64_t total = 0;
   for (const Entry &e : entries)
     if (e.kind == kind)
-      total += checkedNumel(e.tensor) * 4;
+      total += numelOf(e.tensor) * 4;
   return total;
 }
 

@@ -43,6 +43,9 @@ struct LayoutTensor {
   std::vector<int64_t> shape;
 };
 
+/// Elements of `t`; throws std::invalid_argument on a negative dimension or a count past 2^62.
+int64_t numelOf(const LayoutTensor &t);
+
 /// Offsets (in floats) of `tensors` laid out in order, each rounded up to kAlignFloats unless
 /// named in `stacked` (then it follows its predecessor with no padding). *totalFloats (when
 /// non-null) receives the buffer size, a multiple of kAlignFloats. Throws std::invalid_argument on a

@@ -304,38 +304,26 @@ struct LinearLowering : LmLowering<lm::LinearOp> {
   LogicalResult lower(lm::LinearOp l, Loops &L) const override {
     auto &b = L.b;
     Location loc = L.loc;
-
-    {
-      auto wt = L.typeOf(l.getWeight());
-      int64_t n = wt.getDimSize(0), k = wt.getDimSize(1);
-      if (L.isPacked(l.getWeight())) {
-        Value out = L.alloc(l.getType());
-        auto sz = L.sizes(L.typeOf(l.getInput()));
-        Value rows = L.idx(1);
-        for (size_t i = 0; i + 1 < sz.size(); ++i)
-          rows = b.create<arith::MulIOp>(loc, rows, sz[i]);
-        L.parallelGemm(l.getWeight(), n, k, L.address(L.in(l.getInput())), rows, l.getBias(), L.address(out), L.i64c(n),
-                     L.idx(0), L.idx((n + kPanel - 1) / kPanel));
-        return L.set(l, out);
-      }
-    }
-    auto xt = L.typeOf(l.getInput());
     auto wt = L.typeOf(l.getWeight());
+    int64_t n = wt.getDimSize(0), k = wt.getDimSize(1);
     Value out = L.alloc(l.getType());
-    auto s = L.sizes(xt);
-    Value rows = L.idx(1);
-    for (size_t i = 0; i + 1 < s.size(); ++i)
-      rows = b.create<arith::MulIOp>(loc, rows, s[i]);
+    auto sizes = L.sizes(L.typeOf(l.getInput()));
+    Value rows = L.idx(1); // every dim but the features
+    for (size_t i = 0; i + 1 < sizes.size(); ++i)
+      rows = b.create<arith::MulIOp>(loc, rows, sizes[i]);
+    if (L.isPacked(l.getWeight())) {
+      L.parallelGemm(l.getWeight(), n, k, L.address(L.in(l.getInput())), rows, l.getBias(), L.address(out), L.i64c(n),
+                     L.idx(0), L.idx((n + kPanel - 1) / kPanel));
+      return L.set(l, out);
+    }
     Value m = b.create<arith::IndexCastOp>(loc, b.getI64Type(), rows);
-    int64_t outF = wt.getDimSize(0), inF = wt.getDimSize(1);
     Value bias = l.getBias() ? L.pointer(L.in(l.getBias()))
                              : Value(b.create<LLVM::ZeroOp>(loc, LLVM::LLVMPointerType::get(b.getContext())));
     b.create<func::CallOp>(loc, "lm_rt_sgemm_nt", TypeRange{},
-                           ValueRange{m, L.i64c(outF), L.i64c(inF), L.pointer(L.in(l.getInput())), L.i64c(inF),
-                                      L.pointer(L.in(l.getWeight())), L.i64c(inF), bias, L.pointer(out), L.i64c(outF)});
+                           ValueRange{m, L.i64c(n), L.i64c(k), L.pointer(L.in(l.getInput())), L.i64c(k),
+                                      L.pointer(L.in(l.getWeight())), L.i64c(k), bias, L.pointer(out), L.i64c(n)});
     return L.set(l, out);
-  
-}
+  }
 };
 
 } // namespace

@@ -21,10 +21,6 @@ using namespace mlir;
 namespace lmcc::codegen {
 namespace {
 
-bool hasTensors(TypeRange types) {
-  return llvm::any_of(types, [](Type t) { return llvm::isa<TensorType>(t); });
-}
-
 /// `score` / `embed` -> `<model>_<entry>_kernel(weights, ids, lengths, outputs...)` (results become output
 /// buffers the entry's last ops write); an lm.fold function -> `(weights, ids)` writing its table.
 struct FuncLowering : OpConversionPattern<func::FuncOp> {
@@ -130,24 +126,8 @@ struct LmToLoopsPass : lmcc::impl::LmToLoopsBase<LmToLoopsPass> {
     declareRuntime(module, context);
 
     TypeConverter converter;
-    converter.addConversion([](Type t) { return t; });
-    converter.addConversion([](RankedTensorType t) -> Type { return bufferType(t); });
-    // A region op (lm.masked_batch, lm.mask_and_predict) reads its body's yielded buffer before the body's
-    // ops are converted: a cast stands in for it until then, and the cast pair folds away below.
-    auto cast = [](OpBuilder &b, Type type, ValueRange inputs, Location loc) -> std::optional<Value> {
-      return b.create<UnrealizedConversionCastOp>(loc, type, inputs).getResult(0);
-    };
-    converter.addSourceMaterialization(cast);
-    converter.addTargetMaterialization(cast);
     ConversionTarget target(*ctx);
-    target.addLegalDialect<arith::ArithDialect, math::MathDialect, memref::MemRefDialect, scf::SCFDialect,
-                           vector::VectorDialect, LLVM::LLVMDialect>();
-    target.addLegalOp<UnrealizedConversionCastOp, func::CallOp, func::ConstantOp>();
-    target.addIllegalDialect<lm::LmDialect>();
-    target.addDynamicallyLegalOp<func::FuncOp>([](func::FuncOp fn) {
-      return !hasTensors(fn.getArgumentTypes()) && !hasTensors(fn.getResultTypes());
-    });
-    target.addDynamicallyLegalOp<func::ReturnOp>([](func::ReturnOp ret) { return ret.getNumOperands() == 0; });
+    configureLowering(converter, target);
     RewritePatternSet patterns(ctx);
     patterns.add<FuncLowering>(converter, ctx, model.getName().str());
     patterns.add<ReturnLowering>(converter, ctx, context);

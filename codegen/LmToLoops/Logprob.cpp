@@ -23,8 +23,6 @@ struct TokenLogprobLowering : LmLowering<lm::TokenLogprobOp> {
   LogicalResult lower(lm::TokenLogprobOp t, Loops &L) const override {
     auto &b = L.b;
     Location loc = L.loc;
-    (void)b;
-    (void)loc;
     L.lengths = L.in(t.getLengths());
 
     constexpr int64_t kVocabTile = 2048;
@@ -77,8 +75,8 @@ struct TokenLogprobLowering : LmLowering<lm::TokenLogprobOp> {
         Value pBegin = b.create<arith::MulIOp>(loc, tile[0], L.idx(kVocabTile / kPanel));
         Value pEnd = b.create<arith::MinSIOp>(loc, b.create<arith::AddIOp>(loc, pBegin, L.idx(kVocabTile / kPanel)),
                                               L.idx((V + kPanel - 1) / kPanel));
-        L.parallelGemm(t.getWeight(), V, D, L.address(h), rows, t.getBias(), L.address(logits), L.i64c(kVocabTile), pBegin,
-                     b.create<arith::SubIOp>(loc, pEnd, pBegin));
+        L.parallelGemm(t.getWeight(), V, D, L.address(h), rows, t.getBias(), L.address(logits), L.i64c(kVocabTile),
+                       pBegin, b.create<arith::SubIOp>(loc, pEnd, pBegin));
       } else {
         b.create<func::CallOp>(loc, "lm_rt_sgemm_nt", TypeRange{},
                                ValueRange{m64, tv64, L.i64c(D), hPtr, L.i64c(D), wTile, L.i64c(D), biasTile, logitsPtr,
@@ -100,21 +98,23 @@ struct TokenLogprobLowering : LmLowering<lm::TokenLogprobOp> {
         };
         Value vmax = vectorLoop(b.create<vector::BroadcastOp>(loc, vec, L.f32c(-INFINITY)),
                                 [&](Value x, Value mx) { return b.create<arith::MaximumFOp>(loc, mx, x); });
-        Value tileMax = L.reduce(tv16, tv, L.toF64(b.create<vector::ReductionOp>(loc, vector::CombiningKind::MAXIMUMF, vmax)),
-                               [&](Value c, Value mx) {
-                                 return b.create<arith::MaximumFOp>(loc, mx, L.toF64(L.load(logits, {r[0], c})));
-                               });
+        Value tileMax =
+            L.reduce(tv16, tv, L.toF64(b.create<vector::ReductionOp>(loc, vector::CombiningKind::MAXIMUMF, vmax)),
+                     [&](Value c, Value mx) {
+                       return b.create<arith::MaximumFOp>(loc, mx, L.toF64(L.load(logits, {r[0], c})));
+                     });
         Value m = L.load(maxBuf, r), mNew = b.create<arith::MaximumFOp>(loc, m, tileMax);
         Value mNewV = b.create<vector::BroadcastOp>(loc, vec, b.create<arith::TruncFOp>(loc, L.f32(), mNew));
         Value vsum = vectorLoop(b.create<vector::BroadcastOp>(loc, vec, L.f32c(0)), [&](Value x, Value acc) {
           return b.create<arith::AddFOp>(loc, acc, b.create<math::ExpOp>(loc, b.create<arith::SubFOp>(loc, x, mNewV)));
         });
-        Value sum = L.reduce(tv16, tv, L.toF64(b.create<vector::ReductionOp>(loc, vector::CombiningKind::ADD, vsum)),
-                           [&](Value c, Value acc) {
-                             return b.create<arith::AddFOp>(
-                                 loc, acc,
-                                 b.create<math::ExpOp>(loc, b.create<arith::SubFOp>(loc, L.toF64(L.load(logits, {r[0], c})), mNew)));
-                           });
+        Value sum = L.reduce(
+            tv16, tv, L.toF64(b.create<vector::ReductionOp>(loc, vector::CombiningKind::ADD, vsum)),
+            [&](Value c, Value acc) {
+              return b.create<arith::AddFOp>(
+                  loc, acc,
+                  b.create<math::ExpOp>(loc, b.create<arith::SubFOp>(loc, L.toF64(L.load(logits, {r[0], c})), mNew)));
+            });
         Value corr = b.create<math::ExpOp>(loc, b.create<arith::SubFOp>(loc, m, mNew));
         L.store(b.create<arith::AddFOp>(loc, b.create<arith::MulFOp>(loc, L.load(sumBuf, r), corr), sum), sumBuf, r);
         L.store(mNew, maxBuf, r);
@@ -137,20 +137,16 @@ struct TokenLogprobLowering : LmLowering<lm::TokenLogprobOp> {
       L.store(v, out, iv);
     });
     return L.set(t, out);
-  
-}
+  }
 };
+
 /// out[b, t] = lp[b, t - shift, ids[b, t]] for shift <= t < length, else 0
 struct GatherLowering : LmLowering<lm::GatherOp> {
   using LmLowering::LmLowering;
   LogicalResult lower(lm::GatherOp g, Loops &L) const override {
     auto &b = L.b;
     Location loc = L.loc;
-    (void)b;
-    (void)loc;
     L.lengths = L.in(g.getLengths());
-
-    // out[b, t] = lp[b, t - shift, ids[b, t]] for shift <= t < length, else 0
     Value lp = L.in(g.getLogprobs()), ids = L.in(g.getTargets()), out = L.alloc(g.getType());
     int64_t shift = g.getShift();
     L.nest(L.sizes(g.getType()), [&](ValueRange iv) {
@@ -165,17 +161,15 @@ struct GatherLowering : LmLowering<lm::GatherOp> {
       L.store(v, out, iv);
     });
     return L.set(g, out);
-  
-}
+  }
 };
+
 /// token_logprobs, score and n_scored of the score entry point, written into its output buffers.
 struct SentenceScoreLowering : LmLowering<lm::SentenceScoreOp> {
   using LmLowering::LmLowering;
   LogicalResult lower(lm::SentenceScoreOp s, Loops &L) const override {
     auto &b = L.b;
     Location loc = L.loc;
-    (void)b;
-    (void)loc;
     L.lengths = L.in(s.getLengths());
 
     auto outputs = L.outputs();
@@ -193,14 +187,14 @@ struct SentenceScoreLowering : LmLowering<lm::SentenceScoreOp> {
         b.setInsertionPointToStart(loop.getBody());
         Value t = loop.getInductionVar();
         Value id = L.load(ids, {bi[0], t});
-        Value keep = L.andI(L.andI(L.ge(t, L.idx(first)), L.lt(t, len)),
-                          b.create<arith::XOrIOp>(loc, L.isOneOf(id, skip),
-                                                  b.create<arith::ConstantOp>(loc, b.getBoolAttr(true))));
+        Value keep = L.andI(
+            L.andI(L.ge(t, L.idx(first)), L.lt(t, len)),
+            b.create<arith::XOrIOp>(loc, L.isOneOf(id, skip), b.create<arith::ConstantOp>(loc, b.getBoolAttr(true))));
         Value v = L.select(keep, L.load(lp, {bi[0], t}), L.f32c(0));
         L.store(v, tokenLp, {bi[0], t});
         Value acc = b.create<arith::AddFOp>(loc, loop.getRegionIterArgs()[0], L.toF64(v));
-        Value cnt = b.create<arith::AddIOp>(loc, loop.getRegionIterArgs()[1],
-                                            b.create<arith::ExtUIOp>(loc, L.i32(), keep));
+        Value cnt =
+            b.create<arith::AddIOp>(loc, loop.getRegionIterArgs()[1], b.create<arith::ExtUIOp>(loc, L.i32(), keep));
         b.create<scf::YieldOp>(loc, ValueRange{acc, cnt});
       }
       L.store(L.toF32(loop.getResult(0)), scores, bi[0]);
@@ -208,17 +202,15 @@ struct SentenceScoreLowering : LmLowering<lm::SentenceScoreOp> {
     });
     L.b.replaceOp(s, outputs);
     return success();
-  
-}
+  }
 };
+
 /// The embed entry point's output: the mean of h over valid, non-excluded positions (all valid ones when none is left).
 struct MeanPoolLowering : LmLowering<lm::MeanPoolOp> {
   using LmLowering::LmLowering;
   LogicalResult lower(lm::MeanPoolOp m, Loops &L) const override {
     auto &b = L.b;
     Location loc = L.loc;
-    (void)b;
-    (void)loc;
     L.lengths = L.in(m.getLengths());
 
     auto outputs = L.outputs();
@@ -240,8 +232,9 @@ struct MeanPoolLowering : LmLowering<lm::MeanPoolOp> {
       Value countF = b.create<arith::SIToFPOp>(loc, L.f64(), count);
       L.nest({L.idx(D)}, [&](ValueRange c) {
         Value sum = L.reduce(L.idx(0), len, L.f64c(0), [&](Value t, Value acc) {
-          Value use = L.orI(b.create<arith::XOrIOp>(loc, anyKept, b.create<arith::ConstantOp>(loc, b.getBoolAttr(true))),
-                          b.create<arith::XOrIOp>(loc, excluded(t), b.create<arith::ConstantOp>(loc, b.getBoolAttr(true))));
+          Value use =
+              L.orI(b.create<arith::XOrIOp>(loc, anyKept, b.create<arith::ConstantOp>(loc, b.getBoolAttr(true))),
+                    b.create<arith::XOrIOp>(loc, excluded(t), b.create<arith::ConstantOp>(loc, b.getBoolAttr(true))));
           Value v = L.select(use, L.toF64(L.load(h, {bi[0], t, c[0]})), L.f64c(0));
           return b.create<arith::AddFOp>(loc, acc, v);
         });
@@ -250,8 +243,7 @@ struct MeanPoolLowering : LmLowering<lm::MeanPoolOp> {
     });
     L.b.replaceOp(m, outputs);
     return success();
-  
-}
+  }
 };
 
 } // namespace

@@ -15,6 +15,27 @@ MemRefType bufferType(RankedTensorType type) {
   return MemRefType::get(type.getShape(), type.getElementType(), layout);
 }
 
+void configureLowering(TypeConverter &converter, ConversionTarget &target) {
+  converter.addConversion([](Type t) { return t; });
+  converter.addConversion([](RankedTensorType t) -> Type { return bufferType(t); });
+  // A region op (lm.masked_batch, lm.mask_and_predict) reads its body's yielded buffer before the body's ops are
+  // converted: a cast stands in for it until then, and foldCastPairs removes the pair afterwards.
+  auto cast = [](OpBuilder &b, Type type, ValueRange inputs, Location loc) -> std::optional<Value> {
+    return b.create<UnrealizedConversionCastOp>(loc, type, inputs).getResult(0);
+  };
+  converter.addSourceMaterialization(cast);
+  converter.addTargetMaterialization(cast);
+  auto hasTensors = [](TypeRange types) { return llvm::any_of(types, [](Type t) { return isa<TensorType>(t); }); };
+  target.addLegalDialect<arith::ArithDialect, math::MathDialect, memref::MemRefDialect, scf::SCFDialect,
+                         vector::VectorDialect, LLVM::LLVMDialect>();
+  target.addLegalOp<UnrealizedConversionCastOp, func::CallOp, func::ConstantOp>();
+  target.addIllegalDialect<lm::LmDialect>();
+  target.addDynamicallyLegalOp<func::FuncOp>([=](func::FuncOp fn) {
+    return !hasTensors(fn.getArgumentTypes()) && !hasTensors(fn.getResultTypes());
+  });
+  target.addDynamicallyLegalOp<func::ReturnOp>([](func::ReturnOp ret) { return ret.getNumOperands() == 0; });
+}
+
 Loops::Loops(ConversionPatternRewriter &rewriter, Operation *op, ValueRange operands, const LoweringContext &context)
     : b(rewriter), loc(op->getLoc()), context(context), op(op), operands(operands) {
   // B and N from the first operand buffers that have them (first `?` = B, second = N).
@@ -163,12 +184,16 @@ Value Loops::weights() {
   return llvm::cast<func::FuncOp>(fn).getArgument(0);
 }
 
-Value Loops::weightView(int64_t offset, ArrayRef<int64_t> shape) {
+Value weightView(OpBuilder &b, Location loc, Value weights, int64_t offset, ArrayRef<int64_t> shape) {
   SmallVector<int64_t> strides(shape.size(), 1);
   for (int64_t i = int64_t(shape.size()) - 2; i >= 0; --i)
     strides[i] = strides[i + 1] * shape[i + 1];
-  auto type = MemRefType::get(shape, f32(), StridedLayoutAttr::get(b.getContext(), offset, strides));
-  return b.create<memref::ReinterpretCastOp>(loc, type, weights(), offset, shape, strides);
+  auto type = MemRefType::get(shape, b.getF32Type(), StridedLayoutAttr::get(b.getContext(), offset, strides));
+  return b.create<memref::ReinterpretCastOp>(loc, type, weights, offset, shape, strides);
+}
+
+Value Loops::weightView(int64_t offset, ArrayRef<int64_t> shape) {
+  return codegen::weightView(b, loc, weights(), offset, shape);
 }
 
 SmallVector<Value> Loops::outputs() {

@@ -67,6 +67,14 @@ void populateWeightPatterns(mlir::TypeConverter &converter, mlir::RewritePattern
 mlir::LogicalResult buildInitKernel(mlir::ModuleOp module, const LoweringContext &context, llvm::StringRef name,
                                     int64_t padId);
 
+/// A row-major view of the flat weight buffer `weights` at a float offset.
+mlir::Value weightView(mlir::OpBuilder &b, mlir::Location loc, mlir::Value weights, int64_t offset,
+                       llvm::ArrayRef<int64_t> shape);
+
+/// The type converter (tensor -> bufferType, casts as materializations) and the target (lm illegal; the loop
+/// dialects, func calls and casts legal) every lowering with these patterns uses.
+void configureLowering(mlir::TypeConverter &converter, mlir::ConversionTarget &target);
+
 /// Forwards memref -> tensor -> memref unrealized-cast chains (left by out-of-order conversion) to the memref
 /// and erases the casts nobody uses.
 void foldCastPairs(mlir::ModuleOp module);

@@ -38,10 +38,7 @@ struct ConcatLowering : LmLowering<lm::ConcatOp> {
       }
       if (first < 0)
         first = e->offset;
-      int64_t numel = 1;
-      for (int64_t d : e->tensor.shape)
-        numel *= d;
-      expected = e->offset + numel;
+      expected = e->offset + numelOf(e->tensor);
     }
     if (contiguous && first >= 0)
       return L.set(c, L.weightView(first, t.getShape()));
@@ -92,11 +89,7 @@ LogicalResult buildInitKernel(ModuleOp module, const LoweringContext &context, S
   Block *entry = kfn.addEntryBlock();
   b.setInsertionPointToStart(entry);
   Value weights = entry->getArgument(0);
-  auto view = [&](int64_t offset, ArrayRef<int64_t> shape) -> Value {
-    SmallVector<int64_t> strides = {shape[1], 1};
-    auto type = MemRefType::get(shape, b.getF32Type(), StridedLayoutAttr::get(b.getContext(), offset, strides));
-    return b.create<memref::ReinterpretCastOp>(loc, type, weights, offset, shape, strides);
-  };
+  auto view = [&](int64_t offset, ArrayRef<int64_t> shape) { return weightView(b, loc, weights, offset, shape); };
   // Pack every GEMM weight into its panel layout (once per load), before the folds, whose linear layers
   // read the packed form.
   for (const WeightLayout::Entry &p : context.layout->entries) {
