@@ -51,6 +51,16 @@ const EnumName<ScoreMethod> kMethods[] = {{"causal", ScoreMethod::Causal},
                                           {"mask-and-predict", ScoreMethod::MaskAndPredict},
                                           {"single-pass", ScoreMethod::SinglePass}};
 
+const EnumName<Objective> kObjectives[] = {{"auto", Objective::Auto},
+                                           {"causal", Objective::Causal},
+                                           {"masked", Objective::Masked},
+                                           {"autoencoding", Objective::Autoencoding}};
+const EnumName<OptimizerKind> kOptimizers[] = {
+    {"adamw", OptimizerKind::AdamW}, {"adam", OptimizerKind::Adam}, {"sgd", OptimizerKind::SGD}};
+const EnumName<Schedule> kSchedules[] = {
+    {"linear", Schedule::Linear}, {"constant", Schedule::Constant}, {"cosine", Schedule::Cosine}};
+const EnumName<MaskReplace> kMaskReplaces[] = {{"mask", MaskReplace::Mask}, {"bert", MaskReplace::Bert}};
+
 template <typename E, size_t N> const char *nameOf(const EnumName<E> (&table)[N], E value) {
   for (const auto &entry : table)
     if (entry.value == value)
@@ -263,6 +273,43 @@ void validate(const ModelSpec &s, const Positions &pos, const Reader &r) {
     if (!(s.ngram->ensembleLambda >= 0 && s.ngram->ensembleLambda <= 1))
       fail("ngram.ensemble_lambda", "must be in [0, 1]");
   }
+  if (s.trainGiven) {
+    const TrainOptions &t = s.train;
+    if (!(t.lr >= 0) || !std::isfinite(t.lr))
+      fail("train.lr", "must be a finite number >= 0");
+    if (!(t.beta1 >= 0 && t.beta1 < 1) || !(t.beta2 >= 0 && t.beta2 < 1))
+      fail("train.betas", "both betas must be in [0, 1)");
+    if (!(t.eps > 0) || !std::isfinite(t.eps))
+      fail("train.eps", "must be a finite number > 0");
+    if (!(t.weightDecay >= 0) || !std::isfinite(t.weightDecay))
+      fail("train.weight_decay", "must be a finite number >= 0");
+    if (t.warmupSteps < 0)
+      fail("train.warmup_steps", "must be >= 0");
+    if (t.steps < 1)
+      fail("train.steps", "must be >= 1 (the schedule's total)");
+    if (!(t.clipNorm >= 0) || !std::isfinite(t.clipNorm))
+      fail("train.clip_norm", "must be a finite number >= 0 (0 = off)");
+    for (auto [field, p] : {std::pair<const char *, double>{"train.dropout", t.dropout},
+                            {"train.attention_dropout", t.attentionDropout}})
+      if (!(p >= 0 && p < 1))
+        fail(field, "must be in [0, 1)");
+    if (!(t.labelSmoothing >= 0 && t.labelSmoothing <= 1))
+      fail("train.label_smoothing", "must be in [0, 1]");
+    if (!(t.maskProb > 0 && t.maskProb <= 1))
+      fail("train.mask_prob", "must be in (0, 1]");
+    if (t.maxMasks < 1)
+      fail("train.max_masks", "must be >= 1");
+    if (t.seed < 0 || t.seed > 0xffffffffll)
+      fail("train.seed", "must be in [0, 2^32)");
+    if (s.family == Family::Diformer || s.family == Family::NGram)
+      fail("train", std::string("training family \"") + toString(s.family) + "\" comes in a later release");
+    Objective o = resolvedObjective(s);
+    if (o == Objective::Causal && s.mask != MaskKind::Causal)
+      fail("train.objective", "\"causal\" needs mask = \"causal\", or row i would see its target x[i+1]");
+    if (o == Objective::Autoencoding && s.method != ScoreMethod::SinglePass)
+      fail("train.objective", "\"autoencoding\" needs a model whose row i cannot see x_i (T-TA: diagonal mask, "
+                              "input isolation, a query without E[x_i]), or it learns to copy its input");
+  }
   if (s.diformer) {
     for (auto [name, d] : {std::pair<const char *, const StackDims *>{"encoder", &s.diformer->encoder},
                            {"decoder", &s.diformer->decoder}}) {
@@ -281,7 +328,7 @@ ModelSpec parseTable(const toml::table &root, const Reader &r) {
   recordPositions(r, root, "", pos);
 
   r.onlyKeys(root, "", {"name", "family", "dims", "embedding", "attention", "block", "head", "tokens", "score",
-                        "ngram", "encoder", "decoder"});
+                        "ngram", "encoder", "decoder", "train"});
   const toml::node *name = root.get("name");
   if (!name)
     r.fail(r.path + ":1:1", "name", "missing required key (a C identifier naming the library)");
@@ -378,6 +425,37 @@ ModelSpec parseTable(const toml::table &root, const Reader &r) {
     r.fail(r.at(*t), encoder ? "encoder" : "decoder", "[encoder]/[decoder] only apply to family \"diformer\"");
   }
 
+  if (const toml::table *t = r.subTable(root, "train")) {
+    s.trainGiven = true;
+    TrainOptions &o = s.train;
+    r.onlyKeys(*t, "train.", {"objective", "optimizer", "lr", "betas", "eps", "weight_decay", "warmup_steps",
+                              "schedule", "steps", "clip_norm", "dropout", "attention_dropout", "label_smoothing",
+                              "mask_prob", "max_masks", "mask_replace", "seed"});
+    r.readEnum(t, "train.", "objective", kObjectives, o.objective);
+    r.readEnum(t, "train.", "optimizer", kOptimizers, o.optimizer);
+    r.readFloat(t, "train.", "lr", o.lr);
+    if (const toml::node *n = t->get("betas")) {
+      const toml::array *a = n->as_array();
+      if (!a || a->size() != 2 || !(*a)[0].is_number() || !(*a)[1].is_number())
+        r.fail(r.at(*n), "train.betas", "expected an array of two numbers, e.g. [0.9, 0.999]");
+      o.beta1 = (*a)[0].value<double>().value();
+      o.beta2 = (*a)[1].value<double>().value();
+    }
+    r.readFloat(t, "train.", "eps", o.eps);
+    r.readFloat(t, "train.", "weight_decay", o.weightDecay);
+    r.readInt(t, "train.", "warmup_steps", o.warmupSteps);
+    r.readEnum(t, "train.", "schedule", kSchedules, o.schedule);
+    r.readInt(t, "train.", "steps", o.steps);
+    r.readFloat(t, "train.", "clip_norm", o.clipNorm);
+    r.readFloat(t, "train.", "dropout", o.dropout);
+    r.readFloat(t, "train.", "attention_dropout", o.attentionDropout);
+    r.readFloat(t, "train.", "label_smoothing", o.labelSmoothing);
+    r.readFloat(t, "train.", "mask_prob", o.maskProb);
+    r.readInt(t, "train.", "max_masks", o.maxMasks);
+    r.readEnum(t, "train.", "mask_replace", kMaskReplaces, o.maskReplace);
+    r.readInt(t, "train.", "seed", o.seed);
+  }
+
   validate(s, pos, r);
   return s;
 }
@@ -406,9 +484,35 @@ void appendJsonSpec(nlohmann::ordered_json &j, const ModelSpec &s) {
     j["encoder"] = stack(s.diformer->encoder);
     j["decoder"] = stack(s.diformer->decoder);
   }
+  if (s.trainGiven) {
+    const TrainOptions &t = s.train;
+    j["train"] = {{"objective", toString(t.objective)},
+                  {"optimizer", toString(t.optimizer)},
+                  {"lr", t.lr},
+                  {"betas", {t.beta1, t.beta2}},
+                  {"eps", t.eps},
+                  {"weight_decay", t.weightDecay},
+                  {"warmup_steps", t.warmupSteps},
+                  {"schedule", toString(t.schedule)},
+                  {"steps", t.steps},
+                  {"clip_norm", t.clipNorm},
+                  {"dropout", t.dropout},
+                  {"attention_dropout", t.attentionDropout},
+                  {"label_smoothing", t.labelSmoothing},
+                  {"mask_prob", t.maskProb},
+                  {"max_masks", t.maxMasks},
+                  {"mask_replace", toString(t.maskReplace)},
+                  {"seed", t.seed}};
+  }
 }
 
 std::string tomlValue(const nlohmann::ordered_json &v) {
+  if (v.is_array()) {
+    std::string out = "[";
+    for (size_t i = 0; i < v.size(); ++i)
+      out += (i ? ", " : "") + tomlValue(v[i]);
+    return out + "]";
+  }
   if (v.is_boolean())
     return v.get<bool>() ? "true" : "false";
   if (v.is_number_float()) {
@@ -519,5 +623,22 @@ const char *toString(FirstQuery v) { return nameOf(kFirstQueries, v); }
 const char *toString(Activation v) { return nameOf(kActivations, v); }
 const char *toString(NormPlacement v) { return nameOf(kNorms, v); }
 const char *toString(ScoreMethod v) { return nameOf(kMethods, v); }
+const char *toString(Objective v) { return nameOf(kObjectives, v); }
+const char *toString(OptimizerKind v) { return nameOf(kOptimizers, v); }
+const char *toString(Schedule v) { return nameOf(kSchedules, v); }
+const char *toString(MaskReplace v) { return nameOf(kMaskReplaces, v); }
+
+Objective resolvedObjective(const ModelSpec &spec) {
+  if (spec.train.objective != Objective::Auto)
+    return spec.train.objective;
+  switch (spec.family) {
+  case Family::UniLM:
+  case Family::NGram: return Objective::Causal;
+  case Family::BiLM: return Objective::Masked;
+  case Family::TTA:
+  case Family::Diformer: break;
+  }
+  return Objective::Autoencoding;
+}
 
 } // namespace lmcc

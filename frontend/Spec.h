@@ -23,6 +23,11 @@ enum class FirstQuery { Embedding, Position, MaskPosition };
 enum class Activation { Gelu, GeluTanh, Relu };
 enum class NormPlacement { Post, Pre };
 enum class ScoreMethod { Causal, MaskAndPredict, SinglePass };
+/// Training objectives ([train] objective); Auto resolves to the family's (resolvedObjective).
+enum class Objective { Auto, Causal, Masked, Autoencoding };
+enum class OptimizerKind { AdamW, Adam, SGD };
+enum class Schedule { Linear, Constant, Cosine };
+enum class MaskReplace { Mask, Bert };
 
 struct Dims {
   int64_t vocab = 0, maxLen = 0, dModel = 0, heads = 0, dFF = 0, layers = 0;
@@ -42,6 +47,28 @@ struct NGramOptions {
   int64_t n = 3;                ///< predict t+1 .. t+n-1 with extra heads
   bool wdr = true;              ///< word-difference representation targets
   double ensembleLambda = 0.4;  ///< weight of the n-gram heads at inference
+};
+
+/// [train]: the optimizer, schedule and objective of compiled training (issue 14's contract).
+struct TrainOptions {
+  Objective objective = Objective::Auto;
+  OptimizerKind optimizer = OptimizerKind::AdamW;
+  double lr = 1e-4;
+  double beta1 = 0.9, beta2 = 0.999;
+  double eps = 1e-6;
+  double weightDecay = 0.01;    ///< decoupled for adamw, L2 for adam/sgd; never on rank-1 tensors
+  int64_t warmupSteps = 0;
+  Schedule schedule = Schedule::Linear;
+  int64_t steps = 1000;         ///< the schedule's total
+  double clipNorm = 1.0;        ///< global L2 norm; 0 = off
+  double dropout = 0.0;
+  double attentionDropout = 0.0;
+  double labelSmoothing = 0.0;
+  double maskProb = 0.15;
+  int64_t maxMasks = 20;
+  MaskReplace maskReplace = MaskReplace::Mask;
+  int64_t seed = 1;
+
 };
 
 struct DiformerOptions {
@@ -76,6 +103,10 @@ struct ModelSpec {
   // family extensions
   std::optional<NGramOptions> ngram;
   std::optional<DiformerOptions> diformer;
+  // [train]: defaults unless the table is given (resolved specs print it only then, so the
+  // hash of a spec without [train] does not change)
+  TrainOptions train;
+  bool trainGiven = false;
 
   /// Path the spec was read from (for messages); empty when built in code.
   std::string sourcePath;
@@ -104,6 +135,9 @@ std::string toJson(const ModelSpec &spec);
 /// A stable 64-bit FNV-1a hash of the resolved spec (hex), recorded in weight metadata.
 std::string specHash(const ModelSpec &spec);
 
+/// The objective `auto` stands for: unilm causal, bilm masked, tta autoencoding.
+Objective resolvedObjective(const ModelSpec &spec);
+
 const char *toString(Family);
 const char *toString(PositionKind);
 const char *toString(MaskKind);
@@ -112,5 +146,9 @@ const char *toString(FirstQuery);
 const char *toString(Activation);
 const char *toString(NormPlacement);
 const char *toString(ScoreMethod);
+const char *toString(Objective);
+const char *toString(OptimizerKind);
+const char *toString(Schedule);
+const char *toString(MaskReplace);
 
 } // namespace lmcc

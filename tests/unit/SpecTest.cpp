@@ -249,3 +249,44 @@ TEST(Spec, BundledModelsLoad) {
     EXPECT_EQ(s.name, m);
   }
 }
+
+TEST(Spec, TrainDefaultsAndOverrides) {
+  ModelSpec plain = parseSpec(base("bilm"), "t.toml");
+  EXPECT_FALSE(plain.trainGiven);
+  EXPECT_EQ(resolvedObjective(plain), Objective::Masked);
+  EXPECT_EQ(resolvedObjective(parseSpec(base("unilm"), "t.toml")), Objective::Causal);
+  EXPECT_EQ(resolvedObjective(parseSpec(base("tta"), "t.toml")), Objective::Autoencoding);
+  EXPECT_EQ(toToml(plain).find("[train]"), std::string::npos) << "a spec without [train] prints none";
+
+  ModelSpec s = parseSpec(base("tta", "[train]\noptimizer = \"sgd\"\nlr = 0.5\nbetas = [0.8, 0.99]\n"
+                                      "schedule = \"cosine\"\nwarmup_steps = 3\nsteps = 10\nlabel_smoothing = 0.1\n"
+                                      "mask_replace = \"bert\"\nseed = 7\n"),
+                          "t.toml");
+  EXPECT_TRUE(s.trainGiven);
+  EXPECT_EQ(s.train.optimizer, OptimizerKind::SGD);
+  EXPECT_DOUBLE_EQ(s.train.lr, 0.5);
+  EXPECT_DOUBLE_EQ(s.train.beta1, 0.8);
+  EXPECT_DOUBLE_EQ(s.train.beta2, 0.99);
+  EXPECT_EQ(s.train.schedule, Schedule::Cosine);
+  EXPECT_EQ(s.train.warmupSteps, 3);
+  EXPECT_DOUBLE_EQ(s.train.labelSmoothing, 0.1);
+  EXPECT_EQ(s.train.maskReplace, MaskReplace::Bert);
+  EXPECT_EQ(s.train.seed, 7);
+  ModelSpec again = parseSpec(toToml(s), "resolved.toml");
+  EXPECT_EQ(specHash(again), specHash(s));
+  EXPECT_DOUBLE_EQ(again.train.beta2, 0.99);
+  EXPECT_NE(specHash(s), specHash(parseSpec(base("tta"), "t.toml")));
+}
+
+TEST(SpecErrors, Train) {
+  EXPECT_NE(errorOf(base("tta", "[train]\nlr = -1\n")).find("'train.lr'"), std::string::npos);
+  EXPECT_NE(errorOf(base("tta", "[train]\nbetas = [0.9]\n")).find("'train.betas'"), std::string::npos);
+  EXPECT_NE(errorOf(base("tta", "[train]\nbetas = [0.9, 1.0]\n")).find("'train.betas'"), std::string::npos);
+  EXPECT_NE(errorOf(base("tta", "[train]\nstep = 3\n")).find("'train.step': unknown key"), std::string::npos);
+  EXPECT_NE(errorOf(base("tta", "[train]\noptimizer = \"lamb\"\n")).find("'train.optimizer'"), std::string::npos);
+  EXPECT_NE(errorOf(base("tta", "[train]\nobjective = \"causal\"\n")).find("'train.objective'"), std::string::npos);
+  EXPECT_NE(errorOf(base("bilm", "[train]\nobjective = \"autoencoding\"\n")).find("'train.objective'"),
+            std::string::npos);
+  EXPECT_NE(errorOf(base("tta", "[train]\ndropout = 1.0\n")).find("'train.dropout'"), std::string::npos);
+  EXPECT_NE(errorOf(base("tta", "[train]\nsteps = 0\n")).find("'train.steps'"), std::string::npos);
+}
