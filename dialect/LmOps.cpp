@@ -159,8 +159,10 @@ LogicalResult MatmulOp::verify() {
     if (failed(expectDim(*this, "batch dim " + std::to_string(i) + " of rhs", b.getDimSize(i), a.getDimSize(i))) ||
         failed(expectDim(*this, "batch dim " + std::to_string(i) + " of result", c.getDimSize(i), a.getDimSize(i))))
       return failure();
-  bool t = getTransposeRhs();
-  int64_t m = a.getDimSize(rank - 2), k = a.getDimSize(rank - 1);
+  bool t = getTransposeRhs(), tl = getTransposeLhs();
+  if (t && tl)
+    return emitOpError("transpose_lhs and transpose_rhs together are not supported");
+  int64_t m = a.getDimSize(tl ? rank - 1 : rank - 2), k = a.getDimSize(tl ? rank - 2 : rank - 1);
   int64_t kb = b.getDimSize(t ? rank - 1 : rank - 2), n = b.getDimSize(t ? rank - 2 : rank - 1);
   if (failed(expectDim(*this, "contraction size of rhs", kb, k)) ||
       failed(expectDim(*this, "result rows", c.getDimSize(rank - 2), m)) ||
@@ -416,5 +418,178 @@ LogicalResult SliceFeaturesOp::verify() {
     return emitOpError("slice [") << offset << ", " << offset + size << ") is outside the " << width << " features";
   if (out.getRank() != in.getRank() || out.getShape().back() != size)
     return emitOpError("the result must keep the leading dims and have ") << size << " features";
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Training ops
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// targets [B, N] and lengths [B] of a loss op.
+LogicalResult verifyTargets(Operation *op, Value targets, Value lengths, int64_t batch, int64_t rows) {
+  if (failed(expectRank(op, "targets [B, N]", targets, 2)) || failed(expectRank(op, "lengths [B]", lengths, 1)))
+    return failure();
+  auto t = tensorOf(targets);
+  return success(succeeded(expectDim(op, "targets batch", t.getDimSize(0), batch)) &&
+                 succeeded(expectDim(op, "targets sequence", t.getDimSize(1), rows)) &&
+                 succeeded(expectDim(op, "lengths size vs batch", tensorOf(lengths).getDimSize(0), batch)));
+}
+
+LogicalResult verifySmoothing(Operation *op, APFloat smoothing) {
+  double e = smoothing.convertToDouble();
+  if (!(e >= 0 && e <= 1))
+    return op->emitOpError("smoothing must be in [0, 1], got ") << e;
+  return success();
+}
+
+/// A projection weight [V, D] over hidden [B, N, D] with an optional bias [V].
+LogicalResult verifyHead(Operation *op, Value hidden, Value weight, Value bias) {
+  if (failed(expectRank(op, "hidden [B, N, D]", hidden, 3)) || failed(expectRank(op, "weight [V, D]", weight, 2)))
+    return failure();
+  auto h = tensorOf(hidden), w = tensorOf(weight);
+  if (failed(expectDim(op, "hidden width vs weight dim 1", h.getDimSize(2), w.getDimSize(1))))
+    return failure();
+  if (bias && (failed(expectRank(op, "bias [V]", bias, 1)) ||
+               failed(expectDim(op, "bias size vs vocabulary", tensorOf(bias).getDimSize(0), w.getDimSize(0)))))
+    return failure();
+  return success();
+}
+
+LogicalResult expectType(Operation *op, StringRef what, Value v, Type expected) {
+  if (v.getType() != expected)
+    return op->emitOpError() << what << " must be " << expected << ", got " << v.getType();
+  return success();
+}
+
+} // namespace
+
+LogicalResult CrossEntropyOp::verify() {
+  if (failed(expectRank(*this, "logprobs [B, N, V]", getLogprobs(), 3)) ||
+      failed(expectRank(*this, "result [B, N]", getResult(), 2)))
+    return failure();
+  auto lp = getLogprobs().getType();
+  if (failed(verifyTargets(*this, getTargets(), getLengths(), lp.getDimSize(0), lp.getDimSize(1))))
+    return failure();
+  return verifySmoothing(*this, getSmoothing());
+}
+
+LogicalResult TokenLossOp::verify() {
+  if (failed(verifyHead(*this, getHidden(), getWeight(), getBias())))
+    return failure();
+  auto h = getHidden().getType();
+  if (failed(verifyTargets(*this, getTargets(), getLengths(), h.getDimSize(0), h.getDimSize(1))))
+    return failure();
+  for (Value r : {getLoss(), getLse()})
+    if (failed(expectType(*this, "results", r, getTargets().getType().clone(getHidden().getType().getElementType()))))
+      return failure();
+  return verifySmoothing(*this, getSmoothing());
+}
+
+LogicalResult CrossEntropyGradOp::verify() {
+  if (failed(expectRank(*this, "result [B, N, V]", getResult(), 3)))
+    return failure();
+  auto r = getResult().getType();
+  if (ShapedType::isDynamic(r.getDimSize(2)))
+    return emitOpError("the vocabulary size (result dim 2) must be static");
+  if (failed(verifyTargets(*this, getTargets(), getLengths(), r.getDimSize(0), r.getDimSize(1))))
+    return failure();
+  return verifySmoothing(*this, getSmoothing());
+}
+
+LogicalResult TokenLossGradOp::verify() {
+  if (failed(verifyHead(*this, getHidden(), getWeight(), getBias())))
+    return failure();
+  auto h = getHidden().getType();
+  if (failed(verifyTargets(*this, getTargets(), getLengths(), h.getDimSize(0), h.getDimSize(1))) ||
+      failed(expectType(*this, "lse", getLse(), getTargets().getType().clone(h.getElementType()))) ||
+      failed(expectType(*this, "d_hidden", getDHidden(), h)) ||
+      failed(expectType(*this, "d_weight", getDWeight(), getWeight().getType())) ||
+      failed(expectType(*this, "d_bias", getDBias(),
+                        RankedTensorType::get({getWeight().getType().getDimSize(0)}, h.getElementType()))))
+    return failure();
+  return verifySmoothing(*this, getSmoothing());
+}
+
+LogicalResult LinearGradOp::verify() {
+  auto w = getWeight().getType();
+  if (failed(expectRank(*this, "weight [out, in]", getWeight(), 2)))
+    return failure();
+  auto dy = getGrad().getType(), x = getInput().getType();
+  if (dy.getRank() != x.getRank() || dy.getRank() < 2)
+    return emitOpError("grad and input must share a rank >= 2");
+  if (failed(expectDim(*this, "grad features vs weight dim 0", dy.getShape().back(), w.getDimSize(0))) ||
+      failed(expectDim(*this, "input features vs weight dim 1", x.getShape().back(), w.getDimSize(1))) ||
+      failed(expectType(*this, "d_input", getDInput(), x)) || failed(expectType(*this, "d_weight", getDWeight(), w)) ||
+      failed(expectType(*this, "d_bias", getDBias(), RankedTensorType::get({w.getDimSize(0)}, w.getElementType()))))
+    return failure();
+  return success();
+}
+
+LogicalResult LayerNormGradOp::verify() {
+  if (getGrad().getType() != getInput().getType())
+    return emitOpError("grad and input must have the same type");
+  int64_t width = getInput().getType().getShape().back();
+  auto vec = RankedTensorType::get({width}, getInput().getType().getElementType());
+  if (failed(expectType(*this, "gamma", getGamma(), vec)) ||
+      failed(expectType(*this, "d_input", getDInput(), getInput().getType())) ||
+      failed(expectType(*this, "d_gamma", getDGamma(), vec)) || failed(expectType(*this, "d_beta", getDBeta(), vec)))
+    return failure();
+  if (!(getEpsilon().convertToDouble() > 0))
+    return emitOpError("epsilon must be positive");
+  return success();
+}
+
+LogicalResult ActivationGradOp::verify() {
+  if (getKind() != "gelu" && getKind() != "gelu_tanh" && getKind() != "relu")
+    return emitOpError("kind must be gelu, gelu_tanh or relu, got ") << getKind();
+  return success();
+}
+
+LogicalResult AttentionGradOp::verify() {
+  for (auto [name, v] : {std::pair<const char *, Value>{"grad", getGrad()}, {"query", getQuery()}, {"key", getKey()},
+                         {"value", getValue()}})
+    if (failed(expectRank(*this, std::string(name) + " [B, N, D]", v, 3)))
+      return failure();
+  auto q = getQuery().getType();
+  int64_t d = q.getDimSize(2);
+  if (ShapedType::isDynamic(d) || int64_t(getHeads()) < 1 || d % int64_t(getHeads()))
+    return emitOpError("heads must divide a static d_model");
+  if (getMask() == MaskKind::directional || getMask() == MaskKind::Explicit)
+    return emitOpError("masks with per-row data have no backward yet");
+  if (failed(expectType(*this, "grad", getGrad(), q)) || failed(expectType(*this, "d_query", getDQuery(), q)) ||
+      failed(expectType(*this, "d_key", getDKey(), getKey().getType())) ||
+      failed(expectType(*this, "d_value", getDValue(), getValue().getType())) ||
+      failed(expectRank(*this, "lengths [B]", getLengths(), 1)))
+    return failure();
+  return success();
+}
+
+LogicalResult EmbedGradOp::verify() {
+  if (failed(expectRank(*this, "grad [B, N, D]", getGrad(), 3)) || failed(expectRank(*this, "result [V, D]", getResult(), 2)) ||
+      failed(expectRank(*this, "ids [B, N]", getIds(), 2)) || failed(expectRank(*this, "lengths [B]", getLengths(), 1)))
+    return failure();
+  auto r = getResult().getType();
+  if (!r.hasStaticShape())
+    return emitOpError("the table gradient must have a static shape");
+  return expectDim(*this, "grad width vs table width", getGrad().getType().getDimSize(2), r.getDimSize(1));
+}
+
+LogicalResult PositionsGradOp::verify() {
+  if (failed(expectRank(*this, "grad [B, N, D]", getGrad(), 3)) || failed(expectRank(*this, "result [L, D]", getResult(), 2)) ||
+      failed(expectRank(*this, "lengths [B]", getLengths(), 1)))
+    return failure();
+  auto r = getResult().getType();
+  if (!r.hasStaticShape())
+    return emitOpError("the table gradient must have a static shape");
+  return expectDim(*this, "grad width vs table width", getGrad().getType().getDimSize(2), r.getDimSize(1));
+}
+
+LogicalResult ParamGradOp::verify() {
+  if (getName().empty())
+    return emitOpError("needs the canonical weight name");
+  if (!getGrad().getType().hasStaticShape())
+    return emitOpError("a weight gradient has the weight's static shape, got ") << getGrad().getType();
   return success();
 }

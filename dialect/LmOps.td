@@ -210,12 +210,13 @@ def Lm_MergeHeadsOp : Lm_Op<"merge_heads", [Pure]> {
 def Lm_MatmulOp : Lm_Op<"matmul", [Pure]> {
   let summary = "batched matrix product over the two last axes, B optionally transposed";
   let description = [{
-    [..., M, K] x [..., K, N] -> [..., M, N]; with `transpose_rhs`, rhs is [..., N, K].
+    [..., M, K] x [..., K, N] -> [..., M, N]; with `transpose_rhs`, rhs is [..., N, K]; with
+    `transpose_lhs` (gradients), lhs is [..., K, M].
     ```mlir
     %s = lm.matmul %qh, %kh {transpose_rhs} : (tensor<?x8x?x64xf32>, tensor<?x8x?x64xf32>) -> tensor<?x8x?x?xf32>
     ```
   }];
-  let arguments = (ins Lm_F32Tensor:$lhs, Lm_F32Tensor:$rhs, UnitAttr:$transpose_rhs);
+  let arguments = (ins Lm_F32Tensor:$lhs, Lm_F32Tensor:$rhs, UnitAttr:$transpose_rhs, UnitAttr:$transpose_lhs);
   let results = (outs Lm_F32Tensor:$result);
   let assemblyFormat = "$lhs `,` $rhs attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
@@ -534,6 +535,159 @@ def Lm_YieldOp : Lm_Op<"yield", [Pure, Terminator, ReturnLike,
   }];
   let arguments = (ins Lm_F32Tensor:$value);
   let assemblyFormat = "$value attr-dict `:` type($value)";
+}
+
+//===----------------------------------------------------------------------===//
+// Training: losses and the backward ops lm-autodiff emits
+//===----------------------------------------------------------------------===//
+// Every backward op is the vector-Jacobian product of the forward op named in its summary; its
+// meaning is the reference executor's `<op>Backward` (runtime/reference/Ops.h). Rows past a
+// sentence's length carry zero gradient.
+
+def Lm_CrossEntropyOp : Lm_Op<"cross_entropy", [Pure]> {
+  let summary = "per-row loss: ce[b, t] = -(1-e) lp[b, t, y] - (e/V) sum_v lp[b, t, v], y = targets[b, t]";
+  let description = [{
+    0 where t >= lengths[b] or y < 0 (no prediction at that row); e = `smoothing`.
+    The training loss is (1/T) sum ce over the T rows with a target (the runtime sums).
+    ```mlir
+    %ce = lm.cross_entropy %lp, %targets, %lengths {smoothing = 0.0 : f64} : (tensor<?x?x30522xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32>
+    ```
+  }];
+  let arguments = (ins Lm_F32Tensor:$logprobs, Lm_I32Tensor:$targets, Lm_I32Tensor:$lengths, F64Attr:$smoothing);
+  let results = (outs Lm_F32Tensor:$result);
+  let assemblyFormat = "$logprobs `,` $targets `,` $lengths attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Lm_TokenLossOp : Lm_Op<"token_loss", [Pure]> {
+  let summary = "fused vocabulary projection + log-softmax + cross_entropy; also the rows' log-sum-exp";
+  let description = [{
+    ce[b, t] as lm.cross_entropy of log_softmax(h W^T + bias); lse[b, t] = log sum_v exp(logit_v),
+    kept for the backward. Streams vocabulary tiles: the [B, N, V] logits never exist.
+    ```mlir
+    %ce, %lse = lm.token_loss %h, %E, %bias, %targets, %lengths {smoothing = 0.0 : f64} : (tensor<?x?x512xf32>, tensor<30522x512xf32>, tensor<30522xf32>, tensor<?x?xi32>, tensor<?xi32>) -> (tensor<?x?xf32>, tensor<?x?xf32>)
+    ```
+  }];
+  let arguments = (ins Lm_F32Tensor:$hidden, Lm_F32Tensor:$weight, Optional<Lm_F32Tensor>:$bias, Lm_I32Tensor:$targets,
+                       Lm_I32Tensor:$lengths, F64Attr:$smoothing);
+  let results = (outs Lm_F32Tensor:$loss, Lm_F32Tensor:$lse);
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Lm_CrossEntropyGradOp : Lm_Op<"cross_entropy_grad", [Pure]> {
+  let summary = "VJP of lm.cross_entropy seeded with d ce = 1/T: dlp[b, t, v] = -((1-e)[v = y] + e/V) / T";
+  let description = [{
+    T = the number of rows (t < lengths[b]) with targets[b, t] >= 0 in the batch.
+    ```mlir
+    %dlp = lm.cross_entropy_grad %targets, %lengths {smoothing = 0.0 : f64} : (tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?x30522xf32>
+    ```
+  }];
+  let arguments = (ins Lm_I32Tensor:$targets, Lm_I32Tensor:$lengths, F64Attr:$smoothing);
+  let results = (outs Lm_F32Tensor:$result);
+  let assemblyFormat = "$targets `,` $lengths attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Lm_TokenLossGradOp : Lm_Op<"token_loss_grad", [Pure]> {
+  let summary = "VJP of lm.token_loss seeded with d ce = 1/T: (dh, dW, dbias), streaming vocabulary tiles";
+  let description = [{
+    dlogit = (softmax - (1-e) onehot(y) - e/V) / T from the saved lse; dh = dlogit W, dW = dlogit^T h,
+    dbias = column sums of dlogit. No [B, N, V] tensor exists.
+    ```mlir
+    %dh, %dW, %db = lm.token_loss_grad %h, %E, %bias, %targets, %lengths, %lse {smoothing = 0.0 : f64} : (...) -> (tensor<?x?x512xf32>, tensor<30522x512xf32>, tensor<30522xf32>)
+    ```
+  }];
+  let arguments = (ins Lm_F32Tensor:$hidden, Lm_F32Tensor:$weight, Optional<Lm_F32Tensor>:$bias, Lm_I32Tensor:$targets,
+                       Lm_I32Tensor:$lengths, Lm_F32Tensor:$lse, F64Attr:$smoothing);
+  let results = (outs Lm_F32Tensor:$d_hidden, Lm_F32Tensor:$d_weight, Lm_F32Tensor:$d_bias);
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Lm_LogSoftmaxGradOp : Lm_Op<"log_softmax_grad", [Pure, SameOperandsAndResultType]> {
+  let summary = "VJP of lm.log_softmax: dx = dy - exp(y) sum(dy) over the last axis (y its result)";
+  let arguments = (ins Lm_F32Tensor:$grad, Lm_F32Tensor:$output);
+  let results = (outs Lm_F32Tensor:$result);
+  let assemblyFormat = "$grad `,` $output attr-dict `:` type($result)";
+}
+
+def Lm_SoftmaxGradOp : Lm_Op<"softmax_grad", [Pure, SameOperandsAndResultType]> {
+  let summary = "VJP of lm.softmax: dx = p (dy - sum(dy p)) over the last axis (p its result)";
+  let arguments = (ins Lm_F32Tensor:$grad, Lm_F32Tensor:$output);
+  let results = (outs Lm_F32Tensor:$result);
+  let assemblyFormat = "$grad `,` $output attr-dict `:` type($result)";
+}
+
+def Lm_LinearGradOp : Lm_Op<"linear_grad", [Pure]> {
+  let summary = "VJP of lm.linear: dx = dy W, dW = dy^T x, dbias = column sums of dy (over all rows)";
+  let description = [{
+    ```mlir
+    %dx, %dW, %db = lm.linear_grad %dy, %x, %W : (tensor<?x?x512xf32>, tensor<?x?x2048xf32>, tensor<512x2048xf32>) -> (tensor<?x?x2048xf32>, tensor<512x2048xf32>, tensor<512xf32>)
+    ```
+  }];
+  let arguments = (ins Lm_F32Tensor:$grad, Lm_F32Tensor:$input, Lm_F32Tensor:$weight);
+  let results = (outs Lm_F32Tensor:$d_input, Lm_F32Tensor:$d_weight, Lm_F32Tensor:$d_bias);
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Lm_LayerNormGradOp : Lm_Op<"layer_norm_grad", [Pure]> {
+  let summary = "VJP of lm.layer_norm: (dx, dgamma, dbeta), statistics recomputed in double from x";
+  let arguments = (ins Lm_F32Tensor:$grad, Lm_F32Tensor:$input, Lm_F32Tensor:$gamma, F64Attr:$epsilon);
+  let results = (outs Lm_F32Tensor:$d_input, Lm_F32Tensor:$d_gamma, Lm_F32Tensor:$d_beta);
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Lm_ActivationGradOp : Lm_Op<"activation_grad", [Pure, SameOperandsAndResultType]> {
+  let summary = "VJP of lm.gelu / lm.relu: dx = dy f'(x); `kind` is gelu, gelu_tanh or relu";
+  let arguments = (ins Lm_F32Tensor:$grad, Lm_F32Tensor:$input, StrAttr:$kind);
+  let results = (outs Lm_F32Tensor:$result);
+  let assemblyFormat = "$grad `,` $input attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
+def Lm_AttentionGradOp : Lm_Op<"attention_grad", [Pure]> {
+  let summary = "VJP of lm.attention (no relative positions, no per-row mask data): (dq, dk, dv)";
+  let description = [{
+    Per (sentence, head, query row) the probabilities are recomputed from q and k (max and sum of
+    exponentials in double, as the forward); dp = dO V^T, ds = p (dp - dO . O), dq = scale ds K,
+    dk += scale ds^T q, dv += p^T dO; masked and padding keys get nothing. No n x n tensor.
+  }];
+  let arguments = (ins Lm_F32Tensor:$grad, Lm_F32Tensor:$query, Lm_F32Tensor:$key, Lm_F32Tensor:$value,
+                       Lm_I32Tensor:$lengths, I64Attr:$heads, Lm_MaskAttr:$mask, F32Attr:$scale);
+  let results = (outs Lm_F32Tensor:$d_query, Lm_F32Tensor:$d_key, Lm_F32Tensor:$d_value);
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Lm_EmbedGradOp : Lm_Op<"embed_grad", [Pure]> {
+  let summary = "VJP of lm.embed: dtable[v] = sum of dy[b, t] over valid (b, t) with ids[b, t] = v";
+  let arguments = (ins Lm_F32Tensor:$grad, Lm_I32Tensor:$ids, Lm_I32Tensor:$lengths);
+  let results = (outs Lm_F32Tensor:$result);
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Lm_PositionsGradOp : Lm_Op<"positions_grad", [Pure]> {
+  let summary = "VJP of lm.positions with a learned table: dP[t] = sum over sentences b with t < lengths[b] of dy[b, t]";
+  let arguments = (ins Lm_F32Tensor:$grad, Lm_I32Tensor:$lengths);
+  let results = (outs Lm_F32Tensor:$result);
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Lm_ParamGradOp : Lm_Op<"param_grad", [MemoryEffects<[MemWrite]>]> {
+  let summary = "the gradient of the canonical weight `name`: written to its slot of the entry's gradient buffer";
+  let description = [{
+    ```mlir
+    lm.param_grad %dE {name = "embed.token"} : tensor<30522x512xf32>
+    ```
+  }];
+  let arguments = (ins Lm_F32Tensor:$grad, StrAttr:$name);
+  let assemblyFormat = "$grad attr-dict `:` type($grad)";
+  let hasVerifier = 1;
 }
 
 #endif // LM_OPS_TD

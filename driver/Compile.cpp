@@ -73,7 +73,7 @@ template <typename Op> bool dump(const std::string &dir, const char *name, Op op
 
 mlir::OwningOpRef<mlir::ModuleOp> buildOptimizedModule(mlir::MLIRContext &context, const ModelSpec &spec,
                                                        const LibraryOptions &options, std::string *error) {
-  mlir::OwningOpRef<mlir::ModuleOp> module = buildModule(context, spec);
+  mlir::OwningOpRef<mlir::ModuleOp> module = buildModule(context, spec, options.train);
   if (!module) {
     *error = "internal error: the lm IR does not verify";
     return nullptr;
@@ -89,8 +89,21 @@ mlir::OwningOpRef<mlir::ModuleOp> buildOptimizedModule(mlir::MLIRContext &contex
     return std::string(prefix) + what + ".mlir";
   };
   dump(options.dumpDir, stepName("lm").c_str(), *module);
+  // Training: differentiate the loss as the optimization passes left it (none with --naive).
+  auto differentiate = [&]() -> mlir::OwningOpRef<mlir::ModuleOp> {
+    if (!options.train)
+      return std::move(module);
+    mlir::PassManager pm(&context);
+    pm.addPass(createLmAutodiff());
+    if (mlir::failed(pm.run(*module))) {
+      *error = "pass lm-autodiff failed";
+      return nullptr;
+    }
+    dump(options.dumpDir, stepName("lm-autodiff").c_str(), *module);
+    return std::move(module);
+  };
   if (options.naive)
-    return module;
+    return differentiate();
   for (const std::string &flag : defaultPipeline()) {
     if (options.disabledPasses.count(flag))
       continue;
@@ -106,7 +119,7 @@ mlir::OwningOpRef<mlir::ModuleOp> buildOptimizedModule(mlir::MLIRContext &contex
     }
     dump(options.dumpDir, stepName(flag).c_str(), *module);
   }
-  return module;
+  return differentiate();
 }
 
 std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options, CompileReport *report) {

@@ -29,6 +29,7 @@ struct LibraryOptions {
   std::string gemm = "generated"; ///< "generated" (load-time packed, vector microkernel) or "eigen" (runtime call)
   std::set<std::string> disabledPasses; ///< pass flags to drop from the default pipeline
   int64_t statsN = 0;        ///< with a CompileReport: count FLOPs and temporaries for n tokens
+  bool train = false;        ///< also compile the training entries `loss` and `loss_grad` (lm-autodiff)
 };
 
 /// What compileLibrary measured on the way (the optimized module it compiled).

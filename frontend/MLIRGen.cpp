@@ -28,8 +28,8 @@ constexpr int64_t kDyn = ShapedType::kDynamic;
 
 class Generator {
 public:
-  Generator(MLIRContext &ctx, const ModelSpec &spec)
-      : spec(spec), b(&ctx), loc(b.getUnknownLoc()), f32(b.getF32Type()), i32(b.getI32Type()) {}
+  Generator(MLIRContext &ctx, const ModelSpec &spec, bool train)
+      : spec(spec), train(train), b(&ctx), loc(b.getUnknownLoc()), f32(b.getF32Type()), i32(b.getI32Type()) {}
 
   OwningOpRef<ModuleOp> run() {
     OwningOpRef<ModuleOp> module = ModuleOp::create(loc, spec.name);
@@ -48,6 +48,8 @@ public:
       scoreEntry();
       embedEntry();
       logitsEntry();
+      if (train)
+        lossEntry();
     }
     return module;
   }
@@ -294,6 +296,17 @@ private:
     finish(fn, logits(encode(fn.getArgument(0), fn.getArgument(1))));
   }
 
+  /// The training loss: one forward pass over `inputs`; row i predicts targets[i].
+  void lossEntry() {
+    auto fn = entry("loss", {idsType(), idsType(), lengthsType()}, {t({kDyn, kDyn}, f32)});
+    b.getContext()->getLoadedDialect<lm::LmDialect>()->getMethodAttrHelper().setAttr(fn, b.getStringAttr("loss"));
+    Value inputs = fn.getArgument(0), targets = fn.getArgument(1), lengths = fn.getArgument(2);
+    Value lp = b.create<lm::LogSoftmaxOp>(loc, logits(encode(inputs, lengths)));
+    Value ce = b.create<lm::CrossEntropyOp>(loc, t({kDyn, kDyn}, f32), lp, targets, lengths,
+                                            b.getF64FloatAttr(spec.train.labelSmoothing));
+    finish(fn, ce);
+  }
+
   /// Diformer (diformer paper, 2.3): a bidirectional encoder over the source; a
   /// decoder whose queries are direction + position embeddings, whose self-attention
   /// keys/values are the target word embeddings only (positions enter through Shaw
@@ -345,6 +358,7 @@ private:
   }
 
   const ModelSpec &spec;
+  bool train;
   OpBuilder b;
   Location loc;
   Type f32, i32;
@@ -357,17 +371,17 @@ void loadLmDialects(MLIRContext &context) {
   context.getOrLoadDialect<func::FuncDialect>();
 }
 
-OwningOpRef<ModuleOp> buildModule(MLIRContext &context, const ModelSpec &spec) {
+OwningOpRef<ModuleOp> buildModule(MLIRContext &context, const ModelSpec &spec, bool train) {
   loadLmDialects(context);
-  OwningOpRef<ModuleOp> module = Generator(context, spec).run();
+  OwningOpRef<ModuleOp> module = Generator(context, spec, train).run();
   if (failed(verify(*module)))
     return nullptr;
   return module;
 }
 
-std::string emitMLIR(const ModelSpec &spec) {
+std::string emitMLIR(const ModelSpec &spec, bool train) {
   MLIRContext context;
-  OwningOpRef<ModuleOp> module = buildModule(context, spec);
+  OwningOpRef<ModuleOp> module = buildModule(context, spec, train);
   if (!module)
     return {};
   std::string text;

@@ -10,6 +10,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "passes/Passes.h"
+#include "passes/Utils.h"
 
 #include "mlir/IR/IRMapping.h"
 #include "mlir/IR/SymbolTable.h"
@@ -37,7 +38,7 @@ struct LmFoldConstants : lmcc::impl::LmFoldConstantsBase<LmFoldConstants> {
     ModuleOp module = getOperation();
     SmallVector<func::FuncOp> functions;
     for (auto fn : module.getOps<func::FuncOp>())
-      if (!lm::LmDialect::FoldAttrHelper(&getContext()).isAttrPresent(fn))
+      if (!lm::LmDialect::FoldAttrHelper(&getContext()).isAttrPresent(fn) && !inTrainingFunction(fn))
         functions.push_back(fn);
     for (func::FuncOp fn : functions) {
       SmallVector<Block *> blocks;

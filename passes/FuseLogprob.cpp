@@ -1,7 +1,8 @@
 //===- FuseLogprob.cpp - lm-fuse-logprob ------------------------------------===//
 //
 // gather(log_softmax(linear(h, W, b)), ids, shift)  ==>  token_logprob(h, W, b, ids, shift)
-// when the log-probabilities feed only the gather (so the [n, V] tensor is dead).
+// when the log-probabilities feed only the gather (so the [n, V] tensor is dead), and likewise
+// cross_entropy(log_softmax(linear(h, W, b)), targets)  ==>  token_loss(h, W, b, targets) (training).
 //
 //===----------------------------------------------------------------------===//
 #include "passes/Passes.h"
@@ -36,10 +37,29 @@ struct FuseLogprobPattern : OpRewritePattern<lm::GatherOp> {
   }
 };
 
+/// cross_entropy(log_softmax(linear(h, W, b)), targets)  ==>  token_loss(h, W, b, targets).
+struct FuseLossPattern : OpRewritePattern<lm::CrossEntropyOp> {
+  using OpRewritePattern::OpRewritePattern;
+
+  LogicalResult matchAndRewrite(lm::CrossEntropyOp ce, PatternRewriter &rewriter) const override {
+    auto logSoftmax = ce.getLogprobs().getDefiningOp<lm::LogSoftmaxOp>();
+    if (!logSoftmax || !logSoftmax->hasOneUse())
+      return rewriter.notifyMatchFailure(ce, "log-probabilities are not a single-use log_softmax");
+    auto linear = logSoftmax.getInput().getDefiningOp<lm::LinearOp>();
+    if (!linear || !linear->hasOneUse() || linear.getType().getRank() != 3)
+      return rewriter.notifyMatchFailure(ce, "logits are not a single-use [B, N, V] linear");
+    auto loss = rewriter.create<lm::TokenLossOp>(ce.getLoc(), TypeRange{ce.getType(), ce.getType()}, linear.getInput(),
+                                                 linear.getWeight(), linear.getBias(), ce.getTargets(),
+                                                 ce.getLengths(), ce.getSmoothingAttr());
+    rewriter.replaceOp(ce, loss.getLoss());
+    return success();
+  }
+};
+
 struct LmFuseLogprob : lmcc::impl::LmFuseLogprobBase<LmFuseLogprob> {
   void runOnOperation() override {
     RewritePatternSet patterns(&getContext());
-    patterns.add<FuseLogprobPattern>(&getContext());
+    patterns.add<FuseLogprobPattern, FuseLossPattern>(&getContext());
     if (failed(applyPatternsAndFoldGreedily(getOperation(), std::move(patterns))))
       signalPassFailure();
   }

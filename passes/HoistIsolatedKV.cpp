@@ -11,6 +11,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "passes/Passes.h"
+#include "passes/Utils.h"
 
 #include "llvm/ADT/MapVector.h"
 
@@ -27,7 +28,10 @@ namespace {
 struct LmHoistIsolatedKV : lmcc::impl::LmHoistIsolatedKVBase<LmHoistIsolatedKV> {
   void runOnOperation() override {
     SmallVector<Block *> blocks;
-    getOperation().walk([&](Block *block) { blocks.push_back(block); });
+    getOperation().walk([&](Block *block) {
+      if (!inTrainingFunction(block->getParentOp()))
+        blocks.push_back(block);
+    });
     for (Block *block : blocks)
       hoist(*block);
   }

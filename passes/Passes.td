@@ -92,4 +92,20 @@ def LmFoldConstants : Pass<"lm-fold-constants", "::mlir::ModuleOp"> {
   let dependentDialects = ["::lmcc::lm::LmDialect", "::mlir::func::FuncDialect"];
 }
 
+def LmAutodiff : Pass<"lm-autodiff", "::mlir::ModuleOp"> {
+  let summary = "Reverse-mode differentiation of the training loss: a `loss_grad` entry with the VJP of every lm op";
+  let description = [{
+    For every function with lm.method "loss" (MLIRGen's `loss(inputs, targets, lengths) -> ce [B, N]`,
+    after the optimization passes), adds a copy `loss_grad` (lm.method "loss_grad") that also computes
+    the gradient of the batch loss (1/T) sum ce with respect to every weight: ops are visited in
+    reverse, each op's vector-Jacobian product is emitted as lm backward ops (lm.linear_grad,
+    lm.attention_grad, lm.token_loss_grad, ...), gradients of values used several times are summed,
+    and the gradient of each canonical weight (summed over every lm.weight of that name: tied
+    embeddings) is written by one lm.param_grad. Works on the naive and on the fused forms, so the
+    gradients of every pipeline agree. Masks need no VJP of their own: a hidden key has probability 0,
+    so lm.softmax_grad gives it a zero score gradient.
+  }];
+  let dependentDialects = ["::lmcc::lm::LmDialect", "::mlir::func::FuncDialect"];
+}
+
 #endif // LMCC_PASSES_TD

@@ -187,11 +187,11 @@ struct MatmulLowering : LmLowering<lm::MatmulOp> {
     if (at.getRank() != 4)
       return m.emitOpError("CPU lowering handles [B, H, M, K] operands only");
     Value lhs = L.in(m.getLhs()), rhs = L.in(m.getRhs()), out = L.alloc(m.getType());
-    bool t = m.getTransposeRhs();
-    Value K = L.sizes(at)[3];
+    bool t = m.getTransposeRhs(), tl = m.getTransposeLhs();
+    Value K = L.sizes(at)[tl ? 2 : 3];
     L.nest(L.sizes(m.getType()), [&](ValueRange iv) {
       Value acc = L.reduce(L.idx(0), K, L.f32c(0), [&](Value k, Value acc) {
-        Value a = L.load(lhs, {iv[0], iv[1], iv[2], k});
+        Value a = tl ? L.load(lhs, {iv[0], iv[1], k, iv[2]}) : L.load(lhs, {iv[0], iv[1], iv[2], k});
         Value c = t ? L.load(rhs, {iv[0], iv[1], iv[3], k}) : L.load(rhs, {iv[0], iv[1], k, iv[3]});
         return L.b.create<arith::AddFOp>(L.loc, acc, L.b.create<arith::MulFOp>(L.loc, a, c));
       });

@@ -37,6 +37,10 @@ struct FuncLowering : OpConversionPattern<func::FuncOp> {
     if (!fold)
       for (Type type : fn.getResultTypes())
         conversion.addInputs({getTypeConverter()->convertType(type)});
+    // The training entry with gradients also takes the gradient buffer (the weight buffer's layout).
+    auto method = dialect->getMethodAttrHelper().getAttr(fn);
+    if (method && method.getValue() == "loss_grad")
+      conversion.addInputs({MemRefType::get({ShapedType::kDynamic}, rewriter.getF32Type())});
     std::string name = fold ? fn.getSymName().str() : model + "_" + fn.getSymName().str() + "_kernel";
     auto kernel = rewriter.create<func::FuncOp>(fn.getLoc(), name,
                                                 rewriter.getFunctionType(conversion.getConvertedTypes(), {}));
@@ -64,7 +68,16 @@ struct ReturnLowering : OpConversionPattern<func::ReturnOp> {
   LogicalResult matchAndRewrite(func::ReturnOp ret, OpAdaptor adaptor,
                                 ConversionPatternRewriter &rewriter) const override {
     auto fn = ret->getParentOfType<func::FuncOp>();
-    if (getContext()->getLoadedDialect<lm::LmDialect>()->getFoldAttrHelper().isAttrPresent(fn)) {
+    auto *dialect = getContext()->getLoadedDialect<lm::LmDialect>();
+    auto method = dialect->getMethodAttrHelper().getAttr(fn);
+    if (method && (method.getValue() == "loss" || method.getValue() == "loss_grad")) {
+      // The per-row losses are computed into a buffer of their own: copy them into the output argument
+      // (after weights, inputs, targets, lengths).
+      Loops L(rewriter, ret, adaptor.getOperands(), context);
+      Value result = adaptor.getOperands()[0], out = fn.getArgument(4);
+      L.nest({b(L, result, 0), b(L, result, 1)}, [&](ValueRange iv) { L.store(L.load(result, iv), out, iv); });
+    }
+    if (dialect->getFoldAttrHelper().isAttrPresent(fn)) {
       const WeightLayout::Entry *entry = context.layout->find(fn.getSymName().str());
       if (!entry)
         return fn.emitOpError("has no table in the weight layout");
@@ -77,6 +90,8 @@ struct ReturnLowering : OpConversionPattern<func::ReturnOp> {
     rewriter.replaceOpWithNewOp<func::ReturnOp>(ret);
     return success();
   }
+
+  static Value b(Loops &L, Value buffer, int64_t dim) { return L.b.create<memref::DimOp>(L.loc, buffer, dim); }
 
   const LoweringContext &context;
 };
@@ -119,10 +134,14 @@ struct LmToLoopsPass : lmcc::impl::LmToLoopsBase<LmToLoopsPass> {
     context.tile = GemmTile::forVectorBits(vectorBits ? vectorBits : targetVectorBits(""));
     context.maxLen = model.getMaxLen();
 
-    // Only the entry points and the folds are compiled.
-    for (auto fn : llvm::to_vector(module.getOps<func::FuncOp>()))
-      if (fn.getSymName() != "score" && fn.getSymName() != "embed" && !dialect->getFoldAttrHelper().isAttrPresent(fn))
+    // Only the entry points (score, embed and, when built, the training entries) and the folds are compiled.
+    for (auto fn : llvm::to_vector(module.getOps<func::FuncOp>())) {
+      auto method = dialect->getMethodAttrHelper().getAttr(fn);
+      bool training = method && (method.getValue() == "loss" || method.getValue() == "loss_grad");
+      if (fn.getSymName() != "score" && fn.getSymName() != "embed" && !training &&
+          !dialect->getFoldAttrHelper().isAttrPresent(fn))
         fn.erase();
+    }
     declareRuntime(module, context);
 
     TypeConverter converter;
@@ -137,6 +156,7 @@ struct LmToLoopsPass : lmcc::impl::LmToLoopsBase<LmToLoopsPass> {
     populateMaskedBatchPatterns(converter, patterns, context);
     populateGemmPatterns(converter, patterns, context);
     populateWeightPatterns(converter, patterns, context);
+    populateBackwardPatterns(converter, patterns, context);
     if (failed(applyPartialConversion(module, target, std::move(patterns))))
       return signalPassFailure();
     foldCastPairs(module);
@@ -155,6 +175,7 @@ struct LmToLoopsPass : lmcc::impl::LmToLoopsBase<LmToLoopsPass> {
     b.create<func::FuncOp>(loc, "lm_rt_sgemm_nt", b.getFunctionType({i64, i64, i64, ptr, i64, ptr, i64, ptr, ptr, i64}, {}))
         .setPrivate();
     b.create<func::FuncOp>(loc, "lm_rt_parallel_for", b.getFunctionType({i64, ptr, ptr}, {})).setPrivate();
+    declareTrainingRuntime(b, loc);
     if (!context.generatedGemm)
       return;
     module.walk([&](Operation *op) {

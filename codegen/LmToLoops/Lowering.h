@@ -8,6 +8,7 @@
 //   MaskedBatch.cpp  lm.mask_and_predict (n passes), lm.masked_batch, lm.take_row, lm.splice_copies
 //   Gemm.cpp         lm.linear (the generated GEMM over load-time packed weights, or the runtime's Eigen GEMM)
 //   Weights.cpp      lm.weight, lm.concat, lm.folded_rows, lm.fold functions and the init kernel
+//   Backward.cpp     the training loss and lm-autodiff's backward ops (calls of the runtime's training kernels)
 // Tensors become memrefs (the type converter in LmToLoops.cpp): dynamic-shaped values identity-layout
 // buffers, static-shaped values (weights) views into the one flat weight buffer, which every lowered
 // function takes as its first argument. The meaning of every op is the function of the same name in
@@ -61,6 +62,10 @@ void populateGemmPatterns(mlir::TypeConverter &converter, mlir::RewritePatternSe
                           const LoweringContext &context);
 void populateWeightPatterns(mlir::TypeConverter &converter, mlir::RewritePatternSet &patterns,
                             const LoweringContext &context);
+void populateBackwardPatterns(mlir::TypeConverter &converter, mlir::RewritePatternSet &patterns,
+                              const LoweringContext &context);
+/// Declares the runtime's training kernels (lm_rt_token_loss, lm_rt_linear_grad, ...) at b's insertion point.
+void declareTrainingRuntime(mlir::OpBuilder &b, mlir::Location loc);
 
 /// `<model>_init_kernel(weights)`: packs every GEMM weight into its panel layout, then calls every lowered
 /// lm.fold function (which writes its table) on one sentence of max_len pad ids. Built after the conversion.

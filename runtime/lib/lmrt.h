@@ -122,6 +122,36 @@ LM_API void lm_rt_sgemm_nt(int64_t m, int64_t n, int64_t k, const float *a, int6
 typedef void (*lm_task_fn)(void *ctx, int64_t begin, int64_t end);
 LM_API void lm_rt_parallel_for(int64_t n, lm_task_fn fn, void *ctx);
 
+/* Loss and backward kernels called by compiled training code (lm-to-loops lowers the lm training ops
+ * to these; runtime/lib/TrainKernels.cpp, one copy per ISA level chosen at first use). Dense row-major
+ * float32; B sentences padded to N rows with lengths[b] valid rows; mask: 0 none, 1 causal,
+ * 2 anticausal, 3 diagonal; activation kind: 0 gelu, 1 gelu_tanh, 2 relu. Deterministic for any
+ * thread count. */
+LM_API void lm_rt_token_loss(const float *h, const float *W, const float *bias, const int32_t *targets,
+                             const int32_t *lengths, int64_t B, int64_t N, int64_t D, int64_t V, double smoothing,
+                             float *ce, float *lse);
+LM_API void lm_rt_token_loss_grad(const float *h, const float *W, const float *bias, const int32_t *targets,
+                                  const int32_t *lengths, const float *lse, int64_t B, int64_t N, int64_t D, int64_t V,
+                                  double smoothing, float *dh, float *dW, float *dbias);
+LM_API void lm_rt_linear_grad(const float *dy, const float *x, const float *W, int64_t rows, int64_t in, int64_t out,
+                              float *dx, float *dW, float *db);
+LM_API void lm_rt_layer_norm_grad(const float *dy, const float *x, const float *gamma, int64_t rows, int64_t D,
+                                  double eps, float *dx, float *dgamma, float *dbeta);
+LM_API void lm_rt_activation_grad(const float *dy, const float *x, int64_t n, int32_t kind, float *dx);
+LM_API void lm_rt_attention_grad(const float *dO, const float *q, const float *k, const float *v,
+                                 const int32_t *lengths, int64_t B, int64_t N, int64_t M, int64_t D, int64_t heads,
+                                 int32_t mask, float scale, float *dq, float *dk, float *dv);
+LM_API void lm_rt_embed_grad(const float *dy, const int32_t *ids, const int32_t *lengths, int64_t B, int64_t N,
+                             int64_t D, int64_t V, float *out);
+LM_API void lm_rt_positions_grad(const float *dy, const int32_t *lengths, int64_t B, int64_t N, int64_t D, int64_t L,
+                                 float *out);
+LM_API void lm_rt_cross_entropy(const float *lp, const int32_t *targets, const int32_t *lengths, int64_t B, int64_t N,
+                                int64_t V, double smoothing, float *ce);
+LM_API void lm_rt_cross_entropy_grad(const int32_t *targets, const int32_t *lengths, int64_t B, int64_t N, int64_t V,
+                                     double smoothing, float *dlp);
+LM_API void lm_rt_softmax_grad(const float *dy, const float *y, int64_t rows, int64_t C, int32_t logarithmic,
+                               float *dx);
+
 /* Allocation of kernel temporaries (MLIR's generic memref allocation functions). Each thread
  * keeps the blocks it freed, by size, and hands them out again: a kernel called again with
  * the same shapes allocates nothing from the system (the runtime's per-call workspace). */

@@ -124,6 +124,7 @@ struct Options {
   int64_t statsN = 0;
   int threads = 1;
   uint64_t seed = 0;
+  bool train = false;
 };
 
 int runCheck(const Options &o) {
@@ -134,7 +135,7 @@ int runCheck(const Options &o) {
 
 int runEmit(const Options &o) {
   lmcc::ModelSpec spec = lmcc::loadSpec(o.spec);
-  std::string text = lmcc::emitMLIR(spec);
+  std::string text = lmcc::emitMLIR(spec, o.train);
   if (text.empty()) {
     std::cerr << "lmcc: internal error: the IR built for " << o.spec << " does not verify\n";
     return kExitInternal;
@@ -418,6 +419,7 @@ int main(int argc, char **argv) {
   auto *emit = app.add_subcommand("emit-mlir", "print the model's naive lm IR");
   emit->add_option("SPEC", o.spec, "model spec (TOML)")->required();
   emit->add_option("-o,--output", o.output, "write to a file instead of stdout");
+  emit->add_flag("--train", o.train, "also emit the training entry point `loss(inputs, targets, lengths)`");
 
   auto *init = app.add_subcommand("init", "write a seeded BERT-style random initialization");
   init->add_option("SPEC", o.spec, "model spec (TOML)")->required();

@@ -1,0 +1,346 @@
+//===- Backward.cpp - lm-to-loops: the training loss and the backward ops ------===//
+//
+// lm.token_loss, lm.cross_entropy and the backward ops of lm-autodiff (dialect/LmOps.td,
+// "Training") lower to calls of the runtime's training kernels (runtime/lib/TrainKernels.cpp:
+// Eigen GEMMs and loops compiled for the host's ISA level, deterministic for any thread count)
+// on the ops' buffers; lm.param_grad copies a weight's gradient into its slot of the entry
+// point's gradient buffer (the last argument of `<model>_loss_grad_kernel`).
+//
+//===----------------------------------------------------------------------===//
+#include "codegen/LmToLoops/Lowering.h"
+#include "runtime/lib/TrainKernels.h"
+
+using namespace mlir;
+
+namespace lmcc::codegen {
+
+void declareTrainingRuntime(OpBuilder &b, Location loc) {
+  auto ptr = LLVM::LLVMPointerType::get(b.getContext());
+  Type i64 = b.getI64Type(), i32 = b.getI32Type(), f64 = b.getF64Type(), f32 = b.getF32Type();
+  auto declare = [&](StringRef name, ArrayRef<Type> args) {
+    b.create<func::FuncOp>(loc, name, b.getFunctionType(args, {})).setPrivate();
+  };
+  declare("lm_rt_token_loss", {ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, f64, ptr, ptr});
+  declare("lm_rt_token_loss_grad", {ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, f64, ptr, ptr, ptr});
+  declare("lm_rt_linear_grad", {ptr, ptr, ptr, i64, i64, i64, ptr, ptr, ptr});
+  declare("lm_rt_layer_norm_grad", {ptr, ptr, ptr, i64, i64, f64, ptr, ptr, ptr});
+  declare("lm_rt_activation_grad", {ptr, ptr, i64, i32, ptr});
+  declare("lm_rt_attention_grad", {ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i32, f32, ptr, ptr, ptr});
+  declare("lm_rt_embed_grad", {ptr, ptr, ptr, i64, i64, i64, i64, ptr});
+  declare("lm_rt_positions_grad", {ptr, ptr, i64, i64, i64, i64, ptr});
+  declare("lm_rt_cross_entropy", {ptr, ptr, ptr, i64, i64, i64, f64, ptr});
+  declare("lm_rt_cross_entropy_grad", {ptr, ptr, i64, i64, i64, f64, ptr});
+  declare("lm_rt_softmax_grad", {ptr, ptr, i64, i64, i32, ptr});
+}
+
+namespace {
+
+/// The runtime call of one op: pointers of buffers, sizes as i64, attributes as constants.
+struct Call {
+  Loops &L;
+  SmallVector<Value> args;
+
+  Call &ptr(Value buffer) {
+    args.push_back(buffer ? L.pointer(buffer) : L.b.create<LLVM::ZeroOp>(L.loc, LLVM::LLVMPointerType::get(L.b.getContext())).getResult());
+    return *this;
+  }
+  Call &i64(Value index) {
+    args.push_back(L.b.create<arith::IndexCastOp>(L.loc, L.b.getI64Type(), index));
+    return *this;
+  }
+  Call &i64(int64_t v) {
+    args.push_back(L.i64c(v));
+    return *this;
+  }
+  Call &i32(int64_t v) {
+    args.push_back(L.i32c(v));
+    return *this;
+  }
+  Call &f64(double v) {
+    args.push_back(L.f64c(v));
+    return *this;
+  }
+  Call &f32(double v) {
+    args.push_back(L.f32c(v));
+    return *this;
+  }
+  void emit(StringRef name) { L.b.create<func::CallOp>(L.loc, name, TypeRange{}, args); }
+};
+
+/// Replaces every result of `op` with its buffer (cast to the converted result type).
+LogicalResult replaceAll(Loops &L, Operation *op, ArrayRef<Value> buffers) {
+  SmallVector<Value> values;
+  for (auto [result, buffer] : llvm::zip(op->getResults(), buffers)) {
+    auto want = bufferType(llvm::cast<RankedTensorType>(result.getType()));
+    values.push_back(buffer.getType() == want ? buffer : L.b.create<memref::CastOp>(L.loc, want, buffer).getResult());
+  }
+  L.b.replaceOp(op, values);
+  return success();
+}
+
+/// Product of the sizes of all but the last axis (the rows of a row-major tensor).
+Value rowsOf(Loops &L, ShapedType t) {
+  SmallVector<Value> s = L.sizes(t);
+  Value rows = L.idx(1);
+  for (size_t i = 0; i + 1 < s.size(); ++i)
+    rows = L.b.create<arith::MulIOp>(L.loc, rows, s[i]);
+  return rows;
+}
+
+int64_t lastDim(Value v) { return llvm::cast<ShapedType>(v.getType()).getShape().back(); }
+
+struct TokenLossLowering : LmLowering<lm::TokenLossOp> {
+  using LmLowering::LmLowering;
+  LogicalResult lower(lm::TokenLossOp op, Loops &L) const override {
+    Value ce = L.alloc(op.getLoss().getType()), lse = L.alloc(op.getLse().getType());
+    auto w = op.getWeight().getType();
+    Call{L}
+        .ptr(L.in(op.getHidden()))
+        .ptr(L.in(op.getWeight()))
+        .ptr(op.getBias() ? L.in(op.getBias()) : Value())
+        .ptr(L.in(op.getTargets()))
+        .ptr(L.in(op.getLengths()))
+        .i64(L.B)
+        .i64(L.N)
+        .i64(w.getDimSize(1))
+        .i64(w.getDimSize(0))
+        .f64(op.getSmoothing().convertToDouble())
+        .ptr(ce)
+        .ptr(lse)
+        .emit("lm_rt_token_loss");
+    return replaceAll(L, op, {ce, lse});
+  }
+};
+
+struct TokenLossGradLowering : LmLowering<lm::TokenLossGradOp> {
+  using LmLowering::LmLowering;
+  LogicalResult lower(lm::TokenLossGradOp op, Loops &L) const override {
+    Value dh = L.alloc(op.getDHidden().getType()), dW = L.alloc(op.getDWeight().getType()),
+          db = L.alloc(op.getDBias().getType());
+    auto w = op.getWeight().getType();
+    Call{L}
+        .ptr(L.in(op.getHidden()))
+        .ptr(L.in(op.getWeight()))
+        .ptr(op.getBias() ? L.in(op.getBias()) : Value())
+        .ptr(L.in(op.getTargets()))
+        .ptr(L.in(op.getLengths()))
+        .ptr(L.in(op.getLse()))
+        .i64(L.B)
+        .i64(L.N)
+        .i64(w.getDimSize(1))
+        .i64(w.getDimSize(0))
+        .f64(op.getSmoothing().convertToDouble())
+        .ptr(dh)
+        .ptr(dW)
+        .ptr(op.getDBias().use_empty() ? Value() : db)
+        .emit("lm_rt_token_loss_grad");
+    return replaceAll(L, op, {dh, dW, db});
+  }
+};
+
+struct CrossEntropyLowering : LmLowering<lm::CrossEntropyOp> {
+  using LmLowering::LmLowering;
+  LogicalResult lower(lm::CrossEntropyOp op, Loops &L) const override {
+    Value ce = L.alloc(op.getType());
+    Call{L}
+        .ptr(L.in(op.getLogprobs()))
+        .ptr(L.in(op.getTargets()))
+        .ptr(L.in(op.getLengths()))
+        .i64(L.B)
+        .i64(L.N)
+        .i64(lastDim(op.getLogprobs()))
+        .f64(op.getSmoothing().convertToDouble())
+        .ptr(ce)
+        .emit("lm_rt_cross_entropy");
+    return L.set(op, ce);
+  }
+};
+
+struct CrossEntropyGradLowering : LmLowering<lm::CrossEntropyGradOp> {
+  using LmLowering::LmLowering;
+  LogicalResult lower(lm::CrossEntropyGradOp op, Loops &L) const override {
+    Value dlp = L.alloc(op.getType());
+    Call{L}
+        .ptr(L.in(op.getTargets()))
+        .ptr(L.in(op.getLengths()))
+        .i64(L.B)
+        .i64(L.N)
+        .i64(lastDim(op.getResult()))
+        .f64(op.getSmoothing().convertToDouble())
+        .ptr(dlp)
+        .emit("lm_rt_cross_entropy_grad");
+    return L.set(op, dlp);
+  }
+};
+
+template <typename Op, int Logarithmic> struct SoftmaxGradLowering : LmLowering<Op> {
+  using LmLowering<Op>::LmLowering;
+  LogicalResult lower(Op op, Loops &L) const override {
+    Value dx = L.alloc(op.getType());
+    Call{L}
+        .ptr(L.in(op.getGrad()))
+        .ptr(L.in(op.getOutput()))
+        .i64(rowsOf(L, op.getType()))
+        .i64(L.sizes(op.getType()).back())
+        .i32(Logarithmic)
+        .ptr(dx)
+        .emit("lm_rt_softmax_grad");
+    return L.set(op, dx);
+  }
+};
+
+struct LinearGradLowering : LmLowering<lm::LinearGradOp> {
+  using LmLowering::LmLowering;
+  LogicalResult lower(lm::LinearGradOp op, Loops &L) const override {
+    Value dx = L.alloc(op.getDInput().getType()), dW = L.alloc(op.getDWeight().getType()),
+          db = L.alloc(op.getDBias().getType());
+    auto w = op.getWeight().getType();
+    Call{L}
+        .ptr(L.in(op.getGrad()))
+        .ptr(L.in(op.getInput()))
+        .ptr(L.in(op.getWeight()))
+        .i64(rowsOf(L, op.getGrad().getType()))
+        .i64(w.getDimSize(1))
+        .i64(w.getDimSize(0))
+        .ptr(op.getDInput().use_empty() ? Value() : dx)
+        .ptr(dW)
+        .ptr(op.getDBias().use_empty() ? Value() : db)
+        .emit("lm_rt_linear_grad");
+    return replaceAll(L, op, {dx, dW, db});
+  }
+};
+
+struct LayerNormGradLowering : LmLowering<lm::LayerNormGradOp> {
+  using LmLowering::LmLowering;
+  LogicalResult lower(lm::LayerNormGradOp op, Loops &L) const override {
+    Value dx = L.alloc(op.getDInput().getType()), dg = L.alloc(op.getDGamma().getType()),
+          db = L.alloc(op.getDBeta().getType());
+    Call{L}
+        .ptr(L.in(op.getGrad()))
+        .ptr(L.in(op.getInput()))
+        .ptr(L.in(op.getGamma()))
+        .i64(rowsOf(L, op.getGrad().getType()))
+        .i64(lastDim(op.getInput()))
+        .f64(op.getEpsilon().convertToDouble())
+        .ptr(dx)
+        .ptr(dg)
+        .ptr(db)
+        .emit("lm_rt_layer_norm_grad");
+    return replaceAll(L, op, {dx, dg, db});
+  }
+};
+
+struct ActivationGradLowering : LmLowering<lm::ActivationGradOp> {
+  using LmLowering::LmLowering;
+  LogicalResult lower(lm::ActivationGradOp op, Loops &L) const override {
+    Value dx = L.alloc(op.getType());
+    int kind = op.getKind() == "relu" ? LMRT_ACT_RELU : op.getKind() == "gelu" ? LMRT_ACT_GELU : LMRT_ACT_GELU_TANH;
+    Value n = L.b.create<arith::MulIOp>(L.loc, rowsOf(L, op.getType()), L.idx(lastDim(op.getInput())));
+    Call{L}.ptr(L.in(op.getGrad())).ptr(L.in(op.getInput())).i64(n).i32(kind).ptr(dx).emit("lm_rt_activation_grad");
+    return L.set(op, dx);
+  }
+};
+
+struct AttentionGradLowering : LmLowering<lm::AttentionGradOp> {
+  using LmLowering::LmLowering;
+  LogicalResult lower(lm::AttentionGradOp op, Loops &L) const override {
+    int mask;
+    switch (op.getMask()) {
+    case lm::MaskKind::none: mask = LMRT_MASK_NONE; break;
+    case lm::MaskKind::causal: mask = LMRT_MASK_CAUSAL; break;
+    case lm::MaskKind::anticausal: mask = LMRT_MASK_ANTICAUSAL; break;
+    case lm::MaskKind::diagonal: mask = LMRT_MASK_DIAGONAL; break;
+    default: return op.emitOpError("masks with per-row data have no CPU backward yet");
+    }
+    Value dq = L.alloc(op.getDQuery().getType()), dk = L.alloc(op.getDKey().getType()),
+          dv = L.alloc(op.getDValue().getType());
+    Value M = L.b.create<memref::DimOp>(L.loc, L.in(op.getKey()), 1);
+    Call{L}
+        .ptr(L.in(op.getGrad()))
+        .ptr(L.in(op.getQuery()))
+        .ptr(L.in(op.getKey()))
+        .ptr(L.in(op.getValue()))
+        .ptr(L.in(op.getLengths()))
+        .i64(L.B)
+        .i64(L.N)
+        .i64(M)
+        .i64(lastDim(op.getQuery()))
+        .i64(int64_t(op.getHeads()))
+        .i32(mask)
+        .f32(op.getScale().convertToFloat())
+        .ptr(dq)
+        .ptr(dk)
+        .ptr(dv)
+        .emit("lm_rt_attention_grad");
+    return replaceAll(L, op, {dq, dk, dv});
+  }
+};
+
+struct EmbedGradLowering : LmLowering<lm::EmbedGradOp> {
+  using LmLowering::LmLowering;
+  LogicalResult lower(lm::EmbedGradOp op, Loops &L) const override {
+    Value out = L.alloc(op.getType());
+    auto t = op.getType();
+    Call{L}
+        .ptr(L.in(op.getGrad()))
+        .ptr(L.in(op.getIds()))
+        .ptr(L.in(op.getLengths()))
+        .i64(L.B)
+        .i64(L.N)
+        .i64(t.getDimSize(1))
+        .i64(t.getDimSize(0))
+        .ptr(out)
+        .emit("lm_rt_embed_grad");
+    return L.set(op, out);
+  }
+};
+
+struct PositionsGradLowering : LmLowering<lm::PositionsGradOp> {
+  using LmLowering::LmLowering;
+  LogicalResult lower(lm::PositionsGradOp op, Loops &L) const override {
+    Value out = L.alloc(op.getType());
+    auto t = op.getType();
+    Call{L}
+        .ptr(L.in(op.getGrad()))
+        .ptr(L.in(op.getLengths()))
+        .i64(L.B)
+        .i64(L.N)
+        .i64(t.getDimSize(1))
+        .i64(t.getDimSize(0))
+        .ptr(out)
+        .emit("lm_rt_positions_grad");
+    return L.set(op, out);
+  }
+};
+
+/// Copies the gradient into the weight's slot of the gradient buffer (the entry's last argument).
+struct ParamGradLowering : LmLowering<lm::ParamGradOp> {
+  using LmLowering::LmLowering;
+  LogicalResult lower(lm::ParamGradOp op, Loops &L) const override {
+    const WeightLayout::Entry *entry = context.layout->find(op.getName().str());
+    if (!entry)
+      return op.emitOpError("weight '") << op.getName() << "' has no slot in the weight layout";
+    auto fn = op->getParentOfType<func::FuncOp>();
+    Value grads = fn.getArguments().back();
+    Value g = L.in(op.getGrad());
+    auto shape = op.getGrad().getType().getShape();
+    Value slot = weightView(L.b, L.loc, grads, entry->offset, shape);
+    SmallVector<Value> ubs;
+    for (int64_t d : shape)
+      ubs.push_back(L.idx(d));
+    L.nest(ubs, [&](ValueRange iv) { L.store(L.load(g, iv), slot, iv); });
+    L.b.eraseOp(op);
+    return success();
+  }
+};
+
+} // namespace
+
+void populateBackwardPatterns(TypeConverter &converter, RewritePatternSet &patterns, const LoweringContext &context) {
+  patterns.add<TokenLossLowering, TokenLossGradLowering, CrossEntropyLowering, CrossEntropyGradLowering,
+               SoftmaxGradLowering<lm::SoftmaxGradOp, 0>, SoftmaxGradLowering<lm::LogSoftmaxGradOp, 1>,
+               LinearGradLowering, LayerNormGradLowering, ActivationGradLowering, AttentionGradLowering,
+               EmbedGradLowering, PositionsGradLowering, ParamGradLowering>(converter, patterns.getContext(), context);
+}
+
+} // namespace lmcc::codegen

@@ -1,0 +1,242 @@
+//===- Autodiff.cpp - lm-autodiff -------------------------------------------===//
+//
+// Reverse-mode differentiation of the training loss on the lm dialect. The loss function
+// `loss(inputs, targets, lengths) -> ce [B, N]` is copied to `loss_grad`; in the copy, the ops
+// are visited from the last to the first, and every op with a result that has a gradient
+// ("adjoint") emits its vector-Jacobian product as lm ops before the return. The seed is
+// implicit: the loss op's VJP (lm.token_loss_grad / lm.cross_entropy_grad) is d ce = 1/T on
+// every row with a target, T counted by the op itself. The gradient of each canonical weight is
+// the sum over its lm.weight ops (tied tables) and is written by one lm.param_grad.
+//
+//===----------------------------------------------------------------------===//
+#include "passes/Passes.h"
+#include "passes/Utils.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/IRMapping.h"
+
+namespace lmcc {
+#define GEN_PASS_DEF_LMAUTODIFF
+#include "passes/Passes.h.inc"
+} // namespace lmcc
+
+using namespace mlir;
+using namespace lmcc;
+
+namespace {
+
+class Differentiator {
+public:
+  Differentiator(func::FuncOp fn) : fn(fn), b(fn.getContext()), loc(fn.getLoc()) {}
+
+  LogicalResult run() {
+    Block &block = fn.getBody().front();
+    auto ret = cast<func::ReturnOp>(block.getTerminator());
+    if (ret.getNumOperands() != 1)
+      return fn.emitOpError("lm-autodiff: a loss function returns exactly the per-row losses");
+    Value ce = ret.getOperand(0);
+    if (!ce.hasOneUse() || !isa_and_nonnull<lm::TokenLossOp, lm::CrossEntropyOp>(ce.getDefiningOp()))
+      return fn.emitOpError("lm-autodiff: the returned per-row losses must come straight from lm.token_loss or "
+                            "lm.cross_entropy (their VJP seeds d ce = 1/T)");
+    lengths = fn.getArgument(2);
+    b.setInsertionPoint(ret);
+    SmallVector<Operation *> ops;
+    for (Operation &op : block.without_terminator())
+      ops.push_back(&op);
+    for (Operation *op : llvm::reverse(ops))
+      if (failed(visit(op, op == ce.getDefiningOp())))
+        return failure();
+    for (auto &[name, grad] : weightGrads)
+      b.create<lm::ParamGradOp>(loc, grad, b.getStringAttr(name));
+    return success();
+  }
+
+private:
+  /// Adds `g` to the adjoint of `v`.
+  void accumulate(Value v, Value g) {
+    if (!g)
+      return;
+    auto it = adjoint.find(v);
+    if (it == adjoint.end())
+      adjoint[v] = g;
+    else
+      it->second = b.create<lm::AddOp>(loc, it->second, g);
+  }
+  Value grad(Value v) const { return adjoint.lookup(v); }
+
+  LogicalResult visit(Operation *op, bool isLoss) {
+    if (auto loss = dyn_cast<lm::TokenLossOp>(op)) {
+      if (!isLoss)
+        return success();
+      auto g = b.create<lm::TokenLossGradOp>(
+          loc, TypeRange{loss.getHidden().getType(), loss.getWeight().getType(),
+                         RankedTensorType::get({loss.getWeight().getType().getDimSize(0)}, b.getF32Type())},
+          loss.getHidden(), loss.getWeight(), loss.getBias(), loss.getTargets(), loss.getLengths(), loss.getLse(),
+          loss.getSmoothingAttr());
+      accumulate(loss.getHidden(), g.getDHidden());
+      accumulate(loss.getWeight(), g.getDWeight());
+      if (loss.getBias())
+        accumulate(loss.getBias(), g.getDBias());
+      return success();
+    }
+    if (auto ce = dyn_cast<lm::CrossEntropyOp>(op)) {
+      if (!isLoss)
+        return success();
+      accumulate(ce.getLogprobs(), b.create<lm::CrossEntropyGradOp>(loc, ce.getLogprobs().getType(), ce.getTargets(),
+                                                                    ce.getLengths(), ce.getSmoothingAttr()));
+      return success();
+    }
+    if (auto w = dyn_cast<lm::WeightOp>(op)) {
+      if (Value g = grad(w)) {
+        auto it = llvm::find_if(weightGrads, [&](auto &entry) { return entry.first == w.getName(); });
+        if (it == weightGrads.end())
+          weightGrads.push_back({w.getName().str(), g});
+        else
+          it->second = b.create<lm::AddOp>(loc, it->second, g);
+      }
+      return success();
+    }
+    if (isa<lm::FillIdsOp>(op))
+      return success();
+    // Every other op: nothing to do unless one of its results has a gradient.
+    if (llvm::none_of(op->getResults(), [&](Value r) { return bool(grad(r)); }))
+      return success();
+    Value dy = grad(op->getResult(0));
+
+    if (auto l = dyn_cast<lm::LinearOp>(op)) {
+      auto w = l.getWeight().getType();
+      auto g = b.create<lm::LinearGradOp>(
+          loc, TypeRange{l.getInput().getType(), w, RankedTensorType::get({w.getDimSize(0)}, w.getElementType())}, dy,
+          l.getInput(), l.getWeight());
+      accumulate(l.getInput(), g.getDInput());
+      accumulate(l.getWeight(), g.getDWeight());
+      if (l.getBias())
+        accumulate(l.getBias(), g.getDBias());
+      return success();
+    }
+    if (auto n = dyn_cast<lm::LayerNormOp>(op)) {
+      auto g = b.create<lm::LayerNormGradOp>(
+          loc, TypeRange{n.getInput().getType(), n.getGamma().getType(), n.getBeta().getType()}, dy, n.getInput(),
+          n.getGamma(), n.getEpsilonAttr());
+      accumulate(n.getInput(), g.getDInput());
+      accumulate(n.getGamma(), g.getDGamma());
+      accumulate(n.getBeta(), g.getDBeta());
+      return success();
+    }
+    if (auto gelu = dyn_cast<lm::GeluOp>(op)) {
+      accumulate(gelu.getInput(), b.create<lm::ActivationGradOp>(
+                                      loc, dy, gelu.getInput(), gelu.getApproximate() ? "gelu_tanh" : "gelu"));
+      return success();
+    }
+    if (auto relu = dyn_cast<lm::ReluOp>(op)) {
+      accumulate(relu.getInput(), b.create<lm::ActivationGradOp>(loc, dy, relu.getInput(), "relu"));
+      return success();
+    }
+    if (auto add = dyn_cast<lm::AddOp>(op)) {
+      accumulate(add.getLhs(), dy);
+      accumulate(add.getRhs(), dy);
+      return success();
+    }
+    if (auto scale = dyn_cast<lm::ScaleOp>(op)) {
+      accumulate(scale.getInput(), b.create<lm::ScaleOp>(loc, dy, scale.getFactorAttr()));
+      return success();
+    }
+    if (auto split = dyn_cast<lm::SplitHeadsOp>(op)) {
+      accumulate(split.getInput(), b.create<lm::MergeHeadsOp>(loc, split.getInput().getType(), dy));
+      return success();
+    }
+    if (auto merge = dyn_cast<lm::MergeHeadsOp>(op)) {
+      accumulate(merge.getInput(), b.create<lm::SplitHeadsOp>(loc, merge.getInput().getType(), dy));
+      return success();
+    }
+    if (auto m = dyn_cast<lm::MatmulOp>(op)) {
+      if (m.getTransposeLhs())
+        return m.emitOpError("lm-autodiff: no VJP for a transpose_lhs matmul (only backward passes make them)");
+      Value a = m.getLhs(), c = m.getRhs();
+      if (m.getTransposeRhs()) { // C = A B^T: dA = dC B, dB = dC^T A
+        accumulate(a, b.create<lm::MatmulOp>(loc, a.getType(), dy, c, UnitAttr(), UnitAttr()));
+        accumulate(c, b.create<lm::MatmulOp>(loc, c.getType(), dy, a, UnitAttr(), b.getUnitAttr()));
+      } else { // C = A B: dA = dC B^T, dB = A^T dC
+        accumulate(a, b.create<lm::MatmulOp>(loc, a.getType(), dy, c, b.getUnitAttr(), UnitAttr()));
+        accumulate(c, b.create<lm::MatmulOp>(loc, c.getType(), a, dy, UnitAttr(), b.getUnitAttr()));
+      }
+      return success();
+    }
+    if (auto fill = dyn_cast<lm::MaskFillOp>(op)) {
+      // The filled scores feed a softmax whose VJP is p (dy - sum dy p): zero wherever p = 0, so
+      // hidden keys already get a zero gradient. Anything else reading -inf scores has no VJP here.
+      for (Operation *user : fill->getUsers())
+        if (!isa<lm::SoftmaxOp>(user))
+          return fill.emitOpError("lm-autodiff: masked scores must feed lm.softmax only");
+      accumulate(fill.getScores(), dy);
+      return success();
+    }
+    if (auto softmax = dyn_cast<lm::SoftmaxOp>(op)) {
+      accumulate(softmax.getInput(), b.create<lm::SoftmaxGradOp>(loc, dy, softmax.getResult()));
+      return success();
+    }
+    if (auto ls = dyn_cast<lm::LogSoftmaxOp>(op)) {
+      accumulate(ls.getInput(), b.create<lm::LogSoftmaxGradOp>(loc, dy, ls.getResult()));
+      return success();
+    }
+    if (auto att = dyn_cast<lm::AttentionOp>(op)) {
+      if (att.getMaskData() || att.getRelKey() || att.getQueryPositions())
+        return att.emitOpError("lm-autodiff: attention with per-row mask data, relative positions or query "
+                               "positions has no VJP yet");
+      auto g = b.create<lm::AttentionGradOp>(
+          loc, TypeRange{att.getQuery().getType(), att.getKey().getType(), att.getValue().getType()}, dy,
+          att.getQuery(), att.getKey(), att.getValue(), att.getLengths(), att.getHeadsAttr(), att.getMaskAttr(),
+          att.getScaleAttr());
+      accumulate(att.getQuery(), g.getDQuery());
+      accumulate(att.getKey(), g.getDKey());
+      accumulate(att.getValue(), g.getDValue());
+      return success();
+    }
+    if (auto embed = dyn_cast<lm::EmbedOp>(op)) {
+      accumulate(embed.getTable(),
+                 b.create<lm::EmbedGradOp>(loc, embed.getTable().getType(), dy, embed.getIds(), lengths));
+      return success();
+    }
+    if (auto pos = dyn_cast<lm::PositionsOp>(op)) {
+      if (Value table = pos.getTable())
+        accumulate(table, b.create<lm::PositionsGradOp>(loc, table.getType(), dy, lengths));
+      return success();
+    }
+    return op->emitOpError("lm-autodiff: no VJP for this op yet (training supports the ops of the unilm, bilm and "
+                           "tta families without relative positions)");
+  }
+
+  func::FuncOp fn;
+  OpBuilder b;
+  Location loc;
+  Value lengths;
+  llvm::DenseMap<Value, Value> adjoint;
+  std::vector<std::pair<std::string, Value>> weightGrads; // in first-seen order (from the last op)
+};
+
+struct LmAutodiff : lmcc::impl::LmAutodiffBase<LmAutodiff> {
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    auto method = lm::LmDialect::MethodAttrHelper(&getContext());
+    SmallVector<func::FuncOp> losses;
+    for (auto fn : module.getOps<func::FuncOp>())
+      if (auto m = method.getAttr(fn); m && m.getValue() == "loss")
+        losses.push_back(fn);
+    for (func::FuncOp loss : losses) {
+      if (loss.getNumArguments() != 3 || !loss.getBody().hasOneBlock()) {
+        loss.emitOpError("lm-autodiff: a loss function takes (inputs, targets, lengths) and has one block");
+        return signalPassFailure();
+      }
+      OpBuilder b(module.getBodyRegion());
+      b.setInsertionPointAfter(loss);
+      auto copy = cast<func::FuncOp>(b.clone(*loss));
+      copy.setSymName((loss.getSymName() + "_grad").str());
+      method.setAttr(copy, b.getStringAttr("loss_grad"));
+      if (failed(Differentiator(copy).run()))
+        return signalPassFailure();
+      eraseDeadOps(copy.getBody().front());
+    }
+  }
+};
+
+} // namespace

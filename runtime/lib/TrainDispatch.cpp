@@ -1,0 +1,79 @@
+//===- TrainDispatch.cpp - lm_rt_* training kernels: the copy for this CPU ---===//
+#include "runtime/lib/TrainKernels.h"
+#include "runtime/lib/lmrt.h"
+
+namespace {
+
+enum class Isa { Base, Avx2, Avx512 };
+
+Isa hostIsa() {
+  static const Isa isa = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+      return Isa::Avx512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+      return Isa::Avx2;
+    return Isa::Base;
+  }();
+  return isa;
+}
+
+} // namespace
+
+#define LMRT_DISPATCH(fn, ...)                                                                                    \
+  switch (hostIsa()) {                                                                                            \
+  case Isa::Avx512: return lmrt::avx512::fn(__VA_ARGS__);                                                        \
+  case Isa::Avx2: return lmrt::avx2::fn(__VA_ARGS__);                                                            \
+  case Isa::Base: return lmrt::base::fn(__VA_ARGS__);                                                            \
+  }
+
+extern "C" {
+
+void lm_rt_token_loss(const float *h, const float *W, const float *bias, const int32_t *targets,
+                      const int32_t *lengths, int64_t B, int64_t N, int64_t D, int64_t V, double smoothing, float *ce,
+                      float *lse) {
+  LMRT_DISPATCH(tokenLoss, h, W, bias, targets, lengths, B, N, D, V, smoothing, ce, lse)
+}
+void lm_rt_token_loss_grad(const float *h, const float *W, const float *bias, const int32_t *targets,
+                           const int32_t *lengths, const float *lse, int64_t B, int64_t N, int64_t D, int64_t V,
+                           double smoothing, float *dh, float *dW, float *dbias) {
+  LMRT_DISPATCH(tokenLossGrad, h, W, bias, targets, lengths, lse, B, N, D, V, smoothing, dh, dW, dbias)
+}
+void lm_rt_linear_grad(const float *dy, const float *x, const float *W, int64_t rows, int64_t in, int64_t out,
+                       float *dx, float *dW, float *db) {
+  LMRT_DISPATCH(linearGrad, dy, x, W, rows, in, out, dx, dW, db)
+}
+void lm_rt_layer_norm_grad(const float *dy, const float *x, const float *gamma, int64_t rows, int64_t D, double eps,
+                           float *dx, float *dgamma, float *dbeta) {
+  LMRT_DISPATCH(layerNormGrad, dy, x, gamma, rows, D, eps, dx, dgamma, dbeta)
+}
+void lm_rt_activation_grad(const float *dy, const float *x, int64_t n, int32_t kind, float *dx) {
+  LMRT_DISPATCH(activationGrad, dy, x, n, kind, dx)
+}
+void lm_rt_attention_grad(const float *dO, const float *q, const float *k, const float *v, const int32_t *lengths,
+                          int64_t B, int64_t N, int64_t M, int64_t D, int64_t heads, int32_t mask, float scale,
+                          float *dq, float *dk, float *dv) {
+  LMRT_DISPATCH(attentionGrad, dO, q, k, v, lengths, B, N, M, D, heads, mask, scale, dq, dk, dv)
+}
+void lm_rt_embed_grad(const float *dy, const int32_t *ids, const int32_t *lengths, int64_t B, int64_t N, int64_t D,
+                      int64_t V, float *out) {
+  LMRT_DISPATCH(embedGrad, dy, ids, lengths, B, N, D, V, out)
+}
+void lm_rt_positions_grad(const float *dy, const int32_t *lengths, int64_t B, int64_t N, int64_t D, int64_t L,
+                          float *out) {
+  LMRT_DISPATCH(positionsGrad, dy, lengths, B, N, D, L, out)
+}
+void lm_rt_cross_entropy(const float *lp, const int32_t *targets, const int32_t *lengths, int64_t B, int64_t N,
+                         int64_t V, double smoothing, float *ce) {
+  LMRT_DISPATCH(crossEntropy, lp, targets, lengths, B, N, V, smoothing, ce)
+}
+void lm_rt_cross_entropy_grad(const int32_t *targets, const int32_t *lengths, int64_t B, int64_t N, int64_t V,
+                              double smoothing, float *dlp) {
+  LMRT_DISPATCH(crossEntropyGrad, targets, lengths, B, N, V, smoothing, dlp)
+}
+void lm_rt_softmax_grad(const float *dy, const float *y, int64_t rows, int64_t C, int32_t logarithmic, float *dx) {
+  LMRT_DISPATCH(softmaxGrad, dy, y, rows, C, logarithmic, dx)
+}
+
+} // extern "C"

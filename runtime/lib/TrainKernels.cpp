@@ -1,0 +1,402 @@
+//===- TrainKernels.cpp - Backward and loss kernels the lowered training code calls ===//
+//
+// The lm backward ops (dialect/LmOps.td, "Training") lowered by lm-to-loops call these
+// functions (codegen/LmToLoops/Backward.cpp). Their meaning is the reference executor's
+// backward of the same op (runtime/reference/Ops.h). This file is compiled once per ISA
+// level (baseline, AVX2+FMA, AVX-512) into its own namespace, LMRT_ISA; TrainDispatch.cpp picks
+// the best the CPU has at first use, so Eigen's GEMMs run with the host's vector units while
+// liblmrt itself stays portable.
+//
+// Determinism: every parallel loop splits work into pieces of a fixed size that do not depend
+// on the thread count, each piece is computed the same way whoever runs it, and reductions
+// over pieces are summed in piece order. The same inputs give bit-identical outputs for any
+// number of threads.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/lib/TrainKernels.h"
+#include "runtime/lib/lmrt.h"
+
+#define EIGEN_DONT_PARALLELIZE
+#include <Eigen/Core>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#ifndef LMRT_ISA
+#error "compile with -DLMRT_ISA=<namespace>"
+#endif
+
+namespace lmrt::LMRT_ISA {
+namespace {
+
+using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using Map = Eigen::Map<Matrix>;
+using ConstMap = Eigen::Map<const Matrix>;
+
+/// Runs f(i) for i in [0, n) on the runtime's arena, pieces of whole indices.
+template <typename F> void parallelFor(int64_t n, F f) {
+  struct Ctx {
+    F *f;
+  } ctx{&f};
+  lm_rt_parallel_for(
+      n,
+      [](void *c, int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i)
+          (*static_cast<Ctx *>(c)->f)(i);
+      },
+      &ctx);
+}
+
+int64_t blocks(int64_t n, int64_t size) { return (n + size - 1) / size; }
+
+bool visible(int32_t mask, int64_t i, int64_t j) {
+  switch (mask) {
+  case LMRT_MASK_CAUSAL: return j <= i;
+  case LMRT_MASK_ANTICAUSAL: return j >= i;
+  case LMRT_MASK_DIAGONAL: return j != i;
+  default: return true;
+  }
+}
+
+/// Number of rows (b, t < lengths[b]) with targets[b, t] >= 0.
+int64_t countTargets(const int32_t *targets, const int32_t *lengths, int64_t B, int64_t N) {
+  int64_t T = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < std::min<int64_t>(lengths[b], N); ++t)
+      T += targets[b * N + t] >= 0;
+  return T;
+}
+
+constexpr int64_t kRowBlock = 64;    ///< rows per GEMM piece of the linear backward
+constexpr int64_t kVocabTile = 512;  ///< vocabulary columns per tile of the loss kernels
+constexpr int64_t kVocabSlices = 8;  ///< vocabulary slices of the loss backward, each with its own dh
+
+} // namespace
+
+void tokenLoss(const float *h, const float *W, const float *bias, const int32_t *targets, const int32_t *lengths,
+               int64_t B, int64_t N, int64_t D, int64_t V, double smoothing, float *ce, float *lse) {
+  const int64_t rows = B * N;
+  // Row blocks in parallel; per block the logits of one vocabulary tile at a time, a running max
+  // and sum of exponentials (double), the target's logit and the sum of all logits.
+  parallelFor(blocks(rows, kRowBlock), [&](int64_t blk) {
+    const int64_t r0 = blk * kRowBlock, nr = std::min(kRowBlock, rows - r0);
+    std::vector<double> mx(nr, -INFINITY), sum(nr, 0.0), total(nr, 0.0), target(nr, 0.0);
+    Matrix logits(nr, kVocabTile);
+    ConstMap H(h + r0 * D, nr, D);
+    for (int64_t v0 = 0; v0 < V; v0 += kVocabTile) {
+      const int64_t nv = std::min(kVocabTile, V - v0);
+      auto L = logits.leftCols(nv);
+      L.noalias() = H * ConstMap(W + v0 * D, nv, D).transpose();
+      if (bias)
+        L.rowwise() += Eigen::Map<const Eigen::RowVectorXf>(bias + v0, nv);
+      for (int64_t r = 0; r < nr; ++r) {
+        const float *row = logits.data() + r * kVocabTile;
+        double m = mx[r];
+        for (int64_t c = 0; c < nv; ++c)
+          m = std::max(m, double(row[c]));
+        double s = 0, tot = 0;
+        for (int64_t c = 0; c < nv; ++c) {
+          s += std::exp(double(row[c]) - m);
+          tot += row[c];
+        }
+        sum[r] = sum[r] * std::exp(mx[r] - m) + s;
+        mx[r] = m;
+        total[r] += tot;
+        const int64_t b = (r0 + r) / N, t = (r0 + r) % N;
+        const int32_t y = targets[b * N + t];
+        if (y >= v0 && y < v0 + nv)
+          target[r] = row[y - v0];
+      }
+    }
+    for (int64_t r = 0; r < nr; ++r) {
+      const int64_t b = (r0 + r) / N, t = (r0 + r) % N;
+      const bool valid = t < lengths[b];
+      const double l = mx[r] + std::log(sum[r]);
+      lse[r0 + r] = valid ? float(l) : 0.0f;
+      const int32_t y = targets[b * N + t];
+      ce[r0 + r] = valid && y >= 0
+                       ? float(-(1 - smoothing) * (target[r] - l) - smoothing / double(V) * (total[r] - double(V) * l))
+                       : 0.0f;
+    }
+  });
+}
+
+void tokenLossGrad(const float *h, const float *W, const float *bias, const int32_t *targets, const int32_t *lengths,
+                   const float *lse, int64_t B, int64_t N, int64_t D, int64_t V, double smoothing, float *dh,
+                   float *dW, float *dbias) {
+  const int64_t rows = B * N;
+  const int64_t T = countTargets(targets, lengths, B, N);
+  const double invT = T > 0 ? 1.0 / double(T) : 0.0;
+  const double off = smoothing / double(V);
+  // Rows that predict something; the others have a zero logit gradient.
+  std::vector<int64_t> live;
+  for (int64_t r = 0; r < rows; ++r)
+    if (r % N < lengths[r / N] && targets[r] >= 0)
+      live.push_back(r);
+  const int64_t R = int64_t(live.size());
+  Matrix Hl(R, D);
+  for (int64_t i = 0; i < R; ++i)
+    std::memcpy(Hl.row(i).data(), h + live[i] * D, sizeof(float) * D);
+  // Fixed vocabulary slices (independent of threads), each with its own dh accumulator; summed in order.
+  const int64_t tiles = blocks(V, kVocabTile);
+  const int64_t slices = std::min<int64_t>(kVocabSlices, tiles);
+  std::vector<Matrix> dhSlice(slices, Matrix::Zero(R, D));
+  parallelFor(slices, [&](int64_t s) {
+    Matrix G(R, kVocabTile);
+    for (int64_t tile = s; tile < tiles; tile += slices) {
+      const int64_t v0 = tile * kVocabTile, nv = std::min(kVocabTile, V - v0);
+      auto L = G.leftCols(nv);
+      ConstMap Wt(W + v0 * D, nv, D);
+      L.noalias() = Hl * Wt.transpose();
+      for (int64_t i = 0; i < R; ++i) {
+        const int32_t y = targets[live[i]];
+        const double l = lse[live[i]];
+        float *row = G.data() + i * kVocabTile;
+        for (int64_t c = 0; c < nv; ++c) {
+          double logit = double(row[c]) + (bias ? double(bias[v0 + c]) : 0.0);
+          double g = std::exp(logit - l) - off - (v0 + c == y ? 1 - smoothing : 0.0);
+          row[c] = float(g * invT);
+        }
+      }
+      Map(dW + v0 * D, nv, D).noalias() = L.transpose() * Hl;
+      if (dbias)
+        for (int64_t c = 0; c < nv; ++c) {
+          double acc = 0;
+          for (int64_t i = 0; i < R; ++i)
+            acc += G(i, c);
+          dbias[v0 + c] = float(acc);
+        }
+      dhSlice[s].noalias() += L * Wt;
+    }
+  });
+  std::memset(dh, 0, sizeof(float) * rows * D);
+  for (int64_t i = 0; i < R; ++i) {
+    float *out = dh + live[i] * D;
+    for (int64_t s = 0; s < slices; ++s)
+      for (int64_t c = 0; c < D; ++c)
+        out[c] += dhSlice[s](i, c);
+  }
+}
+
+void linearGrad(const float *dy, const float *x, const float *W, int64_t rows, int64_t in, int64_t out, float *dx,
+                float *dW, float *db) {
+  ConstMap Wm(W, out, in);
+  const int64_t rowBlocks = dx ? blocks(rows, kRowBlock) : 0;
+  const int64_t outBlocks = blocks(out, kRowBlock);
+  // Pieces: dx row blocks, then dW blocks of output features (with their bias sums).
+  parallelFor(rowBlocks + outBlocks, [&](int64_t p) {
+    if (p < rowBlocks) {
+      const int64_t r0 = p * kRowBlock, nr = std::min(kRowBlock, rows - r0);
+      Map(dx + r0 * in, nr, in).noalias() = ConstMap(dy + r0 * out, nr, out) * Wm;
+      return;
+    }
+    const int64_t o0 = (p - rowBlocks) * kRowBlock, no = std::min(kRowBlock, out - o0);
+    Eigen::Map<const Matrix, 0, Eigen::OuterStride<>> dyCols(dy + o0, rows, no, Eigen::OuterStride<>(out));
+    Map(dW + o0 * in, no, in).noalias() = dyCols.transpose() * ConstMap(x, rows, in);
+    if (db)
+      for (int64_t o = 0; o < no; ++o) {
+        double acc = 0;
+        for (int64_t r = 0; r < rows; ++r)
+          acc += dy[r * out + o0 + o];
+        db[o0 + o] = float(acc);
+      }
+  });
+}
+
+void layerNormGrad(const float *dy, const float *x, const float *gamma, int64_t rows, int64_t D, double eps,
+                   float *dx, float *dgamma, float *dbeta) {
+  const int64_t nb = blocks(rows, kRowBlock);
+  std::vector<double> pg(nb * D, 0.0), pb(nb * D, 0.0);
+  parallelFor(nb, [&](int64_t blk) {
+    std::vector<double> xhat(D), g(D);
+    for (int64_t r = blk * kRowBlock; r < std::min(rows, (blk + 1) * kRowBlock); ++r) {
+      const float *xr = x + r * D, *dyr = dy + r * D;
+      double mean = 0, var = 0;
+      for (int64_t c = 0; c < D; ++c)
+        mean += xr[c];
+      mean /= double(D);
+      for (int64_t c = 0; c < D; ++c)
+        var += (xr[c] - mean) * (xr[c] - mean);
+      var /= double(D);
+      const double inv = 1.0 / std::sqrt(var + eps);
+      double mg = 0, mgx = 0;
+      for (int64_t c = 0; c < D; ++c) {
+        xhat[c] = (xr[c] - mean) * inv;
+        g[c] = double(dyr[c]) * gamma[c];
+        mg += g[c];
+        mgx += g[c] * xhat[c];
+        pg[blk * D + c] += double(dyr[c]) * xhat[c];
+        pb[blk * D + c] += dyr[c];
+      }
+      mg /= double(D), mgx /= double(D);
+      for (int64_t c = 0; c < D; ++c)
+        dx[r * D + c] = float(inv * (g[c] - mg - xhat[c] * mgx));
+    }
+  });
+  for (int64_t c = 0; c < D; ++c) {
+    double sg = 0, sb = 0;
+    for (int64_t blk = 0; blk < nb; ++blk)
+      sg += pg[blk * D + c], sb += pb[blk * D + c];
+    dgamma[c] = float(sg);
+    dbeta[c] = float(sb);
+  }
+}
+
+void activationGrad(const float *dy, const float *x, int64_t n, int32_t kind, float *dx) {
+  constexpr double kInvSqrt2 = 0.70710678118654752440, kInvSqrt2Pi = 0.39894228040143267794;
+  const double k = std::sqrt(2.0 / 3.14159265358979323846);
+  parallelFor(blocks(n, 4096), [&](int64_t blk) {
+    for (int64_t i = blk * 4096; i < std::min(n, (blk + 1) * 4096); ++i) {
+      const double v = x[i];
+      double d;
+      if (kind == LMRT_ACT_RELU) {
+        d = v > 0 ? 1.0 : 0.0;
+      } else if (kind == LMRT_ACT_GELU) {
+        d = 0.5 * (1 + std::erf(v * kInvSqrt2)) + v * kInvSqrt2Pi * std::exp(-0.5 * v * v);
+      } else {
+        const double u = k * (v + 0.044715 * v * v * v), th = std::tanh(u);
+        d = 0.5 * (1 + th) + 0.5 * v * (1 - th * th) * k * (1 + 3 * 0.044715 * v * v);
+      }
+      dx[i] = float(dy[i] * d);
+    }
+  });
+}
+
+void attentionGrad(const float *dO, const float *q, const float *k, const float *v, const int32_t *lengths, int64_t B,
+                   int64_t N, int64_t M, int64_t D, int64_t heads, int32_t mask, float scale, float *dq, float *dk,
+                   float *dv) {
+  const int64_t dh = D / heads;
+  std::memset(dq, 0, sizeof(float) * B * N * D);
+  std::memset(dk, 0, sizeof(float) * B * M * D);
+  std::memset(dv, 0, sizeof(float) * B * M * D);
+  // One piece per (sentence, head): its dk, dv columns are written by that piece only.
+  parallelFor(B * heads, [&](int64_t piece) {
+    const int64_t b = piece / heads, hd = piece % heads, off = hd * dh;
+    const int64_t n = std::min<int64_t>(lengths[b], N), m = std::min<int64_t>(lengths[b], M);
+    std::vector<double> s(m), p(m);
+    std::vector<double> o(dh);
+    for (int64_t i = 0; i < n; ++i) {
+      const float *qi = q + (b * N + i) * D + off, *gi = dO + (b * N + i) * D + off;
+      double mx = -INFINITY;
+      for (int64_t j = 0; j < m; ++j) {
+        if (!visible(mask, i, j)) {
+          s[j] = -INFINITY;
+          continue;
+        }
+        const float *kj = k + (b * M + j) * D + off;
+        float dot = 0;
+        for (int64_t c = 0; c < dh; ++c)
+          dot += qi[c] * kj[c];
+        s[j] = double(dot * scale);
+        mx = std::max(mx, s[j]);
+      }
+      if (mx == -INFINITY)
+        continue; // no visible key: zero context, zero gradient
+      double sum = 0;
+      for (int64_t j = 0; j < m; ++j)
+        sum += s[j] == -INFINITY ? 0.0 : std::exp(s[j] - mx);
+      std::fill(o.begin(), o.end(), 0.0);
+      for (int64_t j = 0; j < m; ++j) {
+        p[j] = s[j] == -INFINITY ? 0.0 : std::exp(s[j] - mx) / sum;
+        if (p[j] != 0.0) {
+          const float *vj = v + (b * M + j) * D + off;
+          for (int64_t c = 0; c < dh; ++c)
+            o[c] += p[j] * vj[c];
+        }
+      }
+      double di = 0;
+      for (int64_t c = 0; c < dh; ++c)
+        di += double(gi[c]) * o[c];
+      float *dqi = dq + (b * N + i) * D + off;
+      for (int64_t j = 0; j < m; ++j) {
+        if (p[j] == 0.0)
+          continue;
+        const float *kj = k + (b * M + j) * D + off, *vj = v + (b * M + j) * D + off;
+        float *dkj = dk + (b * M + j) * D + off, *dvj = dv + (b * M + j) * D + off;
+        double dp = 0;
+        for (int64_t c = 0; c < dh; ++c)
+          dp += double(gi[c]) * vj[c];
+        const float ds = float(p[j] * (dp - di)) * scale, pj = float(p[j]);
+        for (int64_t c = 0; c < dh; ++c) {
+          dqi[c] += ds * kj[c];
+          dkj[c] += ds * qi[c];
+          dvj[c] += pj * gi[c];
+        }
+      }
+    }
+  });
+}
+
+void embedGrad(const float *dy, const int32_t *ids, const int32_t *lengths, int64_t B, int64_t N, int64_t D,
+               int64_t V, float *out) {
+  std::memset(out, 0, sizeof(float) * V * D);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < std::min<int64_t>(lengths[b], N); ++t) {
+      const int32_t id = ids[b * N + t];
+      if (id < 0 || id >= V)
+        continue;
+      float *row = out + int64_t(id) * D;
+      const float *g = dy + (b * N + t) * D;
+      for (int64_t c = 0; c < D; ++c)
+        row[c] += g[c];
+    }
+}
+
+void positionsGrad(const float *dy, const int32_t *lengths, int64_t B, int64_t N, int64_t D, int64_t L, float *out) {
+  std::memset(out, 0, sizeof(float) * L * D);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < std::min<int64_t>({int64_t(lengths[b]), N, L}); ++t)
+      for (int64_t c = 0; c < D; ++c)
+        out[t * D + c] += dy[(b * N + t) * D + c];
+}
+
+void crossEntropy(const float *lp, const int32_t *targets, const int32_t *lengths, int64_t B, int64_t N, int64_t V,
+                  double smoothing, float *ce) {
+  for (int64_t r = 0; r < B * N; ++r) {
+    const int32_t y = targets[r];
+    if (r % N >= lengths[r / N] || y < 0 || y >= V) {
+      ce[r] = 0.0f;
+      continue;
+    }
+    double total = 0;
+    for (int64_t c = 0; c < V; ++c)
+      total += lp[r * V + c];
+    ce[r] = float(-(1 - smoothing) * lp[r * V + y] - smoothing / double(V) * total);
+  }
+}
+
+void crossEntropyGrad(const int32_t *targets, const int32_t *lengths, int64_t B, int64_t N, int64_t V,
+                      double smoothing, float *dlp) {
+  const int64_t T = countTargets(targets, lengths, B, N);
+  const double invT = T > 0 ? 1.0 / double(T) : 0.0;
+  for (int64_t r = 0; r < B * N; ++r) {
+    const int32_t y = targets[r];
+    const bool live = r % N < lengths[r / N] && y >= 0 && y < V;
+    for (int64_t c = 0; c < V; ++c)
+      dlp[r * V + c] = live ? float(-((c == y ? 1 - smoothing : 0.0) + smoothing / double(V)) * invT) : 0.0f;
+  }
+}
+
+void softmaxGrad(const float *dy, const float *y, int64_t rows, int64_t C, int32_t logarithmic, float *dx) {
+  parallelFor(blocks(rows, kRowBlock), [&](int64_t blk) {
+    for (int64_t r = blk * kRowBlock; r < std::min(rows, (blk + 1) * kRowBlock); ++r) {
+      const float *g = dy + r * C, *o = y + r * C;
+      double acc = 0;
+      if (logarithmic) { // y = log p: dx = dy - p sum(dy)
+        for (int64_t c = 0; c < C; ++c)
+          acc += g[c];
+        for (int64_t c = 0; c < C; ++c)
+          dx[r * C + c] = float(g[c] - std::exp(double(o[c])) * acc);
+      } else { // y = p: dx = p (dy - sum(dy p))
+        for (int64_t c = 0; c < C; ++c)
+          acc += double(g[c]) * o[c];
+        for (int64_t c = 0; c < C; ++c)
+          dx[r * C + c] = float(o[c] * (g[c] - acc));
+      }
+    }
+  });
+}
+
+} // namespace lmrt::LMRT_ISA

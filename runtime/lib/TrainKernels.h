@@ -1,0 +1,51 @@
+//===- TrainKernels.h - The loss and backward kernels, one copy per ISA level --===//
+//
+// Declared once per namespace (base, avx2, avx512: TrainKernels.cpp compiled three times);
+// TrainDispatch.cpp exports them as the lm_rt_* functions of lmrt.h, choosing the copy for the
+// host CPU. All tensors are dense row-major float32; B sentences padded to N rows, lengths[b]
+// valid rows each.
+//
+//===----------------------------------------------------------------------===//
+#pragma once
+
+#include <cstdint>
+
+/* Mask kinds and activations as the kernels receive them (lm.attention_grad / lm.activation_grad). */
+#define LMRT_MASK_NONE 0
+#define LMRT_MASK_CAUSAL 1
+#define LMRT_MASK_ANTICAUSAL 2
+#define LMRT_MASK_DIAGONAL 3
+#define LMRT_ACT_GELU 0
+#define LMRT_ACT_GELU_TANH 1
+#define LMRT_ACT_RELU 2
+
+#define LMRT_DECLARE_TRAIN_KERNELS(NS)                                                                            \
+  namespace lmrt::NS {                                                                                            \
+  void tokenLoss(const float *h, const float *W, const float *bias, const int32_t *targets,                     \
+                 const int32_t *lengths, int64_t B, int64_t N, int64_t D, int64_t V, double smoothing, float *ce, \
+                 float *lse);                                                                                     \
+  void tokenLossGrad(const float *h, const float *W, const float *bias, const int32_t *targets,                 \
+                     const int32_t *lengths, const float *lse, int64_t B, int64_t N, int64_t D, int64_t V,        \
+                     double smoothing, float *dh, float *dW, float *dbias);                                       \
+  void linearGrad(const float *dy, const float *x, const float *W, int64_t rows, int64_t in, int64_t out,        \
+                  float *dx, float *dW, float *db);                                                               \
+  void layerNormGrad(const float *dy, const float *x, const float *gamma, int64_t rows, int64_t D, double eps,  \
+                     float *dx, float *dgamma, float *dbeta);                                                     \
+  void activationGrad(const float *dy, const float *x, int64_t n, int32_t kind, float *dx);                      \
+  void attentionGrad(const float *dO, const float *q, const float *k, const float *v, const int32_t *lengths,   \
+                     int64_t B, int64_t N, int64_t M, int64_t D, int64_t heads, int32_t mask, float scale,      \
+                     float *dq, float *dk, float *dv);                                                            \
+  void embedGrad(const float *dy, const int32_t *ids, const int32_t *lengths, int64_t B, int64_t N, int64_t D,  \
+                 int64_t V, float *out);                                                                          \
+  void positionsGrad(const float *dy, const int32_t *lengths, int64_t B, int64_t N, int64_t D, int64_t L,       \
+                     float *out);                                                                                 \
+  void crossEntropy(const float *lp, const int32_t *targets, const int32_t *lengths, int64_t B, int64_t N,      \
+                    int64_t V, double smoothing, float *ce);                                                      \
+  void crossEntropyGrad(const int32_t *targets, const int32_t *lengths, int64_t B, int64_t N, int64_t V,        \
+                        double smoothing, float *dlp);                                                            \
+  void softmaxGrad(const float *dy, const float *y, int64_t rows, int64_t C, int32_t logarithmic, float *dx);     \
+  }
+
+LMRT_DECLARE_TRAIN_KERNELS(base)
+LMRT_DECLARE_TRAIN_KERNELS(avx2)
+LMRT_DECLARE_TRAIN_KERNELS(avx512)
