@@ -24,6 +24,8 @@ namespace {
 
 bool finite(double v) { return std::isfinite(v); }
 
+constexpr double kPi = 3.14159265358979323846;
+
 } // namespace
 
 const char *kindName(OptimizerConfig::Kind kind) {
@@ -107,7 +109,7 @@ double Optimizer::scheduleFactor(int64_t s) const {
   case OptimizerConfig::Cosine: {
     const double numCycles = 0.5;
     double progress = static_cast<double>(s - w) / static_cast<double>(std::max<int64_t>(1, total - w));
-    return std::max(0.0, 0.5 * (1.0 + std::cos(M_PI * numCycles * 2.0 * progress)));
+    return std::max(0.0, 0.5 * (1.0 + std::cos(kPi * numCycles * 2.0 * progress)));
   }
   }
   return 0.0;

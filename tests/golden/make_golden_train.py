@@ -133,7 +133,8 @@ def finite_difference_check(s, weights, batch, grads64, rng):
 
 
 def loss_vs_score_check(s, weights, batch):
-    """Without smoothing, loss * T must equal -(sum of the log-probs of the targets) read off the scoring
+    """The loss must equal torch's F.cross_entropy(label_smoothing=e, mean over targets); without
+    smoothing, loss * T must equal -(sum of the log-probs of the targets) read off the scoring
     path's per-position log-probs (single pass over each sentence's inputs, one at a time)."""
     m = torch_ref.Model(s, weights)
     total, T = 0.0, 0
@@ -144,6 +145,17 @@ def loss_vs_score_check(s, weights, batch):
             if ti >= 0:
                 total -= float(LP[i, ti])
                 T += 1
+    # With smoothing: the contract's CE_i equals torch's own cross_entropy(label_smoothing=e).
+    ids, lens = m._pad(batch["inputs"])
+    tgt = torch.full(ids.shape, -1, dtype=torch.long)
+    for b, t in enumerate(batch["targets"]):
+        tgt[b, : len(t)] = torch.tensor(t)
+    LPall = m.head_logprobs(m.hidden(ids, lens))
+    ce = torch.nn.functional.cross_entropy(LPall.reshape(-1, s.vocab), tgt.reshape(-1), ignore_index=-1,
+                                           label_smoothing=s.train.label_smoothing)
+    ours = torch_ref.loss_and_grads(s, weights, batch)[0]
+    if abs(float(ce) - ours) > 1e-5 * abs(ours):
+        raise AssertionError("%s: loss %r != torch cross_entropy %r" % (s.name, ours, float(ce)))
     tr = s.train
     saved = tr.label_smoothing
     tr.label_smoothing = 0.0
