@@ -146,9 +146,11 @@ Diff compare(const std::vector<ParamSlot> &slots, const std::vector<float> &flat
       }
     }
   }
-  for (size_t i = 0; i < flat.size(); ++i)
-    if (!covered[i])
+  for (size_t i = 0; i < flat.size(); ++i) {
+    if (!covered[i]) {
       EXPECT_EQ(flat[i], kGapSentinel) << "float " << i << " between slots was written";
+    }
+  }
   return d;
 }
 
