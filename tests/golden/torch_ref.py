@@ -10,6 +10,15 @@ Usage:
   torch_ref.py embed SPEC WEIGHTS IDS   {"embedding":[...]}
   torch_ref.py init  SPEC SEED OUT.safetensors [--dtype F32|F16|BF16]
                                         random canonical weights (non-trivial scales)
+  torch_ref.py grad  SPEC WEIGHTS BATCH.json OUT.safetensors
+                                        {"loss":L,"targets":T}; OUT = d loss / d tensor, canonical names
+  torch_ref.py train SPEC WEIGHTS BATCHES.jsonl OUT_DIR [--steps K]
+                                        {"step":s,"loss":L,"lr":r,"grad_norm":g} per step;
+                                        writes OUT_DIR/weights.safetensors
+
+Training follows issue 14's contract (the [train] table; see train_loss / train below).
+BATCH.json: {"inputs":[[...],...],"targets":[[...],...]} (ragged, one list per sentence,
+target -1 = no prediction); BATCHES.jsonl: one such object per line, cycled when K is larger.
 
 IDS: one sentence per line, space-separated token ids (bos/eos included as given).
 Numbers are printed with 9 significant digits ("%.9g"). Compute is float32
@@ -17,6 +26,7 @@ Numbers are printed with 9 significant digits ("%.9g"). Compute is float32
 """
 import json
 import math
+import os
 import struct
 import sys
 import tomllib
@@ -101,7 +111,68 @@ def resolve_spec(doc):
             raise ValueError("bad value %r for %s" % (val, key))
     if s.mask == "directional":
         raise ValueError("mask 'directional' is not part of the unilm/bilm/tta semantics")
+    s.train_given = "train" in doc
+    s.train = resolve_train(doc.get("train", {}), s)
     return s
+
+
+# [train] (issue 14): every key, its default, and its kind.
+TRAIN_DEFAULTS = {
+    "objective": "auto", "optimizer": "adamw", "lr": 1e-4, "betas": [0.9, 0.999], "eps": 1e-6,
+    "weight_decay": 0.01, "warmup_steps": 0, "schedule": "linear", "steps": 1000, "clip_norm": 1.0,
+    "dropout": 0.0, "attention_dropout": 0.0, "label_smoothing": 0.0, "mask_prob": 0.15, "max_masks": 20,
+    "mask_replace": "mask", "seed": 1,
+}
+_TRAIN_CHOICES = {
+    "objective": ("auto", "causal", "masked", "autoencoding"),
+    "optimizer": ("adamw", "adam", "sgd"),
+    "schedule": ("linear", "constant", "cosine"),
+    "mask_replace": ("mask", "bert"),
+}
+_FAMILY_OBJECTIVE = {"unilm": "causal", "bilm": "masked", "tta": "autoencoding"}
+
+
+def resolve_train(t, s):
+    """The [train] table with the contract's defaults; raises ValueError on unknown keys or bad values."""
+    unknown = sorted(set(t) - set(TRAIN_DEFAULTS))
+    if unknown:
+        raise ValueError("train: unknown key(s) %s" % unknown)
+    tr = Spec()
+    for key, default in TRAIN_DEFAULTS.items():
+        val = t.get(key, default)
+        if isinstance(default, str):
+            if val not in _TRAIN_CHOICES[key]:
+                raise ValueError("train.%s: bad value %r (one of %s)" % (key, val, _TRAIN_CHOICES[key]))
+        elif isinstance(default, list):
+            if (not isinstance(val, list) or len(val) != 2
+                    or not all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in val)):
+                raise ValueError("train.%s: expected an array of two numbers" % key)
+            val = [float(b) for b in val]
+        elif isinstance(default, int):
+            if not isinstance(val, int) or isinstance(val, bool):
+                raise ValueError("train.%s: expected an integer" % key)
+        else:
+            if not isinstance(val, (int, float)) or isinstance(val, bool) or not math.isfinite(val):
+                raise ValueError("train.%s: expected a finite number" % key)
+            val = float(val)
+        setattr(tr, key, val)
+    tr.beta1, tr.beta2 = tr.betas
+    checks = [
+        ("lr", tr.lr >= 0), ("betas", 0 <= tr.beta1 < 1 and 0 <= tr.beta2 < 1), ("eps", tr.eps > 0),
+        ("weight_decay", tr.weight_decay >= 0), ("warmup_steps", tr.warmup_steps >= 0), ("steps", tr.steps >= 1),
+        ("clip_norm", tr.clip_norm >= 0), ("dropout", 0 <= tr.dropout < 1),
+        ("attention_dropout", 0 <= tr.attention_dropout < 1), ("label_smoothing", 0 <= tr.label_smoothing <= 1),
+        ("mask_prob", 0 < tr.mask_prob <= 1), ("max_masks", tr.max_masks >= 1), ("seed", 0 <= tr.seed < 2 ** 32),
+    ]
+    for key, ok in checks:
+        if not ok:
+            raise ValueError("train.%s: value out of range" % key)
+    tr.resolved_objective = _FAMILY_OBJECTIVE[s.family] if tr.objective == "auto" else tr.objective
+    if tr.resolved_objective == "causal" and s.mask != "causal":
+        raise ValueError("train.objective: causal needs mask = causal")
+    if tr.resolved_objective == "autoencoding" and s.method != "single-pass":
+        raise ValueError("train.objective: autoencoding needs a single-pass model (T-TA)")
+    return tr
 
 
 def load_spec(path):
@@ -464,6 +535,201 @@ class Model:
 
 
 # ----------------------------------------------------------------------------
+# Training (issue 14's contract)
+# ----------------------------------------------------------------------------
+
+def objective_example(s, x, rng):
+    """(inputs, targets) for sentence x under the spec's resolved objective; rng is a random.Random.
+    Special positions are those holding bos or eos."""
+    tr = s.train
+    special = {s.bos, s.eos}
+    n = len(x)
+    obj = tr.resolved_objective
+    if obj == "causal":
+        return list(x), [x[i + 1] if i + 1 < n else -1 for i in range(n)]
+    if obj == "autoencoding":
+        return list(x), [-1 if x[i] in special else x[i] for i in range(n)]
+    cand = [i for i in range(n) if x[i] not in special]
+    chosen = [i for i in cand if rng.random() < tr.mask_prob]
+    if not chosen and cand:
+        chosen = [rng.choice(cand)]
+    if len(chosen) > tr.max_masks:
+        chosen = sorted(rng.sample(chosen, tr.max_masks))
+    inputs, targets = list(x), [-1] * n
+    for i in chosen:
+        targets[i] = x[i]
+        if tr.mask_replace == "mask":
+            inputs[i] = s.mask_id
+        else:  # bert: 80% [MASK], 10% a random token, 10% unchanged
+            r = rng.random()
+            if r < 0.8:
+                inputs[i] = s.mask_id
+            elif r < 0.9:
+                inputs[i] = rng.randrange(s.vocab)
+    return inputs, targets
+
+
+def check_batch(s, batch):
+    """Validates {"inputs":[[...]],"targets":[[...]]}; returns (inputs, targets) as lists of lists."""
+    if not isinstance(batch, dict) or set(batch) != {"inputs", "targets"}:
+        raise ValueError("a batch is an object with exactly the keys \"inputs\" and \"targets\"")
+    inputs, targets = batch["inputs"], batch["targets"]
+    if not inputs or len(inputs) != len(targets):
+        raise ValueError("inputs and targets must be non-empty lists of the same length")
+    n_targets = 0
+    for b, (x, t) in enumerate(zip(inputs, targets)):
+        if len(x) != len(t):
+            raise ValueError("sentence %d: %d inputs but %d targets" % (b, len(x), len(t)))
+        if not (1 <= len(x) <= s.max_len):
+            raise ValueError("sentence %d: length %d outside [1, %d]" % (b, len(x), s.max_len))
+        for v in x:
+            if not (isinstance(v, int) and 0 <= v < s.vocab):
+                raise ValueError("sentence %d: input id %r outside [0, %d)" % (b, v, s.vocab))
+        for v in t:
+            if not (isinstance(v, int) and -1 <= v < s.vocab):
+                raise ValueError("sentence %d: target %r outside [-1, %d)" % (b, v, s.vocab))
+            n_targets += v >= 0
+    if n_targets == 0:
+        raise ValueError("the batch has no target")
+    return inputs, targets
+
+
+def batch_loss(model, inputs, targets):
+    """(loss, T): row i of the last layer, through the head as in scoring's single forward pass
+    (one padded batch), predicts targets[i]; loss = (1/T) sum_i CE_i over the T rows with a target,
+    CE_i = -(1-e) log p(target) - (e/V) sum_v log p(v), e = label_smoothing."""
+    s = model.s
+    ids, lens = model._pad(inputs)
+    B, n = ids.shape
+    tgt = torch.full((B, n), -1, dtype=torch.long)
+    for b, t in enumerate(targets):
+        tgt[b, : len(t)] = torch.tensor(t, dtype=torch.long)
+    sel = tgt >= 0
+    T = int(sel.sum())
+    h = model.hidden(ids, lens)  # [B, n, D]
+    LP = model.head_logprobs(h[sel])  # [T, V], rows in (sentence, position) order
+    t = tgt[sel]
+    nll = -LP.gather(1, t[:, None]).squeeze(1)
+    e = s.train.label_smoothing
+    ce = nll if e == 0 else (1 - e) * nll + (e / s.vocab) * (-LP.sum(dim=1))
+    return ce.sum() / T, T
+
+
+def _leaves(s, weights, dtype):
+    return {name: weights[name].detach().to(dtype).clone().requires_grad_(True) for name, _ in expected_tensors(s)}
+
+
+def _grads_or_zeros(s, params):
+    """Every canonical tensor's gradient; a tensor the batch does not reach gets zeros."""
+    out = []
+    for name, _ in expected_tensors(s):
+        p = params[name]
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        out.append((name, p.grad))
+    return out
+
+
+def loss_and_grads(s, weights, batch, dtype=torch.float32):
+    """(loss, T, [(name, gradient)]) for one batch, by autograd."""
+    inputs, targets = check_batch(s, batch)
+    params = _leaves(s, weights, dtype)
+    loss, T = batch_loss(Model(s, params, dtype), inputs, targets)
+    loss.backward()
+    return float(loss), T, [(n, g.detach().clone()) for n, g in _grads_or_zeros(s, params)]
+
+
+def schedule_factor(tr, step):
+    """Hugging Face's get_{linear,constant,cosine}_schedule_with_warmup lambdas (cosine: num_cycles 0.5)."""
+    w, total = tr.warmup_steps, tr.steps
+    if step < w:
+        return float(step) / float(max(1, w))
+    if tr.schedule == "constant":
+        return 1.0
+    if tr.schedule == "linear":
+        return max(0.0, float(total - step) / float(max(1, total - w)))
+    progress = float(step - w) / float(max(1, total - w))
+    return max(0.0, 0.5 * (1.0 + math.cos(math.pi * 0.5 * 2.0 * progress)))
+
+
+class Optimizer:
+    """torch.optim.{AdamW,Adam,SGD} over named tensors (leaves) in two groups, weight decay on
+    rank >= 2 tensors only; torch.nn.utils.clip_grad_norm_ (clip_norm 0 = off); the Hugging Face
+    schedule through LambdaLR, so update s (0-based) uses lr * schedule_factor(s)."""
+
+    def __init__(self, tr, named):
+        self.tr = tr
+        self.params = [p for _, p in named]
+        decay = [p for p in self.params if p.dim() >= 2]
+        no_decay = [p for p in self.params if p.dim() < 2]
+        groups = [g for g in ({"params": decay, "weight_decay": tr.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
+        if tr.optimizer == "adamw":
+            self.opt = torch.optim.AdamW(groups, lr=tr.lr, betas=(tr.beta1, tr.beta2), eps=tr.eps)
+        elif tr.optimizer == "adam":
+            self.opt = torch.optim.Adam(groups, lr=tr.lr, betas=(tr.beta1, tr.beta2), eps=tr.eps)
+        else:
+            self.opt = torch.optim.SGD(groups, lr=tr.lr)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda k: schedule_factor(tr, k))
+
+    def step(self):
+        """Clips the gradients in .grad, updates the tensors, advances the schedule.
+        Returns (lr used, pre-clip global norm)."""
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)  # not reached: zero gradient, still decayed
+        # clip_grad_norm_ returns the pre-clip norm; an infinite max_norm only measures it
+        norm = torch.nn.utils.clip_grad_norm_(self.params,
+                                              self.tr.clip_norm if self.tr.clip_norm > 0 else float("inf"))
+        lr = self.opt.param_groups[0]["lr"]
+        self.opt.step()
+        self.sched.step()
+        return float(lr), float(norm)
+
+
+def train(s, weights, batches, steps, dtype=torch.float32):
+    """Runs `steps` optimizer steps over `batches` (cycled). Returns (step lines as dicts,
+    final [(name, tensor)], per-step pre-clip gradients [[(name, tensor)], ...])."""
+    tr = s.train
+    if tr.dropout != 0 or tr.attention_dropout != 0:
+        raise ValueError("torch_ref: dropout > 0 draws lmcc's own generator; not reproduced here")
+    checked = [check_batch(s, b) for b in batches]
+    if not checked:
+        raise ValueError("no batches")
+    params = _leaves(s, weights, dtype)
+    opt = Optimizer(tr, [(n, params[n]) for n, _ in expected_tensors(s)])
+    lines, step_grads = [], []
+    for k in range(steps):
+        inputs, targets = checked[k % len(checked)]
+        for p in params.values():
+            p.grad = None
+        loss, _ = batch_loss(Model(s, params, dtype), inputs, targets)
+        loss.backward()
+        grads = _grads_or_zeros(s, params)
+        if not all(bool(torch.isfinite(g).all()) for _, g in grads) or not math.isfinite(float(loss)):
+            raise ValueError("step %d: non-finite loss or gradient" % (k + 1))
+        step_grads.append([(n, g.detach().clone()) for n, g in grads])
+        lr, norm = opt.step()
+        lines.append({"step": k + 1, "loss": float(loss), "lr": lr, "grad_norm": norm})
+    final = [(n, params[n].detach().clone()) for n, _ in expected_tensors(s)]
+    return lines, final, step_grads
+
+
+def read_batches(path):
+    out = []
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                out.append(json.loads(line))
+    return out
+
+
+def step_line(r):
+    return '{"step":%d,"loss":%s,"lr":%s,"grad_norm":%s}' % (r["step"], fmt(r["loss"]), fmt(r["lr"]),
+                                                          fmt(r["grad_norm"]))
+
+
+# ----------------------------------------------------------------------------
 # I/O
 # ----------------------------------------------------------------------------
 
@@ -516,6 +782,30 @@ def main(argv):
         s = load_spec(argv[2])
         write_safetensors(argv[4], init_weights(s, int(argv[3])),
                           {"name": s.name, "generator": "tests/golden/torch_ref.py", "seed": argv[3]}, dtype)
+        return 0
+    if len(argv) >= 6 and argv[1] == "grad":
+        f64 = "--f64" in argv[6:]
+        s = load_spec(argv[2])
+        with open(argv[4]) as f:
+            batch = json.load(f)
+        loss, T, grads = loss_and_grads(s, load_weights(argv[3], s), batch, torch.float64 if f64 else torch.float32)
+        write_safetensors(argv[5], grads, {"name": s.name, "generator": "tests/golden/torch_ref.py", "loss": fmt(loss)})
+        sys.stdout.write('{"loss":%s,"targets":%d}\n' % (fmt(loss), T))
+        return 0
+    if len(argv) >= 6 and argv[1] == "train":
+        rest = argv[6:]
+        steps = None
+        if "--steps" in rest:
+            steps = int(rest[rest.index("--steps") + 1])
+        f64 = "--f64" in rest
+        s = load_spec(argv[2])
+        batches = read_batches(argv[4])
+        lines, final, _ = train(s, load_weights(argv[3], s), batches, len(batches) if steps is None else steps,
+                                torch.float64 if f64 else torch.float32)
+        os.makedirs(argv[5], exist_ok=True)
+        write_safetensors(os.path.join(argv[5], "weights.safetensors"), final,
+                          {"name": s.name, "generator": "tests/golden/torch_ref.py", "steps": str(len(lines))})
+        sys.stdout.write("".join(step_line(r) + "\n" for r in lines))
         return 0
     sys.stderr.write(__doc__)
     return 2

@@ -1,0 +1,273 @@
+//===- Optimizer.cpp - AdamW / Adam / SGD with clipping and HF schedules --===//
+
+#include "runtime/train/Optimizer.h"
+
+#include "runtime/weights/Format.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <set>
+#include <utility>
+
+namespace lmcc::train {
+
+namespace {
+
+[[noreturn]] void badConfig(const std::string &what) {
+  throw std::invalid_argument("optimizer: " + what);
+}
+
+[[noreturn]] void stateError(const std::string &what) {
+  throw WeightError("optimizer state: " + what);
+}
+
+bool finite(double v) { return std::isfinite(v); }
+
+constexpr double kPi = 3.14159265358979323846;
+
+} // namespace
+
+const char *kindName(OptimizerConfig::Kind kind) {
+  switch (kind) {
+  case OptimizerConfig::AdamW: return "adamw";
+  case OptimizerConfig::Adam: return "adam";
+  case OptimizerConfig::SGD: return "sgd";
+  }
+  return "?";
+}
+
+Optimizer::Optimizer(OptimizerConfig config, std::vector<ParamSlot> slots)
+    : config_(config), slots_(std::move(slots)) {
+  const OptimizerConfig &c = config_;
+  if (c.kind != OptimizerConfig::AdamW && c.kind != OptimizerConfig::Adam && c.kind != OptimizerConfig::SGD)
+    badConfig("unknown kind");
+  if (c.schedule != OptimizerConfig::Linear && c.schedule != OptimizerConfig::Constant &&
+      c.schedule != OptimizerConfig::Cosine)
+    badConfig("unknown schedule");
+  if (!finite(c.lr) || c.lr < 0)
+    badConfig("lr must be a finite number >= 0");
+  if (!(c.beta1 >= 0 && c.beta1 < 1) || !(c.beta2 >= 0 && c.beta2 < 1))
+    badConfig("betas must be in [0, 1)");
+  if (!finite(c.eps) || !(c.eps > 0))
+    badConfig("eps must be a finite number > 0");
+  if (!finite(c.weightDecay) || c.weightDecay < 0)
+    badConfig("weight decay must be a finite number >= 0");
+  if (c.warmupSteps < 0)
+    badConfig("warm-up steps must be >= 0");
+  if (c.totalSteps < 1)
+    badConfig("total steps must be >= 1");
+  if (!finite(c.clipNorm) || c.clipNorm < 0)
+    badConfig("clip norm must be a finite number >= 0 (0 = off)");
+
+  std::set<std::string> names;
+  std::vector<std::pair<int64_t, size_t>> byOffset;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const ParamSlot &p = slots_[i];
+    if (p.name.empty())
+      badConfig("a slot has an empty name");
+    if (!names.insert(p.name).second)
+      badConfig("tensor " + quoted(p.name) + ": duplicate slot");
+    if (p.offset < 0)
+      badConfig("tensor " + quoted(p.name) + ": negative offset");
+    int64_t n = 1;
+    for (int64_t d : p.shape) {
+      if (d < 0)
+        badConfig("tensor " + quoted(p.name) + ": negative dimension in " + shapeString(p.shape));
+      if (d != 0 && n > std::numeric_limits<int64_t>::max() / d)
+        badConfig("tensor " + quoted(p.name) + ": too many elements");
+      n *= d;
+    }
+    if (p.offset > std::numeric_limits<int64_t>::max() - n)
+      badConfig("tensor " + quoted(p.name) + ": offset + size overflows");
+    numel_.push_back(n);
+    numFloats_ = std::max(numFloats_, p.offset + n);
+    byOffset.push_back({p.offset, i});
+  }
+  std::sort(byOffset.begin(), byOffset.end());
+  for (size_t k = 1; k < byOffset.size(); ++k) {
+    size_t a = byOffset[k - 1].second, b = byOffset[k].second;
+    if (slots_[a].offset + numel_[a] > slots_[b].offset && numel_[a] > 0 && numel_[b] > 0)
+      badConfig("tensors " + quoted(slots_[a].name) + " and " + quoted(slots_[b].name) + " overlap");
+  }
+  if (hasMoments()) {
+    expAvg_.assign(static_cast<size_t>(numFloats_), 0.0f);
+    expAvgSq_.assign(static_cast<size_t>(numFloats_), 0.0f);
+  }
+}
+
+double Optimizer::scheduleFactor(int64_t s) const {
+  // transformers.optimization: _get_{linear,constant,cosine}_schedule_with_warmup_lr_lambda
+  const int64_t w = config_.warmupSteps, total = config_.totalSteps;
+  if (s < w)
+    return static_cast<double>(s) / static_cast<double>(std::max<int64_t>(1, w));
+  switch (config_.schedule) {
+  case OptimizerConfig::Constant:
+    return 1.0;
+  case OptimizerConfig::Linear:
+    return std::max(0.0, static_cast<double>(total - s) / static_cast<double>(std::max<int64_t>(1, total - w)));
+  case OptimizerConfig::Cosine: {
+    const double numCycles = 0.5;
+    double progress = static_cast<double>(s - w) / static_cast<double>(std::max<int64_t>(1, total - w));
+    return std::max(0.0, 0.5 * (1.0 + std::cos(kPi * numCycles * 2.0 * progress)));
+  }
+  }
+  return 0.0;
+}
+
+double Optimizer::gradNorm(const float *grads) const {
+  double sum = 0.0;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const float *g = grads + slots_[i].offset;
+    for (int64_t k = 0; k < numel_[i]; ++k)
+      sum += static_cast<double>(g[k]) * static_cast<double>(g[k]);
+  }
+  return std::sqrt(sum);
+}
+
+Optimizer::StepInfo Optimizer::step(float *params, float *grads) {
+  // Nothing changes unless every gradient is finite.
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const float *g = grads + slots_[i].offset;
+    for (int64_t k = 0; k < numel_[i]; ++k)
+      if (!std::isfinite(g[k]))
+        throw NonFiniteGradient("tensor " + quoted(slots_[i].name) + ": gradient element " + std::to_string(k) +
+                                " is " + valueString(g[k]));
+  }
+  StepInfo info;
+  info.gradNorm = gradNorm(grads);
+  if (config_.clipNorm > 0) {
+    double coef = config_.clipNorm / (info.gradNorm + 1e-6);
+    if (coef < 1.0)
+      for (size_t i = 0; i < slots_.size(); ++i) {
+        float *g = grads + slots_[i].offset;
+        for (int64_t k = 0; k < numel_[i]; ++k)
+          g[k] = static_cast<float>(static_cast<double>(g[k]) * coef);
+      }
+  }
+  const double lr = config_.lr * scheduleFactor(steps_);
+  info.lr = lr;
+  const double wd = config_.weightDecay;
+
+  if (config_.kind == OptimizerConfig::SGD) {
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      const bool decay = slots_[i].shape.size() >= 2;
+      float *p = params + slots_[i].offset;
+      const float *g = grads + slots_[i].offset;
+      for (int64_t k = 0; k < numel_[i]; ++k) {
+        double d = static_cast<double>(g[k]);
+        if (decay)
+          d += wd * static_cast<double>(p[k]);
+        p[k] = static_cast<float>(static_cast<double>(p[k]) - lr * d);
+      }
+    }
+    ++steps_;
+    return info;
+  }
+
+  const double b1 = config_.beta1, b2 = config_.beta2, eps = config_.eps;
+  const double t = static_cast<double>(steps_ + 1);
+  const double bc1 = 1.0 - std::pow(b1, t), bc2Sqrt = std::sqrt(1.0 - std::pow(b2, t));
+  const double stepSize = lr / bc1;
+  const bool decoupled = config_.kind == OptimizerConfig::AdamW;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const bool decay = slots_[i].shape.size() >= 2 && wd != 0.0;
+    const int64_t off = slots_[i].offset;
+    float *p = params + off;
+    const float *g = grads + off;
+    float *m = expAvg_.data() + off;
+    float *v = expAvgSq_.data() + off;
+    for (int64_t k = 0; k < numel_[i]; ++k) {
+      double pk = static_cast<double>(p[k]);
+      double gk = static_cast<double>(g[k]);
+      if (decay) {
+        if (decoupled)
+          pk *= 1.0 - lr * wd;  // torch.optim.AdamW: decay before the update
+        else
+          gk += wd * pk;  // torch.optim.Adam: L2 added to the gradient
+      }
+      // Moments are float state (as torch's); the update reads the rounded values.
+      m[k] = static_cast<float>(b1 * static_cast<double>(m[k]) + (1.0 - b1) * gk);
+      v[k] = static_cast<float>(b2 * static_cast<double>(v[k]) + (1.0 - b2) * gk * gk);
+      double denom = std::sqrt(static_cast<double>(v[k])) / bc2Sqrt + eps;
+      p[k] = static_cast<float>(pk - stepSize * static_cast<double>(m[k]) / denom);
+    }
+  }
+  ++steps_;
+  return info;
+}
+
+void Optimizer::saveState(WeightSet &out) const {
+  out.metadata[kKindKey] = kindName(config_.kind);
+  out.metadata[kStepKey] = std::to_string(steps_);
+  if (!hasMoments())
+    return;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const ParamSlot &p = slots_[i];
+    auto begin = static_cast<size_t>(p.offset), end = begin + static_cast<size_t>(numel_[i]);
+    Tensor m, v;
+    m.shape = v.shape = p.shape;
+    m.data.assign(expAvg_.begin() + begin, expAvg_.begin() + end);
+    v.data.assign(expAvgSq_.begin() + begin, expAvgSq_.begin() + end);
+    out.tensors[kExpAvgPrefix + p.name] = std::move(m);
+    out.tensors[kExpAvgSqPrefix + p.name] = std::move(v);
+  }
+}
+
+void Optimizer::loadState(const WeightSet &in) {
+  auto kind = in.metadata.find(kKindKey);
+  if (kind == in.metadata.end())
+    stateError(std::string("metadata ") + quoted(kKindKey) + ": missing");
+  if (kind->second != kindName(config_.kind))
+    stateError(std::string("metadata ") + quoted(kKindKey) + ": \"" + kind->second + "\", but this optimizer is \"" +
+               kindName(config_.kind) + "\"");
+  auto stepIt = in.metadata.find(kStepKey);
+  if (stepIt == in.metadata.end())
+    stateError(std::string("metadata ") + quoted(kStepKey) + ": missing");
+  const std::string &text = stepIt->second;
+  int64_t steps = 0;
+  bool ok = !text.empty() && text.size() <= 18 &&
+            std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (ok)
+    steps = std::stoll(text);
+  if (!ok)
+    stateError(std::string("metadata ") + quoted(kStepKey) + ": \"" + text.substr(0, 40) +
+               "\" is not a non-negative integer");
+
+  std::vector<float> m, v;
+  std::set<std::string> expected;
+  if (hasMoments()) {
+    m.assign(static_cast<size_t>(numFloats_), 0.0f);
+    v.assign(static_cast<size_t>(numFloats_), 0.0f);
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      const ParamSlot &p = slots_[i];
+      for (int which = 0; which < 2; ++which) {
+        std::string name = (which == 0 ? kExpAvgPrefix : kExpAvgSqPrefix) + p.name;
+        expected.insert(name);
+        auto it = in.tensors.find(name);
+        if (it == in.tensors.end())
+          stateError("tensor " + quoted(name) + ": missing");
+        const Tensor &t = it->second;
+        if (t.shape != p.shape || static_cast<int64_t>(t.data.size()) != numel_[i])
+          stateError("tensor " + quoted(name) + ": shape " + shapeString(t.shape) + ", expected " +
+                     shapeString(p.shape));
+        for (size_t k = 0; k < t.data.size(); ++k) {
+          float x = t.data[k];
+          if (!std::isfinite(x) || (which == 1 && x < 0))
+            stateError("tensor " + quoted(name) + ": element " + std::to_string(k) + " is " + valueString(x) +
+                       (which == 1 ? " (must be finite and >= 0)" : " (must be finite)"));
+        }
+        std::copy(t.data.begin(), t.data.end(), (which == 0 ? m : v).begin() + p.offset);
+      }
+    }
+  }
+  for (const auto &[name, t] : in.tensors)
+    if (name.rfind("optimizer.", 0) == 0 && !expected.count(name))
+      stateError("tensor " + quoted(name) + ": unexpected (no such parameter for a \"" +
+                 std::string(kindName(config_.kind)) + "\" optimizer)");
+  expAvg_ = std::move(m);
+  expAvgSq_ = std::move(v);
+  steps_ = steps;
+}
+
+} // namespace lmcc::train
