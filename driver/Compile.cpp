@@ -126,6 +126,8 @@ std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options,
   if (spec.family != Family::UniLM && spec.family != Family::BiLM && spec.family != Family::TTA)
     return "family \"" + std::string(toString(spec.family)) +
            "\" is parsed and emitted as IR only; compiling it comes with its training objective";
+  if (options.train && (spec.train.dropout > 0 || spec.train.attentionDropout > 0))
+    return "[train] dropout / attention_dropout > 0: compiled training has no dropout yet (set them to 0)";
 
   std::error_code ec;
   fs::path out(options.outputDir);
@@ -164,6 +166,18 @@ std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options,
     return "internal error: the lm IR does not describe the model\n" + diagnostics;
   const std::vector<codegen::LayoutTensor> tensors = layout.loadedTensors();
   const std::vector<int64_t> offsets = layout.loadedOffsets();
+  if (options.train) {
+    const TrainOptions &t = spec.train;
+    codegen::ModelFacts::Train train;
+    train.optimizer = t.optimizer == OptimizerKind::AdamW ? 0 : t.optimizer == OptimizerKind::Adam ? 1 : 2;
+    train.schedule = t.schedule == Schedule::Linear ? 0 : t.schedule == Schedule::Constant ? 1 : 2;
+    train.lr = t.lr, train.beta1 = t.beta1, train.beta2 = t.beta2, train.eps = t.eps;
+    train.weightDecay = t.weightDecay, train.clipNorm = t.clipNorm, train.labelSmoothing = t.labelSmoothing;
+    train.warmupSteps = t.warmupSteps, train.steps = t.steps, train.seed = t.seed;
+    for (const codegen::LayoutTensor &tensor : tensors)
+      train.numParams += codegen::numelOf(tensor);
+    facts->train = train;
+  }
 
   codegen::ObjectOptions objectOptions;
   objectOptions.cpu = options.cpu;

@@ -147,6 +147,43 @@ int lm_set_num_threads(int n);
 #endif
 )";
 
+const char *kHeaderTraining = R"(
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Training (the library was compiled with --train). The batch loss is (1/T) * sum of each row's
+ * cross-entropy over the T rows with a target: row i of sentence b (inputs[b*stride + i]) predicts
+ * targets[b*stride + i], a token id, or -1 for no prediction; label smoothing from the spec's [train].
+ * A batch without any target, a target outside [-1, @NAME@_VOCAB), or a NaN/inf loss or gradient is an
+ * error (status 1, lm_last_error() set; nothing is changed). */
+typedef struct @name@_trainer @name@_trainer;
+
+/* The loss of a batch and, when grad is not NULL, its gradient: @NAME@_N_PARAMS floats laid out as
+ * @name@_param_info says. The weights are unchanged. */
+int @name@_loss_and_grad(@name@_model *m, const int32_t *inputs, const int32_t *targets, const int32_t *lengths,
+                          int32_t batch, int32_t stride, float *loss, float *grad);
+/* Parameter `index` (0 .. number of tensors - 1): its canonical name and its offset and count in grad. */
+int @name@_param_info(int32_t index, const char **name, int64_t *offset, int64_t *count);
+/* A trainer with the optimizer settings of the spec's [train] (AdamW / Adam / SGD, schedule, clipping);
+ * it updates the weights of m in place. m must outlive it. */
+int @name@_trainer_new(@name@_model *m, @name@_trainer **out);
+/* One optimizer step on a batch: gradient, global-norm clipping, update with the scheduled learning rate. */
+int @name@_train_step(@name@_trainer *t, const int32_t *inputs, const int32_t *targets, const int32_t *lengths,
+                       int32_t batch, int32_t stride, float *loss);
+/* Weights + optimizer moments + step count in one safetensors file (written to a temporary name, then
+ * renamed); _trainer_load restores them into the trainer and its model. */
+int @name@_trainer_save(@name@_trainer *t, const char *path);
+int @name@_trainer_load(@name@_trainer *t, const char *path);
+/* The weights as canonical safetensors, loadable by @name@_load (written atomically). */
+int @name@_save_weights(@name@_model *m, const char *path);
+void @name@_trainer_free(@name@_trainer *t);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+)";
+
 const char *kHeaderCpp = R"(
 #ifdef __cplusplus
 #include <cstddef>
@@ -319,6 +356,10 @@ std::string generateHeader(const ModelFacts &spec, bool embedWeights) {
      << "#define " << NAME << "_SPEC_HASH " << cString(spec.specHash) << "\n"
      << "#define " << NAME << "_EMBEDDED_WEIGHTS " << (embedWeights ? 1 : 0) << "\n";
   os << expand(kHeaderFunctions, name, "");
+  if (spec.train)
+    os << "\n/* Parameters: every canonical tensor, packed back to back in canonical order. */\n"
+       << "#define " << NAME << "_N_PARAMS " << spec.train->numParams << "\n"
+       << expand(kHeaderTraining, name, "");
   os << expand(kHeaderCpp, name, cppNamespace(name));
   return os.str();
 }
@@ -362,6 +403,13 @@ std::string generateGlue(const ModelFacts &spec, const std::vector<LayoutTensor>
      << "extern void _mlir_ciface_" << name
      << "_embed_kernel(lm_memref1f *weights, lm_memref2i *ids, lm_memref1i *lengths, lm_memref2f *out);\n"
      << "extern void _mlir_ciface_" << name << "_init_kernel(lm_memref1f *weights);\n";
+  if (spec.train)
+    os << "extern void _mlir_ciface_" << name
+       << "_loss_kernel(lm_memref1f *weights, lm_memref2i *inputs, lm_memref2i *targets, lm_memref1i *lengths,\n"
+       << "    lm_memref2f *ce);\n"
+       << "extern void _mlir_ciface_" << name
+       << "_loss_grad_kernel(lm_memref1f *weights, lm_memref2i *inputs, lm_memref2i *targets, lm_memref1i *lengths,\n"
+       << "    lm_memref2f *ce, lm_memref1f *grads);\n";
   if (embedWeights)
     os << "/* The weights in the flat layout below (defined by the kernels' object file). */\n"
        << "extern const float " << name << "_embedded_weights[];\n";
@@ -377,6 +425,16 @@ std::string generateGlue(const ModelFacts &spec, const std::vector<LayoutTensor>
     }
     os << "};\n\n";
   }
+  if (spec.train) {
+    const ModelFacts::Train &t = *spec.train;
+    char numbers[512];
+    std::snprintf(numbers, sizeof numbers, "%.17g, %.17g, %.17g, %.17g, %.17g, /* lr, beta1, beta2, eps, weight_decay */\n"
+                  "    %lld, %lld, /* warmup_steps, steps */\n    %.17g, %.17g, /* clip_norm, label_smoothing */\n    %lld /* seed */\n",
+                  t.lr, t.beta1, t.beta2, t.eps, t.weightDecay, (long long)t.warmupSteps, (long long)t.steps, t.clipNorm,
+                  t.labelSmoothing, (long long)t.seed);
+    os << "static const lm_train_desc " << name << "_train = {\n"
+       << "    " << t.optimizer << ", " << t.schedule << ", /* optimizer, schedule */\n    " << numbers << "};\n\n";
+  }
   os << "static const lm_model_desc " << name << "_desc = {\n"
      << "    " << cString(name) << ", /* name */\n"
      << "    " << cString(spec.specHash) << ", /* spec_hash */\n"
@@ -389,8 +447,44 @@ std::string generateGlue(const ModelFacts &spec, const std::vector<LayoutTensor>
      << "    _mlir_ciface_" << name << "_score_kernel,\n"
      << "    _mlir_ciface_" << name << "_embed_kernel,\n"
      << "    " << (embedWeights ? name + "_embedded_weights" : std::string("NULL")) << ", /* embedded_weights */\n"
-     << "    _mlir_ciface_" << name << "_init_kernel /* init */\n"
-     << "};\n\n";
+     << "    _mlir_ciface_" << name << "_init_kernel, /* init */\n";
+  if (spec.train)
+    os << "    _mlir_ciface_" << name << "_loss_kernel,\n"
+       << "    _mlir_ciface_" << name << "_loss_grad_kernel,\n"
+       << "    &" << name << "_train\n";
+  else
+    os << "    NULL, NULL, NULL /* loss, loss_grad, train: compiled without --train */\n";
+  os << "};\n\n";
+  if (spec.train)
+    os << expand(R"(/* Training (compiled with --train). */
+typedef struct @name@_trainer @name@_trainer;
+LMCC_EXPORT int @name@_loss_and_grad(@name@_model *m, const int32_t *inputs, const int32_t *targets,
+    const int32_t *lengths, int32_t batch, int32_t stride, float *loss, float *grad) {
+  return lm_rt_loss_and_grad((lm_model *)m, inputs, targets, lengths, batch, stride, loss, grad);
+}
+LMCC_EXPORT int @name@_param_info(int32_t index, const char **name, int64_t *offset, int64_t *count) {
+  return lm_rt_param_info(&@name@_desc, index, name, offset, count);
+}
+LMCC_EXPORT int @name@_trainer_new(@name@_model *m, @name@_trainer **out) {
+  return lm_rt_trainer_new((lm_model *)m, (lm_trainer **)out);
+}
+LMCC_EXPORT int @name@_train_step(@name@_trainer *t, const int32_t *inputs, const int32_t *targets,
+    const int32_t *lengths, int32_t batch, int32_t stride, float *loss) {
+  return lm_rt_train_step((lm_trainer *)t, inputs, targets, lengths, batch, stride, loss);
+}
+LMCC_EXPORT int @name@_trainer_save(@name@_trainer *t, const char *path) {
+  return lm_rt_trainer_save((lm_trainer *)t, path);
+}
+LMCC_EXPORT int @name@_trainer_load(@name@_trainer *t, const char *path) {
+  return lm_rt_trainer_load((lm_trainer *)t, path);
+}
+LMCC_EXPORT int @name@_save_weights(@name@_model *m, const char *path) {
+  return lm_rt_save_weights((lm_model *)m, path);
+}
+LMCC_EXPORT void @name@_trainer_free(@name@_trainer *t) { lm_rt_trainer_free((lm_trainer *)t); }
+
+)",
+                 name, "");
 
   os << expand(R"(/* The functions of @name@.h, forwarding to the runtime. */
 typedef struct @name@_model @name@_model;

@@ -12,6 +12,7 @@
 #include "codegen/Layout/WeightLayout.h"
 
 #include <cstdint>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -24,6 +25,15 @@ struct ModelFacts {
   std::string name, family, specHash;
   int64_t vocab = 0, maxLen = 0, dModel = 0, heads = 0, dFF = 0, layers = 0;
   int64_t pad = 0, unk = 0, bos = 0, eos = 0, mask = 0;
+  /// Compiled with --train: the optimizer settings of lm_train_desc (runtime/lib/lmrt.h), from the
+  /// spec's [train]; the library then has the loss kernels and the header the training functions.
+  struct Train {
+    int optimizer = 0, schedule = 0; ///< lm_train_desc codes
+    double lr = 0, beta1 = 0, beta2 = 0, eps = 0, weightDecay = 0, clipNorm = 0, labelSmoothing = 0;
+    int64_t warmupSteps = 0, steps = 0, seed = 0;
+    int64_t numParams = 0; ///< floats of all parameters (<NAME>_N_PARAMS, the packed gradient's size)
+  };
+  std::optional<Train> train;
 };
 
 /// The public C header `<name>.h` (C99 and C++17, extern "C"): dimension macros,

@@ -47,11 +47,7 @@
 #include <string>
 #include <vector>
 
-struct lm_model {
-  const lm_model_desc *desc = nullptr;
-  float *weights = nullptr; ///< desc->total_floats floats, 64-byte aligned
-  void *owned = nullptr;    ///< what lm_rt_free releases (null when the embedded weights are used in place)
-};
+#include "runtime/lib/Internal.h"
 
 namespace {
 
@@ -393,6 +389,16 @@ template <typename T> void grow(std::vector<T> &v, size_t n) {
 
 // --- Argument validation ----------------------------------------------------------
 
+} // namespace
+
+namespace lmrt::detail {
+[[noreturn]] void argument(std::string message) { argumentError(std::move(message)); }
+[[noreturn]] void internal(std::string message) { internalError(std::move(message)); }
+int guardedCall(const std::function<void()> &body) noexcept { return guarded(body); }
+} // namespace lmrt::detail
+
+namespace {
+
 void checkInputs(const lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride) {
   if (!m)
     argumentError("the model is NULL");
@@ -422,6 +428,16 @@ void checkInputs(const lm_model *m, const int32_t *ids, const int32_t *lengths, 
                       " is outside the vocabulary [0, " + std::to_string(d->vocab) + ")");
   }
 }
+
+} // namespace
+
+namespace lmrt::detail {
+void checkModelInputs(const lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride) {
+  checkInputs(m, ids, lengths, batch, stride);
+}
+} // namespace lmrt::detail
+
+namespace {
 
 // --- Memrefs ------------------------------------------------------------------
 

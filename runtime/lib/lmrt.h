@@ -17,7 +17,7 @@ extern "C" {
 #endif
 
 #ifndef LM_ABI_VERSION
-#define LM_ABI_VERSION 2
+#define LM_ABI_VERSION 3
 #endif
 /* Every tensor of the flat weight buffer, and the buffer itself, starts at a multiple of this many bytes
  * (lmcc's weight layout, codegen/Layout/WeightLayout.h, and the runtime's loader both use it). */
@@ -59,6 +59,25 @@ typedef void (*lm_embed_kernel)(lm_memref1f *weights, lm_memref2i *ids, lm_memre
 /* Computes the tensors lm-fold-constants derived from weights alone (e.g. T-TA's first-layer
  * query of the positions) into their slots of the weight buffer, once, after loading. */
 typedef void (*lm_init_kernel)(lm_memref1f *weights);
+/* Training (lmcc compile --train). inputs, targets [rows, n] (target -1: no prediction at that row),
+ * lengths [rows]; ce [rows, n]: each row's cross-entropy (0 where no target); grads: the gradient of
+ * (1/T) sum ce in the weight buffer's layout (the caller zeroes it; tensors the batch does not reach
+ * stay zero). */
+typedef void (*lm_loss_kernel)(lm_memref1f *weights, lm_memref2i *inputs, lm_memref2i *targets, lm_memref1i *lengths,
+                               lm_memref2f *ce);
+typedef void (*lm_loss_grad_kernel)(lm_memref1f *weights, lm_memref2i *inputs, lm_memref2i *targets,
+                                    lm_memref1i *lengths, lm_memref2f *ce, lm_memref1f *grads);
+
+/* The spec's [train] table, as the trainer reads it. */
+typedef struct {
+  int32_t optimizer;        /* 0 adamw, 1 adam, 2 sgd */
+  int32_t schedule;         /* 0 linear, 1 constant, 2 cosine */
+  double lr, beta1, beta2, eps, weight_decay;
+  int64_t warmup_steps, steps;
+  double clip_norm;         /* 0 = off */
+  double label_smoothing;   /* compiled into the loss kernels; informational here */
+  int64_t seed;
+} lm_train_desc;
 
 typedef struct {
   const char *name;  /* canonical name, e.g. "layers.0.attn.q.weight" */
@@ -79,6 +98,10 @@ typedef struct {
   lm_embed_kernel embed;
   const float *embedded_weights; /* non-NULL when compiled with --embed-weights (flat layout above) */
   lm_init_kernel init;           /* NULL when nothing is folded at load time */
+  /* ABI 3: training entries, NULL unless compiled with --train. */
+  lm_loss_kernel loss;
+  lm_loss_grad_kernel loss_grad;
+  const lm_train_desc *train;
 } lm_model_desc;
 
 typedef struct lm_model lm_model;
@@ -98,6 +121,40 @@ LM_API int lm_rt_score_ex(lm_model *m, const int32_t *ids, const int32_t *length
                           float *token_logprobs, float *scores, int32_t *n_scored);
 LM_API int lm_rt_embed(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride, float *out);
 LM_API void lm_rt_free(lm_model *m);
+
+/* --- Training (models compiled with --train) ------------------------------------------------------
+ * The batch loss of issue 14: (1/T) sum of each row's cross-entropy over the T rows with a target
+ * (targets[b*stride+i] in [0, vocab), or -1 for none; a batch without any target is an error).
+ * Parameters are the model's tensors in canonical (descriptor) order, packed back to back:
+ * lm_rt_param_info gives each one's offset and count in that packed layout. */
+typedef struct lm_trainer lm_trainer;
+/* Total floats of all parameters (the packed gradient's size). */
+LM_API int64_t lm_rt_num_params(const lm_model_desc *desc);
+LM_API int lm_rt_param_info(const lm_model_desc *desc, int32_t index, const char **name, int64_t *offset,
+                            int64_t *count);
+/* loss (may be NULL) and the gradient in the packed layout (grad may be NULL). Weights unchanged. */
+LM_API int lm_rt_loss_and_grad(lm_model *m, const int32_t *inputs, const int32_t *targets, const int32_t *lengths,
+                               int32_t batch, int32_t stride, float *loss, float *grad);
+/* The loss alone (forward only): returns (1/T) sum ce and, when targets_out is not NULL, T. */
+LM_API int lm_rt_loss(lm_model *m, const int32_t *inputs, const int32_t *targets, const int32_t *lengths,
+                      int32_t batch, int32_t stride, float *loss, int64_t *targets_out);
+/* A trainer owns the optimizer state of `m` (settings from the spec's [train]); m must outlive it. */
+LM_API int lm_rt_trainer_new(lm_model *m, lm_trainer **out);
+/* One step: gradient, clipping, optimizer, schedule; the weights of m are updated in place. A NaN/inf
+ * loss or gradient is reported (LM_ERR_ARGUMENT) and leaves the weights and the state unchanged. */
+LM_API int lm_rt_train_step(lm_trainer *t, const int32_t *inputs, const int32_t *targets, const int32_t *lengths,
+                            int32_t batch, int32_t stride, float *loss);
+/* The same, also returning the learning rate the step used and the pre-clip global gradient norm (may be NULL). */
+LM_API int lm_rt_train_step_ex(lm_trainer *t, const int32_t *inputs, const int32_t *targets, const int32_t *lengths,
+                               int32_t batch, int32_t stride, float *loss, double *lr, double *grad_norm);
+/* Steps done so far (-1 on a NULL trainer). */
+LM_API int64_t lm_rt_trainer_steps(const lm_trainer *t);
+/* Weights + optimizer moments + step count as one safetensors file (written to a temporary name, then renamed). */
+LM_API int lm_rt_trainer_save(lm_trainer *t, const char *path);
+LM_API int lm_rt_trainer_load(lm_trainer *t, const char *path);
+/* The model's weights as canonical safetensors (loadable by lm_rt_load), written atomically. */
+LM_API int lm_rt_save_weights(lm_model *m, const char *path);
+LM_API void lm_rt_trainer_free(lm_trainer *t);
 
 /* The message of the last failed call on this thread ("" if none; a successful call does not clear it).
  * The pointer stays valid until the next failing call on this thread. */

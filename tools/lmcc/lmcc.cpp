@@ -15,6 +15,7 @@
 #include "runtime/weights/ModelWeights.h"
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <dlfcn.h>
 #include <sys/stat.h>
@@ -125,6 +126,8 @@ struct Options {
   int threads = 1;
   uint64_t seed = 0;
   bool train = false;
+  std::string batch, batches, resume;
+  int64_t steps = 0;
 };
 
 int runCheck(const Options &o) {
@@ -182,6 +185,7 @@ std::string runtimeDir() {
 void applyPipelineFlags(const Options &o, lmcc::driver::LibraryOptions &options) {
   options.naive = o.naive;
   options.gemm = o.gemm;
+  options.train = o.train;
   for (const auto &[flag, off] : o.noPass)
     if (off)
       options.disabledPasses.insert(flag);
@@ -190,11 +194,11 @@ void applyPipelineFlags(const Options &o, lmcc::driver::LibraryOptions &options)
 /// A short tag naming the pipeline, so cached libraries of different pipelines never mix.
 std::string pipelineTag(const lmcc::driver::LibraryOptions &options) {
   if (options.naive)
-    return "naive-" + options.gemm;
+    return "naive-" + options.gemm + (options.train ? "-train" : "");
   std::string tag = "opt-" + options.gemm;
   for (const std::string &flag : options.disabledPasses)
     tag += "-no" + flag.substr(2);
-  return tag;
+  return options.train ? tag + "-train" : tag;
 }
 
 /// A cached compiled library of `spec` for this lmcc binary, compiled on first use.
@@ -231,8 +235,8 @@ std::string cachedLibrary(const lmcc::ModelSpec &spec, const Options &o) {
 struct CompiledModel {
   void *handle = nullptr;
   lm_model *model = nullptr;
-  CompiledModel(const lmcc::ModelSpec &spec, const Options &o) {
-    const std::string &weights = o.weights;
+  CompiledModel(const lmcc::ModelSpec &spec, const Options &o, const std::string &weightsPath = "") {
+    const std::string &weights = weightsPath.empty() ? o.weights : weightsPath;
     std::string lib = cachedLibrary(spec, o);
     handle = ::dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (!handle)
@@ -258,7 +262,198 @@ struct CompiledModel {
     if (model)
       lm_rt_free(model);
   }
+  const lm_model_desc *desc() const { return reinterpret_cast<const lm_model_desc *const *>(model)[0]; }
 };
+
+// --- Training -----------------------------------------------------------------------
+
+/// One batch of `lmcc grad` / `lmcc train`: {"inputs":[[...],...],"targets":[[...],...]}, ragged.
+struct TrainBatch {
+  std::vector<int32_t> inputs, targets, lengths;
+  int32_t batch = 0, stride = 1;
+  int64_t targetCount = 0;
+};
+
+TrainBatch parseBatch(const nlohmann::json &j, const std::string &where, const lmcc::ModelSpec &spec) {
+  if (!j.is_object() || !j.contains("inputs") || !j.contains("targets"))
+    throw InputError(where + ": expected an object {\"inputs\": [[...], ...], \"targets\": [[...], ...]}");
+  for (auto it = j.begin(); it != j.end(); ++it)
+    if (it.key() != "inputs" && it.key() != "targets")
+      throw InputError(where + ": unknown key \"" + it.key() + "\" (valid: inputs, targets)");
+  const nlohmann::json &in = j["inputs"], &tg = j["targets"];
+  if (!in.is_array() || !tg.is_array() || in.size() != tg.size())
+    throw InputError(where + ": \"inputs\" and \"targets\" must be arrays with one list per sentence (got " +
+                     std::to_string(in.is_array() ? in.size() : 0) + " and " +
+                     std::to_string(tg.is_array() ? tg.size() : 0) + ")");
+  if (in.empty())
+    throw InputError(where + ": the batch has no sentence");
+  TrainBatch b;
+  b.batch = int32_t(in.size());
+  for (size_t s = 0; s < in.size(); ++s) {
+    if (!in[s].is_array() || !tg[s].is_array() || in[s].size() != tg[s].size())
+      throw InputError(where + ": sentence " + std::to_string(s) + ": inputs and targets must be lists of equal length");
+    if (in[s].empty() || int64_t(in[s].size()) > spec.dims.maxLen)
+      throw InputError(where + ": sentence " + std::to_string(s) + ": length " + std::to_string(in[s].size()) +
+                       " outside [1, max_len = " + std::to_string(spec.dims.maxLen) + "]");
+    b.stride = std::max<int32_t>(b.stride, int32_t(in[s].size()));
+  }
+  b.inputs.assign(size_t(b.batch) * b.stride, 0);
+  b.targets.assign(size_t(b.batch) * b.stride, -1);
+  for (size_t s = 0; s < in.size(); ++s) {
+    b.lengths.push_back(int32_t(in[s].size()));
+    for (size_t i = 0; i < in[s].size(); ++i) {
+      const std::string at = where + ": sentence " + std::to_string(s) + ", position " + std::to_string(i);
+      if (!in[s][i].is_number_integer() || !tg[s][i].is_number_integer())
+        throw InputError(at + ": ids and targets must be integers");
+      int64_t x = in[s][i].get<int64_t>(), y = tg[s][i].get<int64_t>();
+      if (x < 0 || x >= spec.dims.vocab)
+        throw InputError(at + ": input id " + std::to_string(x) + " outside the vocabulary [0, " +
+                         std::to_string(spec.dims.vocab) + ")");
+      if (y < -1 || y >= spec.dims.vocab)
+        throw InputError(at + ": target " + std::to_string(y) + " outside [0, " + std::to_string(spec.dims.vocab) +
+                         ") (or -1 for none)");
+      b.inputs[s * b.stride + i] = int32_t(x);
+      b.targets[s * b.stride + i] = int32_t(y);
+      b.targetCount += y >= 0;
+    }
+  }
+  if (b.targetCount == 0)
+    throw InputError(where + ": the batch has no target (every target is -1)");
+  return b;
+}
+
+std::string readText(const std::string &path, const char *what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw InputError(path + ": cannot open the " + std::string(what));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+nlohmann::json parseJson(const std::string &text, const std::string &where) {
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error &e) {
+    throw InputError(where + ": invalid JSON: " + e.what());
+  }
+}
+
+/// The batches file of `lmcc train`: one batch object per non-empty line.
+std::vector<TrainBatch> readBatches(const std::string &path, const lmcc::ModelSpec &spec) {
+  std::string text = readText(path, "batches file");
+  std::vector<TrainBatch> out;
+  std::istringstream lines(text);
+  std::string line;
+  for (int64_t no = 1; std::getline(lines, line); ++no) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos)
+      continue;
+    const std::string where = path + ":" + std::to_string(no);
+    out.push_back(parseBatch(parseJson(line, where), where, spec));
+  }
+  if (out.empty())
+    throw InputError(path + ": no batch (one JSON object per line)");
+  return out;
+}
+
+void checkTrainable(const lmcc::ModelSpec &spec) {
+  if (spec.family != lmcc::Family::UniLM && spec.family != lmcc::Family::BiLM && spec.family != lmcc::Family::TTA)
+    throw InputError(std::string("family \"") + lmcc::toString(spec.family) + "\" has no training entry yet");
+}
+
+int runGrad(Options o) {
+  lmcc::ModelSpec spec = lmcc::loadSpec(o.spec);
+  checkTrainable(spec);
+  TrainBatch b = parseBatch(parseJson(readText(o.batch, "batch file"), o.batch), o.batch, spec);
+  if (o.output.empty())
+    throw InputError("lmcc grad needs -o GRADS.safetensors");
+  o.train = true;
+  CompiledModel m(spec, o);
+  lm_set_num_threads(o.threads);
+  const lm_model_desc *d = m.desc();
+  std::vector<float> grad(size_t(lm_rt_num_params(d)));
+  float loss = 0;
+  if (lm_rt_loss_and_grad(m.model, b.inputs.data(), b.targets.data(), b.lengths.data(), b.batch, b.stride, &loss,
+                          grad.data()) != LM_OK)
+    throw InputError(lm_last_error());
+  lmcc::WeightSet out;
+  for (int32_t i = 0; i < d->num_tensors; ++i) {
+    const char *name = nullptr;
+    int64_t offset = 0, count = 0;
+    lm_rt_param_info(d, i, &name, &offset, &count);
+    lmcc::Tensor t;
+    t.shape.assign(d->tensors[i].shape, d->tensors[i].shape + d->tensors[i].rank);
+    t.data.assign(grad.begin() + offset, grad.begin() + offset + count);
+    out.tensors.emplace(name, std::move(t));
+  }
+  out.metadata["name"] = spec.name;
+  out.metadata["spec_hash"] = lmcc::specHash(spec);
+  out.metadata["loss"] = std::to_string(loss);
+  const std::string tmp = o.output + ".tmp-" + std::to_string(::getpid());
+  lmcc::writeSafetensors(tmp, out);
+  if (std::rename(tmp.c_str(), o.output.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw InputError(o.output + ": cannot write");
+  }
+  std::string line = "{\"loss\":";
+  appendNumber(line, loss, "loss", 0);
+  line += ",\"targets\":" + std::to_string(b.targetCount) + "}\n";
+  std::fwrite(line.data(), 1, line.size(), stdout);
+  return std::fflush(stdout) == 0 ? kExitOk : kExitInput;
+}
+
+int runTrainBatches(Options o) {
+  lmcc::ModelSpec spec = lmcc::loadSpec(o.spec);
+  checkTrainable(spec);
+  std::vector<TrainBatch> batches = readBatches(o.batches, spec);
+  if (o.output.empty())
+    throw InputError("lmcc train needs -o DIR");
+  if (o.weights.empty() && o.resume.empty())
+    throw InputError("lmcc train needs --weights W (initial weights) or --resume DIR");
+  const fs::path resume(o.resume);
+  if (!o.resume.empty())
+    for (const char *file : {"weights.safetensors", "trainer.safetensors"})
+      if (!fs::exists(resume / file))
+        throw InputError((resume / file).string() + ": not found (--resume needs a directory written by lmcc train)");
+  o.train = true;
+  CompiledModel m(spec, o, o.resume.empty() ? o.weights : (resume / "weights.safetensors").string());
+  lm_set_num_threads(o.threads);
+  lm_trainer *trainer = nullptr;
+  if (lm_rt_trainer_new(m.model, &trainer) != LM_OK)
+    throw InputError(lm_last_error());
+  std::unique_ptr<lm_trainer, void (*)(lm_trainer *)> owner(trainer, lm_rt_trainer_free);
+  if (!o.resume.empty() && lm_rt_trainer_load(trainer, (resume / "trainer.safetensors").c_str()) != LM_OK)
+    throw InputError(lm_last_error());
+  const int64_t steps = o.steps > 0 ? o.steps : int64_t(batches.size());
+  std::error_code ec;
+  fs::create_directories(o.output, ec);
+  if (ec)
+    throw InputError(o.output + ": " + ec.message());
+  for (int64_t k = 0; k < steps; ++k) {
+    const int64_t step = lm_rt_trainer_steps(trainer);
+    const TrainBatch &b = batches[size_t(step % int64_t(batches.size()))];
+    float loss = 0;
+    double lr = 0, norm = 0;
+    if (lm_rt_train_step_ex(trainer, b.inputs.data(), b.targets.data(), b.lengths.data(), b.batch, b.stride, &loss,
+                            &lr, &norm) != LM_OK)
+      throw InputError("step " + std::to_string(step + 1) + ": " + lm_last_error());
+    std::string line = "{\"step\":" + std::to_string(step + 1) + ",\"loss\":";
+    appendNumber(line, loss, "loss", size_t(step));
+    line += ",\"lr\":";
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "%.9g", lr);
+    line += buf;
+    line += ",\"grad_norm\":";
+    appendNumber(line, norm, "gradient norm", size_t(step));
+    line += "}\n";
+    std::fwrite(line.data(), 1, line.size(), stdout);
+    std::fflush(stdout);
+  }
+  if (lm_rt_save_weights(m.model, (fs::path(o.output) / "weights.safetensors").c_str()) != LM_OK ||
+      lm_rt_trainer_save(trainer, (fs::path(o.output) / "trainer.safetensors").c_str()) != LM_OK)
+    throw InputError(lm_last_error());
+  return kExitOk;
+}
 
 struct Padded {
   std::vector<int32_t> ids, lengths;
@@ -452,6 +647,32 @@ int main(int argc, char **argv) {
         ->capture_default_str();
   };
   addPipelineFlags(compile);
+  compile->add_flag("--train", o.train, "also compile the training entries (loss, gradients; the header's _train_step)");
+
+  auto *grad = app.add_subcommand("grad", "gradient of one batch's loss for every weight: prints {\"loss\",\"targets\"}");
+  grad->add_option("SPEC", o.spec, "model spec (TOML)")->required();
+  grad->add_option("--weights", o.weights, "safetensors weights")->required();
+  grad->add_option("--batch", o.batch, "one JSON object {\"inputs\":[[...]],\"targets\":[[...]]} (ragged)")
+      ->required();
+  grad->add_option("-o,--output", o.output, "gradients as safetensors (canonical names)")->required();
+  grad->add_option("--threads", o.threads, "worker threads (results do not depend on it)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  addPipelineFlags(grad);
+
+  auto *train = app.add_subcommand("train", "optimizer steps on explicit batches: one JSON line per step");
+  train->add_option("SPEC", o.spec, "model spec (TOML; optimizer settings from [train])")->required();
+  train->add_option("--weights", o.weights, "initial weights (safetensors)");
+  train->add_option("--batches", o.batches, "one batch object per line, cycled")->required();
+  train->add_option("-o,--output", o.output, "output directory: weights.safetensors, trainer.safetensors")
+      ->required();
+  train->add_option("--steps", o.steps, "steps to run (default: one per line of the batches file)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
+  train->add_option("--resume", o.resume, "continue from a directory written by lmcc train");
+  train->add_option("--threads", o.threads, "worker threads (results do not depend on it)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  addPipelineFlags(train);
 
   CLI::App *runners[2];
   const char *names[2] = {"score", "embed"};
@@ -489,6 +710,10 @@ int main(int argc, char **argv) {
       return runConvert(o);
     if (*compile)
       return runCompile(o);
+    if (*grad)
+      return runGrad(o);
+    if (*train)
+      return runTrainBatches(o);
     return runScoreOrEmbed(o, bool(*runners[0]));
   } catch (const lmcc::SpecError &e) {
     std::cerr << e.what() << "\n";

@@ -1,0 +1,359 @@
+//===- Trainer.cpp - Compiled training: loss, gradients, optimizer steps, state files ===//
+//
+// The training half of liblmrt's C ABI (lmrt.h): the compiled `loss_grad` kernel computes the
+// gradient of a whole batch in the weight buffer's layout; the trainer clips it and applies the
+// optimizer (runtime/train/Optimizer.h) to the weights in place, then re-runs the init kernel so
+// the packed GEMM copies and folded tables follow the new weights. The gradient step and the
+// update are separate calls inside `step`, so an all-reduce of the gradient buffer can sit
+// between them.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/lib/Internal.h"
+#include "runtime/train/Optimizer.h"
+#include "runtime/weights/Format.h"
+#include "runtime/weights/Safetensors.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+using lmrt::detail::argument;
+using lmrt::detail::guardedCall;
+using lmrt::detail::internal;
+
+struct lm_trainer {
+  lm_model *model = nullptr;
+  std::unique_ptr<lmcc::train::Optimizer> optimizer;
+  std::vector<float> grads; ///< the weight buffer's layout
+};
+
+namespace {
+
+std::vector<int64_t> shapeOf(const lm_tensor_desc &t) { return std::vector<int64_t>(t.shape, t.shape + t.rank); }
+
+int64_t numelOf(const lm_tensor_desc &t) {
+  int64_t n = 1;
+  for (int32_t d = 0; d < t.rank; ++d)
+    n *= t.shape[d];
+  return n;
+}
+
+const lm_model_desc &trainable(const lm_model *m) {
+  if (!m)
+    argument("the model is NULL");
+  if (!m->desc->loss_grad || !m->desc->loss || !m->desc->train)
+    argument("model " + lmcc::quoted(m->desc->name) + " was compiled without training entry points "
+             "(lmcc compile --train)");
+  return *m->desc;
+}
+
+/// A batch packed to [batch, n]: inputs padded with pad_id, targets with -1.
+struct Packed {
+  int64_t batch = 0, n = 0, targets = 0;
+  std::vector<int32_t> inputs, target, lengths;
+};
+
+Packed pack(const lm_model *m, const int32_t *inputs, const int32_t *targets, const int32_t *lengths, int32_t batch,
+            int32_t stride) {
+  lmrt::detail::checkModelInputs(m, inputs, lengths, batch, stride);
+  if (!targets)
+    argument("targets is NULL");
+  const lm_model_desc &d = *m->desc;
+  Packed p;
+  p.batch = batch;
+  for (int32_t b = 0; b < batch; ++b)
+    p.n = std::max<int64_t>(p.n, lengths[b]);
+  p.inputs.assign(p.batch * p.n, d.pad_id);
+  p.target.assign(p.batch * p.n, -1);
+  p.lengths.assign(lengths, lengths + batch);
+  for (int32_t b = 0; b < batch; ++b)
+    for (int32_t i = 0; i < lengths[b]; ++i) {
+      const int64_t at = int64_t(b) * stride + i;
+      const int32_t y = targets[at];
+      if (y < -1 || y >= d.vocab)
+        argument("targets[" + std::to_string(b) + "*stride+" + std::to_string(i) + "] = " + std::to_string(y) +
+                 " is outside the vocabulary [0, " + std::to_string(d.vocab) + ") (-1: no target)");
+      p.inputs[b * p.n + i] = inputs[at];
+      p.target[b * p.n + i] = y;
+      p.targets += y >= 0;
+    }
+  if (p.targets == 0)
+    argument("the batch has no target (every target is -1)");
+  return p;
+}
+
+lm_memref1f memref1(float *p, int64_t n) { return {p, p, 0, {n}, {1}}; }
+lm_memref1i memref1(int32_t *p, int64_t n) { return {p, p, 0, {n}, {1}}; }
+lm_memref2f memref2(float *p, int64_t rows, int64_t cols) { return {p, p, 0, {rows, cols}, {cols, 1}}; }
+lm_memref2i memref2(int32_t *p, int64_t rows, int64_t cols) { return {p, p, 0, {rows, cols}, {cols, 1}}; }
+
+/// (1/T) sum ce, summed in row order in double; an error when not finite.
+double meanLoss(const std::vector<float> &ce, int64_t targets) {
+  double sum = 0;
+  for (float v : ce)
+    sum += v;
+  const double loss = sum / double(targets);
+  if (!std::isfinite(loss))
+    argument("the loss is not finite (" + lmcc::valueString(float(loss)) + "); the weights are left unchanged");
+  return loss;
+}
+
+/// Runs the loss_grad kernel on the packed batch into `grads` (the weight layout, zeroed first).
+double lossAndGrad(lm_model *m, Packed &p, float *grads) {
+  const lm_model_desc &d = *m->desc;
+  std::fill(grads, grads + d.total_floats, 0.0f);
+  std::vector<float> ce(p.batch * p.n);
+  lm_memref1f w = memref1(m->weights, d.total_floats), g = memref1(grads, d.total_floats);
+  lm_memref2i in = memref2(p.inputs.data(), p.batch, p.n), tg = memref2(p.target.data(), p.batch, p.n);
+  lm_memref1i len = memref1(p.lengths.data(), p.batch);
+  lm_memref2f ceRef = memref2(ce.data(), p.batch, p.n);
+  d.loss_grad(&w, &in, &tg, &len, &ceRef, &g);
+  const double loss = meanLoss(ce, p.targets);
+  for (int32_t i = 0; i < d.num_tensors; ++i) {
+    const lm_tensor_desc &t = d.tensors[i];
+    const float *slot = grads + t.offset;
+    for (int64_t k = 0; k < numelOf(t); ++k)
+      if (!std::isfinite(slot[k]))
+        argument("the gradient of tensor " + lmcc::quoted(t.name) + " is not finite at flat index " +
+                 std::to_string(k) + "; the weights are left unchanged");
+  }
+  return loss;
+}
+
+void rerunInit(lm_model *m) {
+  if (m->desc->init) {
+    lm_memref1f w = memref1(m->weights, m->desc->total_floats);
+    m->desc->init(&w);
+  }
+}
+
+lmcc::WeightSet canonicalWeights(const lm_model *m) {
+  lmcc::WeightSet out;
+  const lm_model_desc &d = *m->desc;
+  for (int32_t i = 0; i < d.num_tensors; ++i) {
+    const lm_tensor_desc &t = d.tensors[i];
+    lmcc::Tensor tensor;
+    tensor.shape = shapeOf(t);
+    tensor.data.assign(m->weights + t.offset, m->weights + t.offset + numelOf(t));
+    out.tensors.emplace(t.name, std::move(tensor));
+  }
+  out.metadata["name"] = d.name;
+  out.metadata["spec_hash"] = d.spec_hash ? d.spec_hash : "";
+  return out;
+}
+
+/// Writes `weights` to `path` through a temporary file in the same directory, then renames it.
+void writeAtomically(const std::string &path, const lmcc::WeightSet &weights) {
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  try {
+    lmcc::writeSafetensors(tmp, weights);
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw lmcc::WeightError(path + ": cannot rename the temporary file into place");
+  }
+}
+
+lmcc::train::OptimizerConfig configOf(const lm_train_desc &t) {
+  lmcc::train::OptimizerConfig c;
+  c.kind = t.optimizer == 1 ? lmcc::train::OptimizerConfig::Adam
+           : t.optimizer == 2 ? lmcc::train::OptimizerConfig::SGD
+                              : lmcc::train::OptimizerConfig::AdamW;
+  c.schedule = t.schedule == 1 ? lmcc::train::OptimizerConfig::Constant
+               : t.schedule == 2 ? lmcc::train::OptimizerConfig::Cosine
+                                 : lmcc::train::OptimizerConfig::Linear;
+  c.lr = t.lr, c.beta1 = t.beta1, c.beta2 = t.beta2, c.eps = t.eps, c.weightDecay = t.weight_decay;
+  c.warmupSteps = t.warmup_steps, c.totalSteps = t.steps, c.clipNorm = t.clip_norm;
+  return c;
+}
+
+} // namespace
+
+extern "C" {
+
+int64_t lm_rt_num_params(const lm_model_desc *desc) {
+  if (!desc)
+    return -1;
+  int64_t n = 0;
+  for (int32_t i = 0; i < desc->num_tensors; ++i)
+    n += numelOf(desc->tensors[i]);
+  return n;
+}
+
+int lm_rt_param_info(const lm_model_desc *desc, int32_t index, const char **name, int64_t *offset, int64_t *count) {
+  return guardedCall([&] {
+    if (!desc)
+      argument("the model descriptor is NULL");
+    if (index < 0 || index >= desc->num_tensors)
+      argument("parameter index " + std::to_string(index) + " is outside [0, " + std::to_string(desc->num_tensors) +
+               ")");
+    int64_t at = 0;
+    for (int32_t i = 0; i < index; ++i)
+      at += numelOf(desc->tensors[i]);
+    if (name)
+      *name = desc->tensors[index].name;
+    if (offset)
+      *offset = at;
+    if (count)
+      *count = numelOf(desc->tensors[index]);
+  });
+}
+
+int lm_rt_loss_and_grad(lm_model *m, const int32_t *inputs, const int32_t *targets, const int32_t *lengths,
+                        int32_t batch, int32_t stride, float *loss, float *grad) {
+  return guardedCall([&] {
+    const lm_model_desc &d = trainable(m);
+    Packed p = pack(m, inputs, targets, lengths, batch, stride);
+    std::vector<float> grads(d.total_floats);
+    const double value = lossAndGrad(m, p, grads.data());
+    if (grad) {
+      float *out = grad;
+      for (int32_t i = 0; i < d.num_tensors; ++i) {
+        const lm_tensor_desc &t = d.tensors[i];
+        out = std::copy(grads.begin() + t.offset, grads.begin() + t.offset + numelOf(t), out);
+      }
+    }
+    if (loss)
+      *loss = float(value);
+  });
+}
+
+int lm_rt_loss(lm_model *m, const int32_t *inputs, const int32_t *targets, const int32_t *lengths, int32_t batch,
+               int32_t stride, float *loss, int64_t *targetsOut) {
+  return guardedCall([&] {
+    const lm_model_desc &d = trainable(m);
+    Packed p = pack(m, inputs, targets, lengths, batch, stride);
+    std::vector<float> ce(p.batch * p.n);
+    lm_memref1f w = memref1(m->weights, d.total_floats);
+    lm_memref2i in = memref2(p.inputs.data(), p.batch, p.n), tg = memref2(p.target.data(), p.batch, p.n);
+    lm_memref1i len = memref1(p.lengths.data(), p.batch);
+    lm_memref2f ceRef = memref2(ce.data(), p.batch, p.n);
+    d.loss(&w, &in, &tg, &len, &ceRef);
+    const double value = meanLoss(ce, p.targets);
+    if (loss)
+      *loss = float(value);
+    if (targetsOut)
+      *targetsOut = p.targets;
+  });
+}
+
+int lm_rt_trainer_new(lm_model *m, lm_trainer **out) {
+  return guardedCall([&] {
+    const lm_model_desc &d = trainable(m);
+    if (!out)
+      argument("out is NULL");
+    if (m->owned == nullptr)
+      argument("model " + lmcc::quoted(d.name) + " uses its embedded weights in place; load it from a file to train");
+    std::vector<lmcc::train::ParamSlot> slots;
+    for (int32_t i = 0; i < d.num_tensors; ++i)
+      slots.push_back({d.tensors[i].name, shapeOf(d.tensors[i]), d.tensors[i].offset});
+    auto t = std::make_unique<lm_trainer>();
+    t->model = m;
+    try {
+      t->optimizer = std::make_unique<lmcc::train::Optimizer>(configOf(*d.train), std::move(slots));
+    } catch (const std::invalid_argument &e) {
+      argument(std::string("optimizer settings: ") + e.what());
+    }
+    t->grads.assign(d.total_floats, 0.0f);
+    *out = t.release();
+  });
+}
+
+int lm_rt_train_step_ex(lm_trainer *t, const int32_t *inputs, const int32_t *targets, const int32_t *lengths,
+                        int32_t batch, int32_t stride, float *loss, double *lr, double *gradNorm) {
+  return guardedCall([&] {
+    if (!t)
+      argument("the trainer is NULL");
+    Packed p = pack(t->model, inputs, targets, lengths, batch, stride);
+    const double value = lossAndGrad(t->model, p, t->grads.data());
+    // <- a data-parallel run would all-reduce t->grads here.
+    lmcc::train::Optimizer::StepInfo info;
+    try {
+      info = t->optimizer->step(t->model->weights, t->grads.data());
+    } catch (const lmcc::train::NonFiniteGradient &e) {
+      argument(e.what());
+    }
+    rerunInit(t->model);
+    if (loss)
+      *loss = float(value);
+    if (lr)
+      *lr = info.lr;
+    if (gradNorm)
+      *gradNorm = info.gradNorm;
+  });
+}
+
+int lm_rt_train_step(lm_trainer *t, const int32_t *inputs, const int32_t *targets, const int32_t *lengths,
+                     int32_t batch, int32_t stride, float *loss) {
+  return lm_rt_train_step_ex(t, inputs, targets, lengths, batch, stride, loss, nullptr, nullptr);
+}
+
+int64_t lm_rt_trainer_steps(const lm_trainer *t) { return t ? t->optimizer->steps() : -1; }
+
+int lm_rt_trainer_save(lm_trainer *t, const char *path) {
+  return guardedCall([&] {
+    if (!t)
+      argument("the trainer is NULL");
+    if (!path)
+      argument("path is NULL");
+    lmcc::WeightSet state = canonicalWeights(t->model);
+    t->optimizer->saveState(state);
+    writeAtomically(path, state);
+  });
+}
+
+int lm_rt_trainer_load(lm_trainer *t, const char *path) {
+  return guardedCall([&] {
+    if (!t)
+      argument("the trainer is NULL");
+    if (!path)
+      argument("path is NULL");
+    const lm_model_desc &d = *t->model->desc;
+    lmcc::WeightSet state = lmcc::readSafetensors(path);
+    auto hash = state.metadata.find("spec_hash");
+    if (d.spec_hash && hash != state.metadata.end() && hash->second != d.spec_hash)
+      throw lmcc::WeightError(std::string(path) + ": trainer state of spec hash " + hash->second + ", the model's is " +
+                              d.spec_hash);
+    // Check every weight before changing anything, then the optimizer state (which checks itself).
+    for (int32_t i = 0; i < d.num_tensors; ++i) {
+      const lm_tensor_desc &desc = d.tensors[i];
+      if (!state.has(desc.name))
+        throw lmcc::WeightError(std::string(path) + ": tensor " + lmcc::quoted(desc.name) + ": missing");
+      const lmcc::Tensor &tensor = state.get(desc.name);
+      if (tensor.shape != shapeOf(desc))
+        throw lmcc::WeightError(std::string(path) + ": tensor " + lmcc::quoted(desc.name) + ": wrong shape " +
+                                lmcc::shapeString(tensor.shape) + ", expected " + lmcc::shapeString(shapeOf(desc)));
+      for (float v : tensor.data)
+        if (!std::isfinite(v))
+          throw lmcc::WeightError(std::string(path) + ": tensor " + lmcc::quoted(desc.name) + ": non-finite value");
+    }
+    t->optimizer->loadState(state);
+    for (int32_t i = 0; i < d.num_tensors; ++i) {
+      const lmcc::Tensor &tensor = state.get(d.tensors[i].name);
+      std::copy(tensor.data.begin(), tensor.data.end(), t->model->weights + d.tensors[i].offset);
+    }
+    rerunInit(t->model);
+  });
+}
+
+int lm_rt_save_weights(lm_model *m, const char *path) {
+  return guardedCall([&] {
+    if (!m)
+      argument("the model is NULL");
+    if (!path)
+      argument("path is NULL");
+    writeAtomically(path, canonicalWeights(m));
+  });
+}
+
+void lm_rt_trainer_free(lm_trainer *t) { delete t; }
+
+} // extern "C"
