@@ -1,6 +1,7 @@
 //===- Executor.h - Reference executor: whole-model scoring and embedding --===//
 //
-// The numeric oracle (runtime/SEMANTICS.md). Composes the per-op functions of
+// The numeric oracle (runtime/SEMANTICS.md), and of training gradients (lossAndGrad,
+// issue 14: each op's backward of Ops.h in reverse order). Composes the per-op functions of
 // Ops.h exactly as MLIRGen composes `lm` ops, without fusion. Batched with
 // padding: sentences of different lengths share one padded [B, n_max, D] layout,
 // and every op reads only each sentence's valid rows, so a sentence's result does
