@@ -124,6 +124,79 @@ Model loadModel(const ModelSpec &spec, const WeightSet &weights) {
   return m;
 }
 
+/// Zeros shaped like every tensor of m (the gradient accumulators of lossAndGrad).
+Model zerosLike(const Model &m) {
+  auto zm = [](const Matrix &x) { return Matrix::Zero(x.rows(), x.cols()).eval(); };
+  auto zv = [](const RowVector &x) { return RowVector::Zero(x.size()).eval(); };
+  auto zl = [&](const Linear &l) { return Linear{zm(l.weight), zv(l.bias)}; };
+  auto zn = [&](const Norm &n) { return Norm{zv(n.weight), zv(n.bias)}; };
+  Model g;
+  g.token = zm(m.token);
+  g.position = zm(m.position);
+  g.embedNorm = zn(m.embedNorm);
+  for (const Layer &l : m.layers)
+    g.layers.push_back(Layer{zl(l.q), zl(l.k), zl(l.v), zl(l.o), zm(l.relK), zm(l.relV), zn(l.attnNorm),
+                             zl(l.ffnIn), zl(l.ffnOut), zn(l.ffnNorm)});
+  g.finalNorm = zn(m.finalNorm);
+  g.headTransform = zl(m.headTransform);
+  g.headNorm = zn(m.headNorm);
+  g.headOutput = zm(m.headOutput);
+  g.headBias = zv(m.headBias);
+  return g;
+}
+
+/// The inverse of loadModel: every tensor the spec has, under its canonical name.
+WeightSet storeModel(const ModelSpec &spec, const Model &m) {
+  WeightSet out;
+  auto matrix = [&](const std::string &name, const Matrix &x) {
+    out.tensors[name] = Tensor{{x.rows(), x.cols()}, std::vector<float>(x.data(), x.data() + x.size())};
+  };
+  auto vector = [&](const std::string &name, const RowVector &x) {
+    out.tensors[name] = Tensor{{x.size()}, std::vector<float>(x.data(), x.data() + x.size())};
+  };
+  auto linear = [&](const std::string &prefix, const Linear &l) {
+    matrix(names::weight(prefix), l.weight);
+    vector(names::bias(prefix), l.bias);
+  };
+  auto norm = [&](const std::string &prefix, const Norm &n) {
+    vector(names::weight(prefix), n.weight);
+    vector(names::bias(prefix), n.bias);
+  };
+  matrix(names::embedToken(), m.token);
+  if (spec.position == PositionKind::Learned)
+    matrix(names::embedPosition(), m.position);
+  if (spec.embeddingNorm)
+    norm(names::embedNorm(), m.embedNorm);
+  for (size_t i = 0; i < m.layers.size(); ++i) {
+    const Layer &l = m.layers[i];
+    const std::string layer = names::layer(static_cast<int64_t>(i)), attn = names::attn(layer),
+                      ffn = names::ffn(layer);
+    linear(names::q(attn), l.q);
+    linear(names::k(attn), l.k);
+    linear(names::v(attn), l.v);
+    linear(names::o(attn), l.o);
+    if (spec.relativePositions > 0) {
+      matrix(names::relK(attn), l.relK);
+      matrix(names::relV(attn), l.relV);
+    }
+    norm(names::attnNorm(layer), l.attnNorm);
+    linear(names::ffnIn(ffn), l.ffnIn);
+    linear(names::ffnOut(ffn), l.ffnOut);
+    norm(names::ffnNorm(layer), l.ffnNorm);
+  }
+  if (spec.norm == NormPlacement::Pre)
+    norm(names::finalNorm(), m.finalNorm);
+  if (spec.headTransform) {
+    linear(names::headTransform(), m.headTransform);
+    norm(names::headNorm(), m.headNorm);
+  }
+  if (!spec.tied)
+    matrix(names::headOutputWeight(), m.headOutput);
+  if (spec.headBias)
+    vector(names::headBias(), m.headBias);
+  return out;
+}
+
 //===----------------------------------------------------------------------===//
 // Validation
 //===----------------------------------------------------------------------===//
@@ -250,6 +323,244 @@ private:
 };
 
 //===----------------------------------------------------------------------===//
+// Loss and gradient: the forward of Forward::encode + headLogprobs with every
+// intermediate kept, then each op's backward in reverse order
+//===----------------------------------------------------------------------===//
+
+void addTo(Matrix &acc, const Matrix &g) { acc += g; }
+void addTo(RowVector &acc, const RowVector &g) { acc += g; }
+void addTo(Linear &acc, const LinearGrad &g) {
+  acc.weight += g.dWeight;
+  if (g.dBias.size() > 0)
+    acc.bias += g.dBias;
+}
+void addTo(Norm &acc, const LayerNormGrad &g) {
+  acc.weight += g.dGamma;
+  acc.bias += g.dBeta;
+}
+
+class Backprop {
+public:
+  Backprop(const ModelSpec &spec, const Model &model, Model &grads) : spec(spec), m(model), g(grads) {}
+
+  /// Forward over `ids`, CE against `targets`, backward; accumulates d(loss)/d(weights) into the
+  /// gradients given at construction. Returns the loss sum and the number of targets T (dLogits
+  /// are scaled by 1/T before the backward, so the gradients are those of the mean loss).
+  CrossEntropy run(const TokenBatch &ids, const TokenBatch &targets, double labelSmoothing, int64_t T) {
+    const int64_t D = spec.dims.dModel;
+    const bool learned = spec.position == PositionKind::Learned;
+
+    // Embedding stream (Forward::encode).
+    Batch P = positions(ids, spec.position, learned ? &m.position : nullptr, D);
+    Batch e0 = add(embed(m.token, ids), P);
+    Batch X = embeddingNorm(e0);
+    TokenBatch masks = ids;
+    std::fill(masks.ids.begin(), masks.ids.end(), static_cast<int32_t>(spec.tokens.mask));
+    Batch maskIn; // E[MASK] + P, mask+position only
+    Batch h;
+    switch (spec.firstQuery) {
+    case FirstQuery::Embedding:
+      h = X;
+      break;
+    case FirstQuery::Position:
+      h = embeddingNorm(P);
+      break;
+    case FirstQuery::MaskPosition:
+      maskIn = add(embed(m.token, masks), P);
+      h = embeddingNorm(maskIn);
+      break;
+    }
+    std::vector<LayerTape> tapes;
+    for (const Layer &layer : m.layers) {
+      tapes.push_back(layerForward(layer, h, X));
+      h = tapes.back().out;
+    }
+    Batch last = h;
+    if (spec.norm == NormPlacement::Pre)
+      h = norm(last, m.finalNorm);
+
+    // Head (Forward::headLogprobs up to the logits).
+    Batch ht, at, t = h;
+    if (spec.headTransform) {
+      ht = linear(h, m.headTransform.weight, &m.headTransform.bias);
+      at = activation(ht, spec.activation);
+      t = norm(at, m.headNorm);
+    }
+    const Matrix &output = spec.tied ? m.token : m.headOutput;
+    Batch logits = linear(t, output, spec.headBias ? &m.headBias : nullptr);
+    CrossEntropy ce = crossEntropy(logits, targets, labelSmoothing, 1.0 / static_cast<double>(T));
+
+    // Head backward. The tied table's gradient sums, in this order: head, embedding, mask query.
+    LinearGrad out = linearBackward(ce.dLogits, t, output, spec.headBias);
+    addTo(spec.tied ? g.token : g.headOutput, out.dWeight);
+    if (spec.headBias)
+      addTo(g.headBias, out.dBias);
+    Batch dh = out.dx;
+    if (spec.headTransform) {
+      LayerNormGrad n = layerNormBackward(dh, at, m.headNorm.weight, spec.eps);
+      addTo(g.headNorm, n);
+      LinearGrad l = linearBackward(activationBackward(n.dx, ht, spec.activation), h, m.headTransform.weight, true);
+      addTo(g.headTransform, l);
+      dh = l.dx;
+    }
+    if (spec.norm == NormPlacement::Pre) {
+      LayerNormGrad n = layerNormBackward(dh, last, m.finalNorm.weight, spec.eps);
+      addTo(g.finalNorm, n);
+      dh = n.dx;
+    }
+
+    // Layers backward; dX collects the key/value stream's gradient (keys_values = embedding).
+    Batch dX = Batch::zerosLike(X, D);
+    for (int64_t i = static_cast<int64_t>(m.layers.size()) - 1; i >= 0; --i)
+      dh = layerBackward(m.layers[i], g.layers[i], tapes[i], dh, dX);
+
+    // Embedding stream backward.
+    Batch dP = Batch::zerosLike(P, D);
+    switch (spec.firstQuery) {
+    case FirstQuery::Embedding:
+      dX = add(dX, dh);
+      break;
+    case FirstQuery::Position:
+      dP = embeddingNormBackward(dh, P);
+      break;
+    case FirstQuery::MaskPosition:
+      dh = embeddingNormBackward(dh, maskIn); // d(E[MASK] + P)
+      dP = dh;
+      break;
+    }
+    Batch de0 = embeddingNormBackward(dX, e0);
+    addTo(g.token, embedBackward(de0, ids, spec.dims.vocab));
+    if (spec.firstQuery == FirstQuery::MaskPosition)
+      addTo(g.token, embedBackward(dh, masks, spec.dims.vocab));
+    dP = add(dP, de0);
+    if (learned)
+      addTo(g.position, positionsBackward(dP, spec.dims.maxLen));
+    return ce;
+  }
+
+private:
+  /// What a layer's backward needs of its forward.
+  struct LayerTape {
+    Batch in;           ///< h, the layer's input
+    Batch qIn, kvIn;    ///< attention inputs (pre-norm: attn_norm(h))
+    Batch Q, K, V;      ///< projections
+    Batch context;      ///< attention output before the o projection
+    Batch sum1;         ///< post-norm: h + attn (attn_norm's input); pre-norm: a = h + attn
+    Batch ffnIn;        ///< post-norm: a = attn_norm(sum1); pre-norm: ffn_norm(a)
+    Batch f1, f2;       ///< ffn.in output, its activation
+    Batch sum2;         ///< post-norm: a + ffn (ffn_norm's input)
+    Batch out;          ///< h'
+  };
+
+  Batch norm(const Batch &x, const Norm &n) const { return layerNorm(x, n.weight, n.bias, spec.eps); }
+  Batch apply(const Batch &x, const Linear &l) const { return linear(x, l.weight, &l.bias); }
+  Batch embeddingNorm(const Batch &x) const { return spec.embeddingNorm ? norm(x, m.embedNorm) : x; }
+  Batch embeddingNormBackward(const Batch &dy, const Batch &x) {
+    if (!spec.embeddingNorm)
+      return dy;
+    LayerNormGrad n = layerNormBackward(dy, x, m.embedNorm.weight, spec.eps);
+    addTo(g.embedNorm, n);
+    return n.dx;
+  }
+  float attentionScale() const {
+    return static_cast<float>(1.0 / std::sqrt(static_cast<double>(spec.dims.headDim())));
+  }
+
+  /// One layer of Forward::encode, same ops in the same order.
+  LayerTape layerForward(const Layer &layer, const Batch &h, const Batch &X) const {
+    const bool hiddenKV = spec.keysValues == KeyValueSource::Hidden;
+    LayerTape tp;
+    tp.in = h;
+    tp.qIn = spec.norm == NormPlacement::Post ? h : norm(h, layer.attnNorm);
+    tp.kvIn = hiddenKV ? tp.qIn : X;
+    tp.Q = apply(tp.qIn, layer.q);
+    tp.K = apply(tp.kvIn, layer.k);
+    tp.V = apply(tp.kvIn, layer.v);
+    RelativePositions rel{&layer.relK, &layer.relV, spec.relativePositions};
+    tp.context = attention(tp.Q, tp.K, tp.V, spec.dims.heads, spec.mask, attentionScale(),
+                           spec.relativePositions > 0 ? &rel : nullptr);
+    tp.sum1 = add(h, apply(tp.context, layer.o));
+    if (spec.norm == NormPlacement::Post) {
+      tp.ffnIn = norm(tp.sum1, layer.attnNorm);
+      tp.f1 = apply(tp.ffnIn, layer.ffnIn);
+      tp.f2 = activation(tp.f1, spec.activation);
+      tp.sum2 = add(tp.ffnIn, apply(tp.f2, layer.ffnOut));
+      tp.out = norm(tp.sum2, layer.ffnNorm);
+    } else {
+      tp.ffnIn = norm(tp.sum1, layer.ffnNorm);
+      tp.f1 = apply(tp.ffnIn, layer.ffnIn);
+      tp.f2 = activation(tp.f1, spec.activation);
+      tp.out = add(tp.sum1, apply(tp.f2, layer.ffnOut));
+    }
+    return tp;
+  }
+
+  /// d(FFN input) from d(FFN output); accumulates ffn.in and ffn.out.
+  Batch ffnBackward(const Layer &layer, Layer &lg, const LayerTape &tp, const Batch &dy) {
+    LinearGrad o = linearBackward(dy, tp.f2, layer.ffnOut.weight, true);
+    addTo(lg.ffnOut, o);
+    LinearGrad i = linearBackward(activationBackward(o.dx, tp.f1, spec.activation), tp.ffnIn, layer.ffnIn.weight,
+                                  true);
+    addTo(lg.ffnIn, i);
+    return i.dx;
+  }
+
+  /// d(query input) and d(key/value input) from d(attention output); accumulates q, k, v, o, rel.
+  std::pair<Batch, Batch> attentionBackward(const Layer &layer, Layer &lg, const LayerTape &tp, const Batch &dy) {
+    LinearGrad o = linearBackward(dy, tp.context, layer.o.weight, true);
+    addTo(lg.o, o);
+    RelativePositions rel{&layer.relK, &layer.relV, spec.relativePositions};
+    AttentionGrad a = reference::attentionBackward(o.dx, tp.Q, tp.K, tp.V, spec.dims.heads, spec.mask,
+                                                   attentionScale(), spec.relativePositions > 0 ? &rel : nullptr);
+    if (spec.relativePositions > 0) {
+      addTo(lg.relK, a.dRelKeys);
+      addTo(lg.relV, a.dRelValues);
+    }
+    LinearGrad q = linearBackward(a.dQuery, tp.qIn, layer.q.weight, true);
+    LinearGrad k = linearBackward(a.dKey, tp.kvIn, layer.k.weight, true);
+    LinearGrad v = linearBackward(a.dValue, tp.kvIn, layer.v.weight, true);
+    addTo(lg.q, q);
+    addTo(lg.k, k);
+    addTo(lg.v, v);
+    return {q.dx, add(k.dx, v.dx)};
+  }
+
+  /// d(layer input) from d(layer output); adds the key/value stream's gradient to dX when
+  /// keys_values = embedding.
+  Batch layerBackward(const Layer &layer, Layer &lg, const LayerTape &tp, const Batch &dOut, Batch &dX) {
+    const bool hiddenKV = spec.keysValues == KeyValueSource::Hidden;
+    if (spec.norm == NormPlacement::Post) {
+      LayerNormGrad n2 = layerNormBackward(dOut, tp.sum2, layer.ffnNorm.weight, spec.eps);
+      addTo(lg.ffnNorm, n2);
+      Batch da = add(n2.dx, ffnBackward(layer, lg, tp, n2.dx));
+      LayerNormGrad n1 = layerNormBackward(da, tp.sum1, layer.attnNorm.weight, spec.eps);
+      addTo(lg.attnNorm, n1);
+      auto [dq, dkv] = attentionBackward(layer, lg, tp, n1.dx);
+      Batch dh = add(n1.dx, dq);
+      if (hiddenKV)
+        return add(dh, dkv);
+      dX = add(dX, dkv);
+      return dh;
+    }
+    LayerNormGrad n2 = layerNormBackward(ffnBackward(layer, lg, tp, dOut), tp.sum1, layer.ffnNorm.weight, spec.eps);
+    addTo(lg.ffnNorm, n2);
+    Batch da = add(dOut, n2.dx);
+    auto [dq, dkv] = attentionBackward(layer, lg, tp, da);
+    if (hiddenKV)
+      dq = add(dq, dkv);
+    else
+      dX = add(dX, dkv);
+    LayerNormGrad n1 = layerNormBackward(dq, tp.in, layer.attnNorm.weight, spec.eps);
+    addTo(lg.attnNorm, n1);
+    return add(da, n1.dx);
+  }
+
+  const ModelSpec &spec;
+  const Model &m;
+  Model &g;
+};
+
+//===----------------------------------------------------------------------===//
 // Batching and threads
 //===----------------------------------------------------------------------===//
 
@@ -329,6 +640,47 @@ std::vector<std::vector<float>> embed(const ModelSpec &spec, const WeightSet &we
     std::move(pooled.begin(), pooled.end(), results.begin() + c.begin);
   });
   return results;
+}
+
+LossAndGrad lossAndGrad(const ModelSpec &spec, const WeightSet &weights,
+                        const std::vector<std::vector<int32_t>> &inputs,
+                        const std::vector<std::vector<int32_t>> &targets, double labelSmoothing, int threads) {
+  checkSpec(spec);
+  if (inputs.size() != targets.size())
+    throw std::invalid_argument("loss: " + std::to_string(inputs.size()) + " input sentences but " +
+                                std::to_string(targets.size()) + " target sentences");
+  if (!(labelSmoothing >= 0 && labelSmoothing <= 1))
+    throw std::invalid_argument("loss: label smoothing " + std::to_string(labelSmoothing) + " outside [0, 1]");
+  checkSentences(spec, inputs);
+  int64_t T = 0;
+  for (size_t b = 0; b < inputs.size(); ++b) {
+    if (targets[b].size() != inputs[b].size())
+      throw std::invalid_argument("sentence " + std::to_string(b) + ": " + std::to_string(inputs[b].size()) +
+                                  " inputs but " + std::to_string(targets[b].size()) + " targets");
+    for (size_t t = 0; t < targets[b].size(); ++t) {
+      const int32_t y = targets[b][t];
+      if (y < -1 || y >= spec.dims.vocab)
+        throw std::invalid_argument("sentence " + std::to_string(b) + ", position " + std::to_string(t) +
+                                    ": target " + std::to_string(y) + " outside [0, " +
+                                    std::to_string(spec.dims.vocab) + ") (-1 for no target)");
+      T += y >= 0;
+    }
+  }
+  if (T == 0)
+    throw std::invalid_argument("loss: no target in the batch (every target is -1)");
+
+  const Model model = loadModel(spec, weights);
+  Model grads = zerosLike(model);
+  CrossEntropy ce;
+  tbb::task_arena arena(threads > 0 ? threads : tbb::task_arena::automatic);
+  arena.execute([&] {
+    ce = Backprop(spec, model, grads).run(TokenBatch::pack(inputs), TokenBatch::pack(targets), labelSmoothing, T);
+  });
+  LossAndGrad result;
+  result.loss = ce.lossSum / static_cast<double>(T);
+  result.targets = ce.targets;
+  result.grads = storeModel(spec, grads);
+  return result;
 }
 
 std::vector<std::vector<float>> hiddenStates(const ModelSpec &spec, const WeightSet &weights,

@@ -7,6 +7,8 @@
 //===----------------------------------------------------------------------===//
 #include "runtime/reference/Ops.h"
 
+#include <oneapi/tbb/parallel_for.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -51,6 +53,46 @@ template <typename F> Batch rowwise(const Batch &x, F f) {
       for (int64_t t = 0; t < x.lengths[b]; ++t)
         f(x.row(b, h, t), out.row(b, h, t), x.C);
   return out;
+}
+
+/// Sentences whose weight-gradient contributions are computed at once (in parallel) before being
+/// added in order; bounds the memory of pending contributions. Results do not depend on it.
+constexpr int64_t kSentenceBlock = 8;
+
+/// Runs f(b) for every sentence b in parallel (on the caller's arena); f writes sentence b's rows only.
+template <typename F> void forEachSentence(int64_t B, F f) {
+  tbb::parallel_for(int64_t(0), B, [&](int64_t b) { f(b); });
+}
+
+/// sum over b = 0 .. B-1 of contribution(b) (a [rows, cols] matrix), added in sentence order:
+/// contributions are computed in parallel, kSentenceBlock at a time, and summed sequentially, so
+/// the result is bit-identical for any thread count.
+template <typename F> Matrix sumOverSentences(int64_t B, int64_t rows, int64_t cols, F contribution) {
+  Matrix sum = Matrix::Zero(rows, cols);
+  for (int64_t begin = 0; begin < B; begin += kSentenceBlock) {
+    const int64_t end = std::min(B, begin + kSentenceBlock);
+    std::vector<Matrix> parts(end - begin);
+    tbb::parallel_for(begin, end, [&](int64_t b) { parts[b - begin] = contribution(b); });
+    for (const Matrix &part : parts) {
+      if (part.rows() != rows || part.cols() != cols)
+        throw std::logic_error("reference backward: contribution shape mismatch");
+      sum += part;
+    }
+  }
+  return sum;
+}
+
+/// Applies `f(dy, x, dx, C)` to every valid row of (dy, x), into a new batch shaped like x.
+template <typename F> Batch rowwiseBackward(const char *op, const Batch &dy, const Batch &x, F f) {
+  if (!(dy.B == x.B && dy.H == x.H && dy.N == x.N && dy.C == x.C && dy.lengths == x.lengths))
+    fail(op, "gradient and input differ in shape or lengths");
+  Batch dx = Batch::zerosLike(x, x.C);
+  forEachSentence(x.B, [&](int64_t b) {
+    for (int64_t h = 0; h < x.H; ++h)
+      for (int64_t t = 0; t < x.lengths[b]; ++t)
+        f(dy.row(b, h, t), x.row(b, h, t), dx.row(b, h, t), x.C);
+  });
+  return dx;
 }
 
 bool sameLayout(const Batch &a, const Batch &b) {
@@ -117,6 +159,34 @@ Batch embed(const Matrix &table, const TokenBatch &ids) {
   return out;
 }
 
+Matrix embedBackward(const Batch &dOut, const TokenBatch &ids, int64_t vocab) {
+  require(dOut.H == 1 && dOut.B == ids.B && dOut.lengths == ids.lengths, "embed backward",
+          "gradient and ids differ in shape or lengths");
+  Matrix dTable = Matrix::Zero(vocab, dOut.C);
+  for (int64_t b = 0; b < ids.B; ++b) {
+    // The sentence's contribution (rows with the same id summed in position order), then added.
+    std::vector<int32_t> order;
+    std::vector<RowVector> sums;
+    for (int64_t t = 0; t < ids.lengths[b]; ++t) {
+      int32_t id = ids.at(b, t);
+      if (id < 0 || id >= vocab)
+        fail("embed backward", "id " + std::to_string(id) + " outside the table of " + std::to_string(vocab) +
+                                   " rows");
+      Eigen::Map<const RowVector> g(dOut.row(b, 0, t), dOut.C);
+      auto it = std::find(order.begin(), order.end(), id);
+      if (it == order.end()) {
+        order.push_back(id);
+        sums.push_back(g);
+      } else {
+        sums[it - order.begin()] += g;
+      }
+    }
+    for (size_t i = 0; i < order.size(); ++i)
+      dTable.row(order[i]) += sums[i];
+  }
+  return dTable;
+}
+
 Matrix sinusoidalTable(int64_t rows, int64_t D) {
   Matrix P(rows, D);
   for (int64_t t = 0; t < rows; ++t)
@@ -148,6 +218,15 @@ Batch positions(const TokenBatch &ids, PositionKind kind, const Matrix *table, i
   return out;
 }
 
+Matrix positionsBackward(const Batch &dOut, int64_t tableRows) {
+  require(dOut.H == 1 && dOut.N <= tableRows, "positions backward", "sentences longer than the table");
+  Matrix dTable = Matrix::Zero(tableRows, dOut.C);
+  for (int64_t b = 0; b < dOut.B; ++b)
+    for (int64_t t = 0; t < dOut.lengths[b]; ++t)
+      dTable.row(t) += Eigen::Map<const RowVector>(dOut.row(b, 0, t), dOut.C);
+  return dTable;
+}
+
 //===----------------------------------------------------------------------===//
 // Dense layers, norms, elementwise ops
 //===----------------------------------------------------------------------===//
@@ -167,6 +246,32 @@ Batch linear(const Batch &x, const Matrix &W, const RowVector *bias) {
   return out;
 }
 
+LinearGrad linearBackward(const Batch &dy, const Batch &x, const Matrix &W, bool hasBias) {
+  require(W.cols() == x.C && W.rows() == dy.C, "linear backward", "weight differs from the input or gradient");
+  require(dy.B == x.B && dy.H == x.H && dy.N == x.N && dy.lengths == x.lengths, "linear backward",
+          "gradient and input differ in shape or lengths");
+  LinearGrad g;
+  g.dx = Batch::zerosLike(x, x.C);
+  forEachSentence(x.B, [&](int64_t b) {
+    for (int64_t h = 0; h < x.H; ++h)
+      g.dx.setSlice(b, h, dy.slice(b, h) * W); // [n, out] x [out, in]
+  });
+  g.dWeight = sumOverSentences(x.B, W.rows(), W.cols(), [&](int64_t b) {
+    Matrix c = Matrix::Zero(W.rows(), W.cols());
+    for (int64_t h = 0; h < x.H; ++h)
+      c += dy.slice(b, h).transpose() * x.slice(b, h); // [out, n] x [n, in]
+    return c;
+  });
+  if (hasBias)
+    g.dBias = sumOverSentences(x.B, 1, W.rows(), [&](int64_t b) {
+                Matrix c = Matrix::Zero(1, W.rows());
+                for (int64_t h = 0; h < x.H; ++h)
+                  c += dy.slice(b, h).colwise().sum();
+                return c;
+              }).row(0);
+  return g;
+}
+
 Batch layerNorm(const Batch &x, const RowVector &gamma, const RowVector &beta, double eps) {
   require(gamma.size() == x.C && beta.size() == x.C, "layer_norm", "gamma/beta size differs from features");
   return rowwise(x, [&](const float *in, float *out, int64_t C) {
@@ -182,6 +287,62 @@ Batch layerNorm(const Batch &x, const RowVector &gamma, const RowVector &beta, d
     for (int64_t c = 0; c < C; ++c)
       out[c] = static_cast<float>((in[c] - mean) * inv) * gamma[c] + beta[c];
   });
+}
+
+LayerNormGrad layerNormBackward(const Batch &dy, const Batch &x, const RowVector &gamma, double eps) {
+  require(gamma.size() == x.C, "layer_norm backward", "gamma size differs from features");
+  require(dy.B == x.B && dy.H == x.H && dy.N == x.N && dy.C == x.C && dy.lengths == x.lengths,
+          "layer_norm backward", "gradient and input differ in shape or lengths");
+  const int64_t C = x.C;
+  LayerNormGrad g;
+  g.dx = Batch::zerosLike(x, C);
+  // xhat as the forward rounds it (the factor gamma multiplies), per sentence [n, C].
+  std::vector<Matrix> xhat(x.B);
+  forEachSentence(x.B, [&](int64_t b) {
+    xhat[b] = Matrix::Zero(x.H * x.lengths[b], C);
+    for (int64_t h = 0; h < x.H; ++h)
+      for (int64_t t = 0; t < x.lengths[b]; ++t) {
+        const float *in = x.row(b, h, t), *dout = dy.row(b, h, t);
+        double mean = 0;
+        for (int64_t c = 0; c < C; ++c)
+          mean += in[c];
+        mean /= static_cast<double>(C);
+        double var = 0;
+        for (int64_t c = 0; c < C; ++c)
+          var += (in[c] - mean) * (in[c] - mean);
+        var /= static_cast<double>(C);
+        const double inv = 1.0 / std::sqrt(var + eps);
+        double meanG = 0, meanGX = 0; // mean(g), mean(g * xhat), g = dy * gamma
+        for (int64_t c = 0; c < C; ++c) {
+          double xh = (in[c] - mean) * inv, gc = static_cast<double>(dout[c]) * gamma[c];
+          meanG += gc;
+          meanGX += gc * xh;
+          xhat[b](h * x.lengths[b] + t, c) = static_cast<float>(xh);
+        }
+        meanG /= static_cast<double>(C);
+        meanGX /= static_cast<double>(C);
+        float *dx = g.dx.row(b, h, t);
+        for (int64_t c = 0; c < C; ++c) {
+          double xh = (in[c] - mean) * inv, gc = static_cast<double>(dout[c]) * gamma[c];
+          dx[c] = static_cast<float>(inv * (gc - meanG - xh * meanGX));
+        }
+      }
+  });
+  auto dyRows = [&](int64_t b) { // [H * n, C], in the order of xhat[b]
+    Matrix m(x.H * x.lengths[b], C);
+    for (int64_t h = 0; h < x.H; ++h)
+      m.middleRows(h * x.lengths[b], x.lengths[b]) = dy.slice(b, h);
+    return m;
+  };
+  g.dGamma = sumOverSentences(x.B, 1, C, [&](int64_t b) {
+               Matrix c = dyRows(b).cwiseProduct(xhat[b]).colwise().sum();
+               return c;
+             }).row(0);
+  g.dBeta = sumOverSentences(x.B, 1, C, [&](int64_t b) {
+              Matrix c = dyRows(b).colwise().sum();
+              return c;
+            }).row(0);
+  return g;
 }
 
 float geluExact(float x) { return x * 0.5f * (1.0f + std::erf(x / std::sqrt(2.0f))); }
@@ -211,6 +372,42 @@ Batch activation(const Batch &x, Activation act) {
   throw std::invalid_argument("reference activation: unknown kind");
 }
 
+Batch geluBackward(const Batch &dy, const Batch &x, bool approximate) {
+  return rowwiseBackward("gelu backward", dy, x, [approximate](const float *d, const float *in, float *out, int64_t C) {
+    const double pi = 3.14159265358979323846, k = std::sqrt(2.0 / pi);
+    for (int64_t c = 0; c < C; ++c) {
+      const double v = in[c];
+      double slope;
+      if (approximate) {
+        const double th = std::tanh(k * (v + 0.044715 * v * v * v));
+        slope = 0.5 * (1 + th) + 0.5 * v * (1 - th * th) * k * (1 + 3 * 0.044715 * v * v);
+      } else {
+        slope = 0.5 * (1 + std::erf(v / std::sqrt(2.0))) + v * std::exp(-0.5 * v * v) / std::sqrt(2 * pi);
+      }
+      out[c] = static_cast<float>(d[c] * slope);
+    }
+  });
+}
+
+Batch reluBackward(const Batch &dy, const Batch &x) {
+  return rowwiseBackward("relu backward", dy, x, [](const float *d, const float *in, float *out, int64_t C) {
+    for (int64_t c = 0; c < C; ++c)
+      out[c] = in[c] > 0.0f ? d[c] : 0.0f;
+  });
+}
+
+Batch activationBackward(const Batch &dy, const Batch &x, Activation act) {
+  switch (act) {
+  case Activation::Gelu:
+    return geluBackward(dy, x, /*approximate=*/false);
+  case Activation::GeluTanh:
+    return geluBackward(dy, x, /*approximate=*/true);
+  case Activation::Relu:
+    return reluBackward(dy, x);
+  }
+  throw std::invalid_argument("reference activation backward: unknown kind");
+}
+
 Batch add(const Batch &a, const Batch &b) {
   require(sameLayout(a, b), "add", "operands differ in shape or lengths");
   Batch out = Batch::zerosLike(a, a.C);
@@ -223,6 +420,8 @@ Batch add(const Batch &a, const Batch &b) {
 Batch scale(const Batch &x, float factor) {
   return elementwise(x, [factor](float v) { return v * factor; });
 }
+
+Batch scaleBackward(const Batch &dy, float factor) { return scale(dy, factor); }
 
 Batch interpolate(const Batch &a, const Batch &b, double lambda) {
   require(sameLayout(a, b), "interpolate", "operands differ in shape or lengths");
@@ -241,6 +440,26 @@ Batch interpolate(const Batch &a, const Batch &b, double lambda) {
                                    : static_cast<float>(m + std::log(std::exp(u - m) + std::exp(v - m)));
         }
   return out;
+}
+
+InterpolateGrad interpolateBackward(const Batch &dy, const Batch &a, const Batch &b, double lambda) {
+  require(sameLayout(a, b) && sameLayout(a, dy), "interpolate backward", "operands differ in shape or lengths");
+  require(lambda >= 0 && lambda <= 1, "interpolate backward", "lambda outside [0, 1]");
+  const double logA = std::log1p(-lambda), logB = std::log(lambda);
+  InterpolateGrad g{Batch::zerosLike(a, a.C), Batch::zerosLike(a, a.C)};
+  for (int64_t s = 0; s < a.B; ++s)
+    for (int64_t h = 0; h < a.H; ++h)
+      for (int64_t t = 0; t < a.lengths[s]; ++t)
+        for (int64_t c = 0; c < a.C; ++c) {
+          double u = logA + a.at(s, h, t, c), v = logB + b.at(s, h, t, c);
+          double m = std::max(u, v);
+          if (m == -std::numeric_limits<double>::infinity())
+            continue; // both weights zero: no gradient
+          double wu = std::exp(u - m), wv = std::exp(v - m), d = dy.at(s, h, t, c);
+          g.da.at(s, h, t, c) = static_cast<float>(d * wu / (wu + wv));
+          g.db.at(s, h, t, c) = static_cast<float>(d * wv / (wu + wv));
+        }
+  return g;
 }
 
 //===----------------------------------------------------------------------===//
@@ -271,6 +490,10 @@ Batch mergeHeads(const Batch &x) {
   return out;
 }
 
+Batch splitHeadsBackward(const Batch &dy) { return mergeHeads(dy); }
+
+Batch mergeHeadsBackward(const Batch &dy, int64_t heads) { return splitHeads(dy, heads); }
+
 Batch matmul(const Batch &lhs, const Batch &rhs, bool transposeRhs) {
   require(lhs.B == rhs.B && lhs.H == rhs.H, "matmul", "batch or group counts differ");
   if (transposeRhs) {
@@ -295,6 +518,35 @@ Batch matmul(const Batch &lhs, const Batch &rhs, bool transposeRhs) {
       out.setSlice(b, h, a * rhs.slice(b, h));
     }
   return out;
+}
+
+MatmulGrad matmulBackward(const Batch &dOut, const Batch &lhs, const Batch &rhs, bool transposeRhs) {
+  require(lhs.B == rhs.B && lhs.H == rhs.H && dOut.B == lhs.B && dOut.H == lhs.H && dOut.lengths == lhs.lengths,
+          "matmul backward", "batch, group counts or lengths differ");
+  MatmulGrad g{Batch::zerosLike(lhs, lhs.C), Batch::zerosLike(rhs, rhs.C)};
+  if (transposeRhs) {
+    require(lhs.C == rhs.C && dOut.C == rhs.N, "matmul backward", "contraction sizes differ");
+    forEachSentence(lhs.B, [&](int64_t b) {
+      for (int64_t h = 0; h < lhs.H; ++h) {
+        Matrix d = dOut.slice(b, h).leftCols(rhs.lengths[b]); // [n, m]
+        g.dLhs.setSlice(b, h, d * rhs.slice(b, h));             // [n, m] x [m, K]
+        g.dRhs.setSlice(b, h, d.transpose() * lhs.slice(b, h)); // [m, n] x [n, K]
+      }
+    });
+    return g;
+  }
+  require(lhs.C == rhs.N && dOut.C == rhs.C, "matmul backward", "contraction sizes differ");
+  forEachSentence(lhs.B, [&](int64_t b) {
+    for (int64_t h = 0; h < lhs.H; ++h) {
+      const int64_t m = rhs.lengths[b];
+      Matrix a = lhs.slice(b, h).leftCols(m), d = dOut.slice(b, h);
+      Matrix dA = Matrix::Zero(lhs.lengths[b], lhs.C); // key padding columns stay 0
+      dA.leftCols(m) = d * rhs.slice(b, h).transpose(); // [n, C] x [C, m]
+      g.dLhs.setSlice(b, h, dA);
+      g.dRhs.setSlice(b, h, a.transpose() * d); // [m, n] x [n, C]
+    }
+  });
+  return g;
 }
 
 bool keyVisible(MaskKind kind, int64_t i, int64_t j, int64_t n) {
@@ -329,6 +581,17 @@ Batch maskFill(const Batch &scores, MaskKind kind) {
   return out;
 }
 
+Batch maskFillBackward(const Batch &dOut, MaskKind kind) {
+  Batch dx = Batch::zerosLike(dOut, dOut.C);
+  for (int64_t b = 0; b < dOut.B; ++b)
+    for (int64_t h = 0; h < dOut.H; ++h)
+      for (int64_t i = 0; i < dOut.lengths[b]; ++i)
+        for (int64_t j = 0; j < dOut.C; ++j)
+          if (keyVisible(kind, i, j, dOut.lengths[b]))
+            dx.at(b, h, i, j) = dOut.at(b, h, i, j);
+  return dx;
+}
+
 Batch softmax(const Batch &x) {
   return rowwise(x, [](const float *in, float *out, int64_t C) {
     float max = kNegInf;
@@ -342,6 +605,16 @@ Batch softmax(const Batch &x) {
       sum += std::exp(static_cast<double>(in[c]) - max);
     for (int64_t c = 0; c < C; ++c)
       out[c] = static_cast<float>(std::exp(static_cast<double>(in[c]) - max) / sum);
+  });
+}
+
+Batch softmaxBackward(const Batch &dy, const Batch &probs) {
+  return rowwiseBackward("softmax backward", dy, probs, [](const float *d, const float *p, float *out, int64_t C) {
+    double dot = 0; // sum_k p_k dy_k
+    for (int64_t c = 0; c < C; ++c)
+      dot += static_cast<double>(p[c]) * d[c];
+    for (int64_t c = 0; c < C; ++c)
+      out[c] = static_cast<float>(p[c] * (d[c] - dot));
   });
 }
 
@@ -367,6 +640,32 @@ Batch relativeScores(const Batch &query, const Batch &keys, const Matrix &rel, i
   return out;
 }
 
+RelativeScoresGrad relativeScoresBackward(const Batch &dOut, const Batch &query, const Batch &keys,
+                                          const Matrix &rel, int64_t k) {
+  require(query.B == keys.B && query.H == keys.H && dOut.lengths == query.lengths && dOut.C == keys.N,
+          "relative_scores backward", "shapes or lengths differ");
+  require(k > 0 && rel.rows() == 2 * k + 1 && rel.cols() == query.C, "relative_scores backward",
+          "rel must be [2k+1, dh]");
+  RelativeScoresGrad g{Batch::zerosLike(query, query.C), Matrix()};
+  forEachSentence(query.B, [&](int64_t b) {
+    for (int64_t h = 0; h < query.H; ++h)
+      for (int64_t i = 0; i < query.lengths[b]; ++i) {
+        Eigen::Map<RowVector> dq(g.dQuery.row(b, h, i), query.C);
+        for (int64_t j = 0; j < keys.lengths[b]; ++j)
+          dq += dOut.at(b, h, i, j) * rel.row(relativeIndex(i, j, k));
+      }
+  });
+  g.dRel = sumOverSentences(query.B, rel.rows(), rel.cols(), [&](int64_t b) {
+    Matrix c = Matrix::Zero(rel.rows(), rel.cols());
+    for (int64_t h = 0; h < query.H; ++h)
+      for (int64_t i = 0; i < query.lengths[b]; ++i)
+        for (int64_t j = 0; j < keys.lengths[b]; ++j)
+          c.row(relativeIndex(i, j, k)) += dOut.at(b, h, i, j) * Eigen::Map<const RowVector>(query.row(b, h, i), query.C);
+    return c;
+  });
+  return g;
+}
+
 Batch relativeValues(const Batch &probs, const Matrix &rel, int64_t k) {
   require(k > 0 && rel.rows() == 2 * k + 1, "relative_values", "rel must be [2k+1, dh]");
   Batch out = Batch::zeros(probs.lengths, probs.H, probs.N, rel.cols());
@@ -378,6 +677,31 @@ Batch relativeValues(const Batch &probs, const Matrix &rel, int64_t k) {
           o += probs.at(b, h, i, j) * rel.row(relativeIndex(i, j, k));
       }
   return out;
+}
+
+RelativeValuesGrad relativeValuesBackward(const Batch &dOut, const Batch &probs, const Matrix &rel, int64_t k) {
+  require(k > 0 && rel.rows() == 2 * k + 1 && rel.cols() == dOut.C, "relative_values backward",
+          "rel must be [2k+1, dh]");
+  require(dOut.B == probs.B && dOut.H == probs.H && dOut.lengths == probs.lengths, "relative_values backward",
+          "shapes or lengths differ");
+  RelativeValuesGrad g{Batch::zerosLike(probs, probs.C), Matrix()};
+  forEachSentence(probs.B, [&](int64_t b) {
+    for (int64_t h = 0; h < probs.H; ++h)
+      for (int64_t i = 0; i < probs.lengths[b]; ++i) {
+        Eigen::Map<const RowVector> d(dOut.row(b, h, i), dOut.C);
+        for (int64_t j = 0; j < probs.lengths[b]; ++j)
+          g.dProbs.at(b, h, i, j) = d.dot(rel.row(relativeIndex(i, j, k)));
+      }
+  });
+  g.dRel = sumOverSentences(probs.B, rel.rows(), rel.cols(), [&](int64_t b) {
+    Matrix c = Matrix::Zero(rel.rows(), rel.cols());
+    for (int64_t h = 0; h < probs.H; ++h)
+      for (int64_t i = 0; i < probs.lengths[b]; ++i)
+        for (int64_t j = 0; j < probs.lengths[b]; ++j)
+          c.row(relativeIndex(i, j, k)) += probs.at(b, h, i, j) * Eigen::Map<const RowVector>(dOut.row(b, h, i), dOut.C);
+    return c;
+  });
+  return g;
 }
 
 Batch attention(const Batch &query, const Batch &key, const Batch &value, int64_t heads, MaskKind mask,
@@ -395,6 +719,41 @@ Batch attention(const Batch &query, const Batch &key, const Batch &value, int64_
   if (relative)
     context = add(context, relativeValues(probs, *relative->values, relative->clip));
   return mergeHeads(context);
+}
+
+AttentionGrad attentionBackward(const Batch &dOut, const Batch &query, const Batch &key, const Batch &value,
+                                int64_t heads, MaskKind mask, float scaleFactor, const RelativePositions *relative) {
+  require(query.lengths == key.lengths && key.lengths == value.lengths && dOut.lengths == query.lengths,
+          "attention backward", "query, key, value and gradient lengths differ (self-attention only)");
+  // The forward chain of attention(), keeping what the backward needs.
+  Batch q = splitHeads(query, heads), k = splitHeads(key, heads), v = splitHeads(value, heads);
+  Batch scores = matmul(q, k, /*transposeRhs=*/true);
+  if (relative)
+    scores = add(scores, relativeScores(q, k, *relative->keys, relative->clip));
+  Batch probs = softmax(maskFill(scale(scores, scaleFactor), mask));
+
+  // Backward, op by op in reverse.
+  AttentionGrad g;
+  Batch dContext = mergeHeadsBackward(dOut, heads);
+  MatmulGrad pv = matmulBackward(dContext, probs, v, /*transposeRhs=*/false);
+  Batch dProbs = pv.dLhs;
+  if (relative) {
+    RelativeValuesGrad rv = relativeValuesBackward(dContext, probs, *relative->values, relative->clip);
+    dProbs = add(dProbs, rv.dProbs);
+    g.dRelValues = rv.dRel;
+  }
+  Batch dScores = scaleBackward(maskFillBackward(softmaxBackward(dProbs, probs), mask), scaleFactor);
+  MatmulGrad qk = matmulBackward(dScores, q, k, /*transposeRhs=*/true);
+  Batch dq = qk.dLhs;
+  if (relative) {
+    RelativeScoresGrad rs = relativeScoresBackward(dScores, q, k, *relative->keys, relative->clip);
+    dq = add(dq, rs.dQuery);
+    g.dRelKeys = rs.dRel;
+  }
+  g.dQuery = splitHeadsBackward(dq);
+  g.dKey = splitHeadsBackward(qk.dRhs);
+  g.dValue = splitHeadsBackward(pv.dRhs);
+  return g;
 }
 
 //===----------------------------------------------------------------------===//
@@ -415,6 +774,66 @@ Batch logSoftmax(const Batch &x) {
   });
 }
 
+Batch logSoftmaxBackward(const Batch &dy, const Batch &logprobs) {
+  return rowwiseBackward("log_softmax backward", dy, logprobs,
+                         [](const float *d, const float *lp, float *out, int64_t C) {
+                           double sum = 0;
+                           for (int64_t c = 0; c < C; ++c)
+                             sum += d[c];
+                           for (int64_t c = 0; c < C; ++c)
+                             out[c] = static_cast<float>(d[c] - std::exp(static_cast<double>(lp[c])) * sum);
+                         });
+}
+
+CrossEntropy crossEntropy(const Batch &logits, const TokenBatch &targets, double labelSmoothing,
+                          double gradScale) {
+  require(logits.H == 1 && logits.B == targets.B && logits.lengths == targets.lengths, "cross_entropy",
+          "logits and targets differ in shape or lengths");
+  require(labelSmoothing >= 0 && labelSmoothing <= 1, "cross_entropy", "label smoothing outside [0, 1]");
+  const int64_t V = logits.C;
+  const double e = labelSmoothing;
+  for (int64_t b = 0; b < targets.B; ++b)
+    for (int64_t t = 0; t < targets.lengths[b]; ++t)
+      if (targets.at(b, t) < -1 || targets.at(b, t) >= V)
+        throw std::invalid_argument("sentence " + std::to_string(b) + ", position " + std::to_string(t) +
+                                    ": target " + std::to_string(targets.at(b, t)) + " outside [0, " +
+                                    std::to_string(V) + ") (or -1 for none)");
+  CrossEntropy out;
+  out.dLogits = Batch::zerosLike(logits, V);
+  std::vector<double> sentenceLoss(targets.B, 0.0);
+  std::vector<int64_t> sentenceTargets(targets.B, 0);
+  forEachSentence(targets.B, [&](int64_t b) {
+    std::vector<double> logp(V);
+    for (int64_t t = 0; t < targets.lengths[b]; ++t) {
+      const int32_t target = targets.at(b, t);
+      if (target < 0)
+        continue;
+      const float *z = logits.row(b, 0, t);
+      double max = -std::numeric_limits<double>::infinity(), sum = 0, sumLogp = 0;
+      for (int64_t v = 0; v < V; ++v)
+        max = std::max(max, static_cast<double>(z[v]));
+      for (int64_t v = 0; v < V; ++v)
+        sum += std::exp(z[v] - max);
+      const double logSumExp = max + std::log(sum);
+      for (int64_t v = 0; v < V; ++v) {
+        logp[v] = z[v] - logSumExp;
+        sumLogp += logp[v];
+      }
+      sentenceLoss[b] += -(1 - e) * logp[target] - e / static_cast<double>(V) * sumLogp;
+      ++sentenceTargets[b];
+      float *dz = out.dLogits.row(b, 0, t);
+      for (int64_t v = 0; v < V; ++v)
+        dz[v] = static_cast<float>(gradScale * (std::exp(logp[v]) - (v == target ? 1 - e : 0.0) -
+                                                e / static_cast<double>(V)));
+    }
+  });
+  for (int64_t b = 0; b < targets.B; ++b) {
+    out.lossSum += sentenceLoss[b];
+    out.targets += sentenceTargets[b];
+  }
+  return out;
+}
+
 Batch gather(const Batch &logprobs, const TokenBatch &targets, int64_t shift) {
   require(logprobs.H == 1 && logprobs.B == targets.B && logprobs.lengths == targets.lengths, "gather",
           "log-probs and targets differ in shape or lengths");
@@ -428,6 +847,20 @@ Batch gather(const Batch &logprobs, const TokenBatch &targets, int64_t shift) {
       out.at(b, 0, t, 0) = logprobs.at(b, 0, t - shift, id);
     }
   return out;
+}
+
+Batch gatherBackward(const Batch &dOut, const TokenBatch &targets, int64_t shift, int64_t vocab) {
+  require(dOut.H == 1 && dOut.C == 1 && dOut.B == targets.B && dOut.lengths == targets.lengths,
+          "gather backward", "gradient and targets differ in shape or lengths");
+  Batch d = Batch::zeros(targets.lengths, 1, targets.N, vocab);
+  for (int64_t b = 0; b < targets.B; ++b)
+    for (int64_t t = shift; t < targets.lengths[b]; ++t) {
+      int32_t id = targets.at(b, t);
+      if (id < 0 || id >= vocab)
+        fail("gather backward", "target id " + std::to_string(id) + " out of range");
+      d.at(b, 0, t - shift, id) += dOut.at(b, 0, t, 0);
+    }
+  return d;
 }
 
 Batch tokenLogprob(const Batch &hidden, const Matrix &W, const RowVector *bias, const TokenBatch &targets,

@@ -18,6 +18,17 @@
 // keys the mask hides, so `softmax` may treat the whole last axis uniformly, and
 // the plain `matmul` contracts over the right operand's valid rows only.
 //
+// Backward. Each op's backward follows its forward: given the gradient of a
+// scalar loss with respect to the op's output (`dy`, `dOut`, same layout) and
+// the forward's inputs, it returns the gradients with respect to the inputs.
+// Activation gradients follow the same conventions as activations (valid rows
+// only, padding rows zero). Weight gradients (tables, weights, biases, norms)
+// are sums over sentences: each sentence's contribution is computed on its own
+// rows, and contributions are added in sentence order (computed in parallel on
+// the caller's oneTBB arena, summed sequentially), so the result is bit-identical
+// for any thread count, and a sentence's contribution does not depend on which
+// other sentences share its batch or padding.
+//
 //===----------------------------------------------------------------------===//
 #pragma once
 
@@ -79,6 +90,9 @@ struct Batch {
 
 /// lm.embed: out[b, t] = table[ids[b, t]]; table [V, D]. Ids must be in range.
 Batch embed(const Matrix &table, const TokenBatch &ids);
+/// Backward of embed w.r.t. the table: a [vocab, D] matrix with dTable[ids[b, t]] += dOut[b, t]
+/// over valid rows (scatter-add; sentences in order, positions in order). Rows no id reached are 0.
+Matrix embedBackward(const Batch &dOut, const TokenBatch &ids, int64_t vocab);
 
 /// The sinusoidal table [rows, D] (computed in double, rounded to float):
 /// P[t, 2i] = sin(t / 10000^(2i/D)), P[t, 2i+1] = cos(t / 10000^(2i/D)).
@@ -87,6 +101,9 @@ Matrix sinusoidalTable(int64_t rows, int64_t D);
 /// lm.positions: out[b, t] = P[t], P the learned `table` [L, D] (kind Learned) or the
 /// sinusoidal table (kind Sinusoidal); zeros for kind None. Reads only the shape of ids.
 Batch positions(const TokenBatch &ids, PositionKind kind, const Matrix *table, int64_t D);
+/// Backward of positions with a learned table: [tableRows, D], dTable[t] = sum over sentences
+/// (in order) of dOut[b, t] for t < lengths[b]. Sinusoidal and none positions have no parameters.
+Matrix positionsBackward(const Batch &dOut, int64_t tableRows);
 
 //===----------------------------------------------------------------------===//
 // Dense layers, norms, elementwise ops
@@ -94,10 +111,25 @@ Batch positions(const TokenBatch &ids, PositionKind kind, const Matrix *table, i
 
 /// lm.linear: y = x W^T + b over the last axis; W [out, in], bias [out] or none.
 Batch linear(const Batch &x, const Matrix &W, const RowVector *bias);
+/// Gradients of linear: dx = dy W, dW = sum over (b, h) of dy^T x, dBias = column sums of dy
+/// (empty when the forward had no bias).
+struct LinearGrad {
+  Batch dx;
+  Matrix dWeight; ///< [out, in]
+  RowVector dBias; ///< [out], or empty
+};
+LinearGrad linearBackward(const Batch &dy, const Batch &x, const Matrix &W, bool hasBias);
 
 /// lm.layer_norm: y = (x - mean) / sqrt(var + eps) * gamma + beta over the last axis,
 /// biased variance; mean, variance and the normalization in double.
 Batch layerNorm(const Batch &x, const RowVector &gamma, const RowVector &beta, double eps);
+/// Gradients of layerNorm (per row, in double): with xhat = (x - mean) * inv, g = dy * gamma,
+/// dx = inv * (g - mean(g) - xhat * mean(g * xhat)); dGamma = sum dy * xhat, dBeta = sum dy.
+struct LayerNormGrad {
+  Batch dx;
+  RowVector dGamma, dBeta;
+};
+LayerNormGrad layerNormBackward(const Batch &dy, const Batch &x, const RowVector &gamma, double eps);
 
 /// Scalar GELU, exact: x * 0.5 * (1 + erf(x / sqrt 2)).
 float geluExact(float x);
@@ -110,13 +142,28 @@ Batch gelu(const Batch &x, bool approximate);
 Batch relu(const Batch &x);
 /// The block activation of a spec: gelu, gelu_tanh or relu.
 Batch activation(const Batch &x, Activation act);
+/// dx = dy * gelu'(x) (derivative in double): exact: Phi(x) + x phi(x); tanh form:
+/// 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) sqrt(2/pi) (1 + 3 * 0.044715 x^2).
+Batch geluBackward(const Batch &dy, const Batch &x, bool approximate);
+/// dx = dy where x > 0, 0 elsewhere (0 at x == 0, as torch).
+Batch reluBackward(const Batch &dy, const Batch &x);
+/// Backward of activation(x, act).
+Batch activationBackward(const Batch &dy, const Batch &x, Activation act);
 
 /// lm.add: a + b elementwise (same shape and lengths).
 Batch add(const Batch &a, const Batch &b);
+/// (Backward of add: dy passes unchanged to both operands.)
 /// lm.scale: x * factor.
 Batch scale(const Batch &x, float factor);
+/// Backward of scale: dx = dy * factor.
+Batch scaleBackward(const Batch &dy, float factor);
 /// lm.interpolate: log((1 - lambda) e^a + lambda e^b), elementwise, stable (in double).
 Batch interpolate(const Batch &a, const Batch &b, double lambda);
+/// Backward of interpolate (in double): da = dy (1 - lambda) e^(a - out), db = dy lambda e^(b - out).
+struct InterpolateGrad {
+  Batch da, db;
+};
+InterpolateGrad interpolateBackward(const Batch &dy, const Batch &a, const Batch &b, double lambda);
 
 //===----------------------------------------------------------------------===//
 // Attention, decomposed
@@ -126,6 +173,10 @@ Batch interpolate(const Batch &a, const Batch &b, double lambda);
 Batch splitHeads(const Batch &x, int64_t heads);
 /// lm.merge_heads: [B, H, N, dh] -> [B, 1, N, H*dh], the inverse of splitHeads.
 Batch mergeHeads(const Batch &x);
+/// Backward of splitHeads: mergeHeads(dy) (a permutation of features).
+Batch splitHeadsBackward(const Batch &dy);
+/// Backward of mergeHeads: splitHeads(dy, heads).
+Batch mergeHeadsBackward(const Batch &dy, int64_t heads);
 
 /// lm.matmul, per (b, h):
 ///  * transposeRhs: lhs [N, K] x rhs [M, K]^T -> [N, M]; out[i, j] = lhs_i . rhs_j for
@@ -133,6 +184,13 @@ Batch mergeHeads(const Batch &x);
 ///  * otherwise: lhs [N, M] x rhs [M, C] -> [N, C]; contracts over rhs's valid rows
 ///    k < rhs.lengths[b] only (lhs's columns past them are key padding, never read).
 Batch matmul(const Batch &lhs, const Batch &rhs, bool transposeRhs);
+/// Gradients of matmul, per (b, h), over valid rows and keys only:
+///  * transposeRhs: dLhs = dOut[:, :m] rhs, dRhs = dOut[:, :m]^T lhs (m = rhs.lengths[b]);
+///  * otherwise: dLhs[:, :m] = dOut rhs^T (key padding columns get 0), dRhs = lhs[:, :m]^T dOut.
+struct MatmulGrad {
+  Batch dLhs, dRhs;
+};
+MatmulGrad matmulBackward(const Batch &dOut, const Batch &lhs, const Batch &rhs, bool transposeRhs);
 
 /// Whether key j is visible to query i of a sentence of n tokens: j < n and
 ///   none: always; causal: j <= i; anticausal: j >= i; diagonal: j != i.
@@ -142,10 +200,15 @@ bool keyVisible(MaskKind kind, int64_t i, int64_t j, int64_t n);
 /// lm.mask_fill: scores [B, H, N, M]; out = scores where keyVisible(i, j, lengths[b]),
 /// -inf elsewhere on valid rows (key padding j >= lengths[b] included).
 Batch maskFill(const Batch &scores, MaskKind kind);
+/// Backward of maskFill: dOut where keyVisible, 0 elsewhere (hidden keys and key padding).
+Batch maskFillBackward(const Batch &dOut, MaskKind kind);
 
 /// lm.softmax over the last axis of every valid row: p_j = exp(x_j - max) / sum_k exp(x_k - max),
 /// the sum in double. A row whose entries are all -inf gives all zeros (never NaN).
 Batch softmax(const Batch &x);
+/// Backward of softmax from its output p: dx_j = p_j (dy_j - sum_k p_k dy_k), the sum in double.
+/// Masked entries (p = 0) and fully masked rows get 0.
+Batch softmaxBackward(const Batch &dy, const Batch &probs);
 
 /// Index of the Shaw relative-position embedding: clip(j - i, -k, k) + k.
 int64_t relativeIndex(int64_t i, int64_t j, int64_t k);
@@ -154,10 +217,25 @@ int64_t relativeIndex(int64_t i, int64_t j, int64_t k);
 /// query rows i and keys j < keys.lengths[b]; rel [2k+1, dh]; M = keys.N. Added to Q K^T
 /// before the 1/sqrt(dh) scaling.
 Batch relativeScores(const Batch &query, const Batch &keys, const Matrix &rel, int64_t k);
+/// Gradients of relativeScores: dQuery[i] = sum_j dOut[i, j] rel[r(i, j)];
+/// dRel[r(i, j)] += dOut[i, j] query[i] over valid (i, j), summed over heads and sentences.
+struct RelativeScoresGrad {
+  Batch dQuery;
+  Matrix dRel; ///< [2k+1, dh]
+};
+RelativeScoresGrad relativeScoresBackward(const Batch &dOut, const Batch &query, const Batch &keys,
+                                          const Matrix &rel, int64_t k);
 
 /// lm.relative_values: out[b,h,i] = sum_{j < lengths[b]} p[b,h,i,j] rel[relativeIndex(i, j, k)]
 /// (probs [B, H, N, M], rel [2k+1, dh]).
 Batch relativeValues(const Batch &probs, const Matrix &rel, int64_t k);
+/// Gradients of relativeValues: dProbs[i, j] = dOut[i] . rel[r(i, j)] (j < lengths[b]);
+/// dRel[r(i, j)] += probs[i, j] dOut[i], summed over heads and sentences.
+struct RelativeValuesGrad {
+  Batch dProbs;
+  Matrix dRel; ///< [2k+1, dh]
+};
+RelativeValuesGrad relativeValuesBackward(const Batch &dOut, const Batch &probs, const Matrix &rel, int64_t k);
 
 /// Relative-position tables of one attention layer (Shaw et al.), shared by heads.
 struct RelativePositions {
@@ -173,6 +251,16 @@ struct RelativePositions {
 Batch attention(const Batch &query, const Batch &key, const Batch &value, int64_t heads, MaskKind mask,
                 float scale, const RelativePositions *relative = nullptr);
 
+/// Gradients of attention through the decomposed chain (recomputed from query, key and value,
+/// then each op's backward in reverse order). dRelKeys/dRelValues are empty without `relative`.
+struct AttentionGrad {
+  Batch dQuery, dKey, dValue; ///< [B, 1, N, D]
+  Matrix dRelKeys, dRelValues; ///< [2k+1, dh], relative positions only
+};
+AttentionGrad attentionBackward(const Batch &dOut, const Batch &query, const Batch &key, const Batch &value,
+                                int64_t heads, MaskKind mask, float scale,
+                                const RelativePositions *relative = nullptr);
+
 //===----------------------------------------------------------------------===//
 // Output head and scores
 //===----------------------------------------------------------------------===//
@@ -180,10 +268,28 @@ Batch attention(const Batch &query, const Batch &key, const Batch &value, int64_
 /// lm.log_softmax over the last axis of every valid row: x - max - log(sum exp(x - max)),
 /// the sum and the logarithm in double.
 Batch logSoftmax(const Batch &x);
+/// Backward of logSoftmax from its output lp: dx_j = dy_j - exp(lp_j) sum_k dy_k, in double.
+Batch logSoftmaxBackward(const Batch &dy, const Batch &logprobs);
+
+/// Label-smoothed cross-entropy of logits [B, 1, N, V] (rows predict `targets`, -1 = no target):
+/// per row with a target, in double, log p = logits - logsumexp(logits) and
+/// CE = -(1 - e) log p[target] - (e / V) sum_v log p[v]. lossSum = the sum of CE over such rows
+/// (per sentence in order), targets = their count, dLogits = gradScale * d(lossSum)/d(logits)
+/// = gradScale * (p - (1 - e) onehot(target) - e / V), rounded to float once; 0 on rows without a target.
+/// A target outside [-1, V) throws std::invalid_argument naming the sentence and the position.
+struct CrossEntropy {
+  double lossSum = 0;
+  int64_t targets = 0;
+  Batch dLogits;
+};
+CrossEntropy crossEntropy(const Batch &logits, const TokenBatch &targets, double labelSmoothing,
+                          double gradScale);
 
 /// lm.gather: out[b, t] = lp[b, t - shift, ids[b, t]] for shift <= t < lengths[b], 0 for t < shift.
 /// lp [B, 1, N, V] -> [B, 1, N, 1].
 Batch gather(const Batch &logprobs, const TokenBatch &targets, int64_t shift);
+/// Backward of gather: dLogprobs [B, 1, N, vocab] with dLogprobs[b, t - shift, ids[b, t]] = dOut[b, t].
+Batch gatherBackward(const Batch &dOut, const TokenBatch &targets, int64_t shift, int64_t vocab);
 
 /// lm.token_logprob: gather(logSoftmax(linear(h, W, bias)), targets, shift). The reference
 /// form materializes the logits; the compiled form never does.
