@@ -455,36 +455,7 @@ std::string generateGlue(const ModelFacts &spec, const std::vector<LayoutTensor>
   else
     os << "    NULL, NULL, NULL /* loss, loss_grad, train: compiled without --train */\n";
   os << "};\n\n";
-  if (spec.train)
-    os << expand(R"(/* Training (compiled with --train). */
-typedef struct @name@_trainer @name@_trainer;
-LMCC_EXPORT int @name@_loss_and_grad(@name@_model *m, const int32_t *inputs, const int32_t *targets,
-    const int32_t *lengths, int32_t batch, int32_t stride, float *loss, float *grad) {
-  return lm_rt_loss_and_grad((lm_model *)m, inputs, targets, lengths, batch, stride, loss, grad);
-}
-LMCC_EXPORT int @name@_param_info(int32_t index, const char **name, int64_t *offset, int64_t *count) {
-  return lm_rt_param_info(&@name@_desc, index, name, offset, count);
-}
-LMCC_EXPORT int @name@_trainer_new(@name@_model *m, @name@_trainer **out) {
-  return lm_rt_trainer_new((lm_model *)m, (lm_trainer **)out);
-}
-LMCC_EXPORT int @name@_train_step(@name@_trainer *t, const int32_t *inputs, const int32_t *targets,
-    const int32_t *lengths, int32_t batch, int32_t stride, float *loss) {
-  return lm_rt_train_step((lm_trainer *)t, inputs, targets, lengths, batch, stride, loss);
-}
-LMCC_EXPORT int @name@_trainer_save(@name@_trainer *t, const char *path) {
-  return lm_rt_trainer_save((lm_trainer *)t, path);
-}
-LMCC_EXPORT int @name@_trainer_load(@name@_trainer *t, const char *path) {
-  return lm_rt_trainer_load((lm_trainer *)t, path);
-}
-LMCC_EXPORT int @name@_save_weights(@name@_model *m, const char *path) {
-  return lm_rt_save_weights((lm_model *)m, path);
-}
-LMCC_EXPORT void @name@_trainer_free(@name@_trainer *t) { lm_rt_trainer_free((lm_trainer *)t); }
 
-)",
-                 name, "");
 
   os << expand(R"(/* The functions of @name@.h, forwarding to the runtime. */
 typedef struct @name@_model @name@_model;
@@ -534,6 +505,36 @@ LMCC_WEAK const char *lm_last_error(void) { return lm_rt_last_error(); }
 LMCC_WEAK int lm_set_num_threads(int n) { return lm_rt_set_num_threads(n); }
 )",
                name, "");
+  if (spec.train)
+    os << expand(R"(/* Training (compiled with --train). */
+typedef struct @name@_trainer @name@_trainer;
+LMCC_EXPORT int @name@_loss_and_grad(@name@_model *m, const int32_t *inputs, const int32_t *targets,
+    const int32_t *lengths, int32_t batch, int32_t stride, float *loss, float *grad) {
+  return lm_rt_loss_and_grad((lm_model *)m, inputs, targets, lengths, batch, stride, loss, grad);
+}
+LMCC_EXPORT int @name@_param_info(int32_t index, const char **name, int64_t *offset, int64_t *count) {
+  return lm_rt_param_info(&@name@_desc, index, name, offset, count);
+}
+LMCC_EXPORT int @name@_trainer_new(@name@_model *m, @name@_trainer **out) {
+  return lm_rt_trainer_new((lm_model *)m, (lm_trainer **)out);
+}
+LMCC_EXPORT int @name@_train_step(@name@_trainer *t, const int32_t *inputs, const int32_t *targets,
+    const int32_t *lengths, int32_t batch, int32_t stride, float *loss) {
+  return lm_rt_train_step((lm_trainer *)t, inputs, targets, lengths, batch, stride, loss);
+}
+LMCC_EXPORT int @name@_trainer_save(@name@_trainer *t, const char *path) {
+  return lm_rt_trainer_save((lm_trainer *)t, path);
+}
+LMCC_EXPORT int @name@_trainer_load(@name@_trainer *t, const char *path) {
+  return lm_rt_trainer_load((lm_trainer *)t, path);
+}
+LMCC_EXPORT int @name@_save_weights(@name@_model *m, const char *path) {
+  return lm_rt_save_weights((lm_model *)m, path);
+}
+LMCC_EXPORT void @name@_trainer_free(@name@_trainer *t) { lm_rt_trainer_free((lm_trainer *)t); }
+
+)",
+                 name, "");
   return os.str();
 }
 

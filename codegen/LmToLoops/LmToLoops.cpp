@@ -49,6 +49,8 @@ struct FuncLowering : OpConversionPattern<func::FuncOp> {
       dialect->getFoldAttrHelper().setAttr(kernel, rewriter.getUnitAttr());
     } else {
       kernel->setAttr("llvm.emit_c_interface", rewriter.getUnitAttr());
+      if (method) // the return and lm.param_grad lowerings read it
+        dialect->getMethodAttrHelper().setAttr(kernel, method);
     }
     rewriter.inlineRegionBefore(fn.getBody(), kernel.getBody(), kernel.end());
     rewriter.applySignatureConversion(&kernel.getBody().front(), conversion, getTypeConverter());
