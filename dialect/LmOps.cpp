@@ -558,6 +558,18 @@ LogicalResult AttentionGradOp::verify() {
     return emitOpError("heads must divide a static d_model");
   if (getMask() == MaskKind::directional || getMask() == MaskKind::Explicit)
     return emitOpError("masks with per-row data have no backward yet");
+  if (bool(getRelKey()) != bool(getRelValue()))
+    return emitOpError("relative positions need both rel_key and rel_value");
+  if (getDRelative().size() != (getRelKey() ? 2u : 0u))
+    return emitOpError("has one table gradient per relative table (d_relative: rel_key, rel_value)");
+  if (getRelKey()) {
+    auto table = RankedTensorType::get({2 * getClip() + 1, d / int64_t(getHeads())}, q.getElementType());
+    if (getClip() < 1 || failed(expectType(*this, "rel_key", getRelKey(), table)) ||
+        failed(expectType(*this, "rel_value", getRelValue(), table)) ||
+        failed(expectType(*this, "d_relative #0", getDRelative()[0], table)) ||
+        failed(expectType(*this, "d_relative #1", getDRelative()[1], table)))
+      return failure();
+  }
   if (failed(expectType(*this, "grad", getGrad(), q)) || failed(expectType(*this, "d_query", getDQuery(), q)) ||
       failed(expectType(*this, "d_key", getDKey(), getKey().getType())) ||
       failed(expectType(*this, "d_value", getDValue(), getValue().getType())) ||
@@ -591,5 +603,23 @@ LogicalResult ParamGradOp::verify() {
     return emitOpError("needs the canonical weight name");
   if (!getGrad().getType().hasStaticShape())
     return emitOpError("a weight gradient has the weight's static shape, got ") << getGrad().getType();
+  return success();
+}
+
+LogicalResult RelativeScoresGradOp::verify() {
+  if (failed(expectRank(*this, "grad [B, H, N, M]", getGrad(), 4)) ||
+      failed(expectRank(*this, "query [B, H, N, dh]", getQuery(), 4)) ||
+      failed(expectType(*this, "d_query", getDQuery(), getQuery().getType())) ||
+      failed(expectType(*this, "d_rel", getDRel(), getRel().getType())))
+    return failure();
+  return success();
+}
+
+LogicalResult RelativeValuesGradOp::verify() {
+  if (failed(expectRank(*this, "grad [B, H, N, dh]", getGrad(), 4)) ||
+      failed(expectRank(*this, "probs [B, H, N, M]", getProbs(), 4)) ||
+      failed(expectType(*this, "d_probs", getDProbs(), getProbs().getType())) ||
+      failed(expectType(*this, "d_rel", getDRel(), getRel().getType())))
+    return failure();
   return success();
 }

@@ -648,16 +648,40 @@ def Lm_ActivationGradOp : Lm_Op<"activation_grad", [Pure, SameOperandsAndResultT
   let hasVerifier = 1;
 }
 
-def Lm_AttentionGradOp : Lm_Op<"attention_grad", [Pure]> {
-  let summary = "VJP of lm.attention (no relative positions, no per-row mask data): (dq, dk, dv)";
+def Lm_AttentionGradOp : Lm_Op<"attention_grad", [Pure, AttrSizedOperandSegments]> {
+  let summary = "VJP of lm.attention (no per-row mask data, no query positions): (dq, dk, dv[, drel_k, drel_v])";
   let description = [{
     Per (sentence, head, query row) the probabilities are recomputed from q and k (max and sum of
-    exponentials in double, as the forward); dp = dO V^T, ds = p (dp - dO . O), dq = scale ds K,
-    dk += scale ds^T q, dv += p^T dO; masked and padding keys get nothing. No n x n tensor.
+    exponentials in double, as the forward); dp = dO (V [+ rel_v])^T, ds = p (dp - dO . O),
+    dq = scale ds (K [+ rel_k]), dk += scale ds^T q, dv += p^T dO; with Shaw relative positions
+    (both tables given) also the tables' gradients, summed over sentences and heads. Masked and
+    padding keys get nothing. No n x n tensor.
   }];
   let arguments = (ins Lm_F32Tensor:$grad, Lm_F32Tensor:$query, Lm_F32Tensor:$key, Lm_F32Tensor:$value,
-                       Lm_I32Tensor:$lengths, I64Attr:$heads, Lm_MaskAttr:$mask, F32Attr:$scale);
-  let results = (outs Lm_F32Tensor:$d_query, Lm_F32Tensor:$d_key, Lm_F32Tensor:$d_value);
+                       Lm_I32Tensor:$lengths, Optional<Lm_F32Tensor>:$rel_key, Optional<Lm_F32Tensor>:$rel_value,
+                       I64Attr:$heads, Lm_MaskAttr:$mask, F32Attr:$scale, DefaultValuedAttr<I64Attr, "0">:$clip);
+  let results = (outs Lm_F32Tensor:$d_query, Lm_F32Tensor:$d_key, Lm_F32Tensor:$d_value,
+                      Variadic<Lm_F32Tensor>:$d_relative);
+  let assemblyFormat = [{
+    $grad `,` $query `,` $key `,` $value `,` $lengths
+    (`relative` `(` $rel_key^ `,` $rel_value `:` type($rel_key) `,` type($rel_value) `)`)? attr-dict `:`
+    type($grad) `,` type($query) `,` type($key) `,` type($value) `,` type($lengths) `->` type(results)
+  }];
+  let hasVerifier = 1;
+}
+
+def Lm_RelativeScoresGradOp : Lm_Op<"relative_scores_grad", [Pure]> {
+  let summary = "VJP of lm.relative_scores: dq[i] = sum_j dout[i, j] rel[c], drel[c] = sum dout[i, j] q[i]";
+  let arguments = (ins Lm_F32Tensor:$grad, Lm_F32Tensor:$query, Lm_F32Tensor:$rel, I64Attr:$clip);
+  let results = (outs Lm_F32Tensor:$d_query, Lm_F32Tensor:$d_rel);
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Lm_RelativeValuesGradOp : Lm_Op<"relative_values_grad", [Pure]> {
+  let summary = "VJP of lm.relative_values: dp[i, j] = dout[i] . rel[c], drel[c] = sum p[i, j] dout[i]";
+  let arguments = (ins Lm_F32Tensor:$grad, Lm_F32Tensor:$probs, Lm_F32Tensor:$rel, I64Attr:$clip);
+  let results = (outs Lm_F32Tensor:$d_probs, Lm_F32Tensor:$d_rel);
   let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
 }

@@ -180,16 +180,36 @@ private:
       return success();
     }
     if (auto att = dyn_cast<lm::AttentionOp>(op)) {
-      if (att.getMaskData() || att.getRelKey() || att.getQueryPositions())
-        return att.emitOpError("lm-autodiff: attention with per-row mask data, relative positions or query "
-                               "positions has no VJP yet");
-      auto g = b.create<lm::AttentionGradOp>(
-          loc, TypeRange{att.getQuery().getType(), att.getKey().getType(), att.getValue().getType()}, dy,
-          att.getQuery(), att.getKey(), att.getValue(), att.getLengths(), att.getHeadsAttr(), att.getMaskAttr(),
-          att.getScaleAttr());
+      if (att.getMaskData() || att.getQueryPositions())
+        return att.emitOpError("lm-autodiff: attention with per-row mask data or query positions has no VJP yet");
+      SmallVector<Type> types{att.getQuery().getType(), att.getKey().getType(), att.getValue().getType()};
+      if (att.getRelKey())
+        types.append({att.getRelKey().getType(), att.getRelValue().getType()});
+      auto g = b.create<lm::AttentionGradOp>(loc, types, dy, att.getQuery(), att.getKey(), att.getValue(),
+                                             att.getLengths(), att.getRelKey(), att.getRelValue(),
+                                             att.getHeadsAttr(), att.getMaskAttr(), att.getScaleAttr(),
+                                             att.getClipAttr());
       accumulate(att.getQuery(), g.getDQuery());
       accumulate(att.getKey(), g.getDKey());
       accumulate(att.getValue(), g.getDValue());
+      if (att.getRelKey()) {
+        accumulate(att.getRelKey(), g.getDRelative()[0]);
+        accumulate(att.getRelValue(), g.getDRelative()[1]);
+      }
+      return success();
+    }
+    if (auto rs = dyn_cast<lm::RelativeScoresOp>(op)) {
+      auto g = b.create<lm::RelativeScoresGradOp>(loc, TypeRange{rs.getQuery().getType(), rs.getRel().getType()}, dy,
+                                                  rs.getQuery(), rs.getRel(), rs.getClipAttr());
+      accumulate(rs.getQuery(), g.getDQuery());
+      accumulate(rs.getRel(), g.getDRel());
+      return success();
+    }
+    if (auto rv = dyn_cast<lm::RelativeValuesOp>(op)) {
+      auto g = b.create<lm::RelativeValuesGradOp>(loc, TypeRange{rv.getProbs().getType(), rv.getRel().getType()}, dy,
+                                                  rv.getProbs(), rv.getRel(), rv.getClipAttr());
+      accumulate(rv.getProbs(), g.getDProbs());
+      accumulate(rv.getRel(), g.getDRel());
       return success();
     }
     if (auto embed = dyn_cast<lm::EmbedOp>(op)) {
@@ -203,7 +223,7 @@ private:
       return success();
     }
     return op->emitOpError("lm-autodiff: no VJP for this op yet (training supports the ops of the unilm, bilm and "
-                           "tta families without relative positions)");
+                           "tta families)");
   }
 
   func::FuncOp fn;

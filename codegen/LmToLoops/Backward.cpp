@@ -25,7 +25,10 @@ void declareTrainingRuntime(OpBuilder &b, Location loc) {
   declare("lm_rt_linear_grad", {ptr, ptr, ptr, i64, i64, i64, ptr, ptr, ptr});
   declare("lm_rt_layer_norm_grad", {ptr, ptr, ptr, i64, i64, f64, ptr, ptr, ptr});
   declare("lm_rt_activation_grad", {ptr, ptr, i64, i32, ptr});
-  declare("lm_rt_attention_grad", {ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i32, f32, ptr, ptr, ptr});
+  declare("lm_rt_attention_grad",
+          {ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, i32, f32, ptr, ptr, ptr, ptr, ptr});
+  declare("lm_rt_relative_scores_grad", {ptr, ptr, ptr, i64, i64, i64, i64, i64, ptr, ptr});
+  declare("lm_rt_relative_values_grad", {ptr, ptr, ptr, i64, i64, i64, i64, i64, ptr, ptr});
   declare("lm_rt_embed_grad", {ptr, ptr, ptr, i64, i64, i64, i64, ptr});
   declare("lm_rt_positions_grad", {ptr, ptr, i64, i64, i64, i64, ptr});
   declare("lm_rt_cross_entropy", {ptr, ptr, ptr, i64, i64, i64, f64, ptr});
@@ -254,6 +257,9 @@ struct AttentionGradLowering : LmLowering<lm::AttentionGradOp> {
     }
     Value dq = L.alloc(op.getDQuery().getType()), dk = L.alloc(op.getDKey().getType()),
           dv = L.alloc(op.getDValue().getType());
+    bool rel = bool(op.getRelKey());
+    Value dRelK = rel ? L.alloc(L.typeOf(op.getDRelative()[0])) : Value();
+    Value dRelV = rel ? L.alloc(L.typeOf(op.getDRelative()[1])) : Value();
     Value M = L.b.create<memref::DimOp>(L.loc, L.in(op.getKey()), 1);
     Call{L}
         .ptr(L.in(op.getGrad()))
@@ -261,6 +267,9 @@ struct AttentionGradLowering : LmLowering<lm::AttentionGradOp> {
         .ptr(L.in(op.getKey()))
         .ptr(L.in(op.getValue()))
         .ptr(L.in(op.getLengths()))
+        .ptr(rel ? L.in(op.getRelKey()) : Value())
+        .ptr(rel ? L.in(op.getRelValue()) : Value())
+        .i64(int64_t(op.getClip()))
         .i64(L.B)
         .i64(L.N)
         .i64(M)
@@ -271,8 +280,40 @@ struct AttentionGradLowering : LmLowering<lm::AttentionGradOp> {
         .ptr(dq)
         .ptr(dk)
         .ptr(dv)
+        .ptr(dRelK)
+        .ptr(dRelV)
         .emit("lm_rt_attention_grad");
+    if (rel)
+      return replaceAll(L, op, {dq, dk, dv, dRelK, dRelV});
     return replaceAll(L, op, {dq, dk, dv});
+  }
+};
+
+/// [B, H, N, M] scores / probabilities and [B, H, N, dh] head tensors: B*H pieces of N rows.
+template <typename Op> struct RelativeGradLowering : LmLowering<Op> {
+  using LmLowering<Op>::LmLowering;
+  LogicalResult lower(Op op, Loops &L) const override {
+    constexpr bool scores = std::is_same_v<Op, lm::RelativeScoresGradOp>;
+    Value d0 = L.alloc(L.typeOf(op->getResult(0))), d1 = L.alloc(L.typeOf(op->getResult(1)));
+    Value square = scores ? op->getOperand(0) : op->getOperand(1); // the [B, H, N, M] operand
+    Value sq = L.in(square);
+    Value H = L.b.create<memref::DimOp>(L.loc, sq, 1), N = L.b.create<memref::DimOp>(L.loc, sq, 2),
+          M = L.b.create<memref::DimOp>(L.loc, sq, 3);
+    Value BH = L.b.create<arith::MulIOp>(L.loc, L.b.create<memref::DimOp>(L.loc, sq, 0), H);
+    auto rel = llvm::cast<ShapedType>(op->getOperand(2).getType());
+    Call{L}
+        .ptr(L.in(op->getOperand(0)))
+        .ptr(L.in(op->getOperand(1)))
+        .ptr(L.in(op->getOperand(2)))
+        .i64(BH)
+        .i64(N)
+        .i64(M)
+        .i64(rel.getDimSize(1))
+        .i64(int64_t(op.getClip()))
+        .ptr(d0)
+        .ptr(d1)
+        .emit(scores ? "lm_rt_relative_scores_grad" : "lm_rt_relative_values_grad");
+    return replaceAll(L, op, {d0, d1});
   }
 };
 
@@ -340,7 +381,8 @@ void populateBackwardPatterns(TypeConverter &converter, RewritePatternSet &patte
   patterns.add<TokenLossLowering, TokenLossGradLowering, CrossEntropyLowering, CrossEntropyGradLowering,
                SoftmaxGradLowering<lm::SoftmaxGradOp, 0>, SoftmaxGradLowering<lm::LogSoftmaxGradOp, 1>,
                LinearGradLowering, LayerNormGradLowering, ActivationGradLowering, AttentionGradLowering,
-               EmbedGradLowering, PositionsGradLowering, ParamGradLowering>(converter, patterns.getContext(), context);
+               EmbedGradLowering, PositionsGradLowering, ParamGradLowering,
+               RelativeGradLowering<lm::RelativeScoresGradOp>, RelativeGradLowering<lm::RelativeValuesGradOp>>(converter, patterns.getContext(), context);
 }
 
 } // namespace lmcc::codegen

@@ -52,9 +52,19 @@ void lm_rt_activation_grad(const float *dy, const float *x, int64_t n, int32_t k
   LMRT_DISPATCH(activationGrad, dy, x, n, kind, dx)
 }
 void lm_rt_attention_grad(const float *dO, const float *q, const float *k, const float *v, const int32_t *lengths,
-                          int64_t B, int64_t N, int64_t M, int64_t D, int64_t heads, int32_t mask, float scale,
-                          float *dq, float *dk, float *dv) {
-  LMRT_DISPATCH(attentionGrad, dO, q, k, v, lengths, B, N, M, D, heads, mask, scale, dq, dk, dv)
+                          const float *relK, const float *relV, int64_t clip, int64_t B, int64_t N, int64_t M,
+                          int64_t D, int64_t heads, int32_t mask, float scale, float *dq, float *dk, float *dv,
+                          float *dRelK, float *dRelV) {
+  LMRT_DISPATCH(attentionGrad, dO, q, k, v, lengths, relK, relV, clip, B, N, M, D, heads, mask, scale, dq, dk, dv,
+                dRelK, dRelV)
+}
+void lm_rt_relative_scores_grad(const float *dOut, const float *q, const float *rel, int64_t BH, int64_t N, int64_t M,
+                                int64_t dh, int64_t clip, float *dq, float *dRel) {
+  LMRT_DISPATCH(relativeScoresGrad, dOut, q, rel, BH, N, M, dh, clip, dq, dRel)
+}
+void lm_rt_relative_values_grad(const float *dOut, const float *p, const float *rel, int64_t BH, int64_t N, int64_t M,
+                                int64_t dh, int64_t clip, float *dp, float *dRel) {
+  LMRT_DISPATCH(relativeValuesGrad, dOut, p, rel, BH, N, M, dh, clip, dp, dRel)
 }
 void lm_rt_embed_grad(const float *dy, const int32_t *ids, const int32_t *lengths, int64_t B, int64_t N, int64_t D,
                       int64_t V, float *out) {

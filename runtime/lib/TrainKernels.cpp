@@ -264,19 +264,25 @@ void activationGrad(const float *dy, const float *x, int64_t n, int32_t kind, fl
   });
 }
 
-void attentionGrad(const float *dO, const float *q, const float *k, const float *v, const int32_t *lengths, int64_t B,
-                   int64_t N, int64_t M, int64_t D, int64_t heads, int32_t mask, float scale, float *dq, float *dk,
-                   float *dv) {
-  const int64_t dh = D / heads;
+int64_t relIndex(int64_t i, int64_t j, int64_t clip) { return std::clamp<int64_t>(j - i, -clip, clip) + clip; }
+
+void attentionGrad(const float *dO, const float *q, const float *k, const float *v, const int32_t *lengths,
+                   const float *relK, const float *relV, int64_t clip, int64_t B, int64_t N, int64_t M, int64_t D,
+                   int64_t heads, int32_t mask, float scale, float *dq, float *dk, float *dv, float *dRelK,
+                   float *dRelV) {
+  const int64_t dh = D / heads, R = 2 * clip + 1;
+  const bool rel = relK && relV;
   std::memset(dq, 0, sizeof(float) * B * N * D);
   std::memset(dk, 0, sizeof(float) * B * M * D);
   std::memset(dv, 0, sizeof(float) * B * M * D);
-  // One piece per (sentence, head): its dk, dv columns are written by that piece only.
+  // Per-piece relative-table gradients, summed in piece order below.
+  std::vector<float> relParts(rel ? B * heads * 2 * R * dh : 0, 0.0f);
+  // One piece per (sentence, head): its dq, dk, dv columns are written by that piece only.
   parallelFor(B * heads, [&](int64_t piece) {
     const int64_t b = piece / heads, hd = piece % heads, off = hd * dh;
     const int64_t n = std::min<int64_t>(lengths[b], N), m = std::min<int64_t>(lengths[b], M);
-    std::vector<double> s(m), p(m);
-    std::vector<double> o(dh);
+    float *pk = rel ? relParts.data() + piece * 2 * R * dh : nullptr, *pv = rel ? pk + R * dh : nullptr;
+    std::vector<double> s(m), p(m), o(dh);
     for (int64_t i = 0; i < n; ++i) {
       const float *qi = q + (b * N + i) * D + off, *gi = dO + (b * N + i) * D + off;
       double mx = -INFINITY;
@@ -289,6 +295,13 @@ void attentionGrad(const float *dO, const float *q, const float *k, const float 
         float dot = 0;
         for (int64_t c = 0; c < dh; ++c)
           dot += qi[c] * kj[c];
+        if (rel) {
+          const float *rk = relK + relIndex(i, j, clip) * dh;
+          float r = 0;
+          for (int64_t c = 0; c < dh; ++c)
+            r += qi[c] * rk[c];
+          dot += r;
+        }
         s[j] = double(dot * scale);
         mx = std::max(mx, s[j]);
       }
@@ -300,11 +313,12 @@ void attentionGrad(const float *dO, const float *q, const float *k, const float 
       std::fill(o.begin(), o.end(), 0.0);
       for (int64_t j = 0; j < m; ++j) {
         p[j] = s[j] == -INFINITY ? 0.0 : std::exp(s[j] - mx) / sum;
-        if (p[j] != 0.0) {
-          const float *vj = v + (b * M + j) * D + off;
-          for (int64_t c = 0; c < dh; ++c)
-            o[c] += p[j] * vj[c];
-        }
+        if (p[j] == 0.0)
+          continue;
+        const float *vj = v + (b * M + j) * D + off;
+        const float *rv = rel ? relV + relIndex(i, j, clip) * dh : nullptr;
+        for (int64_t c = 0; c < dh; ++c)
+          o[c] += p[j] * (vj[c] + (rv ? rv[c] : 0.0f));
       }
       double di = 0;
       for (int64_t c = 0; c < dh; ++c)
@@ -313,20 +327,90 @@ void attentionGrad(const float *dO, const float *q, const float *k, const float 
       for (int64_t j = 0; j < m; ++j) {
         if (p[j] == 0.0)
           continue;
+        const int64_t ri = rel ? relIndex(i, j, clip) : 0;
         const float *kj = k + (b * M + j) * D + off, *vj = v + (b * M + j) * D + off;
+        const float *rk = rel ? relK + ri * dh : nullptr, *rv = rel ? relV + ri * dh : nullptr;
         float *dkj = dk + (b * M + j) * D + off, *dvj = dv + (b * M + j) * D + off;
         double dp = 0;
         for (int64_t c = 0; c < dh; ++c)
-          dp += double(gi[c]) * vj[c];
+          dp += double(gi[c]) * (vj[c] + (rv ? rv[c] : 0.0f));
         const float ds = float(p[j] * (dp - di)) * scale, pj = float(p[j]);
         for (int64_t c = 0; c < dh; ++c) {
-          dqi[c] += ds * kj[c];
+          dqi[c] += ds * (kj[c] + (rk ? rk[c] : 0.0f));
           dkj[c] += ds * qi[c];
           dvj[c] += pj * gi[c];
+        }
+        if (rel)
+          for (int64_t c = 0; c < dh; ++c) {
+            pk[ri * dh + c] += ds * qi[c];
+            pv[ri * dh + c] += pj * gi[c];
+          }
+      }
+    }
+  });
+  if (rel) {
+    std::memset(dRelK, 0, sizeof(float) * R * dh);
+    std::memset(dRelV, 0, sizeof(float) * R * dh);
+    for (int64_t piece = 0; piece < B * heads; ++piece)
+      for (int64_t e = 0; e < R * dh; ++e) {
+        dRelK[e] += relParts[piece * 2 * R * dh + e];
+        dRelV[e] += relParts[piece * 2 * R * dh + R * dh + e];
+      }
+  }
+}
+
+void relativeScoresGrad(const float *dOut, const float *q, const float *rel, int64_t BH, int64_t N, int64_t M,
+                        int64_t dh, int64_t clip, float *dq, float *dRel) {
+  const int64_t R = 2 * clip + 1;
+  std::vector<float> parts(BH * R * dh, 0.0f);
+  parallelFor(BH, [&](int64_t piece) {
+    float *part = parts.data() + piece * R * dh;
+    for (int64_t i = 0; i < N; ++i) {
+      const float *g = dOut + (piece * N + i) * M, *qi = q + (piece * N + i) * dh;
+      float *dqi = dq + (piece * N + i) * dh;
+      std::fill(dqi, dqi + dh, 0.0f);
+      for (int64_t j = 0; j < M; ++j) {
+        if (g[j] == 0.0f)
+          continue;
+        const int64_t r = relIndex(i, j, clip);
+        for (int64_t c = 0; c < dh; ++c) {
+          dqi[c] += g[j] * rel[r * dh + c];
+          part[r * dh + c] += g[j] * qi[c];
         }
       }
     }
   });
+  std::memset(dRel, 0, sizeof(float) * R * dh);
+  for (int64_t piece = 0; piece < BH; ++piece)
+    for (int64_t e = 0; e < R * dh; ++e)
+      dRel[e] += parts[piece * R * dh + e];
+}
+
+void relativeValuesGrad(const float *dOut, const float *p, const float *rel, int64_t BH, int64_t N, int64_t M,
+                        int64_t dh, int64_t clip, float *dp, float *dRel) {
+  const int64_t R = 2 * clip + 1;
+  std::vector<float> parts(BH * R * dh, 0.0f);
+  parallelFor(BH, [&](int64_t piece) {
+    float *part = parts.data() + piece * R * dh;
+    for (int64_t i = 0; i < N; ++i) {
+      const float *g = dOut + (piece * N + i) * dh, *pi = p + (piece * N + i) * M;
+      float *dpi = dp + (piece * N + i) * M;
+      for (int64_t j = 0; j < M; ++j) {
+        const int64_t r = relIndex(i, j, clip);
+        float acc = 0;
+        for (int64_t c = 0; c < dh; ++c)
+          acc += g[c] * rel[r * dh + c];
+        dpi[j] = acc;
+        if (pi[j] != 0.0f)
+          for (int64_t c = 0; c < dh; ++c)
+            part[r * dh + c] += pi[j] * g[c];
+      }
+    }
+  });
+  std::memset(dRel, 0, sizeof(float) * R * dh);
+  for (int64_t piece = 0; piece < BH; ++piece)
+    for (int64_t e = 0; e < R * dh; ++e)
+      dRel[e] += parts[piece * R * dh + e];
 }
 
 void embedGrad(const float *dy, const int32_t *ids, const int32_t *lengths, int64_t B, int64_t N, int64_t D,

@@ -33,8 +33,13 @@
                      float *dx, float *dgamma, float *dbeta);                                                     \
   void activationGrad(const float *dy, const float *x, int64_t n, int32_t kind, float *dx);                      \
   void attentionGrad(const float *dO, const float *q, const float *k, const float *v, const int32_t *lengths,   \
-                     int64_t B, int64_t N, int64_t M, int64_t D, int64_t heads, int32_t mask, float scale,      \
-                     float *dq, float *dk, float *dv);                                                            \
+                     const float *relK, const float *relV, int64_t clip, int64_t B, int64_t N, int64_t M,       \
+                     int64_t D, int64_t heads, int32_t mask, float scale, float *dq, float *dk, float *dv,      \
+                     float *dRelK, float *dRelV);                                                                 \
+  void relativeScoresGrad(const float *dOut, const float *q, const float *rel, int64_t BH, int64_t N,          \
+                          int64_t M, int64_t dh, int64_t clip, float *dq, float *dRel);                          \
+  void relativeValuesGrad(const float *dOut, const float *p, const float *rel, int64_t BH, int64_t N,          \
+                          int64_t M, int64_t dh, int64_t clip, float *dp, float *dRel);                          \
   void embedGrad(const float *dy, const int32_t *ids, const int32_t *lengths, int64_t B, int64_t N, int64_t D,  \
                  int64_t V, float *out);                                                                          \
   void positionsGrad(const float *dy, const int32_t *lengths, int64_t B, int64_t N, int64_t D, int64_t L,       \

@@ -195,9 +195,15 @@ LM_API void lm_rt_linear_grad(const float *dy, const float *x, const float *W, i
 LM_API void lm_rt_layer_norm_grad(const float *dy, const float *x, const float *gamma, int64_t rows, int64_t D,
                                   double eps, float *dx, float *dgamma, float *dbeta);
 LM_API void lm_rt_activation_grad(const float *dy, const float *x, int64_t n, int32_t kind, float *dx);
+/* rel_k, rel_v [2 clip + 1, d_model / heads] or NULL (then d_rel_k, d_rel_v are not written). */
 LM_API void lm_rt_attention_grad(const float *dO, const float *q, const float *k, const float *v,
-                                 const int32_t *lengths, int64_t B, int64_t N, int64_t M, int64_t D, int64_t heads,
-                                 int32_t mask, float scale, float *dq, float *dk, float *dv);
+                                 const int32_t *lengths, const float *rel_k, const float *rel_v, int64_t clip,
+                                 int64_t B, int64_t N, int64_t M, int64_t D, int64_t heads, int32_t mask, float scale,
+                                 float *dq, float *dk, float *dv, float *d_rel_k, float *d_rel_v);
+LM_API void lm_rt_relative_scores_grad(const float *dOut, const float *q, const float *rel, int64_t BH, int64_t N,
+                                       int64_t M, int64_t dh, int64_t clip, float *dq, float *d_rel);
+LM_API void lm_rt_relative_values_grad(const float *dOut, const float *p, const float *rel, int64_t BH, int64_t N,
+                                       int64_t M, int64_t dh, int64_t clip, float *dp, float *d_rel);
 LM_API void lm_rt_embed_grad(const float *dy, const int32_t *ids, const int32_t *lengths, int64_t B, int64_t N,
                              int64_t D, int64_t V, float *out);
 LM_API void lm_rt_positions_grad(const float *dy, const int32_t *lengths, int64_t B, int64_t N, int64_t D, int64_t L,
