@@ -96,6 +96,29 @@ int64_t ownFlops(Operation *op, Sizes z) {
     auto w = tl.getWeight().getType(); // [V, D]
     return 2 * rows(tl.getHidden(), z) * w.getDimSize(1) * w.getDimSize(0);
   }
+  // Training. The loss head as token_logprob; its backward recomputes the logits and computes dh and dW.
+  if (auto tl = llvm::dyn_cast<lm::TokenLossOp>(op)) {
+    auto w = tl.getWeight().getType();
+    return 2 * rows(tl.getHidden(), z) * w.getDimSize(1) * w.getDimSize(0);
+  }
+  if (auto g = llvm::dyn_cast<lm::TokenLossGradOp>(op)) {
+    auto w = g.getWeight().getType();
+    return 3 * 2 * rows(g.getHidden(), z) * w.getDimSize(1) * w.getDimSize(0);
+  }
+  if (auto g = llvm::dyn_cast<lm::LinearGradOp>(op)) { // dx = dy W and dW = dy^T x
+    auto w = g.getWeight().getType();
+    return 2 * 2 * rows(g.getInput(), z) * w.getDimSize(1) * w.getDimSize(0);
+  }
+  if (auto g = llvm::dyn_cast<lm::AttentionGradOp>(op)) {
+    // Q K^T and P V recomputed, then dP = dO V^T, dQ = dS K, dK = dS^T Q, dV = P^T dO: three times the
+    // forward's two products (the relative terms likewise).
+    int64_t bn = rows(g.getQuery(), z), m = resolvedShape(g.getKey().getType(), z)[1], d = lastDim(g.getQuery(), z);
+    return (g.getRelKey() ? 4 : 2) * 3 * 2 * bn * m * d;
+  }
+  if (auto g = llvm::dyn_cast<lm::RelativeScoresGradOp>(op)) // dq and drel: two products per score
+    return 2 * 2 * elements(g.getGrad(), z) * lastDim(g.getQuery(), z);
+  if (auto g = llvm::dyn_cast<lm::RelativeValuesGradOp>(op)) // dp and drel
+    return 2 * 2 * elements(g.getProbs(), z) * lastDim(g.getGrad(), z);
   return 0;
 }
 

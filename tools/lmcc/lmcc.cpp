@@ -507,7 +507,8 @@ std::vector<std::vector<float>> compiledEmbed(const lmcc::ModelSpec &spec, const
 void printStats(const std::vector<lmcc::codegen::EntryStats> &stats) {
   for (const auto &entry : stats)
     if (entry.entry.rfind("fold_", 0) != 0) // load-time functions (lm-fold-constants) are not entry points
-      std::cout << entry.entry << ": flops=" << entry.flops << " temp_bytes=" << entry.tempBytes << "\n";
+      std::cout << (entry.entry == "loss_grad" ? std::string("train") : entry.entry) << ": flops=" << entry.flops
+                << " temp_bytes=" << entry.tempBytes << "\n";
 }
 
 int runStats(const Options &o, const lmcc::ModelSpec &spec) {
