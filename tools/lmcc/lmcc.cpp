@@ -269,6 +269,7 @@ struct CompiledModel {
 
 /// One batch of `lmcc grad` / `lmcc train`: {"inputs":[[...],...],"targets":[[...],...]}, ragged.
 struct TrainBatch {
+  std::vector<std::vector<int32_t>> raggedInputs, raggedTargets;
   std::vector<int32_t> inputs, targets, lengths;
   int32_t batch = 0, stride = 1;
   int64_t targetCount = 0;
@@ -316,6 +317,8 @@ TrainBatch parseBatch(const nlohmann::json &j, const std::string &where, const l
       b.targets[s * b.stride + i] = int32_t(y);
       b.targetCount += y >= 0;
     }
+    b.raggedInputs.emplace_back(b.inputs.begin() + s * b.stride, b.inputs.begin() + s * b.stride + in[s].size());
+    b.raggedTargets.emplace_back(b.targets.begin() + s * b.stride, b.targets.begin() + s * b.stride + in[s].size());
   }
   if (b.targetCount == 0)
     throw InputError(where + ": the batch has no target (every target is -1)");
@@ -367,24 +370,32 @@ int runGrad(Options o) {
   TrainBatch b = parseBatch(parseJson(readText(o.batch, "batch file"), o.batch), o.batch, spec);
   if (o.output.empty())
     throw InputError("lmcc grad needs -o GRADS.safetensors");
-  o.train = true;
-  CompiledModel m(spec, o);
-  lm_set_num_threads(o.threads);
-  const lm_model_desc *d = m.desc();
-  std::vector<float> grad(size_t(lm_rt_num_params(d)));
   float loss = 0;
-  if (lm_rt_loss_and_grad(m.model, b.inputs.data(), b.targets.data(), b.lengths.data(), b.batch, b.stride, &loss,
-                          grad.data()) != LM_OK)
-    throw InputError(lm_last_error());
   lmcc::WeightSet out;
-  for (int32_t i = 0; i < d->num_tensors; ++i) {
-    const char *name = nullptr;
-    int64_t offset = 0, count = 0;
-    lm_rt_param_info(d, i, &name, &offset, &count);
-    lmcc::Tensor t;
-    t.shape.assign(d->tensors[i].shape, d->tensors[i].shape + d->tensors[i].rank);
-    t.data.assign(grad.begin() + offset, grad.begin() + offset + count);
-    out.tensors.emplace(name, std::move(t));
+  if (o.reference) { // the Eigen oracle: runtime/reference's lossAndGrad
+    lmcc::reference::LossAndGrad r = lmcc::reference::lossAndGrad(
+        spec, lmcc::loadModelWeights(o.weights, spec), b.raggedInputs, b.raggedTargets, spec.train.labelSmoothing,
+        o.threads);
+    loss = float(r.loss);
+    out.tensors = std::move(r.grads.tensors);
+  } else {
+    o.train = true;
+    CompiledModel m(spec, o);
+    lm_set_num_threads(o.threads);
+    const lm_model_desc *d = m.desc();
+    std::vector<float> grad(size_t(lm_rt_num_params(d)));
+    if (lm_rt_loss_and_grad(m.model, b.inputs.data(), b.targets.data(), b.lengths.data(), b.batch, b.stride, &loss,
+                            grad.data()) != LM_OK)
+      throw InputError(lm_last_error());
+    for (int32_t i = 0; i < d->num_tensors; ++i) {
+      const char *name = nullptr;
+      int64_t offset = 0, count = 0;
+      lm_rt_param_info(d, i, &name, &offset, &count);
+      lmcc::Tensor t;
+      t.shape.assign(d->tensors[i].shape, d->tensors[i].shape + d->tensors[i].rank);
+      t.data.assign(grad.begin() + offset, grad.begin() + offset + count);
+      out.tensors.emplace(name, std::move(t));
+    }
   }
   out.metadata["name"] = spec.name;
   out.metadata["spec_hash"] = lmcc::specHash(spec);
@@ -656,6 +667,7 @@ int main(int argc, char **argv) {
   grad->add_option("--batch", o.batch, "one JSON object {\"inputs\":[[...]],\"targets\":[[...]]} (ragged)")
       ->required();
   grad->add_option("-o,--output", o.output, "gradients as safetensors (canonical names)")->required();
+  grad->add_flag("--reference", o.reference, "compute with the reference executor (the numeric oracle)");
   grad->add_option("--threads", o.threads, "worker threads (results do not depend on it)")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
