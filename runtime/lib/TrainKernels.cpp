@@ -249,17 +249,18 @@ void activationGrad(const float *dy, const float *x, int64_t n, int32_t kind, fl
   const double k = std::sqrt(2.0 / 3.14159265358979323846);
   parallelFor(blocks(n, 4096), [&](int64_t blk) {
     for (int64_t i = blk * 4096; i < std::min(n, (blk + 1) * 4096); ++i) {
-      const double v = x[i];
-      double d;
+      // float math (the forward is float too): erff/expf/tanhf are several times cheaper than double.
+      const float v = x[i];
+      float d;
       if (kind == LMRT_ACT_RELU) {
-        d = v > 0 ? 1.0 : 0.0;
+        d = v > 0 ? 1.0f : 0.0f;
       } else if (kind == LMRT_ACT_GELU) {
-        d = 0.5 * (1 + std::erf(v * kInvSqrt2)) + v * kInvSqrt2Pi * std::exp(-0.5 * v * v);
+        d = 0.5f * (1 + std::erf(v * float(kInvSqrt2))) + v * float(kInvSqrt2Pi) * std::exp(-0.5f * v * v);
       } else {
-        const double u = k * (v + 0.044715 * v * v * v), th = std::tanh(u);
-        d = 0.5 * (1 + th) + 0.5 * v * (1 - th * th) * k * (1 + 3 * 0.044715 * v * v);
+        const float kf = float(k), u = kf * (v + 0.044715f * v * v * v), th = std::tanh(u);
+        d = 0.5f * (1 + th) + 0.5f * v * (1 - th * th) * kf * (1 + 3 * 0.044715f * v * v);
       }
-      dx[i] = float(dy[i] * d);
+      dx[i] = dy[i] * d;
     }
   });
 }
@@ -270,6 +271,8 @@ void attentionGrad(const float *dO, const float *q, const float *k, const float 
                    const float *relK, const float *relV, int64_t clip, int64_t B, int64_t N, int64_t M, int64_t D,
                    int64_t heads, int32_t mask, float scale, float *dq, float *dk, float *dv, float *dRelK,
                    float *dRelV) {
+  using Strided = Eigen::Map<Matrix, 0, Eigen::OuterStride<>>;
+  using ConstStrided = Eigen::Map<const Matrix, 0, Eigen::OuterStride<>>;
   const int64_t dh = D / heads, R = 2 * clip + 1;
   const bool rel = relK && relV;
   std::memset(dq, 0, sizeof(float) * B * N * D);
@@ -277,76 +280,78 @@ void attentionGrad(const float *dO, const float *q, const float *k, const float 
   std::memset(dv, 0, sizeof(float) * B * M * D);
   // Per-piece relative-table gradients, summed in piece order below.
   std::vector<float> relParts(rel ? B * heads * 2 * R * dh : 0, 0.0f);
-  // One piece per (sentence, head): its dq, dk, dv columns are written by that piece only.
+  // One piece per (sentence, head): the products of that head's rows as small GEMMs ([n, m] scratch of one
+  // head; the [B, H, N, M] tensor never exists); its dq, dk, dv columns are written by that piece only.
   parallelFor(B * heads, [&](int64_t piece) {
     const int64_t b = piece / heads, hd = piece % heads, off = hd * dh;
     const int64_t n = std::min<int64_t>(lengths[b], N), m = std::min<int64_t>(lengths[b], M);
+    const Eigen::OuterStride<> stride(D);
+    ConstStrided Q(q + b * N * D + off, n, dh, stride), G(dO + b * N * D + off, n, dh, stride);
+    ConstStrided K(k + b * M * D + off, m, dh, stride), V(v + b * M * D + off, m, dh, stride);
     float *pk = rel ? relParts.data() + piece * 2 * R * dh : nullptr, *pv = rel ? pk + R * dh : nullptr;
-    std::vector<double> s(m), p(m), o(dh);
-    for (int64_t i = 0; i < n; ++i) {
-      const float *qi = q + (b * N + i) * D + off, *gi = dO + (b * N + i) * D + off;
-      double mx = -INFINITY;
-      for (int64_t j = 0; j < m; ++j) {
-        if (!visible(mask, i, j)) {
-          s[j] = -INFINITY;
-          continue;
-        }
-        const float *kj = k + (b * M + j) * D + off;
-        float dot = 0;
-        for (int64_t c = 0; c < dh; ++c)
-          dot += qi[c] * kj[c];
-        if (rel) {
+    Matrix S = Q * K.transpose();
+    if (rel)
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < m; ++j) {
           const float *rk = relK + relIndex(i, j, clip) * dh;
           float r = 0;
           for (int64_t c = 0; c < dh; ++c)
-            r += qi[c] * rk[c];
-          dot += r;
+            r += Q(i, c) * rk[c];
+          S(i, j) += r;
         }
-        s[j] = double(dot * scale);
-        mx = std::max(mx, s[j]);
-      }
-      if (mx == -INFINITY)
-        continue; // no visible key: zero context, zero gradient
+    // Probabilities as the forward computes them: scaled scores, max and sum of exponentials in double.
+    Matrix P(n, m);
+    for (int64_t i = 0; i < n; ++i) {
+      double mx = -INFINITY;
+      for (int64_t j = 0; j < m; ++j)
+        if (visible(mask, i, j))
+          mx = std::max(mx, double(S(i, j) * scale));
       double sum = 0;
       for (int64_t j = 0; j < m; ++j)
-        sum += s[j] == -INFINITY ? 0.0 : std::exp(s[j] - mx);
-      std::fill(o.begin(), o.end(), 0.0);
-      for (int64_t j = 0; j < m; ++j) {
-        p[j] = s[j] == -INFINITY ? 0.0 : std::exp(s[j] - mx) / sum;
-        if (p[j] == 0.0)
-          continue;
-        const float *vj = v + (b * M + j) * D + off;
-        const float *rv = rel ? relV + relIndex(i, j, clip) * dh : nullptr;
-        for (int64_t c = 0; c < dh; ++c)
-          o[c] += p[j] * (vj[c] + (rv ? rv[c] : 0.0f));
-      }
+        sum += visible(mask, i, j) ? std::exp(double(S(i, j) * scale) - mx) : 0.0;
+      for (int64_t j = 0; j < m; ++j)
+        P(i, j) = visible(mask, i, j) && mx != -INFINITY ? float(std::exp(double(S(i, j) * scale) - mx) / sum) : 0.0f;
+    }
+    Matrix O = P * V;
+    Matrix dP = G * V.transpose();
+    if (rel)
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < m; ++j) {
+          if (P(i, j) == 0.0f)
+            continue;
+          const float *rv = relV + relIndex(i, j, clip) * dh;
+          float dot = 0;
+          for (int64_t c = 0; c < dh; ++c) {
+            O(i, c) += P(i, j) * rv[c];
+            dot += G(i, c) * rv[c];
+          }
+          dP(i, j) += dot;
+        }
+    Matrix dS(n, m);
+    for (int64_t i = 0; i < n; ++i) {
       double di = 0;
       for (int64_t c = 0; c < dh; ++c)
-        di += double(gi[c]) * o[c];
-      float *dqi = dq + (b * N + i) * D + off;
-      for (int64_t j = 0; j < m; ++j) {
-        if (p[j] == 0.0)
-          continue;
-        const int64_t ri = rel ? relIndex(i, j, clip) : 0;
-        const float *kj = k + (b * M + j) * D + off, *vj = v + (b * M + j) * D + off;
-        const float *rk = rel ? relK + ri * dh : nullptr, *rv = rel ? relV + ri * dh : nullptr;
-        float *dkj = dk + (b * M + j) * D + off, *dvj = dv + (b * M + j) * D + off;
-        double dp = 0;
-        for (int64_t c = 0; c < dh; ++c)
-          dp += double(gi[c]) * (vj[c] + (rv ? rv[c] : 0.0f));
-        const float ds = float(p[j] * (dp - di)) * scale, pj = float(p[j]);
-        for (int64_t c = 0; c < dh; ++c) {
-          dqi[c] += ds * (kj[c] + (rk ? rk[c] : 0.0f));
-          dkj[c] += ds * qi[c];
-          dvj[c] += pj * gi[c];
-        }
-        if (rel)
-          for (int64_t c = 0; c < dh; ++c) {
-            pk[ri * dh + c] += ds * qi[c];
-            pv[ri * dh + c] += pj * gi[c];
-          }
-      }
+        di += double(G(i, c)) * O(i, c);
+      for (int64_t j = 0; j < m; ++j)
+        dS(i, j) = P(i, j) == 0.0f ? 0.0f : float(P(i, j) * (dP(i, j) - di)) * scale;
     }
+    Strided dQ(dq + b * N * D + off, n, dh, stride), dK(dk + b * M * D + off, m, dh, stride),
+        dV(dv + b * M * D + off, m, dh, stride);
+    dQ.noalias() = dS * K;
+    dK.noalias() = dS.transpose() * Q;
+    dV.noalias() = P.transpose() * G;
+    if (rel)
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < m; ++j) {
+          if (P(i, j) == 0.0f)
+            continue;
+          const int64_t ri = relIndex(i, j, clip);
+          for (int64_t c = 0; c < dh; ++c) {
+            dQ(i, c) += dS(i, j) * relK[ri * dh + c];
+            pk[ri * dh + c] += dS(i, j) * Q(i, c);
+            pv[ri * dh + c] += P(i, j) * G(i, c);
+          }
+        }
   });
   if (rel) {
     std::memset(dRelK, 0, sizeof(float) * R * dh);
