@@ -69,7 +69,8 @@ int64_t countTargets(const int32_t *targets, const int32_t *lengths, int64_t B, 
   return T;
 }
 
-constexpr int64_t kRowBlock = 64;    ///< rows per GEMM piece of the linear backward
+constexpr int64_t kRowBlock = 64;    ///< rows per piece of the row-wise kernels
+constexpr int64_t kGemmRows = 256;   ///< rows (dx) / output features (dW) per GEMM piece of the linear backward
 constexpr int64_t kVocabTile = 512;  ///< vocabulary columns per tile of the loss kernels
 constexpr int64_t kVocabSlices = 8;  ///< vocabulary slices of the loss backward, each with its own dh
 
@@ -96,9 +97,11 @@ void tokenLoss(const float *h, const float *W, const float *bias, const int32_t 
         double m = mx[r];
         for (int64_t c = 0; c < nv; ++c)
           m = std::max(m, double(row[c]));
+        // Exponentials in float (the logits are float; expf is much cheaper), summed in double.
         double s = 0, tot = 0;
+        const float mf = float(m);
         for (int64_t c = 0; c < nv; ++c) {
-          s += std::exp(double(row[c]) - m);
+          s += std::exp(row[c] - mf);
           tot += row[c];
         }
         sum[r] = sum[r] * std::exp(mx[r] - m) + s;
@@ -154,11 +157,13 @@ void tokenLossGrad(const float *h, const float *W, const float *bias, const int3
         const int32_t y = targets[live[i]];
         const double l = lse[live[i]];
         float *row = G.data() + i * kVocabTile;
+        const float lf = float(l), offf = float(off), invTf = float(invT);
         for (int64_t c = 0; c < nv; ++c) {
-          double logit = double(row[c]) + (bias ? double(bias[v0 + c]) : 0.0);
-          double g = std::exp(logit - l) - off - (v0 + c == y ? 1 - smoothing : 0.0);
-          row[c] = float(g * invT);
+          const float logit = row[c] + (bias ? bias[v0 + c] : 0.0f);
+          row[c] = (std::exp(logit - lf) - offf) * invTf;
         }
+        if (y >= v0 && y < v0 + nv)
+          row[y - v0] -= float((1 - smoothing) * invT);
       }
       Map(dW + v0 * D, nv, D).noalias() = L.transpose() * Hl;
       if (dbias)
@@ -183,16 +188,16 @@ void tokenLossGrad(const float *h, const float *W, const float *bias, const int3
 void linearGrad(const float *dy, const float *x, const float *W, int64_t rows, int64_t in, int64_t out, float *dx,
                 float *dW, float *db) {
   ConstMap Wm(W, out, in);
-  const int64_t rowBlocks = dx ? blocks(rows, kRowBlock) : 0;
-  const int64_t outBlocks = blocks(out, kRowBlock);
+  const int64_t rowBlocks = dx ? blocks(rows, kGemmRows) : 0;
+  const int64_t outBlocks = blocks(out, kGemmRows / 2);
   // Pieces: dx row blocks, then dW blocks of output features (with their bias sums).
   parallelFor(rowBlocks + outBlocks, [&](int64_t p) {
     if (p < rowBlocks) {
-      const int64_t r0 = p * kRowBlock, nr = std::min(kRowBlock, rows - r0);
+      const int64_t r0 = p * kGemmRows, nr = std::min(kGemmRows, rows - r0);
       Map(dx + r0 * in, nr, in).noalias() = ConstMap(dy + r0 * out, nr, out) * Wm;
       return;
     }
-    const int64_t o0 = (p - rowBlocks) * kRowBlock, no = std::min(kRowBlock, out - o0);
+    const int64_t o0 = (p - rowBlocks) * (kGemmRows / 2), no = std::min(kGemmRows / 2, out - o0);
     Eigen::Map<const Matrix, 0, Eigen::OuterStride<>> dyCols(dy + o0, rows, no, Eigen::OuterStride<>(out));
     Map(dW + o0 * in, no, in).noalias() = dyCols.transpose() * ConstMap(x, rows, in);
     if (db)

@@ -262,6 +262,15 @@ int lm_rt_trainer_new(lm_model *m, lm_trainer **out) {
     } catch (const std::invalid_argument &e) {
       argument(std::string("optimizer settings: ") + e.what());
     }
+    t->optimizer->setParallel([](int64_t n, const std::function<void(int64_t)> &body) {
+      lm_rt_parallel_for(
+          n,
+          [](void *ctx, int64_t begin, int64_t end) {
+            for (int64_t i = begin; i < end; ++i)
+              (*static_cast<const std::function<void(int64_t)> *>(ctx))(i);
+          },
+          const_cast<std::function<void(int64_t)> *>(&body));
+    });
     t->grads.assign(d.total_floats, 0.0f);
     *out = t.release();
   });

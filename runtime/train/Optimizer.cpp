@@ -94,6 +94,9 @@ Optimizer::Optimizer(OptimizerConfig config, std::vector<ParamSlot> slots)
     expAvg_.assign(static_cast<size_t>(numFloats_), 0.0f);
     expAvgSq_.assign(static_cast<size_t>(numFloats_), 0.0f);
   }
+  for (size_t i = 0; i < slots_.size(); ++i)
+    for (int64_t b = 0; b < numel_[i]; b += kChunk)
+      chunks_.push_back({i, b, std::min(numel_[i], b + kChunk)});
 }
 
 double Optimizer::scheduleFactor(int64_t s) const {
@@ -115,13 +118,26 @@ double Optimizer::scheduleFactor(int64_t s) const {
   return 0.0;
 }
 
+void Optimizer::forEachChunk(const std::function<void(const Chunk &)> &body) const {
+  if (parallel_)
+    parallel_(int64_t(chunks_.size()), [&](int64_t c) { body(chunks_[size_t(c)]); });
+  else
+    for (const Chunk &c : chunks_)
+      body(c);
+}
+
 double Optimizer::gradNorm(const float *grads) const {
-  double sum = 0.0;
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    const float *g = grads + slots_[i].offset;
-    for (int64_t k = 0; k < numel_[i]; ++k)
+  std::vector<double> partial(chunks_.size(), 0.0);
+  forEachChunk([&](const Chunk &c) {
+    const float *g = grads + slots_[c.slot].offset;
+    double sum = 0.0;
+    for (int64_t k = c.begin; k < c.end; ++k)
       sum += static_cast<double>(g[k]) * static_cast<double>(g[k]);
-  }
+    partial[size_t(&c - chunks_.data())] = sum;
+  });
+  double sum = 0.0;
+  for (double s : partial)
+    sum += s;
   return std::sqrt(sum);
 }
 
@@ -136,63 +152,59 @@ Optimizer::StepInfo Optimizer::step(float *params, float *grads) {
   }
   StepInfo info;
   info.gradNorm = gradNorm(grads);
-  if (config_.clipNorm > 0) {
-    double coef = config_.clipNorm / (info.gradNorm + 1e-6);
-    if (coef < 1.0)
-      for (size_t i = 0; i < slots_.size(); ++i) {
-        float *g = grads + slots_[i].offset;
-        for (int64_t k = 0; k < numel_[i]; ++k)
-          g[k] = static_cast<float>(static_cast<double>(g[k]) * coef);
-      }
-  }
+  double coef = 1.0;
+  if (config_.clipNorm > 0)
+    coef = std::min(1.0, config_.clipNorm / (info.gradNorm + 1e-6));
+  const bool clip = coef < 1.0;
   const double lr = config_.lr * scheduleFactor(steps_);
   info.lr = lr;
   const double wd = config_.weightDecay;
+  const double b1 = config_.beta1, b2 = config_.beta2, eps = config_.eps;
+  const double t = static_cast<double>(steps_ + 1);
+  const double bc1 = 1.0 - std::pow(b1, t), bc2Sqrt = std::sqrt(1.0 - std::pow(b2, t));
+  const double stepSize = lr / bc1;
+  const bool decoupled = config_.kind == OptimizerConfig::AdamW, sgd = config_.kind == OptimizerConfig::SGD;
 
-  if (config_.kind == OptimizerConfig::SGD) {
-    for (size_t i = 0; i < slots_.size(); ++i) {
-      const bool decay = slots_[i].shape.size() >= 2;
-      float *p = params + slots_[i].offset;
-      const float *g = grads + slots_[i].offset;
-      for (int64_t k = 0; k < numel_[i]; ++k) {
+  forEachChunk([&](const Chunk &c) {
+    const ParamSlot &slot = slots_[c.slot];
+    float *p = params + slot.offset;
+    float *g = grads + slot.offset;
+    if (clip)
+      for (int64_t k = c.begin; k < c.end; ++k)
+        g[k] = static_cast<float>(static_cast<double>(g[k]) * coef);
+    if (sgd) {
+      const bool decay = slot.shape.size() >= 2;
+      for (int64_t k = c.begin; k < c.end; ++k) {
         double d = static_cast<double>(g[k]);
         if (decay)
           d += wd * static_cast<double>(p[k]);
         p[k] = static_cast<float>(static_cast<double>(p[k]) - lr * d);
       }
+      return;
     }
-    ++steps_;
-    return info;
-  }
-
-  const double b1 = config_.beta1, b2 = config_.beta2, eps = config_.eps;
-  const double t = static_cast<double>(steps_ + 1);
-  const double bc1 = 1.0 - std::pow(b1, t), bc2Sqrt = std::sqrt(1.0 - std::pow(b2, t));
-  const double stepSize = lr / bc1;
-  const bool decoupled = config_.kind == OptimizerConfig::AdamW;
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    const bool decay = slots_[i].shape.size() >= 2 && wd != 0.0;
-    const int64_t off = slots_[i].offset;
-    float *p = params + off;
-    const float *g = grads + off;
-    float *m = expAvg_.data() + off;
-    float *v = expAvgSq_.data() + off;
-    for (int64_t k = 0; k < numel_[i]; ++k) {
-      double pk = static_cast<double>(p[k]);
-      double gk = static_cast<double>(g[k]);
+    const bool decay = slot.shape.size() >= 2 && wd != 0.0;
+    float *m = const_cast<float *>(expAvg_.data()) + slot.offset;
+    float *v = const_cast<float *>(expAvgSq_.data()) + slot.offset;
+    // float arithmetic in torch's order (lerp_, mul_/addcmul_, sqrt/div/add, addcdiv_), with the scalars
+    // rounded once: the loop vectorizes, and it is what torch computes.
+    const float shrink = static_cast<float>(1.0 - lr * wd), wdf = static_cast<float>(wd);
+    const float w1 = static_cast<float>(1.0 - b1), b2f = static_cast<float>(b2), w2 = static_cast<float>(1.0 - b2);
+    const float bc2f = static_cast<float>(bc2Sqrt), epsf = static_cast<float>(eps);
+    const float step = static_cast<float>(stepSize);
+    for (int64_t k = c.begin; k < c.end; ++k) {
+      float pk = p[k], gk = g[k];
       if (decay) {
         if (decoupled)
-          pk *= 1.0 - lr * wd;  // torch.optim.AdamW: decay before the update
+          pk *= shrink;    // torch.optim.AdamW: decay before the update
         else
-          gk += wd * pk;  // torch.optim.Adam: L2 added to the gradient
+          gk += wdf * pk;  // torch.optim.Adam: L2 added to the gradient
       }
-      // Moments are float state (as torch's); the update reads the rounded values.
-      m[k] = static_cast<float>(b1 * static_cast<double>(m[k]) + (1.0 - b1) * gk);
-      v[k] = static_cast<float>(b2 * static_cast<double>(v[k]) + (1.0 - b2) * gk * gk);
-      double denom = std::sqrt(static_cast<double>(v[k])) / bc2Sqrt + eps;
-      p[k] = static_cast<float>(pk - stepSize * static_cast<double>(m[k]) / denom);
+      const float mk = m[k] + w1 * (gk - m[k]);
+      const float vk = b2f * v[k] + w2 * gk * gk;
+      m[k] = mk, v[k] = vk;
+      p[k] = pk - step * (mk / (std::sqrt(vk) / bc2f + epsf));
     }
-  }
+  });
   ++steps_;
   return info;
 }

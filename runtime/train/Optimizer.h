@@ -28,6 +28,7 @@
 #include "runtime/weights/Safetensors.h"
 
 #include <cstdint>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -77,6 +78,12 @@ public:
 
   /// Updates done so far.
   int64_t steps() const { return steps_; }
+  /// Runs body(i) for i in [0, n), possibly in parallel (liblmrt passes its thread arena). Work is cut
+  /// into fixed chunks of at most kChunk elements of one tensor whatever runs them, and the norm's
+  /// per-chunk partial sums are added in chunk order: results do not depend on the thread count.
+  using ParallelFor = std::function<void(int64_t n, const std::function<void(int64_t)> &body)>;
+  void setParallel(ParallelFor parallel) { parallel_ = std::move(parallel); }
+  static constexpr int64_t kChunk = 1 << 16;
   const OptimizerConfig &config() const { return config_; }
   const std::vector<ParamSlot> &slots() const { return slots_; }
   /// Floats a flat buffer needs: max over slots of offset + numel.
@@ -107,6 +114,13 @@ private:
   std::vector<int64_t> numel_;  ///< per slot
   int64_t numFloats_ = 0;
   std::vector<float> expAvg_, expAvgSq_;  ///< flat, same layout as params (Adam/AdamW only)
+  struct Chunk {
+    size_t slot;
+    int64_t begin, end; ///< elements of that slot
+  };
+  std::vector<Chunk> chunks_;
+  ParallelFor parallel_;
+  void forEachChunk(const std::function<void(const Chunk &)> &body) const;
   int64_t steps_ = 0;
 };
 
