@@ -12,6 +12,7 @@
 #include "frontend/Spec.h"
 #include "runtime/reference/Executor.h"
 #include "runtime/lib/lmrt.h"
+#include "runtime/lib/Tokenizer.h"
 #include "runtime/weights/ModelWeights.h"
 
 #include <CLI/CLI.hpp>
@@ -23,6 +24,7 @@
 #include <cerrno>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -107,6 +109,115 @@ std::vector<std::vector<int32_t>> readIds(const std::string &path, const lmcc::M
   return sentences;
 }
 
+/// The spec's [tokenizer]: the vocabulary, the [tokens] ids as specials, and the special strings
+/// given in the spec checked against the vocabulary's lines.
+lmcc::Tokenizer loadTokenizer(const lmcc::ModelSpec &spec) {
+  if (!spec.tokenizer)
+    throw lmcc::SpecError(spec.sourcePath, "tokenizer",
+                          "text input needs a [tokenizer] table (vocab = \"vocab.txt\", lowercase = true)");
+  const lmcc::TokenizerSpec &t = *spec.tokenizer;
+  lmcc::SpecialIds ids;
+  ids.pad = int32_t(spec.tokens.pad), ids.eos = int32_t(spec.tokens.eos), ids.unk = int32_t(spec.tokens.unk);
+  ids.bos = int32_t(spec.tokens.bos), ids.mask = int32_t(spec.tokens.mask);
+  lmcc::Tokenizer tok = [&] {
+    try {
+      return lmcc::Tokenizer::fromFile(t.vocabPath, t.lowercase, ids);
+    } catch (const lmcc::TokenizerError &e) {
+      throw InputError(std::string(e.what()) + " (the vocabulary of " + spec.where("tokenizer.vocab") + ")");
+    }
+  }();
+  if (int64_t(tok.size()) > spec.dims.vocab)
+    throw lmcc::SpecError(spec.where("tokenizer.vocab"), "tokenizer.vocab",
+                          t.vocabPath + " has " + std::to_string(tok.size()) + " tokens, more than [dims] vocab = " +
+                              std::to_string(spec.dims.vocab));
+  const std::tuple<const char *, const std::string *, int64_t> named[] = {{"pad", &t.pad, spec.tokens.pad},
+                                                                          {"eos", &t.eos, spec.tokens.eos},
+                                                                          {"unk", &t.unk, spec.tokens.unk},
+                                                                          {"bos", &t.bos, spec.tokens.bos},
+                                                                          {"mask", &t.mask, spec.tokens.mask}};
+  for (auto [key, str, id] : named) {
+    if (str->empty())
+      continue;
+    int32_t found = tok.find(*str);
+    std::string field = std::string("tokenizer.") + key;
+    if (found < 0)
+      throw lmcc::SpecError(spec.where(field), field, "\"" + *str + "\" is not in the vocabulary " + t.vocabPath);
+    if (found != id)
+      throw lmcc::SpecError(spec.where(field), field,
+                            "\"" + *str + "\" is id " + std::to_string(found) + " (line " + std::to_string(found + 1) +
+                                " of " + t.vocabPath + ") but [tokens] " + key + " = " + std::to_string(id));
+  }
+  return tok;
+}
+
+std::string readInput(const std::string &path, const char *what) {
+  if (path == "-") {
+    std::stringstream ss;
+    ss << std::cin.rdbuf();
+    return ss.str();
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw InputError(path + ": cannot open the " + what);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+/// Tokenizes one sentence per line of UTF-8 text (bos + pieces + eos). A final newline does not
+/// start a line; "\r\n" is accepted. Invalid UTF-8 and sentences longer than max_len (unless
+/// `truncate`: keep bos, the first max_len - 2 pieces and eos) are errors naming `file:line`.
+std::vector<std::vector<int32_t>> readText(const std::string &path, const lmcc::ModelSpec &spec,
+                                           const lmcc::Tokenizer &tok, bool truncate) {
+  std::string text = readInput(path, "text file");
+  const std::string name = path == "-" ? "<stdin>" : path;
+  std::vector<std::vector<int32_t>> sentences;
+  size_t pos = 0;
+  int64_t lineNo = 0;
+  while (pos < text.size()) {
+    size_t end = text.find('\n', pos);
+    std::string_view line(text.data() + pos, (end == std::string::npos ? text.size() : end) - pos);
+    pos = end == std::string::npos ? text.size() : end + 1;
+    ++lineNo;
+    if (!line.empty() && line.back() == '\r')
+      line.remove_suffix(1);
+    std::string where = name + ":" + std::to_string(lineNo);
+    std::vector<int32_t> ids;
+    try {
+      ids = tok.encodeSentence(line, where);
+    } catch (const lmcc::TokenizerError &e) {
+      throw InputError(e.what());
+    }
+    if (int64_t(ids.size()) > spec.dims.maxLen) {
+      if (!truncate)
+        throw InputError(where + ": sentence of " + std::to_string(ids.size()) + " tokens (with bos and eos) is " +
+                         "longer than max_len = " + std::to_string(spec.dims.maxLen) + " (--truncate cuts it)");
+      ids.resize(size_t(spec.dims.maxLen));
+      ids.back() = int32_t(spec.tokens.eos);
+    }
+    sentences.push_back(std::move(ids));
+  }
+  return sentences;
+}
+
+/// A JSON string literal (pieces may hold quotes, backslashes and any UTF-8).
+std::string jsonString(const std::string &s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += char(c);
+    } else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += char(c);
+    }
+  }
+  return out + "\"";
+}
+
 /// Formats a float with 9 significant digits; non-finite values are an error.
 void appendNumber(std::string &out, double v, const char *what, size_t line) {
   if (!std::isfinite(v))
@@ -118,8 +229,10 @@ void appendNumber(std::string &out, double v, const char *what, size_t line) {
 }
 
 struct Options {
-  std::string spec, weights, ids = "-", output, from, input, cpu, dumpIR, gemm = "generated";
+  std::string spec, weights, ids = "-", output, from, input, cpu, dumpIR, gemm = "generated", text, corpus;
   bool json = false, reference = false, embedWeights = false, staticArchive = false, naive = false, stats = false;
+  bool tokens = false, truncate = false, lowercase = false;
+  int64_t vocabSize = 0;
   std::map<std::string, bool> noPass; // pass flag -> --no-<pass> given
   int64_t statsN = 0;
   int threads = 1;
@@ -359,6 +472,49 @@ int runCompile(const Options &o) {
   return kExitOk;
 }
 
+int runTokenize(const Options &o) {
+  lmcc::ModelSpec spec = lmcc::loadSpec(o.spec);
+  lmcc::Tokenizer tok = loadTokenizer(spec);
+  std::string out;
+  for (const auto &ids : readText(o.text, spec, tok, o.truncate)) {
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (i)
+        out += ' ';
+      out += o.tokens ? tok.piece(ids[i]) : std::to_string(ids[i]);
+    }
+    out += '\n';
+  }
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  return std::fflush(stdout) == 0 ? kExitOk : kExitInput;
+}
+
+int runVocab(const Options &o) {
+  if (o.vocabSize < 6)
+    throw InputError("--size " + std::to_string(o.vocabSize) + ": a vocabulary needs at least the 5 special tokens "
+                     "and one character");
+  std::string corpus = readInput(o.corpus, "corpus");
+  std::vector<std::string> vocab;
+  try {
+    // Specials first, at the ids of the family defaults ([tokens]: pad 0, eos 1, unk 2, bos 3, mask 4).
+    vocab = lmcc::buildWordPieceVocab(corpus, o.corpus == "-" ? "<stdin>" : o.corpus, o.vocabSize, o.lowercase,
+                                      {"[PAD]", "[EOS]", "[UNK]", "[SOS]", "[MASK]"});
+  } catch (const lmcc::TokenizerError &e) {
+    throw InputError(e.what());
+  }
+  if (int64_t(vocab.size()) > o.vocabSize)
+    vocab.resize(size_t(o.vocabSize));
+  std::string text;
+  for (const std::string &piece : vocab)
+    text += piece + "\n";
+  std::ofstream out(o.output, std::ios::binary);
+  if (!(out << text) || !out.flush())
+    throw InputError(o.output + ": cannot write");
+  if (int64_t(vocab.size()) < o.vocabSize)
+    std::cerr << "lmcc vocab: note: the corpus supports only " << vocab.size() << " entries (no pair occurs twice "
+              << "more); wrote " << vocab.size() << " instead of " << o.vocabSize << "\n";
+  return kExitOk;
+}
+
 int runScoreOrEmbed(const Options &o, bool score) {
   lmcc::ModelSpec spec = lmcc::loadSpec(o.spec);
   if (spec.family == lmcc::Family::NGram || spec.family == lmcc::Family::Diformer) {
@@ -366,7 +522,26 @@ int runScoreOrEmbed(const Options &o, bool score) {
               << "\" is parsed and emitted as IR only; executing it comes with its training objective\n";
     return kExitUnsupported;
   }
-  std::vector<std::vector<int32_t>> sentences = readIds(o.ids, spec);
+  if (score && !spec.mlm)
+    throw lmcc::SpecError(spec.where("head.mlm"), "head.mlm",
+                          "this model is encoder only (mlm = false): it has no output head to score with; "
+                          "use lmcc embed");
+  std::optional<lmcc::Tokenizer> tok;
+  std::vector<std::vector<int32_t>> sentences;
+  if (!o.text.empty()) {
+    tok = loadTokenizer(spec);
+    sentences = readText(o.text, spec, *tok, o.truncate);
+  } else {
+    if (o.tokens)
+      throw InputError("--tokens needs --text (and the spec's [tokenizer])");
+    sentences = readIds(o.ids, spec);
+  }
+  auto tokensField = [&](size_t s) {
+    std::string f = ",\"tokens\":[";
+    for (size_t i = 0; i < sentences[s].size(); ++i)
+      f += (i ? "," : "") + jsonString(tok->piece(sentences[s][i]));
+    return f + "]";
+  };
   std::string out;
   if (score) {
     std::vector<lmcc::reference::ScoreResult> results;
@@ -383,7 +558,10 @@ int runScoreOrEmbed(const Options &o, bool score) {
       }
       out += "],\"score\":";
       appendNumber(out, results[s].score, "score", s);
-      out += ",\"n_scored\":" + std::to_string(results[s].nScored) + "}\n";
+      out += ",\"n_scored\":" + std::to_string(results[s].nScored);
+      if (o.tokens)
+        out += tokensField(s);
+      out += "}\n";
     }
   } else {
     auto results = o.reference ? lmcc::reference::embed(spec, lmcc::loadModelWeights(o.weights, spec), sentences, o.threads)
@@ -395,7 +573,10 @@ int runScoreOrEmbed(const Options &o, bool score) {
           out += ',';
         appendNumber(out, results[s][i], "embedding value", s);
       }
-      out += "]}\n";
+      out += "]";
+      if (o.tokens)
+        out += tokensField(s);
+      out += "}\n";
     }
   }
   std::fwrite(out.data(), 1, out.size(), stdout);
@@ -451,6 +632,18 @@ int main(int argc, char **argv) {
   };
   addPipelineFlags(compile);
 
+  auto *tokenize = app.add_subcommand("tokenize", "tokenize text with the spec's [tokenizer]: ids, one sentence a line");
+  tokenize->add_option("SPEC", o.spec, "model spec (TOML) with a [tokenizer] table")->required();
+  tokenize->add_option("--text", o.text, "UTF-8 text, one sentence per line ('-' = stdin)")->required();
+  tokenize->add_flag("--tokens", o.tokens, "print the pieces instead of the ids");
+  tokenize->add_flag("--truncate", o.truncate, "cut sentences longer than max_len (bos, pieces, eos)");
+
+  auto *vocab = app.add_subcommand("vocab", "build a WordPiece vocabulary from a corpus (deterministic)");
+  vocab->add_option("--corpus", o.corpus, "UTF-8 text ('-' = stdin)")->required();
+  vocab->add_option("--size", o.vocabSize, "vocabulary entries, specials included")->required();
+  vocab->add_flag("--lowercase", o.lowercase, "BERT uncased normalization (lowercase, strip accents)");
+  vocab->add_option("-o,--output", o.output, "output vocabulary (one token a line)")->required();
+
   CLI::App *runners[2];
   const char *names[2] = {"score", "embed"};
   const char *help[2] = {"score sentences: one JSON object per input line",
@@ -460,7 +653,12 @@ int main(int argc, char **argv) {
     runners[k]->add_option("SPEC", o.spec, "model spec (TOML)")->required();
     runners[k]->add_option("--weights", o.weights, "safetensors weights (canonical or Hugging Face BERT names)")
         ->required();
-    runners[k]->add_option("--ids", o.ids, "token ids, one sentence per line ('-' = stdin)")->capture_default_str();
+    auto *idsOpt =
+        runners[k]->add_option("--ids", o.ids, "token ids, one sentence per line ('-' = stdin)")->capture_default_str();
+    runners[k]->add_option("--text", o.text, "UTF-8 text, one sentence per line, tokenized by the spec's [tokenizer]")
+        ->excludes(idsOpt);
+    runners[k]->add_flag("--tokens", o.tokens, "add a \"tokens\" field: the pieces (with --text)");
+    runners[k]->add_flag("--truncate", o.truncate, "cut sentences longer than max_len (bos, pieces, eos)");
     runners[k]->add_flag("--reference", o.reference,
                          "run the reference executor (the numeric oracle) instead of compiled code");
     runners[k]->add_option("--threads", o.threads, "worker threads (results do not depend on it)")
@@ -487,6 +685,10 @@ int main(int argc, char **argv) {
       return runConvert(o);
     if (*compile)
       return runCompile(o);
+    if (*tokenize)
+      return runTokenize(o);
+    if (*vocab)
+      return runVocab(o);
     return runScoreOrEmbed(o, bool(*runners[0]));
   } catch (const lmcc::SpecError &e) {
     std::cerr << e.what() << "\n";
