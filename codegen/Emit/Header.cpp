@@ -355,11 +355,12 @@ std::string generateGlue(const ModelFacts &spec, const std::vector<LayoutTensor>
      << "#else\n"
      << "#define LMCC_EXPORT\n"
      << "#endif\n\n";
-  os << "/* The compiled kernels (lm_score_kernel / lm_embed_kernel signatures). */\n"
-     << "extern void _mlir_ciface_" << name
-     << "_score_kernel(lm_memref1f *weights, lm_memref2i *ids, lm_memref1i *lengths, lm_memref2f *token_logprobs,\n"
-     << "    lm_memref1f *scores, lm_memref1i *n_scored);\n"
-     << "extern void _mlir_ciface_" << name
+  os << "/* The compiled kernels (lm_score_kernel / lm_embed_kernel signatures). */\n";
+  if (spec.hasScore)
+    os << "extern void _mlir_ciface_" << name
+       << "_score_kernel(lm_memref1f *weights, lm_memref2i *ids, lm_memref1i *lengths, lm_memref2f *token_logprobs,\n"
+       << "    lm_memref1f *scores, lm_memref1i *n_scored);\n";
+  os << "extern void _mlir_ciface_" << name
      << "_embed_kernel(lm_memref1f *weights, lm_memref2i *ids, lm_memref1i *lengths, lm_memref2f *out);\n"
      << "extern void _mlir_ciface_" << name << "_init_kernel(lm_memref1f *weights);\n";
   if (embedWeights)
@@ -386,7 +387,8 @@ std::string generateGlue(const ModelFacts &spec, const std::vector<LayoutTensor>
      << "    " << (tensors.empty() ? std::string("NULL") : tableName) << ", " << tensors.size()
      << ", /* tensors, num_tensors */\n"
      << "    " << totalFloats << ", /* total_floats */\n"
-     << "    _mlir_ciface_" << name << "_score_kernel,\n"
+     << "    " << (spec.hasScore ? "_mlir_ciface_" + name + "_score_kernel" : std::string("NULL /* encoder only */"))
+     << ",\n"
      << "    _mlir_ciface_" << name << "_embed_kernel,\n"
      << "    " << (embedWeights ? name + "_embedded_weights" : std::string("NULL")) << ", /* embedded_weights */\n"
      << "    _mlir_ciface_" << name << "_init_kernel /* init */\n"

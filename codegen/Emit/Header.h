@@ -24,6 +24,7 @@ struct ModelFacts {
   std::string name, family, specHash;
   int64_t vocab = 0, maxLen = 0, dModel = 0, heads = 0, dFF = 0, layers = 0;
   int64_t pad = 0, unk = 0, bos = 0, eos = 0, mask = 0;
+  bool hasScore = true; ///< false for an encoder-only model (no @score entry: <name>_score returns an error)
 };
 
 /// The public C header `<name>.h` (C99 and C++17, extern "C"): dimension macros,

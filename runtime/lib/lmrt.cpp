@@ -460,7 +460,8 @@ void scoreImpl(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t 
     argumentError("scores is NULL");
   const lm_model_desc *d = m->desc;
   if (!d->score)
-    internalError("model " + quoted(d->name) + " has no score kernel");
+    argumentError("model " + quoted(d->name) + " is encoder only ([head] mlm = false): it has no score entry point; "
+                  "use embed");
   lm_memref1f weights = memref1(m->weights, d->total_floats);
   forEachChunk(batch, [&](int64_t b0, int64_t rows) {
     WorkspaceLease ws;

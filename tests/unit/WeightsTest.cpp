@@ -455,10 +455,17 @@ TEST_F(WeightsTest, EntryMustBeAnObjectWithTypedFields) {
 }
 
 TEST_F(WeightsTest, UnsupportedDtypeIsNamed) {
-  for (const std::string dtype : {"I64", "I8", "U8", "BOOL", "F8_E4M3", "f32", ""}) {
+  for (const std::string dtype : {"F8_E4M3", "f32", ""}) {
     expectReadError(rawFile({{"ids", dtype, {1}, std::string(8, '\0')}}),
                     {"'ids'", "unsupported dtype '" + dtype + "'"});
   }
+  // Integer buffers (Hugging Face's position_ids) are checked but not loaded; validation rejects them.
+  for (auto [dtype, bytes] : {std::pair<std::string, size_t>{"I64", 8}, {"I8", 1}, {"U8", 1}, {"BOOL", 1}}) {
+    const WeightSet w = readSafetensors(writeFile("int.safetensors", rawFile({{"ids", dtype, {1}, std::string(bytes, '\0')}})));
+    EXPECT_TRUE(w.tensors.empty());
+    EXPECT_EQ(w.integerTensors.at("ids"), dtype);
+  }
+  expectReadError(rawFile({{"ids", "I8", {1}, std::string(8, '\0')}}), {"'ids'", "data_offsets span 8 bytes"});
 }
 
 TEST_F(WeightsTest, OffsetsMustBeOrderedAndInsideTheDataSection) {
