@@ -16,12 +16,15 @@
 #include "runtime/weights/ModelWeights.h"
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <dlfcn.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -232,6 +235,7 @@ struct Options {
   std::string spec, weights, ids = "-", output, from, input, cpu, dumpIR, gemm = "generated", text, corpus;
   bool json = false, reference = false, embedWeights = false, staticArchive = false, naive = false, stats = false;
   bool tokens = false, truncate = false, lowercase = false;
+  std::string name;
   int64_t vocabSize = 0;
   std::map<std::string, bool> noPass; // pass flag -> --no-<pass> given
   int64_t statsN = 0;
@@ -515,6 +519,233 @@ int runVocab(const Options &o) {
   return kExitOk;
 }
 
+/// Reads a JSON object file of an HF model folder; errors name the file.
+nlohmann::json readJsonFile(const fs::path &path, bool required) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    if (required)
+      throw InputError(path.string() + ": cannot open (an import-hf folder needs it)");
+    return nlohmann::json();
+  }
+  try {
+    nlohmann::json j = nlohmann::json::parse(in);
+    if (!j.is_object() && !j.is_array())
+      throw InputError(path.string() + ": expected a JSON object");
+    return j;
+  } catch (const nlohmann::json::exception &e) {
+    throw InputError(path.string() + ": not valid JSON: " + e.what());
+  }
+}
+
+/// `lmcc import-hf DIR -o SPEC.toml`: a spec for a Hugging Face BERT folder (config.json, vocab.txt,
+/// tokenizer_config.json) or a sentence-transformers folder (modules.json, the Transformer module's
+/// sentence_bert_config.json with max_seq_length, the Pooling module's config.json, Normalize).
+int runImportHf(const Options &o) {
+  const fs::path dir = o.input;
+  if (!fs::is_directory(dir))
+    throw InputError(o.input + ": not a directory (import-hf reads a Hugging Face model folder)");
+  fs::path model = dir; // the Transformer module's folder
+  std::string pooling = "", why;
+  bool normalize = false, sentenceTransformers = false;
+  int64_t maxSeq = 0;
+  if (fs::exists(dir / "modules.json")) {
+    sentenceTransformers = true;
+    nlohmann::json modules = readJsonFile(dir / "modules.json", true);
+    if (!modules.is_array())
+      throw InputError((dir / "modules.json").string() + ": expected a JSON array of modules");
+    for (size_t i = 0; i < modules.size(); ++i) {
+      const nlohmann::json &m = modules[i];
+      std::string type = m.value("type", ""), path = m.value("path", "");
+      // "sentence_transformers.models.Pooling" (v2-v5) or "...modules.pooling.Pooling" (v6).
+      auto is = [&](const char *cls) {
+        std::string last = type.substr(type.rfind('.') == std::string::npos ? 0 : type.rfind('.') + 1);
+        return last == cls;
+      };
+      std::string where = (dir / "modules.json").string() + ": module " + std::to_string(i) + " (\"" + type + "\")";
+      if (is("Transformer")) {
+        model = dir / path;
+        nlohmann::json st = readJsonFile(model / "sentence_bert_config.json", false);
+        if (st.is_object() && st.contains("max_seq_length") && st["max_seq_length"].is_number_integer())
+          maxSeq = st["max_seq_length"].get<int64_t>();
+      } else if (is("Pooling")) {
+        fs::path cfg = dir / path / "config.json";
+        nlohmann::json p = readJsonFile(cfg, true);
+        std::vector<std::string> modes;
+        for (auto &[key, value] : p.items())
+          if (key.rfind("pooling_mode_", 0) == 0 && value.is_boolean() && value.get<bool>())
+            modes.push_back(key);
+        if (p.contains("pooling_mode") && p["pooling_mode"].is_string())
+          modes = {"pooling_mode_" + p["pooling_mode"].get<std::string>() +
+                   (p["pooling_mode"] == "mean" ? "_tokens" : p["pooling_mode"] == "cls" ? "_token" : "")};
+        if (modes.size() != 1 || (modes[0] != "pooling_mode_mean_tokens" && modes[0] != "pooling_mode_cls_token"))
+          throw InputError(cfg.string() + ": pooling " + (modes.empty() ? std::string("(none)") : modes[0]) +
+                           (modes.size() > 1 ? " and others" : "") +
+                           " is not supported; lmcc pools with mean (pooling_mode_mean_tokens) or cls");
+        pooling = modes[0] == "pooling_mode_cls_token" ? "cls" : "mean_all";
+        if (p.value("include_prompt", true) == false)
+          throw InputError(cfg.string() + ": include_prompt = false is not supported");
+      } else if (is("Normalize")) {
+        normalize = true;
+      } else {
+        throw InputError(where + " is not supported (Transformer, Pooling and Normalize are)");
+      }
+    }
+  }
+  const fs::path configPath = model / "config.json";
+  nlohmann::json c = readJsonFile(configPath, true);
+  auto need = [&](const char *key) -> int64_t {
+    if (!c.contains(key) || !c[key].is_number_integer())
+      throw InputError(configPath.string() + ": \"" + key + "\" is missing or not an integer");
+    return c[key].get<int64_t>();
+  };
+  if (c.value("model_type", "bert") != "bert")
+    throw InputError(configPath.string() + ": model_type \"" + c.value("model_type", "") +
+                     "\" is not supported (import-hf reads BERT models)");
+  if (c.value("position_embedding_type", "absolute") != "absolute")
+    throw InputError(configPath.string() + ": position_embedding_type \"" + c.value("position_embedding_type", "") +
+                     "\" is not supported (learned absolute positions are)");
+  std::string act = c.value("hidden_act", "gelu");
+  const char *activation = act == "gelu" ? "gelu" : act == "gelu_new" || act == "gelu_pytorch_tanh" ? "gelu_tanh"
+                           : act == "relu" ? "relu" : nullptr;
+  if (!activation)
+    throw InputError(configPath.string() + ": hidden_act \"" + act + "\" is not supported");
+  int64_t maxLen = need("max_position_embeddings");
+  // Architecture: BertForMaskedLM (or BertForPreTraining) keeps the MLM head; BertModel and
+  // sentence-transformers models are encoders.
+  bool mlm = false;
+  if (!sentenceTransformers && c.contains("architectures") && c["architectures"].is_array())
+    for (const auto &a : c["architectures"])
+      if (a == "BertForMaskedLM" || a == "BertForPreTraining")
+        mlm = true;
+  if (pooling.empty())
+    pooling = mlm ? "mean" : "mean_all";
+
+  // Tokenizer: vocab.txt (else the WordPiece vocabulary of tokenizer.json, written beside the spec as
+  // <spec>.vocab.txt), casing and special token strings from tokenizer_config.json / tokenizer.json.
+  nlohmann::json tc = readJsonFile(model / "tokenizer_config.json", false);
+  nlohmann::json tj = readJsonFile(model / "tokenizer.json", false);
+  fs::path vocabPath = model / "vocab.txt";
+  std::string vocabText;
+  bool writeVocab = false;
+  if (fs::exists(vocabPath)) {
+    vocabText = readInput(vocabPath.string(), "vocabulary (vocab.txt)");
+  } else if (tj.is_object() && tj.contains("model") && tj["model"].value("type", "") == "WordPiece" &&
+             tj["model"].contains("vocab") && tj["model"]["vocab"].is_object()) {
+    std::vector<std::string> pieces(tj["model"]["vocab"].size());
+    for (auto &[piece, id] : tj["model"]["vocab"].items()) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= int64_t(pieces.size()) ||
+          !pieces[size_t(id.get<int64_t>())].empty())
+        throw InputError((model / "tokenizer.json").string() + ": model.vocab ids are not 0..n-1 (token \"" + piece + "\")");
+      pieces[size_t(id.get<int64_t>())] = piece;
+    }
+    for (const std::string &p : pieces)
+      vocabText += p + "\n";
+    vocabPath = fs::path(o.output).replace_extension(".vocab.txt");
+    writeVocab = true;
+  } else {
+    throw InputError((model / "vocab.txt").string() + ": cannot open, and no WordPiece tokenizer.json beside it");
+  }
+  bool lowercase = true;
+  if (tj.is_object() && tj.contains("normalizer") && tj["normalizer"].is_object()) {
+    const nlohmann::json &n = tj["normalizer"];
+    if (n.value("type", "") != "BertNormalizer")
+      throw InputError((model / "tokenizer.json").string() + ": normalizer \"" + n.value("type", "") +
+                       "\" is not supported (BertNormalizer is)");
+    lowercase = n.value("lowercase", true);
+    if (n.contains("strip_accents") && n["strip_accents"].is_boolean() && n["strip_accents"].get<bool>() != lowercase)
+      throw InputError((model / "tokenizer.json").string() + ": strip_accents differing from lowercase is not supported");
+  }
+  if (tc.is_object() && tc.contains("do_lower_case") && tc["do_lower_case"].is_boolean())
+    lowercase = tc["do_lower_case"].get<bool>();
+  // max_seq_length: sentence-transformers v6 keeps it as the tokenizer's model_max_length.
+  if (maxSeq == 0 && tc.is_object() && tc.contains("model_max_length") && tc["model_max_length"].is_number_integer())
+    maxSeq = tc["model_max_length"].get<int64_t>();
+  auto tokenString = [&](const char *key, const char *fallback) -> std::string {
+    if (tc.is_object() && tc.contains(key)) {
+      if (tc[key].is_string())
+        return tc[key].get<std::string>();
+      if (tc[key].is_object() && tc[key].contains("content") && tc[key]["content"].is_string())
+        return tc[key]["content"].get<std::string>();
+    }
+    return fallback;
+  };
+  const std::pair<const char *, std::string> specials[] = {{"pad", tokenString("pad_token", "[PAD]")},
+                                                           {"eos", tokenString("sep_token", "[SEP]")},
+                                                           {"unk", tokenString("unk_token", "[UNK]")},
+                                                           {"bos", tokenString("cls_token", "[CLS]")},
+                                                           {"mask", tokenString("mask_token", "[MASK]")}};
+  lmcc::Tokenizer probe = [&] {
+    try {
+      return lmcc::Tokenizer::fromText(vocabText, vocabPath.string(), lowercase,
+                                       lmcc::Tokenizer::conventionalSpecials(vocabText, vocabPath.string()));
+    } catch (const lmcc::TokenizerError &e) {
+      throw InputError(e.what());
+    }
+  }();
+  std::string tokensTable, tokenizerTable;
+  for (const auto &[key, str] : specials) {
+    int32_t id = probe.find(str);
+    if (id < 0)
+      throw InputError(vocabPath.string() + ": the " + key + " token \"" + str + "\" (tokenizer_config.json) is not in "
+                       "the vocabulary");
+    tokensTable += std::string(key) + " = " + std::to_string(id) + "\n";
+    tokenizerTable += std::string(key) + " = " + jsonString(str) + "\n";
+  }
+  int64_t vocab = need("vocab_size");
+  if (maxSeq > 0)
+    maxLen = std::min(maxLen, maxSeq);
+  if (probe.size() > vocab)
+    throw InputError(vocabPath.string() + ": " + std::to_string(probe.size()) + " tokens but config.json vocab_size is " +
+                     std::to_string(vocab));
+
+  // The spec's name: --name, else the folder's name made a C identifier.
+  std::string name = o.name;
+  if (name.empty()) {
+    name = fs::absolute(dir).lexically_normal().filename().string();
+    if (name.empty())
+      name = fs::absolute(dir).lexically_normal().parent_path().filename().string();
+    for (char &ch : name)
+      if (!std::isalnum((unsigned char)ch))
+        ch = '_';
+    if (name.empty() || std::isdigit((unsigned char)name[0]))
+      name = "m_" + name;
+  }
+  fs::path specDir = fs::absolute(o.output).parent_path();
+  std::string vocabRel = fs::absolute(vocabPath).lexically_normal().lexically_relative(specDir).string();
+  if (vocabRel.empty())
+    vocabRel = fs::absolute(vocabPath).string();
+
+  char eps[64];
+  const double epsValue = c.value("layer_norm_eps", 1e-12);
+  for (int precision = 1; precision <= 17; ++precision) { // the shortest text that reads back the same
+    std::snprintf(eps, sizeof eps, "%.*g", precision, epsValue);
+    if (std::strtod(eps, nullptr) == epsValue)
+      break;
+  }
+  std::ostringstream t;
+  t << "# Imported by lmcc import-hf from " << fs::absolute(dir).lexically_normal().string()
+    << (sentenceTransformers ? " (sentence-transformers)" : "") << "\n"
+    << "name = " << jsonString(name) << "\nfamily = \"bilm\"\n\n[dims]\n"
+    << "vocab = " << vocab << "\nmax_len = " << maxLen << "\nd_model = " << need("hidden_size")
+    << "\nheads = " << need("num_attention_heads") << "\nd_ff = " << need("intermediate_size")
+    << "\nlayers = " << need("num_hidden_layers") << "\n\n[block]\nactivation = \"" << activation << "\"\neps = " << eps
+    << "\n\n[head]\nmlm = " << (mlm ? "true" : "false") << "\n\n[tokens]\n" << tokensTable << "\n[embed]\npool = \""
+    << pooling << "\"\nnormalize = " << (normalize ? "true" : "false") << "\n\n[tokenizer]\nvocab = "
+    << jsonString(vocabRel) << "\nlowercase = " << (lowercase ? "true" : "false") << "\n" << tokenizerTable;
+  std::string text = t.str();
+  // The spec must load (and would fail the same way `lmcc check` does otherwise).
+  lmcc::parseSpec(text, o.output);
+  if (writeVocab) {
+    std::ofstream v(vocabPath, std::ios::binary);
+    if (!(v << vocabText) || !v.flush())
+      throw InputError(vocabPath.string() + ": cannot write");
+  }
+  std::ofstream out(o.output, std::ios::binary);
+  if (!(out << text) || !out.flush())
+    throw InputError(o.output + ": cannot write");
+  return kExitOk;
+}
+
 int runScoreOrEmbed(const Options &o, bool score) {
   lmcc::ModelSpec spec = lmcc::loadSpec(o.spec);
   if (spec.family == lmcc::Family::NGram || spec.family == lmcc::Family::Diformer) {
@@ -644,6 +875,11 @@ int main(int argc, char **argv) {
   vocab->add_flag("--lowercase", o.lowercase, "BERT uncased normalization (lowercase, strip accents)");
   vocab->add_option("-o,--output", o.output, "output vocabulary (one token a line)")->required();
 
+  auto *importHf = app.add_subcommand("import-hf", "write a spec for a Hugging Face BERT or sentence-transformers folder");
+  importHf->add_option("DIR", o.input, "model folder (config.json, vocab.txt, model.safetensors, ...)")->required();
+  importHf->add_option("-o,--output", o.output, "output spec (TOML); its [tokenizer] vocab is relative to it")->required();
+  importHf->add_option("--name", o.name, "the spec's name (default: the folder's name as a C identifier)");
+
   CLI::App *runners[2];
   const char *names[2] = {"score", "embed"};
   const char *help[2] = {"score sentences: one JSON object per input line",
@@ -687,6 +923,8 @@ int main(int argc, char **argv) {
       return runCompile(o);
     if (*tokenize)
       return runTokenize(o);
+    if (*importHf)
+      return runImportHf(o);
     if (*vocab)
       return runVocab(o);
     return runScoreOrEmbed(o, bool(*runners[0]));
