@@ -541,6 +541,16 @@ struct lm_tokenizer {
 };
 
 int lm_tokenizer_load(const char *vocab_path, int lowercase, lm_tokenizer **out) {
+  return lm_rt_tokenizer_load(vocab_path, lowercase, out);
+}
+int lm_tokenize(const lm_tokenizer *tok, const char *utf8, size_t len, int32_t *ids, size_t capacity, size_t *n) {
+  return lm_rt_tokenize(tok, utf8, len, ids, capacity, n);
+}
+const char *lm_token_piece(const lm_tokenizer *tok, int32_t id) { return lm_rt_token_piece(tok, id); }
+int32_t lm_tokenizer_vocab_size(const lm_tokenizer *tok) { return lm_rt_tokenizer_vocab_size(tok); }
+void lm_tokenizer_free(lm_tokenizer *tok) { lm_rt_tokenizer_free(tok); }
+
+int lm_rt_tokenizer_load(const char *vocab_path, int lowercase, lm_tokenizer **out) {
   return guarded([&] {
     if (!out)
       argumentError("lm_tokenizer_load: out is NULL");
@@ -562,7 +572,8 @@ int lm_tokenizer_load(const char *vocab_path, int lowercase, lm_tokenizer **out)
   });
 }
 
-int lm_tokenize(const lm_tokenizer *tok, const char *utf8, size_t len, int32_t *ids, size_t capacity, size_t *n) {
+int lm_rt_tokenize(const lm_tokenizer *tok, const char *utf8, size_t len, int32_t *ids, size_t capacity,
+                   size_t *n) {
   return guarded([&] {
     if (!tok || !n || (!utf8 && len) || (!ids && capacity))
       argumentError("lm_tokenize: NULL tokenizer, text, ids or n");
@@ -580,15 +591,15 @@ int lm_tokenize(const lm_tokenizer *tok, const char *utf8, size_t len, int32_t *
   });
 }
 
-const char *lm_token_piece(const lm_tokenizer *tok, int32_t id) {
+const char *lm_rt_token_piece(const lm_tokenizer *tok, int32_t id) {
   if (!tok || id < 0 || id >= tok->tokenizer.size())
     return nullptr;
   return tok->tokenizer.piece(id).c_str();
 }
 
-int32_t lm_tokenizer_vocab_size(const lm_tokenizer *tok) { return tok ? tok->tokenizer.size() : 0; }
+int32_t lm_rt_tokenizer_vocab_size(const lm_tokenizer *tok) { return tok ? tok->tokenizer.size() : 0; }
 
-void lm_tokenizer_free(lm_tokenizer *tok) { delete tok; }
+void lm_rt_tokenizer_free(lm_tokenizer *tok) { delete tok; }
 
 const char *lm_last_error(void) { return t_errorText; }
 const char *lm_rt_last_error(void) { return t_errorText; }

@@ -137,7 +137,10 @@ LM_API uint64_t lm_rt_workspace_system_allocations(void);
  * special tokens by their usual strings: [PAD], [UNK], [SOS] (else [CLS]) as bos, [EOS] (else [SEP]) as
  * eos, [MASK]. lowercase != 0: BERT uncased (lowercase, NFD, accents stripped). Errors (file, line) go
  * to lm_last_error(). A tokenizer is read-only after loading: calls may run concurrently. */
+#ifndef LM_TOKENIZER_TYPE_DECLARED
+#define LM_TOKENIZER_TYPE_DECLARED
 typedef struct lm_tokenizer lm_tokenizer;
+#endif
 LM_API int lm_tokenizer_load(const char *vocab_path, int lowercase, lm_tokenizer **out);
 /* Tokenizes len bytes of UTF-8 text as one sentence: bos, the WordPiece ids, eos. *n receives the
  * number of ids; when it exceeds capacity, nothing is written to ids and LM_ERR_ARGUMENT is returned
@@ -149,6 +152,14 @@ LM_API const char *lm_token_piece(const lm_tokenizer *tok, int32_t id);
 /* The number of vocabulary entries. */
 LM_API int32_t lm_tokenizer_vocab_size(const lm_tokenizer *tok);
 LM_API void lm_tokenizer_free(lm_tokenizer *tok);
+/* The same five functions under runtime names: every generated lib<name>.so re-exports lm_tokenizer_* as
+ * forwarders to these (as lm_last_error), so that a program linked with -l<name> alone finds them. */
+LM_API int lm_rt_tokenizer_load(const char *vocab_path, int lowercase, lm_tokenizer **out);
+LM_API int lm_rt_tokenize(const lm_tokenizer *tok, const char *utf8, size_t len, int32_t *ids, size_t capacity,
+                          size_t *n);
+LM_API const char *lm_rt_token_piece(const lm_tokenizer *tok, int32_t id);
+LM_API int32_t lm_rt_tokenizer_vocab_size(const lm_tokenizer *tok);
+LM_API void lm_rt_tokenizer_free(lm_tokenizer *tok);
 
 #ifdef __cplusplus
 }
