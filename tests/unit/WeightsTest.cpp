@@ -1062,3 +1062,32 @@ TEST_F(WeightsTest, LoadModelWeightsImportsHuggingFaceFiles) {
 }
 
 } // namespace
+
+// A BertModel checkpoint (no "bert." prefix, no MLM head, an I64 position_ids buffer) for an encoder-only
+// spec; the MLM head of a BertForMaskedLM file is ignored by such a spec; integer tensors that are not
+// buffers are rejected by name.
+TEST_F(WeightsTest, ImportsBertModelForEncoderOnlySpecs) {
+  ModelSpec spec = tinySpec();
+  spec.mlm = false;
+  FakeBert hf(spec, /*prefix=*/false);
+  for (auto it = hf.set.tensors.begin(); it != hf.set.tensors.end();)
+    it = it->first.rfind("cls.", 0) == 0 || it->first.find("position_ids") != std::string::npos
+             ? hf.set.tensors.erase(it)
+             : std::next(it);
+  hf.set.integerTensors["embeddings.position_ids"] = "I64";
+  WeightSet w = importHuggingFaceBert(hf.set, spec, "model.safetensors");
+  validateWeights(w, spec, "model.safetensors");
+  EXPECT_FALSE(w.has("head.bias"));
+  EXPECT_EQ(expectedTensors(spec).size() + 5, expectedTensors(tinySpec()).size()); // no transform, norm (2 each), bias
+
+  const FakeBert mlm(spec); // with cls.predictions.*: ignored for mlm = false
+  validateWeights(importHuggingFaceBert(mlm.set, spec, "mlm.safetensors"), spec, "mlm.safetensors");
+
+  hf.set.integerTensors["encoder.layer.0.output.dense.weight"] = "I32";
+  expectError([&] { importHuggingFaceBert(hf.set, spec, "model.safetensors"); },
+              {"model.safetensors", "'encoder.layer.0.output.dense.weight'", "integer dtype 'I32'"});
+  WeightSet canonical = initWeights(spec, 1);
+  canonical.integerTensors["embed.token"] = "I64";
+  expectError([&] { validateWeights(canonical, spec, "c.safetensors"); },
+              {"c.safetensors", "'embed.token'", "integer dtype 'I64': model weights are floating point"});
+}
