@@ -883,7 +883,7 @@ int main(int argc, char **argv) {
   CLI::App *runners[2];
   const char *names[2] = {"score", "embed"};
   const char *help[2] = {"score sentences: one JSON object per input line",
-                         "embed sentences: mean-pooled last-layer states, one JSON object per input line"};
+                         "embed sentences: pooled last-layer states ([embed] pool), one JSON object per input line"};
   for (int k = 0; k < 2; ++k) {
     runners[k] = app.add_subcommand(names[k], help[k]);
     runners[k]->add_option("SPEC", o.spec, "model spec (TOML)")->required();
