@@ -317,6 +317,8 @@ LogicalResult MeanPoolOp::verify() {
       failed(expectRank(*this, "lengths [B]", getLengths(), 1)) ||
       failed(expectRank(*this, "result [B, D]", getResult(), 2)))
     return failure();
+  if (getCls() && !getExclude().empty())
+    return emitOpError("cls pooling takes row 0: exclude must be empty");
   return expectDim(*this, "result width", getResult().getType().getDimSize(1), getHidden().getType().getDimSize(2));
 }
 

@@ -386,12 +386,15 @@ def Lm_SentenceScoreOp : Lm_Op<"sentence_score", [Pure]> {
 def Lm_MeanPoolOp : Lm_Op<"mean_pool", [Pure]> {
   let summary = "sentence embedding: mean of h over valid positions not holding a token in `exclude`";
   let description = [{
-    All valid positions are averaged when every one holds an excluded token.
+    All valid positions are averaged when every one holds an excluded token. With `cls` the result
+    is row 0 of each sentence instead (BERT's [CLS] pooling; `exclude` is then empty); with `normalize`
+    each result row is divided by max(||row||_2, 1e-12).
     ```mlir
     %e = lm.mean_pool %h, %ids, %lengths {exclude = array<i32: 3, 1>} : (tensor<?x?x512xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x512xf32>
     ```
   }];
-  let arguments = (ins Lm_F32Tensor:$hidden, Lm_I32Tensor:$ids, Lm_I32Tensor:$lengths, DenseI32ArrayAttr:$exclude);
+  let arguments = (ins Lm_F32Tensor:$hidden, Lm_I32Tensor:$ids, Lm_I32Tensor:$lengths, DenseI32ArrayAttr:$exclude,
+                       UnitAttr:$cls, UnitAttr:$normalize);
   let results = (outs Lm_F32Tensor:$result);
   let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;

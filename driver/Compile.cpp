@@ -126,6 +126,8 @@ std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options,
   if (spec.family != Family::UniLM && spec.family != Family::BiLM && spec.family != Family::TTA)
     return "family \"" + std::string(toString(spec.family)) +
            "\" is parsed and emitted as IR only; compiling it comes with its training objective";
+  if (options.train && !spec.mlm)
+    return "[head] mlm = false: an encoder-only model has no output head to train (training needs mlm = true)";
   if (options.train && (spec.train.dropout > 0 || spec.train.attentionDropout > 0))
     return "[train] dropout / attention_dropout > 0: compiled training has no dropout yet (set them to 0)";
 
@@ -155,7 +157,7 @@ std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options,
   if (options.gemm != "generated" && options.gemm != "eigen")
     return "--gemm " + options.gemm + ": expected generated or eigen";
   for (const char *entry : {"score", "embed"})
-    if (!lm->lookupSymbol<mlir::func::FuncOp>(entry))
+    if (!lm->lookupSymbol<mlir::func::FuncOp>(entry) && (spec.mlm || std::string(entry) != "score"))
       return std::string("internal error: the lm module has no @") + entry + " entry point";
   if (report)
     report->stats = codegen::countStats(*lm, options.statsN > 0 ? options.statsN : 1);

@@ -44,6 +44,8 @@ public:
     b.setInsertionPointToEnd(module->getBody());
     if (spec.family == Family::Diformer) {
       diformerScore();
+    } else if (!spec.mlm) { // encoder only: no output head, so no score or logits entry
+      embedEntry();
     } else {
       scoreEntry();
       embedEntry();
@@ -276,7 +278,7 @@ private:
     auto fn = entry("embed", {idsType(), lengthsType()}, {t({kDyn, D()}, f32)});
     Value ids = fn.getArgument(0), lengths = fn.getArgument(1);
     Value states;
-    if (spec.method == ScoreMethod::MaskAndPredict) {
+    if (spec.method == ScoreMethod::MaskAndPredict && spec.mlm) {
       // H^M_i: position i's state comes from the copy with position i masked.
       auto mp = b.create<lm::MaskAndPredictOp>(loc, seqType(D()), ids, lengths, b.getI64IntegerAttr(spec.tokens.mask));
       OpBuilder::InsertionGuard guard(b);
@@ -286,8 +288,13 @@ private:
     } else {
       states = encode(ids, lengths);
     }
+    // [embed] pool: mean excludes the special tokens, mean_all averages every valid row, cls takes row 0.
+    SmallVector<int32_t> exclude;
+    if (spec.pool == Pooling::Mean)
+      exclude = specialTokens();
     Value pooled = b.create<lm::MeanPoolOp>(loc, t({kDyn, D()}, f32), states, ids, lengths,
-                                            b.getDenseI32ArrayAttr(specialTokens()));
+                                            b.getDenseI32ArrayAttr(exclude), spec.pool == Pooling::Cls,
+                                            spec.normalize);
     finish(fn, pooled);
   }
 

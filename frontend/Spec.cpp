@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <tuple>
@@ -60,6 +61,8 @@ const EnumName<OptimizerKind> kOptimizers[] = {
 const EnumName<Schedule> kSchedules[] = {
     {"linear", Schedule::Linear}, {"constant", Schedule::Constant}, {"cosine", Schedule::Cosine}};
 const EnumName<MaskReplace> kMaskReplaces[] = {{"mask", MaskReplace::Mask}, {"bert", MaskReplace::Bert}};
+const EnumName<Pooling> kPoolings[] = {
+    {"mean", Pooling::Mean}, {"mean_all", Pooling::MeanAll}, {"cls", Pooling::Cls}};
 
 template <typename E, size_t N> const char *nameOf(const EnumName<E> (&table)[N], E value) {
   for (const auto &entry : table)
@@ -125,6 +128,15 @@ public:
       if (!n->is_boolean())
         fail(at(*n), prefix + key, std::string("expected true or false, got ") + typeName(*n));
       out = n->as_boolean()->get();
+    }
+  }
+  void readString(const toml::table *t, const std::string &prefix, const char *key, std::string &out) const {
+    if (const toml::node *n = t ? t->get(key) : nullptr) {
+      if (!n->is_string())
+        fail(at(*n), prefix + key, std::string("expected a string, got ") + typeName(*n));
+      out = n->as_string()->get();
+      if (out.empty())
+        fail(at(*n), prefix + key, "must not be empty");
     }
   }
   void readFloat(const toml::table *t, const std::string &prefix, const char *key, double &out) const {
@@ -265,6 +277,9 @@ void validate(const ModelSpec &s, const Positions &pos, const Reader &r) {
       fail("score.method", "\"single-pass\" scoring needs first_query = \"position\" or \"mask+position\": a query "
                            "built from E[x_i] carries the token being predicted");
   }
+  if (!s.mlm && (s.family == Family::NGram || s.family == Family::Diformer))
+    fail("head.mlm", std::string("family \"") + toString(s.family) + "\" needs its output head; mlm = false applies "
+                     "to unilm, bilm and tta");
   if (s.ngram) {
     if (s.ngram->n < 2)
       fail("ngram.n", "must be at least 2 (the next token plus n-2 further ones), got " + std::to_string(s.ngram->n));
@@ -328,7 +343,8 @@ ModelSpec parseTable(const toml::table &root, const Reader &r) {
   recordPositions(r, root, "", pos);
 
   r.onlyKeys(root, "", {"name", "family", "dims", "embedding", "attention", "block", "head", "tokens", "score",
-                        "ngram", "encoder", "decoder", "train"});
+                        "ngram", "encoder", "decoder", "train", "tokenizer", "embed"});
+  s.fieldWhere = pos.where;
   const toml::node *name = root.get("name");
   if (!name)
     r.fail(r.path + ":1:1", "name", "missing required key (a C identifier naming the library)");
@@ -373,10 +389,35 @@ ModelSpec parseTable(const toml::table &root, const Reader &r) {
     r.readFloat(t, "block.", "eps", s.eps);
   }
   if (const toml::table *t = r.subTable(root, "head")) {
-    r.onlyKeys(*t, "head.", {"transform", "tied", "bias"});
+    r.onlyKeys(*t, "head.", {"transform", "tied", "bias", "mlm"});
     r.readBool(t, "head.", "transform", s.headTransform);
     r.readBool(t, "head.", "tied", s.tied);
     r.readBool(t, "head.", "bias", s.headBias);
+    r.readBool(t, "head.", "mlm", s.mlm);
+  }
+  if (const toml::table *t = r.subTable(root, "embed")) {
+    r.onlyKeys(*t, "embed.", {"pool", "normalize"});
+    r.readEnum(t, "embed.", "pool", kPoolings, s.pool);
+    r.readBool(t, "embed.", "normalize", s.normalize);
+  }
+  if (const toml::table *t = r.subTable(root, "tokenizer")) {
+    r.onlyKeys(*t, "tokenizer.", {"vocab", "lowercase", "pad", "eos", "unk", "bos", "mask"});
+    TokenizerSpec tok;
+    if (!t->get("vocab"))
+      r.fail(r.at(*t), "tokenizer.vocab", "missing required key: the WordPiece vocabulary file (one token a line, "
+                                          "relative to the spec)");
+    r.readString(t, "tokenizer.", "vocab", tok.vocab);
+    r.readBool(t, "tokenizer.", "lowercase", tok.lowercase);
+    r.readString(t, "tokenizer.", "pad", tok.pad);
+    r.readString(t, "tokenizer.", "eos", tok.eos);
+    r.readString(t, "tokenizer.", "unk", tok.unk);
+    r.readString(t, "tokenizer.", "bos", tok.bos);
+    r.readString(t, "tokenizer.", "mask", tok.mask);
+    std::filesystem::path vocab(tok.vocab);
+    if (vocab.is_relative() && !r.path.empty())
+      vocab = std::filesystem::path(r.path).parent_path() / vocab;
+    tok.vocabPath = vocab.string();
+    s.tokenizer = tok;
   }
   if (const toml::table *t = r.subTable(root, "tokens")) {
     r.onlyKeys(*t, "tokens.", {"pad", "eos", "unk", "bos", "mask"});
@@ -472,9 +513,24 @@ void appendJsonSpec(nlohmann::ordered_json &j, const ModelSpec &s) {
                     {"relative_positions", s.relativePositions}};
   j["block"] = {{"activation", toString(s.activation)}, {"norm", toString(s.norm)}, {"eps", s.eps}};
   j["head"] = {{"transform", s.headTransform}, {"tied", s.tied}, {"bias", s.headBias}};
+  if (!s.mlm) // new keys and tables only when they differ from the defaults: existing specs keep their hash
+    j["head"]["mlm"] = false;
   j["tokens"] = {{"pad", s.tokens.pad}, {"eos", s.tokens.eos}, {"unk", s.tokens.unk},
                  {"bos", s.tokens.bos}, {"mask", s.tokens.mask}};
   j["score"] = {{"method", toString(s.method)}, {"skip_special", s.skipSpecial}};
+  if (s.pool != Pooling::Mean || s.normalize)
+    j["embed"] = {{"pool", toString(s.pool)}, {"normalize", s.normalize}};
+  if (s.tokenizer) {
+    nlohmann::ordered_json t = {{"vocab", s.tokenizer->vocab}, {"lowercase", s.tokenizer->lowercase}};
+    for (auto [key, value] : {std::pair<const char *, const std::string *>{"pad", &s.tokenizer->pad},
+                              {"eos", &s.tokenizer->eos},
+                              {"unk", &s.tokenizer->unk},
+                              {"bos", &s.tokenizer->bos},
+                              {"mask", &s.tokenizer->mask}})
+      if (!value->empty())
+        t[key] = *value;
+    j["tokenizer"] = t;
+  }
   if (s.ngram)
     j["ngram"] = {{"n", s.ngram->n}, {"wdr", s.ngram->wdr}, {"ensemble_lambda", s.ngram->ensembleLambda}};
   if (s.diformer) {
@@ -640,5 +696,6 @@ Objective resolvedObjective(const ModelSpec &spec) {
   }
   return Objective::Autoencoding;
 }
+const char *toString(Pooling v) { return nameOf(kPoolings, v); }
 
 } // namespace lmcc

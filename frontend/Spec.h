@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -28,6 +29,9 @@ enum class Objective { Auto, Causal, Masked, Autoencoding };
 enum class OptimizerKind { AdamW, Adam, SGD };
 enum class Schedule { Linear, Constant, Cosine };
 enum class MaskReplace { Mask, Bert };
+/// [embed] pool: mean over non-special positions, mean over every valid position
+/// (sentence-transformers' mean pooling), or the first (bos / [CLS]) row.
+enum class Pooling { Mean, MeanAll, Cls };
 
 struct Dims {
   int64_t vocab = 0, maxLen = 0, dModel = 0, heads = 0, dFF = 0, layers = 0;
@@ -41,6 +45,16 @@ struct StackDims {
 
 struct TokenIds {
   int64_t pad = 0, eos = 1, unk = 2, bos = 3, mask = 4;
+};
+
+/// [tokenizer]: a BERT WordPiece tokenizer for `--text` input.
+struct TokenizerSpec {
+  std::string vocab;     ///< as written in the spec (relative to the spec's directory)
+  std::string vocabPath; ///< resolved against the spec's directory (not part of the resolved spec)
+  bool lowercase = true; ///< BERT uncased: lowercase + NFD + strip accents
+  /// Special token strings; empty = the vocabulary line of the [tokens] id. When given, the
+  /// string's line in the vocabulary must be that id.
+  std::string pad, eos, unk, bos, mask;
 };
 
 struct NGramOptions {
@@ -95,6 +109,12 @@ struct ModelSpec {
   bool headTransform = true;
   bool tied = true;
   bool headBias = true;
+  bool mlm = true; ///< false: encoder only (no output head; embed works, score does not)
+  // [embed]
+  Pooling pool = Pooling::Mean;
+  bool normalize = false; ///< L2-normalize the embedding
+  // [tokenizer]
+  std::optional<TokenizerSpec> tokenizer;
   // [tokens]
   TokenIds tokens;
   // [score]
@@ -110,6 +130,12 @@ struct ModelSpec {
 
   /// Path the spec was read from (for messages); empty when built in code.
   std::string sourcePath;
+  /// "file:line:column" of the fields given in the file ("head.mlm", "tokenizer.vocab", ...).
+  std::map<std::string, std::string> fieldWhere;
+  std::string where(const std::string &field) const {
+    auto it = fieldWhere.find(field);
+    return it == fieldWhere.end() ? sourcePath : it->second;
+  }
 };
 
 /// A spec error: `where` is "file:line:column" (or "file" when no position applies).
@@ -150,5 +176,6 @@ const char *toString(Objective);
 const char *toString(OptimizerKind);
 const char *toString(Schedule);
 const char *toString(MaskReplace);
+const char *toString(Pooling);
 
 } // namespace lmcc

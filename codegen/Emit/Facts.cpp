@@ -27,6 +27,7 @@ mlir::FailureOr<ModelFacts> readModelFacts(mlir::ModuleOp module) {
   facts.bos = model.getBos();
   facts.eos = model.getEos();
   facts.mask = model.getMask();
+  facts.hasScore = bool(module.lookupSymbol("score"));
   return facts;
 }
 

@@ -90,6 +90,7 @@ const char *kHeaderPrologue = R"(
 #ifndef LMCC_MODEL_@NAME@_H
 #define LMCC_MODEL_@NAME@_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -140,6 +141,26 @@ const char *lm_last_error(void);
 /* Threads used by later calls, process-wide (default 1). Returns the previous value, or -1 (with
  * lm_last_error() set) when n < 1. Results do not depend on the thread count. */
 int lm_set_num_threads(int n);
+#endif
+
+/* Text: BERT WordPiece tokenization, exactly as Hugging Face's BertTokenizerFast (shared by all lmcc model
+ * headers; defined by every lmcc model library). lm_tokenizer_load reads a vocabulary (one token a line,
+ * id = line number - 1) and finds the specials by their usual strings: [PAD], [UNK], [SOS] (else [CLS])
+ * as bos, [EOS] (else [SEP]) as eos, [MASK]; lowercase != 0: BERT uncased (lowercase, NFD, accents
+ * stripped). lm_tokenize writes bos, the pieces' ids and eos for len bytes of UTF-8 (one sentence) and
+ * sets *n; when *n > capacity nothing is written and 1 is returned (call again with a larger buffer).
+ * Invalid UTF-8 is an error naming the byte offset. lm_token_piece: the vocabulary entry of id, or NULL. */
+#ifndef LM_TOKENIZER_FUNCTIONS_DECLARED
+#define LM_TOKENIZER_FUNCTIONS_DECLARED
+#ifndef LM_TOKENIZER_TYPE_DECLARED
+#define LM_TOKENIZER_TYPE_DECLARED
+typedef struct lm_tokenizer lm_tokenizer;
+#endif
+int lm_tokenizer_load(const char *vocab_path, int lowercase, lm_tokenizer **out);
+int lm_tokenize(const lm_tokenizer *tok, const char *utf8, size_t len, int32_t *ids, size_t capacity, size_t *n);
+const char *lm_token_piece(const lm_tokenizer *tok, int32_t id);
+int32_t lm_tokenizer_vocab_size(const lm_tokenizer *tok);
+void lm_tokenizer_free(lm_tokenizer *tok);
 #endif
 
 #ifdef __cplusplus
@@ -396,11 +417,12 @@ std::string generateGlue(const ModelFacts &spec, const std::vector<LayoutTensor>
      << "#else\n"
      << "#define LMCC_EXPORT\n"
      << "#endif\n\n";
-  os << "/* The compiled kernels (lm_score_kernel / lm_embed_kernel signatures). */\n"
-     << "extern void _mlir_ciface_" << name
-     << "_score_kernel(lm_memref1f *weights, lm_memref2i *ids, lm_memref1i *lengths, lm_memref2f *token_logprobs,\n"
-     << "    lm_memref1f *scores, lm_memref1i *n_scored);\n"
-     << "extern void _mlir_ciface_" << name
+  os << "/* The compiled kernels (lm_score_kernel / lm_embed_kernel signatures). */\n";
+  if (spec.hasScore)
+    os << "extern void _mlir_ciface_" << name
+       << "_score_kernel(lm_memref1f *weights, lm_memref2i *ids, lm_memref1i *lengths, lm_memref2f *token_logprobs,\n"
+       << "    lm_memref1f *scores, lm_memref1i *n_scored);\n";
+  os << "extern void _mlir_ciface_" << name
      << "_embed_kernel(lm_memref1f *weights, lm_memref2i *ids, lm_memref1i *lengths, lm_memref2f *out);\n"
      << "extern void _mlir_ciface_" << name << "_init_kernel(lm_memref1f *weights);\n";
   if (spec.train)
@@ -444,7 +466,8 @@ std::string generateGlue(const ModelFacts &spec, const std::vector<LayoutTensor>
      << "    " << (tensors.empty() ? std::string("NULL") : tableName) << ", " << tensors.size()
      << ", /* tensors, num_tensors */\n"
      << "    " << totalFloats << ", /* total_floats */\n"
-     << "    _mlir_ciface_" << name << "_score_kernel,\n"
+     << "    " << (spec.hasScore ? "_mlir_ciface_" + name + "_score_kernel" : std::string("NULL /* encoder only */"))
+     << ",\n"
      << "    _mlir_ciface_" << name << "_embed_kernel,\n"
      << "    " << (embedWeights ? name + "_embedded_weights" : std::string("NULL")) << ", /* embedded_weights */\n"
      << "    _mlir_ciface_" << name << "_init_kernel, /* init */\n";
@@ -503,6 +526,16 @@ void @name@_free(@name@_model *m) { lm_rt_free((lm_model *)m); }
 #endif
 LMCC_WEAK const char *lm_last_error(void) { return lm_rt_last_error(); }
 LMCC_WEAK int lm_set_num_threads(int n) { return lm_rt_set_num_threads(n); }
+LMCC_WEAK int lm_tokenizer_load(const char *vocab_path, int lowercase, lm_tokenizer **out) {
+  return lm_rt_tokenizer_load(vocab_path, lowercase, out);
+}
+LMCC_WEAK int lm_tokenize(const lm_tokenizer *tok, const char *utf8, size_t len, int32_t *ids, size_t capacity,
+    size_t *n) {
+  return lm_rt_tokenize(tok, utf8, len, ids, capacity, n);
+}
+LMCC_WEAK const char *lm_token_piece(const lm_tokenizer *tok, int32_t id) { return lm_rt_token_piece(tok, id); }
+LMCC_WEAK int32_t lm_tokenizer_vocab_size(const lm_tokenizer *tok) { return lm_rt_tokenizer_vocab_size(tok); }
+LMCC_WEAK void lm_tokenizer_free(lm_tokenizer *tok) { lm_rt_tokenizer_free(tok); }
 )",
                name, "");
   if (spec.train)

@@ -34,6 +34,7 @@ struct ModelFacts {
     int64_t numParams = 0; ///< floats of all parameters (<NAME>_N_PARAMS, the packed gradient's size)
   };
   std::optional<Train> train;
+  bool hasScore = true; ///< false for an encoder-only model (no @score entry: <name>_score returns an error)
 };
 
 /// The public C header `<name>.h` (C99 and C++17, extern "C"): dimension macros,

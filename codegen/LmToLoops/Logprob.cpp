@@ -219,6 +219,27 @@ struct MeanPoolLowering : LmLowering<lm::MeanPoolOp> {
     Value h = L.in(m.getHidden()), ids = L.in(m.getIds()), out = outputs[0];
     SmallVector<int32_t> exclude(m.getExclude());
     int64_t D = m.getType().getDimSize(1);
+    // x / max(||x||_2, 1e-12) over row b of out, in double (as the reference executor).
+    auto normalizeRow = [&](Value row) {
+      Value sq = L.reduce(L.idx(0), L.idx(D), L.f64c(0), [&](Value c, Value acc) {
+        Value v = L.toF64(L.load(out, {row, c}));
+        return b.create<arith::AddFOp>(loc, acc, b.create<arith::MulFOp>(loc, v, v));
+      });
+      Value norm = b.create<arith::MaximumFOp>(loc, b.create<math::SqrtOp>(loc, sq), L.f64c(1e-12));
+      L.nest({L.idx(D)}, [&](ValueRange c) {
+        Value v = L.toF64(L.load(out, {row, c[0]}));
+        L.store(L.toF32(b.create<arith::DivFOp>(loc, v, norm)), out, {row, c[0]});
+      });
+    };
+    if (m.getCls()) { // row 0 of every sentence
+      L.nest({L.B}, [&](ValueRange bi) {
+        L.nest({L.idx(D)}, [&](ValueRange c) { L.store(L.load(h, {bi[0], L.idx(0), c[0]}), out, {bi[0], c[0]}); });
+        if (m.getNormalize())
+          normalizeRow(bi[0]);
+      });
+      L.b.replaceOp(m, outputs);
+      return success();
+    }
     L.nest({L.B}, [&](ValueRange bi) {
       Value len = L.lengthOf(bi[0]);
       auto excluded = [&](Value t) { return L.isOneOf(L.load(ids, {bi[0], t}), exclude); };
@@ -240,6 +261,8 @@ struct MeanPoolLowering : LmLowering<lm::MeanPoolOp> {
         });
         L.store(L.toF32(b.create<arith::DivFOp>(loc, sum, countF)), out, {bi[0], c[0]});
       });
+      if (m.getNormalize())
+        normalizeRow(bi[0]);
     });
     L.b.replaceOp(m, outputs);
     return success();

@@ -20,6 +20,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/lib/lmrt.h"
+#include "runtime/lib/Tokenizer.h"
 #include "runtime/weights/Format.h"
 #include "runtime/weights/Safetensors.h"
 
@@ -38,6 +39,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <limits>
 #include <map>
 #include <memory>
@@ -473,7 +476,8 @@ void scoreImpl(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t 
     argumentError("scores is NULL");
   const lm_model_desc *d = m->desc;
   if (!d->score)
-    internalError("model " + quoted(d->name) + " has no score kernel");
+    argumentError("model " + quoted(d->name) + " is encoder only ([head] mlm = false): it has no score entry point; "
+                  "use embed");
   lm_memref1f weights = memref1(m->weights, d->total_floats);
   forEachChunk(batch, [&](int64_t b0, int64_t rows) {
     WorkspaceLease ws;
@@ -547,6 +551,71 @@ void lm_rt_free(lm_model *m) {
   std::free(m->owned);
   delete m;
 }
+
+struct lm_tokenizer {
+  lmcc::Tokenizer tokenizer;
+};
+
+int lm_tokenizer_load(const char *vocab_path, int lowercase, lm_tokenizer **out) {
+  return lm_rt_tokenizer_load(vocab_path, lowercase, out);
+}
+int lm_tokenize(const lm_tokenizer *tok, const char *utf8, size_t len, int32_t *ids, size_t capacity, size_t *n) {
+  return lm_rt_tokenize(tok, utf8, len, ids, capacity, n);
+}
+const char *lm_token_piece(const lm_tokenizer *tok, int32_t id) { return lm_rt_token_piece(tok, id); }
+int32_t lm_tokenizer_vocab_size(const lm_tokenizer *tok) { return lm_rt_tokenizer_vocab_size(tok); }
+void lm_tokenizer_free(lm_tokenizer *tok) { lm_rt_tokenizer_free(tok); }
+
+int lm_rt_tokenizer_load(const char *vocab_path, int lowercase, lm_tokenizer **out) {
+  return guarded([&] {
+    if (!out)
+      argumentError("lm_tokenizer_load: out is NULL");
+    *out = nullptr;
+    if (!vocab_path)
+      argumentError("lm_tokenizer_load: vocab_path is NULL");
+    std::ifstream in(vocab_path, std::ios::binary);
+    if (!in)
+      argumentError(std::string(vocab_path) + ": cannot open the vocabulary");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::string text = ss.str();
+    try {
+      lmcc::SpecialIds specials = lmcc::Tokenizer::conventionalSpecials(text, vocab_path);
+      *out = new lm_tokenizer{lmcc::Tokenizer::fromText(text, vocab_path, lowercase != 0, specials)};
+    } catch (const lmcc::TokenizerError &e) {
+      argumentError(e.what());
+    }
+  });
+}
+
+int lm_rt_tokenize(const lm_tokenizer *tok, const char *utf8, size_t len, int32_t *ids, size_t capacity,
+                   size_t *n) {
+  return guarded([&] {
+    if (!tok || !n || (!utf8 && len) || (!ids && capacity))
+      argumentError("lm_tokenize: NULL tokenizer, text, ids or n");
+    std::vector<int32_t> out;
+    try {
+      out = tok->tokenizer.encodeSentence(std::string_view(utf8 ? utf8 : "", len), "lm_tokenize");
+    } catch (const lmcc::TokenizerError &e) {
+      argumentError(e.what());
+    }
+    *n = out.size();
+    if (out.size() > capacity)
+      argumentError("lm_tokenize: " + std::to_string(out.size()) + " ids do not fit in capacity " +
+                    std::to_string(capacity));
+    std::copy(out.begin(), out.end(), ids);
+  });
+}
+
+const char *lm_rt_token_piece(const lm_tokenizer *tok, int32_t id) {
+  if (!tok || id < 0 || id >= tok->tokenizer.size())
+    return nullptr;
+  return tok->tokenizer.piece(id).c_str();
+}
+
+int32_t lm_rt_tokenizer_vocab_size(const lm_tokenizer *tok) { return tok ? tok->tokenizer.size() : 0; }
+
+void lm_rt_tokenizer_free(lm_tokenizer *tok) { delete tok; }
 
 const char *lm_last_error(void) { return t_errorText; }
 const char *lm_rt_last_error(void) { return t_errorText; }

@@ -10,6 +10,7 @@
 #ifndef LMRT_H
 #define LMRT_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -223,6 +224,35 @@ LM_API void *_mlir_memref_to_llvm_aligned_alloc(uint64_t alignment, uint64_t siz
 LM_API void _mlir_memref_to_llvm_free(void *ptr);
 /* How many blocks this thread's workspace cache has taken from the system so far (tests, benchmarks). */
 LM_API uint64_t lm_rt_workspace_system_allocations(void);
+
+/* --- Text: BERT WordPiece tokenization (Hugging Face BertTokenizerFast-exact) --------------------
+ * lm_tokenizer_load reads a WordPiece vocabulary (one token a line, id = line number - 1) and finds the
+ * special tokens by their usual strings: [PAD], [UNK], [SOS] (else [CLS]) as bos, [EOS] (else [SEP]) as
+ * eos, [MASK]. lowercase != 0: BERT uncased (lowercase, NFD, accents stripped). Errors (file, line) go
+ * to lm_last_error(). A tokenizer is read-only after loading: calls may run concurrently. */
+#ifndef LM_TOKENIZER_TYPE_DECLARED
+#define LM_TOKENIZER_TYPE_DECLARED
+typedef struct lm_tokenizer lm_tokenizer;
+#endif
+LM_API int lm_tokenizer_load(const char *vocab_path, int lowercase, lm_tokenizer **out);
+/* Tokenizes len bytes of UTF-8 text as one sentence: bos, the WordPiece ids, eos. *n receives the
+ * number of ids; when it exceeds capacity, nothing is written to ids and LM_ERR_ARGUMENT is returned
+ * with *n set (call again with a larger buffer). Invalid UTF-8 is LM_ERR_ARGUMENT naming the byte offset. */
+LM_API int lm_tokenize(const lm_tokenizer *tok, const char *utf8, size_t len, int32_t *ids, size_t capacity,
+                       size_t *n);
+/* The vocabulary entry of id (NUL-terminated, owned by the tokenizer), or NULL when id is out of range. */
+LM_API const char *lm_token_piece(const lm_tokenizer *tok, int32_t id);
+/* The number of vocabulary entries. */
+LM_API int32_t lm_tokenizer_vocab_size(const lm_tokenizer *tok);
+LM_API void lm_tokenizer_free(lm_tokenizer *tok);
+/* The same five functions under runtime names: every generated lib<name>.so re-exports lm_tokenizer_* as
+ * forwarders to these (as lm_last_error), so that a program linked with -l<name> alone finds them. */
+LM_API int lm_rt_tokenizer_load(const char *vocab_path, int lowercase, lm_tokenizer **out);
+LM_API int lm_rt_tokenize(const lm_tokenizer *tok, const char *utf8, size_t len, int32_t *ids, size_t capacity,
+                          size_t *n);
+LM_API const char *lm_rt_token_piece(const lm_tokenizer *tok, int32_t id);
+LM_API int32_t lm_rt_tokenizer_vocab_size(const lm_tokenizer *tok);
+LM_API void lm_rt_tokenizer_free(lm_tokenizer *tok);
 
 #ifdef __cplusplus
 }

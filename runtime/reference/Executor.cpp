@@ -113,6 +113,8 @@ Model loadModel(const ModelSpec &spec, const WeightSet &weights) {
   }
   if (spec.norm == NormPlacement::Pre)
     m.finalNorm = loadNorm(weights, names::finalNorm(), D);
+  if (!spec.mlm) // encoder only: no output head
+    return m;
   if (spec.headTransform) {
     m.headTransform = loadLinear(weights, names::headTransform(), D, D);
     m.headNorm = loadNorm(weights, names::headNorm(), D);
@@ -277,7 +279,7 @@ public:
   /// Final hidden states per SEMANTICS.md: one pass, or position i from the copy with
   /// x_i masked under mask-and-predict.
   Batch states(const TokenBatch &ids) const {
-    if (spec.method == ScoreMethod::MaskAndPredict)
+    if (spec.method == ScoreMethod::MaskAndPredict && spec.mlm)
       return maskAndPredict(ids, static_cast<int32_t>(spec.tokens.mask),
                             [this](const TokenBatch &masked) { return encode(masked); });
     return encode(ids);
@@ -608,6 +610,9 @@ std::vector<ScoreResult> score(const ModelSpec &spec, const WeightSet &weights,
                                const std::vector<std::vector<int32_t>> &sentences, int threads) {
   checkSpec(spec);
   checkSentences(spec, sentences);
+  if (!spec.mlm)
+    throw std::invalid_argument(spec.where("head.mlm") + ": 'head.mlm': the model is encoder only (mlm = false): "
+                                "there is no output head to score with");
   const Model model = loadModel(spec, weights);
   const Forward forward(spec, model);
   const bool causal = spec.method == ScoreMethod::Causal;
@@ -636,7 +641,8 @@ std::vector<std::vector<float>> embed(const ModelSpec &spec, const WeightSet &we
   const std::vector<Chunk> chunks = makeChunks(sentences);
   forEachChunk(chunks, threads, [&](const Chunk &c) {
     TokenBatch ids = packChunk(sentences, c);
-    std::vector<std::vector<float>> pooled = meanPool(forward.states(ids), ids, specialTokens(spec));
+    std::vector<std::vector<float>> pooled =
+        pool(forward.states(ids), ids, spec.pool, specialTokens(spec), spec.normalize);
     std::move(pooled.begin(), pooled.end(), results.begin() + c.begin);
   });
   return results;

@@ -914,6 +914,28 @@ std::vector<std::vector<float>> meanPool(const Batch &hidden, const TokenBatch &
   return out;
 }
 
+std::vector<std::vector<float>> pool(const Batch &hidden, const TokenBatch &ids, Pooling how,
+                                     const std::vector<int32_t> &special, bool normalize) {
+  std::vector<std::vector<float>> out;
+  if (how == Pooling::Cls) {
+    require(hidden.H == 1 && hidden.lengths == ids.lengths, "pool", "hidden and ids differ in lengths");
+    for (int64_t b = 0; b < ids.B; ++b)
+      out.emplace_back(hidden.row(b, 0, 0), hidden.row(b, 0, 0) + hidden.C);
+  } else {
+    out = meanPool(hidden, ids, how == Pooling::Mean ? special : std::vector<int32_t>{});
+  }
+  if (normalize)
+    for (auto &v : out) { // x / max(||x||, 1e-12), as torch.nn.functional.normalize
+      double sq = 0;
+      for (float x : v)
+        sq += double(x) * x;
+      double n = std::max(std::sqrt(sq), 1e-12);
+      for (float &x : v)
+        x = float(x / n);
+    }
+  return out;
+}
+
 Batch maskAndPredict(const TokenBatch &ids, int32_t maskToken,
                      const std::function<Batch(const TokenBatch &)> &region) {
   Batch out;

@@ -306,6 +306,11 @@ std::vector<ScoreResult> sentenceScore(const Batch &tokenLogprobs, const TokenBa
 std::vector<std::vector<float>> meanPool(const Batch &hidden, const TokenBatch &ids,
                                          const std::vector<int32_t> &exclude);
 
+/// The embed output: meanPool (Mean: excluding `special`; MeanAll: every valid row) or row 0 (Cls),
+/// then, with `normalize`, x / max(||x||_2, 1e-12) per sentence.
+std::vector<std::vector<float>> pool(const Batch &hidden, const TokenBatch &ids, Pooling how,
+                                     const std::vector<int32_t> &special, bool normalize);
+
 /// lm.mask_and_predict, naive form: for each position i < N, evaluate `region` on the ids with
 /// ids[b, i] := maskToken in every sentence with i < lengths[b], and keep row i of its result:
 /// result[b, i] = region(ids with position i masked)[b, i]. Region results are [B, 1, N, C].

@@ -11,7 +11,11 @@
 #include "runtime/weights/Format.h"
 #include "runtime/weights/WeightNames.h"
 
+#include <nlohmann/json.hpp>
+
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -35,7 +39,7 @@ bool endsWith(const std::string &s, const std::string &suffix) {
 
 [[noreturn]] void tensorError(const std::string &path, const std::string &name,
                               const std::string &what) {
-  throw WeightError(path + ": tensor " + quoted(name) + ": " + what);
+  throw WeightError(path + ": tensor " + lmcc::quoted(name) + ": " + what);
 }
 
 const char *familyName(Family family) {
@@ -83,7 +87,7 @@ struct ExpectedTensor {
 /// Rejects specs this release cannot hold weights for, and dims that would make
 /// the shapes meaningless (a resolved spec never has them; a spec built in code may).
 void checkSpec(const ModelSpec &spec) {
-  const std::string where = "spec " + quoted(spec.name) + ": ";
+  const std::string where = "spec " + lmcc::quoted(spec.name) + ": ";
   if (spec.family == Family::NGram || spec.family == Family::Diformer)
     throw WeightError(where + "family " + familyName(spec.family) +
                       " executes in a later release (supported: unilm, bilm, tta)");
@@ -135,6 +139,8 @@ std::vector<ExpectedTensor> expectedList(const ModelSpec &spec) {
   }
   if (spec.norm == NormPlacement::Pre)
     addNorm(names::finalNorm());
+  if (!spec.mlm) // encoder only: no output head
+    return list;
   if (spec.headTransform) {
     add(names::weight(names::headTransform()), {D, D}, Init::Normal);
     add(names::bias(names::headTransform()), {D}, Init::Zero);
@@ -226,10 +232,10 @@ HfTarget mapHfName(const std::string &hfName, const ModelSpec &spec) {
     return t;
   }
 
-  // The masked-LM and next-sentence heads.
+  // The masked-LM and next-sentence heads (an encoder-only spec uses neither).
   if (startsWith(hfName, "cls.")) {
     const std::string n = hfName.substr(4);
-    if (startsWith(n, "seq_relationship.")) {
+    if (startsWith(n, "seq_relationship.") || !spec.mlm) {
       t.kind = HfTarget::Ignore;
     } else if (startsWith(n, "predictions.transform.dense.")) {
       return canonical(leafName(denseLeaf(n.substr(std::strlen("predictions.transform.dense."))),
@@ -348,8 +354,14 @@ bool isHuggingFaceBert(const WeightSet &weights) {
 
 WeightSet importHuggingFaceBert(const WeightSet &hf, const ModelSpec &spec,
                                 const std::string &path) {
+  checkHuggingFaceConfig(path, spec);
   WeightSet out;
   out.metadata = hf.metadata;
+  // Integer buffers: position_ids / token_type_ids are inputs, not weights; anything else is an error.
+  for (const auto &[name, dtype] : hf.integerTensors)
+    if (!endsWith(name, "position_ids") && !endsWith(name, "token_type_ids"))
+      tensorError(path, name, "integer dtype " + lmcc::quoted(dtype) + ": not a Hugging Face BERT weight (only the "
+                              "position_ids / token_type_ids buffers may be integers)");
   std::map<std::string, std::string> sourceOf; // canonical name -> HF name
   std::vector<std::string> unknown;
   const std::pair<const std::string, Tensor> *position = nullptr, *tokenType = nullptr,
@@ -358,8 +370,8 @@ WeightSet importHuggingFaceBert(const WeightSet &hf, const ModelSpec &spec,
   auto put = [&](const std::string &canonical, const std::string &hfName, Tensor t) {
     auto [it, inserted] = sourceOf.emplace(canonical, hfName);
     if (!inserted)
-      tensorError(path, hfName, "maps to " + quoted(canonical) + ", which " +
-                                    quoted(it->second) + " already provides");
+      tensorError(path, hfName, "maps to " + lmcc::quoted(canonical) + ", which " +
+                                    lmcc::quoted(it->second) + " already provides");
     out.tensors[canonical] = std::move(t);
   };
 
@@ -379,7 +391,7 @@ WeightSet importHuggingFaceBert(const WeightSet &hf, const ModelSpec &spec,
                                                         : decoderBias;
       if (slot) // the same tensor with and without the "bert." prefix
         tensorError(path, entry.first,
-                    "duplicates " + quoted(slot->first) + " (both with and without 'bert.')");
+                    "duplicates " + lmcc::quoted(slot->first) + " (both with and without 'bert.')");
       slot = &entry;
       break;
     }
@@ -388,11 +400,11 @@ WeightSet importHuggingFaceBert(const WeightSet &hf, const ModelSpec &spec,
   if (!unknown.empty()) {
     std::string others;
     for (size_t i = 1; i < unknown.size() && i < 6; ++i)
-      others += (i > 1 ? ", " : "") + quoted(unknown[i]);
+      others += (i > 1 ? ", " : "") + lmcc::quoted(unknown[i]);
     if (unknown.size() > 6)
       others += ", ...";
     tensorError(path, unknown[0],
-                "not a Hugging Face BertForMaskedLM tensor" +
+                "not a Hugging Face BertForMaskedLM or BertModel tensor" +
                     (unknown.size() > 1 ? " (" + std::to_string(unknown.size() - 1) +
                                               " more unknown: " + others + ")"
                                         : std::string()));
@@ -400,7 +412,7 @@ WeightSet importHuggingFaceBert(const WeightSet &hf, const ModelSpec &spec,
 
   // The MLM output bias: HF stores the same parameter under one or both names.
   if (headBias && decoderBias && !sameTensor(headBias->second, decoderBias->second))
-    tensorError(path, decoderBias->first, "differs from " + quoted(headBias->first));
+    tensorError(path, decoderBias->first, "differs from " + lmcc::quoted(headBias->first));
   if (const auto *bias = headBias ? headBias : decoderBias)
     put(names::headBias(), bias->first, bias->second);
 
@@ -440,7 +452,71 @@ WeightSet importHuggingFaceBert(const WeightSet &hf, const ModelSpec &spec,
   return out;
 }
 
+void checkHuggingFaceConfig(const std::string &weightsPath, const ModelSpec &spec) {
+  namespace fs = std::filesystem;
+  const fs::path config = fs::path(weightsPath).parent_path() / "config.json";
+  std::ifstream in(config, std::ios::binary);
+  if (!in)
+    return;
+  const std::string where = config.string();
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception &e) {
+    throw WeightError(where + ": not valid JSON: " + e.what());
+  }
+  if (!j.is_object())
+    throw WeightError(where + ": expected a JSON object (a Hugging Face model config)");
+  const std::string specName = spec.sourcePath.empty() ? "the spec" : spec.sourcePath;
+  auto mismatch = [&](const std::string &key, const std::string &have, const std::string &want) {
+    throw WeightError(where + ": \"" + key + "\" is " + have + " but " + specName + " has " + want +
+                      " (the checkpoint does not match the spec)");
+  };
+  if (j.contains("model_type") && j["model_type"] != "bert")
+    mismatch("model_type", j["model_type"].dump(), "a BERT model (model_type \"bert\")");
+  const std::pair<const char *, std::pair<int64_t, const char *>> ints[] = {
+      {"vocab_size", {spec.dims.vocab, "[dims] vocab"}},
+      {"hidden_size", {spec.dims.dModel, "[dims] d_model"}},
+      {"num_hidden_layers", {spec.dims.layers, "[dims] layers"}},
+      {"num_attention_heads", {spec.dims.heads, "[dims] heads"}},
+      {"intermediate_size", {spec.dims.dFF, "[dims] d_ff"}}};
+  for (const auto &[key, want] : ints) {
+    if (!j.contains(key))
+      continue;
+    if (!j[key].is_number_integer())
+      throw WeightError(where + ": \"" + key + "\" is not an integer");
+    if (j[key].get<int64_t>() != want.first)
+      mismatch(key, j[key].dump(), std::string(want.second) + " = " + std::to_string(want.first));
+  }
+  if (j.contains("max_position_embeddings") && j["max_position_embeddings"].is_number_integer() &&
+      j["max_position_embeddings"].get<int64_t>() < spec.dims.maxLen)
+    mismatch("max_position_embeddings", j["max_position_embeddings"].dump(),
+             "[dims] max_len = " + std::to_string(spec.dims.maxLen) + " (more positions than the checkpoint has)");
+  if (j.contains("layer_norm_eps") && j["layer_norm_eps"].is_number()) {
+    double eps = j["layer_norm_eps"].get<double>();
+    if (std::fabs(eps - spec.eps) > 1e-6 * std::fabs(spec.eps))
+      mismatch("layer_norm_eps", j["layer_norm_eps"].dump(), "[block] eps = " + std::to_string(spec.eps));
+  }
+  if (j.contains("hidden_act") && j["hidden_act"].is_string()) {
+    const std::string act = j["hidden_act"];
+    const char *want = act == "gelu"                                        ? "gelu"
+                       : act == "gelu_new" || act == "gelu_pytorch_tanh" ? "gelu_tanh"
+                       : act == "relu"                                      ? "relu"
+                                                                            : nullptr;
+    if (!want)
+      throw WeightError(where + ": \"hidden_act\" \"" + act + "\" is not supported (gelu, gelu_new, "
+                        "gelu_pytorch_tanh, relu)");
+    if (std::string(want) != toString(spec.activation))
+      mismatch("hidden_act", "\"" + act + "\"", std::string("[block] activation = \"") +
+                                                     toString(spec.activation) + "\" (use \"" + want + "\")");
+  }
+  if (j.contains("position_embedding_type") && j["position_embedding_type"] != "absolute")
+    mismatch("position_embedding_type", j["position_embedding_type"].dump(), "learned absolute positions");
+}
+
 void validateWeights(const WeightSet &weights, const ModelSpec &spec, const std::string &path) {
+  for (const auto &[name, dtype] : weights.integerTensors)
+    tensorError(path, name, "integer dtype " + lmcc::quoted(dtype) + ": model weights are floating point");
   const std::vector<ExpectedTensor> expected = expectedList(spec);
   std::set<std::string> expectedNames;
   for (const ExpectedTensor &e : expected)
@@ -467,7 +543,7 @@ void validateWeights(const WeightSet &weights, const ModelSpec &spec, const std:
       hint = " (the spec ties the output head to " + names::embedToken() + ")";
     else if (entry.first == names::embedPosition() && spec.position != PositionKind::Learned)
       hint = " (the spec does not use learned positions)";
-    tensorError(path, entry.first, "unexpected for spec " + quoted(spec.name) + hint);
+    tensorError(path, entry.first, "unexpected for spec " + lmcc::quoted(spec.name) + hint);
   }
 
   // Shapes and values.

@@ -25,10 +25,18 @@ std::vector<TensorInfo> expectedTensors(const ModelSpec &spec);
 
 /// True when the names look like a Hugging Face BERT checkpoint (`bert.*`, `cls.*`).
 bool isHuggingFaceBert(const WeightSet &weights);
-/// Maps Hugging Face BertForMaskedLM names to canonical names: folds token-type row 0
-/// into the position table, cuts a longer position table to max_len (shorter is an
-/// error), ignores bert.pooler.*, cls.seq_relationship.* and *.position_ids.
+/// Maps Hugging Face BertForMaskedLM and BertModel names (the "bert." prefix optional) to canonical
+/// names: folds token-type row 0 into the position table, cuts a longer position table to max_len
+/// (shorter is an error), ignores pooler.*, cls.seq_relationship.*, the integer buffers
+/// *position_ids / *token_type_ids, and with [head] mlm = false the MLM head cls.predictions.*.
+/// Checks a config.json beside `path` first (checkHuggingFaceConfig).
 WeightSet importHuggingFaceBert(const WeightSet &hf, const ModelSpec &spec, const std::string &path);
+
+/// When a Hugging Face `config.json` lies beside `weightsPath`, checks it against the spec (model_type,
+/// vocab_size, hidden_size, num_hidden_layers, num_attention_heads, intermediate_size,
+/// max_position_embeddings >= max_len, layer_norm_eps, hidden_act, position_embedding_type); throws
+/// WeightError naming config.json and the key. Called by importHuggingFaceBert.
+void checkHuggingFaceConfig(const std::string &weightsPath, const ModelSpec &spec);
 
 /// Checks `weights` against expectedTensors(spec): missing, unexpected, shape, and
 /// non-finite values, each error naming the tensor. `path` is used in messages.

@@ -60,7 +60,7 @@ bool mulU64(uint64_t a, uint64_t b, uint64_t &out) {
   return true;
 }
 
-enum class DType { F16, BF16, F32, F64 };
+enum class DType { F16, BF16, F32, F64, Integer };
 
 /// The supported dtypes and their element sizes; false for any other name.
 bool parseDType(const std::string &name, DType &dtype, uint64_t &itemSize) {
@@ -68,6 +68,16 @@ bool parseDType(const std::string &name, DType &dtype, uint64_t &itemSize) {
   if (name == "F16") { dtype = DType::F16; itemSize = 2; return true; }
   if (name == "BF16") { dtype = DType::BF16; itemSize = 2; return true; }
   if (name == "F64") { dtype = DType::F64; itemSize = 8; return true; }
+  // Integer and boolean buffers (e.g. Hugging Face's embeddings.position_ids): validated, not loaded.
+  static const std::pair<const char *, uint64_t> integers[] = {{"I64", 8}, {"I32", 4}, {"I16", 2}, {"I8", 1},
+                                                               {"U64", 8}, {"U32", 4}, {"U16", 2}, {"U8", 1},
+                                                               {"BOOL", 1}};
+  for (auto [n, size] : integers)
+    if (name == n) {
+      dtype = DType::Integer;
+      itemSize = size;
+      return true;
+    }
   return false;
 }
 
@@ -147,6 +157,7 @@ void decode(DType dtype, const unsigned char *bytes, size_t count, float *out) {
 struct Entry {
   std::string name;
   DType dtype = DType::F32;
+  std::string dtypeName;
   uint64_t itemSize = 4;
   std::vector<int64_t> shape;
   uint64_t numel = 0;
@@ -184,7 +195,8 @@ Entry parseEntry(const std::string &path, const std::string &name, const json &v
   const std::string dtypeName = dtypeIt->get<std::string>();
   if (!parseDType(dtypeName, e.dtype, e.itemSize))
     tensorError(path, name,
-                "unsupported dtype " + quoted(dtypeName) + " (supported: F32, F16, BF16, F64)");
+                "unsupported dtype " + quoted(dtypeName) + " (supported: F32, F16, BF16, F64; integer buffers are skipped)");
+  e.dtypeName = dtypeName;
 
   // shape
   auto shapeIt = value.find("shape");
@@ -350,6 +362,10 @@ WeightSet readImpl(const std::string &path) {
             [](const Entry *a, const Entry *b) { return a->begin < b->begin; });
   std::vector<unsigned char> chunk;
   for (const Entry *e : byOffset) {
+    if (e->dtype == DType::Integer) {
+      result.integerTensors[e->name] = e->dtypeName;
+      continue;
+    }
     Tensor t;
     t.shape = e->shape;
     // numel * itemSize == end - begin <= file size, so this allocation is bounded

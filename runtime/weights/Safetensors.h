@@ -28,6 +28,9 @@ struct Tensor {
 struct WeightSet {
   std::map<std::string, Tensor> tensors;
   std::map<std::string, std::string> metadata;
+  /// Integer and boolean tensors (name -> dtype, e.g. "I64"): checked in the header, not loaded.
+  /// Model weights never are; importers ignore known buffers (position_ids) and reject others.
+  std::map<std::string, std::string> integerTensors;
   /// The tensor `name`; throws WeightError naming it when absent.
   const Tensor &get(const std::string &name) const;
   bool has(const std::string &name) const { return tensors.count(name) != 0; }

@@ -146,6 +146,14 @@ func.func @token_logprob_width(%h: tensor<?x?x8xf32>, %w: tensor<11x9xf32>, %ids
 
 // -----
 
+func.func @mean_pool_cls_exclude(%h: tensor<?x?x8xf32>, %ids: tensor<?x?xi32>, %len: tensor<?xi32>) {
+  // expected-error @+1 {{cls pooling takes row 0: exclude must be empty}}
+  %e = lm.mean_pool %h, %ids, %len {cls, exclude = array<i32: 3>} : (tensor<?x?x8xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x8xf32>
+  return
+}
+
+// -----
+
 func.func @mean_pool_width(%h: tensor<?x?x8xf32>, %ids: tensor<?x?xi32>, %len: tensor<?xi32>) {
   // expected-error @+1 {{result width: expected 8, got 7}}
   %e = lm.mean_pool %h, %ids, %len {exclude = array<i32: 3, 1>} : (tensor<?x?x8xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x7xf32>

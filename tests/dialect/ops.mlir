@@ -65,6 +65,8 @@ func.func @head(%h: tensor<?x?x8xf32>, %ids: tensor<?x?xi32>, %len: tensor<?xi32
   %tl, %s, %n = lm.sentence_score %mix, %ids, %len {first = 1 : i64, skip = array<i32: 3, 1>} : (tensor<?x?xf32>, tensor<?x?xi32>, tensor<?xi32>) -> (tensor<?x?xf32>, tensor<?xf32>, tensor<?xi32>)
   // CHECK: lm.mean_pool {{.*}} {exclude = array<i32: 3, 1>}
   %e = lm.mean_pool %h, %ids, %len {exclude = array<i32: 3, 1>} : (tensor<?x?x8xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x8xf32>
+  // CHECK: lm.mean_pool {{.*}} {cls, exclude = array<i32>, normalize}
+  %c = lm.mean_pool %h, %ids, %len {cls, exclude = array<i32>, normalize} : (tensor<?x?x8xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x8xf32>
   return %tl, %s, %n, %e : tensor<?x?xf32>, tensor<?xf32>, tensor<?xi32>, tensor<?x8xf32>
 }
 

@@ -929,6 +929,22 @@ TEST_F(GeneratedTest, EndToEndLibraryRunsTheExamples) {
   EXPECT_NE(sh(d + "/score_c " + path("weights.safetensors") + " " + path("bad_ids.txt")), 0);
   EXPECT_NE(output_.find("outside the vocabulary"), std::string::npos) << output_;
 
+  // Text through the C API (examples/score_text.c): tokenizer functions come from the model library too.
+  ASSERT_EQ(sh("cc -std=c99 -Wall -Wextra -Werror " LMCC_SOURCE_DIR "/examples/score_text.c -I " + d + " -L " + d +
+               " -lexample_model -Wl,-rpath," + d + " -o " + d + "/score_text"),
+            0)
+      << output_;
+  write("vocab.txt", "[PAD]\n[EOS]\n[UNK]\n[SOS]\n[MASK]\nthe\ncat\n##s\nsat\n.\n");
+  write("text.txt", "The cats sat.\nthe\n");
+  ASSERT_EQ(sh(d + "/score_text " + path("weights.safetensors") + " " + path("vocab.txt") + " " + path("text.txt")), 0)
+      << output_;
+  EXPECT_EQ(output_.rfind("{\"tokens\":[\"[SOS]\",\"the\",\"cat\",\"##s\",\"sat\",\".\",\"[EOS]\"],\"score\":", 0), 0u)
+      << output_;
+  EXPECT_NE(output_.find("\n{\"tokens\":[\"[SOS]\",\"the\",\"[EOS]\"],\"score\":"), std::string::npos) << output_;
+  write("bad.txt", "the cat\nthe \xff\n");
+  EXPECT_NE(sh(d + "/score_text " + path("weights.safetensors") + " " + path("vocab.txt") + " " + path("bad.txt")), 0);
+  EXPECT_NE(output_.find("bad.txt:2: lm_tokenize: invalid UTF-8 at byte 4 (0xFF)"), std::string::npos) << output_;
+
   if (!haveTool("c++"))
     GTEST_SKIP() << "no C++ compiler (c++) on PATH";
   ASSERT_EQ(sh("c++ -std=c++17 -Wall -Wextra -Werror " LMCC_SOURCE_DIR "/examples/score.cpp -I " + d + " -L " + d +

@@ -290,3 +290,42 @@ TEST(SpecErrors, Train) {
   EXPECT_NE(errorOf(base("tta", "[train]\ndropout = 1.0\n")).find("'train.dropout'"), std::string::npos);
   EXPECT_NE(errorOf(base("tta", "[train]\nsteps = 0\n")).find("'train.steps'"), std::string::npos);
 }
+
+TEST(Spec, TextTables) {
+  ModelSpec s = parseSpec(base("bilm", "[head]\nmlm = false\n[embed]\npool = \"cls\"\nnormalize = true\n"
+                                       "[tokenizer]\nvocab = \"v/vocab.txt\"\nlowercase = false\nbos = \"[CLS]\"\n"),
+                          "dir/t.toml");
+  EXPECT_FALSE(s.mlm);
+  EXPECT_EQ(s.pool, Pooling::Cls);
+  EXPECT_TRUE(s.normalize);
+  ASSERT_TRUE(s.tokenizer.has_value());
+  EXPECT_EQ(s.tokenizer->vocab, "v/vocab.txt");
+  EXPECT_EQ(s.tokenizer->vocabPath, "dir/v/vocab.txt"); // relative to the spec
+  EXPECT_FALSE(s.tokenizer->lowercase);
+  EXPECT_EQ(s.tokenizer->bos, "[CLS]");
+  EXPECT_EQ(s.where("head.mlm"), "dir/t.toml:11:7");
+  // The resolved spec round-trips (the hash too), and holds the tables.
+  ModelSpec again = parseSpec(toToml(s), "dir/t.toml");
+  EXPECT_EQ(specHash(s), specHash(again));
+  EXPECT_NE(toToml(s).find("[embed]\npool = \"cls\"\nnormalize = true\n"), std::string::npos) << toToml(s);
+  // Defaults given explicitly add nothing: the hash of a spec without the new tables is unchanged.
+  EXPECT_EQ(specHash(parseSpec(base("bilm", "[head]\nmlm = true\n[embed]\npool = \"mean\"\nnormalize = false\n"), "a")),
+            specHash(parseSpec(base("bilm"), "a")));
+  EXPECT_EQ(toJson(parseSpec(base("bilm", "[embed]\npool = \"mean\"\n"), "a")), toJson(parseSpec(base("bilm"), "a")));
+  EXPECT_NE(specHash(parseSpec(base("bilm", "[embed]\npool = \"mean_all\"\n"), "a")),
+            specHash(parseSpec(base("bilm"), "a")));
+}
+
+TEST(SpecErrors, TextTables) {
+  EXPECT_EQ(errorOf(base("bilm", "[embed]\npool = \"max\"\n")),
+            "t.toml:11:8: error: 'embed.pool': unknown value \"max\"; valid values are \"mean\", \"mean_all\", \"cls\"");
+  EXPECT_EQ(errorOf(base("bilm", "[tokenizer]\nlowercase = true\n")),
+            "t.toml:10:1: error: 'tokenizer.vocab': missing required key: the WordPiece vocabulary file (one token a "
+            "line, relative to the spec)");
+  EXPECT_EQ(errorOf(base("bilm", "[tokenizer]\nvocab = \"\"\n")), "t.toml:11:9: error: 'tokenizer.vocab': must not be empty");
+  EXPECT_EQ(errorOf(base("bilm", "[tokenizer]\nvocab = \"v\"\ncase = 1\n")).substr(0, 42),
+            "t.toml:12:1: error: 'tokenizer.case': unkn");
+  EXPECT_EQ(errorOf(base("ngram", "[head]\nmlm = false\n")),
+            "t.toml:11:7: error: 'head.mlm': family \"ngram\" needs its output head; mlm = false applies to unilm, "
+            "bilm and tta");
+}

@@ -455,10 +455,17 @@ TEST_F(WeightsTest, EntryMustBeAnObjectWithTypedFields) {
 }
 
 TEST_F(WeightsTest, UnsupportedDtypeIsNamed) {
-  for (const std::string dtype : {"I64", "I8", "U8", "BOOL", "F8_E4M3", "f32", ""}) {
+  for (const std::string dtype : {"F8_E4M3", "f32", ""}) {
     expectReadError(rawFile({{"ids", dtype, {1}, std::string(8, '\0')}}),
                     {"'ids'", "unsupported dtype '" + dtype + "'"});
   }
+  // Integer buffers (Hugging Face's position_ids) are checked but not loaded; validation rejects them.
+  for (auto [dtype, bytes] : {std::pair<std::string, size_t>{"I64", 8}, {"I8", 1}, {"U8", 1}, {"BOOL", 1}}) {
+    const WeightSet w = readSafetensors(writeFile("int.safetensors", rawFile({{"ids", dtype, {1}, std::string(bytes, '\0')}})));
+    EXPECT_TRUE(w.tensors.empty());
+    EXPECT_EQ(w.integerTensors.at("ids"), dtype);
+  }
+  expectReadError(rawFile({{"ids", "I8", {1}, std::string(8, '\0')}}), {"'ids'", "data_offsets span 8 bytes"});
 }
 
 TEST_F(WeightsTest, OffsetsMustBeOrderedAndInsideTheDataSection) {
@@ -1055,3 +1062,32 @@ TEST_F(WeightsTest, LoadModelWeightsImportsHuggingFaceFiles) {
 }
 
 } // namespace
+
+// A BertModel checkpoint (no "bert." prefix, no MLM head, an I64 position_ids buffer) for an encoder-only
+// spec; the MLM head of a BertForMaskedLM file is ignored by such a spec; integer tensors that are not
+// buffers are rejected by name.
+TEST_F(WeightsTest, ImportsBertModelForEncoderOnlySpecs) {
+  ModelSpec spec = tinySpec();
+  spec.mlm = false;
+  FakeBert hf(spec, /*prefix=*/false);
+  for (auto it = hf.set.tensors.begin(); it != hf.set.tensors.end();)
+    it = it->first.rfind("cls.", 0) == 0 || it->first.find("position_ids") != std::string::npos
+             ? hf.set.tensors.erase(it)
+             : std::next(it);
+  hf.set.integerTensors["embeddings.position_ids"] = "I64";
+  WeightSet w = importHuggingFaceBert(hf.set, spec, "model.safetensors");
+  validateWeights(w, spec, "model.safetensors");
+  EXPECT_FALSE(w.has("head.bias"));
+  EXPECT_EQ(expectedTensors(spec).size() + 5, expectedTensors(tinySpec()).size()); // no transform, norm (2 each), bias
+
+  const FakeBert mlm(spec); // with cls.predictions.*: ignored for mlm = false
+  validateWeights(importHuggingFaceBert(mlm.set, spec, "mlm.safetensors"), spec, "mlm.safetensors");
+
+  hf.set.integerTensors["encoder.layer.0.output.dense.weight"] = "I32";
+  expectError([&] { importHuggingFaceBert(hf.set, spec, "model.safetensors"); },
+              {"model.safetensors", "'encoder.layer.0.output.dense.weight'", "integer dtype 'I32'"});
+  WeightSet canonical = initWeights(spec, 1);
+  canonical.integerTensors["embed.token"] = "I64";
+  expectError([&] { validateWeights(canonical, spec, "c.safetensors"); },
+              {"c.safetensors", "'embed.token'", "integer dtype 'I64': model weights are floating point"});
+}

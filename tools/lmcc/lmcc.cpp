@@ -12,6 +12,7 @@
 #include "frontend/Spec.h"
 #include "runtime/reference/Executor.h"
 #include "runtime/lib/lmrt.h"
+#include "runtime/lib/Tokenizer.h"
 #include "runtime/weights/ModelWeights.h"
 
 #include <CLI/CLI.hpp>
@@ -21,9 +22,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -108,6 +112,115 @@ std::vector<std::vector<int32_t>> readIds(const std::string &path, const lmcc::M
   return sentences;
 }
 
+/// The spec's [tokenizer]: the vocabulary, the [tokens] ids as specials, and the special strings
+/// given in the spec checked against the vocabulary's lines.
+lmcc::Tokenizer loadTokenizer(const lmcc::ModelSpec &spec) {
+  if (!spec.tokenizer)
+    throw lmcc::SpecError(spec.sourcePath, "tokenizer",
+                          "text input needs a [tokenizer] table (vocab = \"vocab.txt\", lowercase = true)");
+  const lmcc::TokenizerSpec &t = *spec.tokenizer;
+  lmcc::SpecialIds ids;
+  ids.pad = int32_t(spec.tokens.pad), ids.eos = int32_t(spec.tokens.eos), ids.unk = int32_t(spec.tokens.unk);
+  ids.bos = int32_t(spec.tokens.bos), ids.mask = int32_t(spec.tokens.mask);
+  lmcc::Tokenizer tok = [&] {
+    try {
+      return lmcc::Tokenizer::fromFile(t.vocabPath, t.lowercase, ids);
+    } catch (const lmcc::TokenizerError &e) {
+      throw InputError(std::string(e.what()) + " (the vocabulary of " + spec.where("tokenizer.vocab") + ")");
+    }
+  }();
+  if (int64_t(tok.size()) > spec.dims.vocab)
+    throw lmcc::SpecError(spec.where("tokenizer.vocab"), "tokenizer.vocab",
+                          t.vocabPath + " has " + std::to_string(tok.size()) + " tokens, more than [dims] vocab = " +
+                              std::to_string(spec.dims.vocab));
+  const std::tuple<const char *, const std::string *, int64_t> named[] = {{"pad", &t.pad, spec.tokens.pad},
+                                                                          {"eos", &t.eos, spec.tokens.eos},
+                                                                          {"unk", &t.unk, spec.tokens.unk},
+                                                                          {"bos", &t.bos, spec.tokens.bos},
+                                                                          {"mask", &t.mask, spec.tokens.mask}};
+  for (auto [key, str, id] : named) {
+    if (str->empty())
+      continue;
+    int32_t found = tok.find(*str);
+    std::string field = std::string("tokenizer.") + key;
+    if (found < 0)
+      throw lmcc::SpecError(spec.where(field), field, "\"" + *str + "\" is not in the vocabulary " + t.vocabPath);
+    if (found != id)
+      throw lmcc::SpecError(spec.where(field), field,
+                            "\"" + *str + "\" is id " + std::to_string(found) + " (line " + std::to_string(found + 1) +
+                                " of " + t.vocabPath + ") but [tokens] " + key + " = " + std::to_string(id));
+  }
+  return tok;
+}
+
+std::string readInput(const std::string &path, const char *what) {
+  if (path == "-") {
+    std::stringstream ss;
+    ss << std::cin.rdbuf();
+    return ss.str();
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw InputError(path + ": cannot open the " + what);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+/// Tokenizes one sentence per line of UTF-8 text (bos + pieces + eos). A final newline does not
+/// start a line; "\r\n" is accepted. Invalid UTF-8 and sentences longer than max_len (unless
+/// `truncate`: keep bos, the first max_len - 2 pieces and eos) are errors naming `file:line`.
+std::vector<std::vector<int32_t>> readText(const std::string &path, const lmcc::ModelSpec &spec,
+                                           const lmcc::Tokenizer &tok, bool truncate) {
+  std::string text = readInput(path, "text file");
+  const std::string name = path == "-" ? "<stdin>" : path;
+  std::vector<std::vector<int32_t>> sentences;
+  size_t pos = 0;
+  int64_t lineNo = 0;
+  while (pos < text.size()) {
+    size_t end = text.find('\n', pos);
+    std::string_view line(text.data() + pos, (end == std::string::npos ? text.size() : end) - pos);
+    pos = end == std::string::npos ? text.size() : end + 1;
+    ++lineNo;
+    if (!line.empty() && line.back() == '\r')
+      line.remove_suffix(1);
+    std::string where = name + ":" + std::to_string(lineNo);
+    std::vector<int32_t> ids;
+    try {
+      ids = tok.encodeSentence(line, where);
+    } catch (const lmcc::TokenizerError &e) {
+      throw InputError(e.what());
+    }
+    if (int64_t(ids.size()) > spec.dims.maxLen) {
+      if (!truncate)
+        throw InputError(where + ": sentence of " + std::to_string(ids.size()) + " tokens (with bos and eos) is " +
+                         "longer than max_len = " + std::to_string(spec.dims.maxLen) + " (--truncate cuts it)");
+      ids.resize(size_t(spec.dims.maxLen));
+      ids.back() = int32_t(spec.tokens.eos);
+    }
+    sentences.push_back(std::move(ids));
+  }
+  return sentences;
+}
+
+/// A JSON string literal (pieces may hold quotes, backslashes and any UTF-8).
+std::string jsonString(const std::string &s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += char(c);
+    } else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += char(c);
+    }
+  }
+  return out + "\"";
+}
+
 /// Formats a float with 9 significant digits; non-finite values are an error.
 void appendNumber(std::string &out, double v, const char *what, size_t line) {
   if (!std::isfinite(v))
@@ -119,8 +232,11 @@ void appendNumber(std::string &out, double v, const char *what, size_t line) {
 }
 
 struct Options {
-  std::string spec, weights, ids = "-", output, from, input, cpu, dumpIR, gemm = "generated";
+  std::string spec, weights, ids = "-", output, from, input, cpu, dumpIR, gemm = "generated", text, corpus;
   bool json = false, reference = false, embedWeights = false, staticArchive = false, naive = false, stats = false;
+  bool tokens = false, truncate = false, lowercase = false;
+  std::string name;
+  int64_t vocabSize = 0;
   std::map<std::string, bool> noPass; // pass flag -> --no-<pass> given
   int64_t statsN = 0;
   int threads = 1;
@@ -567,6 +683,276 @@ int runCompile(const Options &o) {
   return kExitOk;
 }
 
+int runTokenize(const Options &o) {
+  lmcc::ModelSpec spec = lmcc::loadSpec(o.spec);
+  lmcc::Tokenizer tok = loadTokenizer(spec);
+  std::string out;
+  for (const auto &ids : readText(o.text, spec, tok, o.truncate)) {
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (i)
+        out += ' ';
+      out += o.tokens ? tok.piece(ids[i]) : std::to_string(ids[i]);
+    }
+    out += '\n';
+  }
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  return std::fflush(stdout) == 0 ? kExitOk : kExitInput;
+}
+
+int runVocab(const Options &o) {
+  if (o.vocabSize < 6)
+    throw InputError("--size " + std::to_string(o.vocabSize) + ": a vocabulary needs at least the 5 special tokens "
+                     "and one character");
+  std::string corpus = readInput(o.corpus, "corpus");
+  std::vector<std::string> vocab;
+  try {
+    // Specials first, at the ids of the family defaults ([tokens]: pad 0, eos 1, unk 2, bos 3, mask 4).
+    vocab = lmcc::buildWordPieceVocab(corpus, o.corpus == "-" ? "<stdin>" : o.corpus, o.vocabSize, o.lowercase,
+                                      {"[PAD]", "[EOS]", "[UNK]", "[SOS]", "[MASK]"});
+  } catch (const lmcc::TokenizerError &e) {
+    throw InputError(e.what());
+  }
+  if (int64_t(vocab.size()) > o.vocabSize)
+    vocab.resize(size_t(o.vocabSize));
+  std::string text;
+  for (const std::string &piece : vocab)
+    text += piece + "\n";
+  std::ofstream out(o.output, std::ios::binary);
+  if (!(out << text) || !out.flush())
+    throw InputError(o.output + ": cannot write");
+  if (int64_t(vocab.size()) < o.vocabSize)
+    std::cerr << "lmcc vocab: note: the corpus supports only " << vocab.size() << " entries (no pair occurs twice "
+              << "more); wrote " << vocab.size() << " instead of " << o.vocabSize << "\n";
+  return kExitOk;
+}
+
+/// Reads a JSON object file of an HF model folder; errors name the file.
+nlohmann::json readJsonFile(const fs::path &path, bool required) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    if (required)
+      throw InputError(path.string() + ": cannot open (an import-hf folder needs it)");
+    return nlohmann::json();
+  }
+  try {
+    nlohmann::json j = nlohmann::json::parse(in);
+    if (!j.is_object() && !j.is_array())
+      throw InputError(path.string() + ": expected a JSON object");
+    return j;
+  } catch (const nlohmann::json::exception &e) {
+    throw InputError(path.string() + ": not valid JSON: " + e.what());
+  }
+}
+
+/// `lmcc import-hf DIR -o SPEC.toml`: a spec for a Hugging Face BERT folder (config.json, vocab.txt,
+/// tokenizer_config.json) or a sentence-transformers folder (modules.json, the Transformer module's
+/// sentence_bert_config.json with max_seq_length, the Pooling module's config.json, Normalize).
+int runImportHf(const Options &o) {
+  const fs::path dir = o.input;
+  if (!fs::is_directory(dir))
+    throw InputError(o.input + ": not a directory (import-hf reads a Hugging Face model folder)");
+  fs::path model = dir; // the Transformer module's folder
+  std::string pooling = "", why;
+  bool normalize = false, sentenceTransformers = false;
+  int64_t maxSeq = 0;
+  if (fs::exists(dir / "modules.json")) {
+    sentenceTransformers = true;
+    nlohmann::json modules = readJsonFile(dir / "modules.json", true);
+    if (!modules.is_array())
+      throw InputError((dir / "modules.json").string() + ": expected a JSON array of modules");
+    for (size_t i = 0; i < modules.size(); ++i) {
+      const nlohmann::json &m = modules[i];
+      std::string type = m.value("type", ""), path = m.value("path", "");
+      // "sentence_transformers.models.Pooling" (v2-v5) or "...modules.pooling.Pooling" (v6).
+      auto is = [&](const char *cls) {
+        std::string last = type.substr(type.rfind('.') == std::string::npos ? 0 : type.rfind('.') + 1);
+        return last == cls;
+      };
+      std::string where = (dir / "modules.json").string() + ": module " + std::to_string(i) + " (\"" + type + "\")";
+      if (is("Transformer")) {
+        model = dir / path;
+        nlohmann::json st = readJsonFile(model / "sentence_bert_config.json", false);
+        if (st.is_object() && st.contains("max_seq_length") && st["max_seq_length"].is_number_integer())
+          maxSeq = st["max_seq_length"].get<int64_t>();
+      } else if (is("Pooling")) {
+        fs::path cfg = dir / path / "config.json";
+        nlohmann::json p = readJsonFile(cfg, true);
+        std::vector<std::string> modes;
+        for (auto &[key, value] : p.items())
+          if (key.rfind("pooling_mode_", 0) == 0 && value.is_boolean() && value.get<bool>())
+            modes.push_back(key);
+        if (p.contains("pooling_mode") && p["pooling_mode"].is_string())
+          modes = {"pooling_mode_" + p["pooling_mode"].get<std::string>() +
+                   (p["pooling_mode"] == "mean" ? "_tokens" : p["pooling_mode"] == "cls" ? "_token" : "")};
+        if (modes.size() != 1 || (modes[0] != "pooling_mode_mean_tokens" && modes[0] != "pooling_mode_cls_token"))
+          throw InputError(cfg.string() + ": pooling " + (modes.empty() ? std::string("(none)") : modes[0]) +
+                           (modes.size() > 1 ? " and others" : "") +
+                           " is not supported; lmcc pools with mean (pooling_mode_mean_tokens) or cls");
+        pooling = modes[0] == "pooling_mode_cls_token" ? "cls" : "mean_all";
+        if (p.value("include_prompt", true) == false)
+          throw InputError(cfg.string() + ": include_prompt = false is not supported");
+      } else if (is("Normalize")) {
+        normalize = true;
+      } else {
+        throw InputError(where + " is not supported (Transformer, Pooling and Normalize are)");
+      }
+    }
+  }
+  const fs::path configPath = model / "config.json";
+  nlohmann::json c = readJsonFile(configPath, true);
+  auto need = [&](const char *key) -> int64_t {
+    if (!c.contains(key) || !c[key].is_number_integer())
+      throw InputError(configPath.string() + ": \"" + key + "\" is missing or not an integer");
+    return c[key].get<int64_t>();
+  };
+  if (c.value("model_type", "bert") != "bert")
+    throw InputError(configPath.string() + ": model_type \"" + c.value("model_type", "") +
+                     "\" is not supported (import-hf reads BERT models)");
+  if (c.value("position_embedding_type", "absolute") != "absolute")
+    throw InputError(configPath.string() + ": position_embedding_type \"" + c.value("position_embedding_type", "") +
+                     "\" is not supported (learned absolute positions are)");
+  std::string act = c.value("hidden_act", "gelu");
+  const char *activation = act == "gelu" ? "gelu" : act == "gelu_new" || act == "gelu_pytorch_tanh" ? "gelu_tanh"
+                           : act == "relu" ? "relu" : nullptr;
+  if (!activation)
+    throw InputError(configPath.string() + ": hidden_act \"" + act + "\" is not supported");
+  int64_t maxLen = need("max_position_embeddings");
+  // Architecture: BertForMaskedLM (or BertForPreTraining) keeps the MLM head; BertModel and
+  // sentence-transformers models are encoders.
+  bool mlm = false;
+  if (!sentenceTransformers && c.contains("architectures") && c["architectures"].is_array())
+    for (const auto &a : c["architectures"])
+      if (a == "BertForMaskedLM" || a == "BertForPreTraining")
+        mlm = true;
+  if (pooling.empty())
+    pooling = mlm ? "mean" : "mean_all";
+
+  // Tokenizer: vocab.txt (else the WordPiece vocabulary of tokenizer.json, written beside the spec as
+  // <spec>.vocab.txt), casing and special token strings from tokenizer_config.json / tokenizer.json.
+  nlohmann::json tc = readJsonFile(model / "tokenizer_config.json", false);
+  nlohmann::json tj = readJsonFile(model / "tokenizer.json", false);
+  fs::path vocabPath = model / "vocab.txt";
+  std::string vocabText;
+  bool writeVocab = false;
+  if (fs::exists(vocabPath)) {
+    vocabText = readInput(vocabPath.string(), "vocabulary (vocab.txt)");
+  } else if (tj.is_object() && tj.contains("model") && tj["model"].value("type", "") == "WordPiece" &&
+             tj["model"].contains("vocab") && tj["model"]["vocab"].is_object()) {
+    std::vector<std::string> pieces(tj["model"]["vocab"].size());
+    for (auto &[piece, id] : tj["model"]["vocab"].items()) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= int64_t(pieces.size()) ||
+          !pieces[size_t(id.get<int64_t>())].empty())
+        throw InputError((model / "tokenizer.json").string() + ": model.vocab ids are not 0..n-1 (token \"" + piece + "\")");
+      pieces[size_t(id.get<int64_t>())] = piece;
+    }
+    for (const std::string &p : pieces)
+      vocabText += p + "\n";
+    vocabPath = fs::path(o.output).replace_extension(".vocab.txt");
+    writeVocab = true;
+  } else {
+    throw InputError((model / "vocab.txt").string() + ": cannot open, and no WordPiece tokenizer.json beside it");
+  }
+  bool lowercase = true;
+  if (tj.is_object() && tj.contains("normalizer") && tj["normalizer"].is_object()) {
+    const nlohmann::json &n = tj["normalizer"];
+    if (n.value("type", "") != "BertNormalizer")
+      throw InputError((model / "tokenizer.json").string() + ": normalizer \"" + n.value("type", "") +
+                       "\" is not supported (BertNormalizer is)");
+    lowercase = n.value("lowercase", true);
+    if (n.contains("strip_accents") && n["strip_accents"].is_boolean() && n["strip_accents"].get<bool>() != lowercase)
+      throw InputError((model / "tokenizer.json").string() + ": strip_accents differing from lowercase is not supported");
+  }
+  if (tc.is_object() && tc.contains("do_lower_case") && tc["do_lower_case"].is_boolean())
+    lowercase = tc["do_lower_case"].get<bool>();
+  // max_seq_length: sentence-transformers v6 keeps it as the tokenizer's model_max_length.
+  if (maxSeq == 0 && tc.is_object() && tc.contains("model_max_length") && tc["model_max_length"].is_number_integer())
+    maxSeq = tc["model_max_length"].get<int64_t>();
+  auto tokenString = [&](const char *key, const char *fallback) -> std::string {
+    if (tc.is_object() && tc.contains(key)) {
+      if (tc[key].is_string())
+        return tc[key].get<std::string>();
+      if (tc[key].is_object() && tc[key].contains("content") && tc[key]["content"].is_string())
+        return tc[key]["content"].get<std::string>();
+    }
+    return fallback;
+  };
+  const std::pair<const char *, std::string> specials[] = {{"pad", tokenString("pad_token", "[PAD]")},
+                                                           {"eos", tokenString("sep_token", "[SEP]")},
+                                                           {"unk", tokenString("unk_token", "[UNK]")},
+                                                           {"bos", tokenString("cls_token", "[CLS]")},
+                                                           {"mask", tokenString("mask_token", "[MASK]")}};
+  lmcc::Tokenizer probe = [&] {
+    try {
+      return lmcc::Tokenizer::fromText(vocabText, vocabPath.string(), lowercase,
+                                       lmcc::Tokenizer::conventionalSpecials(vocabText, vocabPath.string()));
+    } catch (const lmcc::TokenizerError &e) {
+      throw InputError(e.what());
+    }
+  }();
+  std::string tokensTable, tokenizerTable;
+  for (const auto &[key, str] : specials) {
+    int32_t id = probe.find(str);
+    if (id < 0)
+      throw InputError(vocabPath.string() + ": the " + key + " token \"" + str + "\" (tokenizer_config.json) is not in "
+                       "the vocabulary");
+    tokensTable += std::string(key) + " = " + std::to_string(id) + "\n";
+    tokenizerTable += std::string(key) + " = " + jsonString(str) + "\n";
+  }
+  int64_t vocab = need("vocab_size");
+  if (maxSeq > 0)
+    maxLen = std::min(maxLen, maxSeq);
+  if (probe.size() > vocab)
+    throw InputError(vocabPath.string() + ": " + std::to_string(probe.size()) + " tokens but config.json vocab_size is " +
+                     std::to_string(vocab));
+
+  // The spec's name: --name, else the folder's name made a C identifier.
+  std::string name = o.name;
+  if (name.empty()) {
+    name = fs::absolute(dir).lexically_normal().filename().string();
+    if (name.empty())
+      name = fs::absolute(dir).lexically_normal().parent_path().filename().string();
+    for (char &ch : name)
+      if (!std::isalnum((unsigned char)ch))
+        ch = '_';
+    if (name.empty() || std::isdigit((unsigned char)name[0]))
+      name = "m_" + name;
+  }
+  fs::path specDir = fs::absolute(o.output).parent_path();
+  std::string vocabRel = fs::absolute(vocabPath).lexically_normal().lexically_relative(specDir).string();
+  if (vocabRel.empty())
+    vocabRel = fs::absolute(vocabPath).string();
+
+  char eps[64];
+  const double epsValue = c.value("layer_norm_eps", 1e-12);
+  for (int precision = 1; precision <= 17; ++precision) { // the shortest text that reads back the same
+    std::snprintf(eps, sizeof eps, "%.*g", precision, epsValue);
+    if (std::strtod(eps, nullptr) == epsValue)
+      break;
+  }
+  std::ostringstream t;
+  t << "# Imported by lmcc import-hf from " << fs::absolute(dir).lexically_normal().string()
+    << (sentenceTransformers ? " (sentence-transformers)" : "") << "\n"
+    << "name = " << jsonString(name) << "\nfamily = \"bilm\"\n\n[dims]\n"
+    << "vocab = " << vocab << "\nmax_len = " << maxLen << "\nd_model = " << need("hidden_size")
+    << "\nheads = " << need("num_attention_heads") << "\nd_ff = " << need("intermediate_size")
+    << "\nlayers = " << need("num_hidden_layers") << "\n\n[block]\nactivation = \"" << activation << "\"\neps = " << eps
+    << "\n\n[head]\nmlm = " << (mlm ? "true" : "false") << "\n\n[tokens]\n" << tokensTable << "\n[embed]\npool = \""
+    << pooling << "\"\nnormalize = " << (normalize ? "true" : "false") << "\n\n[tokenizer]\nvocab = "
+    << jsonString(vocabRel) << "\nlowercase = " << (lowercase ? "true" : "false") << "\n" << tokenizerTable;
+  std::string text = t.str();
+  // The spec must load (and would fail the same way `lmcc check` does otherwise).
+  lmcc::parseSpec(text, o.output);
+  if (writeVocab) {
+    std::ofstream v(vocabPath, std::ios::binary);
+    if (!(v << vocabText) || !v.flush())
+      throw InputError(vocabPath.string() + ": cannot write");
+  }
+  std::ofstream out(o.output, std::ios::binary);
+  if (!(out << text) || !out.flush())
+    throw InputError(o.output + ": cannot write");
+  return kExitOk;
+}
+
 int runScoreOrEmbed(const Options &o, bool score) {
   lmcc::ModelSpec spec = lmcc::loadSpec(o.spec);
   if (spec.family == lmcc::Family::NGram || spec.family == lmcc::Family::Diformer) {
@@ -574,7 +960,26 @@ int runScoreOrEmbed(const Options &o, bool score) {
               << "\" is parsed and emitted as IR only; executing it comes with its training objective\n";
     return kExitUnsupported;
   }
-  std::vector<std::vector<int32_t>> sentences = readIds(o.ids, spec);
+  if (score && !spec.mlm)
+    throw lmcc::SpecError(spec.where("head.mlm"), "head.mlm",
+                          "this model is encoder only (mlm = false): it has no output head to score with; "
+                          "use lmcc embed");
+  std::optional<lmcc::Tokenizer> tok;
+  std::vector<std::vector<int32_t>> sentences;
+  if (!o.text.empty()) {
+    tok = loadTokenizer(spec);
+    sentences = readText(o.text, spec, *tok, o.truncate);
+  } else {
+    if (o.tokens)
+      throw InputError("--tokens needs --text (and the spec's [tokenizer])");
+    sentences = readIds(o.ids, spec);
+  }
+  auto tokensField = [&](size_t s) {
+    std::string f = ",\"tokens\":[";
+    for (size_t i = 0; i < sentences[s].size(); ++i)
+      f += (i ? "," : "") + jsonString(tok->piece(sentences[s][i]));
+    return f + "]";
+  };
   std::string out;
   if (score) {
     std::vector<lmcc::reference::ScoreResult> results;
@@ -591,7 +996,10 @@ int runScoreOrEmbed(const Options &o, bool score) {
       }
       out += "],\"score\":";
       appendNumber(out, results[s].score, "score", s);
-      out += ",\"n_scored\":" + std::to_string(results[s].nScored) + "}\n";
+      out += ",\"n_scored\":" + std::to_string(results[s].nScored);
+      if (o.tokens)
+        out += tokensField(s);
+      out += "}\n";
     }
   } else {
     auto results = o.reference ? lmcc::reference::embed(spec, lmcc::loadModelWeights(o.weights, spec), sentences, o.threads)
@@ -603,7 +1011,10 @@ int runScoreOrEmbed(const Options &o, bool score) {
           out += ',';
         appendNumber(out, results[s][i], "embedding value", s);
       }
-      out += "]}\n";
+      out += "]";
+      if (o.tokens)
+        out += tokensField(s);
+      out += "}\n";
     }
   }
   std::fwrite(out.data(), 1, out.size(), stdout);
@@ -687,16 +1098,38 @@ int main(int argc, char **argv) {
       ->capture_default_str();
   addPipelineFlags(train);
 
+  auto *tokenize = app.add_subcommand("tokenize", "tokenize text with the spec's [tokenizer]: ids, one sentence a line");
+  tokenize->add_option("SPEC", o.spec, "model spec (TOML) with a [tokenizer] table")->required();
+  tokenize->add_option("--text", o.text, "UTF-8 text, one sentence per line ('-' = stdin)")->required();
+  tokenize->add_flag("--tokens", o.tokens, "print the pieces instead of the ids");
+  tokenize->add_flag("--truncate", o.truncate, "cut sentences longer than max_len (bos, pieces, eos)");
+
+  auto *vocab = app.add_subcommand("vocab", "build a WordPiece vocabulary from a corpus (deterministic)");
+  vocab->add_option("--corpus", o.corpus, "UTF-8 text ('-' = stdin)")->required();
+  vocab->add_option("--size", o.vocabSize, "vocabulary entries, specials included")->required();
+  vocab->add_flag("--lowercase", o.lowercase, "BERT uncased normalization (lowercase, strip accents)");
+  vocab->add_option("-o,--output", o.output, "output vocabulary (one token a line)")->required();
+
+  auto *importHf = app.add_subcommand("import-hf", "write a spec for a Hugging Face BERT or sentence-transformers folder");
+  importHf->add_option("DIR", o.input, "model folder (config.json, vocab.txt, model.safetensors, ...)")->required();
+  importHf->add_option("-o,--output", o.output, "output spec (TOML); its [tokenizer] vocab is relative to it")->required();
+  importHf->add_option("--name", o.name, "the spec's name (default: the folder's name as a C identifier)");
+
   CLI::App *runners[2];
   const char *names[2] = {"score", "embed"};
   const char *help[2] = {"score sentences: one JSON object per input line",
-                         "embed sentences: mean-pooled last-layer states, one JSON object per input line"};
+                         "embed sentences: pooled last-layer states ([embed] pool), one JSON object per input line"};
   for (int k = 0; k < 2; ++k) {
     runners[k] = app.add_subcommand(names[k], help[k]);
     runners[k]->add_option("SPEC", o.spec, "model spec (TOML)")->required();
     runners[k]->add_option("--weights", o.weights, "safetensors weights (canonical or Hugging Face BERT names)")
         ->required();
-    runners[k]->add_option("--ids", o.ids, "token ids, one sentence per line ('-' = stdin)")->capture_default_str();
+    auto *idsOpt =
+        runners[k]->add_option("--ids", o.ids, "token ids, one sentence per line ('-' = stdin)")->capture_default_str();
+    runners[k]->add_option("--text", o.text, "UTF-8 text, one sentence per line, tokenized by the spec's [tokenizer]")
+        ->excludes(idsOpt);
+    runners[k]->add_flag("--tokens", o.tokens, "add a \"tokens\" field: the pieces (with --text)");
+    runners[k]->add_flag("--truncate", o.truncate, "cut sentences longer than max_len (bos, pieces, eos)");
     runners[k]->add_flag("--reference", o.reference,
                          "run the reference executor (the numeric oracle) instead of compiled code");
     runners[k]->add_option("--threads", o.threads, "worker threads (results do not depend on it)")
@@ -727,6 +1160,12 @@ int main(int argc, char **argv) {
       return runGrad(o);
     if (*train)
       return runTrainBatches(o);
+    if (*tokenize)
+      return runTokenize(o);
+    if (*importHf)
+      return runImportHf(o);
+    if (*vocab)
+      return runVocab(o);
     return runScoreOrEmbed(o, bool(*runners[0]));
   } catch (const lmcc::SpecError &e) {
     std::cerr << e.what() << "\n";
