@@ -625,3 +625,19 @@ LogicalResult RelativeValuesGradOp::verify() {
     return failure();
   return success();
 }
+
+static LogicalResult verifyDropout(Operation *op, Value x, double rate, int64_t site) {
+  if (!(rate >= 0 && rate < 1))
+    return op->emitOpError("rate must be in [0, 1), got ") << rate;
+  if (site < 0 || site >= (int64_t(1) << 24))
+    return op->emitOpError("site must be in [0, 2^24), got ") << site;
+  return expectRank(op, "input [B, N, C]", x, 3);
+}
+
+LogicalResult DropoutOp::verify() {
+  return verifyDropout(*this, getInput(), getRate().convertToDouble(), getSite());
+}
+
+LogicalResult DropoutGradOp::verify() {
+  return verifyDropout(*this, getGrad(), getRate().convertToDouble(), getSite());
+}

@@ -705,6 +705,31 @@ def Lm_PositionsGradOp : Lm_Op<"positions_grad", [Pure]> {
   let hasVerifier = 1;
 }
 
+def Lm_DropoutOp : Lm_Op<"dropout", [Pure, SameOperandsAndResultType]> {
+  let summary = "dropout of a [B, N, C] activation: x * keep / (1 - rate) when `training`, else x";
+  let description = [{
+    The mask is a pure function of ([train] seed, the training step, `site`, sentence, row, feature):
+    dropoutKeep in runtime/train/Philox.h; the step is the trainer's (0 outside a trainer). MLIRGen puts
+    these in the `loss` entry; lm-autodiff marks the copy in `loss_grad` `training` (the `loss` entry, used
+    for validation, evaluates without dropout).
+    ```mlir
+    %y = lm.dropout %x {rate = 1.000000e-01 : f64, site = 0 : i64, training} : tensor<?x?x512xf32>
+    ```
+  }];
+  let arguments = (ins Lm_F32Tensor:$input, F64Attr:$rate, I64Attr:$site, UnitAttr:$training);
+  let results = (outs Lm_F32Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
+def Lm_DropoutGradOp : Lm_Op<"dropout_grad", [Pure, SameOperandsAndResultType]> {
+  let summary = "VJP of a training lm.dropout: dy * keep / (1 - rate), the same mask";
+  let arguments = (ins Lm_F32Tensor:$grad, F64Attr:$rate, I64Attr:$site);
+  let results = (outs Lm_F32Tensor:$result);
+  let assemblyFormat = "$grad attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
 def Lm_ParamGradOp : Lm_Op<"param_grad", [MemoryEffects<[MemWrite]>]> {
   let summary = "the gradient of the canonical weight `name`: written to its slot of the entry's gradient buffer";
   let description = [{

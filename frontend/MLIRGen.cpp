@@ -95,6 +95,13 @@ private:
 
   Value add(Value x, Value y) { return b.create<lm::AddOp>(loc, x, y); }
 
+  /// Dropout at `site` (runtime/train/Philox.h numbers them) while building the training loss.
+  Value drop(Value x, int64_t site) {
+    if (dropoutRate <= 0)
+      return x;
+    return b.create<lm::DropoutOp>(loc, x, b.getF64FloatAttr(dropoutRate), b.getI64IntegerAttr(site), UnitAttr());
+  }
+
   Value ffn(Value x, const std::string &prefix, int64_t dFF) {
     return linear(activation(linear(x, names::ffnIn(prefix), D(), dFF)), names::ffnOut(prefix), dFF, D());
   }
@@ -156,14 +163,14 @@ private:
     Value tokens = b.create<lm::EmbedOp>(loc, seqType(D()), tokenTable, ids);
     Value pos = spec.position == PositionKind::None ? Value() : positions(ids);
     // X = norm(E[x] + P): the embedding stream (fixed for all layers under input isolation).
-    Value X = optionalEmbedNorm(pos ? add(tokens, pos) : tokens);
+    Value X = drop(optionalEmbedNorm(pos ? add(tokens, pos) : tokens), 0);
     Value h = X;
     if (spec.firstQuery == FirstQuery::Position) {
-      h = optionalEmbedNorm(pos);
+      h = drop(optionalEmbedNorm(pos), 1);
     } else if (spec.firstQuery == FirstQuery::MaskPosition) {
       Value maskIds = b.create<lm::FillIdsOp>(loc, ids, b.getI64IntegerAttr(spec.tokens.mask));
       Value maskTokens = b.create<lm::EmbedOp>(loc, seqType(D()), tokenTable, maskIds);
-      h = optionalEmbedNorm(pos ? add(maskTokens, pos) : maskTokens);
+      h = drop(optionalEmbedNorm(pos ? add(maskTokens, pos) : maskTokens), 1);
     }
     bool isolated = spec.keysValues == KeyValueSource::Embedding;
     for (int64_t i = 0; i < spec.dims.layers; ++i) {
@@ -171,14 +178,14 @@ private:
       if (spec.norm == NormPlacement::Post) {
         Value attn = attention(h, isolated ? X : h, lengths, names::attn(p), spec.dims.heads, maskOf(spec.mask),
                                Value(), spec.relativePositions);
-        Value a = layerNorm(add(h, attn), names::attnNorm(p));
-        h = layerNorm(add(a, ffn(a, names::ffn(p), spec.dims.dFF)), names::ffnNorm(p));
+        Value a = layerNorm(add(h, drop(attn, 2 + 2 * i)), names::attnNorm(p));
+        h = layerNorm(add(a, drop(ffn(a, names::ffn(p), spec.dims.dFF), 3 + 2 * i)), names::ffnNorm(p));
       } else {
         Value qIn = layerNorm(h, names::attnNorm(p));
         Value attn = attention(qIn, isolated ? X : qIn, lengths, names::attn(p), spec.dims.heads, maskOf(spec.mask),
                                Value(), spec.relativePositions);
-        Value a = add(h, attn);
-        h = add(a, ffn(layerNorm(a, names::ffnNorm(p)), names::ffn(p), spec.dims.dFF));
+        Value a = add(h, drop(attn, 2 + 2 * i));
+        h = add(a, drop(ffn(layerNorm(a, names::ffnNorm(p)), names::ffn(p), spec.dims.dFF), 3 + 2 * i));
       }
     }
     if (spec.norm == NormPlacement::Pre)
@@ -308,7 +315,10 @@ private:
     auto fn = entry("loss", {idsType(), idsType(), lengthsType()}, {t({kDyn, kDyn}, f32)});
     b.getContext()->getLoadedDialect<lm::LmDialect>()->getMethodAttrHelper().setAttr(fn, b.getStringAttr("loss"));
     Value inputs = fn.getArgument(0), targets = fn.getArgument(1), lengths = fn.getArgument(2);
-    Value lp = b.create<lm::LogSoftmaxOp>(loc, logits(encode(inputs, lengths)));
+    dropoutRate = spec.train.dropout;
+    Value h = encode(inputs, lengths);
+    dropoutRate = 0;
+    Value lp = b.create<lm::LogSoftmaxOp>(loc, logits(h));
     Value ce = b.create<lm::CrossEntropyOp>(loc, t({kDyn, kDyn}, f32), lp, targets, lengths,
                                             b.getF64FloatAttr(spec.train.labelSmoothing));
     finish(fn, ce);
@@ -366,6 +376,7 @@ private:
 
   const ModelSpec &spec;
   bool train;
+  double dropoutRate = 0; ///< [train] dropout while the loss entry is built, else 0
   OpBuilder b;
   Location loc;
   Type f32, i32;

@@ -137,6 +137,10 @@ private:
       accumulate(add.getRhs(), dy);
       return success();
     }
+    if (auto d = dyn_cast<lm::DropoutOp>(op)) {
+      accumulate(d.getInput(), b.create<lm::DropoutGradOp>(loc, dy, d.getRateAttr(), d.getSiteAttr()));
+      return success();
+    }
     if (auto scale = dyn_cast<lm::ScaleOp>(op)) {
       accumulate(scale.getInput(), b.create<lm::ScaleOp>(loc, dy, scale.getFactorAttr()));
       return success();
@@ -252,6 +256,7 @@ struct LmAutodiff : lmcc::impl::LmAutodiffBase<LmAutodiff> {
       auto copy = cast<func::FuncOp>(b.clone(*loss));
       copy.setSymName((loss.getSymName() + "_grad").str());
       method.setAttr(copy, b.getStringAttr("loss_grad"));
+      copy.walk([&](lm::DropoutOp d) { d.setTraining(true); }); // the gradient entry trains; `loss` evaluates
       if (failed(Differentiator(copy).run()))
         return signalPassFailure();
       eraseDeadOps(copy.getBody().front());

@@ -34,6 +34,7 @@ void declareTrainingRuntime(OpBuilder &b, Location loc) {
   declare("lm_rt_cross_entropy", {ptr, ptr, ptr, i64, i64, i64, f64, ptr});
   declare("lm_rt_cross_entropy_grad", {ptr, ptr, i64, i64, i64, f64, ptr});
   declare("lm_rt_softmax_grad", {ptr, ptr, i64, i64, i32, ptr});
+  declare("lm_rt_dropout", {ptr, ptr, i64, i64, i64, f64, i64, ptr});
 }
 
 namespace {
@@ -317,6 +318,33 @@ template <typename Op> struct RelativeGradLowering : LmLowering<Op> {
   }
 };
 
+/// lm.dropout outside training is the identity (its input buffer); in training, and lm.dropout_grad, the
+/// runtime applies the mask. Both need the batch lengths: the entry's (argument 3 of the training kernels).
+template <typename Op> struct DropoutLowering : LmLowering<Op> {
+  using LmLowering<Op>::LmLowering;
+  LogicalResult lower(Op op, Loops &L) const override {
+    Value x = L.in(op->getOperand(0));
+    if constexpr (std::is_same_v<Op, lm::DropoutOp>)
+      if (!op.getTraining())
+        return L.set(op, x);
+    auto fn = op->template getParentOfType<func::FuncOp>();
+    if (fn.getNumArguments() < 4)
+      return op.emitOpError("a training dropout lowers inside a training entry (weights, inputs, targets, lengths, ...)");
+    Value out = L.alloc(L.typeOf(op->getResult(0)));
+    Call{L}
+        .ptr(x)
+        .ptr(fn.getArgument(3))
+        .i64(L.B)
+        .i64(L.N)
+        .i64(lastDim(op->getOperand(0)))
+        .f64(op.getRate().convertToDouble())
+        .i64(int64_t(op.getSite()))
+        .ptr(out)
+        .emit("lm_rt_dropout");
+    return L.set(op, out);
+  }
+};
+
 struct EmbedGradLowering : LmLowering<lm::EmbedGradOp> {
   using LmLowering::LmLowering;
   LogicalResult lower(lm::EmbedGradOp op, Loops &L) const override {
@@ -382,7 +410,8 @@ void populateBackwardPatterns(TypeConverter &converter, RewritePatternSet &patte
                SoftmaxGradLowering<lm::SoftmaxGradOp, 0>, SoftmaxGradLowering<lm::LogSoftmaxGradOp, 1>,
                LinearGradLowering, LayerNormGradLowering, ActivationGradLowering, AttentionGradLowering,
                EmbedGradLowering, PositionsGradLowering, ParamGradLowering,
-               RelativeGradLowering<lm::RelativeScoresGradOp>, RelativeGradLowering<lm::RelativeValuesGradOp>>(converter, patterns.getContext(), context);
+               RelativeGradLowering<lm::RelativeScoresGradOp>, RelativeGradLowering<lm::RelativeValuesGradOp>,
+               DropoutLowering<lm::DropoutOp>, DropoutLowering<lm::DropoutGradOp>>(converter, patterns.getContext(), context);
 }
 
 } // namespace lmcc::codegen

@@ -19,7 +19,14 @@ Isa hostIsa() {
   return isa;
 }
 
+struct DropoutContext {
+  uint64_t seed = 0, step = 0;
+};
+thread_local DropoutContext t_dropout;
+
 } // namespace
+
+void lmrt::setDropoutContext(uint64_t seed, uint64_t step) { t_dropout = {seed, step}; }
 
 #define LMRT_DISPATCH(fn, ...)                                                                                    \
   switch (hostIsa()) {                                                                                            \
@@ -84,6 +91,11 @@ void lm_rt_cross_entropy_grad(const int32_t *targets, const int32_t *lengths, in
 }
 void lm_rt_softmax_grad(const float *dy, const float *y, int64_t rows, int64_t C, int32_t logarithmic, float *dx) {
   LMRT_DISPATCH(softmaxGrad, dy, y, rows, C, logarithmic, dx)
+}
+
+void lm_rt_dropout(const float *x, const int32_t *lengths, int64_t B, int64_t N, int64_t C, double rate, int64_t site,
+                   float *out) {
+  LMRT_DISPATCH(dropout, x, lengths, B, N, C, rate, site, t_dropout.seed, t_dropout.step, out)
 }
 
 } // extern "C"

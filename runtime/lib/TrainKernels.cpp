@@ -15,6 +15,7 @@
 //===----------------------------------------------------------------------===//
 #include "runtime/lib/TrainKernels.h"
 #include "runtime/lib/lmrt.h"
+#include "runtime/train/Philox.h"
 
 #define EIGEN_DONT_PARALLELIZE
 #include <Eigen/Core>
@@ -79,13 +80,25 @@ constexpr int64_t kVocabSlices = 8;  ///< vocabulary slices of the loss backward
 void tokenLoss(const float *h, const float *W, const float *bias, const int32_t *targets, const int32_t *lengths,
                int64_t B, int64_t N, int64_t D, int64_t V, double smoothing, float *ce, float *lse) {
   const int64_t rows = B * N;
+  // Only rows that predict something: the others get ce = lse = 0 (the masked objective has a target on
+  // ~15% of its rows). Their hidden states are gathered so that the GEMMs run on them alone.
+  std::vector<int64_t> live;
+  for (int64_t r = 0; r < rows; ++r) {
+    ce[r] = lse[r] = 0.0f;
+    if (r % N < lengths[r / N] && targets[r] >= 0)
+      live.push_back(r);
+  }
+  const int64_t R = int64_t(live.size());
+  Matrix Hl(R, D);
+  for (int64_t i = 0; i < R; ++i)
+    std::memcpy(Hl.row(i).data(), h + live[i] * D, sizeof(float) * D);
   // Row blocks in parallel; per block the logits of one vocabulary tile at a time, a running max
   // and sum of exponentials (double), the target's logit and the sum of all logits.
-  parallelFor(blocks(rows, kRowBlock), [&](int64_t blk) {
-    const int64_t r0 = blk * kRowBlock, nr = std::min(kRowBlock, rows - r0);
+  parallelFor(blocks(R, kRowBlock), [&](int64_t blk) {
+    const int64_t r0 = blk * kRowBlock, nr = std::min(kRowBlock, R - r0);
     std::vector<double> mx(nr, -INFINITY), sum(nr, 0.0), total(nr, 0.0), target(nr, 0.0);
     Matrix logits(nr, kVocabTile);
-    ConstMap H(h + r0 * D, nr, D);
+    auto H = Hl.middleRows(r0, nr);
     for (int64_t v0 = 0; v0 < V; v0 += kVocabTile) {
       const int64_t nv = std::min(kVocabTile, V - v0);
       auto L = logits.leftCols(nv);
@@ -107,21 +120,16 @@ void tokenLoss(const float *h, const float *W, const float *bias, const int32_t 
         sum[r] = sum[r] * std::exp(mx[r] - m) + s;
         mx[r] = m;
         total[r] += tot;
-        const int64_t b = (r0 + r) / N, t = (r0 + r) % N;
-        const int32_t y = targets[b * N + t];
+        const int32_t y = targets[live[r0 + r]];
         if (y >= v0 && y < v0 + nv)
           target[r] = row[y - v0];
       }
     }
     for (int64_t r = 0; r < nr; ++r) {
-      const int64_t b = (r0 + r) / N, t = (r0 + r) % N;
-      const bool valid = t < lengths[b];
+      const int64_t at = live[r0 + r];
       const double l = mx[r] + std::log(sum[r]);
-      lse[r0 + r] = valid ? float(l) : 0.0f;
-      const int32_t y = targets[b * N + t];
-      ce[r0 + r] = valid && y >= 0
-                       ? float(-(1 - smoothing) * (target[r] - l) - smoothing / double(V) * (total[r] - double(V) * l))
-                       : 0.0f;
+      lse[at] = float(l);
+      ce[at] = float(-(1 - smoothing) * (target[r] - l) - smoothing / double(V) * (total[r] - double(V) * l));
     }
   });
 }
@@ -490,6 +498,20 @@ void softmaxGrad(const float *dy, const float *y, int64_t rows, int64_t C, int32
           dx[r * C + c] = float(o[c] * (g[c] - acc));
       }
     }
+  });
+}
+
+void dropout(const float *x, const int32_t *lengths, int64_t B, int64_t N, int64_t C, double rate, int64_t site,
+             uint64_t seed, uint64_t step, float *out) {
+  const float scale = float(1.0 / (1.0 - rate));
+  parallelFor(B, [&](int64_t b) {
+    for (int64_t t = 0; t < N; ++t)
+      for (int64_t c = 0; c < C; ++c) {
+        const int64_t at = (b * N + t) * C + c;
+        const bool keep = t < lengths[b] && lmcc::train::dropoutKeep(seed, step, uint32_t(site), uint32_t(b),
+                                                                     uint32_t(t), uint32_t(c), rate);
+        out[at] = keep ? x[at] * scale : 0.0f;
+      }
   });
 }
 

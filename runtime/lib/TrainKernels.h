@@ -49,7 +49,15 @@
   void crossEntropyGrad(const int32_t *targets, const int32_t *lengths, int64_t B, int64_t N, int64_t V,        \
                         double smoothing, float *dlp);                                                            \
   void softmaxGrad(const float *dy, const float *y, int64_t rows, int64_t C, int32_t logarithmic, float *dx);     \
+  void dropout(const float *x, const int32_t *lengths, int64_t B, int64_t N, int64_t C, double rate,            \
+               int64_t site, uint64_t seed, uint64_t step, float *out);                                          \
   }
+
+namespace lmrt {
+/// The (seed, step) of the dropout masks of this thread's current training call; set by the trainer
+/// around each gradient kernel (TrainDispatch.cpp). Step 0 and the compiled [train] seed otherwise.
+void setDropoutContext(uint64_t seed, uint64_t step);
+} // namespace lmrt
 
 LMRT_DECLARE_TRAIN_KERNELS(base)
 LMRT_DECLARE_TRAIN_KERNELS(avx2)

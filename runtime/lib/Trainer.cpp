@@ -9,6 +9,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/lib/Internal.h"
+#include "runtime/lib/TrainKernels.h"
 #include "runtime/train/Optimizer.h"
 #include "runtime/weights/Format.h"
 #include "runtime/weights/Safetensors.h"
@@ -103,9 +104,11 @@ double meanLoss(const std::vector<float> &ce, int64_t targets) {
   return loss;
 }
 
-/// Runs the loss_grad kernel on the packed batch into `grads` (the weight layout, zeroed first).
-double lossAndGrad(lm_model *m, Packed &p, float *grads) {
+/// Runs the loss_grad kernel on the packed batch into `grads` (the weight layout, zeroed first); dropout
+/// masks of training step `step`.
+double lossAndGrad(lm_model *m, Packed &p, float *grads, int64_t step) {
   const lm_model_desc &d = *m->desc;
+  lmrt::setDropoutContext(uint64_t(d.train->seed), uint64_t(step));
   std::fill(grads, grads + d.total_floats, 0.0f);
   std::vector<float> ce(p.batch * p.n);
   lm_memref1f w = memref1(m->weights, d.total_floats), g = memref1(grads, d.total_floats);
@@ -213,7 +216,7 @@ int lm_rt_loss_and_grad(lm_model *m, const int32_t *inputs, const int32_t *targe
     const lm_model_desc &d = trainable(m);
     Packed p = pack(m, inputs, targets, lengths, batch, stride);
     std::vector<float> grads(d.total_floats);
-    const double value = lossAndGrad(m, p, grads.data());
+    const double value = lossAndGrad(m, p, grads.data(), 0);
     if (grad) {
       float *out = grad;
       for (int32_t i = 0; i < d.num_tensors; ++i) {
@@ -282,7 +285,7 @@ int lm_rt_train_step_ex(lm_trainer *t, const int32_t *inputs, const int32_t *tar
     if (!t)
       argument("the trainer is NULL");
     Packed p = pack(t->model, inputs, targets, lengths, batch, stride);
-    const double value = lossAndGrad(t->model, p, t->grads.data());
+    const double value = lossAndGrad(t->model, p, t->grads.data(), t->optimizer->steps());
     // <- a data-parallel run would all-reduce t->grads here.
     lmcc::train::Optimizer::StepInfo info;
     try {

@@ -213,6 +213,10 @@ LM_API void lm_rt_cross_entropy(const float *lp, const int32_t *targets, const i
                                 int64_t V, double smoothing, float *ce);
 LM_API void lm_rt_cross_entropy_grad(const int32_t *targets, const int32_t *lengths, int64_t B, int64_t N, int64_t V,
                                      double smoothing, float *dlp);
+/* out = x * keep / (1 - rate), keep from runtime/train/Philox.h's dropoutKeep with the [train] seed and the
+ * trainer's step (rows past a length: 0). The same call applies the mask to a gradient. */
+LM_API void lm_rt_dropout(const float *x, const int32_t *lengths, int64_t B, int64_t N, int64_t C, double rate,
+                          int64_t site, float *out);
 LM_API void lm_rt_softmax_grad(const float *dy, const float *y, int64_t rows, int64_t C, int32_t logarithmic,
                                float *dx);
 

@@ -9,6 +9,7 @@
 #include "runtime/reference/Executor.h"
 
 #include "runtime/reference/Ops.h"
+#include "runtime/train/Philox.h"
 #include "runtime/weights/Format.h"
 #include "runtime/weights/WeightNames.h"
 
@@ -343,7 +344,8 @@ void addTo(Norm &acc, const LayerNormGrad &g) {
 
 class Backprop {
 public:
-  Backprop(const ModelSpec &spec, const Model &model, Model &grads) : spec(spec), m(model), g(grads) {}
+  Backprop(const ModelSpec &spec, const Model &model, Model &grads, uint64_t step)
+      : spec(spec), m(model), g(grads), step(step) {}
 
   /// Forward over `ids`, CE against `targets`, backward; accumulates d(loss)/d(weights) into the
   /// gradients given at construction. Returns the loss sum and the number of targets T (dLogits
@@ -355,7 +357,7 @@ public:
     // Embedding stream (Forward::encode).
     Batch P = positions(ids, spec.position, learned ? &m.position : nullptr, D);
     Batch e0 = add(embed(m.token, ids), P);
-    Batch X = embeddingNorm(e0);
+    Batch X = drop(embeddingNorm(e0), 0);
     TokenBatch masks = ids;
     std::fill(masks.ids.begin(), masks.ids.end(), static_cast<int32_t>(spec.tokens.mask));
     Batch maskIn; // E[MASK] + P, mask+position only
@@ -365,16 +367,16 @@ public:
       h = X;
       break;
     case FirstQuery::Position:
-      h = embeddingNorm(P);
+      h = drop(embeddingNorm(P), 1);
       break;
     case FirstQuery::MaskPosition:
       maskIn = add(embed(m.token, masks), P);
-      h = embeddingNorm(maskIn);
+      h = drop(embeddingNorm(maskIn), 1);
       break;
     }
     std::vector<LayerTape> tapes;
     for (const Layer &layer : m.layers) {
-      tapes.push_back(layerForward(layer, h, X));
+      tapes.push_back(layerForward(layer, h, X, int64_t(tapes.size())));
       h = tapes.back().out;
     }
     Batch last = h;
@@ -414,7 +416,7 @@ public:
     // Layers backward; dX collects the key/value stream's gradient (keys_values = embedding).
     Batch dX = Batch::zerosLike(X, D);
     for (int64_t i = static_cast<int64_t>(m.layers.size()) - 1; i >= 0; --i)
-      dh = layerBackward(m.layers[i], g.layers[i], tapes[i], dh, dX);
+      dh = layerBackward(m.layers[i], g.layers[i], tapes[i], dh, dX, i);
 
     // Embedding stream backward.
     Batch dP = Batch::zerosLike(P, D);
@@ -423,14 +425,14 @@ public:
       dX = add(dX, dh);
       break;
     case FirstQuery::Position:
-      dP = embeddingNormBackward(dh, P);
+      dP = embeddingNormBackward(drop(dh, 1), P);
       break;
     case FirstQuery::MaskPosition:
-      dh = embeddingNormBackward(dh, maskIn); // d(E[MASK] + P)
+      dh = embeddingNormBackward(drop(dh, 1), maskIn); // d(E[MASK] + P)
       dP = dh;
       break;
     }
-    Batch de0 = embeddingNormBackward(dX, e0);
+    Batch de0 = embeddingNormBackward(drop(dX, 0), e0);
     addTo(g.token, embedBackward(de0, ids, spec.dims.vocab));
     if (spec.firstQuery == FirstQuery::MaskPosition)
       addTo(g.token, embedBackward(dh, masks, spec.dims.vocab));
@@ -457,6 +459,25 @@ private:
   Batch norm(const Batch &x, const Norm &n) const { return layerNorm(x, n.weight, n.bias, spec.eps); }
   Batch apply(const Batch &x, const Linear &l) const { return linear(x, l.weight, &l.bias); }
   Batch embeddingNorm(const Batch &x) const { return spec.embeddingNorm ? norm(x, m.embedNorm) : x; }
+  /// [train] dropout at `site` (runtime/train/Philox.h): x * keep / (1 - rate); the same mask scales the
+  /// gradient in the backward, so this one function is both.
+  Batch drop(const Batch &x, int64_t site) const {
+    const double rate = spec.train.dropout;
+    if (rate <= 0)
+      return x;
+    Batch out = x;
+    const float scale = static_cast<float>(1.0 / (1.0 - rate));
+    for (int64_t b = 0; b < x.B; ++b)
+      for (int64_t t = 0; t < x.lengths[b]; ++t)
+        for (int64_t c = 0; c < x.C; ++c) {
+          float &v = out.at(b, 0, t, c);
+          v = train::dropoutKeep(uint64_t(spec.train.seed), step, uint32_t(site), uint32_t(b), uint32_t(t),
+                                 uint32_t(c), rate)
+                  ? v * scale
+                  : 0.0f;
+        }
+    return out;
+  }
   Batch embeddingNormBackward(const Batch &dy, const Batch &x) {
     if (!spec.embeddingNorm)
       return dy;
@@ -469,7 +490,7 @@ private:
   }
 
   /// One layer of Forward::encode, same ops in the same order.
-  LayerTape layerForward(const Layer &layer, const Batch &h, const Batch &X) const {
+  LayerTape layerForward(const Layer &layer, const Batch &h, const Batch &X, int64_t i) const {
     const bool hiddenKV = spec.keysValues == KeyValueSource::Hidden;
     LayerTape tp;
     tp.in = h;
@@ -481,18 +502,18 @@ private:
     RelativePositions rel{&layer.relK, &layer.relV, spec.relativePositions};
     tp.context = attention(tp.Q, tp.K, tp.V, spec.dims.heads, spec.mask, attentionScale(),
                            spec.relativePositions > 0 ? &rel : nullptr);
-    tp.sum1 = add(h, apply(tp.context, layer.o));
+    tp.sum1 = add(h, drop(apply(tp.context, layer.o), 2 + 2 * i));
     if (spec.norm == NormPlacement::Post) {
       tp.ffnIn = norm(tp.sum1, layer.attnNorm);
       tp.f1 = apply(tp.ffnIn, layer.ffnIn);
       tp.f2 = activation(tp.f1, spec.activation);
-      tp.sum2 = add(tp.ffnIn, apply(tp.f2, layer.ffnOut));
+      tp.sum2 = add(tp.ffnIn, drop(apply(tp.f2, layer.ffnOut), 3 + 2 * i));
       tp.out = norm(tp.sum2, layer.ffnNorm);
     } else {
       tp.ffnIn = norm(tp.sum1, layer.ffnNorm);
       tp.f1 = apply(tp.ffnIn, layer.ffnIn);
       tp.f2 = activation(tp.f1, spec.activation);
-      tp.out = add(tp.sum1, apply(tp.f2, layer.ffnOut));
+      tp.out = add(tp.sum1, drop(apply(tp.f2, layer.ffnOut), 3 + 2 * i));
     }
     return tp;
   }
@@ -529,25 +550,26 @@ private:
 
   /// d(layer input) from d(layer output); adds the key/value stream's gradient to dX when
   /// keys_values = embedding.
-  Batch layerBackward(const Layer &layer, Layer &lg, const LayerTape &tp, const Batch &dOut, Batch &dX) {
+  Batch layerBackward(const Layer &layer, Layer &lg, const LayerTape &tp, const Batch &dOut, Batch &dX, int64_t i) {
     const bool hiddenKV = spec.keysValues == KeyValueSource::Hidden;
     if (spec.norm == NormPlacement::Post) {
       LayerNormGrad n2 = layerNormBackward(dOut, tp.sum2, layer.ffnNorm.weight, spec.eps);
       addTo(lg.ffnNorm, n2);
-      Batch da = add(n2.dx, ffnBackward(layer, lg, tp, n2.dx));
+      Batch da = add(n2.dx, ffnBackward(layer, lg, tp, drop(n2.dx, 3 + 2 * i)));
       LayerNormGrad n1 = layerNormBackward(da, tp.sum1, layer.attnNorm.weight, spec.eps);
       addTo(lg.attnNorm, n1);
-      auto [dq, dkv] = attentionBackward(layer, lg, tp, n1.dx);
+      auto [dq, dkv] = attentionBackward(layer, lg, tp, drop(n1.dx, 2 + 2 * i));
       Batch dh = add(n1.dx, dq);
       if (hiddenKV)
         return add(dh, dkv);
       dX = add(dX, dkv);
       return dh;
     }
-    LayerNormGrad n2 = layerNormBackward(ffnBackward(layer, lg, tp, dOut), tp.sum1, layer.ffnNorm.weight, spec.eps);
+    LayerNormGrad n2 =
+        layerNormBackward(ffnBackward(layer, lg, tp, drop(dOut, 3 + 2 * i)), tp.sum1, layer.ffnNorm.weight, spec.eps);
     addTo(lg.ffnNorm, n2);
     Batch da = add(dOut, n2.dx);
-    auto [dq, dkv] = attentionBackward(layer, lg, tp, da);
+    auto [dq, dkv] = attentionBackward(layer, lg, tp, drop(da, 2 + 2 * i));
     if (hiddenKV)
       dq = add(dq, dkv);
     else
@@ -560,6 +582,7 @@ private:
   const ModelSpec &spec;
   const Model &m;
   Model &g;
+  uint64_t step; ///< the training step of the dropout masks
 };
 
 //===----------------------------------------------------------------------===//
@@ -650,7 +673,8 @@ std::vector<std::vector<float>> embed(const ModelSpec &spec, const WeightSet &we
 
 LossAndGrad lossAndGrad(const ModelSpec &spec, const WeightSet &weights,
                         const std::vector<std::vector<int32_t>> &inputs,
-                        const std::vector<std::vector<int32_t>> &targets, double labelSmoothing, int threads) {
+                        const std::vector<std::vector<int32_t>> &targets, double labelSmoothing, int threads,
+                        uint64_t step) {
   checkSpec(spec);
   if (inputs.size() != targets.size())
     throw std::invalid_argument("loss: " + std::to_string(inputs.size()) + " input sentences but " +
@@ -680,7 +704,8 @@ LossAndGrad lossAndGrad(const ModelSpec &spec, const WeightSet &weights,
   CrossEntropy ce;
   tbb::task_arena arena(threads > 0 ? threads : tbb::task_arena::automatic);
   arena.execute([&] {
-    ce = Backprop(spec, model, grads).run(TokenBatch::pack(inputs), TokenBatch::pack(targets), labelSmoothing, T);
+    ce = Backprop(spec, model, grads, step)
+             .run(TokenBatch::pack(inputs), TokenBatch::pack(targets), labelSmoothing, T);
   });
   LossAndGrad result;
   result.loss = ce.lossSum / static_cast<double>(T);

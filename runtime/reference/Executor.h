@@ -58,9 +58,12 @@ struct LossAndGrad {
 /// sentences' contributions in sentence order: bit-identical for any `threads` (<= 0: all cores).
 /// Families unilm, bilm, tta. Throws std::invalid_argument naming the sentence and position for
 /// inputs/targets of different shapes, an id or target outside [0, V) (target -1 allowed), a length
-/// 0 or > max_len, or no target in the whole batch.
+/// 0 or > max_len, or no target in the whole batch. With [train] dropout > 0 the embedding output and
+/// every sub-layer output before its residual are dropped with the masks of training step `step`
+/// (runtime/train/Philox.h: a function of the [train] seed, the step, the site and the element).
 LossAndGrad lossAndGrad(const ModelSpec &spec, const WeightSet &weights,
                         const std::vector<std::vector<int32_t>> &inputs,
-                        const std::vector<std::vector<int32_t>> &targets, double labelSmoothing, int threads = 1);
+                        const std::vector<std::vector<int32_t>> &targets, double labelSmoothing, int threads = 1,
+                        uint64_t step = 0);
 
 } // namespace lmcc::reference

@@ -23,21 +23,6 @@ void checkSentence(const ModelSpec &spec, const std::vector<int32_t> &x, uint64_
 
 } // namespace
 
-std::array<uint32_t, 4> philox4x32(std::array<uint32_t, 4> c, std::array<uint32_t, 2> k) {
-  constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u, kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
-  for (int round = 0; round < 10; ++round) {
-    if (round > 0) {
-      k[0] += kW0;
-      k[1] += kW1;
-    }
-    const uint64_t p0 = static_cast<uint64_t>(kM0) * c[0], p1 = static_cast<uint64_t>(kM1) * c[2];
-    const uint32_t hi0 = static_cast<uint32_t>(p0 >> 32), lo0 = static_cast<uint32_t>(p0);
-    const uint32_t hi1 = static_cast<uint32_t>(p1 >> 32), lo1 = static_cast<uint32_t>(p1);
-    c = {hi1 ^ c[1] ^ k[0], lo1, hi0 ^ c[3] ^ k[1], lo0};
-  }
-  return c;
-}
-
 double uniform(uint64_t seed, uint64_t step, uint64_t sentence, uint32_t position, Purpose purpose) {
   const std::array<uint32_t, 4> w =
       philox4x32({position, static_cast<uint32_t>(purpose), static_cast<uint32_t>(sentence),

@@ -25,6 +25,7 @@
 #pragma once
 
 #include "frontend/Spec.h"
+#include "runtime/train/Philox.h"
 
 #include <array>
 #include <cstdint>
@@ -32,9 +33,7 @@
 
 namespace lmcc::train {
 
-/// Philox4x32-10: 10 rounds of the Philox S-box over `counter` with `key` (bumped by the Weyl
-/// constants 0x9E3779B9, 0xBB67AE85 before rounds 2..10). Random123's philox4x32_R(10, ...).
-std::array<uint32_t, 4> philox4x32(std::array<uint32_t, 4> counter, std::array<uint32_t, 2> key);
+// philox4x32: runtime/train/Philox.h.
 
 /// What a draw is for: counter word 1. Different purposes never share a counter.
 enum class Purpose : uint32_t {

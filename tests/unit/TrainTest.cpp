@@ -201,6 +201,17 @@ std::vector<Case> cases() {
     out.push_back({"tta_position_ls", s});
   }
   {
+    ModelSpec s = tiny("unilm_dropout", Family::UniLM);
+    s.trainGiven = true, s.train.dropout = 0.25, s.train.seed = 77;
+    out.push_back({"unilm_dropout", s});
+  }
+  {
+    ModelSpec s = tiny("tta_maskpos_dropout_pre", Family::TTA);
+    s.firstQuery = FirstQuery::MaskPosition, s.norm = NormPlacement::Pre;
+    s.trainGiven = true, s.train.dropout = 0.1;
+    out.push_back({"tta_maskpos_dropout_pre", s});
+  }
+  {
     ModelSpec s = tiny("tta_maskpos_pre_rel", Family::TTA);
     s.firstQuery = FirstQuery::MaskPosition, s.norm = NormPlacement::Pre, s.embeddingNorm = false;
     s.relativePositions = 2, s.dims.dModel = 32, s.dims.heads = 2;
@@ -275,7 +286,16 @@ TEST_P(TrainCompiled, GradientsMatchReference) {
                          &targets),
               LM_OK);
     EXPECT_EQ(targets, want.targets);
-    EXPECT_NEAR(loss, want.loss, 1e-5 * std::max(1.0, std::fabs(want.loss))) << tag << " (forward-only loss)";
+    // The forward-only loss (validation) evaluates without dropout.
+    ModelSpec eval = spec;
+    eval.train.dropout = 0;
+    const double evalLoss =
+        spec.train.dropout > 0
+            ? reference::lossAndGrad(eval, weights, b.raggedInputs, b.raggedTargets, spec.train.labelSmoothing, 1).loss
+            : want.loss;
+    EXPECT_NEAR(loss, evalLoss, 1e-5 * std::max(1.0, std::fabs(evalLoss))) << tag << " (forward-only loss)";
+    if (spec.train.dropout > 0)
+      EXPECT_GT(std::fabs(evalLoss - want.loss), 1e-3) << "dropout changed nothing";
   }
   fs::remove(weightsPath);
 }
@@ -390,6 +410,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, TrainGolden,
 TEST(TrainResume, BitIdenticalToStraightRun) {
   ModelSpec spec = tiny("resume_tta", Family::TTA);
   spec.trainGiven = true, spec.train.warmupSteps = 2, spec.train.steps = 10, spec.train.lr = 1e-2;
+  spec.train.dropout = 0.1; // masks depend on the step: a resumed run must continue the count
   WeightSet weights = randomWeights(spec, 9);
   Trained lib(spec, {}, "resume");
   const std::string w0 = (lib.dir / "w0.safetensors").string();
