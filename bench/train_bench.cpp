@@ -17,6 +17,8 @@
 //   --peak-gflops G  the machine's FP32 FMA peak at T threads; default: measured here (independent
 //                  FMA chains, AVX-512 where the CPU has it, else AVX2; best of three; T threads at once).
 //   --peak-only    prints {"threads":T,"peak_gflops":G,"peak_isa":...} (the measurement above) and exits.
+//   --breakdown    after the timed steps, also times lm_rt_loss (forward only) and lm_rt_loss_and_grad
+//                  (forward + backward, no optimizer), best of two each: fields loss_ms, grad_ms.
 //   --dump-batch FILE  writes the batch as {"inputs":[[...]],"targets":[[...]]} (what lmcc grad and
 //                  bench/train_peers.py read), so that a peer trains on exactly the same batch.
 //
@@ -68,7 +70,7 @@ struct Args {
   std::string spec, lib, weights, lmcc, dumpBatch;
   int64_t batch = 0, n = 0, threads = 1, steps = 5, seed = 7;
   double flops = 0, peak = 0;
-  bool peakOnly = false;
+  bool peakOnly = false, breakdown = false;
 };
 
 Args parse(int argc, char **argv) {
@@ -101,6 +103,7 @@ Args parse(int argc, char **argv) {
     else if (k == "--flops") a.flops = std::atof(value().c_str());
     else if (k == "--peak-gflops") a.peak = std::atof(value().c_str());
     else if (k == "--peak-only") a.peakOnly = true;
+    else if (k == "--breakdown") a.breakdown = true;
     else fail("unknown argument " + k + " (see the comment at the top of bench/train_bench.cpp)");
   }
   if (a.peakOnly)
@@ -140,7 +143,8 @@ __attribute__((target("avx512f"), noinline)) double fmaLoop512(int64_t iteration
     a = _mm512_set1_ps(0.5f);
   const __m512 x = _mm512_set1_ps(0.999f), y = _mm512_set1_ps(0.001f);
   for (int64_t i = 0; i < iterations; ++i)
-    for (auto &a : acc)
+#pragma GCC unroll 16
+    for (auto &a : acc) // fully unrolled, so the accumulators live in registers
       a = _mm512_fmadd_ps(a, x, y);
   __m512 sum = acc[0];
   for (int j = 1; j < 16; ++j)
@@ -156,6 +160,7 @@ __attribute__((target("avx2,fma"), noinline)) double fmaLoop256(int64_t iteratio
     a = _mm256_set1_ps(0.5f);
   const __m256 x = _mm256_set1_ps(0.999f), y = _mm256_set1_ps(0.001f);
   for (int64_t i = 0; i < iterations; ++i)
+#pragma GCC unroll 12
     for (auto &a : acc)
       a = _mm256_fmadd_ps(a, x, y);
   __m256 sum = acc[0];
@@ -204,6 +209,10 @@ struct Runtime {
   const char *(*lastError)() = nullptr;
   int (*setThreads)(int) = nullptr;
   int64_t (*numParams)(const lm_model_desc *) = nullptr;
+  int (*loss)(lm_model *, const int32_t *, const int32_t *, const int32_t *, int32_t, int32_t, float *,
+              int64_t *) = nullptr;
+  int (*lossAndGrad)(lm_model *, const int32_t *, const int32_t *, const int32_t *, int32_t, int32_t, float *,
+                     float *) = nullptr;
 };
 
 template <typename Fn> void find(void *handle, const std::string &name, Fn &fn) {
@@ -329,6 +338,8 @@ int main(int argc, char **argv) {
   find(handle, "lm_last_error", rt.lastError);
   find(handle, "lm_set_num_threads", rt.setThreads);
   find(handle, "lm_rt_num_params", rt.numParams);
+  find(handle, "lm_rt_loss", rt.loss);
+  find(handle, "lm_rt_loss_and_grad", rt.lossAndGrad);
   rt.setThreads(int(a.threads));
 
   lm_model *model = nullptr;
@@ -352,6 +363,31 @@ int main(int argc, char **argv) {
   for (int64_t s = 0; s < a.steps; ++s)
     ms.push_back(step(&lastLoss));
 
+  struct rusage usage {}; // before the breakdown's gradient buffer
+  ::getrusage(RUSAGE_SELF, &usage);
+  double lossMs = -1, gradMs = -1;
+  if (a.breakdown) {
+    std::vector<float> grad(size_t(rt.numParams(rt.desc)));
+    auto timed = [&](auto &&call) {
+      double best = 1e300;
+      for (int rep = 0; rep < 2; ++rep) {
+        auto start = std::chrono::steady_clock::now();
+        if (call() != LM_OK)
+          fail(std::string("breakdown: ") + rt.lastError());
+        best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                                  .count());
+      }
+      return best;
+    };
+    float l = 0;
+    lossMs = timed([&] {
+      return rt.loss(model, inputs.data(), targets.data(), lengths.data(), int32_t(a.batch), stride, &l, nullptr);
+    });
+    gradMs = timed([&] {
+      return rt.lossAndGrad(model, inputs.data(), targets.data(), lengths.data(), int32_t(a.batch), stride, &l,
+                            grad.data());
+    });
+  }
   std::vector<double> sorted = ms;
   std::sort(sorted.begin(), sorted.end());
   size_t k = sorted.size();
@@ -361,22 +397,21 @@ int main(int argc, char **argv) {
     mean += x / double(k);
   for (double x : ms)
     var += (x - mean) * (x - mean) / double(k);
-  struct rusage usage {};
-  ::getrusage(RUSAGE_SELF, &usage);
   double gflops = a.flops / (median / 1e3) / 1e9;
 
   std::printf("{\"system\":\"lmcc\",\"model\":\"%s\",\"objective\":\"%s\",\"batch\":%lld,\"n\":%lld,"
-              "\"threads\":%lld,\"steps\":%lld,\"targets\":%lld,\"params\":%lld,\"first_loss\":%.9g,"
+              "\"threads\":%lld,\"steps\":%lld,\"d_model\":%lld,\"vocab\":%lld,\"targets\":%lld,\"params\":%lld,\"first_loss\":%.9g,"
               "\"last_loss\":%.9g,\"warmup_ms\":%.3f,\"ms_per_step\":%.3f,\"spread_pct\":%.2f,\"min_ms\":%.3f,"
               "\"max_ms\":%.3f,\"steps_per_s\":%.5g,\"tokens_per_s\":%.6g,\"peak_rss_mb\":%.1f,"
-              "\"train_flops_per_step\":%.6g,\"gflops\":%.4g,\"peak_gflops\":%.4g,\"peak_isa\":\"%s\","
-              "\"roofline_fraction\":%.4f}\n",
+              "\"train_flops_per_step\":%.0f,\"gflops\":%.4g,\"peak_gflops\":%.4g,\"peak_isa\":\"%s\","
+              "\"roofline_fraction\":%.4f,\"loss_ms\":%.3f,\"grad_ms\":%.3f}\n",
               spec.name.c_str(), objectiveName(lmcc::resolvedObjective(spec)).c_str(), (long long)a.batch,
-              (long long)a.n, (long long)a.threads, (long long)a.steps, (long long)numTargets,
+              (long long)a.n, (long long)a.threads, (long long)a.steps, (long long)spec.dims.dModel,
+              (long long)spec.dims.vocab, (long long)numTargets,
               (long long)rt.numParams(rt.desc), firstLoss, lastLoss, warmupMs, median,
               100.0 * std::sqrt(var) / median, sorted.front(), sorted.back(), 1e3 / median,
               double(a.batch * a.n) * 1e3 / median, double(usage.ru_maxrss) / 1024.0, a.flops, gflops, a.peak,
-              isa.c_str(), gflops / a.peak);
+              isa.c_str(), gflops / a.peak, lossMs, gradMs);
   rt.trainerFree(trainer);
   rt.modelFree(model);
   return 0;

@@ -20,7 +20,8 @@ module and by tests/golden/torch_ref.py's independent Model/batch_loss, and both
 --tol of L (lmcc's first-step loss, train_bench's first_loss); otherwise exits 1 untimed.
 
 Timing as train_bench: one warm-up step, then S timed steps (time.perf_counter around each whole
-step, loss.item() included). Prints one JSON line with the same keys as train_bench (system
+step, loss.item() included; also the median forward, backward and clip+optimizer parts: fwd_ms,
+bwd_ms, opt_ms). Prints one JSON line with the same keys as train_bench (system
 "torch"); peak_rss_mb is this process's ru_maxrss (the torch import included).
 """
 import argparse
@@ -120,10 +121,15 @@ def main(argv):
             print(json.dumps({"system": "torch", "model": spec.name, "check": "fail", **check}))
             return 1
 
+    phases = {"fwd_ms": [], "bwd_ms": [], "opt_ms": []}
+
     def step():
+        t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(lm, spec, inputs, targets)
+        t1 = time.perf_counter()
         loss.backward()
+        t2 = time.perf_counter()
         for p in params:  # a tensor the batch does not reach: zero gradient, still decayed (the contract)
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -131,7 +137,11 @@ def main(argv):
             torch.nn.utils.clip_grad_norm_(params, clip)
         opt.step()
         sched.step()
-        return loss.item()
+        value = loss.item()
+        t3 = time.perf_counter()
+        for k, dt in zip(phases, (t1 - t0, t2 - t1, t3 - t2)):
+            phases[k].append(dt * 1e3)
+        return value
 
     t0 = time.perf_counter()
     first_loss = step()
@@ -156,6 +166,8 @@ def main(argv):
         "train_flops_per_step": a.flops, "gflops": gflops, "peak_gflops": a.peak_gflops,
         "roofline_fraction": gflops / a.peak_gflops if a.peak_gflops else 0.0,
     }
+    for k, v in phases.items():  # the timed steps' phases: forward, backward, clip + optimizer + schedule
+        out[k] = round(statistics.median(v[1:]), 3)
     if check is not None:
         out["check"] = "ok"
         out.update({"check_" + k: v for k, v in check.items()})
