@@ -3,7 +3,7 @@
 
 Run by scripts/bench-train.sh (which picks the virtual environment with torch); by hand:
   python bench/train_grid.py [--models tta_base,bilm_base,unilm_base] [--shapes 32x64,8x128]
-                             [--threads 1,2] [--steps 3] [--work DIR] [--out FILE.md]
+                             [--threads 1,2] [--steps 5] [--work DIR] [--out FILE.md]
 
 For every model (models/<name>.toml; each family's own objective: tta autoencoding, bilm masked,
 unilm causal), batch shape B x n and thread count, in this order and each in its own process:
@@ -166,7 +166,7 @@ def main(argv):
     ap.add_argument("--models", default="tta_base,bilm_base,unilm_base")
     ap.add_argument("--shapes", default="32x64,8x128")
     ap.add_argument("--threads", default="1,2")
-    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--breakdown", action=argparse.BooleanOptionalAction, default=True,
                     help="lmcc: also time loss_and_grad alone (train_bench --breakdown)")
     ap.add_argument("--adamw", default="fused", choices=("fused", "foreach", "for-loop"))
