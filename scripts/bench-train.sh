@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The training benchmark (issue 14): lmcc's compiled train step (build/bench/train_bench) vs PyTorch eager
+# (bench/train_peers.py) at the T-TA paper config for tta_base / bilm_base / unilm_base, batch 32 x n 64 and
+# 8 x n 128, 1 and 2 threads. Writes bench/results/<date>-train.md and -train.jsonl (bench/train_grid.py).
+#   scripts/bench-train.sh                       the full grid (5 timed steps per entry) as in bench/results/2026-11-24-train.md (~14 min)
+#   scripts/bench-train.sh --steps 5 --threads 1 --models unilm_base --shapes 8x128   any part of it
+# Builds lmcc, liblmrt and train_bench; needs the virtual environment with the PyPI torch wheel that
+# scripts/bench.sh makes ($LMCC_BENCH_VENV, default ~/.cache/lmcc-bench/venv; made here if missing).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+venv=${LMCC_BENCH_VENV:-$HOME/.cache/lmcc-bench/venv}
+if ! "$venv/bin/python" -c 'import torch, numpy' 2>/dev/null; then
+  echo "bench-train.sh: installing torch and numpy into $venv (PyPI)"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --upgrade pip
+  "$venv/bin/pip" install -q torch numpy
+fi
+export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/lmcc-ccache}
+export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros}
+[ -f "$root/build/build.ninja" ] || "$root/scripts/setup.sh"
+ninja -C "$root/build" -j2 bin/lmcc lib/liblmrt.so train_bench >/dev/null
+exec "$venv/bin/python" "$root/bench/train_grid.py" "$@"
