@@ -17,4 +17,9 @@ if ! "$venv/bin/python" -c "$check" 2>/dev/null; then
   "$venv/bin/pip" install -q --upgrade pip
   "$venv/bin/pip" install -q torch onnxruntime onnx onnxscript numpy matplotlib
 fi
-exec "$venv/bin/python" "$root/bench/run.py" "$@"
+"$venv/bin/python" "$root/bench/run.py" "$@"
+# The full grid also times training (issue 14): bench/results/<date>-train.md (scripts/bench-train.sh).
+case " $* " in
+  *" --quick "*) ;;
+  *) "$root/scripts/bench-train.sh" --steps 5 ;;
+esac

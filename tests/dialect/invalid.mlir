@@ -181,3 +181,43 @@ func.func @mask_and_predict_type(%ids: tensor<?x?xi32>, %len: tensor<?xi32>, %v:
   }
   return
 }
+
+// -----
+
+func.func @cross_entropy_smoothing(%lp: tensor<?x?x11xf32>, %t: tensor<?x?xi32>, %len: tensor<?xi32>) {
+  // expected-error @+1 {{smoothing must be in [0, 1], got 1.5}}
+  %ce = lm.cross_entropy %lp, %t, %len {smoothing = 1.5 : f64} : (tensor<?x?x11xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32>
+  return
+}
+
+// -----
+
+func.func @linear_grad_weight_shape(%dy: tensor<?x?x8xf32>, %x: tensor<?x?x4xf32>, %w: tensor<8x4xf32>) {
+  // expected-error @+1 {{d_weight must be 'tensor<8x4xf32>', got 'tensor<4x8xf32>'}}
+  %dx, %dw, %db = lm.linear_grad %dy, %x, %w : (tensor<?x?x8xf32>, tensor<?x?x4xf32>, tensor<8x4xf32>) -> (tensor<?x?x4xf32>, tensor<4x8xf32>, tensor<8xf32>)
+  return
+}
+
+// -----
+
+func.func @dropout_rate(%x: tensor<?x?x8xf32>) {
+  // expected-error @+1 {{rate must be in [0, 1), got 1}}
+  %y = lm.dropout %x {rate = 1.0 : f64, site = 0 : i64} : tensor<?x?x8xf32>
+  return
+}
+
+// -----
+
+func.func @attention_grad_relative(%g: tensor<?x?x8xf32>, %len: tensor<?xi32>) {
+  // expected-error @+1 {{has one table gradient per relative table}}
+  %dq, %dk, %dv, %r = lm.attention_grad %g, %g, %g, %g, %len {heads = 2 : i64, mask = #lm.mask<none>, scale = 5.000000e-01 : f32} : tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<?xi32> -> tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<3x4xf32>
+  return
+}
+
+// -----
+
+func.func @param_grad_dynamic(%g: tensor<?x8xf32>) {
+  // expected-error @+1 {{a weight gradient has the weight's static shape}}
+  lm.param_grad %g {name = "w"} : tensor<?x8xf32>
+  return
+}
