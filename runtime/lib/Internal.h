@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 struct lm_model {
   const lm_model_desc *desc = nullptr;
@@ -13,6 +14,21 @@ struct lm_model {
 };
 
 namespace lmrt::detail {
+/// MLIR's C interface descriptors of dense row-major buffers (what the compiled kernels take).
+inline lm_memref1f memref1(float *p, int64_t n) { return {p, p, 0, {n}, {1}}; }
+inline lm_memref1i memref1(int32_t *p, int64_t n) { return {p, p, 0, {n}, {1}}; }
+inline lm_memref2f memref2(float *p, int64_t rows, int64_t cols) { return {p, p, 0, {rows, cols}, {cols, 1}}; }
+inline lm_memref2i memref2(int32_t *p, int64_t rows, int64_t cols) { return {p, p, 0, {rows, cols}, {cols, 1}}; }
+
+/// A descriptor tensor's shape and element count.
+inline std::vector<int64_t> descShape(const lm_tensor_desc &t) { return std::vector<int64_t>(t.shape, t.shape + t.rank); }
+inline int64_t descNumel(const lm_tensor_desc &t) {
+  int64_t n = 1;
+  for (int32_t d = 0; d < t.rank; ++d)
+    n *= t.shape[d];
+  return n;
+}
+
 /// Throw an argument / internal error that guardedCall turns into its status code and message.
 [[noreturn]] void argument(std::string message);
 [[noreturn]] void internal(std::string message);

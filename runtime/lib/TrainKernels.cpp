@@ -278,6 +278,14 @@ void activationGrad(const float *dy, const float *x, int64_t n, int32_t kind, fl
   });
 }
 
+/// out = the sum of `pieces` consecutive partial results of `size` floats each, added in piece order.
+void sumPieces(const float *parts, int64_t pieces, int64_t size, int64_t stride, float *out) {
+  std::memset(out, 0, sizeof(float) * size);
+  for (int64_t piece = 0; piece < pieces; ++piece)
+    for (int64_t e = 0; e < size; ++e)
+      out[e] += parts[piece * stride + e];
+}
+
 int64_t relIndex(int64_t i, int64_t j, int64_t clip) { return std::clamp<int64_t>(j - i, -clip, clip) + clip; }
 
 void attentionGrad(const float *dO, const float *q, const float *k, const float *v, const int32_t *lengths,
@@ -367,13 +375,8 @@ void attentionGrad(const float *dO, const float *q, const float *k, const float 
         }
   });
   if (rel) {
-    std::memset(dRelK, 0, sizeof(float) * R * dh);
-    std::memset(dRelV, 0, sizeof(float) * R * dh);
-    for (int64_t piece = 0; piece < B * heads; ++piece)
-      for (int64_t e = 0; e < R * dh; ++e) {
-        dRelK[e] += relParts[piece * 2 * R * dh + e];
-        dRelV[e] += relParts[piece * 2 * R * dh + R * dh + e];
-      }
+    sumPieces(relParts.data(), B * heads, R * dh, 2 * R * dh, dRelK);
+    sumPieces(relParts.data() + R * dh, B * heads, R * dh, 2 * R * dh, dRelV);
   }
 }
 
@@ -398,10 +401,7 @@ void relativeScoresGrad(const float *dOut, const float *q, const float *rel, int
       }
     }
   });
-  std::memset(dRel, 0, sizeof(float) * R * dh);
-  for (int64_t piece = 0; piece < BH; ++piece)
-    for (int64_t e = 0; e < R * dh; ++e)
-      dRel[e] += parts[piece * R * dh + e];
+  sumPieces(parts.data(), BH, R * dh, R * dh, dRel);
 }
 
 void relativeValuesGrad(const float *dOut, const float *p, const float *rel, int64_t BH, int64_t N, int64_t M,
@@ -425,10 +425,7 @@ void relativeValuesGrad(const float *dOut, const float *p, const float *rel, int
       }
     }
   });
-  std::memset(dRel, 0, sizeof(float) * R * dh);
-  for (int64_t piece = 0; piece < BH; ++piece)
-    for (int64_t e = 0; e < R * dh; ++e)
-      dRel[e] += parts[piece * R * dh + e];
+  sumPieces(parts.data(), BH, R * dh, R * dh, dRel);
 }
 
 void embedGrad(const float *dy, const int32_t *ids, const int32_t *lengths, int64_t B, int64_t N, int64_t D,

@@ -20,10 +20,13 @@
 #include <cstring>
 #include <memory>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 using lmrt::detail::argument;
+using lmrt::detail::descNumel;
+using lmrt::detail::descShape;
+using lmrt::detail::memref1;
+using lmrt::detail::memref2;
 using lmrt::detail::guardedCall;
 using lmrt::detail::internal;
 
@@ -34,15 +37,6 @@ struct lm_trainer {
 };
 
 namespace {
-
-std::vector<int64_t> shapeOf(const lm_tensor_desc &t) { return std::vector<int64_t>(t.shape, t.shape + t.rank); }
-
-int64_t numelOf(const lm_tensor_desc &t) {
-  int64_t n = 1;
-  for (int32_t d = 0; d < t.rank; ++d)
-    n *= t.shape[d];
-  return n;
-}
 
 const lm_model_desc &trainable(const lm_model *m) {
   if (!m)
@@ -88,11 +82,6 @@ Packed pack(const lm_model *m, const int32_t *inputs, const int32_t *targets, co
   return p;
 }
 
-lm_memref1f memref1(float *p, int64_t n) { return {p, p, 0, {n}, {1}}; }
-lm_memref1i memref1(int32_t *p, int64_t n) { return {p, p, 0, {n}, {1}}; }
-lm_memref2f memref2(float *p, int64_t rows, int64_t cols) { return {p, p, 0, {rows, cols}, {cols, 1}}; }
-lm_memref2i memref2(int32_t *p, int64_t rows, int64_t cols) { return {p, p, 0, {rows, cols}, {cols, 1}}; }
-
 /// (1/T) sum ce, summed in row order in double; an error when not finite.
 double meanLoss(const std::vector<float> &ce, int64_t targets) {
   double sum = 0;
@@ -105,8 +94,9 @@ double meanLoss(const std::vector<float> &ce, int64_t targets) {
 }
 
 /// Runs the loss_grad kernel on the packed batch into `grads` (the weight layout, zeroed first); dropout
-/// masks of training step `step`.
-double lossAndGrad(lm_model *m, Packed &p, float *grads, int64_t step) {
+/// masks of training step `step`. `checkGrads`: reject a non-finite gradient here (a train step leaves
+/// that to the optimizer, which checks before it changes anything).
+double lossAndGrad(lm_model *m, Packed &p, float *grads, int64_t step, bool checkGrads) {
   const lm_model_desc &d = *m->desc;
   lmrt::setDropoutContext(uint64_t(d.train->seed), uint64_t(step));
   std::fill(grads, grads + d.total_floats, 0.0f);
@@ -117,10 +107,10 @@ double lossAndGrad(lm_model *m, Packed &p, float *grads, int64_t step) {
   lm_memref2f ceRef = memref2(ce.data(), p.batch, p.n);
   d.loss_grad(&w, &in, &tg, &len, &ceRef, &g);
   const double loss = meanLoss(ce, p.targets);
-  for (int32_t i = 0; i < d.num_tensors; ++i) {
+  for (int32_t i = 0; checkGrads && i < d.num_tensors; ++i) {
     const lm_tensor_desc &t = d.tensors[i];
     const float *slot = grads + t.offset;
-    for (int64_t k = 0; k < numelOf(t); ++k)
+    for (int64_t k = 0; k < descNumel(t); ++k)
       if (!std::isfinite(slot[k]))
         argument("the gradient of tensor " + lmcc::quoted(t.name) + " is not finite at flat index " +
                  std::to_string(k) + "; the weights are left unchanged");
@@ -141,28 +131,13 @@ lmcc::WeightSet canonicalWeights(const lm_model *m) {
   for (int32_t i = 0; i < d.num_tensors; ++i) {
     const lm_tensor_desc &t = d.tensors[i];
     lmcc::Tensor tensor;
-    tensor.shape = shapeOf(t);
-    tensor.data.assign(m->weights + t.offset, m->weights + t.offset + numelOf(t));
+    tensor.shape = descShape(t);
+    tensor.data.assign(m->weights + t.offset, m->weights + t.offset + descNumel(t));
     out.tensors.emplace(t.name, std::move(tensor));
   }
   out.metadata["name"] = d.name;
   out.metadata["spec_hash"] = d.spec_hash ? d.spec_hash : "";
   return out;
-}
-
-/// Writes `weights` to `path` through a temporary file in the same directory, then renames it.
-void writeAtomically(const std::string &path, const lmcc::WeightSet &weights) {
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  try {
-    lmcc::writeSafetensors(tmp, weights);
-  } catch (...) {
-    std::remove(tmp.c_str());
-    throw;
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw lmcc::WeightError(path + ": cannot rename the temporary file into place");
-  }
 }
 
 lmcc::train::OptimizerConfig configOf(const lm_train_desc &t) {
@@ -187,7 +162,7 @@ int64_t lm_rt_num_params(const lm_model_desc *desc) {
     return -1;
   int64_t n = 0;
   for (int32_t i = 0; i < desc->num_tensors; ++i)
-    n += numelOf(desc->tensors[i]);
+    n += descNumel(desc->tensors[i]);
   return n;
 }
 
@@ -200,13 +175,13 @@ int lm_rt_param_info(const lm_model_desc *desc, int32_t index, const char **name
                ")");
     int64_t at = 0;
     for (int32_t i = 0; i < index; ++i)
-      at += numelOf(desc->tensors[i]);
+      at += descNumel(desc->tensors[i]);
     if (name)
       *name = desc->tensors[index].name;
     if (offset)
       *offset = at;
     if (count)
-      *count = numelOf(desc->tensors[index]);
+      *count = descNumel(desc->tensors[index]);
   });
 }
 
@@ -216,12 +191,12 @@ int lm_rt_loss_and_grad(lm_model *m, const int32_t *inputs, const int32_t *targe
     const lm_model_desc &d = trainable(m);
     Packed p = pack(m, inputs, targets, lengths, batch, stride);
     std::vector<float> grads(d.total_floats);
-    const double value = lossAndGrad(m, p, grads.data(), 0);
+    const double value = lossAndGrad(m, p, grads.data(), 0, /*checkGrads=*/true);
     if (grad) {
       float *out = grad;
       for (int32_t i = 0; i < d.num_tensors; ++i) {
         const lm_tensor_desc &t = d.tensors[i];
-        out = std::copy(grads.begin() + t.offset, grads.begin() + t.offset + numelOf(t), out);
+        out = std::copy(grads.begin() + t.offset, grads.begin() + t.offset + descNumel(t), out);
       }
     }
     if (loss)
@@ -257,7 +232,7 @@ int lm_rt_trainer_new(lm_model *m, lm_trainer **out) {
       argument("model " + lmcc::quoted(d.name) + " uses its embedded weights in place; load it from a file to train");
     std::vector<lmcc::train::ParamSlot> slots;
     for (int32_t i = 0; i < d.num_tensors; ++i)
-      slots.push_back({d.tensors[i].name, shapeOf(d.tensors[i]), d.tensors[i].offset});
+      slots.push_back({d.tensors[i].name, descShape(d.tensors[i]), d.tensors[i].offset});
     auto t = std::make_unique<lm_trainer>();
     t->model = m;
     try {
@@ -285,13 +260,13 @@ int lm_rt_train_step_ex(lm_trainer *t, const int32_t *inputs, const int32_t *tar
     if (!t)
       argument("the trainer is NULL");
     Packed p = pack(t->model, inputs, targets, lengths, batch, stride);
-    const double value = lossAndGrad(t->model, p, t->grads.data(), t->optimizer->steps());
+    const double value = lossAndGrad(t->model, p, t->grads.data(), t->optimizer->steps(), /*checkGrads=*/false);
     // <- a data-parallel run would all-reduce t->grads here.
     lmcc::train::Optimizer::StepInfo info;
     try {
       info = t->optimizer->step(t->model->weights, t->grads.data());
     } catch (const lmcc::train::NonFiniteGradient &e) {
-      argument(e.what());
+      argument(std::string("the gradient is not finite: ") + e.what() + "; the weights are left unchanged");
     }
     rerunInit(t->model);
     if (loss)
@@ -318,7 +293,7 @@ int lm_rt_trainer_save(lm_trainer *t, const char *path) {
       argument("path is NULL");
     lmcc::WeightSet state = canonicalWeights(t->model);
     t->optimizer->saveState(state);
-    writeAtomically(path, state);
+    lmcc::writeSafetensors(path, state);
   });
 }
 
@@ -340,9 +315,9 @@ int lm_rt_trainer_load(lm_trainer *t, const char *path) {
       if (!state.has(desc.name))
         throw lmcc::WeightError(std::string(path) + ": tensor " + lmcc::quoted(desc.name) + ": missing");
       const lmcc::Tensor &tensor = state.get(desc.name);
-      if (tensor.shape != shapeOf(desc))
+      if (tensor.shape != descShape(desc))
         throw lmcc::WeightError(std::string(path) + ": tensor " + lmcc::quoted(desc.name) + ": wrong shape " +
-                                lmcc::shapeString(tensor.shape) + ", expected " + lmcc::shapeString(shapeOf(desc)));
+                                lmcc::shapeString(tensor.shape) + ", expected " + lmcc::shapeString(descShape(desc)));
       for (float v : tensor.data)
         if (!std::isfinite(v))
           throw lmcc::WeightError(std::string(path) + ": tensor " + lmcc::quoted(desc.name) + ": non-finite value");
@@ -362,7 +337,7 @@ int lm_rt_save_weights(lm_model *m, const char *path) {
       argument("the model is NULL");
     if (!path)
       argument("path is NULL");
-    writeAtomically(path, canonicalWeights(m));
+    lmcc::writeSafetensors(path, canonicalWeights(m));
   });
 }
 

@@ -119,9 +119,9 @@ template <typename F> int guarded(F &&body) noexcept {
 
 // --- Formatting -------------------------------------------------------------------
 
-std::vector<int64_t> descShape(const lm_tensor_desc &t) {
-  return std::vector<int64_t>(t.shape, t.shape + t.rank);
-}
+using lmrt::detail::descShape;
+using lmrt::detail::memref1;
+using lmrt::detail::memref2;
 
 // --- Descriptor ---------------------------------------------------------------
 
@@ -292,7 +292,7 @@ void loadImpl(const lm_model_desc *desc, const char *path, lm_model **out) {
     model->owned = buffer.release();
   }
   if (desc->init) { // tensors folded at load time (lm-fold-constants)
-    lm_memref1f weights{model->weights, model->weights, 0, {desc->total_floats}, {1}};
+    lm_memref1f weights = memref1(model->weights, desc->total_floats);
     desc->init(&weights);
   }
   *out = model.release();
@@ -441,13 +441,6 @@ void checkModelInputs(const lm_model *m, const int32_t *ids, const int32_t *leng
 } // namespace lmrt::detail
 
 namespace {
-
-// --- Memrefs ------------------------------------------------------------------
-
-lm_memref1f memref1(float *p, int64_t n) { return {p, p, 0, {n}, {1}}; }
-lm_memref1i memref1(int32_t *p, int64_t n) { return {p, p, 0, {n}, {1}}; }
-lm_memref2f memref2(float *p, int64_t rows, int64_t cols) { return {p, p, 0, {rows, cols}, {cols, 1}}; }
-lm_memref2i memref2(int32_t *p, int64_t rows, int64_t cols) { return {p, p, 0, {rows, cols}, {cols, 1}}; }
 
 /// Packs sentences [b0, b0 + rows) into ws.ids ([rows, n] padded with the pad id) and
 /// ws.lengths; returns n, the longest length of the chunk.

@@ -22,12 +22,14 @@
 #include <cerrno>
 #include <cfloat>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <set>
 #include <sstream>
+#include <unistd.h>
 
 namespace lmcc {
 
@@ -457,7 +459,17 @@ void writeSafetensors(const std::string &path, const WeightSet &weights) {
   while ((8 + headerText.size()) % kDataAlignment != 0)
     headerText.push_back(' ');
 
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  // Written to a temporary name in the same directory, then renamed: a reader never sees half a file.
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  struct Cleanup {
+    const std::string &file;
+    bool done = false;
+    ~Cleanup() {
+      if (!done)
+        std::remove(file.c_str());
+    }
+  } cleanup{tmp};
+  std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
   if (!out)
     throw WeightError(path + ": cannot open for writing: " + std::strerror(errno));
   std::string prefix;
@@ -479,6 +491,9 @@ void writeSafetensors(const std::string &path, const WeightSet &weights) {
   out.close();
   if (!out)
     throw WeightError(path + ": write failed when closing: " + std::strerror(errno));
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    throw WeightError(path + ": cannot rename the temporary file into place: " + std::strerror(errno));
+  cleanup.done = true;
 }
 
 } // namespace lmcc

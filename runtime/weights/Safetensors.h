@@ -48,7 +48,8 @@ struct TensorInfo {
 
 /// Reads a safetensors file. Throws WeightError ("FILE: tensor 'NAME': ...").
 WeightSet readSafetensors(const std::string &path);
-/// Writes all tensors as F32 with the metadata. Throws WeightError on I/O failure.
+/// Writes all tensors as F32 with the metadata, to a temporary name then renamed into place (never a
+/// half-written file at `path`). Throws WeightError on I/O failure.
 void writeSafetensors(const std::string &path, const WeightSet &weights);
 
 } // namespace lmcc

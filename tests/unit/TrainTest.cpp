@@ -12,6 +12,8 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include "tests/unit/RandomWeights.h"
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -127,24 +129,7 @@ void expectGradsNear(const WeightSet &got, const WeightSet &want, double tol, co
   }
 }
 
-WeightSet randomWeights(const ModelSpec &spec, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  WeightSet w;
-  for (const TensorInfo &t : expectedTensors(spec)) {
-    Tensor tensor;
-    tensor.shape = t.shape;
-    tensor.data.resize(tensor.numel());
-    bool isNorm = t.name.find("norm.weight") != std::string::npos;
-    float scale = t.shape.size() == 2 ? 1.0f / std::sqrt(float(t.shape[1])) : 0.1f;
-    if (t.name == "embed.token" || t.name == "embed.position")
-      scale = 0.5f;
-    for (float &v : tensor.data)
-      v = (isNorm ? 1.0f : 0.0f) + scale * normal(rng);
-    w.tensors[t.name] = std::move(tensor);
-  }
-  return w;
-}
+using lmcc::test::randomWeights;
 
 /// Ragged sentences with every objective's kind of targets: next token, own token, a few masked rows,
 /// -1 elsewhere; one sentence without any target, lengths 1 and max_len.

@@ -516,12 +516,7 @@ int runGrad(Options o) {
   out.metadata["name"] = spec.name;
   out.metadata["spec_hash"] = lmcc::specHash(spec);
   out.metadata["loss"] = std::to_string(loss);
-  const std::string tmp = o.output + ".tmp-" + std::to_string(::getpid());
-  lmcc::writeSafetensors(tmp, out);
-  if (std::rename(tmp.c_str(), o.output.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw InputError(o.output + ": cannot write");
-  }
+  lmcc::writeSafetensors(o.output, out);
   std::string line = "{\"loss\":";
   appendNumber(line, loss, "loss", 0);
   line += ",\"targets\":" + std::to_string(b.targetCount) + "}\n";
@@ -1072,6 +1067,11 @@ int main(int argc, char **argv) {
   addPipelineFlags(compile);
   compile->add_flag("--train", o.train, "also compile the training entries (loss, gradients; the header's _train_step)");
 
+  auto addThreads = [&](CLI::App *cmd) {
+    cmd->add_option("--threads", o.threads, "worker threads (results do not depend on it)")
+        ->check(CLI::Range(1, 1024))
+        ->capture_default_str();
+  };
   auto *grad = app.add_subcommand("grad", "gradient of one batch's loss for every weight: prints {\"loss\",\"targets\"}");
   grad->add_option("SPEC", o.spec, "model spec (TOML)")->required();
   grad->add_option("--weights", o.weights, "safetensors weights")->required();
@@ -1079,9 +1079,7 @@ int main(int argc, char **argv) {
       ->required();
   grad->add_option("-o,--output", o.output, "gradients as safetensors (canonical names)")->required();
   grad->add_flag("--reference", o.reference, "compute with the reference executor (the numeric oracle)");
-  grad->add_option("--threads", o.threads, "worker threads (results do not depend on it)")
-      ->check(CLI::Range(1, 1024))
-      ->capture_default_str();
+  addThreads(grad);
   addPipelineFlags(grad);
 
   auto *train = app.add_subcommand("train", "optimizer steps on explicit batches: one JSON line per step");
@@ -1093,9 +1091,7 @@ int main(int argc, char **argv) {
   train->add_option("--steps", o.steps, "steps to run (default: one per line of the batches file)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
   train->add_option("--resume", o.resume, "continue from a directory written by lmcc train");
-  train->add_option("--threads", o.threads, "worker threads (results do not depend on it)")
-      ->check(CLI::Range(1, 1024))
-      ->capture_default_str();
+  addThreads(train);
   addPipelineFlags(train);
 
   auto *tokenize = app.add_subcommand("tokenize", "tokenize text with the spec's [tokenizer]: ids, one sentence a line");
@@ -1132,9 +1128,7 @@ int main(int argc, char **argv) {
     runners[k]->add_flag("--truncate", o.truncate, "cut sentences longer than max_len (bos, pieces, eos)");
     runners[k]->add_flag("--reference", o.reference,
                          "run the reference executor (the numeric oracle) instead of compiled code");
-    runners[k]->add_option("--threads", o.threads, "worker threads (results do not depend on it)")
-        ->check(CLI::Range(1, 1024))
-        ->capture_default_str();
+    addThreads(runners[k]);
     addPipelineFlags(runners[k]);
   }
 
