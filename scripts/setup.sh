@@ -8,7 +8,7 @@ packages=(
   cmake ninja-build ccache g++ pkg-config python3
   llvm-19-dev libmlir-19-dev mlir-19-tools llvm-19-tools lld-19 clang-19
   libeigen3-dev libtbb-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libtomlplusplus-dev nlohmann-json3-dev libcli11-dev libutf8proc-dev
+  libtomlplusplus-dev nlohmann-json3-dev libcli11-dev libutf8proc-dev libplplot-dev plplot-driver-cairo
   zlib1g-dev libzstd-dev libedit-dev libxml2-dev libcurl4-openssl-dev libffi-dev
 )
 missing=()

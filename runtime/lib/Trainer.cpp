@@ -223,11 +223,18 @@ int lm_rt_loss(lm_model *m, const int32_t *inputs, const int32_t *targets, const
   });
 }
 
-int lm_rt_trainer_new(lm_model *m, lm_trainer **out) {
+int lm_rt_trainer_new(lm_model *m, lm_trainer **out) { return lm_rt_trainer_new_ex(m, nullptr, out); }
+
+int lm_rt_trainer_new_ex(lm_model *m, const lm_train_desc *settings, lm_trainer **out) {
   return guardedCall([&] {
     const lm_model_desc &d = trainable(m);
     if (!out)
       argument("out is NULL");
+    if (!settings)
+      settings = d.train;
+    if (settings->label_smoothing != d.train->label_smoothing)
+      argument("label_smoothing " + std::to_string(settings->label_smoothing) + " differs from the compiled " +
+               std::to_string(d.train->label_smoothing) + " (it is part of the loss kernels)");
     if (m->owned == nullptr)
       argument("model " + lmcc::quoted(d.name) + " uses its embedded weights in place; load it from a file to train");
     std::vector<lmcc::train::ParamSlot> slots;
@@ -236,7 +243,7 @@ int lm_rt_trainer_new(lm_model *m, lm_trainer **out) {
     auto t = std::make_unique<lm_trainer>();
     t->model = m;
     try {
-      t->optimizer = std::make_unique<lmcc::train::Optimizer>(configOf(*d.train), std::move(slots));
+      t->optimizer = std::make_unique<lmcc::train::Optimizer>(configOf(*settings), std::move(slots));
     } catch (const std::invalid_argument &e) {
       argument(std::string("optimizer settings: ") + e.what());
     }

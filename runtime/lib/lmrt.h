@@ -141,6 +141,9 @@ LM_API int lm_rt_loss(lm_model *m, const int32_t *inputs, const int32_t *targets
                       int32_t batch, int32_t stride, float *loss, int64_t *targets_out);
 /* A trainer owns the optimizer state of `m` (settings from the spec's [train]); m must outlive it. */
 LM_API int lm_rt_trainer_new(lm_model *m, lm_trainer **out);
+/* lm_rt_trainer_new with other optimizer settings than the compiled [train] table (NULL: those);
+ * label_smoothing is compiled into the loss kernels and must equal the model's. */
+LM_API int lm_rt_trainer_new_ex(lm_model *m, const lm_train_desc *settings, lm_trainer **out);
 /* One step: gradient, clipping, optimizer, schedule; the weights of m are updated in place. A NaN/inf
  * loss or gradient is reported (LM_ERR_ARGUMENT) and leaves the weights and the state unchanged. */
 LM_API int lm_rt_train_step(lm_trainer *t, const int32_t *inputs, const int32_t *targets, const int32_t *lengths,

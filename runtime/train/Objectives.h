@@ -42,6 +42,10 @@ enum class Purpose : uint32_t {
   Subset = 3,   ///< at position i: the sort key of chosen i, when more than max_masks were chosen
   Replace = 4,  ///< at position i: bert's 80/10/10 choice for chosen i
   RandomId = 5, ///< at position i: bert's random id for chosen i
+  // The corpus pipeline (Corpus.h): "step" is the epoch, "sentence" the sentence or batch index.
+  Shuffle = 16,    ///< sentence i's sort key among equal lengths in an epoch
+  BatchOrder = 17, ///< batch b's sort key in an epoch
+  Holdout = 18,    ///< sentence i's key for the held-out validation part
 };
 
 /// The uniform [0, 1) draw for (seed, step, sentence, position, purpose), as the file comment says.

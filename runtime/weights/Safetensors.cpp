@@ -29,6 +29,7 @@
 #include <limits>
 #include <set>
 #include <sstream>
+#include <fcntl.h>
 #include <unistd.h>
 
 namespace lmcc {
@@ -491,6 +492,15 @@ void writeSafetensors(const std::string &path, const WeightSet &weights) {
   out.close();
   if (!out)
     throw WeightError(path + ": write failed when closing: " + std::strerror(errno));
+  // Flushed to the disk before the rename, so that a crash after it cannot leave a renamed empty file.
+  if (int fd = ::open(tmp.c_str(), O_RDONLY); fd < 0 || ::fsync(fd) != 0) {
+    const int err = errno;
+    if (fd >= 0)
+      ::close(fd);
+    throw WeightError(path + ": cannot flush to the disk: " + std::strerror(err));
+  } else {
+    ::close(fd);
+  }
   if (std::rename(tmp.c_str(), path.c_str()) != 0)
     throw WeightError(path + ": cannot rename the temporary file into place: " + std::strerror(errno));
   cleanup.done = true;

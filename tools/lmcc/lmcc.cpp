@@ -14,6 +14,7 @@
 #include "runtime/lib/lmrt.h"
 #include "runtime/lib/Tokenizer.h"
 #include "runtime/weights/ModelWeights.h"
+#include "tools/lmcc/TrainRun.h"
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -77,31 +78,7 @@ std::vector<std::vector<int32_t>> readIds(const std::string &path, const lmcc::M
     ++lineNo;
     if (!line.empty() && line.back() == '\r')
       line.pop_back();
-    std::vector<int32_t> ids;
-    size_t i = 0;
-    int64_t column = 0;
-    while (i < line.size()) {
-      if (line[i] == ' ' || line[i] == '\t') {
-        ++i;
-        continue;
-      }
-      size_t j = i;
-      while (j < line.size() && line[j] != ' ' && line[j] != '\t')
-        ++j;
-      std::string token = line.substr(i, j - i);
-      ++column;
-      errno = 0;
-      char *endp = nullptr;
-      long long value = std::strtoll(token.c_str(), &endp, 10);
-      std::string where = name + ":" + std::to_string(lineNo) + ": token " + std::to_string(column);
-      if (*endp || errno == ERANGE || token.empty())
-        throw InputError(where + " '" + token + "' is not an integer token id");
-      if (value < 0 || value >= spec.dims.vocab)
-        throw InputError(where + " (id " + token + ") is outside the vocabulary [0, " +
-                         std::to_string(spec.dims.vocab) + ")");
-      ids.push_back(int32_t(value));
-      i = j;
-    }
+    std::vector<int32_t> ids = lmcc::train::parseIdLine(line, name + ":" + std::to_string(lineNo), spec.dims.vocab);
     if (ids.empty())
       throw InputError(name + ":" + std::to_string(lineNo) + ": empty line (every line must hold one sentence)");
     if (int64_t(ids.size()) > spec.dims.maxLen)
@@ -244,6 +221,7 @@ struct Options {
   bool train = false;
   std::string batch, batches, resume;
   int64_t steps = 0;
+  lmcc::cli::TrainRunOptions run; // lmcc train --data
 };
 
 int runCheck(const Options &o) {
@@ -527,6 +505,8 @@ int runGrad(Options o) {
 int runTrainBatches(Options o) {
   lmcc::ModelSpec spec = lmcc::loadSpec(o.spec);
   checkTrainable(spec);
+  if (o.batches.empty())
+    throw InputError("lmcc train needs --data FILE (a corpus) or --batches FILE (explicit batches)");
   std::vector<TrainBatch> batches = readBatches(o.batches, spec);
   if (o.output.empty())
     throw InputError("lmcc train needs -o DIR");
@@ -575,6 +555,48 @@ int runTrainBatches(Options o) {
       lm_rt_trainer_save(trainer, (fs::path(o.output) / "trainer.safetensors").c_str()) != LM_OK)
     throw InputError(lm_last_error());
   return kExitOk;
+}
+
+/// `lmcc train --data`: the corpus workflow of tools/lmcc/TrainRun.cpp.
+int runTrainData(Options o, bool resumeGiven) {
+  lmcc::ModelSpec spec = lmcc::loadSpec(o.spec);
+  checkTrainable(spec);
+  lmcc::cli::TrainRunOptions &r = o.run;
+  if (!o.batches.empty())
+    throw InputError("--data and --batches: give one (a corpus, or explicit batches)");
+  if (o.output.empty() && !o.resume.empty())
+    o.output = o.resume;
+  if (o.output.empty())
+    throw InputError("lmcc train --data needs -o RUN_DIR");
+  if (!o.resume.empty() && fs::path(o.resume) != fs::path(o.output))
+    throw InputError("--resume " + o.resume + " and -o " + o.output + " name different run directories");
+  r.runDir = o.output, r.weights = o.weights, r.resume = resumeGiven, r.steps = o.steps, r.threads = o.threads;
+  std::optional<lmcc::Tokenizer> tok;
+  lmcc::cli::TrainRunHooks hooks;
+  if (r.ids) {
+    hooks.encode = [vocab = spec.dims.vocab](std::string_view line, const std::string &where) {
+      return lmcc::train::parseIdLine(line, where, vocab);
+    };
+  } else {
+    tok.emplace(loadTokenizer(spec));
+    hooks.encode = [&tok](std::string_view line, const std::string &where) {
+      try {
+        return tok->encodeSentence(line, where);
+      } catch (const lmcc::TokenizerError &e) {
+        throw lmcc::train::CorpusError(e.what());
+      }
+    };
+  }
+  o.train = true;
+  std::unique_ptr<CompiledModel> model;
+  hooks.load = [&](const std::string &weights) {
+    model = std::make_unique<CompiledModel>(spec, o, weights);
+    return model->model;
+  };
+  hooks.writeInitWeights = [&](const std::string &path) {
+    lmcc::writeSafetensors(path, lmcc::initWeights(spec, uint64_t(spec.train.seed)));
+  };
+  return lmcc::cli::runTrainCorpus(spec, r, hooks);
 }
 
 struct Padded {
@@ -1082,17 +1104,54 @@ int main(int argc, char **argv) {
   addThreads(grad);
   addPipelineFlags(grad);
 
-  auto *train = app.add_subcommand("train", "optimizer steps on explicit batches: one JSON line per step");
-  train->add_option("SPEC", o.spec, "model spec (TOML; optimizer settings from [train])")->required();
-  train->add_option("--weights", o.weights, "initial weights (safetensors)");
-  train->add_option("--batches", o.batches, "one batch object per line, cycled")->required();
-  train->add_option("-o,--output", o.output, "output directory: weights.safetensors, trainer.safetensors")
-      ->required();
-  train->add_option("--steps", o.steps, "steps to run (default: one per line of the batches file)")
+  auto *train = app.add_subcommand(
+      "train", "train on a corpus (--data: progress, validation, checkpoints, --resume) or on explicit batches "
+               "(--batches: one JSON line per step)");
+  train->add_option("SPEC", o.spec, "model spec (TOML; optimizer and objective from [train])")->required();
+  auto *dataOpt = train->add_option("--data", o.run.data,
+                                    "corpus: one sentence a line, text (the spec's [tokenizer]) or ids (--ids)");
+  train->add_option("--batches", o.batches, "explicit batches: one {\"inputs\",\"targets\"} object per line, cycled")
+      ->excludes(dataOpt);
+  train->add_option("--weights", o.weights, "initial weights (safetensors); --data default: seeded from [train] seed");
+  train->add_option("-o,--output", o.output,
+                    "--data: the run directory; --batches: output directory (weights.safetensors, trainer.safetensors)");
+  train->add_option("--steps", o.steps,
+                    "steps (--data default: [train] steps, and the schedule's total; --batches default: one per line)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
-  train->add_option("--resume", o.resume, "continue from a directory written by lmcc train");
+  train->add_option("--resume", o.resume,
+                    "--data: continue the run in -o from its newest complete checkpoint (a flag); --batches: the "
+                    "directory to continue from")
+      ->expected(0, 1);
+  train->add_option("--valid", o.run.valid, "validation corpus (default: a deterministic 1%, at least 100 lines, held out)")
+      ->needs(dataOpt);
+  train->add_flag("--ids", o.run.ids, "the corpora hold token ids, not text")->needs(dataOpt);
+  train->add_flag("--drop-long", o.run.dropLong, "skip lines longer than max_len instead of truncating them")
+      ->needs(dataOpt);
+  train->add_option("--batch-tokens", o.run.batchTokens, "padded tokens per batch at most")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 40))
+      ->capture_default_str()
+      ->needs(dataOpt);
+  train->add_option("--log-every", o.run.logEvery, "steps between log points (log.jsonl; plain lines off a terminal)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 40))
+      ->capture_default_str()
+      ->needs(dataOpt);
+  train->add_option("--valid-every", o.run.validEvery, "steps between validations (0: only at the end)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 40))
+      ->capture_default_str()
+      ->needs(dataOpt);
+  train->add_option("--checkpoint-every", o.run.checkpointEvery, "steps between checkpoints (0: only at the end)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 40))
+      ->capture_default_str()
+      ->needs(dataOpt);
+  train->add_option("--keep", o.run.keep, "checkpoints kept (the newest)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 40))
+      ->capture_default_str()
+      ->needs(dataOpt);
   addThreads(train);
   addPipelineFlags(train);
+
+  auto *plot = app.add_subcommand("plot", "redraw RUN_DIR/loss.png from RUN_DIR/log.jsonl");
+  plot->add_option("RUN_DIR", o.output, "a run directory of lmcc train --data")->required();
 
   auto *tokenize = app.add_subcommand("tokenize", "tokenize text with the spec's [tokenizer]: ids, one sentence a line");
   tokenize->add_option("SPEC", o.spec, "model spec (TOML) with a [tokenizer] table")->required();
@@ -1152,8 +1211,14 @@ int main(int argc, char **argv) {
       return runCompile(o);
     if (*grad)
       return runGrad(o);
+    if (*train && !o.run.data.empty())
+      return runTrainData(o, train->count("--resume") > 0);
     if (*train)
       return runTrainBatches(o);
+    if (*plot) {
+      lmcc::cli::plotRun(o.output);
+      return kExitOk;
+    }
     if (*tokenize)
       return runTokenize(o);
     if (*importHf)
@@ -1168,6 +1233,10 @@ int main(int argc, char **argv) {
   } catch (const InputError &e) {
     std::cerr << "error: " << e.what() << "\n";
   } catch (const std::invalid_argument &e) {
+    std::cerr << "error: " << e.what() << "\n";
+  } catch (const lmcc::train::CorpusError &e) {
+    std::cerr << "error: " << e.what() << "\n";
+  } catch (const lmcc::cli::RunError &e) {
     std::cerr << "error: " << e.what() << "\n";
   } catch (const std::exception &e) {
     std::cerr << "lmcc: internal error: " << e.what() << "\n";
