@@ -121,8 +121,9 @@ private:
   int fd_ = -1;
 };
 
-/// Test-only fault injection (LMCC_TRAIN_KILL_AT="step:K" or "checkpoint:K"): SIGKILL ourselves
-/// after step K, or in the middle of writing checkpoint K (after its weights, before the rename).
+/// Test-only fault injection (LMCC_TRAIN_KILL_AT="step:K", "checkpoint:K" or "term:K"): SIGKILL
+/// ourselves after step K or in the middle of writing checkpoint K (after its weights, before the
+/// rename), or SIGTERM ourselves after step K.
 struct KillPoint {
   std::string where;
   int64_t step = -1;
@@ -137,8 +138,12 @@ struct KillPoint {
     }
   }
   void at(const char *point, int64_t s) const {
-    if (step == s && where == point)
+    if (step != s)
+      return;
+    if (where == point)
       ::raise(SIGKILL);
+    if (where == "term" && std::string(point) == "step")
+      ::raise(SIGTERM);
   }
 };
 
@@ -233,6 +238,12 @@ private:
   void writeCheckpoint(int64_t step);
   void pruneCheckpoints();
   void trimLog(int64_t step);
+  /// Ends a progress line redrawn in place (terminal only).
+  void endLine() {
+    if (lineOpen_)
+      std::fprintf(stderr, "\n");
+    lineOpen_ = false;
+  }
   double elapsed() const {
     return secondsBefore_ +
            std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
@@ -256,7 +267,8 @@ private:
   std::deque<float> window_;
   double lastLr_ = 0, lastNorm_ = 0, tokens_ = 0, tokensAtLog_ = 0, secondsAtLog_ = 0, secondsBefore_ = 0;
   std::optional<double> validLoss_;
-  std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now(), lastDraw_;
+  bool lineOpen_ = false;
 };
 
 void Run::loadData() {
@@ -332,6 +344,10 @@ void Run::validate(int64_t step) {
 void Run::progress(int64_t step, bool force) {
   if (!tty_ && !force)
     return;
+  const auto now = std::chrono::steady_clock::now();
+  if (!force && now - lastDraw_ < std::chrono::milliseconds(100)) // redrawn at most 10 times a second
+    return;
+  lastDraw_ = now;
   double mean = 0;
   for (float l : window_)
     mean += l;
@@ -349,6 +365,7 @@ void Run::progress(int64_t step, bool force) {
     std::fprintf(stderr, "\r%s\x1b[K", line);
   else
     std::fprintf(stderr, "%s\n", line);
+  lineOpen_ = tty_;
   std::fflush(stderr);
 }
 
@@ -372,13 +389,11 @@ void Run::logPoint(int64_t step, bool validated) {
     if (!log)
       throw RunError((dir_ / "log.jsonl").string() + ": write failed");
   }
-  if (!tty_ || validated) {
-    if (tty_)
-      std::fprintf(stderr, "\r\x1b[K");
-    progress(step, /*force=*/true);
-    if (validated)
-      std::fprintf(stderr, "  valid loss %.4f  ppl %.2f (%s)\n", *validLoss_, std::exp(*validLoss_),
-                   validName_.c_str());
+  progress(step, /*force=*/true);
+  if (validated) {
+    endLine();
+    std::fprintf(stderr, "  valid loss %.4f  ppl %.2f (%s)\n", *validLoss_, std::exp(*validLoss_),
+                 validName_.c_str());
   }
   window_.clear();
   tokensAtLog_ = tokens_;
@@ -471,17 +486,18 @@ int Run::run() {
       fs::remove_all(entry.path(), ec);
 
   std::optional<Checkpoint> from;
-  if (o_.resume) {
-    if (!fs::exists(dir_ / "run.json"))
-      throw RunError((dir_ / "run.json").string() + ": not found (--resume needs a run directory of lmcc train --data)");
+  if (o_.resume && fs::exists(dir_ / "run.json")) {
     checkRecord();
     from = newestCheckpoint(dir_);
   } else {
+    // A fresh run; with --resume, one killed before it wrote run.json (nothing else can be there).
     for (const auto &entry : fs::directory_iterator(dir_)) {
       const std::string name = entry.path().filename().string();
-      if (name != "lock")
-        throw RunError(o_.runDir + ": not empty (holds " + name +
-                       "); continue that run with --resume, or train into a new directory");
+      if (name != "lock" && name.rfind(".init-", 0) != 0)
+        throw RunError(o_.runDir + ": " +
+                       (o_.resume ? "holds " + name + " but no run.json: not a run directory of lmcc train --data"
+                                  : "not empty (holds " + name +
+                                        "); continue that run with --resume, or train into a new directory"));
     }
     writeAtomically(dir_ / "run.json", record().dump(1) + "\n");
   }
@@ -568,8 +584,7 @@ int Run::run() {
       checkpointed = true;
     }
   }
-  if (tty_)
-    std::fprintf(stderr, "\n");
+  endLine();
   if (stopSignal.load()) {
     if (!checkpointed)
       writeCheckpoint(step);
