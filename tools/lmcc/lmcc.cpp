@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -211,7 +212,7 @@ void appendNumber(std::string &out, double v, const char *what, size_t line) {
 struct Options {
   std::string spec, weights, ids = "-", output, from, input, cpu, dumpIR, gemm = "generated", text, corpus;
   bool json = false, reference = false, embedWeights = false, staticArchive = false, naive = false, stats = false;
-  bool tokens = false, truncate = false, lowercase = false;
+  bool tokens = false, truncate = false, lowercase = false, timing = false;
   std::string name;
   int64_t vocabSize = 0;
   std::map<std::string, bool> noPass; // pass flag -> --no-<pass> given
@@ -621,9 +622,15 @@ std::vector<lmcc::reference::ScoreResult> compiledScore(const lmcc::ModelSpec &s
   std::vector<float> lp(size_t(batch) * p.stride), scores(batch);
   std::vector<int32_t> nScored(batch);
   lm_set_num_threads(o.threads);
+  const auto start = std::chrono::steady_clock::now();
   if (batch && lm_rt_score_ex(m.model, p.ids.data(), p.lengths.data(), batch, p.stride, lp.data(), scores.data(),
                               nScored.data()) != LM_OK)
     throw std::runtime_error(lm_last_error());
+  if (o.timing) {
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    std::fprintf(stderr, "timing: %d sentences in %.2f ms (%.3f ms per sentence, %d threads; the compiled call alone)\n",
+                 batch, ms, ms / std::max(1, batch), o.threads);
+  }
   std::vector<lmcc::reference::ScoreResult> results(batch);
   for (int32_t b = 0; b < batch; ++b) {
     results[b].tokenLogprobs.assign(lp.begin() + size_t(b) * p.stride, lp.begin() + size_t(b) * p.stride + p.lengths[b]);
@@ -1185,8 +1192,11 @@ int main(int argc, char **argv) {
         ->excludes(idsOpt);
     runners[k]->add_flag("--tokens", o.tokens, "add a \"tokens\" field: the pieces (with --text)");
     runners[k]->add_flag("--truncate", o.truncate, "cut sentences longer than max_len (bos, pieces, eos)");
-    runners[k]->add_flag("--reference", o.reference,
-                         "run the reference executor (the numeric oracle) instead of compiled code");
+    auto *referenceFlag = runners[k]->add_flag("--reference", o.reference,
+                                               "run the reference executor (the numeric oracle) instead of compiled code");
+    if (k == 0)
+      runners[k]->add_flag("--timing", o.timing, "print the compiled scoring call's wall time to stderr")
+          ->excludes(referenceFlag);
     addThreads(runners[k]);
     addPipelineFlags(runners[k]);
   }
