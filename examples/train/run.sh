@@ -28,7 +28,7 @@ else
 fi
 cp "$root/examples/train/tta_kjv.toml" "$work/"
 "$bin/lmcc" train "$work/tta_kjv.toml" --data "$work/kjv.txt" -o "$work/run" --resume --threads "$(nproc)" \
-  --batch-tokens 2048 --log-every 25 --valid-every 100 --checkpoint-every 100 "$@"
+  --batch-tokens 1024 --log-every 25 --valid-every 100 --checkpoint-every 100 "$@"
 
 printf '%s\n' "and the lord spake unto moses , saying" "unto and saying the spake , lord moses" > "$work/two.txt"
 "$bin/lmcc" score "$work/tta_kjv.toml" --weights "$work/run/final/weights.safetensors" --text "$work/two.txt" \

@@ -74,6 +74,19 @@ void writeAtomically(const fs::path &path, const std::string &text) {
   }
 }
 
+/// Appends a whole line with one write(2) on an O_APPEND descriptor: a killed process leaves the line
+/// entirely or not at all.
+void appendLine(const fs::path &path, const std::string &line) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0)
+    throw RunError(path.string() + ": cannot open: " + std::strerror(errno));
+  const ssize_t n = ::write(fd, line.data(), line.size());
+  const int err = errno;
+  ::close(fd);
+  if (n != static_cast<ssize_t>(line.size()))
+    throw RunError(path.string() + ": write failed: " + (n < 0 ? std::strerror(err) : "short write"));
+}
+
 void check(int status, const std::string &what) {
   if (status != LM_OK)
     throw RunError(what + ": " + lm_rt_last_error());
@@ -383,12 +396,7 @@ void Run::logPoint(int64_t step, bool validated) {
   if (validated)
     line += ",\"valid_loss\":" + number(*validLoss_) + ",\"valid_ppl\":" + number(std::exp(*validLoss_));
   line += "}\n";
-  {
-    std::ofstream log(dir_ / "log.jsonl", std::ios::app | std::ios::binary);
-    log << line;
-    if (!log)
-      throw RunError((dir_ / "log.jsonl").string() + ": write failed");
-  }
+  appendLine(dir_ / "log.jsonl", line);
   progress(step, /*force=*/true);
   if (validated) {
     endLine();

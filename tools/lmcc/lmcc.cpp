@@ -313,6 +313,14 @@ std::string cachedLibrary(const lmcc::ModelSpec &spec, const Options &o) {
   fs::path lib = dir / ("lib" + spec.name + ".so");
   if (fs::exists(lib))
     return lib.string();
+  if (!options.train) { // a library compiled with --train (after lmcc train) scores and embeds the same way
+    lmcc::driver::LibraryOptions trained = options;
+    trained.train = true;
+    fs::path alt = cache / (spec.name + "-" + lmcc::specHash(spec) + "-" + pipelineTag(trained) + "-" + stamp) /
+                   ("lib" + spec.name + ".so");
+    if (fs::exists(alt))
+      return alt.string();
+  }
   // Compile into a private directory, then move it into place (concurrent lmcc runs are safe).
   fs::path tmp = cache / (".tmp-" + spec.name + "-" + std::to_string(::getpid()));
   options.outputDir = tmp.string();
