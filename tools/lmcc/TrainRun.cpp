@@ -489,9 +489,16 @@ int Run::run() {
   if (ec || !fs::is_directory(dir_))
     throw RunError(o_.runDir + ": cannot create the run directory" + (ec ? ": " + ec.message() : std::string()));
   RunLock lock(dir_);
-  for (const auto &entry : fs::directory_iterator(dir_)) // temporaries of a run that died
-    if (entry.path().filename().string().rfind(".checkpoint-", 0) == 0)
-      fs::remove_all(entry.path(), ec);
+  std::vector<fs::path> stale; // temporaries of a run that died
+  for (const fs::path &d : {dir_, dir_ / "final"})
+    if (fs::is_directory(d))
+      for (const auto &entry : fs::directory_iterator(d)) {
+        const std::string name = entry.path().filename().string();
+        if (name.find(".tmp-") != std::string::npos || name.rfind(".init-", 0) == 0)
+          stale.push_back(entry.path());
+      }
+  for (const fs::path &p : stale)
+    fs::remove_all(p, ec);
 
   std::optional<Checkpoint> from;
   if (o_.resume && fs::exists(dir_ / "run.json")) {
@@ -501,7 +508,7 @@ int Run::run() {
     // A fresh run; with --resume, one killed before it wrote run.json (nothing else can be there).
     for (const auto &entry : fs::directory_iterator(dir_)) {
       const std::string name = entry.path().filename().string();
-      if (name != "lock" && name.rfind(".init-", 0) != 0)
+      if (name != "lock")
         throw RunError(o_.runDir + ": " +
                        (o_.resume ? "holds " + name + " but no run.json: not a run directory of lmcc train --data"
                                   : "not empty (holds " + name +
