@@ -10,6 +10,9 @@
 #include "llvm/ADT/SmallVector.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
 
 using namespace mlir;
 
@@ -22,6 +25,15 @@ namespace {
 struct Sizes {
   int64_t batch, n;
 };
+
+/// Counts are computed in 128 bits (a huge spec cannot wrap them) and narrowed with a check at the end.
+using Wide = __int128;
+
+int64_t narrow(Wide v, const char *what) {
+  if (v < 0 || v > Wide(INT64_MAX))
+    throw std::overflow_error(std::string(what) + " exceed 2^63 - 1: the spec is too large to count");
+  return static_cast<int64_t>(v);
+}
 
 /// The shape of `type` with the first dynamic dim = the batch and every further one = n.
 SmallVector<int64_t> resolvedShape(Type type, Sizes z) {
@@ -41,25 +53,25 @@ SmallVector<int64_t> resolvedShape(Type type, Sizes z) {
   return shape;
 }
 
-int64_t product(ArrayRef<int64_t> dims) {
-  int64_t p = 1;
+Wide product(ArrayRef<int64_t> dims) {
+  Wide p = 1;
   for (int64_t d : dims)
     p *= d;
   return p;
 }
 
 /// Product of every dim but the last (the rows of a map over the last axis).
-int64_t rows(Value v, Sizes z) {
+Wide rows(Value v, Sizes z) {
   SmallVector<int64_t> s = resolvedShape(v.getType(), z);
   return s.empty() ? 0 : product(ArrayRef<int64_t>(s).drop_back());
 }
 
-int64_t lastDim(Value v, Sizes z) {
+Wide lastDim(Value v, Sizes z) {
   SmallVector<int64_t> s = resolvedShape(v.getType(), z);
   return s.empty() ? 0 : s.back();
 }
 
-int64_t elements(Value v, Sizes z) { return product(resolvedShape(v.getType(), z)); }
+Wide elements(Value v, Sizes z) { return product(resolvedShape(v.getType(), z)); }
 
 /// lm.masked_batch (lm-batch-mask-predict's rewrite of lm.mask_and_predict), matched by
 /// name: its body runs once, over n copies of the sentence.
@@ -69,7 +81,7 @@ bool isMaskedBatch(Operation *op) { return op->getName().getStringRef() == "lm.m
 Sizes regionSizes(Operation *op, Sizes z) { return isMaskedBatch(op) ? Sizes{z.n, z.n} : z; }
 
 /// FLOPs of `op` itself, not of its regions.
-int64_t ownFlops(Operation *op, Sizes z) {
+Wide ownFlops(Operation *op, Sizes z) {
   if (auto linear = llvm::dyn_cast<lm::LinearOp>(op)) {
     auto w = linear.getWeight().getType(); // [out, in]
     return 2 * rows(linear.getInput(), z) * w.getDimSize(1) * w.getDimSize(0);
@@ -86,10 +98,10 @@ int64_t ownFlops(Operation *op, Sizes z) {
     // full products are counted even when the mask would let a lowering skip the
     // invisible keys (causal/diagonal): the count is of the op's meaning, not of a
     // particular lowering, so it is invariant under lm-fuse-attention.
-    int64_t bn = rows(attn.getQuery(), z);                      // B * N
-    int64_t m = resolvedShape(attn.getKey().getType(), z)[1]; // M
-    int64_t d = lastDim(attn.getQuery(), z);                    // D = H * dh
-    int64_t products = attn.getRelKey() ? 4 : 2;
+    Wide bn = rows(attn.getQuery(), z);                      // B * N
+    Wide m = resolvedShape(attn.getKey().getType(), z)[1]; // M
+    Wide d = lastDim(attn.getQuery(), z);                    // D = H * dh
+    Wide products = attn.getRelKey() ? 4 : 2;
     return products * 2 * bn * m * d;
   }
   if (auto tl = llvm::dyn_cast<lm::TokenLogprobOp>(op)) {
@@ -112,7 +124,7 @@ int64_t ownFlops(Operation *op, Sizes z) {
   if (auto g = llvm::dyn_cast<lm::AttentionGradOp>(op)) {
     // Q K^T and P V recomputed, then dP = dO V^T, dQ = dS K, dK = dS^T Q, dV = P^T dO: three times the
     // forward's two products (the relative terms likewise).
-    int64_t bn = rows(g.getQuery(), z), m = resolvedShape(g.getKey().getType(), z)[1], d = lastDim(g.getQuery(), z);
+    Wide bn = rows(g.getQuery(), z), m = resolvedShape(g.getKey().getType(), z)[1], d = lastDim(g.getQuery(), z);
     return (g.getRelKey() ? 4 : 2) * 3 * 2 * bn * m * d;
   }
   if (auto g = llvm::dyn_cast<lm::RelativeScoresGradOp>(op)) // dq and drel: two products per score
@@ -122,19 +134,19 @@ int64_t ownFlops(Operation *op, Sizes z) {
   return 0;
 }
 
-int64_t byteSize(Type type, Sizes z) {
+Wide byteSize(Type type, Sizes z) {
   auto ranked = llvm::dyn_cast<RankedTensorType>(type);
   if (!ranked)
     return 0;
   Type elem = ranked.getElementType();
-  int64_t bytes = elem.isIntOrFloat() ? (int64_t(elem.getIntOrFloatBitWidth()) + 7) / 8 : 8;
+  Wide bytes = elem.isIntOrFloat() ? (int64_t(elem.getIntOrFloatBitWidth()) + 7) / 8 : 8;
   return bytes * product(resolvedShape(type, z));
 }
 
 /// Peak bytes of the temporaries of `block`, simulated in program order. `argsAreTemps`:
 /// the block's arguments are allocated by the enclosing op (a mask_and_predict body's
 /// masked ids) rather than given (a function's inputs).
-int64_t blockPeak(Block &block, Sizes z, bool argsAreTemps) {
+Wide blockPeak(Block &block, Sizes z, bool argsAreTemps) {
   llvm::DenseMap<Operation *, int64_t> index;
   int64_t count = 0;
   for (Operation &op : block)
@@ -156,18 +168,18 @@ int64_t blockPeak(Block &block, Sizes z, bool argsAreTemps) {
     return last;
   };
 
-  std::vector<int64_t> freedAfter(count, 0);
-  int64_t live = 0, unusedArgs = 0;
+  std::vector<Wide> freedAfter(count, 0);
+  Wide live = 0, unusedArgs = 0;
   if (argsAreTemps)
     for (BlockArgument arg : block.getArguments()) {
-      int64_t bytes = byteSize(arg.getType(), z);
+      Wide bytes = byteSize(arg.getType(), z);
       int64_t last = lastUse(arg);
       if (last >= 0)
         live += bytes, freedAfter[last] += bytes;
       else
         unusedArgs += bytes; // allocated, then dropped before the first op
     }
-  int64_t peak = live + unusedArgs;
+  Wide peak = live + unusedArgs;
 
   for (Operation &op : block) {
     int64_t i = index[&op];
@@ -180,7 +192,7 @@ int64_t blockPeak(Block &block, Sizes z, bool argsAreTemps) {
       for (Value result : op.getResults()) {
         if (outputs.contains(result))
           continue;
-        int64_t bytes = byteSize(result.getType(), z);
+        Wide bytes = byteSize(result.getType(), z);
         live += bytes;
         freedAfter[std::max(lastUse(result), i)] += bytes; // unused results die at once
       }
@@ -188,7 +200,7 @@ int64_t blockPeak(Block &block, Sizes z, bool argsAreTemps) {
     // (its own results included). A mask_and_predict body runs n times, one after the
     // other, so its peak is that of one iteration; a masked_batch body runs once on
     // all n copies.
-    int64_t nested = 0;
+    Wide nested = 0;
     for (Region &region : op.getRegions())
       for (Block &inner : region)
         nested = std::max(nested, blockPeak(inner, regionSizes(&op, z), /*argsAreTemps=*/true));
@@ -198,8 +210,8 @@ int64_t blockPeak(Block &block, Sizes z, bool argsAreTemps) {
   return peak;
 }
 
-int64_t flopsIn(Operation *op, Sizes z) {
-  int64_t nested = 0;
+Wide flopsIn(Operation *op, Sizes z) {
+  Wide nested = 0;
   for (Region &region : op->getRegions())
     for (Block &block : region)
       for (Operation &inner : block)
@@ -213,18 +225,18 @@ int64_t flopsIn(Operation *op, Sizes z) {
 
 } // namespace
 
-int64_t tensorBytes(Type type, int64_t n) { return byteSize(type, Sizes{1, n}); }
+int64_t tensorBytes(Type type, int64_t n) { return narrow(byteSize(type, Sizes{1, n}), "bytes"); }
 
-int64_t opFlops(Operation *op, int64_t n) { return flopsIn(op, Sizes{1, n}); }
+int64_t opFlops(Operation *op, int64_t n) { return narrow(flopsIn(op, Sizes{1, n}), "FLOPs"); }
 
 std::vector<EntryStats> countStats(ModuleOp lmModule, int64_t n) {
   std::vector<EntryStats> stats;
   for (auto fn : lmModule.getOps<func::FuncOp>()) {
     EntryStats s{fn.getName().str(), 0, 0};
     if (!fn.isExternal()) {
-      s.flops = flopsIn(fn, Sizes{1, n});
+      s.flops = narrow(flopsIn(fn, Sizes{1, n}), "FLOPs");
       for (Block &block : fn.getBody())
-        s.tempBytes = std::max(s.tempBytes, blockPeak(block, Sizes{1, n}, /*argsAreTemps=*/false));
+        s.tempBytes = std::max(s.tempBytes, narrow(blockPeak(block, Sizes{1, n}, /*argsAreTemps=*/false), "bytes"));
     }
     stats.push_back(std::move(s));
   }

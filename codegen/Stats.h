@@ -48,6 +48,7 @@ struct EntryStats {
 /// temporaries (its masked-ids argument included) live for one iteration: at
 /// that op the peak is what is live outside + the op's own result + the body's
 /// peak (an lm.masked_batch body: all n copies at once).
+/// Throws std::overflow_error when a count exceeds 2^63 - 1 (counted in 128 bits, never wrapped).
 std::vector<EntryStats> countStats(mlir::ModuleOp lmModule, int64_t n);
 
 /// Bytes of a tensor type with B = 1 and every further dynamic dim = n (0 for a

@@ -11,6 +11,7 @@
  */
 #include "example_model.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,7 +56,14 @@ int main(int argc, char **argv) {
                 (int)stride);
         return 1;
       }
-      ids[(size_t)batch * stride + n++] = (int32_t)strtol(token, NULL, 10);
+      char *end = NULL;
+      errno = 0;
+      const long id = strtol(token, &end, 10);
+      if (*end || errno == ERANGE || id < INT32_MIN || id > INT32_MAX) {
+        fprintf(stderr, "%s: sentence %d: '%s' is not a token id\n", argv[2], batch + 1, token);
+        return 1;
+      }
+      ids[(size_t)batch * stride + n++] = (int32_t)id; /* the library checks the range [0, vocab) */
     }
     lengths[batch++] = n;
   }

@@ -27,6 +27,10 @@ int main(int argc, char **argv) {
     std::vector<int32_t> ids;
     for (int32_t id; tokens >> id;)
       ids.push_back(id);
+    if (!tokens.eof()) { // stopped at something that is not an int32
+      std::cerr << argv[2] << ": sentence " << sentences.size() + 1 << ": not a list of token ids: " << line << "\n";
+      return 1;
+    }
     if (!ids.empty())
       sentences.push_back(ids);
   }

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <toml++/toml.h>
 
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +20,8 @@
 #include <tuple>
 #include <set>
 #include <sstream>
+
+#include <unistd.h>
 
 namespace lmcc {
 namespace {
@@ -208,6 +211,56 @@ bool isCIdentifier(const std::string &s) {
 }
 
 
+/// Why `name` cannot name a library, a header and C symbols, or "" when it can: it would collide with the
+/// runtime (liblmrt, the lm_ functions), a C/C++ keyword, a standard or POSIX header that DIR/<name>.h would
+/// shadow, a predefined macro, or main.
+std::string reservedNameReason(const std::string &name) {
+  static const std::set<std::string> keywords = {
+      "alignas", "alignof", "and", "and_eq", "asm", "auto", "bitand", "bitor", "bool", "break", "case", "catch",
+      "char", "char8_t", "char16_t", "char32_t", "class", "compl", "concept", "const", "consteval", "constexpr",
+      "constinit", "const_cast", "continue", "co_await", "co_return", "co_yield", "decltype", "default", "delete",
+      "do", "double", "dynamic_cast", "else", "enum", "explicit", "export", "extern", "false", "float", "for",
+      "friend", "goto", "if", "inline", "int", "long", "mutable", "namespace", "new", "noexcept", "not", "not_eq",
+      "nullptr", "operator", "or", "or_eq", "private", "protected", "public", "register", "reinterpret_cast",
+      "requires", "restrict", "return", "short", "signed", "sizeof", "static", "static_assert", "static_cast",
+      "struct", "switch", "template", "this", "thread_local", "throw", "true", "try", "typedef", "typeid",
+      "typename", "union", "unsigned", "using", "virtual", "void", "volatile", "wchar_t", "while", "xor", "xor_eq",
+      "_Alignas", "_Alignof", "_Atomic", "_Bool", "_Complex", "_Generic", "_Imaginary", "_Noreturn",
+      "_Static_assert", "_Thread_local"};
+  static const std::set<std::string> headers = {
+      // C17 and POSIX headers an application including DIR/<name>.h with -I DIR may also include.
+      "assert", "complex", "ctype", "errno", "fenv", "float", "inttypes", "iso646", "limits", "locale", "math",
+      "setjmp", "signal", "stdalign", "stdarg", "stdatomic", "stdbool", "stddef", "stdint", "stdio", "stdlib",
+      "stdnoreturn", "string", "tgmath", "threads", "time", "uchar", "wchar", "wctype", "unistd", "fcntl", "dlfcn",
+      "pthread", "sched", "semaphore", "strings", "dirent", "poll", "termios", "syslog", "regex", "glob", "pwd",
+      "grp", "utime", "alloca", "malloc", "endian"};
+  static const std::set<std::string> macros = {"linux", "unix", "i386", "i686", "x86_64", "amd64", "errno",
+                                               "assert", "NULL", "EOF", "BUFSIZ", "main", "stdin", "stdout",
+                                               "stderr", "environ", "LM_API", "LM_ABI_VERSION"};
+  if (name == "lmrt" || name.rfind("lm_", 0) == 0 || name.rfind("lmrt_", 0) == 0)
+    return "collides with the runtime (liblmrt.so, the lm_ and lmrt_ functions)";
+  if (keywords.count(name))
+    return "is a C or C++ keyword";
+  if (headers.count(name))
+    return "would name a header <" + name + ".h> that shadows the standard or system header of that name";
+  if (macros.count(name))
+    return "is a predefined macro or a name the C runtime defines";
+  if (name.size() >= 2 && name[0] == '_' && (std::isupper((unsigned char)name[1]) || name[1] == '_'))
+    return "is reserved to the C implementation (leading underscore and a capital, or two underscores)";
+  if (name.size() > 64)
+    return "is longer than 64 characters";
+  return "";
+}
+
+/// Bytes of the fp32 weights (embeddings, every layer, the head) of a spec, in double to stay exact enough
+/// for any size; the same count `lmcc check` compares with the machine's memory.
+double weightBytes(const ModelSpec &s) {
+  const double d = double(s.dims.dModel), ff = double(s.dims.dFF), L = double(s.dims.layers);
+  const double layer = 4 * d * d + 4 * d + 2 * d * ff + d + ff + 4 * d;
+  return 4 * (double(s.dims.vocab) * d + double(s.dims.maxLen) * d + L * layer + d * d + 4 * d +
+              double(s.dims.vocab));
+}
+
 void validate(const ModelSpec &s, const Positions &pos, const Reader &r) {
   auto where = [&](const std::string &field) { return pos.of(field, r.path); };
   auto fail = [&](const std::string &field, const std::string &what) { r.fail(where(field), field, what); };
@@ -215,12 +268,34 @@ void validate(const ModelSpec &s, const Positions &pos, const Reader &r) {
   if (!isCIdentifier(s.name))
     fail("name", "\"" + s.name + "\" is not a C identifier (letters, digits and '_', not starting with a digit); "
                  "the library and header are named after it");
+  if (std::string why = reservedNameReason(s.name); !why.empty())
+    fail("name", "\"" + s.name + "\" " + why + "; the library, header and C symbols are named after it");
   const std::pair<const char *, int64_t> dims[] = {{"dims.vocab", s.dims.vocab},   {"dims.max_len", s.dims.maxLen},
                                                    {"dims.d_model", s.dims.dModel}, {"dims.heads", s.dims.heads},
                                                    {"dims.d_ff", s.dims.dFF},       {"dims.layers", s.dims.layers}};
   for (auto [field, value] : dims)
     if (value < 1 || value > (int64_t(1) << 31))
       fail(field, "must be a positive integer below 2^31, got " + std::to_string(value));
+  // Sizes lmcc can build: the IR has ops per layer and the kernels index with 32-bit lengths.
+  if (s.dims.layers > 1024)
+    fail("dims.layers", "at most 1024 layers, got " + std::to_string(s.dims.layers));
+  if (s.dims.maxLen > 65536)
+    fail("dims.max_len", "at most 65536 positions, got " + std::to_string(s.dims.maxLen));
+  if (s.dims.dModel > 65536 || s.dims.dFF > 1048576)
+    fail(s.dims.dModel > 65536 ? "dims.d_model" : "dims.d_ff",
+         "d_model at most 65536 and d_ff at most 1048576, got " + std::to_string(s.dims.dModel) + " and " +
+             std::to_string(s.dims.dFF));
+  {
+    const double bytes = weightBytes(s);
+    const long pages = ::sysconf(_SC_PHYS_PAGES), pageSize = ::sysconf(_SC_PAGE_SIZE);
+    const double memory = pages > 0 && pageSize > 0 ? double(pages) * double(pageSize) : 0;
+    if (memory > 0 && bytes > memory) {
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "the fp32 weights alone need %.3g GiB, more than this machine's %.3g GiB",
+                    bytes / double(1 << 30), memory / double(1 << 30));
+      fail("dims", buf);
+    }
+  }
   if (s.dims.maxLen < 2)
     fail("dims.max_len", "must be at least 2, got " + std::to_string(s.dims.maxLen));
   if (s.dims.dModel % s.dims.heads)

@@ -353,7 +353,8 @@ std::string generateHeader(const ModelFacts &spec, bool embedWeights) {
      << ".so finds liblmrt.so in its own directory).\n"
      << " * Conventions:\n"
      << " *  - Functions returning int return 0 on success, else a non-zero status (1 invalid argument,\n"
-     << " *    2 weights, 3 out of memory, 4 internal error) and lm_last_error() tells what went wrong.\n"
+     << " *    2 weights, 3 out of memory, 4 internal error, 5 a NaN or infinity in the results: the message\n"
+     << " *    names the entry point and the first bad batch row) and lm_last_error() tells what went wrong.\n"
      << " *  - Sentences are token ids (int32) in rows of a batch: see " << name << "_score.\n"
      << " *  - Thread safety: a loaded model is read-only, so calls on the same model or on different models\n"
      << " *    may run concurrently from any threads (only " << name

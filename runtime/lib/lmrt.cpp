@@ -91,6 +91,11 @@ struct Failure {
 };
 
 [[noreturn]] void argumentError(std::string message) { throw Failure{LM_ERR_ARGUMENT, std::move(message)}; }
+/// A generated entry point computed a NaN or infinity (weights with huge values, say): LM_ERR_NONFINITE.
+[[noreturn]] void nonFinite(const char *entry, int32_t row) {
+  throw Failure{LM_ERR_NONFINITE, std::string(entry) + ": non-finite result for batch row " + std::to_string(row) +
+                                      " (the outputs are not usable; check the weights for huge values)"};
+}
 [[noreturn]] void internalError(std::string message) {
   throw Failure{LM_ERR_INTERNAL, "internal error: " + std::move(message)};
 }
@@ -493,6 +498,13 @@ void scoreImpl(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t 
         nScored[b0 + r] = ws->nScored[static_cast<size_t>(r)];
     }
   });
+  for (int32_t b = 0; b < batch; ++b) {
+    bool finite = std::isfinite(scores[b]);
+    for (int32_t i = 0; tokenLogprobs && finite && i < lengths[b]; ++i)
+      finite = std::isfinite(tokenLogprobs[int64_t(b) * stride + i]);
+    if (!finite)
+      nonFinite("score", b);
+  }
 }
 
 void embedImpl(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride, float *out) {
@@ -512,6 +524,9 @@ void embedImpl(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t 
     lm_memref2f outRef = memref2(out + b0 * d->d_model, rows, d->d_model); // dense rows of the caller's buffer
     d->embed(&w, &idsRef, &lengthsRef, &outRef);
   });
+  for (int64_t i = 0; i < int64_t(batch) * d->d_model; ++i)
+    if (!std::isfinite(out[i]))
+      nonFinite("embed", int32_t(i / d->d_model));
 }
 
 } // namespace

@@ -39,7 +39,9 @@ enum {
   LM_ERR_ARGUMENT = 1, /* a bad argument: NULL pointer, batch/stride/length out of range, id outside the vocabulary */
   LM_ERR_WEIGHTS = 2,  /* the weights file is unreadable, malformed or does not match the model */
   LM_ERR_MEMORY = 3,   /* an allocation failed */
-  LM_ERR_INTERNAL = 4  /* anything else (a bug: please report) */
+  LM_ERR_INTERNAL = 4, /* anything else (a bug: please report) */
+  LM_ERR_NONFINITE = 5 /* the computation gave a NaN or infinity (e.g. weights with huge values): the message names
+                          the entry point and the first bad batch row; the outputs must not be used */
 };
 
 /* MLIR's C interface for ranked memrefs (llvm.emit_c_interface). */

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <numeric>
 #include <tuple>
@@ -29,8 +30,15 @@ std::vector<int32_t> parseIdLine(std::string_view line, const std::string &where
     char *end = nullptr;
     const long long value = std::strtoll(token.c_str(), &end, 10);
     const std::string at = where + ": token " + std::to_string(column);
-    if (end != token.c_str() + token.size() || errno == ERANGE) // also a NUL byte inside the token
-      throw CorpusError(at + " '" + token + "' is not an integer token id");
+    if (end != token.c_str() + token.size() || errno == ERANGE) { // also a NUL byte inside the token
+      std::string shown;                                          // control bytes shown as \xNN
+      for (unsigned char c : token.substr(0, 40)) {
+        char buf[8];
+        std::snprintf(buf, sizeof buf, "\\x%02x", c);
+        shown += c < 0x20 || c == 0x7f ? std::string(buf) : std::string(1, char(c));
+      }
+      throw CorpusError(at + " '" + shown + (token.size() > 40 ? "...'" : "'") + " is not an integer token id");
+    }
     if (value < 0 || value >= vocab)
       throw CorpusError(at + " (id " + token + ") is outside the vocabulary [0, " + std::to_string(vocab) + ")");
     ids.push_back(static_cast<int32_t>(value));

@@ -52,7 +52,7 @@ TEST(Corpus, ErrorsNameFileLineAndToken) {
   EXPECT_EQ(message("3 1 1\n\n3 x 1\n"), "c.txt:3: token 2 'x' is not an integer token id");
   EXPECT_EQ(message("3 50 1\n"), "c.txt:1: token 2 (id 50) is outside the vocabulary [0, 50)");
   EXPECT_EQ(message("3 -1 1\n"), "c.txt:1: token 2 (id -1) is outside the vocabulary [0, 50)");
-  EXPECT_EQ(message(std::string("3 4\0" "5 1\n", 8)), "c.txt:1: token 2 '4\0" "5' is not an integer token id");
+  EXPECT_EQ(message(std::string("3 4\0" "5 1\n", 8)), "c.txt:1: token 2 '4\\x005' is not an integer token id");
   EXPECT_EQ(message("3 99999999999999999999 1\n"),
             "c.txt:1: token 2 '99999999999999999999' is not an integer token id");
   // An encoder's ids are checked too.

@@ -38,36 +38,36 @@
 
 namespace {
 
-constexpr int kExitOk = 0, kExitInput = 1, kExitUsage = 2, kExitUnsupported = 3, kExitInternal = 4;
+constexpr int kExitOk = 0, kExitInput = 1, kExitUsage = 2, kExitUnsupported = 3, kExitInternal = 4,
+              kExitResource = 5;
 
-const char *kExitCodes = R"(Exit codes:
+const char *kExitCodes = R"(Exit codes (every command):
   0  success
-  1  invalid input: spec, weights, ids or output file (the message names the file and position, field or tensor)
-  2  invalid command line
+  1  invalid input or output: spec, weights, ids, text, corpus, or a file that cannot be written (the message
+     names the file and position, field or tensor); also non-finite results
+  2  invalid command line (unknown or missing options, options that exclude each other)
   3  not supported yet by this build, or compilation failed (the message says what)
-  4  internal error (please report))";
+  4  internal error (please report)
+  5  out of memory (the message says what was being allocated when it is known)
+  130 lmcc train stopped by SIGINT/SIGTERM after writing a checkpoint)";
 
 struct InputError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// A command line that parses but asks for something impossible (a missing -o, options that exclude each
+/// other): exit 2.
+struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
 /// Reads one sentence of token ids per line. A final newline does not start a
 /// line; empty lines, non-integers, ids outside [0, vocab) and lines longer than
 /// max_len are errors naming `source:line`.
+std::string readInput(const std::string &path, const char *what);
+
 std::vector<std::vector<int32_t>> readIds(const std::string &path, const lmcc::ModelSpec &spec) {
-  std::string text;
-  if (path == "-") {
-    std::stringstream ss;
-    ss << std::cin.rdbuf();
-    text = ss.str();
-  } else {
-    std::ifstream in(path, std::ios::binary);
-    if (!in)
-      throw InputError(path + ": cannot open the ids file");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    text = ss.str();
-  }
+  std::string text = readInput(path, "ids file");
   const std::string name = path == "-" ? "<stdin>" : path;
   std::vector<std::vector<int32_t>> sentences;
   size_t pos = 0;
@@ -131,17 +131,26 @@ lmcc::Tokenizer loadTokenizer(const lmcc::ModelSpec &spec) {
   return tok;
 }
 
+/// The whole contents of `path` ('-' = stdin); a directory, an unreadable file or a read error is an
+/// InputError naming the path.
 std::string readInput(const std::string &path, const char *what) {
   if (path == "-") {
     std::stringstream ss;
     ss << std::cin.rdbuf();
+    if (std::cin.bad())
+      throw InputError(std::string("<stdin>: read error (the ") + what + ")");
     return ss.str();
   }
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw InputError(path + ": is a directory, not the " + what);
   std::ifstream in(path, std::ios::binary);
   if (!in)
-    throw InputError(path + ": cannot open the " + what);
+    throw InputError(path + ": cannot open the " + what + ": " + std::strerror(errno));
   std::stringstream ss;
   ss << in.rdbuf();
+  if (in.bad())
+    throw InputError(path + ": read error (the " + what + ")");
   return ss.str();
 }
 
@@ -428,14 +437,7 @@ TrainBatch parseBatch(const nlohmann::json &j, const std::string &where, const l
   return b;
 }
 
-std::string readText(const std::string &path, const char *what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw InputError(path + ": cannot open the " + std::string(what));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+std::string readText(const std::string &path, const char *what) { return readInput(path, what); }
 
 nlohmann::json parseJson(const std::string &text, const std::string &where) {
   try {
@@ -472,7 +474,7 @@ int runGrad(Options o) {
   checkTrainable(spec);
   TrainBatch b = parseBatch(parseJson(readText(o.batch, "batch file"), o.batch), o.batch, spec);
   if (o.output.empty())
-    throw InputError("lmcc grad needs -o GRADS.safetensors");
+    throw UsageError("lmcc grad needs -o GRADS.safetensors");
   float loss = 0;
   lmcc::WeightSet out;
   if (o.reference) { // the Eigen oracle: runtime/reference's lossAndGrad
@@ -515,12 +517,12 @@ int runTrainBatches(Options o) {
   lmcc::ModelSpec spec = lmcc::loadSpec(o.spec);
   checkTrainable(spec);
   if (o.batches.empty())
-    throw InputError("lmcc train needs --data FILE (a corpus) or --batches FILE (explicit batches)");
+    throw UsageError("lmcc train needs --data FILE (a corpus) or --batches FILE (explicit batches)");
   std::vector<TrainBatch> batches = readBatches(o.batches, spec);
   if (o.output.empty())
-    throw InputError("lmcc train needs -o DIR");
+    throw UsageError("lmcc train needs -o DIR");
   if (o.weights.empty() && o.resume.empty())
-    throw InputError("lmcc train needs --weights W (initial weights) or --resume DIR");
+    throw UsageError("lmcc train needs --weights W (initial weights) or --resume DIR");
   const fs::path resume(o.resume);
   if (!o.resume.empty())
     for (const char *file : {"weights.safetensors", "trainer.safetensors"})
@@ -572,13 +574,13 @@ int runTrainData(Options o, bool resumeGiven) {
   checkTrainable(spec);
   lmcc::cli::TrainRunOptions &r = o.run;
   if (!o.batches.empty())
-    throw InputError("--data and --batches: give one (a corpus, or explicit batches)");
+    throw UsageError("--data and --batches: give one (a corpus, or explicit batches)");
   if (o.output.empty() && !o.resume.empty())
     o.output = o.resume;
   if (o.output.empty())
-    throw InputError("lmcc train --data needs -o RUN_DIR");
+    throw UsageError("lmcc train --data needs -o RUN_DIR");
   if (!o.resume.empty() && fs::path(o.resume) != fs::path(o.output))
-    throw InputError("--resume " + o.resume + " and -o " + o.output + " name different run directories");
+    throw UsageError("--resume " + o.resume + " and -o " + o.output + " name different run directories");
   r.runDir = o.output, r.weights = o.weights, r.resume = resumeGiven, r.steps = o.steps, r.threads = o.threads;
   std::optional<lmcc::Tokenizer> tok;
   lmcc::cli::TrainRunHooks hooks;
@@ -608,6 +610,16 @@ int runTrainData(Options o, bool resumeGiven) {
   return lmcc::cli::runTrainCorpus(spec, r, hooks);
 }
 
+/// A failed runtime call as the CLI reports it: bad input and non-finite results are input errors (exit 1, the
+/// message names the row), an allocation failure is out of memory, anything else internal.
+[[noreturn]] void throwRuntimeStatus(int status) {
+  if (status == LM_ERR_MEMORY)
+    throw std::bad_alloc();
+  if (status == LM_ERR_INTERNAL)
+    throw std::runtime_error(lm_last_error());
+  throw InputError(lm_last_error());
+}
+
 struct Padded {
   std::vector<int32_t> ids, lengths;
   int32_t stride = 1;
@@ -631,9 +643,11 @@ std::vector<lmcc::reference::ScoreResult> compiledScore(const lmcc::ModelSpec &s
   std::vector<int32_t> nScored(batch);
   lm_set_num_threads(o.threads);
   const auto start = std::chrono::steady_clock::now();
-  if (batch && lm_rt_score_ex(m.model, p.ids.data(), p.lengths.data(), batch, p.stride, lp.data(), scores.data(),
-                              nScored.data()) != LM_OK)
-    throw std::runtime_error(lm_last_error());
+  if (int status = batch ? lm_rt_score_ex(m.model, p.ids.data(), p.lengths.data(), batch, p.stride, lp.data(),
+                                          scores.data(), nScored.data())
+                         : LM_OK;
+      status != LM_OK)
+    throwRuntimeStatus(status);
   if (o.timing) {
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     std::fprintf(stderr, "timing: %d sentences in %.2f ms (%.3f ms per sentence, %d threads; the compiled call alone)\n",
@@ -655,8 +669,9 @@ std::vector<std::vector<float>> compiledEmbed(const lmcc::ModelSpec &spec, const
   int32_t batch = int32_t(sentences.size());
   std::vector<float> out(size_t(batch) * spec.dims.dModel);
   lm_set_num_threads(o.threads);
-  if (batch && lm_rt_embed(m.model, p.ids.data(), p.lengths.data(), batch, p.stride, out.data()) != LM_OK)
-    throw std::runtime_error(lm_last_error());
+  if (int status = batch ? lm_rt_embed(m.model, p.ids.data(), p.lengths.data(), batch, p.stride, out.data()) : LM_OK;
+      status != LM_OK)
+    throwRuntimeStatus(status);
   std::vector<std::vector<float>> results(batch);
   for (int32_t b = 0; b < batch; ++b)
     results[b].assign(out.begin() + size_t(b) * spec.dims.dModel, out.begin() + size_t(b + 1) * spec.dims.dModel);
@@ -689,13 +704,15 @@ int runCompile(const Options &o) {
   lmcc::ModelSpec spec = lmcc::loadSpec(o.spec);
   if (o.stats) {
     if (o.statsN < 1 || o.statsN > spec.dims.maxLen)
-      throw InputError("--n " + std::to_string(o.statsN) + " must be in [1, max_len = " +
+      throw UsageError("--n " + std::to_string(o.statsN) + " must be in [1, max_len = " +
                        std::to_string(spec.dims.maxLen) + "]");
     if (o.output.empty())
       return runStats(o, spec);
   } else if (o.output.empty()) {
-    throw InputError("lmcc compile needs -o DIR (or --stats --n N)");
+    throw UsageError("lmcc compile needs -o DIR (or --stats --n N)");
   }
+  if (o.embedWeights && o.weights.empty())
+    throw UsageError("--embed-weights needs --weights W");
   lmcc::driver::LibraryOptions options;
   applyPipelineFlags(o, options);
   options.outputDir = o.output;
@@ -1003,7 +1020,7 @@ int runScoreOrEmbed(const Options &o, bool score) {
     sentences = readText(o.text, spec, *tok, o.truncate);
   } else {
     if (o.tokens)
-      throw InputError("--tokens needs --text (and the spec's [tokenizer])");
+      throw UsageError("--tokens needs --text (and the spec's [tokenizer])");
     sentences = readIds(o.ids, spec);
   }
   auto tokensField = [&](size_t s) {
@@ -1073,7 +1090,10 @@ int main(int argc, char **argv) {
 
   auto *init = app.add_subcommand("init", "write a seeded BERT-style random initialization");
   init->add_option("SPEC", o.spec, "model spec (TOML)")->required();
-  init->add_option("--seed", o.seed, "random seed")->required();
+  init->add_option("--seed", o.seed, "random seed (0 .. 2^64-1)")->required()->check([](const std::string &v) {
+    return v.find_first_not_of("0123456789") == std::string::npos ? std::string()
+                                                                   : "must be a non-negative integer, got " + v;
+  });
   init->add_option("-o,--output", o.output, "output safetensors file")->required();
 
   auto *convert = app.add_subcommand("convert", "convert a checkpoint to canonical weight names");
@@ -1092,6 +1112,12 @@ int main(int argc, char **argv) {
   compile->add_flag("--static", o.staticArchive, "also write lib<name>.a (link it with liblmrt.so)");
   compile->add_option("--cpu", o.cpu, "target CPU (LLVM name, e.g. znver4, skylake-avx512); default: this host");
   compile->add_option("--dump-ir", o.dumpIR, "write the IR after every pass and lowering step into this directory");
+  // --reference runs no compiled pipeline: the pipeline flags cannot go with it.
+  auto excludePipelineFlags = [&](CLI::App *cmd, CLI::Option *reference) {
+    for (CLI::Option *opt : cmd->get_options())
+      if (opt->get_name() == "--naive" || opt->get_name() == "--gemm" || opt->get_name().rfind("--no-", 0) == 0)
+        reference->excludes(opt);
+  };
   auto addPipelineFlags = [&](CLI::App *cmd) {
     cmd->add_flag("--naive", o.naive, "run no optimization pass (decomposed attention, n-pass mask-and-predict)");
     for (const std::string &flag : lmcc::defaultPipeline())
@@ -1115,9 +1141,11 @@ int main(int argc, char **argv) {
   grad->add_option("--batch", o.batch, "one JSON object {\"inputs\":[[...]],\"targets\":[[...]]} (ragged)")
       ->required();
   grad->add_option("-o,--output", o.output, "gradients as safetensors (canonical names)")->required();
-  grad->add_flag("--reference", o.reference, "compute with the reference executor (the numeric oracle)");
+  auto *gradReference =
+      grad->add_flag("--reference", o.reference, "compute with the reference executor (the numeric oracle)");
   addThreads(grad);
   addPipelineFlags(grad);
+  excludePipelineFlags(grad, gradReference);
 
   auto *train = app.add_subcommand(
       "train", "train on a corpus (--data: progress, validation, checkpoints, --resume) or on explicit batches "
@@ -1207,6 +1235,7 @@ int main(int argc, char **argv) {
           ->excludes(referenceFlag);
     addThreads(runners[k]);
     addPipelineFlags(runners[k]);
+    excludePipelineFlags(runners[k], referenceFlag);
   }
 
   try {
@@ -1216,7 +1245,16 @@ int main(int argc, char **argv) {
     return code == 0 ? kExitOk : kExitUsage;
   }
 
-  try {
+  // Everything written to stdout must reach it: a full disk or a closed pipe is an output error (exit 1).
+  auto flushed = [](int rc) {
+    std::cout.flush();
+    if (std::fflush(stdout) != 0 || std::ferror(stdout) || !std::cout) {
+      std::cerr << "error: cannot write the output to stdout: " << std::strerror(errno ? errno : EIO) << "\n";
+      return rc == kExitOk ? kExitInput : rc;
+    }
+    return rc;
+  };
+  auto dispatch = [&]() -> int {
     if (*check)
       return runCheck(o);
     if (*emit)
@@ -1244,6 +1282,15 @@ int main(int argc, char **argv) {
     if (*vocab)
       return runVocab(o);
     return runScoreOrEmbed(o, bool(*runners[0]));
+  };
+  try {
+    return flushed(dispatch());
+  } catch (const UsageError &e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return kExitUsage;
+  } catch (const std::bad_alloc &) {
+    std::cerr << "error: out of memory (the input or the model is too large for this machine)\n";
+    return kExitResource;
   } catch (const lmcc::SpecError &e) {
     std::cerr << e.what() << "\n";
   } catch (const lmcc::WeightError &e) {
@@ -1255,6 +1302,8 @@ int main(int argc, char **argv) {
   } catch (const lmcc::train::CorpusError &e) {
     std::cerr << "error: " << e.what() << "\n";
   } catch (const lmcc::cli::RunError &e) {
+    std::cerr << "error: " << e.what() << "\n";
+  } catch (const std::overflow_error &e) { // --stats of a spec too large to count
     std::cerr << "error: " << e.what() << "\n";
   } catch (const std::exception &e) {
     std::cerr << "lmcc: internal error: " << e.what() << "\n";
