@@ -10,6 +10,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "driver/Compile.h"
+#include "driver/TempDir.h"
 
 #include "codegen/Emit/Facts.h"
 #include "codegen/Emit/Header.h"
@@ -29,8 +30,10 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <set>
 #include <sys/wait.h>
+#include <unistd.h>
 
 namespace fs = std::filesystem;
 
@@ -52,6 +55,27 @@ std::string run(const std::string &command, const fs::path &logFile) {
   std::ifstream log(logFile);
   std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
   return "command failed: " + command + "\n" + text;
+}
+
+/// DIR/<name>.pc: `PKG_CONFIG_PATH=DIR pkg-config --cflags --libs <name>`.
+std::string packageConfig(const ModelSpec &spec, const fs::path &dir) {
+  return "prefix=" + dir.string() + "\nlibdir=${prefix}\nincludedir=${prefix}\n\nName: " + spec.name +
+         "\nDescription: lmcc-compiled model " + spec.name + " (family " + toString(spec.family) + ", spec hash " +
+         specHash(spec) + ")\nVersion: 1.0.0" +
+         "\nLibs: -L${libdir} -l" + spec.name + " -Wl,-rpath,${libdir}\nCflags: -I${includedir}\n";
+}
+
+/// DIR/<name>Config.cmake: `find_package(<name>)` with CMAKE_PREFIX_PATH (or <name>_DIR) = DIR gives the
+/// imported target <name>::<name>.
+std::string cmakeConfig(const ModelSpec &spec) {
+  const std::string &n = spec.name;
+  return "# lmcc-compiled model " + n + " (spec hash " + specHash(spec) + "): find_package(" + n +
+         ") defines " + n + "::" + n + ".\nget_filename_component(_" + n +
+         "_dir \"${CMAKE_CURRENT_LIST_DIR}\" ABSOLUTE)\nif(NOT TARGET " + n + "::" + n + ")\n  add_library(" + n +
+         "::" + n + " SHARED IMPORTED)\n  set_target_properties(" + n + "::" + n +
+         " PROPERTIES\n    IMPORTED_LOCATION \"${_" + n + "_dir}/lib" + n +
+         ".so\"\n    INTERFACE_INCLUDE_DIRECTORIES \"${_" + n + "_dir}\")\nendif()\nset(" + n +
+         "_FOUND TRUE)\n";
 }
 
 bool writeFile(const fs::path &path, const std::string &text) {
@@ -132,16 +156,34 @@ std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options,
     return "[train] attention_dropout > 0: compiled training has no dropout on attention probabilities yet "
            "(dropout on the embedding and sub-layer outputs is supported; set attention_dropout = 0)";
 
+  // -o DIR creates at most DIR itself. Everything is built in a temporary directory beside DIR (inside it
+  // when the parent is not writable), removed on every exit path, and moved into DIR file by file at the end.
   std::error_code ec;
-  fs::path out(options.outputDir);
-  fs::create_directories(out, ec);
-  if (ec)
-    return options.outputDir + ": " + ec.message();
-  fs::path work = out / (".lmcc-build-" + spec.name);
-  fs::remove_all(work, ec);
-  fs::create_directories(work, ec);
-  if (ec)
-    return work.string() + ": " + ec.message();
+  fs::path out = fs::path(options.outputDir).lexically_normal();
+  if (out.has_filename() == false && out.has_parent_path())
+    out = out.parent_path();
+  const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
+  if (!fs::exists(out)) {
+    if (!fs::is_directory(parent))
+      return options.outputDir + ": the parent directory " + parent.string() +
+             " does not exist (-o creates only the last level)";
+    if (!fs::create_directory(out, ec) && ec)
+      return options.outputDir + ": cannot create: " + ec.message();
+  } else if (!fs::is_directory(out)) {
+    return options.outputDir + ": exists and is not a directory";
+  }
+  std::unique_ptr<TempDir> workDir;
+  const std::string workName = ".lmcc-build-" + spec.name + "-" + std::to_string(::getpid());
+  for (const fs::path &where : {parent, out}) {
+    try {
+      workDir = std::make_unique<TempDir>(where / workName);
+      break;
+    } catch (const fs::filesystem_error &) {
+    }
+  }
+  if (!workDir)
+    return options.outputDir + ": cannot create a temporary build directory beside or inside it";
+  const fs::path work = workDir->path();
 
   // Weights: validated now when given; flattened into the kernel layout when embedded.
   // IR: lm -> loops -> LLVM dialect -> object.
@@ -226,9 +268,10 @@ std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options,
     if (!fs::exists(runtimeDir / file))
       return "runtime file " + (runtimeDir / file).string() + " not found";
   fs::copy_file(runtimeDir / "lmrt.h", work / "lmrt.h", fs::copy_options::overwrite_existing, ec);
-  fs::copy_file(runtimeDir / "liblmrt.so", out / "liblmrt.so", fs::copy_options::overwrite_existing, ec);
+  if (!ec)
+    fs::copy_file(runtimeDir / "liblmrt.so", work / "liblmrt.so", fs::copy_options::overwrite_existing, ec);
   if (ec)
-    return "cannot copy the runtime into " + out.string() + ": " + ec.message();
+    return "cannot copy the runtime into " + work.string() + ": " + ec.message();
   fs::path glue = work / "glue.c";
   if (!writeFile(glue, codegen::generateGlue(*facts, tensors, offsets, layout.totalFloats, options.embedWeights)))
     return glue.string() + ": cannot write";
@@ -240,25 +283,42 @@ std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options,
                             log);
       !err.empty())
     return err;
-  std::string lib = "lib" + spec.name + ".so";
-  if (std::string err = run(cc + " -shared -o " + quote((out / lib).string()) + " " + quote(kernels.string()) + " " +
-                                quote(glueObj.string()) + " -L " + quote(out.string()) +
-                                " -llmrt -lm -Wl,-soname," + quote(fs::absolute(out / lib).lexically_normal().string()) +
+  const std::string lib = "lib" + spec.name + ".so", header = spec.name + ".h";
+  const fs::path absOut = fs::absolute(out).lexically_normal();
+  if (std::string err = run(cc + " -shared -o " + quote((work / lib).string()) + " " + quote(kernels.string()) + " " +
+                                quote(glueObj.string()) + " -L " + quote(work.string()) +
+                                " -llmrt -lm -Wl,-soname," + quote((absOut / lib).string()) +
                                 " '-Wl,-rpath,$ORIGIN' -Wl,--no-undefined",
                             log);
       !err.empty())
     return err;
+  std::vector<std::string> files = {"liblmrt.so"}; // moved into DIR in this order, the header last
   if (options.staticArchive) {
-    std::string archive = (out / ("lib" + spec.name + ".a")).string();
-    fs::remove(archive, ec);
-    if (std::string err = run("ar rcs " + quote(archive) + " " + quote(kernels.string()) + " " + quote(glueObj.string()), log);
+    std::string archive = "lib" + spec.name + ".a";
+    if (std::string err = run("ar rcs " + quote((work / archive).string()) + " " + quote(kernels.string()) + " " +
+                                  quote(glueObj.string()),
+                              log);
         !err.empty())
       return err;
+    files.push_back(archive);
   }
-  if (!writeFile(out / (spec.name + ".h"), codegen::generateHeader(*facts, options.embedWeights)))
-    return (out / (spec.name + ".h")).string() + ": cannot write";
-  fs::remove_all(work, ec);
-  return "";
+  files.push_back(lib);
+  const std::string pc = spec.name + ".pc", cmake = spec.name + "Config.cmake";
+  if (!writeFile(work / pc, packageConfig(spec, absOut)) || !writeFile(work / cmake, cmakeConfig(spec)))
+    return work.string() + ": cannot write the package files";
+  files.push_back(pc);
+  files.push_back(cmake);
+  if (!writeFile(work / header, codegen::generateHeader(*facts, options.embedWeights)))
+    return (work / header).string() + ": cannot write";
+  // A reader never sees the new library beside the old header: the old header goes first.
+  fs::remove(out / header, ec);
+  files.push_back(header);
+  for (const std::string &file : files) {
+    fs::rename(work / file, out / file, ec);
+    if (ec)
+      return (out / file).string() + ": cannot move into place: " + ec.message();
+  }
+  return ""; // the TempDir removes the intermediate files
 }
 
 } // namespace lmcc::driver

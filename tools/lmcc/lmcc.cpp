@@ -14,6 +14,7 @@
 #include "runtime/lib/lmrt.h"
 #include "runtime/lib/Tokenizer.h"
 #include "runtime/weights/ModelWeights.h"
+#include "tools/lmcc/Cache.h"
 #include "tools/lmcc/TrainRun.h"
 
 #include <CLI/CLI.hpp>
@@ -295,52 +296,12 @@ void applyPipelineFlags(const Options &o, lmcc::driver::LibraryOptions &options)
       options.disabledPasses.insert(flag);
 }
 
-/// A short tag naming the pipeline, so cached libraries of different pipelines never mix.
-std::string pipelineTag(const lmcc::driver::LibraryOptions &options) {
-  if (options.naive)
-    return "naive-" + options.gemm + (options.train ? "-train" : "");
-  std::string tag = "opt-" + options.gemm;
-  for (const std::string &flag : options.disabledPasses)
-    tag += "-no" + flag.substr(2);
-  return options.train ? tag + "-train" : tag;
-}
-
-/// A cached compiled library of `spec` for this lmcc binary, compiled on first use.
+/// A verified cached library of `spec` for this lmcc binary and CPU (tools/lmcc/Cache.h), compiled on first use.
 std::string cachedLibrary(const lmcc::ModelSpec &spec, const Options &o) {
-  const char *env = std::getenv("LMCC_CACHE_DIR");
-  const char *xdg = std::getenv("XDG_CACHE_HOME");
-  const char *home = std::getenv("HOME");
-  fs::path cache = env && *env ? fs::path(env)
-                   : xdg && *xdg ? fs::path(xdg) / "lmcc"
-                                 : fs::path(home && *home ? home : "/tmp") / ".cache" / "lmcc";
-  struct stat st {};
-  ::stat("/proc/self/exe", &st);
-  std::string stamp = std::to_string(st.st_size) + "-" + std::to_string(st.st_mtime);
   lmcc::driver::LibraryOptions options;
   applyPipelineFlags(o, options);
-  fs::path dir = cache / (spec.name + "-" + lmcc::specHash(spec) + "-" + pipelineTag(options) + "-" + stamp);
-  fs::path lib = dir / ("lib" + spec.name + ".so");
-  if (fs::exists(lib))
-    return lib.string();
-  if (!options.train) { // a library compiled with --train (after lmcc train) scores and embeds the same way
-    lmcc::driver::LibraryOptions trained = options;
-    trained.train = true;
-    fs::path alt = cache / (spec.name + "-" + lmcc::specHash(spec) + "-" + pipelineTag(trained) + "-" + stamp) /
-                   ("lib" + spec.name + ".so");
-    if (fs::exists(alt))
-      return alt.string();
-  }
-  // Compile into a private directory, then move it into place (concurrent lmcc runs are safe).
-  fs::path tmp = cache / (".tmp-" + spec.name + "-" + std::to_string(::getpid()));
-  options.outputDir = tmp.string();
   options.runtimeDir = runtimeDir();
-  if (std::string err = lmcc::driver::compileLibrary(spec, options); !err.empty())
-    throw std::runtime_error("compiling " + spec.name + ": " + err);
-  std::error_code ec;
-  fs::rename(tmp, dir, ec);
-  if (ec)
-    fs::remove_all(tmp, ec);
-  return lib.string();
+  return lmcc::cli::cachedLibrary(spec, options);
 }
 
 /// Scores or embeds through the compiled library (JIT by way of a cached library).
@@ -349,13 +310,29 @@ struct CompiledModel {
   lm_model *model = nullptr;
   CompiledModel(const lmcc::ModelSpec &spec, const Options &o, const std::string &weightsPath = "") {
     const std::string &weights = weightsPath.empty() ? o.weights : weightsPath;
-    std::string lib = cachedLibrary(spec, o);
-    handle = ::dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!handle)
-      throw std::runtime_error(std::string("cannot load ") + lib + ": " + ::dlerror());
-    auto descriptor = reinterpret_cast<const lm_model_desc *(*)()>(::dlsym(handle, (spec.name + "_descriptor").c_str()));
-    if (!descriptor)
-      throw std::runtime_error(lib + " has no " + spec.name + "_descriptor");
+    // A cache entry that verified may still be another spec's library under this name (swapped in with
+    // its manifest): its embedded spec hash tells. Such an entry is discarded and rebuilt once.
+    const lm_model_desc *(*descriptor)() = nullptr;
+    std::string lib;
+    for (int attempt = 0; attempt < 2 && !descriptor; ++attempt) {
+      lib = cachedLibrary(spec, o);
+      handle = ::dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
+      std::string why = handle ? "" : std::string("dlopen failed: ") + ::dlerror();
+      if (handle) {
+        descriptor = reinterpret_cast<const lm_model_desc *(*)()>(::dlsym(handle, (spec.name + "_descriptor").c_str()));
+        if (!descriptor)
+          why = "no " + spec.name + "_descriptor";
+        else if (!descriptor()->spec_hash || lmcc::specHash(spec) != descriptor()->spec_hash)
+          why = "its embedded spec hash is not the spec's", descriptor = nullptr;
+        if (!descriptor)
+          ::dlclose(std::exchange(handle, nullptr));
+      }
+      if (!descriptor) {
+        if (attempt == 1)
+          throw std::runtime_error("cannot load " + lib + ": " + why);
+        lmcc::cli::discardEntry(lib, why);
+      }
+    }
     std::string path = weights;
     lmcc::WeightSet raw = lmcc::readSafetensors(weights);
     fs::path converted;
@@ -713,6 +690,15 @@ int runCompile(const Options &o) {
   }
   if (o.embedWeights && o.weights.empty())
     throw UsageError("--embed-weights needs --weights W");
+  { // output errors are input errors (exit 1), found before anything is compiled
+    const fs::path out = fs::path(o.output).lexically_normal();
+    const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
+    if (fs::exists(out) && !fs::is_directory(out))
+      throw InputError(o.output + ": exists and is not a directory");
+    if (!fs::exists(out) && !fs::is_directory(parent))
+      throw InputError(o.output + ": the parent directory " + parent.string() +
+                       " does not exist (-o creates only the last level)");
+  }
   lmcc::driver::LibraryOptions options;
   applyPipelineFlags(o, options);
   options.outputDir = o.output;
@@ -1193,6 +1179,12 @@ int main(int argc, char **argv) {
   addThreads(train);
   addPipelineFlags(train);
 
+  auto *cache = app.add_subcommand("cache", "the compiled-library cache of score/embed/train: list or clean");
+  std::string cacheAction;
+  cache->add_option("ACTION", cacheAction, "list: entries, sizes, verification; clean: remove every entry")
+      ->required()
+      ->check(CLI::IsMember({"list", "clean"}));
+
   auto *plot = app.add_subcommand("plot", "redraw RUN_DIR/loss.png from RUN_DIR/log.jsonl");
   plot->add_option("RUN_DIR", o.output, "a run directory of lmcc train --data")->required();
 
@@ -1271,6 +1263,8 @@ int main(int argc, char **argv) {
       return runTrainData(o, train->count("--resume") > 0);
     if (*train)
       return runTrainBatches(o);
+    if (*cache)
+      return lmcc::cli::runCache(cacheAction);
     if (*plot) {
       lmcc::cli::plotRun(o.output);
       return kExitOk;

@@ -1,0 +1,34 @@
+//===- TempDir.h - A temporary directory removed on every exit path -----------===//
+//
+// lmcc compile builds into a temporary directory and moves complete files into place; the library cache
+// fills a temporary directory and renames it. TempDir removes its directory when it goes out of scope
+// (returns, exceptions) and, while it lives, when the process gets SIGINT, SIGTERM or SIGHUP: the handler
+// removes every live TempDir (fork + execve of rm -rf, both async-signal-safe), then dies of the signal
+// with the default action, so the exit status still says which signal it was.
+//
+//===----------------------------------------------------------------------===//
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+namespace lmcc::driver {
+
+class TempDir {
+public:
+  /// Creates `path` (its parent must exist); throws std::filesystem::filesystem_error on failure.
+  explicit TempDir(std::filesystem::path path);
+  ~TempDir();
+  TempDir(const TempDir &) = delete;
+  TempDir &operator=(const TempDir &) = delete;
+
+  const std::filesystem::path &path() const { return path_; }
+  /// Keeps the directory (it was renamed into place): nothing is removed.
+  void release();
+
+private:
+  std::filesystem::path path_;
+  int slot_ = -1;
+};
+
+} // namespace lmcc::driver
