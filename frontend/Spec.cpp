@@ -690,8 +690,71 @@ void applyFamilyDefaults(ModelSpec &s) {
   }
 }
 
+/// TOML allows non-ASCII bytes only inside strings and comments, and no control character but tab and
+/// newlines. Checked before toml++ sees the text: its
+/// 3.3 release (Debian bookworm's) reaches __builtin_unreachable() when it classifies some non-ASCII code
+/// points as whitespace in a key (found by tests/fuzz/spec_fuzzer.cpp; regression input in
+/// tests/fuzz/regressions/spec/).
+void checkAsciiOutsideStrings(const std::string &text, const std::string &path) {
+  size_t line = 1, lineStart = 0;
+  const size_t n = text.size();
+  // Control characters other than tab, LF and CR are not TOML anywhere (not even in comments or strings).
+  for (size_t k = 0; k < n; ++k) {
+    const unsigned char b = static_cast<unsigned char>(text[k]);
+    if (b == '\n')
+      ++line, lineStart = k + 1;
+    else if ((b < 0x20 && b != '\t' && b != '\r') || b == 0x7f)
+      throw SpecError(path + ":" + std::to_string(line) + ":" + std::to_string(k - lineStart + 1), "",
+                      "invalid TOML: control character " + std::to_string(b) + " (only tab and newlines are allowed)");
+  }
+  size_t i = 0;
+  line = 1, lineStart = 0;
+  auto newline = [&](size_t at) { ++line, lineStart = at + 1; };
+  while (i < n) {
+    const char c = text[i];
+    if (c == '#') {
+      while (i < n && text[i] != '\n')
+        ++i;
+      continue;
+    }
+    if (c == '"' || c == '\'') {
+      const bool basic = c == '"';
+      const bool multi = text.compare(i, 3, std::string(3, c)) == 0;
+      i += multi ? 3 : 1;
+      while (i < n) {
+        if (basic && text[i] == '\\') {
+          if (i + 1 < n && text[i + 1] == '\n')
+            newline(i + 1);
+          i += 2;
+          continue;
+        }
+        if (text[i] == '\n') {
+          newline(i);
+          if (!multi)
+            break; // an unterminated string: toml++ reports it
+        }
+        if (text[i] == c && (!multi || text.compare(i, 3, std::string(3, c)) == 0)) {
+          i += multi ? 3 : 1;
+          while (multi && i < n && text[i] == c) //  and " close with quotes inside
+            ++i;
+          break;
+        }
+        ++i;
+      }
+      continue;
+    }
+    if (c == '\n')
+      newline(i);
+    if (static_cast<unsigned char>(c) >= 0x80)
+      throw SpecError(path + ":" + std::to_string(line) + ":" + std::to_string(i - lineStart + 1), "",
+                      "invalid TOML: a non-ASCII character outside a string or comment");
+    ++i;
+  }
+}
+
 ModelSpec parseSpec(const std::string &text, const std::string &path) {
   Reader reader(path);
+  checkAsciiOutsideStrings(text, path);
   toml::table root;
   try {
     root = toml::parse(text, path);
