@@ -118,6 +118,12 @@ private:
 std::vector<Score> score(const ModelSpec &spec, const WeightSet &weights, const std::vector<Example> &examples,
                          int threads = 1);
 
+/// The `directional` objective's draw for one pair (sets e.dirs and e.hidden from e.tgt): z_0 = R,
+/// z_{n-1} = L, every other row uniform over {R, L, S}; an S row hides a uniform subset of
+/// c_i ~ U{0..n-3} other content positions. Philox4x32-10 of (seed, step, sentence, row): the same
+/// draws for the same step whatever the thread count or batch composition.
+void drawDirections(Example &e, uint64_t seed, uint64_t step, uint32_t sentence);
+
 /// The `directional` objective's loss of a batch and its gradient (every canonical tensor):
 /// loss = sum_b tokenNll_b / sum_b n_b + length_loss * mean_b lengthNll_b.
 struct LossAndGrad {

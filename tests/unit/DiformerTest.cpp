@@ -323,3 +323,49 @@ TEST(DiformerInput, DirectionRulesAreErrors) {
 }
 
 } // namespace
+
+namespace {
+
+TEST(DiformerObjective, DrawsFollowTheContract) {
+  const int64_t n = 10;
+  std::vector<int64_t> dirCount(3, 0), sizeCount(size_t(n - 2), 0);
+  std::vector<int64_t> positionCount(size_t(n), 0);
+  int64_t sRows = 0;
+  for (uint64_t step = 0; step < 3000; ++step) {
+    df::Example e;
+    e.src = {5};
+    e.tgt.assign(size_t(n), 7);
+    df::drawDirections(e, 11, step, uint32_t(step % 5));
+    ASSERT_EQ(e.dirs.front(), df::Dir::R);
+    ASSERT_EQ(e.dirs.back(), df::Dir::L);
+    for (int64_t i = 1; i + 1 < n; ++i) {
+      ++dirCount[size_t(e.dirs[size_t(i)])];
+      const auto &h = e.hidden[size_t(i)];
+      if (e.dirs[size_t(i)] != df::Dir::S) {
+        EXPECT_TRUE(h.empty());
+        continue;
+      }
+      ++sRows;
+      ++sizeCount[h.size()];
+      for (size_t k = 0; k < h.size(); ++k) {
+        EXPECT_TRUE(h[k] >= 1 && h[k] <= n - 2 && h[k] != i) << h[k];
+        if (k)
+          EXPECT_LT(h[k - 1], h[k]);
+        ++positionCount[size_t(h[k])];
+      }
+    }
+    df::Example again = e;
+    df::drawDirections(again, 11, step, uint32_t(step % 5));
+    EXPECT_EQ(again.dirs, e.dirs);
+    EXPECT_EQ(again.hidden, e.hidden);
+  }
+  const double rows = double(dirCount[0] + dirCount[1] + dirCount[2]);
+  for (int64_t c : dirCount)
+    EXPECT_NEAR(double(c) / rows, 1.0 / 3, 0.02);
+  for (int64_t c : sizeCount) // c_i uniform over 0..n-3
+    EXPECT_NEAR(double(c) / double(sRows), 1.0 / double(n - 2), 0.02);
+  for (int64_t j = 1; j + 1 < n; ++j) // every content position equally likely to be hidden
+    EXPECT_NEAR(double(positionCount[size_t(j)]) / double(positionCount[1]), 1.0, 0.08) << j;
+}
+
+} // namespace

@@ -5,7 +5,6 @@
 #include "runtime/reference/Diformer.h"
 #include "runtime/reference/DiformerDecode.h"
 #include "runtime/train/Optimizer.h"
-#include "runtime/train/Philox.h"
 #include "runtime/weights/ModelWeights.h"
 
 #include <nlohmann/json.hpp>
@@ -149,44 +148,6 @@ std::vector<int32_t> intList(const nlohmann::json &j, const std::string &where) 
     out.push_back(v.get<int32_t>());
   }
   return out;
-}
-
-/// Uniform [0, 1) draw of the directional objective: a function of the seed, step, sentence,
-/// row and purpose (Philox4x32-10).
-double uniform(uint64_t seed, uint64_t step, uint32_t sentence, uint32_t row, uint32_t purpose, uint32_t k = 0) {
-  const std::array<uint32_t, 4> w = train::philox4x32({row, k, sentence, uint32_t(step)},
-                                                      {uint32_t(seed), 0xD1F00000u | purpose});
-  return double(w[0]) * (1.0 / 4294967296.0);
-}
-
-/// The directional objective's draw for one pair: z_0 = R, z_{n-1} = L, other rows uniform over
-/// {R, L, S}; an S row hides a uniform subset of c_i ~ U{0..n-3} other content positions.
-void drawDirections(df::Example &e, uint64_t seed, uint64_t step, uint32_t sentence) {
-  const int64_t n = int64_t(e.tgt.size());
-  e.dirs.assign(size_t(n), df::Dir::R);
-  e.hidden.assign(size_t(n), {});
-  e.dirs.back() = df::Dir::L;
-  for (int64_t i = 1; i + 1 < n; ++i) {
-    const int pick = std::min(2, int(uniform(seed, step, sentence, uint32_t(i), 0) * 3));
-    e.dirs[size_t(i)] = df::Dir(pick);
-    if (e.dirs[size_t(i)] != df::Dir::S)
-      continue;
-    std::vector<int32_t> others;
-    for (int64_t j = 1; j + 1 < n; ++j)
-      if (j != i)
-        others.push_back(int32_t(j));
-    const int64_t c = std::min<int64_t>(int64_t(others.size()),
-                                        int64_t(uniform(seed, step, sentence, uint32_t(i), 1) * double(others.size() + 1)));
-    for (int64_t k = 0; k < c; ++k) { // partial Fisher-Yates
-      const int64_t r = k + std::min<int64_t>(int64_t(others.size()) - 1 - k,
-                                              int64_t(uniform(seed, step, sentence, uint32_t(i), 2, uint32_t(k)) *
-                                                      double(others.size() - k)));
-      std::swap(others[size_t(k)], others[size_t(r)]);
-    }
-    others.resize(size_t(c));
-    std::sort(others.begin(), others.end());
-    e.hidden[size_t(i)] = std::move(others);
-  }
 }
 
 /// A batch object {"src","tgt"[,"dirs","hide"]}; with `needDirections`, dirs and hide are required.
@@ -353,7 +314,7 @@ int diformerTrain(const ModelSpec &spec, const std::string &weights, const std::
     std::vector<df::Example> examples = batches[bi];
     if (!fixed[bi])
       for (size_t b = 0; b < examples.size(); ++b)
-        drawDirections(examples[b], uint64_t(t.seed), uint64_t(step), uint32_t(b));
+        df::drawDirections(examples[b], uint64_t(t.seed), uint64_t(step), uint32_t(b));
     for (const auto &s : slots)
       std::copy(params.begin() + s.offset, params.begin() + s.offset + int64_t(w.tensors[s.name].data.size()),
                 w.tensors[s.name].data.begin());
