@@ -155,6 +155,8 @@ def forward(s, W, src, tgt, dirs, hide):
     mem = encoder(s, W, src)
     length_lp = torch.log_softmax(W["length.weight"] @ mem.mean(0), dim=0)[n]
     rows = [i for i in range(n) if dirs[i] != "-"]
+    if not rows:  # nothing to score
+        return torch.zeros(n, dtype=mem.dtype), length_lp
     dir_index = {"R": 0, "L": 1, "S": 2}
     q = torch.stack([W["decoder.direction"][dir_index[dirs[i]]] +
                      (W["decoder.position.r2l"][n - 1 - i] if dirs[i] == "L" else W["decoder.position.l2r"][i])

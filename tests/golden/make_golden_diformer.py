@@ -85,12 +85,45 @@ relative_positions = 0
 activation = "gelu_tanh"
 eps = 1e-5
 """),
+    ("dif_tokens_deep", "non-default token ids, embedding norms, k = 5, 3 + 4 layers, 8 decoder heads, long pairs",
+     14, """
+[dims]
+vocab = 41
+max_len = 40
+d_model = 32
+heads = 4
+d_ff = 40
+layers = 3
+
+[decoder]
+layers = 4
+heads = 8
+
+[attention]
+relative_positions = 5
+
+[embedding]
+norm = true
+
+[tokens]
+pad = 1
+eos = 2
+unk = 0
+bos = 5
+mask = 3
+
+[diformer]
+length_loss = 0.25
+"""),
 ]
+
+LONG = {"dif_tokens_deep"}
 
 
 def random_pair(s, rng):
-    src = [rng.randrange(5, s.V) for _ in range(rng.randint(1, 7))]
-    tgt = [s.bos] + [rng.randrange(5, s.V) for _ in range(rng.randint(0, 8))] + [s.eos]
+    longest = 30 if s.name in LONG else 8
+    src = [rng.randrange(6, s.V) for _ in range(rng.randint(1, longest))]
+    tgt = [s.bos] + [rng.randrange(6, s.V) for _ in range(rng.randint(0, longest))] + [s.eos]
     return src, tgt
 
 
