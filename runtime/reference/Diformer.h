@@ -131,6 +131,8 @@ struct LossAndGrad {
   int64_t tokens = 0; ///< sum_b n_b
   WeightSet grads;
 };
-LossAndGrad lossAndGrad(const ModelSpec &spec, const Model &model, const std::vector<Example> &examples);
+/// Sentences in parallel with `threads` (<= 0: all cores); bit-identical for any thread count.
+LossAndGrad lossAndGrad(const ModelSpec &spec, const Model &model, const std::vector<Example> &examples,
+                        int threads = 1);
 
 } // namespace lmcc::reference::diformer

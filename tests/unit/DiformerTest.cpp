@@ -369,3 +369,24 @@ TEST(DiformerObjective, DrawsFollowTheContract) {
 }
 
 } // namespace
+
+namespace {
+
+TEST(DiformerGrad, ThreadCountDoesNotChangeAnyBit) {
+  ModelSpec spec = smallSpec();
+  WeightSet w = sharpWeights(spec, 12);
+  df::Model model(spec, w);
+  std::mt19937 rng(8);
+  std::vector<df::Example> batch;
+  for (int64_t n : {3, 9, 5, 12, 7})
+    batch.push_back(randomExample(spec, rng, n));
+  df::LossAndGrad one = df::lossAndGrad(spec, model, batch, 1);
+  for (int threads : {2, 3}) {
+    df::LossAndGrad many = df::lossAndGrad(spec, model, batch, threads);
+    EXPECT_EQ(one.loss, many.loss);
+    for (const auto &[name, t] : one.grads.tensors)
+      EXPECT_EQ(t.data, many.grads.get(name).data) << name << " with " << threads << " threads";
+  }
+}
+
+} // namespace

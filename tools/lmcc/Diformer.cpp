@@ -239,11 +239,12 @@ int diformerScore(const ModelSpec &spec, const std::string &weights, const std::
   return flushOut(out);
 }
 
-int diformerGrad(const ModelSpec &spec, const std::string &weights, const std::string &batch, const std::string &out) {
+int diformerGrad(const ModelSpec &spec, const std::string &weights, const std::string &batch, const std::string &out,
+                 int threads) {
   std::vector<df::Example> examples = parseBatch(spec, parseJson(readAll(batch, "batch file"), batch), batch, true);
   WeightSet w = loadWeights(weights, spec);
   df::Model model(spec, w);
-  df::LossAndGrad r = df::lossAndGrad(spec, model, examples);
+  df::LossAndGrad r = df::lossAndGrad(spec, model, examples, threads);
   r.grads.metadata["name"] = spec.name;
   r.grads.metadata["spec_hash"] = specHash(spec);
   r.grads.metadata["loss"] = std::to_string(r.loss);
@@ -259,7 +260,7 @@ int diformerGrad(const ModelSpec &spec, const std::string &weights, const std::s
 }
 
 int diformerTrain(const ModelSpec &spec, const std::string &weights, const std::string &batchesPath,
-                  const std::string &outDir, int64_t steps, int64_t saveEvery) {
+                  const std::string &outDir, int64_t steps, int64_t saveEvery, int threads) {
   std::vector<std::vector<df::Example>> batches;
   for (auto &[no, line] : lines(readAll(batchesPath, "batches file"))) {
     if (trim(line).empty())
@@ -319,7 +320,7 @@ int diformerTrain(const ModelSpec &spec, const std::string &weights, const std::
       std::copy(params.begin() + s.offset, params.begin() + s.offset + int64_t(w.tensors[s.name].data.size()),
                 w.tensors[s.name].data.begin());
     df::Model model(spec, w);
-    df::LossAndGrad r = df::lossAndGrad(spec, model, examples);
+    df::LossAndGrad r = df::lossAndGrad(spec, model, examples, threads);
     for (const auto &s : slots) {
       const auto &g = r.grads.tensors.at(s.name).data;
       std::copy(g.begin(), g.end(), grads.begin() + s.offset);

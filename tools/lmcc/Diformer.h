@@ -23,11 +23,13 @@ namespace lmcc::cli {
 int diformerScore(const ModelSpec &spec, const std::string &weights, const std::string &input, const Tokenizer *tok,
                   int threads);
 /// `lmcc grad` for family diformer: {"src","tgt","dirs","hide"} batch -> gradients, prints loss.
-int diformerGrad(const ModelSpec &spec, const std::string &weights, const std::string &batch, const std::string &out);
+int diformerGrad(const ModelSpec &spec, const std::string &weights, const std::string &batch, const std::string &out,
+                 int threads);
 /// `lmcc train` for family diformer: batches {"src","tgt"[,"dirs","hide"]} per line, cycled; rows
-/// without "dirs" are drawn by the directional objective (Philox, [train] seed, the step).
+/// without "dirs" are drawn by the directional objective (Philox, [train] seed, the step). Results do
+/// not depend on `threads`.
 int diformerTrain(const ModelSpec &spec, const std::string &weights, const std::string &batches,
-                  const std::string &outDir, int64_t steps, int64_t saveEvery);
+                  const std::string &outDir, int64_t steps, int64_t saveEvery, int threads);
 
 struct TranslateOptions {
   std::string mode = "l2r";

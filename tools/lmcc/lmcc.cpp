@@ -485,7 +485,7 @@ void checkTrainable(const lmcc::ModelSpec &spec) {
 int runGrad(Options o) {
   lmcc::ModelSpec spec = lmcc::loadSpec(o.spec);
   if (spec.family == lmcc::Family::Diformer) // {"src","tgt","dirs","hide"} batches, reference executor
-    return lmcc::cli::diformerGrad(spec, o.weights, o.batch, o.output);
+    return lmcc::cli::diformerGrad(spec, o.weights, o.batch, o.output, o.threads);
   checkTrainable(spec);
   TrainBatch b = parseBatch(parseJson(readText(o.batch, "batch file"), o.batch), o.batch, spec);
   if (o.output.empty())
@@ -531,7 +531,7 @@ int runGrad(Options o) {
 int runTrainBatches(Options o) {
   lmcc::ModelSpec spec = lmcc::loadSpec(o.spec);
   if (spec.family == lmcc::Family::Diformer) // reference executor, directional objective
-    return lmcc::cli::diformerTrain(spec, o.weights, o.batches, o.output, o.steps, o.saveEvery);
+    return lmcc::cli::diformerTrain(spec, o.weights, o.batches, o.output, o.steps, o.saveEvery, o.threads);
   checkTrainable(spec);
   std::vector<TrainBatch> batches = readBatches(o.batches, spec);
   if (o.output.empty())
