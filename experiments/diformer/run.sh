@@ -34,5 +34,10 @@ if [ "$phase" = eval ] || [ "$phase" = all ]; then
         --mode "$mode" --beam 4 --length-beam 5 --iterations 10 $rr > "$out/$tag.jsonl"
     done
   done
+  # Cheaper NAR settings for the speed comparison: one length, 4 passes.
+  for mode in mask-predict easy-first; do
+    "$lmcc" translate "$here/model.toml" --weights "$out/model/weights.safetensors" --ids "$out/test.src" \
+      --mode "$mode" --length-beam 1 --iterations 4 > "$out/$mode-fast.jsonl"
+  done
   "$venv/bin/python" "$here/evaluate.py" "$out" "$here/results.md"
 fi
