@@ -58,7 +58,8 @@ const EnumName<ScoreMethod> kMethods[] = {{"causal", ScoreMethod::Causal},
 const EnumName<Objective> kObjectives[] = {{"auto", Objective::Auto},
                                            {"causal", Objective::Causal},
                                            {"masked", Objective::Masked},
-                                           {"autoencoding", Objective::Autoencoding}};
+                                           {"autoencoding", Objective::Autoencoding},
+                                           {"directional", Objective::Directional}};
 const EnumName<OptimizerKind> kOptimizers[] = {
     {"adamw", OptimizerKind::AdamW}, {"adam", OptimizerKind::Adam}, {"sgd", OptimizerKind::SGD}};
 const EnumName<Schedule> kSchedules[] = {
@@ -391,9 +392,13 @@ void validate(const ModelSpec &s, const Positions &pos, const Reader &r) {
       fail("train.max_masks", "must be >= 1");
     if (t.seed < 0 || t.seed > 0xffffffffll)
       fail("train.seed", "must be in [0, 2^32)");
-    if (s.family == Family::Diformer || s.family == Family::NGram)
+    if (s.family == Family::NGram)
       fail("train", std::string("training family \"") + toString(s.family) + "\" comes in a later release");
     Objective o = resolvedObjective(s);
+    if ((o == Objective::Directional) != (s.family == Family::Diformer))
+      fail("train.objective", s.family == Family::Diformer
+                                  ? "family \"diformer\" trains with the \"directional\" objective"
+                                  : "\"directional\" needs family \"diformer\"");
     if (o == Objective::Causal && s.mask != MaskKind::Causal)
       fail("train.objective", "\"causal\" needs mask = \"causal\", or row i would see its target x[i+1]");
     if (o == Objective::Autoencoding && s.method != ScoreMethod::SinglePass)
@@ -401,6 +406,18 @@ void validate(const ModelSpec &s, const Positions &pos, const Reader &r) {
                               "input isolation, a query without E[x_i]), or it learns to copy its input");
   }
   if (s.diformer) {
+    if (s.position != PositionKind::Learned)
+      fail("embedding.position", "family \"diformer\" uses learned position tables (embed.position, "
+                                 "decoder.position.{l2r,r2l})");
+    if (s.norm != NormPlacement::Post)
+      fail("block.norm", "family \"diformer\" is post-norm in this release");
+    if (s.headTransform || !s.tied)
+      fail(s.headTransform ? "head.transform" : "head.tied",
+           "family \"diformer\"'s output head is tied to embed.token with no transform");
+    if (!(s.diformer->lengthLoss >= 0) || !std::isfinite(s.diformer->lengthLoss))
+      fail("diformer.length_loss", "must be a finite number >= 0");
+    if (s.dims.maxLen < 3)
+      fail("dims.max_len", "family \"diformer\" needs max_len >= 3 (bos, a token, eos)");
     for (auto [name, d] : {std::pair<const char *, const StackDims *>{"encoder", &s.diformer->encoder},
                            {"decoder", &s.diformer->decoder}}) {
       if (d->layers < 1 || d->heads < 1 || d->dFF < 1)
@@ -418,7 +435,7 @@ ModelSpec parseTable(const toml::table &root, const Reader &r) {
   recordPositions(r, root, "", pos);
 
   r.onlyKeys(root, "", {"name", "family", "dims", "embedding", "attention", "block", "head", "tokens", "score",
-                        "ngram", "encoder", "decoder", "train", "tokenizer", "embed"});
+                        "ngram", "encoder", "decoder", "diformer", "train", "tokenizer", "embed"});
   s.fieldWhere = pos.where;
   const toml::node *name = root.get("name");
   if (!name)
@@ -535,8 +552,14 @@ ModelSpec parseTable(const toml::table &root, const Reader &r) {
       r.readInt(table, prefix, "heads", out->heads);
       r.readInt(table, prefix, "d_ff", out->dFF);
     }
+    if (const toml::table *t = r.subTable(root, "diformer")) {
+      r.onlyKeys(*t, "diformer.", {"length_loss"});
+      r.readFloat(t, "diformer.", "length_loss", d.lengthLoss);
+    }
     s.diformer = d;
-  } else if (encoder || decoder) {
+  } else if (encoder || decoder || root.get("diformer")) {
+    if (!encoder && !decoder)
+      r.fail(r.at(*root.get("diformer")), "diformer", "[diformer] only applies to family \"diformer\"");
     const toml::table *t = encoder ? encoder : decoder;
     r.fail(r.at(*t), encoder ? "encoder" : "decoder", "[encoder]/[decoder] only apply to family \"diformer\"");
   }
@@ -614,6 +637,7 @@ void appendJsonSpec(nlohmann::ordered_json &j, const ModelSpec &s) {
     };
     j["encoder"] = stack(s.diformer->encoder);
     j["decoder"] = stack(s.diformer->decoder);
+    j["diformer"] = {{"length_loss", s.diformer->lengthLoss}};
   }
   if (s.trainGiven) {
     const TrainOptions &t = s.train;
@@ -686,6 +710,8 @@ void applyFamilyDefaults(ModelSpec &s) {
     s.mask = MaskKind::Directional, s.keysValues = KeyValueSource::Embedding, s.firstQuery = FirstQuery::Position;
     s.method = ScoreMethod::Causal;
     s.relativePositions = 16;
+    s.embeddingNorm = false; // issue 19: one switch for embed.norm and decoder.embed_norm, default off
+    s.headTransform = false; // tied to embed.token plus head.bias, no transform
     break;
   }
 }
@@ -829,8 +855,8 @@ Objective resolvedObjective(const ModelSpec &spec) {
   case Family::UniLM:
   case Family::NGram: return Objective::Causal;
   case Family::BiLM: return Objective::Masked;
-  case Family::TTA:
-  case Family::Diformer: break;
+  case Family::Diformer: return Objective::Directional;
+  case Family::TTA: break;
   }
   return Objective::Autoencoding;
 }

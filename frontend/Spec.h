@@ -25,7 +25,7 @@ enum class Activation { Gelu, GeluTanh, Relu };
 enum class NormPlacement { Post, Pre };
 enum class ScoreMethod { Causal, MaskAndPredict, SinglePass };
 /// Training objectives ([train] objective); Auto resolves to the family's (resolvedObjective).
-enum class Objective { Auto, Causal, Masked, Autoencoding };
+enum class Objective { Auto, Causal, Masked, Autoencoding, Directional };
 enum class OptimizerKind { AdamW, Adam, SGD };
 enum class Schedule { Linear, Constant, Cosine };
 enum class MaskReplace { Mask, Bert };
@@ -87,6 +87,7 @@ struct TrainOptions {
 
 struct DiformerOptions {
   StackDims encoder, decoder;   ///< default to [dims]
+  double lengthLoss = 0.1;      ///< [diformer] length_loss: weight of the length head's NLL in the loss
 };
 
 struct ModelSpec {
@@ -161,7 +162,7 @@ std::string toJson(const ModelSpec &spec);
 /// A stable 64-bit FNV-1a hash of the resolved spec (hex), recorded in weight metadata.
 std::string specHash(const ModelSpec &spec);
 
-/// The objective `auto` stands for: unilm causal, bilm masked, tta autoencoding.
+/// The objective `auto` stands for: unilm causal, bilm masked, tta autoencoding, diformer directional.
 Objective resolvedObjective(const ModelSpec &spec);
 
 const char *toString(Family);

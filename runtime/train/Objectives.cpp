@@ -109,6 +109,8 @@ Example makeExample(const ModelSpec &spec, const std::vector<int32_t> &x, uint64
     return autoencodingExample(spec, x);
   case Objective::Masked:
     return maskedExample(spec, x, step, sentence);
+  case Objective::Directional: // source/target pairs: runtime/train/Directional.h draws its rows
+    throw std::invalid_argument("objectives: \"directional\" trains on source/target pairs, not sentences");
   case Objective::Auto:
     break;
   }

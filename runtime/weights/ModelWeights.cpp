@@ -88,9 +88,11 @@ struct ExpectedTensor {
 /// the shapes meaningless (a resolved spec never has them; a spec built in code may).
 void checkSpec(const ModelSpec &spec) {
   const std::string where = "spec " + lmcc::quoted(spec.name) + ": ";
-  if (spec.family == Family::NGram || spec.family == Family::Diformer)
+  if (spec.family == Family::NGram)
     throw WeightError(where + "family " + familyName(spec.family) +
-                      " executes in a later release (supported: unilm, bilm, tta)");
+                      " executes in a later release (supported: unilm, bilm, tta, diformer)");
+  if (spec.family == Family::Diformer && !spec.diformer)
+    throw WeightError(where + "family diformer needs its encoder/decoder sizes");
   const Dims &d = spec.dims;
   if (d.vocab <= 0 || d.maxLen <= 0 || d.dModel <= 0 || d.heads <= 0 || d.dFF <= 0 ||
       d.layers < 0)
@@ -100,6 +102,66 @@ void checkSpec(const ModelSpec &spec) {
                       " is not a multiple of heads " + std::to_string(d.heads));
   if (spec.relativePositions < 0)
     throw WeightError(where + "relative_positions must be >= 0");
+}
+
+/// Diformer (issue 19): encoder.layers.*, embed.*, length.weight, decoder.{direction, position.l2r,
+/// position.r2l, embed_norm}, decoder.layers.* (attn with rel_k/rel_v of the decoder's head size,
+/// cross, norms, ffn), head.bias; the output head is tied to embed.token.
+std::vector<ExpectedTensor> diformerList(const ModelSpec &spec) {
+  const int64_t V = spec.dims.vocab, L = spec.dims.maxLen, D = spec.dims.dModel, k = spec.relativePositions;
+  const DiformerOptions &df = *spec.diformer;
+  std::vector<ExpectedTensor> list;
+  auto add = [&](std::string name, std::vector<int64_t> shape, Init init) {
+    list.push_back({{std::move(name), std::move(shape)}, init});
+  };
+  auto addNorm = [&](const std::string &prefix) {
+    add(names::weight(prefix), {D}, Init::One);
+    add(names::bias(prefix), {D}, Init::Zero);
+  };
+  auto addLinear = [&](const std::string &prefix, int64_t out, int64_t in) {
+    add(names::weight(prefix), {out, in}, Init::Normal);
+    add(names::bias(prefix), {out}, Init::Zero);
+  };
+  auto addAttention = [&](const std::string &attn) {
+    for (const std::string &proj : {names::q(attn), names::k(attn), names::v(attn), names::o(attn)})
+      addLinear(proj, D, D);
+  };
+  add(names::embedToken(), {V, D}, Init::Normal);
+  add(names::embedPosition(), {L, D}, Init::Normal);
+  if (spec.embeddingNorm)
+    addNorm(names::embedNorm());
+  for (int64_t i = 0; i < df.encoder.layers; ++i) {
+    const std::string layer = names::encoderLayer(i), ffn = names::ffn(layer);
+    addAttention(names::attn(layer));
+    addNorm(names::attnNorm(layer));
+    addLinear(names::ffnIn(ffn), df.encoder.dFF, D);
+    addLinear(names::ffnOut(ffn), D, df.encoder.dFF);
+    addNorm(names::ffnNorm(layer));
+  }
+  add(names::lengthWeight(), {L, D}, Init::Normal);
+  add(names::decoderDirection(), {3, D}, Init::Normal);
+  add(names::decoderPositionL2R(), {L, D}, Init::Normal);
+  add(names::decoderPositionR2L(), {L, D}, Init::Normal);
+  if (spec.embeddingNorm)
+    addNorm(names::decoderEmbedNorm());
+  const int64_t dh = D / df.decoder.heads;
+  for (int64_t i = 0; i < df.decoder.layers; ++i) {
+    const std::string layer = names::decoderLayer(i), attn = names::attn(layer), ffn = names::ffn(layer);
+    addAttention(attn);
+    if (k > 0) {
+      add(names::relK(attn), {2 * k + 1, dh}, Init::Normal);
+      add(names::relV(attn), {2 * k + 1, dh}, Init::Normal);
+    }
+    addNorm(names::attnNorm(layer));
+    addAttention(names::cross(layer));
+    addNorm(names::crossNorm(layer));
+    addLinear(names::ffnIn(ffn), df.decoder.dFF, D);
+    addLinear(names::ffnOut(ffn), D, df.decoder.dFF);
+    addNorm(names::ffnNorm(layer));
+  }
+  if (spec.headBias)
+    add(names::headBias(), {V}, Init::Zero);
+  return list;
 }
 
 std::vector<ExpectedTensor> expectedList(const ModelSpec &spec) {
@@ -115,6 +177,8 @@ std::vector<ExpectedTensor> expectedList(const ModelSpec &spec) {
     add(names::bias(prefix), {D}, Init::Zero);
   };
 
+  if (spec.family == Family::Diformer)
+    return diformerList(spec);
   add(names::embedToken(), {V, D}, Init::Normal);
   if (spec.position == PositionKind::Learned)
     add(names::embedPosition(), {L, D}, Init::Normal);

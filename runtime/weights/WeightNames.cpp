@@ -60,5 +60,9 @@ std::string decoderLayer(int64_t i) { return join(kDecoder, layer(i)); }
 std::string decoderDirection() { return join(kDecoder, "direction"); }
 std::string cross(std::string_view layer) { return join(layer, "cross"); }
 std::string crossNorm(std::string_view layer) { return join(layer, "cross_norm"); }
+std::string decoderPositionL2R() { return join(kDecoder, "position.l2r"); }
+std::string decoderPositionR2L() { return join(kDecoder, "position.r2l"); }
+std::string decoderEmbedNorm() { return join(kDecoder, "embed_norm"); }
+std::string lengthWeight() { return "length.weight"; }
 
 } // namespace lmcc::names

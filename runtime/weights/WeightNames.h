@@ -78,5 +78,9 @@ std::string decoderLayer(int64_t i);           ///< decoder.layers.{i}
 std::string decoderDirection();                ///< decoder.direction [3, D]
 std::string cross(std::string_view layer);     ///< {layer}.cross: attention prefix
 std::string crossNorm(std::string_view layer); ///< {layer}.cross_norm: LayerNorm prefix
+std::string decoderPositionL2R();              ///< decoder.position.l2r [max_len, D] (R and S rows)
+std::string decoderPositionR2L();              ///< decoder.position.r2l [max_len, D] (L rows, from the right)
+std::string decoderEmbedNorm();                ///< decoder.embed_norm: LayerNorm prefix ([embedding] norm)
+std::string lengthWeight();                    ///< length.weight [max_len, D] (length head, no bias)
 
 } // namespace lmcc::names

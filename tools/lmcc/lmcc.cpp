@@ -11,6 +11,7 @@
 #include "frontend/MLIRGen.h"
 #include "frontend/Spec.h"
 #include "runtime/reference/Executor.h"
+#include "tools/lmcc/Diformer.h"
 #include "runtime/lib/lmrt.h"
 #include "runtime/lib/Tokenizer.h"
 #include "runtime/weights/ModelWeights.h"
@@ -231,8 +232,9 @@ struct Options {
   uint64_t seed = 0;
   bool train = false;
   std::string batch, batches, resume;
-  int64_t steps = 0;
+  int64_t steps = 0, saveEvery = 0;
   lmcc::cli::TrainRunOptions run; // lmcc train --data
+  lmcc::cli::TranslateOptions translate;
 };
 
 int runCheck(const Options &o) {
@@ -448,6 +450,8 @@ void checkTrainable(const lmcc::ModelSpec &spec) {
 
 int runGrad(Options o) {
   lmcc::ModelSpec spec = lmcc::loadSpec(o.spec);
+  if (spec.family == lmcc::Family::Diformer) // {"src","tgt","dirs","hide"} batches, reference executor
+    return lmcc::cli::diformerGrad(spec, o.weights, o.batch, o.output, o.threads);
   checkTrainable(spec);
   TrainBatch b = parseBatch(parseJson(readText(o.batch, "batch file"), o.batch), o.batch, spec);
   if (o.output.empty())
@@ -492,6 +496,8 @@ int runGrad(Options o) {
 
 int runTrainBatches(Options o) {
   lmcc::ModelSpec spec = lmcc::loadSpec(o.spec);
+  if (spec.family == lmcc::Family::Diformer) // reference executor, directional objective
+    return lmcc::cli::diformerTrain(spec, o.weights, o.batches, o.output, o.steps, o.saveEvery, o.threads);
   checkTrainable(spec);
   if (o.batches.empty())
     throw UsageError("lmcc train needs --data FILE (a corpus) or --batches FILE (explicit batches)");
@@ -548,6 +554,9 @@ int runTrainBatches(Options o) {
 /// `lmcc train --data`: the corpus workflow of tools/lmcc/TrainRun.cpp.
 int runTrainData(Options o, bool resumeGiven) {
   lmcc::ModelSpec spec = lmcc::loadSpec(o.spec);
+  if (spec.family == lmcc::Family::Diformer)
+    throw InputError(o.spec + ": family \"diformer\" trains on translation pairs: lmcc train --batches FILE with "
+                     "{\"src\",\"tgt\",\"dirs\",\"hide\"} batches (a --data corpus of sentences has no pairs)");
   checkTrainable(spec);
   lmcc::cli::TrainRunOptions &r = o.run;
   if (!o.batches.empty())
@@ -990,6 +999,15 @@ int runImportHf(const Options &o) {
 
 int runScoreOrEmbed(const Options &o, bool score) {
   lmcc::ModelSpec spec = lmcc::loadSpec(o.spec);
+  if (spec.family == lmcc::Family::Diformer && score) { // SRC ||| TGT ||| DIRS [||| HIDE] lines
+    if (!o.reference)
+      std::cerr << "lmcc: note: family \"diformer\" runs on the reference executor (no compiled code yet)\n";
+    std::optional<lmcc::Tokenizer> tok;
+    if (!o.text.empty())
+      tok = loadTokenizer(spec);
+    return lmcc::cli::diformerScore(spec, o.weights, o.text.empty() ? o.ids : o.text, tok ? &*tok : nullptr,
+                                    o.threads);
+  }
   if (spec.family == lmcc::Family::NGram || spec.family == lmcc::Family::Diformer) {
     std::cerr << "lmcc: " << o.spec << ": family \"" << lmcc::toString(spec.family)
               << "\" is parsed and emitted as IR only; executing it comes with its training objective\n";
@@ -1176,6 +1194,7 @@ int main(int argc, char **argv) {
       ->check(CLI::Range(int64_t(1), int64_t(1) << 40))
       ->capture_default_str()
       ->needs(dataOpt);
+  train->add_option("--save-every", o.saveEvery, "diformer: also write the weights every N steps");
   addThreads(train);
   addPipelineFlags(train);
 
@@ -1187,6 +1206,21 @@ int main(int argc, char **argv) {
 
   auto *plot = app.add_subcommand("plot", "redraw RUN_DIR/loss.png from RUN_DIR/log.jsonl");
   plot->add_option("RUN_DIR", o.output, "a run directory of lmcc train --data")->required();
+
+  auto *translate = app.add_subcommand("translate", "diformer: decode sources (l2r, r2l, mask-predict, easy-first)");
+  translate->add_option("SPEC", o.spec, "model spec (TOML), family diformer")->required();
+  translate->add_option("--weights", o.weights, "safetensors weights")->required();
+  auto *trIds = translate->add_option("--ids", o.ids, "source ids, one sentence per line ('-' = stdin)");
+  translate->add_option("--text", o.text, "source text, one sentence per line (the spec's [tokenizer])")->excludes(trIds);
+  translate->add_option("--mode", o.translate.mode, "l2r, r2l, mask-predict or easy-first")->required()
+      ->check(CLI::IsMember({"l2r", "r2l", "mask-predict", "easy-first"}));
+  translate->add_option("--beam", o.translate.beam, "beam size of l2r / r2l")->capture_default_str()
+      ->check(CLI::Range(1, 1000));
+  translate->add_option("--length-beam", o.translate.lengthBeam, "lengths tried by mask-predict / easy-first")
+      ->capture_default_str()->check(CLI::Range(1, 1000));
+  translate->add_option("--iterations", o.translate.iterations, "refinement passes of mask-predict / easy-first")
+      ->capture_default_str()->check(CLI::Range(1, 1000));
+  translate->add_flag("--rerank", o.translate.rerank, "rank candidates by the mean of teacher-forced L2R and R2L");
 
   auto *tokenize = app.add_subcommand("tokenize", "tokenize text with the spec's [tokenizer]: ids, one sentence a line");
   tokenize->add_option("SPEC", o.spec, "model spec (TOML) with a [tokenizer] table")->required();
@@ -1271,6 +1305,16 @@ int main(int argc, char **argv) {
     }
     if (*tokenize)
       return runTokenize(o);
+    if (*translate) {
+      lmcc::ModelSpec spec = lmcc::loadSpec(o.spec);
+      if (spec.family != lmcc::Family::Diformer)
+        throw InputError(o.spec + ": lmcc translate needs family \"diformer\"");
+      std::optional<lmcc::Tokenizer> tok;
+      if (!o.text.empty())
+        tok = loadTokenizer(spec);
+      return lmcc::cli::diformerTranslate(spec, o.weights, o.text.empty() ? o.ids : o.text, tok ? &*tok : nullptr,
+                                          o.translate);
+    }
     if (*importHf)
       return runImportHf(o);
     if (*vocab)

@@ -1,0 +1,401 @@
+//===- Diformer.cpp - lmcc's Diformer commands ------------------------------===//
+#include "tools/lmcc/Diformer.h"
+
+#include "runtime/lib/Tokenizer.h"
+#include "runtime/reference/Diformer.h"
+#include "runtime/reference/DiformerDecode.h"
+#include "runtime/train/Optimizer.h"
+#include "runtime/weights/ModelWeights.h"
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <stdexcept>
+
+namespace lmcc::cli {
+
+namespace df = lmcc::reference::diformer;
+
+namespace {
+
+std::string readAll(const std::string &path, const char *what) {
+  if (path == "-") {
+    std::stringstream ss;
+    ss << std::cin.rdbuf();
+    return ss.str();
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw std::invalid_argument(path + ": cannot open the " + std::string(what));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+/// Lines of a file (a final newline does not start a line; "\r\n" accepted), with 1-based numbers.
+std::vector<std::pair<int64_t, std::string>> lines(const std::string &text) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  std::istringstream in(text);
+  std::string line;
+  for (int64_t no = 1; std::getline(in, line); ++no) {
+    if (!line.empty() && line.back() == '\r')
+      line.pop_back();
+    out.push_back({no, line});
+  }
+  return out;
+}
+
+std::string trim(const std::string &s) {
+  size_t b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
+  return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
+}
+
+std::vector<int32_t> parseInts(const std::string &field, const std::string &where) {
+  std::vector<int32_t> out;
+  std::istringstream in(field);
+  std::string tok;
+  while (in >> tok) {
+    char *end = nullptr;
+    long long v = std::strtoll(tok.c_str(), &end, 10);
+    if (*end || tok.empty() || v < INT32_MIN || v > INT32_MAX)
+      throw std::invalid_argument(where + ": '" + tok + "' is not an integer");
+    out.push_back(int32_t(v));
+  }
+  return out;
+}
+
+/// Source or target of a line: ids, or text through the tokenizer (bos + pieces + eos).
+std::vector<int32_t> sequence(const std::string &field, const Tokenizer *tok, const std::string &where) {
+  if (!tok)
+    return parseInts(field, where);
+  try {
+    return tok->encodeSentence(trim(field), where);
+  } catch (const TokenizerError &e) {
+    throw std::invalid_argument(e.what());
+  }
+}
+
+df::Example parseLine(const ModelSpec &spec, const std::string &line, const Tokenizer *tok, const std::string &where) {
+  std::vector<std::string> parts;
+  size_t pos = 0;
+  for (;;) {
+    size_t bar = line.find("|||", pos);
+    parts.push_back(line.substr(pos, bar == std::string::npos ? std::string::npos : bar - pos));
+    if (bar == std::string::npos)
+      break;
+    pos = bar + 3;
+  }
+  if (parts.size() < 3 || parts.size() > 4)
+    throw std::invalid_argument(where + ": expected SRC ||| TGT ||| DIRS [||| HIDE], got " +
+                                std::to_string(parts.size()) + " field(s)");
+  df::Example e;
+  e.src = sequence(parts[0], tok, where + ": SRC");
+  e.tgt = sequence(parts[1], tok, where + ": TGT");
+  const int64_t n = int64_t(e.tgt.size());
+  try {
+    e.dirs = df::parseDirections(trim(parts[2]), n);
+  } catch (const std::invalid_argument &err) {
+    throw std::invalid_argument(where + ": " + err.what());
+  }
+  std::vector<int32_t> hide = parts.size() == 4 ? parseInts(parts[3], where + ": HIDE") : std::vector<int32_t>();
+  e.hidden.assign(size_t(n), {});
+  for (int32_t h : hide)
+    if (h < 1 || h > n - 2)
+      throw std::invalid_argument(where + ": HIDE position " + std::to_string(h) + " is outside 1..n-2 = 1.." +
+                                  std::to_string(n - 2) + " (bos and eos are never hidden)");
+  for (int64_t i = 0; i < n && !hide.empty(); ++i)
+    if (e.dirs[size_t(i)] == df::Dir::S)
+      for (int32_t h : hide)
+        if (h != i)
+          e.hidden[size_t(i)].push_back(h);
+  df::validateExample(spec, e, where);
+  return e;
+}
+
+void appendNumber(std::string &out, double v, const std::string &what) {
+  if (!std::isfinite(v))
+    throw std::invalid_argument("non-finite " + what + " (check the weights)");
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  out += buf;
+}
+
+WeightSet loadWeights(const std::string &path, const ModelSpec &spec) {
+  return loadModelWeights(path, spec);
+}
+
+nlohmann::json parseJson(const std::string &text, const std::string &where) {
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error &e) {
+    throw std::invalid_argument(where + ": invalid JSON: " + e.what());
+  }
+}
+
+std::vector<int32_t> intList(const nlohmann::json &j, const std::string &where) {
+  if (!j.is_array())
+    throw std::invalid_argument(where + ": expected a list of integers");
+  std::vector<int32_t> out;
+  for (const auto &v : j) {
+    if (!v.is_number_integer())
+      throw std::invalid_argument(where + ": expected integers");
+    out.push_back(v.get<int32_t>());
+  }
+  return out;
+}
+
+/// A batch object {"src","tgt"[,"dirs","hide"]}; with `needDirections`, dirs and hide are required.
+std::vector<df::Example> parseBatch(const ModelSpec &spec, const nlohmann::json &j, const std::string &where,
+                                    bool needDirections) {
+  if (!j.is_object() || !j.contains("src") || !j.contains("tgt"))
+    throw std::invalid_argument(where + ": expected {\"src\":[[...]],\"tgt\":[[...]],\"dirs\":[\"R..L\"],\"hide\":[[[...]]]}");
+  for (auto it = j.begin(); it != j.end(); ++it)
+    if (it.key() != "src" && it.key() != "tgt" && it.key() != "dirs" && it.key() != "hide")
+      throw std::invalid_argument(where + ": unknown key \"" + it.key() + "\" (valid: src, tgt, dirs, hide)");
+  const bool hasDirs = j.contains("dirs");
+  if (needDirections && (!hasDirs || !j.contains("hide")))
+    throw std::invalid_argument(where + ": the batch needs \"dirs\" and \"hide\" (fixed draws)");
+  if (j.contains("hide") && !hasDirs)
+    throw std::invalid_argument(where + ": \"hide\" without \"dirs\"");
+  const auto &src = j["src"], &tgt = j["tgt"];
+  if (!src.is_array() || !tgt.is_array() || src.size() != tgt.size() || src.empty())
+    throw std::invalid_argument(where + ": \"src\" and \"tgt\" must be non-empty lists of equal length");
+  if (hasDirs && (!j["dirs"].is_array() || j["dirs"].size() != src.size() ||
+                  (j.contains("hide") && (!j["hide"].is_array() || j["hide"].size() != src.size()))))
+    throw std::invalid_argument(where + ": \"dirs\" and \"hide\" need one entry per sentence");
+  std::vector<df::Example> out;
+  for (size_t b = 0; b < src.size(); ++b) {
+    const std::string at = where + ": sentence " + std::to_string(b);
+    df::Example e;
+    e.src = intList(src[b], at + ": src");
+    e.tgt = intList(tgt[b], at + ": tgt");
+    const int64_t n = int64_t(e.tgt.size());
+    if (hasDirs) {
+      if (!j["dirs"][b].is_string())
+        throw std::invalid_argument(at + ": dirs must be a string of R, L, S, - (one per target row)");
+      try {
+        e.dirs = df::parseDirections(j["dirs"][b].get<std::string>(), n);
+      } catch (const std::invalid_argument &err) {
+        throw std::invalid_argument(at + ": " + err.what());
+      }
+      e.hidden.assign(size_t(n), {});
+      if (j.contains("hide")) {
+        const auto &h = j["hide"][b];
+        if (!h.is_array() || int64_t(h.size()) != n)
+          throw std::invalid_argument(at + ": hide needs one list per target row (" + std::to_string(n) + ")");
+        for (int64_t i = 0; i < n; ++i)
+          e.hidden[size_t(i)] = intList(h[size_t(i)], at + ": hide row " + std::to_string(i));
+      }
+    } else {
+      e.dirs.assign(size_t(n), df::Dir::R);
+      e.hidden.assign(size_t(n), {});
+      if (n >= 2)
+        e.dirs.back() = df::Dir::L;
+    }
+    df::validateExample(spec, e, at);
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+int flushOut(const std::string &out) {
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  return std::fflush(stdout) == 0 ? 0 : 1;
+}
+
+} // namespace
+
+int diformerScore(const ModelSpec &spec, const std::string &weights, const std::string &input, const Tokenizer *tok,
+                  int threads) {
+  const std::string name = input == "-" ? "<stdin>" : input;
+  std::vector<df::Example> examples;
+  for (auto &[no, line] : lines(readAll(input, "input file"))) {
+    if (trim(line).empty())
+      throw std::invalid_argument(name + ":" + std::to_string(no) + ": empty line (every line must hold one pair)");
+    examples.push_back(parseLine(spec, line, tok, name + ":" + std::to_string(no)));
+  }
+  std::vector<df::Score> results = df::score(spec, loadWeights(weights, spec), examples, threads);
+  std::string out;
+  for (size_t s = 0; s < results.size(); ++s) {
+    const std::string what = "result of input line " + std::to_string(s + 1);
+    out += "{\"token_logprobs\":[";
+    for (size_t i = 0; i < results[s].tokenLogprobs.size(); ++i) {
+      if (i)
+        out += ',';
+      appendNumber(out, results[s].tokenLogprobs[i], what);
+    }
+    out += "],\"score\":";
+    appendNumber(out, results[s].score, what);
+    out += ",\"n_scored\":" + std::to_string(results[s].nScored) + ",\"length_logprob\":";
+    appendNumber(out, results[s].lengthLogprob, what);
+    out += "}\n";
+  }
+  return flushOut(out);
+}
+
+int diformerGrad(const ModelSpec &spec, const std::string &weights, const std::string &batch, const std::string &out,
+                 int threads) {
+  std::vector<df::Example> examples = parseBatch(spec, parseJson(readAll(batch, "batch file"), batch), batch, true);
+  WeightSet w = loadWeights(weights, spec);
+  df::Model model(spec, w);
+  df::LossAndGrad r = df::lossAndGrad(spec, model, examples, threads);
+  r.grads.metadata["name"] = spec.name;
+  r.grads.metadata["spec_hash"] = specHash(spec);
+  r.grads.metadata["loss"] = std::to_string(r.loss);
+  writeSafetensors(out, r.grads);
+  std::string line = "{\"loss\":";
+  appendNumber(line, r.loss, "loss");
+  line += ",\"tokens\":" + std::to_string(r.tokens) + ",\"token_nll\":";
+  appendNumber(line, r.tokenNll, "token NLL");
+  line += ",\"length_nll\":";
+  appendNumber(line, r.lengthNll, "length NLL");
+  line += "}\n";
+  return flushOut(line);
+}
+
+int diformerTrain(const ModelSpec &spec, const std::string &weights, const std::string &batchesPath,
+                  const std::string &outDir, int64_t steps, int64_t saveEvery, int threads) {
+  std::vector<std::vector<df::Example>> batches;
+  for (auto &[no, line] : lines(readAll(batchesPath, "batches file"))) {
+    if (trim(line).empty())
+      continue;
+    const std::string where = batchesPath + ":" + std::to_string(no);
+    batches.push_back(parseBatch(spec, parseJson(line, where), where, false));
+  }
+  if (batches.empty())
+    throw std::invalid_argument(batchesPath + ": no batch (one JSON object per line)");
+  // Which batches carry fixed directions: those are used as given; the others are drawn.
+  std::vector<bool> fixed;
+  for (auto &[no, line] : lines(readAll(batchesPath, "batches file")))
+    if (!trim(line).empty())
+      fixed.push_back(line.find("\"dirs\"") != std::string::npos);
+  WeightSet w = weights.empty() ? initWeights(spec, uint64_t(spec.train.seed)) : loadWeights(weights, spec);
+  std::vector<train::ParamSlot> slots;
+  int64_t total = 0;
+  for (auto &[name, t] : w.tensors) {
+    slots.push_back({name, t.shape, total});
+    total += t.numel();
+  }
+  std::vector<float> params(static_cast<size_t>(total)), grads(static_cast<size_t>(total));
+  for (const auto &s : slots)
+    std::copy(w.tensors[s.name].data.begin(), w.tensors[s.name].data.end(), params.begin() + s.offset);
+  const TrainOptions &t = spec.train;
+  train::OptimizerConfig c;
+  c.kind = t.optimizer == OptimizerKind::Adam ? train::OptimizerConfig::Adam
+           : t.optimizer == OptimizerKind::SGD ? train::OptimizerConfig::SGD
+                                               : train::OptimizerConfig::AdamW;
+  c.schedule = t.schedule == Schedule::Constant ? train::OptimizerConfig::Constant
+               : t.schedule == Schedule::Cosine ? train::OptimizerConfig::Cosine
+                                                : train::OptimizerConfig::Linear;
+  c.lr = t.lr, c.beta1 = t.beta1, c.beta2 = t.beta2, c.eps = t.eps, c.weightDecay = t.weightDecay;
+  c.warmupSteps = t.warmupSteps, c.totalSteps = t.steps, c.clipNorm = t.clipNorm;
+  train::Optimizer opt(c, slots);
+  std::filesystem::create_directories(outDir);
+  const std::string weightsOut = (std::filesystem::path(outDir) / "weights.safetensors").string();
+  auto save = [&] {
+    for (const auto &s : slots)
+      std::copy(params.begin() + s.offset, params.begin() + s.offset + int64_t(w.tensors[s.name].data.size()),
+                w.tensors[s.name].data.begin());
+    w.metadata["name"] = spec.name;
+    w.metadata["spec_hash"] = specHash(spec);
+    w.metadata["steps"] = std::to_string(opt.steps());
+    writeSafetensors(weightsOut, w);
+  };
+  if (steps <= 0)
+    steps = int64_t(batches.size());
+  for (int64_t step = 0; step < steps; ++step) {
+    const auto start = std::chrono::steady_clock::now();
+    const size_t bi = size_t(step % int64_t(batches.size()));
+    std::vector<df::Example> examples = batches[bi];
+    if (!fixed[bi])
+      for (size_t b = 0; b < examples.size(); ++b)
+        df::drawDirections(examples[b], uint64_t(t.seed), uint64_t(step), uint32_t(b));
+    for (const auto &s : slots)
+      std::copy(params.begin() + s.offset, params.begin() + s.offset + int64_t(w.tensors[s.name].data.size()),
+                w.tensors[s.name].data.begin());
+    df::Model model(spec, w);
+    df::LossAndGrad r = df::lossAndGrad(spec, model, examples, threads);
+    for (const auto &s : slots) {
+      const auto &g = r.grads.tensors.at(s.name).data;
+      std::copy(g.begin(), g.end(), grads.begin() + s.offset);
+    }
+    train::Optimizer::StepInfo info = opt.step(params.data(), grads.data());
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    char buf[256];
+    std::snprintf(buf, sizeof buf,
+                  "{\"step\":%lld,\"loss\":%.6g,\"token_nll\":%.6g,\"length_nll\":%.6g,\"tokens\":%lld,\"lr\":%.6g,"
+                  "\"grad_norm\":%.6g,\"ms\":%.1f}\n",
+                  (long long)opt.steps(), r.loss, r.tokenNll / double(r.tokens),
+                  r.lengthNll / double(examples.size()), (long long)r.tokens, info.lr, info.gradNorm, ms);
+    std::fputs(buf, stdout);
+    std::fflush(stdout);
+    if (saveEvery > 0 && opt.steps() % saveEvery == 0)
+      save();
+  }
+  save();
+  return 0;
+}
+
+int diformerTranslate(const ModelSpec &spec, const std::string &weights, const std::string &input,
+                      const Tokenizer *tok, const TranslateOptions &o) {
+  df::DecodeOptions d;
+  if (o.mode == "l2r")
+    d.mode = df::DecodeMode::L2R;
+  else if (o.mode == "r2l")
+    d.mode = df::DecodeMode::R2L;
+  else if (o.mode == "mask-predict")
+    d.mode = df::DecodeMode::MaskPredict;
+  else if (o.mode == "easy-first")
+    d.mode = df::DecodeMode::EasyFirst;
+  else
+    throw std::invalid_argument("--mode must be l2r, r2l, mask-predict or easy-first, got '" + o.mode + "'");
+  d.beam = o.beam, d.lengthBeam = o.lengthBeam, d.iterations = o.iterations, d.rerank = o.rerank;
+  WeightSet w = loadWeights(weights, spec);
+  df::Model model(spec, w);
+  const std::string name = input == "-" ? "<stdin>" : input;
+  for (auto &[no, line] : lines(readAll(input, "input file"))) {
+    const std::string where = name + ":" + std::to_string(no);
+    std::vector<int32_t> src = sequence(line, tok, where);
+    if (src.empty() || int64_t(src.size()) > spec.dims.maxLen)
+      throw std::invalid_argument(where + ": source of " + std::to_string(src.size()) + " tokens: must hold 1..max_len");
+    for (int32_t id : src)
+      if (id < 0 || id >= spec.dims.vocab)
+        throw std::invalid_argument(where + ": id " + std::to_string(id) + " is outside the vocabulary");
+    d.maxTarget = std::min<int64_t>(spec.dims.maxLen - 1, 2 * int64_t(src.size()) + 10);
+    const auto start = std::chrono::steady_clock::now();
+    df::Translation t = df::translate(model, src, d);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    std::string out = "{\"ids\":[";
+    for (size_t i = 0; i < t.tgt.size(); ++i)
+      out += (i ? "," : "") + std::to_string(t.tgt[i]);
+    out += "],\"score\":";
+    appendNumber(out, t.score, "score");
+    out += ",\"candidates\":" + std::to_string(t.candidates);
+    char buf[32];
+    std::snprintf(buf, sizeof buf, ",\"ms\":%.3f", ms);
+    out += buf;
+    if (tok) {
+      std::string text;
+      for (size_t i = 1; i + 1 < t.tgt.size(); ++i) {
+        const std::string &p = tok->piece(t.tgt[i]);
+        if (p.rfind("##", 0) == 0)
+          text += p.substr(2);
+        else
+          text += (text.empty() ? "" : " ") + p;
+      }
+      out += ",\"text\":" + nlohmann::json(text).dump();
+    }
+    out += "}\n";
+    if (flushOut(out))
+      return 1;
+  }
+  return 0;
+}
+
+} // namespace lmcc::cli

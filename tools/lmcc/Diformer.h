@@ -1,0 +1,44 @@
+//===- Diformer.h - lmcc's Diformer commands (score, grad, train, translate) -===//
+//
+// The Diformer family runs on the reference executor (runtime/reference/Diformer*): these
+// entry points read the family's inputs (SRC ||| TGT ||| DIRS [||| HIDE] lines, {src, tgt,
+// dirs, hide} batches) and print lmcc's JSON formats. Errors are std::invalid_argument naming
+// the file and line.
+//
+//===----------------------------------------------------------------------===//
+#pragma once
+
+#include "frontend/Spec.h"
+
+#include <cstdint>
+#include <string>
+
+namespace lmcc {
+class Tokenizer;
+}
+
+namespace lmcc::cli {
+
+/// `lmcc score` for family diformer: one JSON object per line, with "length_logprob".
+int diformerScore(const ModelSpec &spec, const std::string &weights, const std::string &input, const Tokenizer *tok,
+                  int threads);
+/// `lmcc grad` for family diformer: {"src","tgt","dirs","hide"} batch -> gradients, prints loss.
+int diformerGrad(const ModelSpec &spec, const std::string &weights, const std::string &batch, const std::string &out,
+                 int threads);
+/// `lmcc train` for family diformer: batches {"src","tgt"[,"dirs","hide"]} per line, cycled; rows
+/// without "dirs" are drawn by the directional objective (Philox, [train] seed, the step). Results do
+/// not depend on `threads`.
+int diformerTrain(const ModelSpec &spec, const std::string &weights, const std::string &batches,
+                  const std::string &outDir, int64_t steps, int64_t saveEvery, int threads);
+
+struct TranslateOptions {
+  std::string mode = "l2r";
+  int beam = 4, lengthBeam = 5, iterations = 10;
+  bool rerank = false;
+};
+/// `lmcc translate`: one source per line (ids, or text with the tokenizer) -> one JSON object
+/// {"ids":[...],"score":S,"candidates":K,"ms":T} (and "text" with a tokenizer).
+int diformerTranslate(const ModelSpec &spec, const std::string &weights, const std::string &input,
+                      const Tokenizer *tok, const TranslateOptions &options);
+
+} // namespace lmcc::cli
