@@ -88,9 +88,9 @@ struct ExpectedTensor {
 /// the shapes meaningless (a resolved spec never has them; a spec built in code may).
 void checkSpec(const ModelSpec &spec) {
   const std::string where = "spec " + lmcc::quoted(spec.name) + ": ";
-  if (spec.family == Family::NGram || spec.family == Family::Diformer)
+  if (spec.family == Family::Diformer)
     throw WeightError(where + "family " + familyName(spec.family) +
-                      " executes in a later release (supported: unilm, bilm, tta)");
+                      " executes in a later release (supported: unilm, bilm, tta, ngram)");
   const Dims &d = spec.dims;
   if (d.vocab <= 0 || d.maxLen <= 0 || d.dModel <= 0 || d.heads <= 0 || d.dFF <= 0 ||
       d.layers < 0)
@@ -150,6 +150,16 @@ std::vector<ExpectedTensor> expectedList(const ModelSpec &spec) {
     add(names::headOutputWeight(), {V, D}, Init::Normal);
   if (spec.headBias)
     add(names::headBias(), {V}, Init::Zero);
+  if (spec.ngram) { // heads j = 2..n: u_j = out_j(act(in_j(H))) (issue 18)
+    const int64_t Dh = spec.ngram->hiddenWidth(D);
+    for (int64_t j = 2; j <= spec.ngram->n; ++j) {
+      const std::string head = names::ngramHead(j);
+      add(names::weight(names::ffnIn(head)), {Dh, D}, Init::Normal);
+      add(names::bias(names::ffnIn(head)), {Dh}, Init::Zero);
+      add(names::weight(names::ffnOut(head)), {D, Dh}, Init::Normal);
+      add(names::bias(names::ffnOut(head)), {D}, Init::Zero);
+    }
+  }
   return list;
 }
 
