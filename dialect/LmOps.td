@@ -627,13 +627,20 @@ def Lm_NgramLossOp : Lm_Op<"ngram_loss", [Pure, AttrSizedOperandSegments]> {
     target (sum_b (L_b - 1)). lse holds each head's log-sum-exp for the backward. Streams vocabulary
     tiles (lm.token_loss per head): no [B, N, V] tensor.
     ```mlir
-    %ce, %lse1, %lse2 = lm.ngram_loss %h, %u2, %W, %bias, %targets, %lengths {smoothing = 0.1 : f64} : (...) -> (tensor<?x?xf32>, tensor<?x?xf32>, tensor<?x?xf32>)
+    %ce, %lse1, %lse2 = lm.ngram_loss heads(%h, %u2 : tensor<?x?x512xf32>, tensor<?x?x512xf32>)
+        weight(%W : tensor<30522x512xf32>) bias(%b : tensor<30522xf32>)
+        targets(%targets, %lengths : tensor<?x?xi32>, tensor<?xi32>) {smoothing = 1.0e-01 : f64}
+        -> tensor<?x?xf32>, tensor<?x?xf32>, tensor<?x?xf32>
     ```
   }];
   let arguments = (ins Variadic<Lm_F32Tensor>:$heads, Lm_F32Tensor:$weight, Optional<Lm_F32Tensor>:$bias,
                        Lm_I32Tensor:$targets, Lm_I32Tensor:$lengths, F64Attr:$smoothing);
   let results = (outs Lm_F32Tensor:$loss, Variadic<Lm_F32Tensor>:$lse);
-  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let assemblyFormat = [{
+    `heads` `(` $heads `:` type($heads) `)` `weight` `(` $weight `:` type($weight) `)`
+    (`bias` `(` $bias^ `:` type($bias) `)`)? `targets` `(` $targets `,` $lengths `:` type($targets) `,`
+    type($lengths) `)` attr-dict `->` type(results)
+  }];
   let hasVerifier = 1;
 }
 
@@ -646,7 +653,11 @@ def Lm_NgramLossGradOp : Lm_Op<"ngram_loss_grad", [Pure, AttrSizedOperandSegment
   let arguments = (ins Variadic<Lm_F32Tensor>:$heads, Lm_F32Tensor:$weight, Optional<Lm_F32Tensor>:$bias,
                        Lm_I32Tensor:$targets, Lm_I32Tensor:$lengths, Variadic<Lm_F32Tensor>:$lse, F64Attr:$smoothing);
   let results = (outs Variadic<Lm_F32Tensor>:$d_heads, Lm_F32Tensor:$d_weight, Lm_F32Tensor:$d_bias);
-  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let assemblyFormat = [{
+    `heads` `(` $heads `:` type($heads) `)` `weight` `(` $weight `:` type($weight) `)`
+    (`bias` `(` $bias^ `:` type($bias) `)`)? `targets` `(` $targets `,` $lengths `:` type($targets) `,`
+    type($lengths) `)` `lse` `(` $lse `:` type($lse) `)` attr-dict `->` type(results)
+  }];
   let hasVerifier = 1;
 }
 

@@ -454,7 +454,7 @@ ModelSpec parseTable(const toml::table &root, const Reader &r) {
       r.readFloat(ngram, "ngram.", "ensemble_lambda", s.ngram->ensembleLambda);
       r.readInt(ngram, "ngram.", "d_hidden", s.ngram->dHidden);
     }
-    if (!s.ngram->dHidden)
+    if (!ngram || !ngram->get("d_hidden"))
       s.ngram->dHidden = s.dims.dModel;
     // The heads share the logit layer W u + b directly (the contract): no head transform. Given
     // `transform = true` is refused in validation; the default becomes false.

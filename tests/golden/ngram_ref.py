@@ -278,7 +278,7 @@ def write_fixtures(root):
             f.write("".join(" ".join(map(str, x)) + "\n" for x in sents))
         m = NGram(s, weights)
         for lam in (0.0, s.lam):
-            with open(os.path.join(d, "score_l%s.jsonl" % lam), "w") as f:
+            with open(os.path.join(d, "score_l%.1f.jsonl" % lam), "w") as f:
                 f.write(fmt_lines(m.score(sents, lam)))
         with open(os.path.join(d, "batch.json"), "w") as f:
             json.dump({"inputs": sents, "targets": [x[1:] + [-1] for x in sents]}, f)
