@@ -17,9 +17,10 @@ logs="$here/logs"
 segment=${SEGMENT:-150}     # optimizer steps between validations
 segments=${SEGMENTS:-3}     # validations (the schedule spans segment * segments steps)
 batch=${BATCH:-24}          # sentences per batch
-models=${MODELS:-"plain sim2 wdr2 sim3 wdr3"}
+models=${MODELS:-"plain sim2 wdr2 sim3 wdr3"}  # MODELS="wdr3 sim3" WORK=... runs a subset (in parallel)
 mkdir -p "$work" "$logs"
-: > "$logs/test.txt"
+touch "$logs/test.txt" # the test lines of the models this run trains are replaced
+for m in $models; do grep -v "^$m " "$logs/test.txt" > "$logs/test.tmp" || true; mv "$logs/test.tmp" "$logs/test.txt"; done
 
 bible -l100000 "gen1:1-rev22:21" > "$work/kjv.txt"
 python3 "$here/prep.py" "$work/kjv.txt" "$work" | tee "$logs/data.txt"
