@@ -48,6 +48,9 @@ for m in models:
     loss, steps = last_loss(m)
     out.append("| %s | %d | %.3f | %s |" % (LABEL[m], steps, loss, valid_summary(m)))
 out += ["", "![test perplexity vs lambda](ppl.svg)", ""]
+analysis = os.path.join(here, "analysis.md")
+if os.path.exists(analysis):
+    out += [open(analysis).read()]
 with open(os.path.join(here, "results.md"), "w") as f:
     f.write("\n".join(out) + "\n")
 

@@ -11,9 +11,15 @@ root=$(cd "$here/../.." && pwd)
 [ -n "${NO_SETUP:-}" ] || "$root/scripts/setup.sh" >/dev/null  # NO_SETUP=1: lmcc is already built
 command -v bible >/dev/null || { SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo;
   $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq bible-kjv >/dev/null; }
-lmcc="$root/build/bin/lmcc"
 work=${WORK:-$here/work}
 logs="$here/logs"
+mkdir -p "$work"
+# A private copy of the binary: a rebuild of build/ during the (long) run must not swap it under the script.
+# (lmcc finds liblmrt.so and lmrt.h in ../lib beside itself.)
+mkdir -p "$work/bin" "$work/lib"
+cp "$root/build/lib/liblmrt.so" "$root/build/lib/lmrt.h" "$work/lib/"
+cp "$root/build/bin/lmcc" "$work/bin/lmcc.tmp" && mv "$work/bin/lmcc.tmp" "$work/bin/lmcc"
+lmcc="$work/bin/lmcc"
 segment=${SEGMENT:-150}     # optimizer steps between validations
 segments=${SEGMENTS:-3}     # validations (the schedule spans segment * segments steps)
 batch=${BATCH:-24}          # sentences per batch
