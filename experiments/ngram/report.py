@@ -43,7 +43,7 @@ out = ["# The ngram-wdr paper's Table 1 at this machine's scale (issue 18)", "",
 for m in models:
     row = [("%.1f" % test[(m, l)]) if (m, l) in test else "-" for l in LAMBDAS]
     out.append("| %s | %s | %s |" % (LABEL[m], " | ".join(row), " / ".join("%.1f" % v for v in PAPER[m])))
-out += ["", "| model | training steps | mean training loss, last 20 steps | validation PPL by step |", "|---|---|---|---|"]
+out += ["", "| model | training steps | mean training loss (its own objective), last 20 steps | validation PPL (main head) by step |", "|---|---|---|---|"]
 for m in models:
     loss, steps = last_loss(m)
     out.append("| %s | %d | %.3f | %s |" % (LABEL[m], steps, loss, valid_summary(m)))
