@@ -117,6 +117,15 @@ Wide ownFlops(Operation *op, Sizes z) {
     auto w = g.getWeight().getType();
     return 3 * 2 * rows(g.getHidden(), z) * w.getDimSize(1) * w.getDimSize(0);
   }
+  // The n-gram heads: one vocabulary projection per head (and three in the backward), as token_loss.
+  if (auto nl = llvm::dyn_cast<lm::NgramLossOp>(op)) {
+    auto w = nl.getWeight().getType();
+    return int64_t(nl.getHeads().size()) * 2 * rows(nl.getHeads()[0], z) * w.getDimSize(1) * w.getDimSize(0);
+  }
+  if (auto g = llvm::dyn_cast<lm::NgramLossGradOp>(op)) {
+    auto w = g.getWeight().getType();
+    return int64_t(g.getHeads().size()) * 3 * 2 * rows(g.getHeads()[0], z) * w.getDimSize(1) * w.getDimSize(0);
+  }
   if (auto g = llvm::dyn_cast<lm::LinearGradOp>(op)) { // dx = dy W and dW = dy^T x
     auto w = g.getWeight().getType();
     return 2 * 2 * rows(g.getInput(), z) * w.getDimSize(1) * w.getDimSize(0);

@@ -514,6 +514,74 @@ LogicalResult TokenLossGradOp::verify() {
   return verifySmoothing(*this, getSmoothing());
 }
 
+// --- N-gram heads (issue 18) ---
+
+LogicalResult WdrConjugateOp::verify() {
+  if (failed(expectRank(*this, "table [V, D]", getTable(), 2)) || failed(expectRank(*this, "ids [B, N]", getIds(), 2)) ||
+      failed(expectRank(*this, "lengths [B]", getLengths(), 1)) ||
+      failed(expectRank(*this, "result [B, N, D]", getResult(), 3)))
+    return failure();
+  if (getHead() < 2)
+    return emitOpError("head must be >= 2 (head 1 has no conjugate), got ") << getHead();
+  return expectDim(*this, "result width vs table dim 1", tensorOf(getResult()).getDimSize(2),
+                   tensorOf(getTable()).getDimSize(1));
+}
+
+LogicalResult NgramEnsembleOp::verify() {
+  if (getHeads().size() < 2)
+    return emitOpError("needs the main head and at least one n-gram head, got ") << getHeads().size() << " operand(s)";
+  for (Value h : getHeads())
+    if (failed(expectType(*this, "every head", h, getResult().getType())))
+      return failure();
+  if (failed(expectRank(*this, "result [B, N, D]", getResult(), 3)))
+    return failure();
+  double lambda = getLambda().convertToDouble();
+  if (!(lambda >= 0 && lambda <= 1))
+    return emitOpError("lambda must be in [0, 1], got ") << lambda;
+  return success();
+}
+
+LogicalResult NgramLossOp::verify() {
+  if (getHeads().size() < 2)
+    return emitOpError("needs the main head and at least one n-gram head, got ") << getHeads().size();
+  if (getLse().size() != getHeads().size())
+    return emitOpError("one lse result per head: ") << getHeads().size() << " heads, " << getLse().size() << " lse";
+  for (Value h : getHeads())
+    if (failed(verifyHead(*this, h, getWeight(), getBias())) ||
+        failed(expectType(*this, "every head", h, getHeads()[0].getType())))
+      return failure();
+  auto h = tensorOf(getHeads()[0]);
+  if (failed(verifyTargets(*this, getTargets(), getLengths(), h.getDimSize(0), h.getDimSize(1))))
+    return failure();
+  Type rowType = getTargets().getType().clone(h.getElementType());
+  if (failed(expectType(*this, "loss", getLoss(), rowType)))
+    return failure();
+  for (Value r : getLse())
+    if (failed(expectType(*this, "lse", r, rowType)))
+      return failure();
+  return verifySmoothing(*this, getSmoothing());
+}
+
+LogicalResult NgramLossGradOp::verify() {
+  if (getHeads().size() < 2 || getLse().size() != getHeads().size() || getDHeads().size() != getHeads().size())
+    return emitOpError("needs n >= 2 heads and as many lse operands and d_heads results");
+  auto h = tensorOf(getHeads()[0]);
+  for (auto [u, du] : llvm::zip(getHeads(), getDHeads()))
+    if (failed(verifyHead(*this, u, getWeight(), getBias())) || failed(expectType(*this, "every head", u, h)) ||
+        failed(expectType(*this, "d_heads", du, h)))
+      return failure();
+  if (failed(verifyTargets(*this, getTargets(), getLengths(), h.getDimSize(0), h.getDimSize(1))))
+    return failure();
+  for (Value l : getLse())
+    if (failed(expectType(*this, "lse", l, getTargets().getType().clone(h.getElementType()))))
+      return failure();
+  if (failed(expectType(*this, "d_weight", getDWeight(), getWeight().getType())) ||
+      failed(expectType(*this, "d_bias", getDBias(),
+                        RankedTensorType::get({getWeight().getType().getDimSize(0)}, h.getElementType()))))
+    return failure();
+  return verifySmoothing(*this, getSmoothing());
+}
+
 LogicalResult LinearGradOp::verify() {
   auto w = getWeight().getType();
   if (failed(expectRank(*this, "weight [out, in]", getWeight(), 2)))

@@ -401,6 +401,46 @@ def Lm_MeanPoolOp : Lm_Op<"mean_pool", [Pure]> {
 }
 
 //===----------------------------------------------------------------------===//
+// N-gram heads (ngram-wdr paper, issue 18's contract)
+//===----------------------------------------------------------------------===//
+// Head 1 is the trunk's H_s; head j (2..n) is u_j(s) = out_j(act(in_j(H_s))) [+ the WDR conjugate], and
+// every head reaches the vocabulary through the shared logit layer z_j = W u_j + b.
+
+def Lm_WdrConjugateOp : Lm_Op<"wdr_conjugate", [Pure]> {
+  let summary = "the WDR conjugate of head j: sum_{i=1..j-1} (-1)^(i+1) C(j-1, i) W[x_{s+j-i}] (no gradient)";
+  let description = [{
+    out[b, s] = sum over i = 1..j-1 with s+j-i < lengths[b] of (-1)^(i+1) C(j-1, i) table[ids[b, s+j-i]]
+    (paper Eq. 10), 0 on rows s >= lengths[b]. The table is the logit layer W read with the gradient
+    stopped: lm-autodiff gives this op no VJP, so W learns only through the logits.
+    ```mlir
+    %c = lm.wdr_conjugate %W, %ids, %lengths {head = 3 : i64} : (tensor<30522x512xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?x512xf32>
+    ```
+  }];
+  let arguments = (ins Lm_F32Tensor:$table, Lm_I32Tensor:$ids, Lm_I32Tensor:$lengths, I64Attr:$head);
+  let results = (outs Lm_F32Tensor:$result);
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Lm_NgramEnsembleOp : Lm_Op<"ngram_ensemble", [Pure]> {
+  let summary = "the lambda-ensemble of the heads' vectors that predict x_p: one row per predicted position";
+  let description = [{
+    With heads u_1..u_n ([B, N, D] each, n = the number of operands minus one) and c = lambda / (n-1):
+    out[b, p] = (1-lambda) u_1[b, p-1] + c sum_{j=2..n} (p >= j ? u_j[b, p-j] : u_1[b, p-1]) for
+    1 <= p < lengths[b]; 0 on row 0 and on padding. Because every head shares z = W u + b and the
+    weights sum to 1, W out[b, p] + b is the contract's logit-space ensemble z(p): scoring then needs one
+    vocabulary projection per row (lm.token_logprob after lm-fuse-logprob), not n.
+    ```mlir
+    %m = lm.ngram_ensemble %h, %u2, %u3, %lengths {lambda = 4.0e-01 : f64} : (tensor<?x?x512xf32>, tensor<?x?x512xf32>, tensor<?x?x512xf32>, tensor<?xi32>) -> tensor<?x?x512xf32>
+    ```
+  }];
+  let arguments = (ins Variadic<Lm_F32Tensor>:$heads, Lm_I32Tensor:$lengths, F64Attr:$lambda);
+  let results = (outs Lm_F32Tensor:$result);
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
 // Mask-and-predict
 //===----------------------------------------------------------------------===//
 
@@ -575,6 +615,49 @@ def Lm_TokenLossOp : Lm_Op<"token_loss", [Pure]> {
                        Lm_I32Tensor:$lengths, F64Attr:$smoothing);
   let results = (outs Lm_F32Tensor:$loss, Lm_F32Tensor:$lse);
   let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Lm_NgramLossOp : Lm_Op<"ngram_loss", [Pure, AttrSizedOperandSegments]> {
+  let summary = "the n-gram objective per row: ce[b, s] = 1/2 CE_1 + 1/(2(n-1)) sum_j CE_j, heads through W u + b";
+  let description = [{
+    Head j (1-based operand order) at row s predicts y_j = targets[b, s+j-1] (the causal targets shifted;
+    -1 past the sentence: no term). CE_j = -(1-e) log p_j(y_j) - (e/V) sum_v log p_j(v) with
+    p_j = softmax(W heads[j] + bias). The training loss is (1/T) sum ce, T = the rows with a causal
+    target (sum_b (L_b - 1)). lse holds each head's log-sum-exp for the backward. Streams vocabulary
+    tiles (lm.token_loss per head): no [B, N, V] tensor.
+    ```mlir
+    %ce, %lse1, %lse2 = lm.ngram_loss heads(%h, %u2 : tensor<?x?x512xf32>, tensor<?x?x512xf32>)
+        weight(%W : tensor<30522x512xf32>) bias(%b : tensor<30522xf32>)
+        targets(%targets, %lengths : tensor<?x?xi32>, tensor<?xi32>) {smoothing = 1.0e-01 : f64}
+        -> tensor<?x?xf32>, tensor<?x?xf32>, tensor<?x?xf32>
+    ```
+  }];
+  let arguments = (ins Variadic<Lm_F32Tensor>:$heads, Lm_F32Tensor:$weight, Optional<Lm_F32Tensor>:$bias,
+                       Lm_I32Tensor:$targets, Lm_I32Tensor:$lengths, F64Attr:$smoothing);
+  let results = (outs Lm_F32Tensor:$loss, Variadic<Lm_F32Tensor>:$lse);
+  let assemblyFormat = [{
+    `heads` `(` $heads `:` type($heads) `)` `weight` `(` $weight `:` type($weight) `)`
+    (`bias` `(` $bias^ `:` type($bias) `)`)? `targets` `(` $targets `,` $lengths `:` type($targets) `,`
+    type($lengths) `)` attr-dict `->` type(results)
+  }];
+  let hasVerifier = 1;
+}
+
+def Lm_NgramLossGradOp : Lm_Op<"ngram_loss_grad", [Pure, AttrSizedOperandSegments]> {
+  let summary = "VJP of lm.ngram_loss seeded with d ce = 1/T: (d heads..., dW, dbias)";
+  let description = [{
+    Per head j, lm.token_loss_grad of its shifted targets with the gradient scale w_j / T (w_1 = 1/2,
+    w_j = 1/(2(n-1))), T counted on the unshifted targets; dW and dbias are the heads' sums.
+  }];
+  let arguments = (ins Variadic<Lm_F32Tensor>:$heads, Lm_F32Tensor:$weight, Optional<Lm_F32Tensor>:$bias,
+                       Lm_I32Tensor:$targets, Lm_I32Tensor:$lengths, Variadic<Lm_F32Tensor>:$lse, F64Attr:$smoothing);
+  let results = (outs Variadic<Lm_F32Tensor>:$d_heads, Lm_F32Tensor:$d_weight, Lm_F32Tensor:$d_bias);
+  let assemblyFormat = [{
+    `heads` `(` $heads `:` type($heads) `)` `weight` `(` $weight `:` type($weight) `)`
+    (`bias` `(` $bias^ `:` type($bias) `)`)? `targets` `(` $targets `,` $lengths `:` type($targets) `,`
+    type($lengths) `)` `lse` `(` $lse `:` type($lse) `)` attr-dict `->` type(results)
+  }];
   let hasVerifier = 1;
 }
 

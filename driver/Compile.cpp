@@ -147,7 +147,7 @@ mlir::OwningOpRef<mlir::ModuleOp> buildOptimizedModule(mlir::MLIRContext &contex
 }
 
 std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options, CompileReport *report) {
-  if (spec.family != Family::UniLM && spec.family != Family::BiLM && spec.family != Family::TTA)
+  if (spec.family == Family::Diformer)
     return "family \"" + std::string(toString(spec.family)) +
            "\" is parsed and emitted as IR only; compiling it comes with its training objective";
   if (options.train && !spec.mlm)

@@ -102,7 +102,7 @@ private:
     return b.create<lm::DropoutOp>(loc, x, b.getF64FloatAttr(dropoutRate), b.getI64IntegerAttr(site), UnitAttr());
   }
 
-  Value ffn(Value x, const std::string &prefix, int64_t dFF) {
+  Value ffn(Value x, const std::string &prefix, int64_t dFF) { // also an n-gram head (dFF = d_hidden)
     return linear(activation(linear(x, names::ffnIn(prefix), D(), dFF)), names::ffnOut(prefix), dFF, D());
   }
 
@@ -197,8 +197,7 @@ private:
   Value logits(Value h) {
     if (spec.headTransform)
       h = layerNorm(activation(linear(h, names::headTransform(), D(), D())), names::headNorm());
-    Value w = spec.tied ? weight(names::embedToken(), {spec.dims.vocab, D()})
-                        : weight(names::headOutputWeight(), {spec.dims.vocab, D()});
+    Value w = outputWeight();
     Value bias = spec.headBias ? weight(names::headBias(), {spec.dims.vocab}) : Value();
     return b.create<lm::LinearOp>(loc, seqType(spec.dims.vocab), h, w, bias);
   }
@@ -224,22 +223,25 @@ private:
     b.setInsertionPointAfter(fn);
   }
 
-  /// The n-gram ensemble: the main next-token log-probs mixed with the heads that
-  /// predicted the same token from j-1 positions earlier (ngram-wdr paper).
-  Value ngramEnsemble(Value h, Value ids, Value lengths, Value mainLp) {
-    // Head j (2 <= j < n) reads h_t and predicts x_{t+j}, so its log-prob of x_t is
-    // read at shift j. Extra heads are averaged in probability space (running mean).
-    Value extra;
-    for (int64_t j = 2; j < spec.ngram->n; ++j) {
-      Value lpj = tokenLogprobs(ffn(h, names::ngramHead(j), spec.dims.dFF), ids, lengths, j);
-      extra = extra ? Value(b.create<lm::InterpolateOp>(loc, extra, lpj, b.getF64FloatAttr(1.0 / (j - 1)),
-                                                        b.getI64IntegerAttr(j)))
-                    : lpj;
+  /// The logit layer's weight W [V, D] (the tied token table, or head.output.weight).
+  Value outputWeight() {
+    return spec.tied ? weight(names::embedToken(), {spec.dims.vocab, D()})
+                     : weight(names::headOutputWeight(), {spec.dims.vocab, D()});
+  }
+
+  /// The n-gram heads (issue 18): u_1 = h, u_j = out_j(act(in_j(h))) [+ the WDR conjugate, built from
+  /// its own lm.weight of W, which lm-autodiff never differentiates: the stop-gradient], j = 2..n.
+  SmallVector<Value> ngramHeads(Value h, Value ids, Value lengths) {
+    SmallVector<Value> heads{h};
+    const int64_t dHidden = spec.ngram->hiddenWidth(D());
+    for (int64_t j = 2; j <= spec.ngram->n; ++j) {
+      Value u = ffn(h, names::ngramHead(j), dHidden);
+      if (spec.ngram->wdr)
+        u = add(u, b.create<lm::WdrConjugateOp>(loc, u.getType(), outputWeight(), ids, lengths,
+                                                b.getI64IntegerAttr(j)));
+      heads.push_back(u);
     }
-    if (!extra)
-      return mainLp;
-    return b.create<lm::InterpolateOp>(loc, mainLp, extra, b.getF64FloatAttr(spec.ngram->ensembleLambda),
-                                       b.getI64IntegerAttr(2));
+    return heads;
   }
 
   void scoreEntry() {
@@ -253,9 +255,13 @@ private:
     switch (spec.method) {
     case ScoreMethod::Causal: {
       Value h = encode(ids, lengths);
-      lp = tokenLogprobs(h, ids, lengths, 1);
-      if (spec.ngram)
-        lp = ngramEnsemble(h, ids, lengths, lp);
+      if (spec.ngram) { // row p of the ensemble predicts x_p: z(p) = W m(p) + b
+        Value mixed = b.create<lm::NgramEnsembleOp>(loc, h.getType(), ngramHeads(h, ids, lengths), lengths,
+                                                    b.getF64FloatAttr(spec.ngram->ensembleLambda));
+        lp = tokenLogprobs(mixed, ids, lengths, 0);
+      } else {
+        lp = tokenLogprobs(h, ids, lengths, 1);
+      }
       first = 1;
       break;
     }
@@ -318,6 +324,15 @@ private:
     dropoutRate = spec.train.dropout;
     Value h = encode(inputs, lengths);
     dropoutRate = 0;
+    if (spec.ngram) { // objective ngram: every head's CE through the shared logit layer, one op
+      SmallVector<Value> heads = ngramHeads(h, inputs, lengths);
+      Value bias = spec.headBias ? weight(names::headBias(), {spec.dims.vocab}) : Value();
+      SmallVector<Type> types(heads.size() + 1, t({kDyn, kDyn}, f32));
+      auto loss = b.create<lm::NgramLossOp>(loc, types, heads, outputWeight(), bias, targets, lengths,
+                                            b.getF64FloatAttr(spec.train.labelSmoothing));
+      finish(fn, loss.getLoss());
+      return;
+    }
     Value lp = b.create<lm::LogSoftmaxOp>(loc, logits(h));
     Value ce = b.create<lm::CrossEntropyOp>(loc, t({kDyn, kDyn}, f32), lp, targets, lengths,
                                             b.getF64FloatAttr(spec.train.labelSmoothing));

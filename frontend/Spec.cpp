@@ -59,7 +59,8 @@ const EnumName<Objective> kObjectives[] = {{"auto", Objective::Auto},
                                            {"causal", Objective::Causal},
                                            {"masked", Objective::Masked},
                                            {"autoencoding", Objective::Autoencoding},
-                                           {"directional", Objective::Directional}};
+                                           {"directional", Objective::Directional},
+                                           {"ngram", Objective::NGram}};
 const EnumName<OptimizerKind> kOptimizers[] = {
     {"adamw", OptimizerKind::AdamW}, {"adam", OptimizerKind::Adam}, {"sgd", OptimizerKind::SGD}};
 const EnumName<Schedule> kSchedules[] = {
@@ -363,6 +364,11 @@ void validate(const ModelSpec &s, const Positions &pos, const Reader &r) {
       fail("ngram.n", "must not exceed max_len");
     if (!(s.ngram->ensembleLambda >= 0 && s.ngram->ensembleLambda <= 1))
       fail("ngram.ensemble_lambda", "must be in [0, 1]");
+    if (s.ngram->dHidden < 1)
+      fail("ngram.d_hidden", "must be at least 1, got " + std::to_string(s.ngram->dHidden));
+    if (s.headTransform)
+      fail("head.transform", "family \"ngram\" has no head transform: every head's vector goes straight to the "
+                             "shared logit layer W u + b; set transform = false");
   }
   if (s.trainGiven) {
     const TrainOptions &t = s.train;
@@ -392,13 +398,16 @@ void validate(const ModelSpec &s, const Positions &pos, const Reader &r) {
       fail("train.max_masks", "must be >= 1");
     if (t.seed < 0 || t.seed > 0xffffffffll)
       fail("train.seed", "must be in [0, 2^32)");
-    if (s.family == Family::NGram)
-      fail("train", std::string("training family \"") + toString(s.family) + "\" comes in a later release");
     Objective o = resolvedObjective(s);
     if ((o == Objective::Directional) != (s.family == Family::Diformer))
       fail("train.objective", s.family == Family::Diformer
                                   ? "family \"diformer\" trains with the \"directional\" objective"
                                   : "\"directional\" needs family \"diformer\"");
+    if ((o == Objective::NGram) != (s.family == Family::NGram))
+      fail("train.objective", s.family == Family::NGram
+                                  ? "family \"ngram\" trains with objective \"ngram\" (or \"auto\"): the main "
+                                    "head and its n-1 heads together"
+                                  : "\"ngram\" needs family \"ngram\" (its n-1 extra heads)");
     if (o == Objective::Causal && s.mask != MaskKind::Causal)
       fail("train.objective", "\"causal\" needs mask = \"causal\", or row i would see its target x[i+1]");
     if (o == Objective::Autoencoding && s.method != ScoreMethod::SinglePass)
@@ -529,11 +538,18 @@ ModelSpec parseTable(const toml::table &root, const Reader &r) {
   if (s.family == Family::NGram) {
     s.ngram = NGramOptions{};
     if (ngram) {
-      r.onlyKeys(*ngram, "ngram.", {"n", "wdr", "ensemble_lambda"});
+      r.onlyKeys(*ngram, "ngram.", {"n", "wdr", "ensemble_lambda", "d_hidden"});
       r.readInt(ngram, "ngram.", "n", s.ngram->n);
       r.readBool(ngram, "ngram.", "wdr", s.ngram->wdr);
       r.readFloat(ngram, "ngram.", "ensemble_lambda", s.ngram->ensembleLambda);
+      r.readInt(ngram, "ngram.", "d_hidden", s.ngram->dHidden);
     }
+    if (!ngram || !ngram->get("d_hidden"))
+      s.ngram->dHidden = s.dims.dModel;
+    // The heads share the logit layer W u + b directly (the contract): no head transform. Given
+    // `transform = true` is refused in validation; the default becomes false.
+    if (!s.fieldWhere.count("head.transform"))
+      s.headTransform = false;
   } else if (ngram) {
     r.fail(r.at(*ngram), "ngram", "[ngram] only applies to family \"ngram\"");
   }
@@ -630,7 +646,10 @@ void appendJsonSpec(nlohmann::ordered_json &j, const ModelSpec &s) {
     j["tokenizer"] = t;
   }
   if (s.ngram)
-    j["ngram"] = {{"n", s.ngram->n}, {"wdr", s.ngram->wdr}, {"ensemble_lambda", s.ngram->ensembleLambda}};
+    j["ngram"] = {{"n", s.ngram->n},
+                  {"wdr", s.ngram->wdr},
+                  {"ensemble_lambda", s.ngram->ensembleLambda},
+                  {"d_hidden", s.ngram->hiddenWidth(s.dims.dModel)}};
   if (s.diformer) {
     auto stack = [](const StackDims &d) {
       return nlohmann::ordered_json{{"layers", d.layers}, {"heads", d.heads}, {"d_ff", d.dFF}};
@@ -852,8 +871,8 @@ Objective resolvedObjective(const ModelSpec &spec) {
   if (spec.train.objective != Objective::Auto)
     return spec.train.objective;
   switch (spec.family) {
-  case Family::UniLM:
-  case Family::NGram: return Objective::Causal;
+  case Family::UniLM: return Objective::Causal;
+  case Family::NGram: return Objective::NGram;
   case Family::BiLM: return Objective::Masked;
   case Family::Diformer: return Objective::Directional;
   case Family::TTA: break;

@@ -25,7 +25,7 @@ enum class Activation { Gelu, GeluTanh, Relu };
 enum class NormPlacement { Post, Pre };
 enum class ScoreMethod { Causal, MaskAndPredict, SinglePass };
 /// Training objectives ([train] objective); Auto resolves to the family's (resolvedObjective).
-enum class Objective { Auto, Causal, Masked, Autoencoding, Directional };
+enum class Objective { Auto, Causal, Masked, Autoencoding, Directional, NGram };
 enum class OptimizerKind { AdamW, Adam, SGD };
 enum class Schedule { Linear, Constant, Cosine };
 enum class MaskReplace { Mask, Bert };
@@ -57,10 +57,14 @@ struct TokenizerSpec {
   std::string pad, eos, unk, bos, mask;
 };
 
+/// [ngram] (issue 18's contract): the main head plus n-1 MLP heads; head j (2..n) at row s predicts
+/// x_{s+j} from u_j = out_j(act(in_j(H_s))) [+ the WDR conjugate], through the shared logit layer.
 struct NGramOptions {
-  int64_t n = 3;                ///< predict t+1 .. t+n-1 with extra heads
-  bool wdr = true;              ///< word-difference representation targets
-  double ensembleLambda = 0.4;  ///< weight of the n-gram heads at inference
+  int64_t n = 3;                ///< the paper's N: the main head plus n-1 MLP heads (n >= 2)
+  bool wdr = true;              ///< add the word-difference conjugate (stop-gradient rows of W) to each head
+  double ensembleLambda = 0.4;  ///< weight of the heads in the logit-space ensemble at inference
+  int64_t dHidden = 0;          ///< the heads' hidden width; 0 in a spec built in code = d_model
+  int64_t hiddenWidth(int64_t dModel) const { return dHidden > 0 ? dHidden : dModel; }
 };
 
 /// [train]: the optimizer, schedule and objective of compiled training (issue 14's contract).
@@ -162,7 +166,8 @@ std::string toJson(const ModelSpec &spec);
 /// A stable 64-bit FNV-1a hash of the resolved spec (hex), recorded in weight metadata.
 std::string specHash(const ModelSpec &spec);
 
-/// The objective `auto` stands for: unilm causal, bilm masked, tta autoencoding, diformer directional.
+/// The objective `auto` stands for: unilm causal, bilm masked, tta autoencoding, diformer directional, ngram
+/// ngram.
 Objective resolvedObjective(const ModelSpec &spec);
 
 const char *toString(Family);

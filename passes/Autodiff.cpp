@@ -35,9 +35,9 @@ public:
     if (ret.getNumOperands() != 1)
       return fn.emitOpError("lm-autodiff: a loss function returns exactly the per-row losses");
     Value ce = ret.getOperand(0);
-    if (!ce.hasOneUse() || !isa_and_nonnull<lm::TokenLossOp, lm::CrossEntropyOp>(ce.getDefiningOp()))
-      return fn.emitOpError("lm-autodiff: the returned per-row losses must come straight from lm.token_loss or "
-                            "lm.cross_entropy (their VJP seeds d ce = 1/T)");
+    if (!ce.hasOneUse() || !isa_and_nonnull<lm::TokenLossOp, lm::CrossEntropyOp, lm::NgramLossOp>(ce.getDefiningOp()))
+      return fn.emitOpError("lm-autodiff: the returned per-row losses must come straight from lm.token_loss, "
+                            "lm.cross_entropy or lm.ngram_loss (their VJP seeds d ce = 1/T)");
     lengths = fn.getArgument(2);
     b.setInsertionPoint(ret);
     SmallVector<Operation *> ops;
@@ -96,7 +96,26 @@ private:
       }
       return success();
     }
-    if (isa<lm::FillIdsOp>(op))
+    if (auto loss = dyn_cast<lm::NgramLossOp>(op)) {
+      if (!isLoss)
+        return success();
+      SmallVector<Type> types;
+      for (Value h : loss.getHeads())
+        types.push_back(h.getType());
+      types.push_back(loss.getWeight().getType());
+      types.push_back(RankedTensorType::get({loss.getWeight().getType().getDimSize(0)}, b.getF32Type()));
+      auto g = b.create<lm::NgramLossGradOp>(loc, types, loss.getHeads(), loss.getWeight(), loss.getBias(),
+                                             loss.getTargets(), loss.getLengths(), loss.getLse(),
+                                             loss.getSmoothingAttr());
+      for (auto [h, dh] : llvm::zip(loss.getHeads(), g.getDHeads()))
+        accumulate(h, dh);
+      accumulate(loss.getWeight(), g.getDWeight());
+      if (loss.getBias())
+        accumulate(loss.getBias(), g.getDBias());
+      return success();
+    }
+    // lm.wdr_conjugate is the paper's stop-gradient: no VJP, so its copy of W gets nothing from it.
+    if (isa<lm::FillIdsOp, lm::WdrConjugateOp>(op))
       return success();
     // Every other op: nothing to do unless one of its results has a gradient.
     if (llvm::none_of(op->getResults(), [&](Value r) { return bool(grad(r)); }))

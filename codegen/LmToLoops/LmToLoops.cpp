@@ -159,6 +159,7 @@ struct LmToLoopsPass : lmcc::impl::LmToLoopsBase<LmToLoopsPass> {
     populateGemmPatterns(converter, patterns, context);
     populateWeightPatterns(converter, patterns, context);
     populateBackwardPatterns(converter, patterns, context);
+    populateNGramPatterns(converter, patterns, context);
     if (failed(applyPartialConversion(module, target, std::move(patterns))))
       return signalPassFailure();
     foldCastPairs(module);

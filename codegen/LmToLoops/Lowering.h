@@ -9,6 +9,7 @@
 //   Gemm.cpp         lm.linear (the generated GEMM over load-time packed weights, or the runtime's Eigen GEMM)
 //   Weights.cpp      lm.weight, lm.concat, lm.folded_rows, lm.fold functions and the init kernel
 //   Backward.cpp     the training loss and lm-autodiff's backward ops (calls of the runtime's training kernels)
+//   NGram.cpp        the n-gram heads: WDR conjugate, ensemble, the ngram loss and its VJP
 // Tensors become memrefs (the type converter in LmToLoops.cpp): dynamic-shaped values identity-layout
 // buffers, static-shaped values (weights) views into the one flat weight buffer, which every lowered
 // function takes as its first argument. The meaning of every op is the function of the same name in
@@ -64,6 +65,9 @@ void populateWeightPatterns(mlir::TypeConverter &converter, mlir::RewritePattern
                             const LoweringContext &context);
 void populateBackwardPatterns(mlir::TypeConverter &converter, mlir::RewritePatternSet &patterns,
                               const LoweringContext &context);
+/// NGram.cpp: lm.wdr_conjugate, lm.ngram_ensemble, lm.ngram_loss and its VJP (issue 18).
+void populateNGramPatterns(mlir::TypeConverter &converter, mlir::RewritePatternSet &patterns,
+                           const LoweringContext &context);
 /// Declares the runtime's training kernels (lm_rt_token_loss, lm_rt_linear_grad, ...) at b's insertion point.
 void declareTrainingRuntime(mlir::OpBuilder &b, mlir::Location loc);
 

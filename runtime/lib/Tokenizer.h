@@ -90,4 +90,10 @@ private:
 std::vector<std::string> buildWordPieceVocab(const std::string &corpus, const std::string &path, int64_t size,
                                              bool lowercase, const std::vector<std::string> &specials);
 
+/// A word-level vocabulary (WordVocab.cpp): `specials` first, then the most frequent words of the corpus
+/// (steps 2-5 above; ties: the smaller word by code points) up to `size` entries in all. With it the
+/// tokenizer maps every other word to unk (no "##" pieces exist), as the paper's PTB setup does.
+std::vector<std::string> buildWordVocab(const std::string &corpus, const std::string &path, int64_t size,
+                                        bool lowercase, const std::vector<std::string> &specials);
+
 } // namespace lmcc

@@ -47,6 +47,18 @@ void lm_rt_token_loss_grad(const float *h, const float *W, const float *bias, co
                            double smoothing, float *dh, float *dW, float *dbias) {
   LMRT_DISPATCH(tokenLossGrad, h, W, bias, targets, lengths, lse, B, N, D, V, smoothing, dh, dW, dbias)
 }
+void lm_rt_ngram_head_loss(const float *u, const float *W, const float *bias, const int32_t *targets,
+                           const int32_t *lengths, int64_t B, int64_t N, int64_t D, int64_t V, double smoothing,
+                           int64_t shift, double weight, int32_t first, float *total, float *lse) {
+  LMRT_DISPATCH(ngramHeadLoss, u, W, bias, targets, lengths, B, N, D, V, smoothing, shift, weight, first, total, lse)
+}
+void lm_rt_ngram_head_grad(const float *u, const float *W, const float *bias, const int32_t *targets,
+                           const int32_t *lengths, const float *lse, int64_t B, int64_t N, int64_t D, int64_t V,
+                           double smoothing, int64_t shift, double weight, int32_t first, float *du, float *dW,
+                           float *dbias) {
+  LMRT_DISPATCH(ngramHeadGrad, u, W, bias, targets, lengths, lse, B, N, D, V, smoothing, shift, weight, first, du, dW,
+                dbias)
+}
 void lm_rt_linear_grad(const float *dy, const float *x, const float *W, int64_t rows, int64_t in, int64_t out,
                        float *dx, float *dW, float *db) {
   LMRT_DISPATCH(linearGrad, dy, x, W, rows, in, out, dx, dW, db)

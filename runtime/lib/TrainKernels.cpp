@@ -134,12 +134,12 @@ void tokenLoss(const float *h, const float *W, const float *bias, const int32_t 
   });
 }
 
-void tokenLossGrad(const float *h, const float *W, const float *bias, const int32_t *targets, const int32_t *lengths,
-                   const float *lse, int64_t B, int64_t N, int64_t D, int64_t V, double smoothing, float *dh,
-                   float *dW, float *dbias) {
+namespace {
+/// tokenLossGrad with the seed d ce = invT given (the n-gram heads: w_j / T of the causal targets).
+void tokenLossGradScaled(const float *h, const float *W, const float *bias, const int32_t *targets,
+                         const int32_t *lengths, const float *lse, int64_t B, int64_t N, int64_t D, int64_t V,
+                         double smoothing, double invT, float *dh, float *dW, float *dbias) {
   const int64_t rows = B * N;
-  const int64_t T = countTargets(targets, lengths, B, N);
-  const double invT = T > 0 ? 1.0 / double(T) : 0.0;
   const double off = smoothing / double(V);
   // Rows that predict something; the others have a zero logit gradient.
   std::vector<int64_t> live;
@@ -191,6 +191,58 @@ void tokenLossGrad(const float *h, const float *W, const float *bias, const int3
       for (int64_t c = 0; c < D; ++c)
         out[c] += dhSlice[s](i, c);
   }
+}
+
+} // namespace
+
+void tokenLossGrad(const float *h, const float *W, const float *bias, const int32_t *targets, const int32_t *lengths,
+                   const float *lse, int64_t B, int64_t N, int64_t D, int64_t V, double smoothing, float *dh,
+                   float *dW, float *dbias) {
+  const int64_t T = countTargets(targets, lengths, B, N);
+  tokenLossGradScaled(h, W, bias, targets, lengths, lse, B, N, D, V, smoothing, T > 0 ? 1.0 / double(T) : 0.0, dh,
+                      dW, dbias);
+}
+
+namespace {
+/// Head j's targets: y[b, s] = targets[b, s + shift] while s + shift < lengths[b], else -1.
+std::vector<int32_t> shiftedTargets(const int32_t *targets, const int32_t *lengths, int64_t B, int64_t N,
+                                    int64_t shift) {
+  std::vector<int32_t> y(size_t(B * N), -1);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t s = 0; s + shift < std::min<int64_t>(lengths[b], N); ++s)
+      y[b * N + s] = targets[b * N + s + shift];
+  return y;
+}
+} // namespace
+
+void ngramHeadLoss(const float *u, const float *W, const float *bias, const int32_t *targets, const int32_t *lengths,
+                   int64_t B, int64_t N, int64_t D, int64_t V, double smoothing, int64_t shift, double weight,
+                   int32_t first, float *total, float *lse) {
+  const std::vector<int32_t> y = shiftedTargets(targets, lengths, B, N, shift);
+  std::vector<float> ce(size_t(B * N));
+  tokenLoss(u, W, bias, y.data(), lengths, B, N, D, V, smoothing, ce.data(), lse);
+  for (int64_t r = 0; r < B * N; ++r)
+    total[r] = float((first ? 0.0 : double(total[r])) + weight * double(ce[r]));
+}
+
+void ngramHeadGrad(const float *u, const float *W, const float *bias, const int32_t *targets, const int32_t *lengths,
+                   const float *lse, int64_t B, int64_t N, int64_t D, int64_t V, double smoothing, int64_t shift,
+                   double weight, int32_t first, float *du, float *dW, float *dbias) {
+  const std::vector<int32_t> y = shiftedTargets(targets, lengths, B, N, shift);
+  const int64_t T = countTargets(targets, lengths, B, N); // the causal rows: the loss's denominator
+  const double scale = T > 0 ? weight / double(T) : 0.0;
+  if (first) {
+    tokenLossGradScaled(u, W, bias, y.data(), lengths, lse, B, N, D, V, smoothing, scale, du, dW, dbias);
+    return;
+  }
+  std::vector<float> dWj(size_t(V * D)), dbj(dbias ? size_t(V) : 0);
+  tokenLossGradScaled(u, W, bias, y.data(), lengths, lse, B, N, D, V, smoothing, scale, du, dWj.data(),
+                      dbias ? dbj.data() : nullptr);
+  for (int64_t i = 0; i < V * D; ++i)
+    dW[i] += dWj[i];
+  if (dbias)
+    for (int64_t v = 0; v < V; ++v)
+      dbias[v] += dbj[v];
 }
 
 void linearGrad(const float *dy, const float *x, const float *W, int64_t rows, int64_t in, int64_t out, float *dx,

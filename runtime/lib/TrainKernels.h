@@ -27,6 +27,13 @@
   void tokenLossGrad(const float *h, const float *W, const float *bias, const int32_t *targets,                 \
                      const int32_t *lengths, const float *lse, int64_t B, int64_t N, int64_t D, int64_t V,        \
                      double smoothing, float *dh, float *dW, float *dbias);                                       \
+  void ngramHeadLoss(const float *u, const float *W, const float *bias, const int32_t *targets,                 \
+                     const int32_t *lengths, int64_t B, int64_t N, int64_t D, int64_t V, double smoothing,        \
+                     int64_t shift, double weight, int32_t first, float *total, float *lse);                      \
+  void ngramHeadGrad(const float *u, const float *W, const float *bias, const int32_t *targets,                 \
+                     const int32_t *lengths, const float *lse, int64_t B, int64_t N, int64_t D, int64_t V,        \
+                     double smoothing, int64_t shift, double weight, int32_t first, float *du, float *dW,         \
+                     float *dbias);                                                                               \
   void linearGrad(const float *dy, const float *x, const float *W, int64_t rows, int64_t in, int64_t out,        \
                   float *dx, float *dW, float *db);                                                               \
   void layerNormGrad(const float *dy, const float *x, const float *gamma, int64_t rows, int64_t D, double eps,  \

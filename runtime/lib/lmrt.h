@@ -196,6 +196,16 @@ LM_API void lm_rt_token_loss(const float *h, const float *W, const float *bias, 
 LM_API void lm_rt_token_loss_grad(const float *h, const float *W, const float *bias, const int32_t *targets,
                                   const int32_t *lengths, const float *lse, int64_t B, int64_t N, int64_t D, int64_t V,
                                   double smoothing, float *dh, float *dW, float *dbias);
+/* One head of lm.ngram_loss: targets shifted by `shift` (-1 past the sentence), total = [total +] weight * ce
+ * (first != 0: overwritten); the gradient seeds d ce = weight / T, T counted on the unshifted targets, and
+ * writes (first) or adds into dW and dbias (dbias may be NULL). */
+LM_API void lm_rt_ngram_head_loss(const float *u, const float *W, const float *bias, const int32_t *targets,
+                                  const int32_t *lengths, int64_t B, int64_t N, int64_t D, int64_t V, double smoothing,
+                                  int64_t shift, double weight, int32_t first, float *total, float *lse);
+LM_API void lm_rt_ngram_head_grad(const float *u, const float *W, const float *bias, const int32_t *targets,
+                                  const int32_t *lengths, const float *lse, int64_t B, int64_t N, int64_t D, int64_t V,
+                                  double smoothing, int64_t shift, double weight, int32_t first, float *du, float *dW,
+                                  float *dbias);
 LM_API void lm_rt_linear_grad(const float *dy, const float *x, const float *W, int64_t rows, int64_t in, int64_t out,
                               float *dx, float *dW, float *db);
 LM_API void lm_rt_layer_norm_grad(const float *dy, const float *x, const float *gamma, int64_t rows, int64_t D,

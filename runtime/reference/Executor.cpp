@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 #include "runtime/reference/Executor.h"
 
+#include "runtime/reference/NGram.h"
 #include "runtime/reference/Ops.h"
 #include "runtime/train/Philox.h"
 #include "runtime/weights/Format.h"
@@ -60,6 +61,7 @@ struct Model {
   Norm headNorm;        ///< head transform only
   Matrix headOutput;    ///< head.output.weight [V, D], untied only
   RowVector headBias;   ///< head.bias [V], head bias only
+  std::vector<Linear> ngramIn, ngramOut; ///< ngram.heads.{j}.in / .out, j = 2..n at [j - 2] (family ngram)
 };
 
 const Tensor &tensor(const WeightSet &weights, const std::string &name, const std::vector<int64_t> &shape) {
@@ -124,6 +126,12 @@ Model loadModel(const ModelSpec &spec, const WeightSet &weights) {
     m.headOutput = loadMatrix(weights, names::headOutputWeight(), d.vocab, D);
   if (spec.headBias)
     m.headBias = loadVector(weights, names::headBias(), d.vocab);
+  if (spec.ngram)
+    for (int64_t j = 2; j <= spec.ngram->n; ++j) {
+      const int64_t dHidden = spec.ngram->hiddenWidth(D);
+      m.ngramIn.push_back(loadLinear(weights, names::ffnIn(names::ngramHead(j)), dHidden, D));
+      m.ngramOut.push_back(loadLinear(weights, names::ffnOut(names::ngramHead(j)), D, dHidden));
+    }
   return m;
 }
 
@@ -145,6 +153,10 @@ Model zerosLike(const Model &m) {
   g.headNorm = zn(m.headNorm);
   g.headOutput = zm(m.headOutput);
   g.headBias = zv(m.headBias);
+  for (size_t j = 0; j < m.ngramIn.size(); ++j) {
+    g.ngramIn.push_back(zl(m.ngramIn[j]));
+    g.ngramOut.push_back(zl(m.ngramOut[j]));
+  }
   return g;
 }
 
@@ -197,6 +209,10 @@ WeightSet storeModel(const ModelSpec &spec, const Model &m) {
     matrix(names::headOutputWeight(), m.headOutput);
   if (spec.headBias)
     vector(names::headBias(), m.headBias);
+  for (size_t j = 0; j < m.ngramIn.size(); ++j) {
+    linear(names::ffnIn(names::ngramHead(int64_t(j) + 2)), m.ngramIn[j]);
+    linear(names::ffnOut(names::ngramHead(int64_t(j) + 2)), m.ngramOut[j]);
+  }
   return out;
 }
 
@@ -205,7 +221,7 @@ WeightSet storeModel(const ModelSpec &spec, const Model &m) {
 //===----------------------------------------------------------------------===//
 
 void checkSpec(const ModelSpec &spec) {
-  if (spec.family != Family::UniLM && spec.family != Family::BiLM && spec.family != Family::TTA)
+  if (spec.family == Family::Diformer)
     throw std::invalid_argument(std::string("reference executor: family '") + toString(spec.family) +
                                 "' executes in a later release");
   if (spec.mask == MaskKind::Directional)
@@ -275,6 +291,25 @@ public:
     const Matrix &output = spec.tied ? m.token : m.headOutput;
     Batch logits = linear(t, output, spec.headBias ? &m.headBias : nullptr);
     return logSoftmax(logits);
+  }
+
+  /// The n-gram heads' vectors u_1 = h, u_j = out_j(act(in_j(h))) [+ wdrConjugate] (issue 18).
+  std::vector<Batch> ngramHeads(const Batch &h, const TokenBatch &ids) const {
+    std::vector<Batch> u{h};
+    for (int64_t j = 2; j <= spec.ngram->n; ++j) {
+      Batch x = apply(activation(apply(h, m.ngramIn[j - 2]), spec.activation), m.ngramOut[j - 2]);
+      u.push_back(spec.ngram->wdr ? add(x, wdrConjugate(spec.tied ? m.token : m.headOutput, ids, j)) : x);
+    }
+    return u;
+  }
+
+  /// The contract's ensemble score: log_softmax of the logit-space mix, row p predicting x_p.
+  Batch ngramLogprobs(const TokenBatch &ids) const {
+    const Matrix &output = spec.tied ? m.token : m.headOutput;
+    std::vector<Batch> z;
+    for (const Batch &u : ngramHeads(encode(ids), ids))
+      z.push_back(linear(u, output, spec.headBias ? &m.headBias : nullptr));
+    return logSoftmax(ngramEnsembleLogits(z, spec.ngram->ensembleLambda));
   }
 
   /// Final hidden states per SEMANTICS.md: one pass, or position i from the copy with
@@ -383,6 +418,13 @@ public:
     if (spec.norm == NormPlacement::Pre)
       h = norm(last, m.finalNorm);
 
+    if (spec.ngram) { // the n-gram objective's heads (issue 18); then the trunk's backward below
+      CrossEntropy ce;
+      Batch dh = ngramHeadsBackward(h, ids, targets, labelSmoothing, T, ce);
+      trunkBackward(dh, last, tapes, X, P, e0, maskIn, ids, masks);
+      return ce;
+    }
+
     // Head (Forward::headLogprobs up to the logits).
     Batch ht, at, t = h;
     if (spec.headTransform) {
@@ -407,6 +449,18 @@ public:
       addTo(g.headTransform, l);
       dh = l.dx;
     }
+    trunkBackward(dh, last, tapes, X, P, e0, maskIn, ids, masks);
+    return ce;
+  }
+
+private:
+  struct LayerTape;
+
+  /// The trunk's backward from d(final hidden states): final_norm, the layers, the embedding stream.
+  void trunkBackward(Batch dh, const Batch &last, const std::vector<LayerTape> &tapes, const Batch &X,
+                     const Batch &P, const Batch &e0, const Batch &maskIn, const TokenBatch &ids,
+                     const TokenBatch &masks) {
+    const int64_t D = spec.dims.dModel;
     if (spec.norm == NormPlacement::Pre) {
       LayerNormGrad n = layerNormBackward(dh, last, m.finalNorm.weight, spec.eps);
       addTo(g.finalNorm, n);
@@ -437,12 +491,50 @@ public:
     if (spec.firstQuery == FirstQuery::MaskPosition)
       addTo(g.token, embedBackward(dh, masks, spec.dims.vocab));
     dP = add(dP, de0);
-    if (learned)
+    if (spec.position == PositionKind::Learned)
       addTo(g.position, positionsBackward(dP, spec.dims.maxLen));
-    return ce;
   }
 
-private:
+  /// The n-gram objective (issue 18) on the final hidden states h: head j's CE against the targets
+  /// shifted by j-1, weighted 1/2 (j = 1) or 1/(2(n-1)), dLogits scaled by weight / T. The WDR conjugate's
+  /// copy of W gets no gradient (stop-gradient). Returns d(loss)/dh; ce gets the weighted loss sum.
+  Batch ngramHeadsBackward(const Batch &h, const TokenBatch &ids, const TokenBatch &targets, double labelSmoothing,
+                           int64_t T, CrossEntropy &ce) {
+    const int64_t n = spec.ngram->n;
+    const Matrix &output = spec.tied ? m.token : m.headOutput;
+    Batch dh = Batch::zerosLike(h, h.C);
+    for (int64_t j = 1; j <= n; ++j) {
+      Batch a, f, u = h;
+      if (j >= 2) {
+        a = linear(h, m.ngramIn[j - 2].weight, &m.ngramIn[j - 2].bias);
+        f = activation(a, spec.activation);
+        u = linear(f, m.ngramOut[j - 2].weight, &m.ngramOut[j - 2].bias);
+        if (spec.ngram->wdr)
+          u = add(u, wdrConjugate(output, ids, j));
+      }
+      const double w = ngramHeadWeight(j, n);
+      Batch logits = linear(u, output, spec.headBias ? &m.headBias : nullptr);
+      CrossEntropy cj = crossEntropy(logits, shiftTargets(targets, j - 1), labelSmoothing, w / double(T));
+      ce.lossSum += w * cj.lossSum;
+      if (j == 1)
+        ce.targets = cj.targets;
+      LinearGrad out = linearBackward(cj.dLogits, u, output, spec.headBias);
+      addTo(spec.tied ? g.token : g.headOutput, out.dWeight);
+      if (spec.headBias)
+        addTo(g.headBias, out.dBias);
+      if (j == 1) {
+        dh = add(dh, out.dx);
+        continue;
+      }
+      LinearGrad o = linearBackward(out.dx, f, m.ngramOut[j - 2].weight, true);
+      addTo(g.ngramOut[j - 2], o);
+      LinearGrad i = linearBackward(activationBackward(o.dx, a, spec.activation), h, m.ngramIn[j - 2].weight, true);
+      addTo(g.ngramIn[j - 2], i);
+      dh = add(dh, i.dx);
+    }
+    return dh;
+  }
+
   /// What a layer's backward needs of its forward.
   struct LayerTape {
     Batch in;           ///< h, the layer's input
@@ -645,8 +737,8 @@ std::vector<ScoreResult> score(const ModelSpec &spec, const WeightSet &weights,
   const std::vector<Chunk> chunks = makeChunks(sentences);
   forEachChunk(chunks, threads, [&](const Chunk &c) {
     TokenBatch ids = packChunk(sentences, c);
-    Batch lp = forward.headLogprobs(forward.states(ids));
-    Batch targets = gather(lp, ids, /*shift=*/causal ? 1 : 0);
+    Batch lp = spec.ngram ? forward.ngramLogprobs(ids) : forward.headLogprobs(forward.states(ids));
+    Batch targets = gather(lp, ids, /*shift=*/causal && !spec.ngram ? 1 : 0);
     std::vector<ScoreResult> chunkResults = sentenceScore(targets, ids, skip, /*first=*/causal ? 1 : 0);
     std::move(chunkResults.begin(), chunkResults.end(), results.begin() + c.begin);
   });

@@ -104,6 +104,7 @@ Example makeExample(const ModelSpec &spec, const std::vector<int32_t> &x, uint64
   checkSentence(spec, x, sentence);
   switch (resolvedObjective(spec)) {
   case Objective::Causal:
+  case Objective::NGram: // the heads' targets x[i+j] are the causal ones shifted (MLIRGen's lm.shift_targets)
     return causalExample(x);
   case Objective::Autoencoding:
     return autoencodingExample(spec, x);

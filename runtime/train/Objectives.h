@@ -6,6 +6,7 @@
 // predicts targets[i], -1 = no prediction at row i.
 //
 //   causal:       inputs = x; targets[i] = x[i+1] for i < L-1, -1 at i = L-1.
+//   ngram:        as causal (head j's targets x[i+j] are derived from these by the model).
 //   autoencoding: inputs = x; targets[i] = x[i] where x[i] is neither bos nor eos, else -1.
 //   masked:       see maskedExample below.
 //

@@ -88,9 +88,6 @@ struct ExpectedTensor {
 /// the shapes meaningless (a resolved spec never has them; a spec built in code may).
 void checkSpec(const ModelSpec &spec) {
   const std::string where = "spec " + lmcc::quoted(spec.name) + ": ";
-  if (spec.family == Family::NGram)
-    throw WeightError(where + "family " + familyName(spec.family) +
-                      " executes in a later release (supported: unilm, bilm, tta, diformer)");
   if (spec.family == Family::Diformer && !spec.diformer)
     throw WeightError(where + "family diformer needs its encoder/decoder sizes");
   const Dims &d = spec.dims;
@@ -214,6 +211,16 @@ std::vector<ExpectedTensor> expectedList(const ModelSpec &spec) {
     add(names::headOutputWeight(), {V, D}, Init::Normal);
   if (spec.headBias)
     add(names::headBias(), {V}, Init::Zero);
+  if (spec.ngram) { // heads j = 2..n: u_j = out_j(act(in_j(H))) (issue 18)
+    const int64_t Dh = spec.ngram->hiddenWidth(D);
+    for (int64_t j = 2; j <= spec.ngram->n; ++j) {
+      const std::string head = names::ngramHead(j);
+      add(names::weight(names::ffnIn(head)), {Dh, D}, Init::Normal);
+      add(names::bias(names::ffnIn(head)), {Dh}, Init::Zero);
+      add(names::weight(names::ffnOut(head)), {D, Dh}, Init::Normal);
+      add(names::bias(names::ffnOut(head)), {D}, Init::Zero);
+    }
+  }
   return list;
 }
 

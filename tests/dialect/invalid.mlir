@@ -221,3 +221,28 @@ func.func @param_grad_dynamic(%g: tensor<?x8xf32>) {
   lm.param_grad %g {name = "w"} : tensor<?x8xf32>
   return
 }
+
+// -----
+
+func.func @wdr_head_one(%E: tensor<11x8xf32>, %ids: tensor<?x?xi32>, %len: tensor<?xi32>) {
+  // expected-error @+1 {{head must be >= 2 (head 1 has no conjugate)}}
+  %c = lm.wdr_conjugate %E, %ids, %len {head = 1 : i64} : (tensor<11x8xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?x8xf32>
+  return
+}
+
+// -----
+
+func.func @ensemble_lambda(%h: tensor<?x?x8xf32>, %len: tensor<?xi32>) {
+  // expected-error @+1 {{lambda must be in [0, 1]}}
+  %m = lm.ngram_ensemble %h, %h, %len {lambda = 1.500000e+00 : f64} : (tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<?xi32>) -> tensor<?x?x8xf32>
+  return
+}
+
+// -----
+
+func.func @ngram_loss_lse(%h: tensor<?x?x8xf32>, %E: tensor<11x8xf32>, %ids: tensor<?x?xi32>, %len: tensor<?xi32>) {
+  // expected-error @+1 {{one lse result per head}}
+  %ce, %l1 = lm.ngram_loss heads(%h, %h : tensor<?x?x8xf32>, tensor<?x?x8xf32>) weight(%E : tensor<11x8xf32>)
+      targets(%ids, %len : tensor<?x?xi32>, tensor<?xi32>) {smoothing = 0.0 : f64} -> tensor<?x?xf32>, tensor<?x?xf32>
+  return
+}

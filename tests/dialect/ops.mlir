@@ -86,3 +86,24 @@ func.func @pll(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> tensor<?x?xf32> {
   }
   return %r : tensor<?x?xf32>
 }
+
+// The n-gram heads (issue 18).
+// CHECK-LABEL: func.func @ngram
+func.func @ngram(%ids: tensor<?x?xi32>, %len: tensor<?xi32>, %h: tensor<?x?x8xf32>) -> tensor<?x?xf32> {
+  %E = lm.weight "embed.token" : tensor<11x8xf32>
+  %b = lm.weight "head.bias" : tensor<11xf32>
+  // CHECK: lm.wdr_conjugate %{{.+}}, %{{.+}}, %{{.+}} {head = 3 : i64}
+  %c = lm.wdr_conjugate %E, %ids, %len {head = 3 : i64} : (tensor<11x8xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?x8xf32>
+  // CHECK: lm.ngram_ensemble {{.*}} {lambda = 4.000000e-01 : f64}
+  %m = lm.ngram_ensemble %h, %c, %len {lambda = 4.000000e-01 : f64} : (tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<?xi32>) -> tensor<?x?x8xf32>
+  // CHECK: lm.ngram_loss heads({{.*}}) weight({{.*}}) bias({{.*}}) targets({{.*}}) {smoothing = 1.000000e-01 : f64}
+  %ce, %l1, %l2 = lm.ngram_loss heads(%h, %m : tensor<?x?x8xf32>, tensor<?x?x8xf32>) weight(%E : tensor<11x8xf32>)
+      bias(%b : tensor<11xf32>) targets(%ids, %len : tensor<?x?xi32>, tensor<?xi32>) {smoothing = 1.000000e-01 : f64}
+      -> tensor<?x?xf32>, tensor<?x?xf32>, tensor<?x?xf32>
+  // CHECK: lm.ngram_loss_grad heads({{.*}}) weight({{.*}}) bias({{.*}}) targets({{.*}}) lse({{.*}})
+  %d1, %d2, %dE, %db = lm.ngram_loss_grad heads(%h, %m : tensor<?x?x8xf32>, tensor<?x?x8xf32>)
+      weight(%E : tensor<11x8xf32>) bias(%b : tensor<11xf32>) targets(%ids, %len : tensor<?x?xi32>, tensor<?xi32>)
+      lse(%l1, %l2 : tensor<?x?xf32>, tensor<?x?xf32>) {smoothing = 1.000000e-01 : f64}
+      -> tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<11x8xf32>, tensor<11xf32>
+  return %ce : tensor<?x?xf32>
+}

@@ -1054,7 +1054,7 @@ TEST(Model, InputValidationNamesSentenceAndPosition) {
 }
 
 TEST(Model, UnsupportedFamiliesAndMasksThrow) {
-  for (Family f : {Family::NGram, Family::Diformer}) {
+  for (Family f : {Family::Diformer}) { // ngram executes since issue 18 (tests/unit/NGramTest.cpp)
     ModelSpec spec = makeSpec(Family::UniLM);
     WeightSet w = randomWeights(spec, 1);
     spec.family = f;

@@ -715,13 +715,7 @@ TEST_F(WeightsTest, ExpectedTensorCountsFollowTheSpecOptions) {
   EXPECT_EQ(oneLayer.size(), base - 16);
 }
 
-TEST_F(WeightsTest, LaterFamiliesAreRejected) {
-  {
-    ModelSpec spec = tinySpec();
-    spec.family = Family::NGram;
-    expectError([&] { expectedTensors(spec); }, {"family ngram", "later release"});
-    expectError([&] { initWeights(spec, 1); }, {"later release"});
-  }
+TEST_F(WeightsTest, DiformerNeedsItsStacks) {
   { // Diformer (issue 19) has weights once its stacks are sized.
     ModelSpec spec = tinySpec();
     spec.family = Family::Diformer;
@@ -743,6 +737,30 @@ TEST_F(WeightsTest, LaterFamiliesAreRejected) {
     spec.family = f;
     EXPECT_NO_THROW(expectedTensors(spec));
   }
+}
+
+TEST_F(WeightsTest, NGramHeads) {
+  // Issue 18: as uniLM plus ngram.heads.{j}.{in,out} for j = 2..n, in [d_hidden, d], out [d, d_hidden].
+  ModelSpec spec = tinySpec();
+  spec.family = Family::NGram;
+  spec.headTransform = false;
+  spec.ngram = NGramOptions{};
+  spec.ngram->n = 3;
+  spec.ngram->dHidden = 5;
+  const int64_t D = spec.dims.dModel;
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const TensorInfo &t : expectedTensors(spec))
+    shapes[t.name] = t.shape;
+  EXPECT_EQ(shapes.count("ngram.heads.1.in.weight"), 0u);
+  EXPECT_EQ(shapes.count("ngram.heads.4.in.weight"), 0u);
+  for (int j : {2, 3}) {
+    const std::string h = "ngram.heads." + std::to_string(j);
+    EXPECT_EQ(shapes[h + ".in.weight"], (std::vector<int64_t>{5, D}));
+    EXPECT_EQ(shapes[h + ".in.bias"], (std::vector<int64_t>{5}));
+    EXPECT_EQ(shapes[h + ".out.weight"], (std::vector<int64_t>{D, 5}));
+    EXPECT_EQ(shapes[h + ".out.bias"], (std::vector<int64_t>{D}));
+  }
+  EXPECT_NO_THROW(validateWeights(initWeights(spec, 1), spec, "w.safetensors"));
 }
 
 // === Validation ==================================================================

@@ -223,7 +223,8 @@ void appendNumber(std::string &out, double v, const char *what, size_t line) {
 struct Options {
   std::string spec, weights, ids = "-", output, from, input, cpu, dumpIR, gemm = "generated", text, corpus;
   bool json = false, reference = false, embedWeights = false, staticArchive = false, naive = false, stats = false;
-  bool tokens = false, truncate = false, lowercase = false, timing = false;
+  bool tokens = false, truncate = false, lowercase = false, timing = false, wordLevel = false;
+  double lambda = -1; ///< lmcc score --lambda (family ngram); < 0: the spec's
   std::string name;
   int64_t vocabSize = 0;
   std::map<std::string, bool> noPass; // pass flag -> --no-<pass> given
@@ -366,13 +367,33 @@ struct TrainBatch {
   int64_t targetCount = 0;
 };
 
+/// The causal shift of every sentence of `inputs` (x[i+1], -1 at the end); non-lists stay as they are.
+nlohmann::json causalTargets(const nlohmann::json &inputs) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const nlohmann::json &x : inputs) {
+    if (!x.is_array()) {
+      out.push_back(x);
+      continue;
+    }
+    nlohmann::json y = nlohmann::json::array();
+    for (size_t i = 0; i < x.size(); ++i)
+      y.push_back(i + 1 < x.size() ? x[i + 1] : nlohmann::json(-1));
+    out.push_back(std::move(y));
+  }
+  return out;
+}
+
 TrainBatch parseBatch(const nlohmann::json &j, const std::string &where, const lmcc::ModelSpec &spec) {
-  if (!j.is_object() || !j.contains("inputs") || !j.contains("targets"))
+  // Family ngram (issue 18): each input row is a whole sentence; its heads' targets derive from the causal
+  // shift, so "targets" may be left out and, when given, must be that shift.
+  const bool ngram = spec.family == lmcc::Family::NGram;
+  if (!j.is_object() || !j.contains("inputs") || (!j.contains("targets") && !ngram))
     throw InputError(where + ": expected an object {\"inputs\": [[...], ...], \"targets\": [[...], ...]}");
   for (auto it = j.begin(); it != j.end(); ++it)
     if (it.key() != "inputs" && it.key() != "targets")
       throw InputError(where + ": unknown key \"" + it.key() + "\" (valid: inputs, targets)");
-  const nlohmann::json &in = j["inputs"], &tg = j["targets"];
+  const nlohmann::json &in = j["inputs"];
+  const nlohmann::json tg = j.contains("targets") ? j["targets"] : causalTargets(in);
   if (!in.is_array() || !tg.is_array() || in.size() != tg.size())
     throw InputError(where + ": \"inputs\" and \"targets\" must be arrays with one list per sentence (got " +
                      std::to_string(in.is_array() ? in.size() : 0) + " and " +
@@ -404,6 +425,13 @@ TrainBatch parseBatch(const nlohmann::json &j, const std::string &where, const l
       if (y < -1 || y >= spec.dims.vocab)
         throw InputError(at + ": target " + std::to_string(y) + " outside [0, " + std::to_string(spec.dims.vocab) +
                          ") (or -1 for none)");
+      if (ngram) {
+        const int64_t shift = i + 1 < in[s].size() && in[s][i + 1].is_number_integer() ? in[s][i + 1].get<int64_t>() : -1;
+        if (y != shift)
+          throw InputError(at + ": target " + std::to_string(y) + ", but family \"ngram\" trains on the causal " +
+                           "shift of each input sentence (x[i+1], -1 at the end): expected " + std::to_string(shift) +
+                           " (or leave \"targets\" out)");
+      }
       b.inputs[s * b.stride + i] = int32_t(x);
       b.targets[s * b.stride + i] = int32_t(y);
       b.targetCount += y >= 0;
@@ -444,7 +472,7 @@ std::vector<TrainBatch> readBatches(const std::string &path, const lmcc::ModelSp
 }
 
 void checkTrainable(const lmcc::ModelSpec &spec) {
-  if (spec.family != lmcc::Family::UniLM && spec.family != lmcc::Family::BiLM && spec.family != lmcc::Family::TTA)
+  if (spec.family == lmcc::Family::Diformer)
     throw InputError(std::string("family \"") + lmcc::toString(spec.family) + "\" has no training entry yet");
 }
 
@@ -751,8 +779,10 @@ int runVocab(const Options &o) {
   std::vector<std::string> vocab;
   try {
     // Specials first, at the ids of the family defaults ([tokens]: pad 0, eos 1, unk 2, bos 3, mask 4).
-    vocab = lmcc::buildWordPieceVocab(corpus, o.corpus == "-" ? "<stdin>" : o.corpus, o.vocabSize, o.lowercase,
-                                      {"[PAD]", "[EOS]", "[UNK]", "[SOS]", "[MASK]"});
+    const std::string path = o.corpus == "-" ? "<stdin>" : o.corpus;
+    const std::vector<std::string> specials{"[PAD]", "[EOS]", "[UNK]", "[SOS]", "[MASK]"};
+    vocab = o.wordLevel ? lmcc::buildWordVocab(corpus, path, o.vocabSize, o.lowercase, specials)
+                        : lmcc::buildWordPieceVocab(corpus, path, o.vocabSize, o.lowercase, specials);
   } catch (const lmcc::TokenizerError &e) {
     throw InputError(e.what());
   }
@@ -765,8 +795,9 @@ int runVocab(const Options &o) {
   if (!(out << text) || !out.flush())
     throw InputError(o.output + ": cannot write");
   if (int64_t(vocab.size()) < o.vocabSize)
-    std::cerr << "lmcc vocab: note: the corpus supports only " << vocab.size() << " entries (no pair occurs twice "
-              << "more); wrote " << vocab.size() << " instead of " << o.vocabSize << "\n";
+    std::cerr << "lmcc vocab: note: the corpus supports only " << vocab.size() << " entries ("
+              << (o.wordLevel ? "distinct words" : "no pair occurs twice more") << "); wrote " << vocab.size()
+              << " instead of " << o.vocabSize << "\n";
   return kExitOk;
 }
 
@@ -999,6 +1030,15 @@ int runImportHf(const Options &o) {
 
 int runScoreOrEmbed(const Options &o, bool score) {
   lmcc::ModelSpec spec = lmcc::loadSpec(o.spec);
+  if (o.lambda >= 0) { // lmcc score --lambda: the n-gram ensemble's weight (a spec override: its own library)
+    if (spec.family != lmcc::Family::NGram)
+      throw UsageError("--lambda applies to family \"ngram\" (the n-gram heads' ensemble weight)");
+    if (!score)
+      throw UsageError("--lambda applies to lmcc score");
+    if (o.lambda > 1)
+      throw InputError("--lambda " + std::to_string(o.lambda) + " outside [0, 1]");
+    spec.ngram->ensembleLambda = o.lambda;
+  }
   if (spec.family == lmcc::Family::Diformer && score) { // SRC ||| TGT ||| DIRS [||| HIDE] lines
     if (!o.reference)
       std::cerr << "lmcc: note: family \"diformer\" runs on the reference executor (no compiled code yet)\n";
@@ -1008,9 +1048,9 @@ int runScoreOrEmbed(const Options &o, bool score) {
     return lmcc::cli::diformerScore(spec, o.weights, o.text.empty() ? o.ids : o.text, tok ? &*tok : nullptr,
                                     o.threads);
   }
-  if (spec.family == lmcc::Family::NGram || spec.family == lmcc::Family::Diformer) {
-    std::cerr << "lmcc: " << o.spec << ": family \"" << lmcc::toString(spec.family)
-              << "\" is parsed and emitted as IR only; executing it comes with its training objective\n";
+  if (spec.family == lmcc::Family::Diformer) {
+    std::cerr << "lmcc: " << o.spec << ": family \"diformer\" has no embed entry point (it scores, trains and "
+              << "translates, on the reference executor)\n";
     return kExitUnsupported;
   }
   if (score && !spec.mlm)
@@ -1232,6 +1272,8 @@ int main(int argc, char **argv) {
   vocab->add_option("--corpus", o.corpus, "UTF-8 text ('-' = stdin)")->required();
   vocab->add_option("--size", o.vocabSize, "vocabulary entries, specials included")->required();
   vocab->add_flag("--lowercase", o.lowercase, "BERT uncased normalization (lowercase, strip accents)");
+  vocab->add_flag("--word-level", o.wordLevel, "whole words: the specials, then the size-5 most frequent words "
+                                               "(every other word tokenizes to [UNK])");
   vocab->add_option("-o,--output", o.output, "output vocabulary (one token a line)")->required();
 
   auto *importHf = app.add_subcommand("import-hf", "write a spec for a Hugging Face BERT or sentence-transformers folder");
@@ -1254,6 +1296,9 @@ int main(int argc, char **argv) {
         ->excludes(idsOpt);
     runners[k]->add_flag("--tokens", o.tokens, "add a \"tokens\" field: the pieces (with --text)");
     runners[k]->add_flag("--truncate", o.truncate, "cut sentences longer than max_len (bos, pieces, eos)");
+    if (k == 0)
+      runners[k]->add_option("--lambda", o.lambda, "family ngram: the ensemble weight of the n-gram heads in [0, 1] "
+                                                   "(default: the spec's [ngram] ensemble_lambda)");
     auto *referenceFlag = runners[k]->add_flag("--reference", o.reference,
                                                "run the reference executor (the numeric oracle) instead of compiled code");
     if (k == 0)
