@@ -11,7 +11,6 @@
 #include <cctype>
 #include <cstdio>
 #include <limits>
-#include <set>
 #include <sstream>
 #include <stdexcept>
 
@@ -44,20 +43,9 @@ void checkName(const std::string &name) {
     throw std::invalid_argument("model name 'lm_rt' collides with the runtime's lm_rt_* functions");
 }
 
-/// The C++ namespace of the wrappers: the model name, or name + "_" when that is a C++ keyword.
-std::string cppNamespace(const std::string &name) {
-  static const std::set<std::string> keywords = {
-      "alignas", "alignof", "and", "and_eq", "asm", "auto", "bitand", "bitor", "bool", "break", "case", "catch",
-      "char", "char8_t", "char16_t", "char32_t", "class", "compl", "concept", "const", "consteval", "constexpr",
-      "constinit", "const_cast", "continue", "co_await", "co_return", "co_yield", "decltype", "default", "delete",
-      "do", "double", "dynamic_cast", "else", "enum", "explicit", "export", "extern", "false", "float", "for",
-      "friend", "goto", "if", "inline", "int", "long", "mutable", "namespace", "new", "noexcept", "not", "not_eq",
-      "nullptr", "operator", "or", "or_eq", "private", "protected", "public", "register", "reinterpret_cast",
-      "requires", "return", "short", "signed", "sizeof", "static", "static_assert", "static_cast", "struct",
-      "switch", "template", "this", "thread_local", "throw", "true", "try", "typedef", "typeid", "typename",
-      "union", "unsigned", "using", "virtual", "void", "volatile", "wchar_t", "while", "xor", "xor_eq", "std"};
-  return keywords.count(name) ? name + "_" : name;
-}
+/// The C++ namespace of the wrappers: the model name, or std_ for a model named std (lmcc check refuses C and C++
+/// keywords as names: frontend/Spec.cpp, reservedNameReason).
+std::string cppNamespace(const std::string &name) { return name == "std" ? "std_" : name; }
 
 /// A C string literal.
 std::string cString(const std::string &s) {
