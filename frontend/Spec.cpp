@@ -755,6 +755,7 @@ void checkAsciiOutsideStrings(const std::string &text, const std::string &path) 
   size_t i = 0;
   line = 1, lineStart = 0;
   auto newline = [&](size_t at) { ++line, lineStart = at + 1; };
+  char previous = '\n'; // the last character that is not a space or tab
   while (i < n) {
     const char c = text[i];
     if (c == '#') {
@@ -762,11 +763,21 @@ void checkAsciiOutsideStrings(const std::string &text, const std::string &path) 
         ++i;
       continue;
     }
-    if (c == '"' || c == '\'') {
+    // A quote opens a string only where TOML has one (a value, an array element, a quoted key); elsewhere, as
+    // in the middle of a bare value, toml++ reads on past it as through any other character.
+    const bool stringStart = previous == '=' || previous == '[' || previous == ',' || previous == '{' ||
+                             previous == '.' || previous == '\n';
+    if (c != ' ' && c != '\t' && c != '\r')
+      previous = c;
+    if ((c == '"' || c == '\'') && stringStart) {
+      previous = c;
       const bool basic = c == '"';
       const bool multi = text.compare(i, 3, std::string(3, c)) == 0;
       i += multi ? 3 : 1;
       while (i < n) {
+        if (multi && static_cast<unsigned char>(text[i]) >= 0x80) // toml++ 3.3 trips on them after a "\\" line end
+          throw SpecError(path + ":" + std::to_string(line) + ":" + std::to_string(i - lineStart + 1), "",
+                          "invalid TOML for lmcc: a non-ASCII character in a multi-line string");
         if (basic && text[i] == '\\') {
           if (i + 1 < n && text[i + 1] == '\n')
             newline(i + 1);
@@ -780,7 +791,7 @@ void checkAsciiOutsideStrings(const std::string &text, const std::string &path) 
         }
         if (text[i] == c && (!multi || text.compare(i, 3, std::string(3, c)) == 0)) {
           i += multi ? 3 : 1;
-          while (multi && i < n && text[i] == c) //  and " close with quotes inside
+          while (multi && i < n && text[i] == c) // four or five quotes: the string ends in one or two
             ++i;
           break;
         }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job: set up and build, check every spec in models/ and verify its IR, then train a small T-TA and a
-# biLM of the same size on the King James Bible (Debian's bible-kjv, installed when missing) for about two minutes
+# biLM of the same size on the King James Bible (Debian's bible-kjv, installed when missing) for about a minute
 # each with `lmcc train --data` (progress, validation, checkpoints, loss.png), score a few sentences and their
 # scrambled versions with both trained models (compiled), and time T-TA's single pass against the biLM's
 # mask-and-predict PLL, optimized and naive, per sentence. Everything lands in build/demo/.
@@ -28,7 +28,7 @@ echo "$(wc -l < "$out/kjv.txt") verses, $(wc -w < "$out/kjv.txt") words"
 cp "$root"/examples/demo/demo_tta.toml "$root"/examples/demo/demo_bilm.toml "$out/"
 
 for model in tta bilm; do
-  echo "== lmcc train demo_$model (compiles the training library, then about two minutes of training on 2 threads)"
+  echo "== lmcc train demo_$model (compiles the training library, then about a minute of training on 2 threads)"
   rm -rf "$out/run-$model"
   "$bin/lmcc" train "$out/demo_$model.toml" --data "$out/kjv.txt" -o "$out/run-$model" \
     --batch-tokens 1024 --threads 2 --log-every 50 --valid-every 100 --checkpoint-every 100 > "$out/run-$model.json"

@@ -5,10 +5,14 @@
 # tests/fuzz/regressions/<target>/ (crashes found earlier, fixed since) is replayed first. A crash stops the
 # script with its input under build-fuzz/ (add it to regressions/ with the fix).
 #
-#   scripts/fuzz.sh [SECONDS]
+#   scripts/fuzz.sh [SECONDS]   explore: a random seed, SECONDS per target
+#   scripts/fuzz.sh --ci        CI: seed 1 and a fixed number of runs per target, so that a CI run explores
+#                               exactly what it explored here (deterministic; a few minutes on 2 cores)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-seconds=${1:-60}
+ci=0
+if [ "${1:-}" = "--ci" ]; then ci=1; seconds=0; else seconds=${1:-60}; fi
+declare -A ciRuns=([spec]=150000 [safetensors]=6000 [ids]=150000 [tokenizer]=20000)
 packages=(clang-19 libclang-rt-19-dev libtomlplusplus-dev nlohmann-json3-dev libutf8proc-dev)
 missing=()
 for p in "${packages[@]}"; do
@@ -44,8 +48,15 @@ for target in spec safetensors ids tokenizer; do
       { tail -30 "$out/$target-regressions.log"; echo "fuzz: $target: a regression input fails again" >&2; exit 1; }
   fi
   mkdir -p "$out/corpus/$target"
-  echo "fuzz: $target for $seconds s"
-  (cd "$out" && "$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+  if [ $ci = 1 ]; then
+    limit=(-seed=1 -runs="${ciRuns[$target]}")
+    rm -rf "$out/corpus/$target" && mkdir -p "$out/corpus/$target"
+    echo "fuzz: $target, seed 1, ${ciRuns[$target]} runs"
+  else
+    limit=(-max_total_time="$seconds")
+    echo "fuzz: $target for $seconds s"
+  fi
+  (cd "$out" && "$bin" "${limit[@]}" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
     "$out/corpus/$target" "$root/tests/fuzz/corpus/$target" > "$out/$target.log" 2>&1) ||
     { tail -40 "$out/$target.log"; echo "fuzz: $target found a crash (input saved in $out)" >&2; exit 1; }
   grep -E "^stat::number_of_executed_units|^#[0-9]+.*DONE" "$out/$target.log" | tail -1
