@@ -354,9 +354,7 @@ SpecialIds Tokenizer::conventionalSpecials(const std::string &vocabText, const s
 
 // --- Vocabulary builder -----------------------------------------------------------
 
-std::vector<std::string> buildWordPieceVocab(const std::string &corpus, const std::string &path, int64_t size,
-                                             bool lowercase, const std::vector<std::string> &specials) {
-  // Count words line by line (errors name the line).
+std::map<std::u32string, int64_t> countWords(const std::string &corpus, const std::string &path, bool lowercase) {
   std::map<std::u32string, int64_t> counts;
   size_t pos = 0;
   int64_t lineNo = 0;
@@ -368,10 +366,16 @@ std::vector<std::string> buildWordPieceVocab(const std::string &corpus, const st
     std::u32string cps = Tokenizer::decodeUtf8(std::string_view(corpus).substr(pos, end - pos),
                                                path + ":" + std::to_string(lineNo), 0);
     for (std::u32string &w : Tokenizer::splitWords(cps, lowercase))
-      if (w.size() <= 100)
+      if (w.size() <= 100) // longer words are unk anyway
         ++counts[std::move(w)];
     pos = end + 1;
   }
+  return counts;
+}
+
+std::vector<std::string> buildWordPieceVocab(const std::string &corpus, const std::string &path, int64_t size,
+                                             bool lowercase, const std::vector<std::string> &specials) {
+  std::map<std::u32string, int64_t> counts = countWords(corpus, path, lowercase);
 
   std::vector<std::string> vocab;
   std::set<std::string> seen;

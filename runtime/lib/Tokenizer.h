@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <stdexcept>
+#include <map>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -87,6 +88,10 @@ private:
 /// by code points) until the vocabulary has `size` entries or no pair occurs twice. The vocabulary
 /// holds `specials` first (in the given order), then every character of the corpus (alone and as
 /// "##c"), then the merged pieces in the order learned.
+/// Every word of `corpus` (one text a line) as the tokenizer splits it, with its count; words over 100 code
+/// points are left out (the tokenizer's unk). Invalid UTF-8 throws TokenizerError naming `path:line`.
+std::map<std::u32string, int64_t> countWords(const std::string &corpus, const std::string &path, bool lowercase);
+
 std::vector<std::string> buildWordPieceVocab(const std::string &corpus, const std::string &path, int64_t size,
                                              bool lowercase, const std::vector<std::string> &specials);
 

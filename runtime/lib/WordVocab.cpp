@@ -10,21 +10,7 @@ namespace lmcc {
 std::vector<std::string> buildWordVocab(const std::string &corpus, const std::string &path, int64_t size,
                                         bool lowercase, const std::vector<std::string> &specials) {
   // Words as the tokenizer splits them (steps 2-5), counted line by line (errors name the line).
-  std::map<std::u32string, int64_t> counts;
-  size_t pos = 0;
-  int64_t lineNo = 0;
-  while (pos < corpus.size()) {
-    size_t end = corpus.find('\n', pos);
-    if (end == std::string::npos)
-      end = corpus.size();
-    ++lineNo;
-    std::u32string cps = Tokenizer::decodeUtf8(std::string_view(corpus).substr(pos, end - pos),
-                                               path + ":" + std::to_string(lineNo), 0);
-    for (std::u32string &w : Tokenizer::splitWords(cps, lowercase))
-      if (w.size() <= 100) // longer words are the tokenizer's unk anyway
-        ++counts[std::move(w)];
-    pos = end + 1;
-  }
+  std::map<std::u32string, int64_t> counts = countWords(corpus, path, lowercase);
   std::vector<std::pair<std::u32string, int64_t>> ranked(counts.begin(), counts.end());
   // Most frequent first; ties by code points (the map's order), so the result is deterministic.
   std::stable_sort(ranked.begin(), ranked.end(), [](const auto &a, const auto &b) { return a.second > b.second; });

@@ -55,23 +55,26 @@ std::string fileHash(const fs::path &path) {
 }
 
 /// What, besides the spec and the pipeline, changes the compiled code: this lmcc binary and the host CPU.
-json keyParts() {
-  json parts;
-  struct stat st {};
-  ::stat("/proc/self/exe", &st);
-  std::error_code ec;
-  parts["lmcc"] = fs::read_symlink("/proc/self/exe", ec).string() + ":" + std::to_string(st.st_size) + ":" +
-                  std::to_string(st.st_mtime);
-  parts["cpu"] = llvm::sys::getHostCPUName().str();
-  std::vector<std::string> features;
-  for (const auto &f : llvm::sys::getHostCPUFeatures())
-    if (f.getValue())
-      features.push_back(f.getKey().str());
-  std::sort(features.begin(), features.end());
-  std::string joined;
-  for (const std::string &f : features)
-    joined += (joined.empty() ? "" : ",") + f;
-  parts["features"] = joined;
+const json &keyParts() {
+  static const json parts = [] {
+    json parts;
+    struct stat st {};
+    ::stat("/proc/self/exe", &st);
+    std::error_code ec;
+    parts["lmcc"] = fs::read_symlink("/proc/self/exe", ec).string() + ":" + std::to_string(st.st_size) + ":" +
+                    std::to_string(st.st_mtime);
+    parts["cpu"] = llvm::sys::getHostCPUName().str();
+    std::vector<std::string> features;
+    for (const auto &f : llvm::sys::getHostCPUFeatures())
+      if (f.getValue())
+        features.push_back(f.getKey().str());
+    std::sort(features.begin(), features.end());
+    std::string joined;
+    for (const std::string &f : features)
+      joined += (joined.empty() ? "" : ",") + f;
+    parts["features"] = joined;
+    return parts;
+  }(); // computed once a process: every lookup and fill asks for it
   return parts;
 }
 

@@ -35,6 +35,9 @@ std::atomic<int> stopSignal{0};
 extern "C" void onStopSignal(int sig) { stopSignal.store(sig); }
 
 std::string readFile(const std::string &path, const char *what) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) // as lmcc's readInput: an ifstream would read a directory as empty
+    throw RunError(path + ": is a directory, not the " + std::string(what));
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw RunError(path + ": cannot open the " + std::string(what));
