@@ -9,12 +9,13 @@ def LmToLoops : Pass<"lm-to-loops", "::mlir::ModuleOp"> {
   let description = [{
     Dialect conversion with one pattern per lm op, grouped by op family (codegen/LmToLoops/*.cpp). Tensors
     become memrefs; the `score` and `embed` entry points become `<model>_score_kernel(weights, ids, lengths,
-    token_logprobs, scores, n_scored)` and `<model>_embed_kernel(weights, ids, lengths, out)` with the
+    [spans,] token_logprobs, scores, n_scored)` (spans: mask-and-predict scoring) and `<model>_embed_kernel(weights, ids, lengths, out)` with the
     runtime's ABI (runtime/lib/lmrt.h), every weight a view at its offset in the flat weight buffer
     (codegen/Layout/WeightLayout.h); lm.fold functions write their tables and `<model>_init_kernel(weights)`
     packs the GEMM weights and calls them. Other functions (`logits`) are dropped. A library needs both
     entry points (the driver checks); lit tests may lower one. Needs `lm.model` on the
-    module. Buffers are freed at the end of the block that allocates them.
+    module. Buffers are freed after their last use (addresses derived from them included) in the block that
+    allocates them.
   }];
   let options = [
     Option<"gemm", "gemm", "std::string", "\"generated\"",

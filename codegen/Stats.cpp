@@ -22,8 +22,10 @@ namespace {
 /// What the dynamic dims stand for: the first `?` of a type is the batch, every
 /// further one the sequence length n. The batch is 1 (one sentence) except inside an
 /// lm.masked_batch body, whose batch is the C = sum(lengths) = n masked copies.
+/// The dynamic sizes: batch (the first `?` of a type), n (every further `?`) and, inside an lm.masked_batch
+/// body, copies (the body's batch).
 struct Sizes {
-  int64_t batch, n;
+  int64_t batch, n, copies;
 };
 
 /// Counts are computed in 128 bits (a huge spec cannot wrap them) and narrowed with a check at the end.
@@ -78,7 +80,7 @@ Wide elements(Value v, Sizes z) { return product(resolvedShape(v.getType(), z));
 bool isMaskedBatch(Operation *op) { return op->getName().getStringRef() == "lm.masked_batch"; }
 
 /// The sizes inside the regions of `op`.
-Sizes regionSizes(Operation *op, Sizes z) { return isMaskedBatch(op) ? Sizes{z.n, z.n} : z; }
+Sizes regionSizes(Operation *op, Sizes z) { return isMaskedBatch(op) ? Sizes{z.copies, z.n, z.copies} : z; }
 
 /// FLOPs of `op` itself, not of its regions.
 Wide ownFlops(Operation *op, Sizes z) {
@@ -234,18 +236,39 @@ Wide flopsIn(Operation *op, Sizes z) {
 
 } // namespace
 
-int64_t tensorBytes(Type type, int64_t n) { return narrow(byteSize(type, Sizes{1, n}), "bytes"); }
+int64_t tensorBytes(Type type, int64_t n) { return narrow(byteSize(type, Sizes{1, n, n}), "bytes"); }
 
-int64_t opFlops(Operation *op, int64_t n) { return narrow(flopsIn(op, Sizes{1, n}), "FLOPs"); }
+int64_t opFlops(Operation *op, int64_t n) { return narrow(flopsIn(op, Sizes{1, n, n}), "FLOPs"); }
+
+MemoryModel memoryModel(ModuleOp lmModule, llvm::StringRef entry, int64_t maxLen) {
+  MemoryModel model;
+  auto fn = lmModule.lookupSymbol<func::FuncOp>(entry);
+  if (!fn || fn.isExternal())
+    return model;
+  model.perSentence.assign(maxLen + 1, 0);
+  model.perCopy.assign(maxLen + 1, 0);
+  for (int64_t n = 1; n <= maxLen; ++n)
+    for (Block &block : fn.getBody()) {
+      // Every temporary is batch- or copies-major, so its bytes are linear in one of them: the peak of a
+      // call, a maximum over program points of such sums, is at most B * (peak at B = 1, C = 0) + C * (peak
+      // at B = 0, C = 1). (Tensors of static shape, if any, are counted in both.)
+      model.perSentence[n] =
+          std::max(model.perSentence[n], narrow(blockPeak(block, Sizes{1, n, 0}, /*argsAreTemps=*/false), "bytes"));
+      model.perCopy[n] =
+          std::max(model.perCopy[n], narrow(blockPeak(block, Sizes{0, n, 1}, /*argsAreTemps=*/false), "bytes"));
+    }
+  return model;
+}
 
 std::vector<EntryStats> countStats(ModuleOp lmModule, int64_t n) {
   std::vector<EntryStats> stats;
   for (auto fn : lmModule.getOps<func::FuncOp>()) {
     EntryStats s{fn.getName().str(), 0, 0};
     if (!fn.isExternal()) {
-      s.flops = narrow(flopsIn(fn, Sizes{1, n}), "FLOPs");
+      s.flops = narrow(flopsIn(fn, Sizes{1, n, n}), "FLOPs");
       for (Block &block : fn.getBody())
-        s.tempBytes = std::max(s.tempBytes, narrow(blockPeak(block, Sizes{1, n}, /*argsAreTemps=*/false), "bytes"));
+        s.tempBytes =
+            std::max(s.tempBytes, narrow(blockPeak(block, Sizes{1, n, n}, /*argsAreTemps=*/false), "bytes"));
     }
     stats.push_back(std::move(s));
   }

@@ -51,6 +51,15 @@ struct EntryStats {
 /// Throws std::overflow_error when a count exceeds 2^63 - 1 (counted in 128 bits, never wrapped).
 std::vector<EntryStats> countStats(mlir::ModuleOp lmModule, int64_t n);
 
+/// Upper bounds on the temporaries of one call of an entry point, per sentence length n (index 0..maxLen):
+/// B sentences padded to n with C masked copies (lm.masked_batch) need at most B * perSentence[n] +
+/// C * perCopy[n] bytes (perCopy is 0 without a masked batch). The runtime cuts calls to fit a workspace
+/// limit with these tables. Empty when the module has no such entry.
+struct MemoryModel {
+  std::vector<int64_t> perSentence, perCopy;
+};
+MemoryModel memoryModel(mlir::ModuleOp lmModule, llvm::StringRef entry, int64_t maxLen);
+
 /// Bytes of a tensor type with B = 1 and every further dynamic dim = n (0 for a
 /// non-tensor type).
 int64_t tensorBytes(mlir::Type type, int64_t n);

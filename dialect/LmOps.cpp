@@ -327,6 +327,8 @@ LogicalResult MaskAndPredictOp::verify() {
     return failure();
   if (int64_t(getMaskToken()) < 0)
     return emitOpError("mask_token must be a token id >= 0");
+  if (getSpans() && getSpans().getType() != getIds().getType())
+    return emitOpError("spans must have the ids type ") << getIds().getType();
   Region &body = getBody();
   if (!body.hasOneBlock())
     return emitOpError("the body must be one block");
@@ -349,13 +351,17 @@ LogicalResult MaskedBatchOp::verify() {
     return failure();
   if (int64_t(getMaskToken()) < 0)
     return emitOpError("mask_token must be a token id >= 0");
+  if (getSpans() && getSpans().getType() != getIds().getType())
+    return emitOpError("spans must have the ids type ") << getIds().getType();
   Block &block = getBody().front();
   auto ids = getIds().getType(), lengths = getLengths().getType();
-  if (block.getNumArguments() != 5 || block.getArgument(0).getType() != ids ||
+  if (block.getNumArguments() != 6 || block.getArgument(0).getType() != ids ||
       block.getArgument(1).getType() != lengths || block.getArgument(2).getType() != ids ||
-      block.getArgument(3).getType() != lengths || block.getArgument(4).getType() != lengths)
+      block.getArgument(3).getType() != lengths || block.getArgument(4).getType() != lengths ||
+      block.getArgument(5).getType() != lengths)
     return emitOpError("the body takes (copies ") << ids << ", copy lengths " << lengths << ", targets " << ids
-                                                  << ", positions " << lengths << ", owners " << lengths << ")";
+                                                  << ", positions " << lengths << ", owners " << lengths << ", ends "
+                                                  << lengths << ")";
   auto yield = llvm::dyn_cast<YieldOp>(block.getTerminator());
   if (!yield)
     return emitOpError("the body must end with lm.yield");
@@ -389,7 +395,7 @@ LogicalResult SpliceCopiesOp::verify() {
   for (int64_t i = 1; i < result.getRank(); ++i)
     if (!compatible(result.getDimSize(i), sentence.getDimSize(i)))
       return emitOpError("dim ") << i << " differs between the shared rows and the result";
-  if (failed(expectRank(*this, "owners [C]", getOwners(), 1)))
+  if (failed(expectRank(*this, "owners [C]", getOwners(), 1)) || failed(expectRank(*this, "ends [C]", getEnds(), 1)))
     return failure();
   return expectRank(*this, "positions [C]", getPositions(), 1);
 }

@@ -451,44 +451,52 @@ def Lm_MaskAndPredictOp : Lm_Op<"mask_and_predict", [RecursiveMemoryEffects]> {
     i < lengths[b]; rows past a sentence's length are zero. The naive lowering is a
     loop of n forward passes; `lm-batch-mask-predict` turns it into one batched
     computation over the n copies.
+
+    With `spans` [B, N] (optional): position i of sentence b is predicted with positions
+    [i, min(spans[b, i], lengths[b])) masked (Kauf & Ivanova's within-word l2r PLL masks a
+    piece and the rest of its word), and only where spans[b, i] > i: rows with
+    spans[b, i] <= i are not computed (zero), which lets a caller split one sentence's
+    copies over several calls. Without spans every span is i + 1.
     ```mlir
-    %lp = lm.mask_and_predict %ids, %lengths {mask_token = 4 : i64} : (tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32> {
+    %lp = lm.mask_and_predict %ids, %lengths spans(%spans) {mask_token = 4 : i64} : (tensor<?x?xi32>, tensor<?xi32>, tensor<?x?xi32>) -> tensor<?x?xf32> {
     ^bb0(%masked: tensor<?x?xi32>):
       ...
       lm.yield %g : tensor<?x?xf32>
     }
     ```
   }];
-  let arguments = (ins Lm_I32Tensor:$ids, Lm_I32Tensor:$lengths, I64Attr:$mask_token);
+  let arguments = (ins Lm_I32Tensor:$ids, Lm_I32Tensor:$lengths, Optional<Lm_I32Tensor>:$spans, I64Attr:$mask_token);
   let results = (outs Lm_F32Tensor:$result);
   let regions = (region SizedRegion<1>:$body);
-  let assemblyFormat = "$ids `,` $lengths attr-dict `:` functional-type(operands, results) $body";
+  let assemblyFormat = "$ids `,` $lengths (`spans` `(` $spans^ `)`)? attr-dict `:` functional-type(operands, results) $body";
   let hasVerifier = 1;
 }
 
 def Lm_MaskedBatchOp : Lm_Op<"masked_batch", [RecursiveMemoryEffects]> {
   let summary = "mask-and-predict as one batched computation over all masked copies";
   let description = [{
-    Same result as lm.mask_and_predict, computed at once: the body runs on C =
-    sum(lengths) copies, copy c = (b, i) being sentence b with position i replaced
-    by `mask_token`. Body arguments: the copies' ids [C, N], their lengths [C], the
-    original ids of their sentences (targets) [C, N], each copy's position i [C]
-    and each copy's sentence b [C]. The body yields [C, N, ...] (row i of copy c is kept) or, once
+    Same result as lm.mask_and_predict, computed at once: the body runs on the C
+    masked copies, copy c = (b, i) being sentence b with positions [i, e) replaced by
+    `mask_token` (e = min(spans[b, i], lengths[b]), or i + 1 without spans; positions
+    with spans[b, i] <= i have no copy; C = sum(lengths) without spans). Body
+    arguments: the copies' ids [C, N], their lengths [C], the original ids of their
+    sentences (targets) [C, N], each copy's position i [C], each copy's sentence b [C]
+    and each copy's span end e [C]. The body yields [C, N, ...] (row i of copy c is kept) or, once
     lm-prune-rows has run, [C, 1, ...] (only the kept row was computed).
-    result[b, i, ...] = yielded[c(b, i), i or 0, ...]; rows past a length are zero.
+    result[b, i, ...] = yielded[c(b, i), i or 0, ...]; rows past a length or without a copy are zero.
     ```mlir
     %lp = lm.masked_batch %ids, %lengths {mask_token = 4 : i64} : (tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32> {
     ^bb0(%copies: tensor<?x?xi32>, %copy_lengths: tensor<?xi32>, %targets: tensor<?x?xi32>, %positions: tensor<?xi32>,
-         %owners: tensor<?xi32>):
+         %owners: tensor<?xi32>, %ends: tensor<?xi32>):
       ...
       lm.yield %g : tensor<?x?xf32>
     }
     ```
   }];
-  let arguments = (ins Lm_I32Tensor:$ids, Lm_I32Tensor:$lengths, I64Attr:$mask_token);
+  let arguments = (ins Lm_I32Tensor:$ids, Lm_I32Tensor:$lengths, Optional<Lm_I32Tensor>:$spans, I64Attr:$mask_token);
   let results = (outs Lm_F32Tensor:$result);
   let regions = (region SizedRegion<1>:$body);
-  let assemblyFormat = "$ids `,` $lengths attr-dict `:` functional-type(operands, results) $body";
+  let assemblyFormat = "$ids `,` $lengths (`spans` `(` $spans^ `)`)? attr-dict `:` functional-type(operands, results) $body";
   let hasVerifier = 1;
 }
 
@@ -552,17 +560,18 @@ def Lm_FoldedRowsOp : Lm_Op<"folded_rows", [Pure]> {
 }
 
 def Lm_SpliceCopiesOp : Lm_Op<"splice_copies", [Pure, HasParent<"MaskedBatchOp">]> {
-  let summary = "per-copy rows from shared per-sentence rows: the sentence's row, or the [MASK] row at the copy's position";
+  let summary = "per-copy rows from shared per-sentence rows: the sentence's row, or the [MASK] row inside the copy's span";
   let description = [{
-    Inside lm.masked_batch, copy c = (b, i) differs from sentence b only at row i.
+    Inside lm.masked_batch, copy c = (b, i) differs from sentence b only at rows [i, e).
     `sentence` [B, N, ...] and `masked` [B, N, ...] are computed once per sentence
-    outside the batch (lm-share-first-layer): out[c, t] = sentence[b, t] for t != i,
-    masked[b, i] for t = i, with i = positions[c] and b = owners[c].
+    outside the batch (lm-share-first-layer): out[c, t] = masked[b, t] for i <= t < e,
+    sentence[b, t] otherwise, with i = positions[c], b = owners[c], e = ends[c].
     ```mlir
-    %k = lm.splice_copies %k_sentence, %k_masked, %positions, %owners : (tensor<?x?x512xf32>, tensor<?x?x512xf32>, tensor<?xi32>, tensor<?xi32>) -> tensor<?x?x512xf32>
+    %k = lm.splice_copies %k_sentence, %k_masked, %positions, %owners, %ends : (tensor<?x?x512xf32>, tensor<?x?x512xf32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>) -> tensor<?x?x512xf32>
     ```
   }];
-  let arguments = (ins Lm_F32Tensor:$sentence, Lm_F32Tensor:$masked, Lm_I32Tensor:$positions, Lm_I32Tensor:$owners);
+  let arguments = (ins Lm_F32Tensor:$sentence, Lm_F32Tensor:$masked, Lm_I32Tensor:$positions, Lm_I32Tensor:$owners,
+                   Lm_I32Tensor:$ends);
   let results = (outs Lm_F32Tensor:$result);
   let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;

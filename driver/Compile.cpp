@@ -211,6 +211,10 @@ std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options,
     return "internal error: the lm IR does not describe the model\n" + diagnostics;
   const std::vector<codegen::LayoutTensor> tensors = layout.loadedTensors();
   const std::vector<int64_t> offsets = layout.loadedOffsets();
+  codegen::MemoryModel scoreMemory = codegen::memoryModel(*lm, "score", spec.dims.maxLen);
+  codegen::MemoryModel embedMemory = codegen::memoryModel(*lm, "embed", spec.dims.maxLen);
+  facts->scoreSentenceBytes = std::move(scoreMemory.perSentence), facts->scoreCopyBytes = std::move(scoreMemory.perCopy);
+  facts->embedSentenceBytes = std::move(embedMemory.perSentence), facts->embedCopyBytes = std::move(embedMemory.perCopy);
   if (options.train) {
     const TrainOptions &t = spec.train;
     codegen::ModelFacts::Train train;

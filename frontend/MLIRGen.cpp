@@ -246,7 +246,12 @@ private:
 
   void scoreEntry() {
     auto tokenLp = t({kDyn, kDyn}, f32);
-    auto fn = entry("score", {idsType(), lengthsType()}, {tokenLp, t({kDyn}, f32), t({kDyn}, i32)});
+    // Mask-and-predict scoring takes a third argument, spans [B, N] (lm.mask_and_predict): the pieces each
+    // prediction masks (word-l2r PLL) and which positions a call predicts (the runtime's copy chunks).
+    SmallVector<Type> inputs = {idsType(), lengthsType()};
+    if (spec.method == ScoreMethod::MaskAndPredict)
+      inputs.push_back(idsType());
+    auto fn = entry("score", inputs, {tokenLp, t({kDyn}, f32), t({kDyn}, i32)});
     b.getContext()->getLoadedDialect<lm::LmDialect>()->getMethodAttrHelper().setAttr(
         fn, b.getStringAttr(toString(spec.method)));
     Value ids = fn.getArgument(0), lengths = fn.getArgument(1);
@@ -269,7 +274,8 @@ private:
       lp = tokenLogprobs(encode(ids, lengths), ids, lengths, 0);
       break;
     case ScoreMethod::MaskAndPredict: {
-      auto mp = b.create<lm::MaskAndPredictOp>(loc, tokenLp, ids, lengths, b.getI64IntegerAttr(spec.tokens.mask));
+      auto mp = b.create<lm::MaskAndPredictOp>(loc, tokenLp, ids, lengths, fn.getArgument(2),
+                                               b.getI64IntegerAttr(spec.tokens.mask));
       OpBuilder::InsertionGuard guard(b);
       Block *body = b.createBlock(&mp.getBody(), {}, {idsType()}, {loc});
       // Targets are the original ids; the stack sees the masked copy.
@@ -293,7 +299,8 @@ private:
     Value states;
     if (spec.method == ScoreMethod::MaskAndPredict && spec.mlm) {
       // H^M_i: position i's state comes from the copy with position i masked.
-      auto mp = b.create<lm::MaskAndPredictOp>(loc, seqType(D()), ids, lengths, b.getI64IntegerAttr(spec.tokens.mask));
+      auto mp = b.create<lm::MaskAndPredictOp>(loc, seqType(D()), ids, lengths, Value(),
+                                               b.getI64IntegerAttr(spec.tokens.mask));
       OpBuilder::InsertionGuard guard(b);
       Block *body = b.createBlock(&mp.getBody(), {}, {idsType()}, {loc});
       b.create<lm::YieldOp>(loc, encode(body->getArgument(0), lengths));

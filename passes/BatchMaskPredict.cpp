@@ -51,12 +51,12 @@ struct LmBatchMaskPredict : lmcc::impl::LmBatchMaskPredictBase<LmBatchMaskPredic
       }
       OpBuilder builder(op);
       auto batched = builder.create<lm::MaskedBatchOp>(op.getLoc(), op.getType(), op.getIds(), op.getLengths(),
-                                                       op.getMaskTokenAttr());
+                                                       op.getSpans(), op.getMaskTokenAttr());
       Type idsType = op.getIds().getType(), lengthsType = op.getLengths().getType();
       Location loc = op.getLoc();
       Block *body = builder.createBlock(&batched.getBody(), {},
-                                        {idsType, lengthsType, idsType, lengthsType, lengthsType},
-                                        {loc, loc, loc, loc, loc});
+                                        {idsType, lengthsType, idsType, lengthsType, lengthsType, lengthsType},
+                                        {loc, loc, loc, loc, loc, loc});
       IRMapping mapping;
       mapping.map(op.getBody().front().getArgument(0), body->getArgument(0));
       mapping.map(op.getLengths(), body->getArgument(1));

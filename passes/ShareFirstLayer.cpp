@@ -41,7 +41,8 @@ struct LmShareFirstLayer : lmcc::impl::LmShareFirstLayerBase<LmShareFirstLayer> 
 
   void share(lm::MaskedBatchOp batch) {
     Block &body = batch.getBody().front();
-    Value copies = body.getArgument(0), positions = body.getArgument(3), owners = body.getArgument(4);
+    Value copies = body.getArgument(0), positions = body.getArgument(3), owners = body.getArgument(4),
+          ends = body.getArgument(5);
     // 1. Values computed from the copies' ids by row-local ops and weights only.
     llvm::DenseSet<Value> derived;
     derived.insert(copies);
@@ -101,7 +102,7 @@ struct LmShareFirstLayer : lmcc::impl::LmShareFirstLayerBase<LmShareFirstLayer> 
     builder.setInsertionPointToStart(&body);
     for (Value v : frontier) {
       Value spliced = builder.create<lm::SpliceCopiesOp>(v.getLoc(), v.getType(), sentence.lookup(v),
-                                                         masked.lookup(v), positions, owners);
+                                                         masked.lookup(v), positions, owners, ends);
       v.replaceAllUsesWith(spliced);
     }
     eraseDeadOps(body);

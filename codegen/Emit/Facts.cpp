@@ -3,6 +3,8 @@
 
 #include "dialect/LmDialect.h"
 
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+
 namespace lmcc::codegen {
 
 mlir::FailureOr<ModelFacts> readModelFacts(mlir::ModuleOp module) {
@@ -27,7 +29,9 @@ mlir::FailureOr<ModelFacts> readModelFacts(mlir::ModuleOp module) {
   facts.bos = model.getBos();
   facts.eos = model.getEos();
   facts.mask = model.getMask();
-  facts.hasScore = bool(module.lookupSymbol("score"));
+  auto score = module.lookupSymbol<mlir::func::FuncOp>("score");
+  facts.hasScore = bool(score);
+  facts.scoreSpans = score && score.getNumArguments() == 3;
   return facts;
 }
 

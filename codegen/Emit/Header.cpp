@@ -113,6 +113,12 @@ int @name@_load(const char *weights_path, @name@_model **out);
  * written: on an invalid argument no output is touched. */
 int @name@_score(@name@_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride, float *token_logprobs, float *scores);
 
+/* Mask-and-predict (PLL) scoring with chosen spans: token i of sentence b is predicted with tokens
+ * [i, spans[b*stride + i]) masked, spans[b*stride + i] in (i, lengths[b]]. i + 1 everywhere is @name@_score;
+ * the end of the word holding token i is Kauf & Ivanova's within-word l2r PLL (a word's later pieces are
+ * masked too). Models that do not score by mask-and-predict return an error. */
+int @name@_score_spans(@name@_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride, const int32_t *spans, float *token_logprobs, float *scores);
+
 /* Sentence embeddings: out receives batch*@NAME@_D_MODEL floats (row b = sentence b). Same batch layout,
  * validation and error rules as @name@_score. */
 int @name@_embed(@name@_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride, float *out);
@@ -129,6 +135,12 @@ const char *lm_last_error(void);
 /* Threads used by later calls, process-wide (default 1). Returns the previous value, or -1 (with
  * lm_last_error() set) when n < 1. Results do not depend on the thread count. */
 int lm_set_num_threads(int n);
+/* Bounds the temporaries of each later call (all its threads together) to about `bytes`: calls are cut into
+ * smaller pieces to stay under it (mask-and-predict scoring splits a sentence's masked copies), with the
+ * same results. A call that cannot fit (one masked copy, or one sentence, needs more) fails with
+ * LM_ERR_MEMORY naming what it needs. 0 restores the default, a quarter of the physical memory.
+ * Process-wide. Returns the previous limit in bytes, or -1 (with lm_last_error() set) when bytes < 0. */
+int64_t lm_set_workspace_limit(int64_t bytes);
 #endif
 
 /* Text: BERT WordPiece tokenization, exactly as Hugging Face's BertTokenizerFast (shared by all lmcc model
@@ -409,8 +421,9 @@ std::string generateGlue(const ModelFacts &spec, const std::vector<LayoutTensor>
   os << "/* The compiled kernels (lm_score_kernel / lm_embed_kernel signatures). */\n";
   if (spec.hasScore)
     os << "extern void _mlir_ciface_" << name
-       << "_score_kernel(lm_memref1f *weights, lm_memref2i *ids, lm_memref1i *lengths, lm_memref2f *token_logprobs,\n"
-       << "    lm_memref1f *scores, lm_memref1i *n_scored);\n";
+       << "_score_kernel(lm_memref1f *weights, lm_memref2i *ids, lm_memref1i *lengths,"
+       << (spec.scoreSpans ? " lm_memref2i *spans," : "") << "\n    lm_memref2f *token_logprobs, "
+       << "lm_memref1f *scores, lm_memref1i *n_scored);\n";
   os << "extern void _mlir_ciface_" << name
      << "_embed_kernel(lm_memref1f *weights, lm_memref2i *ids, lm_memref1i *lengths, lm_memref2f *out);\n"
      << "extern void _mlir_ciface_" << name << "_init_kernel(lm_memref1f *weights);\n";
@@ -446,6 +459,22 @@ std::string generateGlue(const ModelFacts &spec, const std::vector<LayoutTensor>
     os << "static const lm_train_desc " << name << "_train = {\n"
        << "    " << t.optimizer << ", " << t.schedule << ", /* optimizer, schedule */\n    " << numbers << "};\n\n";
   }
+  // The memory model (codegen/Stats.h): bytes of temporaries per sentence and per masked copy, by length.
+  auto table = [&](const char *what, const std::vector<int64_t> &bytes) {
+    if (bytes.empty())
+      return std::string("NULL");
+    os << "static const int64_t " << name << "_" << what << "[" << bytes.size() << "] = {";
+    for (size_t i = 0; i < bytes.size(); ++i)
+      os << (i % 8 ? " " : "\n    ") << bytes[i] << ",";
+    os << "\n};\n";
+    return name + "_" + what;
+  };
+  const std::string scoreSentence = table("score_sentence_bytes", spec.scoreSentenceBytes),
+                    scoreCopy = table("score_copy_bytes", spec.scoreCopyBytes),
+                    embedSentence = table("embed_sentence_bytes", spec.embedSentenceBytes),
+                    embedCopy = table("embed_copy_bytes", spec.embedCopyBytes);
+  os << "\n";
+  const std::string scoreKernel = "_mlir_ciface_" + name + "_score_kernel";
   os << "static const lm_model_desc " << name << "_desc = {\n"
      << "    " << cString(name) << ", /* name */\n"
      << "    " << cString(spec.specHash) << ", /* spec_hash */\n"
@@ -455,7 +484,9 @@ std::string generateGlue(const ModelFacts &spec, const std::vector<LayoutTensor>
      << "    " << (tensors.empty() ? std::string("NULL") : tableName) << ", " << tensors.size()
      << ", /* tensors, num_tensors */\n"
      << "    " << totalFloats << ", /* total_floats */\n"
-     << "    " << (spec.hasScore ? "_mlir_ciface_" + name + "_score_kernel" : std::string("NULL /* encoder only */"))
+     << "    " << (!spec.hasScore ? std::string("NULL /* encoder only */")
+                           : spec.scoreSpans ? std::string("NULL /* span_score below */")
+                                             : scoreKernel)
      << ",\n"
      << "    _mlir_ciface_" << name << "_embed_kernel,\n"
      << "    " << (embedWeights ? name + "_embedded_weights" : std::string("NULL")) << ", /* embedded_weights */\n"
@@ -463,9 +494,12 @@ std::string generateGlue(const ModelFacts &spec, const std::vector<LayoutTensor>
   if (spec.train)
     os << "    _mlir_ciface_" << name << "_loss_kernel,\n"
        << "    _mlir_ciface_" << name << "_loss_grad_kernel,\n"
-       << "    &" << name << "_train\n";
+       << "    &" << name << "_train,\n";
   else
-    os << "    NULL, NULL, NULL /* loss, loss_grad, train: compiled without --train */\n";
+    os << "    NULL, NULL, NULL, /* loss, loss_grad, train: compiled without --train */\n";
+  os << "    " << (spec.hasScore && spec.scoreSpans ? scoreKernel : std::string("NULL")) << ", /* span_score */\n"
+     << "    " << scoreSentence << ", " << scoreCopy << ", " << embedSentence << ", " << embedCopy
+     << " /* memory model */\n";
   os << "};\n\n";
 
 
@@ -477,6 +511,8 @@ LMCC_EXPORT int @name@_score(@name@_model *m, const int32_t *ids, const int32_t 
     int32_t stride, float *token_logprobs, float *scores);
 LMCC_EXPORT int @name@_score_ex(@name@_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch,
     int32_t stride, float *token_logprobs, float *scores, int32_t *n_scored);
+LMCC_EXPORT int @name@_score_spans(@name@_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch,
+    int32_t stride, const int32_t *spans, float *token_logprobs, float *scores);
 LMCC_EXPORT int @name@_embed(@name@_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch,
     int32_t stride, float *out);
 LMCC_EXPORT void @name@_free(@name@_model *m);
@@ -498,6 +534,11 @@ int @name@_score_ex(@name@_model *m, const int32_t *ids, const int32_t *lengths,
   return lm_rt_score_ex((lm_model *)m, ids, lengths, batch, stride, token_logprobs, scores, n_scored);
 }
 
+int @name@_score_spans(@name@_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride,
+    const int32_t *spans, float *token_logprobs, float *scores) {
+  return lm_rt_score_spans((lm_model *)m, ids, lengths, batch, stride, spans, token_logprobs, scores, NULL);
+}
+
 int @name@_embed(@name@_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride,
     float *out) {
   return lm_rt_embed((lm_model *)m, ids, lengths, batch, stride, out);
@@ -515,6 +556,7 @@ void @name@_free(@name@_model *m) { lm_rt_free((lm_model *)m); }
 #endif
 LMCC_WEAK const char *lm_last_error(void) { return lm_rt_last_error(); }
 LMCC_WEAK int lm_set_num_threads(int n) { return lm_rt_set_num_threads(n); }
+LMCC_WEAK int64_t lm_set_workspace_limit(int64_t bytes) { return lm_rt_set_workspace_limit(bytes); }
 LMCC_WEAK int lm_tokenizer_load(const char *vocab_path, int lowercase, lm_tokenizer **out) {
   return lm_rt_tokenizer_load(vocab_path, lowercase, out);
 }

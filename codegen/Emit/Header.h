@@ -35,6 +35,9 @@ struct ModelFacts {
   };
   std::optional<Train> train;
   bool hasScore = true; ///< false for an encoder-only model (no @score entry: <name>_score returns an error)
+  bool scoreSpans = false; ///< mask-and-predict scoring: the score kernel takes spans (lm_span_score_kernel)
+  /// Memory model of the entry points (codegen/Stats.h memoryModel), index n = 0..maxLen; empty: none.
+  std::vector<int64_t> scoreSentenceBytes, scoreCopyBytes, embedSentenceBytes, embedCopyBytes;
 };
 
 /// The public C header `<name>.h` (C99 and C++17, extern "C"): dimension macros,

@@ -2,7 +2,7 @@
 //
 // Dialect conversion of a whole lm module into CPU kernels: a type converter (tensor -> memref), the
 // entry-point and lm.fold function signatures, the op patterns of each family (Lowering.h), then the
-// init kernel and the deallocation of every buffer at the end of the block that allocates it.
+// init kernel and the deallocation of every buffer after its last use in the block that allocates it.
 //
 //===----------------------------------------------------------------------===//
 #include "codegen/Emit/Object.h"
@@ -44,6 +44,8 @@ struct FuncLowering : OpConversionPattern<func::FuncOp> {
     std::string name = fold ? fn.getSymName().str() : model + "_" + fn.getSymName().str() + "_kernel";
     auto kernel = rewriter.create<func::FuncOp>(fn.getLoc(), name,
                                                 rewriter.getFunctionType(conversion.getConvertedTypes(), {}));
+    // Loops::outputs() finds the output buffers after the weights and this many inputs.
+    kernel->setAttr("lmcc.num_inputs", rewriter.getI64IntegerAttr(fn.getNumArguments()));
     if (fold) {
       kernel.setPrivate();
       dialect->getFoldAttrHelper().setAttr(kernel, rewriter.getUnitAttr());
@@ -98,14 +100,54 @@ struct ReturnLowering : OpConversionPattern<func::ReturnOp> {
   const LoweringContext &context;
 };
 
-/// Frees every buffer at the end of the block that allocates it (kernels return nothing, so no buffer
-/// escapes; pointers handed to the runtime GEMM are used before the block ends).
-void deallocateAtBlockEnd(ModuleOp module) {
+/// The last op of the allocating block that may touch `buffer`: a use of the buffer or of anything derived
+/// from it (views, extracted addresses and the integers and pointers computed from them, a memref an address
+/// was stored into (the GEMM task's ctx array), the results of a region whose terminator yields one), found
+/// through nested regions. Pointers handed to the runtime are integers, so only this closure sees them.
+Operation *lastUser(memref::AllocOp alloc) {
+  Block *block = alloc->getBlock();
+  Operation *last = alloc;
+  SmallVector<Value> work = {alloc.getResult()};
+  llvm::DenseSet<Value> seen(work.begin(), work.end());
+  auto push = [&](Value v) {
+    if (seen.insert(v).second)
+      work.push_back(v);
+  };
+  while (!work.empty()) {
+    Value v = work.pop_back_val();
+    for (OpOperand &use : v.getUses()) {
+      Operation *user = use.getOwner();
+      Operation *ancestor = block->findAncestorOpInBlock(*user);
+      if (!ancestor)
+        continue;
+      if (last->isBeforeInBlock(ancestor))
+        last = ancestor;
+      for (Value r : user->getResults())
+        push(r);
+      if (auto store = dyn_cast<memref::StoreOp>(user); store && use.getOperandNumber() == 0)
+        push(store.getMemref());
+      if (user->hasTrait<OpTrait::IsTerminator>() && user->getParentOp())
+        for (Value r : user->getParentOp()->getResults())
+          push(r);
+    }
+  }
+  return last;
+}
+
+/// Frees every buffer right after its last use in the block that allocates it (kernels return nothing, so no
+/// buffer escapes): a call's peak is that of its live temporaries, not the sum of all of them, which is what
+/// codegen/Stats.h's memory model counts and the runtime's workspace limit relies on.
+void deallocateAfterLastUse(ModuleOp module) {
   module.walk([](memref::AllocOp alloc) {
     for (Operation *user : alloc->getUsers())
       if (isa<memref::DeallocOp>(user))
         return;
-    OpBuilder b(alloc->getBlock()->getTerminator());
+    Operation *last = lastUser(alloc);
+    OpBuilder b(alloc->getContext());
+    if (last->hasTrait<OpTrait::IsTerminator>())
+      b.setInsertionPoint(last);
+    else
+      b.setInsertionPointAfter(last);
     b.create<memref::DeallocOp>(alloc.getLoc(), alloc.getResult());
   });
 }
@@ -165,7 +207,7 @@ struct LmToLoopsPass : lmcc::impl::LmToLoopsBase<LmToLoopsPass> {
     foldCastPairs(module);
     if (failed(buildInitKernel(module, context, model.getName(), model.getPad())))
       return signalPassFailure();
-    deallocateAtBlockEnd(module);
+    deallocateAfterLastUse(module);
   }
 
   /// The runtime functions kernels call, and the generated GEMM of every packed weight (created before the

@@ -198,7 +198,8 @@ Value Loops::weightView(int64_t offset, ArrayRef<int64_t> shape) {
 
 SmallVector<Value> Loops::outputs() {
   auto fn = op->getParentOfType<func::FuncOp>();
-  return SmallVector<Value>(fn.getArguments().drop_front(3));
+  auto inputs = fn->getAttrOfType<IntegerAttr>("lmcc.num_inputs");
+  return SmallVector<Value>(fn.getArguments().drop_front(1 + (inputs ? inputs.getInt() : 2)));
 }
 
 std::vector<std::string> weightNames(Value weight) {

@@ -122,7 +122,7 @@ public:
 
   /// Runtime sizes of a tensor or memref type: first `?` = B, later `?` = N.
   llvm::SmallVector<mlir::Value> sizes(mlir::ShapedType t);
-  /// A fresh 64-byte aligned buffer; deallocated at the end of its block by the pass.
+  /// A fresh 64-byte aligned buffer; deallocated after its last use in its block by the pass.
   mlir::Value alloc(mlir::ShapedType t);
 
   /// for i0 < ubs[0], i1 < ubs[1], ...: body(ivs). The builder ends after the nest.
@@ -175,7 +175,8 @@ public:
   /// A [rows, cols] (or any rank, row-major) view of the weight buffer at a float offset.
   mlir::Value weightView(int64_t offset, llvm::ArrayRef<int64_t> shape);
 
-  /// The output buffers of the entry point being lowered (its arguments after weights, ids, lengths).
+  /// The output buffers of the entry point being lowered (its arguments after the weights and the inputs:
+  /// ids, lengths and, for mask-and-predict scoring, spans).
   llvm::SmallVector<mlir::Value> outputs();
   mlir::ShapedType typeOf(mlir::Value v) { return llvm::cast<mlir::ShapedType>(v.getType()); }
 

@@ -13,39 +13,67 @@ using namespace mlir;
 namespace lmcc::codegen {
 namespace {
 
-/// Batched mask-and-predict: copy c = sentence b with position i masked, for the copies of sentence b at
-/// [offset(b), offset(b) + len(b)); the body runs once with batch C; row i (or row 0 when the body was
-/// pruned to one row) of copy c goes to result[b, i]. Rows past a length are zero.
+/// Where copy (b, pos) masks up to: min(spans[b, pos], len) with spans, pos + 1 without; it exists when that
+/// end is past pos (pos < len is the caller's).
+struct CopySpan {
+  Value end, exists;
+};
+CopySpan copySpan(Loops &L, Value spans, Value bi, Value pos, Value len) {
+  Value next = L.b.create<arith::AddIOp>(L.loc, pos, L.idx(1));
+  if (!spans)
+    return {next, L.b.create<arith::ConstantOp>(L.loc, L.b.getBoolAttr(true))};
+  Value end = L.toIndex(L.load(spans, {bi, pos}));
+  end = L.select(L.lt(end, len), end, len);
+  return {end, L.lt(pos, end)};
+}
+
+/// Batched mask-and-predict: copy c = sentence b with positions [i, e) masked, for the copies of sentence b
+/// in order of i; the body runs once with batch C; row i (or row 0 when the body was pruned to one row) of
+/// copy c goes to result[b, i]. Rows past a length or without a copy are zero.
 struct MaskedBatchLowering : LmLowering<lm::MaskedBatchOp> {
   using LmLowering::LmLowering;
   LogicalResult lower(lm::MaskedBatchOp m, Loops &L) const override {
     auto &b = L.b;
     Location loc = L.loc;
     Value ids = L.in(m.getIds()), lens = L.in(m.getLengths());
+    Value spans = m.getSpans() ? L.in(m.getSpans()) : Value();
     L.lengths = lens;
-    Value total = L.reduce(L.idx(0), L.B, L.idx(0),
-                           [&](Value bi, Value acc) { return b.create<arith::AddIOp>(loc, acc, L.lengthOf(bi)); });
+    auto one = [&](Value exists) { return L.select(exists, L.idx(1), L.idx(0)); };
+    Value total = L.reduce(L.idx(0), L.B, L.idx(0), [&](Value bi, Value acc) {
+      Value len = L.lengthOf(bi);
+      if (!spans)
+        return b.create<arith::AddIOp>(loc, acc, len).getResult();
+      return L.reduce(L.idx(0), len, acc, [&](Value pos, Value n) {
+        return b.create<arith::AddIOp>(loc, n, one(copySpan(L, spans, bi, pos, len).exists)).getResult();
+      });
+    });
     auto dyn = ShapedType::kDynamic;
     auto newBuffer = [&](ArrayRef<int64_t> shape, ValueRange dynSizes) -> Value {
       return b.create<memref::AllocOp>(loc, MemRefType::get(shape, L.i32()), dynSizes, b.getI64IntegerAttr(64));
     };
     Value copies = newBuffer({dyn, dyn}, {total, L.N}), targets = newBuffer({dyn, dyn}, {total, L.N});
     Value copyLengths = newBuffer({dyn}, {total}), positions = newBuffer({dyn}, {total}), owner = newBuffer({dyn}, {total});
+    Value ends = newBuffer({dyn}, {total});
     Value mask = L.i32c(m.getMaskToken());
+    auto toI32 = [&](Value v) { return b.create<arith::IndexCastOp>(loc, L.i32(), v); };
     L.reduce(L.idx(0), L.B, L.idx(0), [&](Value bi, Value offset) {
       Value len = L.lengthOf(bi);
-      L.nest({len}, [&](ValueRange pos) {
-        Value c = b.create<arith::AddIOp>(loc, offset, pos[0]);
-        L.nest({L.N}, [&](ValueRange t) {
-          Value id = L.load(ids, {bi, t[0]});
-          L.store(L.select(L.eqI(t[0], pos[0]), mask, id), copies, {c, t[0]});
-          L.store(id, targets, {c, t[0]});
+      return L.reduce(L.idx(0), len, offset, [&](Value pos, Value c) {
+        CopySpan span = copySpan(L, spans, bi, pos, len);
+        L.when(span.exists, [&] {
+          L.nest({L.N}, [&](ValueRange t) {
+            Value id = L.load(ids, {bi, t[0]});
+            Value masked = L.andI(L.ge(t[0], pos), L.lt(t[0], span.end));
+            L.store(L.select(masked, mask, id), copies, {c, t[0]});
+            L.store(id, targets, {c, t[0]});
+          });
+          L.store(L.load(lens, bi), copyLengths, c);
+          L.store(toI32(pos), positions, c);
+          L.store(toI32(bi), owner, c);
+          L.store(toI32(span.end), ends, c);
         });
-        L.store(L.load(lens, bi), copyLengths, c);
-        L.store(b.create<arith::IndexCastOp>(loc, L.i32(), pos[0]), positions, c);
-        L.store(b.create<arith::IndexCastOp>(loc, L.i32(), bi), owner, c);
+        return b.create<arith::AddIOp>(loc, c, one(span.exists)).getResult();
       });
-      return b.create<arith::AddIOp>(loc, offset, len);
     });
     Value out = L.alloc(m.getType());
     auto outSizes = L.sizes(m.getType());
@@ -56,7 +84,7 @@ struct MaskedBatchLowering : LmLowering<lm::MaskedBatchOp> {
     auto yield = cast<lm::YieldOp>(body.getTerminator());
     Value yielded = yield.getValue();
     bool pruned = L.typeOf(yielded).getDimSize(1) == 1;
-    b.inlineBlockBefore(&body, m, ValueRange{copies, copyLengths, targets, positions, owner});
+    b.inlineBlockBefore(&body, m, ValueRange{copies, copyLengths, targets, positions, owner, ends});
     Value y = b.getRemappedValue(yielded);
     b.eraseOp(yield);
     SmallVector<Value> rest(outSizes.begin() + 2, outSizes.end());
@@ -74,14 +102,15 @@ struct MaskedBatchLowering : LmLowering<lm::MaskedBatchOp> {
   }
 };
 
-/// Naive mask-and-predict: for each position i, run the body on the ids with column i masked (where
-/// i < length) and keep row i of its result. The body's buffers live for one iteration.
+/// Naive mask-and-predict: for each position i, run the body on the ids with columns [i, e) masked (where
+/// sentence b has a copy at i) and keep row i of its result. The body's buffers live for one iteration.
 struct MaskAndPredictLowering : LmLowering<lm::MaskAndPredictOp> {
   using LmLowering::LmLowering;
   LogicalResult lower(lm::MaskAndPredictOp m, Loops &L) const override {
     auto &b = L.b;
     Location loc = L.loc;
     Value ids = L.in(m.getIds());
+    Value spans = m.getSpans() ? L.in(m.getSpans()) : Value();
     L.lengths = L.in(m.getLengths());
     Value out = L.alloc(m.getType());
     auto outSizes = L.sizes(m.getType());
@@ -95,18 +124,27 @@ struct MaskAndPredictLowering : LmLowering<lm::MaskAndPredictOp> {
       OpBuilder::InsertionGuard guard(b);
       b.setInsertionPoint(loop.getBody()->getTerminator());
       Value i = loop.getInductionVar();
+      // Sentence b has a copy at i when i < length and its span ends past i.
+      auto spanOf = [&](Value bi) {
+        Value len = L.lengthOf(bi);
+        return L.choose(L.lt(i, len), b.getIndexType(), [&] { return copySpan(L, spans, bi, i, len).end; },
+                        [&] { return i; });
+      };
       Value masked = L.alloc(L.typeOf(m.getIds()));
-      L.nest({L.B, L.N}, [&](ValueRange iv) {
-        Value v = L.load(ids, iv);
-        Value hit = L.andI(L.eqI(iv[1], i), L.lt(i, L.lengthOf(iv[0])));
-        L.store(L.select(hit, mask, v), masked, iv);
+      L.nest({L.B}, [&](ValueRange bi) {
+        Value end = spanOf(bi[0]);
+        L.nest({L.N}, [&](ValueRange t) {
+          Value v = L.load(ids, {bi[0], t[0]});
+          Value hit = L.andI(L.ge(t[0], i), L.lt(t[0], end));
+          L.store(L.select(hit, mask, v), masked, {bi[0], t[0]});
+        });
       });
       b.inlineBlockBefore(&body, loop.getBody(), loop.getBody()->getTerminator()->getIterator(), ValueRange{masked});
       Value y = b.getRemappedValue(yielded);
       b.eraseOp(yield);
       SmallVector<Value> rest(outSizes.begin() + 2, outSizes.end());
       L.nest({L.B}, [&](ValueRange bi) {
-        L.when(L.lt(i, L.lengthOf(bi[0])), [&] {
+        L.when(L.lt(i, spanOf(bi[0])), [&] {
           L.nest(rest, [&](ValueRange r) {
             SmallVector<Value> at = {bi[0], i};
             at.append(r.begin(), r.end());
@@ -134,21 +172,22 @@ struct TakeRowLowering : LmLowering<lm::TakeRowOp> {
   }
 };
 
-/// out[c, t] = t == positions[c] ? masked[owners[c], t] : sentence[owners[c], t]
+/// out[c, t] = positions[c] <= t < ends[c] ? masked[owners[c], t] : sentence[owners[c], t]
 struct SpliceCopiesLowering : LmLowering<lm::SpliceCopiesOp> {
   using LmLowering::LmLowering;
   LogicalResult lower(lm::SpliceCopiesOp sp, Loops &L) const override {
     Value sentence = L.in(sp.getSentence()), masked = L.in(sp.getMasked());
-    Value positions = L.in(sp.getPositions()), owners = L.in(sp.getOwners());
+    Value positions = L.in(sp.getPositions()), owners = L.in(sp.getOwners()), ends = L.in(sp.getEnds());
     // B here is the copies' count: read it off `positions` [C] (sentence and masked are [B, N, ...]).
     L.B = L.b.create<memref::DimOp>(L.loc, positions, 0);
     Value out = L.alloc(sp.getType());
     L.nest(L.sizes(sp.getType()), [&](ValueRange iv) {
       Value owner = L.toIndex(L.load(owners, iv[0]));
-      Value at = L.toIndex(L.load(positions, iv[0]));
+      Value first = L.toIndex(L.load(positions, iv[0])), end = L.toIndex(L.load(ends, iv[0]));
       SmallVector<Value> from(iv.begin(), iv.end());
       from[0] = owner;
-      Value v = L.select(L.eqI(iv[1], at), L.load(masked, from), L.load(sentence, from));
+      Value inSpan = L.andI(L.ge(iv[1], first), L.lt(iv[1], end));
+      Value v = L.select(inSpan, L.load(masked, from), L.load(sentence, from));
       L.store(v, out, iv);
     });
     return L.set(sp, out);

@@ -33,6 +33,8 @@
 #include <tbb/partitioner.h>
 #include <tbb/task_arena.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -329,35 +331,115 @@ tbb::task_arena &arenaFor(int threads) {
   return *arena;
 }
 
-/// Calls chunk(begin, rows) for the fixed chunks of [0, batch), in parallel when more than one
-/// thread is configured. Exceptions thrown by a chunk reach the caller.
-template <typename F> void forEachChunk(int64_t batch, F &&chunk) {
-  const int64_t chunks = (batch + kChunkRows - 1) / kChunkRows;
-  // More threads than the machine offers would only oversubscribe it (and make oneTBB warn).
+/// The threads a call runs on: lm_set_num_threads, at most what the machine offers (more would only
+/// oversubscribe it and make oneTBB warn).
+int effectiveThreads() {
   static const int available = std::max(1, tbb::info::default_concurrency());
-  const int threads = std::min({g_threads.load(std::memory_order_relaxed), kMaxArenaThreads, available});
-  auto run = [&](int64_t c) { chunk(c * kChunkRows, std::min(kChunkRows, batch - c * kChunkRows)); };
-  if (threads <= 1 || chunks <= 1) {
-    for (int64_t c = 0; c < chunks; ++c)
-      run(c);
+  return std::min({g_threads.load(std::memory_order_relaxed), kMaxArenaThreads, available});
+}
+
+/// Calls run(i) for i in [0, count), in parallel when more than one thread is configured. Exceptions thrown
+/// by a piece reach the caller.
+template <typename F> void forEachPiece(int64_t count, F &&run) {
+  const int threads = effectiveThreads();
+  if (threads <= 1 || count <= 1) {
+    for (int64_t i = 0; i < count; ++i)
+      run(i);
     return;
   }
   arenaFor(threads).execute([&] {
     tbb::parallel_for(
-        tbb::blocked_range<int64_t>(0, chunks, 1),
+        tbb::blocked_range<int64_t>(0, count, 1),
         [&](const tbb::blocked_range<int64_t> &r) {
-          for (int64_t c = r.begin(); c != r.end(); ++c)
-            run(c);
+          for (int64_t i = r.begin(); i != r.end(); ++i)
+            run(i);
         },
         tbb::simple_partitioner());
   });
 }
 
+// --- Workspace limit and the pieces of a call ------------------------------------
+
+std::atomic<int64_t> g_workspaceLimit{0}; // 0: the default
+
+int64_t defaultWorkspaceLimit() {
+  static const int64_t bytes = [] {
+    const long pages = ::sysconf(_SC_PHYS_PAGES), size = ::sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && size > 0 ? int64_t(pages) * size / 4 : int64_t(1) << 30;
+  }();
+  return bytes;
+}
+
+int64_t workspaceLimit() {
+  const int64_t set = g_workspaceLimit.load(std::memory_order_relaxed);
+  return set > 0 ? set : defaultWorkspaceLimit();
+}
+
+/// A piece of a call: sentences [b0, b0 + rows) and, for mask-and-predict scoring of one sentence, the
+/// positions [first, last) whose masked copies it computes (all of them by default).
+struct Piece {
+  int64_t b0, rows;
+  int32_t first = 0, last = std::numeric_limits<int32_t>::max();
+};
+
+std::string megabytes(double bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f MB", bytes / (1 << 20));
+  return text;
+}
+
+/// Cuts a call into pieces whose temporaries (the descriptor's memory model: rows * sentence[n] + copies *
+/// copy[n]) fit the workspace limit shared by the threads: the fixed chunks of kChunkRows sentences; a chunk
+/// over the limit sentence by sentence; a sentence over it (`splitCopies`: mask-and-predict scoring) in
+/// windows of its positions' masked copies. Results do not depend on the cut: every kernel computes each
+/// sentence, row and copy on its own (the generated GEMM's rows, attention per sentence or copy).
+std::vector<Piece> planPieces(const int32_t *lengths, int32_t batch, const int64_t *sentence, const int64_t *copy,
+                              bool splitCopies, const char *entry) {
+  std::vector<Piece> pieces;
+  const int64_t limit = workspaceLimit(), threads = effectiveThreads();
+  const double budget = double(limit) / double(threads);
+  auto bytes = [&](int64_t rows, int64_t n, int64_t copies) {
+    return double(rows) * double(sentence[n]) + (copy ? double(copies) * double(copy[n]) : 0.0);
+  };
+  for (int64_t b0 = 0; b0 < batch; b0 += kChunkRows) {
+    const int64_t rows = std::min<int64_t>(kChunkRows, batch - b0);
+    int64_t n = 0, copies = 0;
+    for (int64_t r = 0; r < rows; ++r)
+      n = std::max<int64_t>(n, lengths[b0 + r]), copies += lengths[b0 + r];
+    if (!sentence || bytes(rows, n, copies) <= budget) {
+      pieces.push_back({b0, rows});
+      continue;
+    }
+    for (int64_t b = b0; b < b0 + rows; ++b) {
+      const int32_t len = lengths[b];
+      if (bytes(1, len, len) <= budget) {
+        pieces.push_back({b, 1});
+        continue;
+      }
+      const double perCopy = copy ? double(copy[len]) : 0;
+      const int64_t window = splitCopies && perCopy > 0 ? int64_t((budget - double(sentence[len])) / perCopy) : 0;
+      if (window < 1)
+        throw Failure{LM_ERR_MEMORY,
+                      std::string(entry) + ": sentence " + std::to_string(b) + " (" + std::to_string(len) +
+                          " tokens) needs " + megabytes(double(sentence[len]) + perCopy) +
+                          (splitCopies && perCopy > 0 ? " for one masked copy" : "") +
+                          " of temporaries, over the workspace limit of " + megabytes(budget) +
+                          (threads > 1 ? " per thread (" + megabytes(double(limit)) + " for " +
+                                             std::to_string(threads) + " threads)"
+                                       : std::string()) +
+                          "; raise it (lm_set_workspace_limit, lmcc --max-memory)"};
+      for (int64_t first = 0; first < len; first += window)
+        pieces.push_back({b, 1, int32_t(first), int32_t(std::min<int64_t>(len, first + window))});
+    }
+  }
+  return pieces;
+}
+
 // --- Per-chunk buffers ----------------------------------------------------------
 
 struct Workspace {
-  std::vector<int32_t> ids, lengths, nScored;
-  std::vector<float> logprobs;
+  std::vector<int32_t> ids, lengths, nScored, spans;
+  std::vector<float> logprobs, scores;
 };
 
 /// A per-thread pool of workspaces: a chunk takes one out and puts it back, so the steady
@@ -467,37 +549,91 @@ int64_t packChunk(const lm_model_desc *d, const int32_t *ids, const int32_t *len
   return n;
 }
 
+/// spans NULL: i + 1 everywhere; else each in (i, length].
+void checkSpans(const int32_t *spans, const int32_t *lengths, int32_t batch, int32_t stride) {
+  for (int32_t b = 0; spans && b < batch; ++b)
+    for (int32_t i = 0; i < lengths[b]; ++i) {
+      const int32_t e = spans[int64_t(b) * stride + i];
+      if (e <= i || e > lengths[b])
+        argumentError("spans[" + std::to_string(b) + "*stride+" + std::to_string(i) + "] = " + std::to_string(e) +
+                      " is outside (" + std::to_string(i) + ", lengths[" + std::to_string(b) +
+                      "] = " + std::to_string(lengths[b]) + "]");
+    }
+}
+
 void scoreImpl(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride,
-               float *tokenLogprobs, float *scores, int32_t *nScored) {
+               const int32_t *spans, float *tokenLogprobs, float *scores, int32_t *nScored) {
   checkInputs(m, ids, lengths, batch, stride);
   if (!scores)
     argumentError("scores is NULL");
   const lm_model_desc *d = m->desc;
-  if (!d->score)
+  if (!d->score && !d->span_score)
     argumentError("model " + quoted(d->name) + " is encoder only ([head] mlm = false): it has no score entry point; "
                   "use embed");
+  if (spans && !d->span_score)
+    argumentError("model " + quoted(d->name) + " does not score by mask-and-predict: spans do not apply");
+  checkSpans(spans, lengths, batch, stride);
+  const bool withSpans = d->span_score != nullptr;
+  const std::vector<Piece> pieces =
+      planPieces(lengths, batch, d->score_sentence_bytes, d->score_copy_bytes, withSpans, "score");
+  // Mask-and-predict pieces may cover part of a sentence's positions: their token log-probabilities are
+  // collected here and every score is summed from them afterwards, in the order the kernel's sum uses (in
+  // double, position by position), so a sentence scored in windows gets the score of one call.
+  std::vector<float> collected;
+  float *lp = tokenLogprobs;
+  if (withSpans && !lp) {
+    collected.resize(size_t(batch) * stride);
+    lp = collected.data();
+  }
   lm_memref1f weights = memref1(m->weights, d->total_floats);
-  forEachChunk(batch, [&](int64_t b0, int64_t rows) {
+  forEachPiece(int64_t(pieces.size()), [&](int64_t p) {
+    const Piece &piece = pieces[size_t(p)];
+    const int64_t b0 = piece.b0, rows = piece.rows;
     WorkspaceLease ws;
     const int64_t n = packChunk(d, ids, lengths, stride, b0, rows, *ws);
     grow(ws->logprobs, static_cast<size_t>(rows * n));
     grow(ws->nScored, static_cast<size_t>(rows));
+    grow(ws->scores, static_cast<size_t>(rows));
     lm_memref1f w = weights;
     lm_memref2i idsRef = memref2(ws->ids.data(), rows, n);
     lm_memref1i lengthsRef = memref1(ws->lengths.data(), rows);
     lm_memref2f logprobsRef = memref2(ws->logprobs.data(), rows, n);
-    lm_memref1f scoresRef = memref1(scores + b0, rows); // the kernel writes exactly `rows` scores
+    lm_memref1f scoresRef = memref1(ws->scores.data(), rows);
     lm_memref1i nScoredRef = memref1(ws->nScored.data(), rows);
-    d->score(&w, &idsRef, &lengthsRef, &logprobsRef, &scoresRef, &nScoredRef);
+    if (withSpans) {
+      // The piece's spans: the caller's (or i + 1) inside its window of positions, none (i) outside.
+      grow(ws->spans, static_cast<size_t>(rows * n));
+      for (int64_t r = 0; r < rows; ++r)
+        for (int32_t i = 0; i < n; ++i) {
+          const bool inside = i >= piece.first && i < piece.last && i < lengths[b0 + r];
+          ws->spans[size_t(r * n + i)] =
+              !inside ? i : spans ? spans[(b0 + r) * stride + i] : i + 1;
+        }
+      lm_memref2i spansRef = memref2(ws->spans.data(), rows, n);
+      d->span_score(&w, &idsRef, &lengthsRef, &spansRef, &logprobsRef, &scoresRef, &nScoredRef);
+    } else {
+      d->score(&w, &idsRef, &lengthsRef, &logprobsRef, &scoresRef, &nScoredRef);
+    }
     for (int64_t r = 0; r < rows; ++r) {
-      if (tokenLogprobs) {
+      const int32_t len = lengths[b0 + r];
+      const int32_t first = std::max<int32_t>(0, piece.first), last = std::min(len, piece.last);
+      if (lp) {
         const float *src = ws->logprobs.data() + r * n;
-        std::copy(src, src + lengths[b0 + r], tokenLogprobs + (b0 + r) * stride);
+        std::copy(src + first, src + last, lp + (b0 + r) * stride + first);
       }
-      if (nScored)
+      if (!withSpans)
+        scores[b0 + r] = ws->scores[size_t(r)];
+      if (nScored && first == 0)
         nScored[b0 + r] = ws->nScored[static_cast<size_t>(r)];
     }
   });
+  if (withSpans)
+    for (int32_t b = 0; b < batch; ++b) {
+      double sum = 0; // lm.sentence_score's sum: unscored positions hold 0
+      for (int32_t i = 0; i < lengths[b]; ++i)
+        sum += double(lp[int64_t(b) * stride + i]);
+      scores[b] = float(sum);
+    }
   for (int32_t b = 0; b < batch; ++b) {
     bool finite = std::isfinite(scores[b]);
     for (int32_t i = 0; tokenLogprobs && finite && i < lengths[b]; ++i)
@@ -514,8 +650,11 @@ void embedImpl(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t 
   const lm_model_desc *d = m->desc;
   if (!d->embed)
     internalError("model " + quoted(d->name) + " has no embed kernel");
+  const std::vector<Piece> pieces =
+      planPieces(lengths, batch, d->embed_sentence_bytes, d->embed_copy_bytes, /*splitCopies=*/false, "embed");
   lm_memref1f weights = memref1(m->weights, d->total_floats);
-  forEachChunk(batch, [&](int64_t b0, int64_t rows) {
+  forEachPiece(int64_t(pieces.size()), [&](int64_t p) {
+    const int64_t b0 = pieces[size_t(p)].b0, rows = pieces[size_t(p)].rows;
     WorkspaceLease ws;
     const int64_t n = packChunk(d, ids, lengths, stride, b0, rows, *ws);
     lm_memref1f w = weights;
@@ -541,12 +680,17 @@ int lm_rt_load(const lm_model_desc *desc, const char *weights_path, lm_model **o
 
 int lm_rt_score(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride,
                 float *token_logprobs, float *scores) {
-  return guarded([&] { scoreImpl(m, ids, lengths, batch, stride, token_logprobs, scores, nullptr); });
+  return guarded([&] { scoreImpl(m, ids, lengths, batch, stride, nullptr, token_logprobs, scores, nullptr); });
 }
 
 int lm_rt_score_ex(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride,
                    float *token_logprobs, float *scores, int32_t *n_scored) {
-  return guarded([&] { scoreImpl(m, ids, lengths, batch, stride, token_logprobs, scores, n_scored); });
+  return guarded([&] { scoreImpl(m, ids, lengths, batch, stride, nullptr, token_logprobs, scores, n_scored); });
+}
+
+int lm_rt_score_spans(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride,
+                      const int32_t *spans, float *token_logprobs, float *scores, int32_t *n_scored) {
+  return guarded([&] { scoreImpl(m, ids, lengths, batch, stride, spans, token_logprobs, scores, n_scored); });
 }
 
 int lm_rt_embed(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride, float *out) {
@@ -630,6 +774,17 @@ const char *lm_rt_last_error(void) { return t_errorText; }
 
 int lm_set_num_threads(int n) { return lm_rt_set_num_threads(n); }
 
+int64_t lm_set_workspace_limit(int64_t bytes) { return lm_rt_set_workspace_limit(bytes); }
+
+int64_t lm_rt_set_workspace_limit(int64_t bytes) {
+  if (bytes < 0) {
+    guarded([&] { argumentError("lm_set_workspace_limit: bytes = " + std::to_string(bytes) + " must be >= 0"); });
+    return -1;
+  }
+  const int64_t previous = g_workspaceLimit.exchange(bytes);
+  return previous > 0 ? previous : defaultWorkspaceLimit();
+}
+
 int lm_rt_set_num_threads(int n) {
   if (n < 1) {
     guarded([&] { argumentError("lm_set_num_threads: n = " + std::to_string(n) + " must be at least 1"); });
@@ -668,7 +823,10 @@ struct WorkspaceCache {
     uint64_t size, alignment;
   };
   static constexpr uint64_t kHeader = 64;
-  static constexpr uint64_t kMaxCachedBytes = uint64_t(4) << 30;
+  /// Freed blocks kept for reuse: at most the workspace limit's share of one thread (and 4 GB).
+  static uint64_t maxCachedBytes() {
+    return std::min<uint64_t>(uint64_t(4) << 30, uint64_t(workspaceLimit() / effectiveThreads()));
+  }
   std::map<std::pair<uint64_t, uint64_t>, std::vector<char *>> blocks;
   uint64_t cachedBytes = 0, systemAllocations = 0;
 
@@ -683,6 +841,8 @@ struct WorkspaceCache {
       list.pop_back();
       cachedBytes -= size;
     } else {
+      if (cachedBytes + size > maxCachedBytes())
+        release(); // a new size while others sit idle: hand them back rather than grow past the limit
       block = static_cast<char *>(std::aligned_alloc(kHeader, ((kHeader + size + kHeader - 1) / kHeader) * kHeader));
       if (!block)
         return nullptr;
@@ -699,7 +859,7 @@ struct WorkspaceCache {
       return;
     char *block = static_cast<char *>(ptr) - kHeader;
     auto *header = reinterpret_cast<Header *>(block);
-    if (cachedBytes + header->size > kMaxCachedBytes) {
+    if (cachedBytes + header->size > maxCachedBytes()) {
       std::free(block);
       return;
     }
@@ -707,11 +867,15 @@ struct WorkspaceCache {
     blocks[{header->size, header->alignment}].push_back(block);
   }
 
-  ~WorkspaceCache() {
+  void release() {
     for (auto &entry : blocks)
       for (char *block : entry.second)
         std::free(block);
+    blocks.clear();
+    cachedBytes = 0;
   }
+
+  ~WorkspaceCache() { release(); }
 };
 
 WorkspaceCache &workspaceCache() {

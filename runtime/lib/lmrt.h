@@ -18,7 +18,7 @@ extern "C" {
 #endif
 
 #ifndef LM_ABI_VERSION
-#define LM_ABI_VERSION 3
+#define LM_ABI_VERSION 4
 #endif
 /* Every tensor of the flat weight buffer, and the buffer itself, starts at a multiple of this many bytes
  * (lmcc's weight layout, codegen/Layout/WeightLayout.h, and the runtime's loader both use it). */
@@ -59,6 +59,11 @@ typedef struct { int32_t *allocated, *aligned; int64_t offset, sizes[2], strides
 typedef void (*lm_score_kernel)(lm_memref1f *weights, lm_memref2i *ids, lm_memref1i *lengths,
                                 lm_memref2f *token_logprobs, lm_memref1f *scores, lm_memref1i *n_scored);
 typedef void (*lm_embed_kernel)(lm_memref1f *weights, lm_memref2i *ids, lm_memref1i *lengths, lm_memref2f *out);
+/* Mask-and-predict scoring (lm.mask_and_predict with spans): spans [rows, n]; token i of a sentence is
+ * predicted with tokens [i, min(spans, length)) masked when spans > i, and not at all (token_logprobs 0)
+ * otherwise, which lets the runtime split one sentence's masked copies over several calls. */
+typedef void (*lm_span_score_kernel)(lm_memref1f *weights, lm_memref2i *ids, lm_memref1i *lengths, lm_memref2i *spans,
+                                     lm_memref2f *token_logprobs, lm_memref1f *scores, lm_memref1i *n_scored);
 /* Computes the tensors lm-fold-constants derived from weights alone (e.g. T-TA's first-layer
  * query of the positions) into their slots of the weight buffer, once, after loading. */
 typedef void (*lm_init_kernel)(lm_memref1f *weights);
@@ -105,6 +110,11 @@ typedef struct {
   lm_loss_kernel loss;
   lm_loss_grad_kernel loss_grad;
   const lm_train_desc *train;
+  /* ABI 4: mask-and-predict scoring takes spans (then `score` is NULL), and the memory model of the entry
+   * points (codegen/Stats.h): a call on B sentences padded to n with C masked copies needs at most
+   * B * sentence_bytes[n] + C * copy_bytes[n] bytes of temporaries. Arrays of max_len + 1; NULL: unknown. */
+  lm_span_score_kernel span_score;
+  const int64_t *score_sentence_bytes, *score_copy_bytes, *embed_sentence_bytes, *embed_copy_bytes;
 } lm_model_desc;
 
 typedef struct lm_model lm_model;
@@ -122,6 +132,11 @@ LM_API int lm_rt_score(lm_model *m, const int32_t *ids, const int32_t *lengths, 
  * (skip_special leaves out special tokens). Not part of the generated header. */
 LM_API int lm_rt_score_ex(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride,
                           float *token_logprobs, float *scores, int32_t *n_scored);
+/* Mask-and-predict scoring with spans [batch*stride]: token i of sentence b is predicted with tokens
+ * [i, spans[b*stride+i]) masked, each span in (i, lengths[b]] (NULL: i + 1, the original PLL). Other
+ * models: an error. Same outputs and rules as lm_rt_score_ex. */
+LM_API int lm_rt_score_spans(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride,
+                             const int32_t *spans, float *token_logprobs, float *scores, int32_t *n_scored);
 LM_API int lm_rt_embed(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride, float *out);
 LM_API void lm_rt_free(lm_model *m);
 
@@ -174,6 +189,14 @@ LM_API int lm_set_num_threads(int n);
  * (linkers do not resolve a program's symbols in a library's dependencies). */
 LM_API const char *lm_rt_last_error(void);
 LM_API int lm_rt_set_num_threads(int n);
+/* Bounds the temporaries of each later call (all its threads together) to about `bytes`, with the
+ * descriptor's memory model: a call is cut into pieces under it (fewer sentences at once; one sentence's
+ * masked copies in windows), with the same results; when one piece cannot fit, the call fails with
+ * LM_ERR_MEMORY naming what it needs. The runtime's cache of freed temporaries is held under it too.
+ * 0 = the default, a quarter of the physical memory. Returns the previous limit in bytes (the default's
+ * value when none was set), or -1 when bytes < 0. Process-wide. */
+LM_API int64_t lm_set_workspace_limit(int64_t bytes);
+LM_API int64_t lm_rt_set_workspace_limit(int64_t bytes);
 
 /* GEMM called by generated kernels: C[m, n] = A[m, k] * B[n, k]^T (+ bias[n] when bias != NULL).
  * Row-major with leading dimensions lda, ldb, ldc. Pointers are passed as integers by the kernels. */

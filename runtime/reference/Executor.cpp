@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -314,10 +315,12 @@ public:
 
   /// Final hidden states per SEMANTICS.md: one pass, or position i from the copy with
   /// x_i masked under mask-and-predict.
-  Batch states(const TokenBatch &ids) const {
+  /// `spans` (mask-and-predict only): the positions each prediction masks (lm.mask_and_predict).
+  Batch states(const TokenBatch &ids, const TokenBatch *spans = nullptr) const {
     if (spec.method == ScoreMethod::MaskAndPredict && spec.mlm)
-      return maskAndPredict(ids, static_cast<int32_t>(spec.tokens.mask),
-                            [this](const TokenBatch &masked) { return encode(masked); });
+      return maskAndPredict(
+          ids, static_cast<int32_t>(spec.tokens.mask), [this](const TokenBatch &masked) { return encode(masked); },
+          spans);
     return encode(ids);
   }
 
@@ -715,6 +718,23 @@ template <typename F> void forEachChunk(const std::vector<Chunk> &chunks, int th
   arena.execute([&] { tbb::parallel_for(size_t(0), chunks.size(), [&](size_t i) { f(chunks[i]); }); });
 }
 
+/// spans[s][i] in (i, length of sentence s]: every position is predicted, masking [i, spans[s][i]).
+void checkSpans(const std::vector<std::vector<int32_t>> &sentences, const std::vector<std::vector<int32_t>> &spans) {
+  if (spans.size() != sentences.size())
+    throw std::invalid_argument("spans: " + std::to_string(spans.size()) + " sentences, the ids " +
+                                std::to_string(sentences.size()));
+  for (size_t s = 0; s < spans.size(); ++s) {
+    if (spans[s].size() != sentences[s].size())
+      throw std::invalid_argument("spans of sentence " + std::to_string(s) + ": " + std::to_string(spans[s].size()) +
+                                  " entries for " + std::to_string(sentences[s].size()) + " tokens");
+    for (size_t i = 0; i < spans[s].size(); ++i)
+      if (spans[s][i] <= int64_t(i) || spans[s][i] > int64_t(spans[s].size()))
+        throw std::invalid_argument("spans of sentence " + std::to_string(s) + ": position " + std::to_string(i) +
+                                    " masks up to " + std::to_string(spans[s][i]) + ", outside (" +
+                                    std::to_string(i) + ", " + std::to_string(spans[s].size()) + "]");
+  }
+}
+
 std::vector<int32_t> specialTokens(const ModelSpec &spec) {
   return {static_cast<int32_t>(spec.tokens.bos), static_cast<int32_t>(spec.tokens.eos)};
 }
@@ -722,9 +742,15 @@ std::vector<int32_t> specialTokens(const ModelSpec &spec) {
 } // namespace
 
 std::vector<ScoreResult> score(const ModelSpec &spec, const WeightSet &weights,
-                               const std::vector<std::vector<int32_t>> &sentences, int threads) {
+                               const std::vector<std::vector<int32_t>> &sentences, int threads,
+                               const std::vector<std::vector<int32_t>> *spans) {
   checkSpec(spec);
   checkSentences(spec, sentences);
+  if (spans) {
+    if (spec.method != ScoreMethod::MaskAndPredict)
+      throw std::invalid_argument("spans apply to mask-and-predict scoring only");
+    checkSpans(sentences, *spans);
+  }
   if (!spec.mlm)
     throw std::invalid_argument(spec.where("head.mlm") + ": 'head.mlm': the model is encoder only (mlm = false): "
                                 "there is no output head to score with");
@@ -737,7 +763,11 @@ std::vector<ScoreResult> score(const ModelSpec &spec, const WeightSet &weights,
   const std::vector<Chunk> chunks = makeChunks(sentences);
   forEachChunk(chunks, threads, [&](const Chunk &c) {
     TokenBatch ids = packChunk(sentences, c);
-    Batch lp = spec.ngram ? forward.ngramLogprobs(ids) : forward.headLogprobs(forward.states(ids));
+    std::optional<TokenBatch> chunkSpans;
+    if (spans)
+      chunkSpans = packChunk(*spans, c);
+    Batch lp = spec.ngram ? forward.ngramLogprobs(ids)
+                          : forward.headLogprobs(forward.states(ids, chunkSpans ? &*chunkSpans : nullptr));
     Batch targets = gather(lp, ids, /*shift=*/causal && !spec.ngram ? 1 : 0);
     std::vector<ScoreResult> chunkResults = sentenceScore(targets, ids, skip, /*first=*/causal ? 1 : 0);
     std::move(chunkResults.begin(), chunkResults.end(), results.begin() + c.begin);

@@ -27,8 +27,12 @@ struct ScoreResult {
 /// Scores every sentence with spec.method. Ids must already be validated
 /// (0 <= id < vocab, 1 <= length <= max_len); throws std::invalid_argument otherwise.
 /// `threads` <= 0 means all cores. Families: unilm, bilm, tta.
+/// `spans` (mask-and-predict scoring only; one entry per token): token i is predicted with tokens
+/// [i, spans[s][i]) masked, spans[s][i] in (i, length] (i + 1 everywhere: the original PLL; the end of
+/// the word: Kauf & Ivanova's within-word l2r PLL).
 std::vector<ScoreResult> score(const ModelSpec &spec, const WeightSet &weights,
-                               const std::vector<std::vector<int32_t>> &sentences, int threads = 1);
+                               const std::vector<std::vector<int32_t>> &sentences, int threads = 1,
+                               const std::vector<std::vector<int32_t>> *spans = nullptr);
 
 /// Mean-pooled last-layer states, one vector of D floats per sentence.
 std::vector<std::vector<float>> embed(const ModelSpec &spec, const WeightSet &weights,

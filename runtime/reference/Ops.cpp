@@ -937,20 +937,25 @@ std::vector<std::vector<float>> pool(const Batch &hidden, const TokenBatch &ids,
 }
 
 Batch maskAndPredict(const TokenBatch &ids, int32_t maskToken,
-                     const std::function<Batch(const TokenBatch &)> &region) {
+                     const std::function<Batch(const TokenBatch &)> &region, const TokenBatch *spans) {
+  require(!spans || (spans->B == ids.B && spans->N == ids.N), "mask_and_predict", "spans differ from the ids in shape");
   Batch out;
   for (int64_t i = 0; i < ids.N; ++i) {
     TokenBatch masked = ids;
+    std::vector<int64_t> end(ids.B, i); // sentence b masks [i, end[b]); none when end[b] == i
     for (int64_t b = 0; b < ids.B; ++b)
-      if (i < ids.lengths[b])
-        masked.at(b, i) = maskToken;
+      if (i < ids.lengths[b]) {
+        end[b] = spans ? std::clamp<int64_t>(spans->at(b, i), i, ids.lengths[b]) : i + 1;
+        for (int64_t t = i; t < end[b]; ++t)
+          masked.at(b, t) = maskToken;
+      }
     Batch result = region(masked);
     require(result.H == 1 && result.N == ids.N && result.lengths == ids.lengths, "mask_and_predict",
             "the region's result differs from the ids in shape or lengths");
     if (i == 0)
       out = Batch::zeros(ids.lengths, 1, ids.N, result.C);
     for (int64_t b = 0; b < ids.B; ++b)
-      if (i < ids.lengths[b])
+      if (i < end[b])
         std::copy(result.row(b, 0, i), result.row(b, 0, i) + result.C, out.row(b, 0, i));
   }
   return out;

@@ -314,7 +314,9 @@ std::vector<std::vector<float>> pool(const Batch &hidden, const TokenBatch &ids,
 /// lm.mask_and_predict, naive form: for each position i < N, evaluate `region` on the ids with
 /// ids[b, i] := maskToken in every sentence with i < lengths[b], and keep row i of its result:
 /// result[b, i] = region(ids with position i masked)[b, i]. Region results are [B, 1, N, C].
+/// With `spans` (packed like ids): position i of sentence b is predicted with positions
+/// [i, min(spans[b, i], lengths[b])) masked, and only when that range is not empty (other rows: zero).
 Batch maskAndPredict(const TokenBatch &ids, int32_t maskToken,
-                     const std::function<Batch(const TokenBatch &)> &region);
+                     const std::function<Batch(const TokenBatch &)> &region, const TokenBatch *spans = nullptr);
 
 } // namespace lmcc::reference

@@ -188,6 +188,101 @@ TEST_P(Compiled, MatchesReference) {
       EXPECT_NEAR(score, scores[b], 1e-6 * std::max(1.0f, std::fabs(score)));
     }
   }
+  // Mask-and-predict with spans (word-l2r PLL): random words of 1-3 pieces, each piece masking the rest of
+  // its word; the compiled copies (batched, or one pass per position in the naive pipeline) equal the
+  // reference executor's one copy at a time.
+  const bool maskAndPredict = descriptor()->span_score != nullptr;
+  EXPECT_EQ(maskAndPredict, spec.method == ScoreMethod::MaskAndPredict);
+  std::vector<int32_t> spans(ids.size(), 0);
+  std::vector<std::vector<int32_t>> spanLists;
+  {
+    std::mt19937_64 rng(5);
+    for (int32_t b = 0; b < batch; ++b) {
+      std::vector<int32_t> list(size_t(lengths[b]));
+      for (int32_t i = 0; i < lengths[b];) {
+        int32_t end = std::min<int32_t>(lengths[b], i + 1 + int32_t(rng() % 3));
+        for (int32_t j = i; j < end; ++j)
+          list[size_t(j)] = end;
+        i = end;
+      }
+      std::copy(list.begin(), list.end(), spans.begin() + size_t(b) * stride);
+      spanLists.push_back(list);
+    }
+  }
+  std::vector<float> spanLp(ids.size(), sentinel), spanScores(batch);
+  int spanStatus = lm_rt_score_spans(model, ids.data(), lengths.data(), batch, stride, spans.data(), spanLp.data(),
+                                     spanScores.data(), nullptr);
+  if (maskAndPredict) {
+    ASSERT_EQ(spanStatus, LM_OK) << lm_last_error();
+    auto expectedSpans = reference::score(spec, weights, sentences, 2, &spanLists);
+    for (int32_t b = 0; b < batch; ++b) {
+      for (int32_t t = 0; t < lengths[b]; ++t)
+        EXPECT_NEAR(spanLp[size_t(b) * stride + t], expectedSpans[b].tokenLogprobs[t], 1e-4)
+            << spec.name << " word-l2r sentence " << b << " position " << t;
+      EXPECT_NEAR(spanScores[b], expectedSpans[b].score, 1e-3 * std::max(1.0, std::fabs(expectedSpans[b].score)));
+    }
+    // A span outside (i, length] is refused before anything is written.
+    std::vector<int32_t> bad = spans;
+    bad[0] = 0;
+    EXPECT_EQ(lm_rt_score_spans(model, ids.data(), lengths.data(), batch, stride, bad.data(), spanLp.data(),
+                                spanScores.data(), nullptr),
+              LM_ERR_ARGUMENT);
+  } else {
+    EXPECT_EQ(spanStatus, LM_ERR_ARGUMENT) << "spans apply to mask-and-predict models only";
+  }
+
+  // Under a workspace limit the call is cut into pieces (one sentence at a time; a sentence's masked
+  // copies in windows of two): the numbers are bit-identical, at 1 and 2 threads. A limit below one
+  // piece is an LM_ERR_MEMORY naming what the sentence needs.
+  {
+    const lm_model_desc *d = descriptor();
+    ASSERT_NE(d->score_sentence_bytes, nullptr);
+    const int64_t n = spec.dims.maxLen;
+    const int64_t perCopy = d->score_copy_bytes ? d->score_copy_bytes[n] : 0;
+    EXPECT_EQ(perCopy > 0, maskAndPredict && !pipeline.naive) << "copies cost memory in a masked batch only";
+    for (int threads : {1, 2}) {
+      lm_set_num_threads(threads);
+      ASSERT_GE(lm_set_workspace_limit(threads * (d->score_sentence_bytes[n] + 2 * perCopy)), 0);
+      std::vector<float> cutLp(ids.size(), sentinel), cutScores(batch);
+      std::vector<int32_t> cutScored(batch);
+      ASSERT_EQ(lm_rt_score_ex(model, ids.data(), lengths.data(), batch, stride, cutLp.data(), cutScores.data(),
+                               cutScored.data()),
+                LM_OK)
+          << lm_last_error();
+      for (int32_t b = 0; b < batch; ++b) {
+        for (int32_t t = 0; t < lengths[b]; ++t)
+          ASSERT_EQ(cutLp[size_t(b) * stride + t], lp[size_t(b) * stride + t])
+              << "pieces changed a number: threads " << threads << " sentence " << b << " position " << t;
+        ASSERT_EQ(cutScores[b], scores[b]) << "sentence " << b;
+        ASSERT_EQ(cutScored[b], nScored[b]);
+      }
+      if (maskAndPredict) {
+        std::vector<float> cutSpanLp(ids.size(), sentinel), cutSpanScores(batch);
+        ASSERT_EQ(lm_rt_score_spans(model, ids.data(), lengths.data(), batch, stride, spans.data(), cutSpanLp.data(),
+                                    cutSpanScores.data(), nullptr),
+                  LM_OK);
+        for (int32_t b = 0; b < batch; ++b)
+          ASSERT_EQ(cutSpanScores[b], spanScores[b]) << "word-l2r in pieces, sentence " << b;
+      }
+      std::vector<float> cutEmb(emb.size());
+      ASSERT_GE(lm_set_workspace_limit(threads * std::max(d->embed_sentence_bytes[n] +
+                                                              n * (d->embed_copy_bytes ? d->embed_copy_bytes[n] : 0),
+                                                          int64_t(1))),
+                0);
+      ASSERT_EQ(lm_rt_embed(model, ids.data(), lengths.data(), batch, stride, cutEmb.data()), LM_OK) << lm_last_error();
+      EXPECT_EQ(cutEmb, emb) << "embed one sentence at a time";
+    }
+    ASSERT_GE(lm_set_workspace_limit(std::max<int64_t>(1, d->score_sentence_bytes[n] / 2)), 0);
+    lm_set_num_threads(1);
+    int32_t longest = 1; // sentence 1 has max_len tokens
+    EXPECT_EQ(lm_rt_score(model, ids.data() + size_t(longest) * stride, &lengths[longest], 1, stride, lp.data(),
+                          scores.data()),
+              LM_ERR_MEMORY);
+    EXPECT_NE(std::string(lm_last_error()).find("over the workspace limit"), std::string::npos) << lm_last_error();
+    lm_set_workspace_limit(0);
+    ASSERT_EQ(lm_rt_score(model, ids.data(), lengths.data(), batch, stride, lp.data(), scores.data()), LM_OK);
+  }
+
   // Steady state: a second identical call takes nothing from the system allocator.
   lm_set_num_threads(1);
   ASSERT_EQ(lm_rt_score(model, ids.data(), lengths.data(), batch, stride, lp.data(), scores.data()), LM_OK);
