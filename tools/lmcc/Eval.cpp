@@ -139,7 +139,12 @@ PaperModels readPaperModels(const fs::path &path) {
   while (in.next(line)) {
     if (line.find_first_not_of(" \t") == std::string::npos)
       continue;
-    nlohmann::json j = parseJson(line, in.where());
+    nlohmann::ordered_json j; // the models in the file's order
+    try {
+      j = nlohmann::ordered_json::parse(line);
+    } catch (const nlohmann::json::parse_error &e) {
+      throw InputError(in.where() + ": invalid JSON: " + e.what());
+    }
     if (!j.is_object() || !j.contains("UID") || !j["UID"].is_string())
       throw InputError(in.where() + ": expected an object with a \"UID\" string");
     const std::string uid = j["UID"].get<std::string>();
