@@ -1,8 +1,10 @@
 //===- lmcc.cpp - The lmcc driver ---------------------------------------------===//
 //
-// Subcommands: check, emit-mlir, init, convert, score, embed. Every user error
-// (spec, weights, ids, flags) is reported on stderr with the file and position or
-// field it concerns; stdout receives nothing unless the whole command succeeds.
+// Subcommands: check, emit-mlir, init, convert, compile, grad, train, score, embed, tokenize, vocab, import-hf,
+// translate, cache, plot; sts, blimp, rerank in Eval.cpp. Every user error (spec, weights, ids, flags) is
+// reported on stderr with the file and position or field it concerns. The streaming commands (score, embed,
+// tokenize, sts, blimp, rerank) print chunk after chunk: on an error, the chunks before the bad line's may have
+// been printed.
 //
 //===----------------------------------------------------------------------===//
 #include "driver/Compile.h"
