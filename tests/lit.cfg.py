@@ -15,3 +15,9 @@ config.substitutions.append(("%models", os.path.join(config.lmcc_src_dir, "model
 config.substitutions.append(("%inputs", os.path.join(config.lmcc_src_dir, "tests", "inputs")))
 # Compiled libraries that `lmcc score`/`embed` cache, kept inside the build tree.
 config.environment["LMCC_CACHE_DIR"] = os.path.join(config.lmcc_bin_dir, "..", "tests", "lmcc-cache")
+# The evaluation data beside the project (../shared/data: STS-B, BLiMP, the T-TA vocabulary): tests that read it
+# (cli/eval-data.test) say REQUIRES: shared-data and are reported UNSUPPORTED where it is missing.
+shared_data = os.path.join(config.lmcc_src_dir, "..", "shared", "data")
+if os.path.isdir(os.path.join(shared_data, "stsb")) and os.path.isdir(os.path.join(shared_data, "blimp")):
+    config.available_features.add("shared-data")
+config.substitutions.append(("%shared", shared_data))

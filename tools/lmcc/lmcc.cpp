@@ -1,8 +1,10 @@
 //===- lmcc.cpp - The lmcc driver ---------------------------------------------===//
 //
-// Subcommands: check, emit-mlir, init, convert, score, embed. Every user error
-// (spec, weights, ids, flags) is reported on stderr with the file and position or
-// field it concerns; stdout receives nothing unless the whole command succeeds.
+// Subcommands: check, emit-mlir, init, convert, compile, grad, train, score, embed, tokenize, vocab, import-hf,
+// translate, cache, plot; sts, blimp, rerank in Eval.cpp. Every user error (spec, weights, ids, flags) is
+// reported on stderr with the file and position or field it concerns. The streaming commands (score, embed,
+// tokenize, sts, blimp, rerank) print chunk after chunk: on an error, the chunks before the bad line's may have
+// been printed.
 //
 //===----------------------------------------------------------------------===//
 #include "driver/Compile.h"
@@ -16,6 +18,10 @@
 #include "runtime/lib/Tokenizer.h"
 #include "runtime/weights/ModelWeights.h"
 #include "tools/lmcc/Cache.h"
+#include "tools/lmcc/Common.h"
+#include "tools/lmcc/Eval.h"
+#include "tools/lmcc/EvalMath.h"
+#include "tools/lmcc/Scorer.h"
 #include "tools/lmcc/TrainRun.h"
 
 #include <CLI/CLI.hpp>
@@ -38,10 +44,9 @@
 #include <iostream>
 #include <sstream>
 
-namespace {
+using namespace lmcc::cli;
 
-constexpr int kExitOk = 0, kExitInput = 1, kExitUsage = 2, kExitUnsupported = 3, kExitInternal = 4,
-              kExitResource = 5;
+namespace {
 
 const char *kExitCodes = R"(Exit codes (every command):
   0  success
@@ -52,191 +57,6 @@ const char *kExitCodes = R"(Exit codes (every command):
   4  internal error (please report)
   5  out of memory (the message says what was being allocated when it is known)
   130 lmcc train stopped by SIGINT/SIGTERM after writing a checkpoint)";
-
-struct InputError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-/// A command line that parses but asks for something impossible (a missing -o, options that exclude each
-/// other): exit 2.
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-/// Reads one sentence of token ids per line. A final newline does not start a
-/// line; empty lines, non-integers, ids outside [0, vocab) and lines longer than
-/// max_len are errors naming `source:line`.
-std::string readInput(const std::string &path, const char *what);
-
-std::vector<std::vector<int32_t>> readIds(const std::string &path, const lmcc::ModelSpec &spec) {
-  std::string text = readInput(path, "ids file");
-  const std::string name = path == "-" ? "<stdin>" : path;
-  std::vector<std::vector<int32_t>> sentences;
-  size_t pos = 0;
-  int64_t lineNo = 0;
-  while (pos < text.size()) {
-    size_t end = text.find('\n', pos);
-    std::string line = text.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
-    pos = end == std::string::npos ? text.size() : end + 1;
-    ++lineNo;
-    if (!line.empty() && line.back() == '\r')
-      line.pop_back();
-    std::vector<int32_t> ids = lmcc::train::parseIdLine(line, name + ":" + std::to_string(lineNo), spec.dims.vocab);
-    if (ids.empty())
-      throw InputError(name + ":" + std::to_string(lineNo) + ": empty line (every line must hold one sentence)");
-    if (int64_t(ids.size()) > spec.dims.maxLen)
-      throw InputError(name + ":" + std::to_string(lineNo) + ": sentence of " + std::to_string(ids.size()) +
-                       " tokens is longer than max_len = " + std::to_string(spec.dims.maxLen));
-    sentences.push_back(std::move(ids));
-  }
-  return sentences;
-}
-
-/// The spec's [tokenizer]: the vocabulary, the [tokens] ids as specials, and the special strings
-/// given in the spec checked against the vocabulary's lines.
-lmcc::Tokenizer loadTokenizer(const lmcc::ModelSpec &spec) {
-  if (!spec.tokenizer)
-    throw lmcc::SpecError(spec.sourcePath, "tokenizer",
-                          "text input needs a [tokenizer] table (vocab = \"vocab.txt\", lowercase = true)");
-  const lmcc::TokenizerSpec &t = *spec.tokenizer;
-  lmcc::SpecialIds ids;
-  ids.pad = int32_t(spec.tokens.pad), ids.eos = int32_t(spec.tokens.eos), ids.unk = int32_t(spec.tokens.unk);
-  ids.bos = int32_t(spec.tokens.bos), ids.mask = int32_t(spec.tokens.mask);
-  lmcc::Tokenizer tok = [&] {
-    try {
-      return lmcc::Tokenizer::fromFile(t.vocabPath, t.lowercase, ids);
-    } catch (const lmcc::TokenizerError &e) {
-      throw InputError(std::string(e.what()) + " (the vocabulary of " + spec.where("tokenizer.vocab") + ")");
-    }
-  }();
-  if (int64_t(tok.size()) > spec.dims.vocab)
-    throw lmcc::SpecError(spec.where("tokenizer.vocab"), "tokenizer.vocab",
-                          t.vocabPath + " has " + std::to_string(tok.size()) + " tokens, more than [dims] vocab = " +
-                              std::to_string(spec.dims.vocab));
-  const std::tuple<const char *, const std::string *, int64_t> named[] = {{"pad", &t.pad, spec.tokens.pad},
-                                                                          {"eos", &t.eos, spec.tokens.eos},
-                                                                          {"unk", &t.unk, spec.tokens.unk},
-                                                                          {"bos", &t.bos, spec.tokens.bos},
-                                                                          {"mask", &t.mask, spec.tokens.mask}};
-  for (auto [key, str, id] : named) {
-    if (str->empty())
-      continue;
-    int32_t found = tok.find(*str);
-    std::string field = std::string("tokenizer.") + key;
-    if (found < 0)
-      throw lmcc::SpecError(spec.where(field), field, "\"" + *str + "\" is not in the vocabulary " + t.vocabPath);
-    if (found != id)
-      throw lmcc::SpecError(spec.where(field), field,
-                            "\"" + *str + "\" is id " + std::to_string(found) + " (line " + std::to_string(found + 1) +
-                                " of " + t.vocabPath + ") but [tokens] " + key + " = " + std::to_string(id));
-  }
-  return tok;
-}
-
-/// The whole contents of `path` ('-' = stdin); a directory, an unreadable file or a read error is an
-/// InputError naming the path.
-std::string readInput(const std::string &path, const char *what) {
-  if (path == "-") {
-    std::stringstream ss;
-    ss << std::cin.rdbuf();
-    if (std::cin.bad())
-      throw InputError(std::string("<stdin>: read error (the ") + what + ")");
-    return ss.str();
-  }
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    throw InputError(path + ": is a directory, not the " + what);
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw InputError(path + ": cannot open the " + what + ": " + std::strerror(errno));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (in.bad())
-    throw InputError(path + ": read error (the " + what + ")");
-  return ss.str();
-}
-
-/// Tokenizes one sentence per line of UTF-8 text (bos + pieces + eos). A final newline does not
-/// start a line; "\r\n" is accepted. Invalid UTF-8 and sentences longer than max_len (unless
-/// `truncate`: keep bos, the first max_len - 2 pieces and eos) are errors naming `file:line`.
-std::vector<std::vector<int32_t>> readText(const std::string &path, const lmcc::ModelSpec &spec,
-                                           const lmcc::Tokenizer &tok, bool truncate) {
-  std::string text = readInput(path, "text file");
-  const std::string name = path == "-" ? "<stdin>" : path;
-  std::vector<std::vector<int32_t>> sentences;
-  size_t pos = 0;
-  int64_t lineNo = 0;
-  while (pos < text.size()) {
-    size_t end = text.find('\n', pos);
-    std::string_view line(text.data() + pos, (end == std::string::npos ? text.size() : end) - pos);
-    pos = end == std::string::npos ? text.size() : end + 1;
-    ++lineNo;
-    if (!line.empty() && line.back() == '\r')
-      line.remove_suffix(1);
-    std::string where = name + ":" + std::to_string(lineNo);
-    std::vector<int32_t> ids;
-    try {
-      ids = tok.encodeSentence(line, where);
-    } catch (const lmcc::TokenizerError &e) {
-      throw InputError(e.what());
-    }
-    if (int64_t(ids.size()) > spec.dims.maxLen) {
-      if (!truncate)
-        throw InputError(where + ": sentence of " + std::to_string(ids.size()) + " tokens (with bos and eos) is " +
-                         "longer than max_len = " + std::to_string(spec.dims.maxLen) + " (--truncate cuts it)");
-      ids.resize(size_t(spec.dims.maxLen));
-      ids.back() = int32_t(spec.tokens.eos);
-    }
-    sentences.push_back(std::move(ids));
-  }
-  return sentences;
-}
-
-/// A JSON string literal (pieces may hold quotes, backslashes and any UTF-8).
-std::string jsonString(const std::string &s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += char(c);
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += char(c);
-    }
-  }
-  return out + "\"";
-}
-
-/// Formats a float with 9 significant digits; non-finite values are an error.
-void appendNumber(std::string &out, double v, const char *what, size_t line) {
-  if (!std::isfinite(v))
-    throw InputError("non-finite " + std::string(what) + " for input line " + std::to_string(line + 1) +
-                     " (check the weights)");
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.9g", v);
-  out += buf;
-}
-
-struct Options {
-  std::string spec, weights, ids = "-", output, from, input, cpu, dumpIR, gemm = "generated", text, corpus;
-  bool json = false, reference = false, embedWeights = false, staticArchive = false, naive = false, stats = false;
-  bool tokens = false, truncate = false, lowercase = false, timing = false, wordLevel = false;
-  double lambda = -1; ///< lmcc score --lambda (family ngram); < 0: the spec's
-  std::string name;
-  int64_t vocabSize = 0;
-  std::map<std::string, bool> noPass; // pass flag -> --no-<pass> given
-  int64_t statsN = 0;
-  int threads = 1;
-  uint64_t seed = 0;
-  bool train = false;
-  std::string batch, batches, resume;
-  int64_t steps = 0, saveEvery = 0;
-  lmcc::cli::TrainRunOptions run; // lmcc train --data
-  lmcc::cli::TranslateOptions translate;
-};
 
 int runCheck(const Options &o) {
   lmcc::ModelSpec spec = lmcc::loadSpec(o.spec);
@@ -281,81 +101,6 @@ int runConvert(const Options &o) {
 }
 
 namespace fs = std::filesystem;
-
-/// Where this lmcc's runtime (liblmrt.so, lmrt.h) lives: <prefix>/lib next to <prefix>/bin/lmcc.
-std::string runtimeDir() {
-  std::error_code ec;
-  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  return (exe.parent_path().parent_path() / "lib").string();
-}
-
-/// The pipeline the flags ask for: --naive runs no pass, --no-<pass> drops one.
-void applyPipelineFlags(const Options &o, lmcc::driver::LibraryOptions &options) {
-  options.naive = o.naive;
-  options.gemm = o.gemm;
-  options.train = o.train;
-  for (const auto &[flag, off] : o.noPass)
-    if (off)
-      options.disabledPasses.insert(flag);
-}
-
-/// A verified cached library of `spec` for this lmcc binary and CPU (tools/lmcc/Cache.h), compiled on first use.
-std::string cachedLibrary(const lmcc::ModelSpec &spec, const Options &o) {
-  lmcc::driver::LibraryOptions options;
-  applyPipelineFlags(o, options);
-  options.runtimeDir = runtimeDir();
-  return lmcc::cli::cachedLibrary(spec, options);
-}
-
-/// Scores or embeds through the compiled library (JIT by way of a cached library).
-struct CompiledModel {
-  void *handle = nullptr;
-  lm_model *model = nullptr;
-  CompiledModel(const lmcc::ModelSpec &spec, const Options &o, const std::string &weightsPath = "") {
-    const std::string &weights = weightsPath.empty() ? o.weights : weightsPath;
-    // A cache entry that verified may still be another spec's library under this name (swapped in with
-    // its manifest): its embedded spec hash tells. Such an entry is discarded and rebuilt once.
-    const lm_model_desc *(*descriptor)() = nullptr;
-    std::string lib;
-    for (int attempt = 0; attempt < 2 && !descriptor; ++attempt) {
-      lib = cachedLibrary(spec, o);
-      handle = ::dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
-      std::string why = handle ? "" : std::string("dlopen failed: ") + ::dlerror();
-      if (handle) {
-        descriptor = reinterpret_cast<const lm_model_desc *(*)()>(::dlsym(handle, (spec.name + "_descriptor").c_str()));
-        if (!descriptor)
-          why = "no " + spec.name + "_descriptor";
-        else if (!descriptor()->spec_hash || lmcc::specHash(spec) != descriptor()->spec_hash)
-          why = "its embedded spec hash is not the spec's", descriptor = nullptr;
-        if (!descriptor)
-          ::dlclose(std::exchange(handle, nullptr));
-      }
-      if (!descriptor) {
-        if (attempt == 1)
-          throw std::runtime_error("cannot load " + lib + ": " + why);
-        lmcc::cli::discardEntry(lib, why);
-      }
-    }
-    std::string path = weights;
-    lmcc::WeightSet raw = lmcc::readSafetensors(weights);
-    fs::path converted;
-    if (lmcc::isHuggingFaceBert(raw)) { // the runtime reads canonical names: convert once
-      converted = fs::temp_directory_path() / ("lmcc-" + std::to_string(::getpid()) + ".safetensors");
-      lmcc::writeSafetensors(converted.string(), lmcc::importHuggingFaceBert(raw, spec, weights));
-      path = converted.string();
-    }
-    int status = lm_rt_load(descriptor(), path.c_str(), &model);
-    if (!converted.empty())
-      fs::remove(converted);
-    if (status != LM_OK)
-      throw InputError(lm_last_error());
-  }
-  ~CompiledModel() {
-    if (model)
-      lm_rt_free(model);
-  }
-  const lm_model_desc *desc() const { return reinterpret_cast<const lm_model_desc *const *>(model)[0]; }
-};
 
 // --- Training -----------------------------------------------------------------------
 
@@ -444,19 +189,9 @@ TrainBatch parseBatch(const nlohmann::json &j, const std::string &where, const l
   return b;
 }
 
-std::string readText(const std::string &path, const char *what) { return readInput(path, what); }
-
-nlohmann::json parseJson(const std::string &text, const std::string &where) {
-  try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error &e) {
-    throw InputError(where + ": invalid JSON: " + e.what());
-  }
-}
-
 /// The batches file of `lmcc train`: one batch object per non-empty line.
 std::vector<TrainBatch> readBatches(const std::string &path, const lmcc::ModelSpec &spec) {
-  std::string text = readText(path, "batches file");
+  std::string text = readInput(path, "batches file");
   std::vector<TrainBatch> out;
   std::istringstream lines(text);
   std::string line;
@@ -481,7 +216,7 @@ int runGrad(Options o) {
   if (spec.family == lmcc::Family::Diformer) // {"src","tgt","dirs","hide"} batches, reference executor
     return lmcc::cli::diformerGrad(spec, o.weights, o.batch, o.output, o.threads);
   checkTrainable(spec);
-  TrainBatch b = parseBatch(parseJson(readText(o.batch, "batch file"), o.batch), o.batch, spec);
+  TrainBatch b = parseBatch(parseJson(readInput(o.batch, "batch file"), o.batch), o.batch, spec);
   if (o.output.empty())
     throw UsageError("lmcc grad needs -o GRADS.safetensors");
   float loss = 0;
@@ -624,74 +359,6 @@ int runTrainData(Options o, bool resumeGiven) {
   return lmcc::cli::runTrainCorpus(spec, r, hooks);
 }
 
-/// A failed runtime call as the CLI reports it: bad input and non-finite results are input errors (exit 1, the
-/// message names the row), an allocation failure is out of memory, anything else internal.
-[[noreturn]] void throwRuntimeStatus(int status) {
-  if (status == LM_ERR_MEMORY)
-    throw std::bad_alloc();
-  if (status == LM_ERR_INTERNAL)
-    throw std::runtime_error(lm_last_error());
-  throw InputError(lm_last_error());
-}
-
-struct Padded {
-  std::vector<int32_t> ids, lengths;
-  int32_t stride = 1;
-  explicit Padded(const std::vector<std::vector<int32_t>> &sentences) {
-    for (const auto &s : sentences)
-      stride = std::max<int32_t>(stride, int32_t(s.size()));
-    ids.assign(sentences.size() * stride, 0);
-    for (size_t b = 0; b < sentences.size(); ++b) {
-      std::copy(sentences[b].begin(), sentences[b].end(), ids.begin() + b * stride);
-      lengths.push_back(int32_t(sentences[b].size()));
-    }
-  }
-};
-
-std::vector<lmcc::reference::ScoreResult> compiledScore(const lmcc::ModelSpec &spec, const Options &o,
-                                                        const std::vector<std::vector<int32_t>> &sentences) {
-  CompiledModel m(spec, o);
-  Padded p(sentences);
-  int32_t batch = int32_t(sentences.size());
-  std::vector<float> lp(size_t(batch) * p.stride), scores(batch);
-  std::vector<int32_t> nScored(batch);
-  lm_set_num_threads(o.threads);
-  const auto start = std::chrono::steady_clock::now();
-  if (int status = batch ? lm_rt_score_ex(m.model, p.ids.data(), p.lengths.data(), batch, p.stride, lp.data(),
-                                          scores.data(), nScored.data())
-                         : LM_OK;
-      status != LM_OK)
-    throwRuntimeStatus(status);
-  if (o.timing) {
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    std::fprintf(stderr, "timing: %d sentences in %.2f ms (%.3f ms per sentence, %d threads; the compiled call alone)\n",
-                 batch, ms, ms / std::max(1, batch), o.threads);
-  }
-  std::vector<lmcc::reference::ScoreResult> results(batch);
-  for (int32_t b = 0; b < batch; ++b) {
-    results[b].tokenLogprobs.assign(lp.begin() + size_t(b) * p.stride, lp.begin() + size_t(b) * p.stride + p.lengths[b]);
-    results[b].score = scores[b];
-    results[b].nScored = nScored[b];
-  }
-  return results;
-}
-
-std::vector<std::vector<float>> compiledEmbed(const lmcc::ModelSpec &spec, const Options &o,
-                                              const std::vector<std::vector<int32_t>> &sentences) {
-  CompiledModel m(spec, o);
-  Padded p(sentences);
-  int32_t batch = int32_t(sentences.size());
-  std::vector<float> out(size_t(batch) * spec.dims.dModel);
-  lm_set_num_threads(o.threads);
-  if (int status = batch ? lm_rt_embed(m.model, p.ids.data(), p.lengths.data(), batch, p.stride, out.data()) : LM_OK;
-      status != LM_OK)
-    throwRuntimeStatus(status);
-  std::vector<std::vector<float>> results(batch);
-  for (int32_t b = 0; b < batch; ++b)
-    results[b].assign(out.begin() + size_t(b) * spec.dims.dModel, out.begin() + size_t(b + 1) * spec.dims.dModel);
-  return results;
-}
-
 void printStats(const std::vector<lmcc::codegen::EntryStats> &stats) {
   for (const auto &entry : stats)
     if (entry.entry.rfind("fold_", 0) != 0) // load-time functions (lm-fold-constants) are not entry points
@@ -758,17 +425,21 @@ int runCompile(const Options &o) {
 int runTokenize(const Options &o) {
   lmcc::ModelSpec spec = lmcc::loadSpec(o.spec);
   lmcc::Tokenizer tok = loadTokenizer(spec);
-  std::string out;
-  for (const auto &ids : readText(o.text, spec, tok, o.truncate)) {
+  LineReader in(o.text, "text file");
+  std::string line, out;
+  while (in.next(line)) {
+    const std::vector<int32_t> ids = encodeText(line, in.where(), spec, tok, o.truncate);
     for (size_t i = 0; i < ids.size(); ++i) {
       if (i)
         out += ' ';
       out += o.tokens ? tok.piece(ids[i]) : std::to_string(ids[i]);
     }
     out += '\n';
+    if (out.size() >= (1u << 16))
+      writeStdout(std::exchange(out, {}));
   }
-  std::fwrite(out.data(), 1, out.size(), stdout);
-  return std::fflush(stdout) == 0 ? kExitOk : kExitInput;
+  writeStdout(out);
+  return kExitOk;
 }
 
 int runVocab(const Options &o) {
@@ -1039,6 +710,8 @@ int runScoreOrEmbed(const Options &o, bool score) {
       throw InputError("--lambda " + std::to_string(o.lambda) + " outside [0, 1]");
     spec.ngram->ensembleLambda = o.lambda;
   }
+  if (score)
+    wordL2R(spec, o); // --pll validated before anything is read
   if (spec.family == lmcc::Family::Diformer && score) { // SRC ||| TGT ||| DIRS [||| HIDE] lines
     if (!o.reference)
       std::cerr << "lmcc: note: family \"diformer\" runs on the reference executor (no compiled code yet)\n";
@@ -1057,61 +730,79 @@ int runScoreOrEmbed(const Options &o, bool score) {
     throw lmcc::SpecError(spec.where("head.mlm"), "head.mlm",
                           "this model is encoder only (mlm = false): it has no output head to score with; "
                           "use lmcc embed");
+  // Streaming: chunks of sentences (SentenceBatch) are read, validated, run and printed one after the other.
+  const bool spans = score && wordL2R(spec, o);
   std::optional<lmcc::Tokenizer> tok;
-  std::vector<std::vector<int32_t>> sentences;
-  if (!o.text.empty()) {
+  if (!o.text.empty() || spans)
     tok = loadTokenizer(spec);
-    sentences = readText(o.text, spec, *tok, o.truncate);
-  } else {
-    if (o.tokens)
-      throw UsageError("--tokens needs --text (and the spec's [tokenizer])");
-    sentences = readIds(o.ids, spec);
-  }
-  auto tokensField = [&](size_t s) {
-    std::string f = ",\"tokens\":[";
-    for (size_t i = 0; i < sentences[s].size(); ++i)
-      f += (i ? "," : "") + jsonString(tok->piece(sentences[s][i]));
-    return f + "]";
+  if (o.text.empty() && o.tokens)
+    throw UsageError("--tokens needs --text (and the spec's [tokenizer])");
+  LineReader in(o.text.empty() ? o.ids : o.text, o.text.empty() ? "ids file" : "text file");
+  Scorer model(spec, o);
+  SentenceBatch batch(spec);
+  Progress progress("lines");
+  size_t first = 0; // the 0-based input line of the chunk's first sentence
+  auto run = [&] {
+    std::string out;
+    auto tokensField = [&](size_t s) {
+      std::string f = ",\"tokens\":[";
+      for (size_t i = 0; i < batch.sentences[s].size(); ++i)
+        f += (i ? "," : "") + jsonString(tok->piece(batch.sentences[s][i]));
+      return f + "]";
+    };
+    if (score) {
+      std::vector<lmcc::reference::ScoreResult> results = model.score(batch.sentences, batch.spans);
+      for (size_t s = 0; s < results.size(); ++s) {
+        out += "{\"token_logprobs\":[";
+        for (size_t i = 0; i < results[s].tokenLogprobs.size(); ++i) {
+          if (i)
+            out += ',';
+          appendNumber(out, results[s].tokenLogprobs[i], "log-probability", first + s);
+        }
+        out += "],\"score\":";
+        appendNumber(out, results[s].score, "score", first + s);
+        out += ",\"n_scored\":" + std::to_string(results[s].nScored);
+        if (o.tokens)
+          out += tokensField(s);
+        out += "}\n";
+      }
+    } else {
+      std::vector<std::vector<float>> results = model.embed(batch.sentences);
+      for (size_t s = 0; s < results.size(); ++s) {
+        out += "{\"embedding\":[";
+        for (size_t i = 0; i < results[s].size(); ++i) {
+          if (i)
+            out += ',';
+          appendNumber(out, results[s][i], "embedding value", first + s);
+        }
+        out += "]";
+        if (o.tokens)
+          out += tokensField(s);
+        out += "}\n";
+      }
+    }
+    writeStdout(out);
+    progress.add(int64_t(batch.size()));
+    first += batch.size();
+    batch.clear();
   };
-  std::string out;
-  if (score) {
-    std::vector<lmcc::reference::ScoreResult> results;
-    if (o.reference)
-      results = lmcc::reference::score(spec, lmcc::loadModelWeights(o.weights, spec), sentences, o.threads);
-    else
-      results = compiledScore(spec, o, sentences);
-    for (size_t s = 0; s < results.size(); ++s) {
-      out += "{\"token_logprobs\":[";
-      for (size_t i = 0; i < results[s].tokenLogprobs.size(); ++i) {
-        if (i)
-          out += ',';
-        appendNumber(out, results[s].tokenLogprobs[i], "log-probability", s);
-      }
-      out += "],\"score\":";
-      appendNumber(out, results[s].score, "score", s);
-      out += ",\"n_scored\":" + std::to_string(results[s].nScored);
-      if (o.tokens)
-        out += tokensField(s);
-      out += "}\n";
-    }
-  } else {
-    auto results = o.reference ? lmcc::reference::embed(spec, lmcc::loadModelWeights(o.weights, spec), sentences, o.threads)
-                               : compiledEmbed(spec, o, sentences);
-    for (size_t s = 0; s < results.size(); ++s) {
-      out += "{\"embedding\":[";
-      for (size_t i = 0; i < results[s].size(); ++i) {
-        if (i)
-          out += ',';
-        appendNumber(out, results[s][i], "embedding value", s);
-      }
-      out += "]";
-      if (o.tokens)
-        out += tokensField(s);
-      out += "}\n";
-    }
+  std::string line;
+  while (in.next(line)) {
+    std::vector<int32_t> ids = tok && !o.text.empty() ? encodeText(line, in.where(), spec, *tok, o.truncate)
+                                                      : encodeIds(line, in.where(), spec);
+    std::vector<int32_t> ws = spans ? wordSpans(*tok, ids) : std::vector<int32_t>{};
+    batch.add(std::move(ids), std::move(ws));
+    if (batch.full())
+      run();
   }
-  std::fwrite(out.data(), 1, out.size(), stdout);
-  return std::fflush(stdout) == 0 ? kExitOk : kExitInput;
+  if (batch.size())
+    run();
+  model.load(); // an empty input still validates the weights
+  if (o.timing && !o.reference)
+    std::fprintf(stderr, "timing: %zu sentences in %.2f ms (%.3f ms per sentence, %d threads; the compiled call "
+                         "alone)\n", first, model.scoreMs(), model.scoreMs() / double(std::max<size_t>(1, first)),
+                 o.threads);
+  return kExitOk;
 }
 
 } // namespace
@@ -1178,6 +869,16 @@ int main(int argc, char **argv) {
     cmd->add_option("--threads", o.threads, "worker threads (results do not depend on it)")
         ->check(CLI::Range(1, 1024))
         ->capture_default_str();
+  };
+  auto addPll = [&](CLI::App *cmd) {
+    cmd->add_option("--pll", o.pll, "mask-and-predict scoring (family bilm): original (each piece masked alone) or "
+                                    "word-l2r (a piece masked with the rest of its word, to its right)")
+        ->check(CLI::IsMember({"original", "word-l2r"}))
+        ->capture_default_str();
+  };
+  auto addMaxMemory = [&](CLI::App *cmd) {
+    cmd->add_option("--max-memory", o.maxMemoryMB, "the runtime's workspace limit in MB (default: the runtime's)")
+        ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
   };
   auto *grad = app.add_subcommand("grad", "gradient of one batch's loss for every weight: prints {\"loss\",\"targets\"}");
   grad->add_option("SPEC", o.spec, "model spec (TOML)")->required();
@@ -1304,10 +1005,51 @@ int main(int argc, char **argv) {
     if (k == 0)
       runners[k]->add_flag("--timing", o.timing, "print the compiled scoring call's wall time to stderr")
           ->excludes(referenceFlag);
+    if (k == 0)
+      addPll(runners[k]);
+    addMaxMemory(runners[k]);
     addThreads(runners[k]);
     addPipelineFlags(runners[k]);
     excludePipelineFlags(runners[k], referenceFlag);
   }
+
+  // Evaluation (tools/lmcc/Eval.cpp): the model options of score, then each command's own.
+  auto addEval = [&](const char *name, const char *what, bool pll) {
+    CLI::App *cmd = app.add_subcommand(name, what);
+    cmd->add_option("SPEC", o.spec, "model spec (TOML) with a [tokenizer]")->required();
+    cmd->add_option("--weights", o.weights, "safetensors weights (canonical or Hugging Face BERT names)")->required();
+    cmd->add_flag("--truncate", o.truncate, "cut sentences longer than max_len (bos, pieces, eos); default: an error");
+    auto *referenceFlag = cmd->add_flag("--reference", o.reference,
+                                        "run the reference executor (the numeric oracle) instead of compiled code");
+    if (pll)
+      addPll(cmd);
+    addMaxMemory(cmd);
+    addThreads(cmd);
+    addPipelineFlags(cmd);
+    excludePipelineFlags(cmd, referenceFlag);
+    return cmd;
+  };
+  auto *sts = addEval("sts", "STS-B: Pearson and Spearman (x 100) of the cosine similarity of the two sentences' "
+                             "embeddings against the gold scores: {\"pearson\",\"spearman\",\"pairs\"}", true);
+  sts->add_option("--data", o.data, "STS-B tsv ('-' = stdin): GLUE layout (header row; sentences in columns 8 and 9, "
+                                    "score in 10) or original (score in 5, sentences in 6 and 7)")->required();
+  sts->add_option("--layout", o.layout, "glue or original (default: glue when the first line starts with \"index\")")
+      ->check(CLI::IsMember({"glue", "original"}));
+  auto *blimp = addEval("blimp", "BLiMP: the share of minimal pairs with score(good) > score(bad), per paradigm, per "
+                                 "field and the mean over paradigms (JSON, or --markdown)", true);
+  blimp->add_option("--data", o.data, "folder of paradigm files (*.jsonl, *.jsonl.gz; models_summary.jsonl: the "
+                                      "paper's models for --markdown)")->required();
+  blimp->add_flag("--markdown", o.markdown, "a Markdown table beside the BLiMP paper's models instead of JSON");
+  blimp->add_option("--max-pairs", o.maxPairs, "only the first N pairs of each paradigm (stated in the output)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
+  auto *rerank = addEval("rerank", "n-best rescoring: am + lambda * lm (+ P * words); one line per utterance, then "
+                                   "the WER in percent before (best am) and after", true);
+  rerank->add_option("--nbest", o.nbest, "JSON lines {\"id\",\"ref\",\"hyps\":[{\"text\",\"score\"},...]}")
+      ->required();
+  auto *rerankLambda = rerank->add_option("--lambda", o.rerankLambda, "the language model's weight");
+  rerank->add_option("--tune", o.tune, "an n-best dev file: lambda = 0, 0.05, ..., 2 with the lowest WER on it "
+                                       "(ties: the smallest), then applied to --nbest")->excludes(rerankLambda);
+  rerank->add_option("--length-penalty", o.lengthPenalty, "add P times the hypothesis' words to its score");
 
   try {
     app.parse(argc, argv);
@@ -1364,6 +1106,16 @@ int main(int argc, char **argv) {
       return runImportHf(o);
     if (*vocab)
       return runVocab(o);
+    if (*sts)
+      return runSts(o);
+    if (*blimp)
+      return runBlimp(o);
+    if (*rerank) {
+      if (!*rerankLambda && o.tune.empty())
+        throw UsageError("lmcc rerank needs --lambda X or --tune DEV_FILE");
+      o.lengthPenaltyGiven = rerank->count("--length-penalty") > 0;
+      return runRerank(o);
+    }
     return runScoreOrEmbed(o, bool(*runners[0]));
   };
   try {

@@ -1,0 +1,358 @@
+//===- Common.cpp - What the lmcc subcommands share -----------------------===//
+#include "tools/lmcc/Common.h"
+
+#include "runtime/train/Corpus.h"
+#include "runtime/weights/ModelWeights.h"
+#include "tools/lmcc/Cache.h"
+
+#include <zlib.h>
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+namespace lmcc::cli {
+namespace fs = std::filesystem;
+
+std::string readInput(const std::string &path, const char *what) {
+  if (path == "-") {
+    std::stringstream ss;
+    ss << std::cin.rdbuf();
+    if (std::cin.bad())
+      throw InputError(std::string("<stdin>: read error (the ") + what + ")");
+    return ss.str();
+  }
+  std::error_code ec;
+  if (fs::is_directory(path, ec))
+    throw InputError(path + ": is a directory, not the " + what);
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw InputError(path + ": cannot open the " + what + ": " + std::strerror(errno));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (in.bad())
+    throw InputError(path + ": read error (the " + what + ")");
+  return ss.str();
+}
+
+// --- LineReader ---------------------------------------------------------------------
+
+namespace {
+constexpr size_t kMaxLine = size_t(16) << 20;
+constexpr unsigned kChunk = 1u << 16;
+} // namespace
+
+LineReader::LineReader(const std::string &path, const char *what)
+    : name(path == "-" ? "<stdin>" : path), what(what) {
+  int fd = 0;
+  if (path == "-") {
+    fd = ::dup(0);
+  } else {
+    std::error_code ec;
+    if (fs::is_directory(path, ec))
+      throw InputError(path + ": is a directory, not the " + what);
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+      throw InputError(path + ": cannot open the " + what + ": " + std::strerror(errno));
+  }
+  // zlib reads a file that is not gzip-compressed as it is.
+  file = fd < 0 ? nullptr : ::gzdopen(fd, "rb");
+  if (!file) {
+    if (fd >= 0)
+      ::close(fd);
+    throw InputError(name + ": cannot read the " + what);
+  }
+  ::gzbuffer(static_cast<gzFile>(file), kChunk);
+}
+
+LineReader::~LineReader() {
+  if (file)
+    ::gzclose(static_cast<gzFile>(file));
+}
+
+bool LineReader::fill() {
+  if (eof)
+    return false;
+  buffer.erase(0, pos);
+  pos = 0;
+  const size_t old = buffer.size();
+  buffer.resize(old + kChunk);
+  int n = ::gzread(static_cast<gzFile>(file), buffer.data() + old, kChunk);
+  if (n < 0) {
+    int code = 0;
+    const char *msg = ::gzerror(static_cast<gzFile>(file), &code);
+    throw InputError(name + ":" + std::to_string(lineNo + 1) + ": read error (the " + what +
+                     "): " + (code == Z_ERRNO ? std::strerror(errno) : msg));
+  }
+  buffer.resize(old + size_t(n));
+  if (n == 0)
+    eof = true;
+  return n > 0;
+}
+
+bool LineReader::next(std::string &line) {
+  size_t scan = pos;
+  for (;;) {
+    size_t nl = buffer.find('\n', scan);
+    if (nl != std::string::npos) {
+      line.assign(buffer, pos, nl - pos);
+      pos = nl + 1;
+      break;
+    }
+    const size_t unread = buffer.size() - pos;
+    if (unread > kMaxLine)
+      throw InputError(name + ":" + std::to_string(lineNo + 1) + ": line longer than 16 MiB (is the " + what +
+                       " a text file?)");
+    if (!fill()) {
+      if (pos >= buffer.size())
+        return false;
+      line.assign(buffer, pos, std::string::npos); // the last line, without a newline
+      pos = buffer.size();
+      break;
+    }
+    scan = unread; // fill() moved the unread data to the front
+  }
+  ++lineNo;
+  if (!line.empty() && line.back() == '\r')
+    line.pop_back();
+  return true;
+}
+
+// --- Sentences ----------------------------------------------------------------------
+
+std::vector<int32_t> encodeIds(std::string_view line, const std::string &where, const ModelSpec &spec) {
+  std::vector<int32_t> ids = train::parseIdLine(line, where, spec.dims.vocab);
+  if (ids.empty())
+    throw InputError(where + ": empty line (every line must hold one sentence)");
+  if (int64_t(ids.size()) > spec.dims.maxLen)
+    throw InputError(where + ": sentence of " + std::to_string(ids.size()) + " tokens is longer than max_len = " +
+                     std::to_string(spec.dims.maxLen));
+  return ids;
+}
+
+std::vector<int32_t> encodeText(std::string_view line, const std::string &where, const ModelSpec &spec,
+                                const Tokenizer &tok, bool truncate) {
+  std::vector<int32_t> ids;
+  try {
+    ids = tok.encodeSentence(line, where);
+  } catch (const TokenizerError &e) {
+    throw InputError(e.what());
+  }
+  if (int64_t(ids.size()) > spec.dims.maxLen) {
+    if (!truncate)
+      throw InputError(where + ": sentence of " + std::to_string(ids.size()) + " tokens (with bos and eos) is " +
+                       "longer than max_len = " + std::to_string(spec.dims.maxLen) + " (--truncate cuts it)");
+    ids.resize(size_t(spec.dims.maxLen));
+    ids.back() = int32_t(spec.tokens.eos);
+  }
+  return ids;
+}
+
+Tokenizer loadTokenizer(const ModelSpec &spec) {
+  if (!spec.tokenizer)
+    throw SpecError(spec.sourcePath, "tokenizer",
+                    "text input needs a [tokenizer] table (vocab = \"vocab.txt\", lowercase = true)");
+  const TokenizerSpec &t = *spec.tokenizer;
+  SpecialIds ids;
+  ids.pad = int32_t(spec.tokens.pad), ids.eos = int32_t(spec.tokens.eos), ids.unk = int32_t(spec.tokens.unk);
+  ids.bos = int32_t(spec.tokens.bos), ids.mask = int32_t(spec.tokens.mask);
+  Tokenizer tok = [&] {
+    try {
+      return Tokenizer::fromFile(t.vocabPath, t.lowercase, ids);
+    } catch (const TokenizerError &e) {
+      throw InputError(std::string(e.what()) + " (the vocabulary of " + spec.where("tokenizer.vocab") + ")");
+    }
+  }();
+  if (int64_t(tok.size()) > spec.dims.vocab)
+    throw SpecError(spec.where("tokenizer.vocab"), "tokenizer.vocab",
+                    t.vocabPath + " has " + std::to_string(tok.size()) + " tokens, more than [dims] vocab = " +
+                        std::to_string(spec.dims.vocab));
+  const std::tuple<const char *, const std::string *, int64_t> named[] = {{"pad", &t.pad, spec.tokens.pad},
+                                                                          {"eos", &t.eos, spec.tokens.eos},
+                                                                          {"unk", &t.unk, spec.tokens.unk},
+                                                                          {"bos", &t.bos, spec.tokens.bos},
+                                                                          {"mask", &t.mask, spec.tokens.mask}};
+  for (auto [key, str, id] : named) {
+    if (str->empty())
+      continue;
+    int32_t found = tok.find(*str);
+    std::string field = std::string("tokenizer.") + key;
+    if (found < 0)
+      throw SpecError(spec.where(field), field, "\"" + *str + "\" is not in the vocabulary " + t.vocabPath);
+    if (found != id)
+      throw SpecError(spec.where(field), field,
+                      "\"" + *str + "\" is id " + std::to_string(found) + " (line " + std::to_string(found + 1) +
+                          " of " + t.vocabPath + ") but [tokens] " + key + " = " + std::to_string(id));
+  }
+  return tok;
+}
+
+// --- Output -------------------------------------------------------------------------
+
+std::string jsonString(const std::string &s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += char(c);
+    } else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += char(c);
+    }
+  }
+  return out + "\"";
+}
+
+void appendNumber(std::string &out, double v, const char *what, size_t line) {
+  if (!std::isfinite(v))
+    throw InputError("non-finite " + std::string(what) + " for input line " + std::to_string(line + 1) +
+                     " (check the weights)");
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  out += buf;
+}
+
+nlohmann::json parseJson(const std::string &text, const std::string &where) {
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error &e) {
+    throw InputError(where + ": invalid JSON: " + e.what());
+  }
+}
+
+void writeStdout(const std::string &text) {
+  errno = 0;
+  if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size() || std::fflush(stdout) != 0)
+    throw InputError(std::string("cannot write the output to stdout: ") + std::strerror(errno ? errno : EIO));
+}
+
+Progress::Progress(const char *what)
+    : what(what), enabled(::isatty(2)), start(std::chrono::steady_clock::now()), last(start) {}
+
+Progress::~Progress() {
+  if (enabled && done > 0) {
+    draw();
+    std::fputc('\n', stderr);
+  }
+}
+
+void Progress::add(int64_t lines) {
+  done += lines;
+  if (!enabled)
+    return;
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last >= std::chrono::milliseconds(200)) {
+    last = now;
+    draw();
+  }
+}
+
+void Progress::draw() {
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::fprintf(stderr, "\r%lld %s, %.0f/s, %.1f s ", (long long)done, what, s > 0 ? double(done) / s : 0.0, s);
+  std::fflush(stderr);
+}
+
+// --- Running the model --------------------------------------------------------------
+
+void throwRuntimeStatus(int status) {
+  if (status == LM_ERR_MEMORY)
+    throw std::bad_alloc();
+  if (status == LM_ERR_INTERNAL)
+    throw std::runtime_error(lm_last_error());
+  throw InputError(lm_last_error());
+}
+
+Padded::Padded(const std::vector<std::vector<int32_t>> &sentences) {
+  for (const auto &s : sentences)
+    stride = std::max<int32_t>(stride, int32_t(s.size()));
+  ids.assign(sentences.size() * stride, 0);
+  for (size_t b = 0; b < sentences.size(); ++b) {
+    std::copy(sentences[b].begin(), sentences[b].end(), ids.begin() + b * stride);
+    lengths.push_back(int32_t(sentences[b].size()));
+  }
+}
+
+std::string runtimeDir() {
+  std::error_code ec;
+  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  return (exe.parent_path().parent_path() / "lib").string();
+}
+
+void applyPipelineFlags(const Options &o, driver::LibraryOptions &options) {
+  options.naive = o.naive;
+  options.gemm = o.gemm;
+  options.train = o.train;
+  for (const auto &[flag, off] : o.noPass)
+    if (off)
+      options.disabledPasses.insert(flag);
+}
+
+namespace {
+/// A verified cached library of `spec` for this lmcc binary and CPU (tools/lmcc/Cache.h), compiled on first use.
+std::string cachedLibraryFor(const ModelSpec &spec, const Options &o) {
+  driver::LibraryOptions options;
+  applyPipelineFlags(o, options);
+  options.runtimeDir = runtimeDir();
+  return cachedLibrary(spec, options);
+}
+} // namespace
+
+CompiledModel::CompiledModel(const ModelSpec &spec, const Options &o, const std::string &weightsPath) {
+  const std::string &weights = weightsPath.empty() ? o.weights : weightsPath;
+  // A cache entry that verified may still be another spec's library under this name (swapped in with
+  // its manifest): its embedded spec hash tells. Such an entry is discarded and rebuilt once.
+  const lm_model_desc *(*descriptor)() = nullptr;
+  std::string lib;
+  for (int attempt = 0; attempt < 2 && !descriptor; ++attempt) {
+    lib = cachedLibraryFor(spec, o);
+    handle = ::dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
+    std::string why = handle ? "" : std::string("dlopen failed: ") + ::dlerror();
+    if (handle) {
+      descriptor = reinterpret_cast<const lm_model_desc *(*)()>(::dlsym(handle, (spec.name + "_descriptor").c_str()));
+      if (!descriptor)
+        why = "no " + spec.name + "_descriptor";
+      else if (!descriptor()->spec_hash || specHash(spec) != descriptor()->spec_hash)
+        why = "its embedded spec hash is not the spec's", descriptor = nullptr;
+      if (!descriptor)
+        ::dlclose(std::exchange(handle, nullptr));
+    }
+    if (!descriptor) {
+      if (attempt == 1)
+        throw std::runtime_error("cannot load " + lib + ": " + why);
+      discardEntry(lib, why);
+    }
+  }
+  std::string path = weights;
+  WeightSet raw = readSafetensors(weights);
+  fs::path converted;
+  if (isHuggingFaceBert(raw)) { // the runtime reads canonical names: convert once
+    converted = fs::temp_directory_path() / ("lmcc-" + std::to_string(::getpid()) + ".safetensors");
+    writeSafetensors(converted.string(), importHuggingFaceBert(raw, spec, weights));
+    path = converted.string();
+  }
+  int status = lm_rt_load(descriptor(), path.c_str(), &model);
+  if (!converted.empty())
+    fs::remove(converted);
+  if (status != LM_OK)
+    throw InputError(lm_last_error());
+}
+
+CompiledModel::~CompiledModel() {
+  if (model)
+    lm_rt_free(model);
+}
+
+} // namespace lmcc::cli

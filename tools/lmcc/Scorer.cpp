@@ -1,0 +1,103 @@
+//===- Scorer.cpp - One loaded model that scores and embeds chunk after chunk ===//
+#include "tools/lmcc/Scorer.h"
+
+#include "runtime/weights/ModelWeights.h"
+#include "tools/lmcc/EvalMath.h"
+
+namespace lmcc::cli {
+
+void SentenceBatch::add(std::vector<int32_t> ids, std::vector<int32_t> wordSpans) {
+  const int64_t n = int64_t(ids.size());
+  cost += squared ? n * n : n;
+  sentences.push_back(std::move(ids));
+  if (!wordSpans.empty())
+    spans.push_back(std::move(wordSpans));
+}
+
+void SentenceBatch::clear() {
+  sentences.clear();
+  spans.clear();
+  cost = 0;
+}
+
+bool wordL2R(const ModelSpec &spec, const Options &o) {
+  if (o.pll == "original")
+    return false;
+  if (spec.method != ScoreMethod::MaskAndPredict)
+    throw UsageError("--pll word-l2r applies to mask-and-predict scoring (family bilm): " + spec.sourcePath +
+                     " (family " + toString(spec.family) + ") scores with method " + toString(spec.method) +
+                     ", which masks no word");
+  return true;
+}
+
+Scorer::Scorer(const ModelSpec &spec, const Options &o) : spec(spec), o(o) {}
+
+Scorer::~Scorer() = default;
+
+void Scorer::load() {
+  if (compiled || weights)
+    return;
+  if (o.reference) {
+    weights = loadModelWeights(o.weights, spec);
+    return;
+  }
+  compiled = std::make_unique<CompiledModel>(spec, o);
+  lm_set_num_threads(o.threads);
+  if (o.maxMemoryMB > 0) {
+    // TODO(merge): lm_set_workspace_limit(size_t(o.maxMemoryMB) << 20) once the runtime has it.
+  }
+}
+
+std::vector<reference::ScoreResult> Scorer::score(const std::vector<std::vector<int32_t>> &sentences,
+                                                  const std::vector<std::vector<int32_t>> &spans) {
+  load();
+  bool original = true;
+  for (const std::vector<int32_t> &s : spans)
+    original = original && originalSpans(s);
+  if (!original) {
+    // TODO(merge): lm_rt_score_spans(m, ids, lengths, batch, stride, spans /* padded like ids */, ...) for the
+    // compiled model and reference::score(spec, weights, sentences, threads, spans) for --reference.
+    throw std::logic_error("--pll word-l2r on words of several pieces is not yet wired to the runtime "
+                           "(lm_rt_score_spans)");
+  }
+  if (weights)
+    return reference::score(spec, *weights, sentences, o.threads);
+  Padded p(sentences);
+  const int32_t batch = int32_t(sentences.size());
+  std::vector<float> lp(size_t(batch) * p.stride), scores(batch);
+  std::vector<int32_t> nScored(batch);
+  const auto start = std::chrono::steady_clock::now();
+  if (int status = batch ? lm_rt_score_ex(compiled->model, p.ids.data(), p.lengths.data(), batch, p.stride,
+                                          lp.data(), scores.data(), nScored.data())
+                         : LM_OK;
+      status != LM_OK)
+    throwRuntimeStatus(status);
+  ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  std::vector<reference::ScoreResult> results(batch);
+  for (int32_t b = 0; b < batch; ++b) {
+    results[b].tokenLogprobs.assign(lp.begin() + size_t(b) * p.stride, lp.begin() + size_t(b) * p.stride + p.lengths[b]);
+    results[b].score = scores[b];
+    results[b].nScored = nScored[b];
+  }
+  return results;
+}
+
+std::vector<std::vector<float>> Scorer::embed(const std::vector<std::vector<int32_t>> &sentences) {
+  load();
+  if (weights)
+    return reference::embed(spec, *weights, sentences, o.threads);
+  Padded p(sentences);
+  const int32_t batch = int32_t(sentences.size());
+  const size_t d = size_t(spec.dims.dModel);
+  std::vector<float> out(size_t(batch) * d);
+  if (int status = batch ? lm_rt_embed(compiled->model, p.ids.data(), p.lengths.data(), batch, p.stride, out.data())
+                         : LM_OK;
+      status != LM_OK)
+    throwRuntimeStatus(status);
+  std::vector<std::vector<float>> results(batch);
+  for (int32_t b = 0; b < batch; ++b)
+    results[b].assign(out.begin() + b * d, out.begin() + (b + 1) * d);
+  return results;
+}
+
+} // namespace lmcc::cli
