@@ -101,7 +101,8 @@ struct ReturnLowering : OpConversionPattern<func::ReturnOp> {
 };
 
 /// The last op of the allocating block that may touch `buffer`: a use of the buffer or of anything derived
-/// from it (views, extracted addresses and the integers and pointers computed from them, a memref an address
+/// from it (views, extracted addresses and the integers and pointers computed from them, not its sizes or the
+/// values loaded from it, a memref an address
 /// was stored into (the GEMM task's ctx array), the results of a region whose terminator yields one), found
 /// through nested regions. Pointers handed to the runtime are integers, so only this closure sees them.
 Operation *lastUser(memref::AllocOp alloc) {
@@ -122,8 +123,10 @@ Operation *lastUser(memref::AllocOp alloc) {
         continue;
       if (last->isBeforeInBlock(ancestor))
         last = ancestor;
-      for (Value r : user->getResults())
-        push(r);
+      // Sizes and loaded values are data, not the buffer: following them would reach every later loop bound.
+      if (!isa<memref::DimOp, memref::LoadOp, vector::LoadOp, vector::TransferReadOp, vector::MaskedLoadOp>(user))
+        for (Value r : user->getResults())
+          push(r);
       if (auto store = dyn_cast<memref::StoreOp>(user); store && use.getOperandNumber() == 0)
         push(store.getMemref());
       if (user->hasTrait<OpTrait::IsTerminator>() && user->getParentOp())

@@ -33,6 +33,7 @@
 #include <tbb/partitioner.h>
 #include <tbb/task_arena.h>
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -340,8 +341,7 @@ int effectiveThreads() {
 
 /// Calls run(i) for i in [0, count), in parallel when more than one thread is configured. Exceptions thrown
 /// by a piece reach the caller.
-template <typename F> void forEachPiece(int64_t count, F &&run) {
-  const int threads = effectiveThreads();
+template <typename F> void forEachPiece(int64_t count, int threads, F &&run) {
   if (threads <= 1 || count <= 1) {
     for (int64_t i = 0; i < count; ++i)
       run(i);
@@ -388,15 +388,23 @@ std::string megabytes(double bytes) {
   return text;
 }
 
-/// Cuts a call into pieces whose temporaries (the descriptor's memory model: rows * sentence[n] + copies *
-/// copy[n]) fit the workspace limit shared by the threads: the fixed chunks of kChunkRows sentences; a chunk
-/// over the limit sentence by sentence; a sentence over it (`splitCopies`: mask-and-predict scoring) in
-/// windows of its positions' masked copies. Results do not depend on the cut: every kernel computes each
-/// sentence, row and copy on its own (the generated GEMM's rows, attention per sentence or copy).
-std::vector<Piece> planPieces(const int32_t *lengths, int32_t batch, const int64_t *sentence, const int64_t *copy,
-                              bool splitCopies, const char *entry) {
+/// The pieces of a call and the threads that run them (fewer than configured when only one piece at a time
+/// fits the workspace limit).
+struct Plan {
   std::vector<Piece> pieces;
-  const int64_t limit = workspaceLimit(), threads = effectiveThreads();
+  int threads;
+};
+
+/// Cuts a call into pieces whose temporaries (the descriptor's memory model: rows * sentence[n] + copies *
+/// copy[n]) fit the workspace limit shared by `threads` running pieces at once: the fixed chunks of
+/// kChunkRows sentences; a chunk over the limit sentence by sentence; a sentence over it (`splitCopies`:
+/// mask-and-predict scoring) in windows of its positions' masked copies. Results do not depend on the cut:
+/// every kernel computes each sentence, row and copy on its own (the generated GEMM's rows, attention per
+/// sentence or copy). A piece that does not fit even alone is an LM_ERR_MEMORY naming what it needs.
+std::vector<Piece> planPieces(const int32_t *lengths, int32_t batch, const int64_t *sentence, const int64_t *copy,
+                              bool splitCopies, const char *entry, int64_t threads) {
+  std::vector<Piece> pieces;
+  const int64_t limit = workspaceLimit();
   const double budget = double(limit) / double(threads);
   auto bytes = [&](int64_t rows, int64_t n, int64_t copies) {
     return double(rows) * double(sentence[n]) + (copy ? double(copies) * double(copy[n]) : 0.0);
@@ -433,6 +441,18 @@ std::vector<Piece> planPieces(const int32_t *lengths, int32_t batch, const int64
     }
   }
   return pieces;
+}
+
+Plan plan(const int32_t *lengths, int32_t batch, const int64_t *sentence, const int64_t *copy, bool splitCopies,
+          const char *entry) {
+  const int threads = effectiveThreads();
+  try {
+    return {planPieces(lengths, batch, sentence, copy, splitCopies, entry, threads), threads};
+  } catch (const Failure &f) {
+    if (f.code != LM_ERR_MEMORY || threads == 1)
+      throw;
+    return {planPieces(lengths, batch, sentence, copy, splitCopies, entry, 1), 1}; // one piece at a time fits
+  }
 }
 
 // --- Per-chunk buffers ----------------------------------------------------------
@@ -574,8 +594,8 @@ void scoreImpl(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t 
     argumentError("model " + quoted(d->name) + " does not score by mask-and-predict: spans do not apply");
   checkSpans(spans, lengths, batch, stride);
   const bool withSpans = d->span_score != nullptr;
-  const std::vector<Piece> pieces =
-      planPieces(lengths, batch, d->score_sentence_bytes, d->score_copy_bytes, withSpans, "score");
+  const Plan cut = plan(lengths, batch, d->score_sentence_bytes, d->score_copy_bytes, withSpans, "score");
+  const std::vector<Piece> &pieces = cut.pieces;
   // Mask-and-predict pieces may cover part of a sentence's positions: their token log-probabilities are
   // collected here and every score is summed from them afterwards, in the order the kernel's sum uses (in
   // double, position by position), so a sentence scored in windows gets the score of one call.
@@ -586,7 +606,7 @@ void scoreImpl(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t 
     lp = collected.data();
   }
   lm_memref1f weights = memref1(m->weights, d->total_floats);
-  forEachPiece(int64_t(pieces.size()), [&](int64_t p) {
+  forEachPiece(int64_t(pieces.size()), cut.threads, [&](int64_t p) {
     const Piece &piece = pieces[size_t(p)];
     const int64_t b0 = piece.b0, rows = piece.rows;
     WorkspaceLease ws;
@@ -650,10 +670,10 @@ void embedImpl(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t 
   const lm_model_desc *d = m->desc;
   if (!d->embed)
     internalError("model " + quoted(d->name) + " has no embed kernel");
-  const std::vector<Piece> pieces =
-      planPieces(lengths, batch, d->embed_sentence_bytes, d->embed_copy_bytes, /*splitCopies=*/false, "embed");
+  const Plan cut = plan(lengths, batch, d->embed_sentence_bytes, d->embed_copy_bytes, /*splitCopies=*/false, "embed");
+  const std::vector<Piece> &pieces = cut.pieces;
   lm_memref1f weights = memref1(m->weights, d->total_floats);
-  forEachPiece(int64_t(pieces.size()), [&](int64_t p) {
+  forEachPiece(int64_t(pieces.size()), cut.threads, [&](int64_t p) {
     const int64_t b0 = pieces[size_t(p)].b0, rows = pieces[size_t(p)].rows;
     WorkspaceLease ws;
     const int64_t n = packChunk(d, ids, lengths, stride, b0, rows, *ws);
@@ -816,19 +836,22 @@ void lm_rt_sgemm_nt(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda
 
 namespace {
 
-/// A thread's cache of freed kernel temporaries, by (size, alignment). Every block has a
-/// 64-byte header in front that records both, so free needs no lookup.
+/// Bytes of kernel temporaries in use by every thread, and their peak (lm_rt_workspace_peak_bytes).
+std::atomic<uint64_t> g_liveBytes{0}, g_peakBytes{0};
+
+/// A thread's cache of freed kernel temporaries, by (size, alignment). Every block has a 64-byte header in front
+/// that records both, so free needs no lookup. Blocks of 1 MB or more are mapped pages of their own (munmap gives
+/// them back to the system at once, where malloc's heap could keep them resident). The blocks a thread holds,
+/// in use or cached, stay under its share of the workspace limit when they can: a new size first releases the
+/// cached ones.
 struct WorkspaceCache {
   struct Header {
-    uint64_t size, alignment;
+    uint64_t size, alignment, mapped; ///< mapped: the mapping's length (0: from aligned_alloc)
   };
-  static constexpr uint64_t kHeader = 64;
-  /// Freed blocks kept for reuse: at most the workspace limit's share of one thread (and 4 GB).
-  static uint64_t maxCachedBytes() {
-    return std::min<uint64_t>(uint64_t(4) << 30, uint64_t(workspaceLimit() / effectiveThreads()));
-  }
+  static constexpr uint64_t kHeader = 64, kMapFrom = uint64_t(1) << 20;
+  static uint64_t share() { return uint64_t(workspaceLimit() / effectiveThreads()); }
   std::map<std::pair<uint64_t, uint64_t>, std::vector<char *>> blocks;
-  uint64_t cachedBytes = 0, systemAllocations = 0;
+  uint64_t cachedBytes = 0, liveBytes = 0, systemAllocations = 0;
 
   void *get(uint64_t alignment, uint64_t size) {
     alignment = std::max<uint64_t>(alignment, 16);
@@ -836,21 +859,37 @@ struct WorkspaceCache {
       return nullptr; // kernels only ask for small powers of two
     auto &list = blocks[{size, alignment}];
     char *block;
+    uint64_t mapped = 0;
     if (!list.empty()) {
       block = list.back();
       list.pop_back();
       cachedBytes -= size;
+      mapped = reinterpret_cast<Header *>(block)->mapped;
     } else {
-      if (cachedBytes + size > maxCachedBytes())
+      if (liveBytes + cachedBytes + size > share())
         release(); // a new size while others sit idle: hand them back rather than grow past the limit
-      block = static_cast<char *>(std::aligned_alloc(kHeader, ((kHeader + size + kHeader - 1) / kHeader) * kHeader));
-      if (!block)
-        return nullptr;
+      const uint64_t total = ((kHeader + size + kHeader - 1) / kHeader) * kHeader;
+      if (total >= kMapFrom) {
+        void *p = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED)
+          return nullptr;
+        block = static_cast<char *>(p), mapped = total;
+      } else {
+        block = static_cast<char *>(std::aligned_alloc(kHeader, total));
+        if (!block)
+          return nullptr;
+      }
       ++systemAllocations;
     }
     auto *header = reinterpret_cast<Header *>(block);
     header->size = size;
     header->alignment = alignment;
+    header->mapped = mapped;
+    liveBytes += size;
+    const uint64_t live = g_liveBytes.fetch_add(size, std::memory_order_relaxed) + size;
+    uint64_t peak = g_peakBytes.load(std::memory_order_relaxed);
+    while (live > peak && !g_peakBytes.compare_exchange_weak(peak, live, std::memory_order_relaxed)) {
+    }
     return block + kHeader;
   }
 
@@ -859,18 +898,28 @@ struct WorkspaceCache {
       return;
     char *block = static_cast<char *>(ptr) - kHeader;
     auto *header = reinterpret_cast<Header *>(block);
-    if (cachedBytes + header->size > maxCachedBytes()) {
-      std::free(block);
+    liveBytes -= std::min(liveBytes, header->size); // a block may be freed by another thread than its allocator
+    g_liveBytes.fetch_sub(header->size, std::memory_order_relaxed);
+    if (liveBytes + cachedBytes + header->size > share()) {
+      drop(block);
       return;
     }
     cachedBytes += header->size;
     blocks[{header->size, header->alignment}].push_back(block);
   }
 
+  static void drop(char *block) {
+    const uint64_t mapped = reinterpret_cast<Header *>(block)->mapped;
+    if (mapped)
+      ::munmap(block, mapped);
+    else
+      std::free(block);
+  }
+
   void release() {
     for (auto &entry : blocks)
       for (char *block : entry.second)
-        std::free(block);
+        drop(block);
     blocks.clear();
     cachedBytes = 0;
   }
@@ -893,6 +942,12 @@ void *_mlir_memref_to_llvm_aligned_alloc(uint64_t alignment, uint64_t size) {
 }
 void _mlir_memref_to_llvm_free(void *ptr) { workspaceCache().put(ptr); }
 uint64_t lm_rt_workspace_system_allocations(void) { return workspaceCache().systemAllocations; }
+uint64_t lm_rt_workspace_peak_bytes(int reset) {
+  const uint64_t peak = g_peakBytes.load(std::memory_order_relaxed);
+  if (reset)
+    g_peakBytes.store(g_liveBytes.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  return peak;
+}
 
 } // extern "C"
 

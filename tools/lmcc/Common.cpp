@@ -269,7 +269,7 @@ void Progress::draw() {
 
 void throwRuntimeStatus(int status) {
   if (status == LM_ERR_MEMORY)
-    throw std::bad_alloc();
+    throw ResourceError(lm_last_error());
   if (status == LM_ERR_INTERNAL)
     throw std::runtime_error(lm_last_error());
   throw InputError(lm_last_error());

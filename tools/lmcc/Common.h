@@ -42,6 +42,11 @@ struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// Not enough memory for what was asked, with the runtime's message (e.g. a sentence over --max-memory): exit 5.
+struct ResourceError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 struct Options {
   std::string spec, weights, ids = "-", output, from, input, cpu, dumpIR, gemm = "generated", text, corpus;
   bool json = false, reference = false, embedWeights = false, staticArchive = false, naive = false, stats = false;

@@ -43,9 +43,7 @@ void Scorer::load() {
   }
   compiled = std::make_unique<CompiledModel>(spec, o);
   lm_set_num_threads(o.threads);
-  if (o.maxMemoryMB > 0) {
-    // TODO(merge): lm_set_workspace_limit(size_t(o.maxMemoryMB) << 20) once the runtime has it.
-  }
+  lm_set_workspace_limit(o.maxMemoryMB << 20); // 0: the runtime's default
 }
 
 std::vector<reference::ScoreResult> Scorer::score(const std::vector<std::vector<int32_t>> &sentences,
@@ -54,21 +52,22 @@ std::vector<reference::ScoreResult> Scorer::score(const std::vector<std::vector<
   bool original = true;
   for (const std::vector<int32_t> &s : spans)
     original = original && originalSpans(s);
-  if (!original) {
-    // TODO(merge): lm_rt_score_spans(m, ids, lengths, batch, stride, spans /* padded like ids */, ...) for the
-    // compiled model and reference::score(spec, weights, sentences, threads, spans) for --reference.
-    throw std::logic_error("--pll word-l2r on words of several pieces is not yet wired to the runtime "
-                           "(lm_rt_score_spans)");
-  }
   if (weights)
-    return reference::score(spec, *weights, sentences, o.threads);
+    return reference::score(spec, *weights, sentences, o.threads, original ? nullptr : &spans);
   Padded p(sentences);
   const int32_t batch = int32_t(sentences.size());
   std::vector<float> lp(size_t(batch) * p.stride), scores(batch);
   std::vector<int32_t> nScored(batch);
+  std::vector<int32_t> padded; // the spans in the ids' layout
+  if (!original) {
+    padded.assign(size_t(batch) * p.stride, 0);
+    for (int32_t b = 0; b < batch; ++b)
+      std::copy(spans[b].begin(), spans[b].end(), padded.begin() + size_t(b) * p.stride);
+  }
   const auto start = std::chrono::steady_clock::now();
-  if (int status = batch ? lm_rt_score_ex(compiled->model, p.ids.data(), p.lengths.data(), batch, p.stride,
-                                          lp.data(), scores.data(), nScored.data())
+  if (int status = batch ? lm_rt_score_spans(compiled->model, p.ids.data(), p.lengths.data(), batch, p.stride,
+                                             original ? nullptr : padded.data(), lp.data(), scores.data(),
+                                             nScored.data())
                          : LM_OK;
       status != LM_OK)
     throwRuntimeStatus(status);

@@ -378,6 +378,28 @@ int runStats(const Options &o, const lmcc::ModelSpec &spec) {
     return kExitInternal;
   }
   printStats(lmcc::codegen::countStats(*module, o.statsN));
+  // The runtime's memory model (what it cuts calls with): one sentence of n tokens, one thread.
+  for (const char *entry : {"score", "embed"}) {
+    lmcc::codegen::MemoryModel mm = lmcc::codegen::memoryModel(*module, entry, o.statsN);
+    if (mm.perSentence.empty())
+      continue;
+    const int64_t n = o.statsN, sentence = mm.perSentence[n], copy = mm.perCopy[n];
+    std::cout << entry << ": sentence_bytes=" << sentence << " copy_bytes=" << copy;
+    if (o.maxMemoryMB > 0) {
+      const int64_t limit = o.maxMemoryMB << 20;
+      const bool splits = std::string(entry) == "score" && spec.method == lmcc::ScoreMethod::MaskAndPredict;
+      int64_t copies = copy > 0 ? n : 0;
+      if (sentence + copies * copy > limit)
+        copies = splits && copy > 0 ? (limit - sentence) / copy : -1;
+      if (copies < (copy > 0 ? 1 : 0))
+        std::cout << " limit_bytes=" << limit << " fits=no needs_bytes="
+                  << sentence + (splits ? copy : copy * n); // the runtime refuses such a call (LM_ERR_MEMORY)
+      else
+        std::cout << " limit_bytes=" << limit << " copies_per_call=" << copies
+                  << " peak_bytes=" << sentence + copies * copy;
+    }
+    std::cout << "\n";
+  }
   return kExitOk;
 }
 
@@ -802,6 +824,11 @@ int runScoreOrEmbed(const Options &o, bool score) {
     std::fprintf(stderr, "timing: %zu sentences in %.2f ms (%.3f ms per sentence, %d threads; the compiled call "
                          "alone)\n", first, model.scoreMs(), model.scoreMs() / double(std::max<size_t>(1, first)),
                  o.threads);
+  if (o.timing && !o.reference) {
+    const int64_t limit = lm_set_workspace_limit(0); // reads the limit (and restores the default: we are done)
+    std::fprintf(stderr, "timing: peak kernel temporaries %.1f MB (workspace limit %.1f MB)\n",
+                 double(lm_rt_workspace_peak_bytes(0)) / (1 << 20), double(limit) / (1 << 20));
+  }
   return kExitOk;
 }
 
@@ -842,6 +869,9 @@ int main(int argc, char **argv) {
   compile->add_option("-o,--output", o.output, "output directory (required unless --stats)");
   compile->add_flag("--stats", o.stats, "print '<entry>: flops=<int> temp_bytes=<int>' per entry point");
   compile->add_option("--n", o.statsN, "sentence length for --stats (batch 1)");
+  compile->add_option("--max-memory", o.maxMemoryMB,
+                      "with --stats: the workspace limit in MB; prints the masked copies per call and the peak")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
   compile->add_option("--weights", o.weights, "weights to validate now (and bake in with --embed-weights)");
   compile->add_flag("--embed-weights", o.embedWeights, "bake the weights into the library (_load takes NULL)");
   compile->add_flag("--static", o.staticArchive, "also write lib<name>.a (link it with liblmrt.so)");
@@ -1125,6 +1155,9 @@ int main(int argc, char **argv) {
     return kExitUsage;
   } catch (const std::bad_alloc &) {
     std::cerr << "error: out of memory (the input or the model is too large for this machine)\n";
+    return kExitResource;
+  } catch (const ResourceError &e) {
+    std::cerr << "error: " << e.what() << "\n";
     return kExitResource;
   } catch (const lmcc::SpecError &e) {
     std::cerr << e.what() << "\n";
