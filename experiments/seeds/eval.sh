@@ -7,7 +7,11 @@ root=$(cd "$here/../.." && pwd)
 shared=${LMCC_SHARED_DATA:-$root/../shared/data}
 work=${WORK:-$here/work}
 logs="$here/logs"
-lmcc="$work/bin/lmcc"
+# Its own copy of the binary (training may still be running on work/bin's; a rebuild must not swap it).
+mkdir -p "$work/eval/bin" "$work/eval/lib"
+cp "$root/build/lib/liblmrt.so" "$root/build/lib/lmrt.h" "$work/eval/lib/"
+cp "$root/build/bin/lmcc" "$work/eval/bin/lmcc.tmp" && mv "$work/eval/bin/lmcc.tmp" "$work/eval/bin/lmcc"
+lmcc="$work/eval/bin/lmcc"
 pairs=${BLIMP_PAIRS:-1000}
 threads=${EVAL_THREADS:-$(nproc)}
 spec() { echo "$work/seeds_$1.toml"; }

@@ -8,7 +8,7 @@
 // CHECK: memref.reinterpret_cast %arg0 to offset: [0], sizes: [67, 30], strides: [30, 1]
 // CHECK: memref.reinterpret_cast %arg0 to offset: [[[STACK:[0-9]+]]], sizes: [120, 30], strides: [30, 1]
 // CHECK-LABEL: func.func @tiny_tta_embed_kernel
-// CHECK: func.func private @fold_0(%arg0: memref<?xf32>, %arg1: memref<?x?xi32>) attributes {lm.fold}
+// CHECK: func.func private @fold_0(%arg0: memref<?xf32>, %arg1: memref<?x?xi32>) attributes {lm.fold, lmcc.num_inputs = 1 : i64}
 // CHECK: memref.reinterpret_cast %arg0 to offset: [{{[0-9]+}}], sizes: [24, 30], strides: [30, 1]
 // CHECK: return
 // CHECK-LABEL: func.func @tiny_tta_init_kernel(%arg0: memref<?xf32>) attributes {llvm.emit_c_interface}

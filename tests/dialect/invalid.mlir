@@ -184,6 +184,28 @@ func.func @mask_and_predict_type(%ids: tensor<?x?xi32>, %len: tensor<?xi32>, %v:
 
 // -----
 
+func.func @mask_and_predict_spans(%ids: tensor<?x?xi32>, %len: tensor<?xi32>, %spans: tensor<?xi32>, %v: tensor<?x?xf32>) {
+  // expected-error @+1 {{spans must have the ids type}}
+  %r = lm.mask_and_predict %ids, %len spans(%spans) {mask_token = 4 : i64} : (tensor<?x?xi32>, tensor<?xi32>, tensor<?xi32>) -> tensor<?x?xf32> {
+  ^bb0(%m: tensor<?x?xi32>):
+    lm.yield %v : tensor<?x?xf32>
+  }
+  return
+}
+
+// -----
+
+func.func @masked_batch_ends(%ids: tensor<?x?xi32>, %len: tensor<?xi32>, %v: tensor<?x?xf32>) {
+  // expected-error @+1 {{the body takes (copies}}
+  %r = lm.masked_batch %ids, %len {mask_token = 4 : i64} : (tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32> {
+  ^bb0(%c: tensor<?x?xi32>, %cl: tensor<?xi32>, %t: tensor<?x?xi32>, %p: tensor<?xi32>, %o: tensor<?xi32>):
+    lm.yield %v : tensor<?x?xf32>
+  }
+  return
+}
+
+// -----
+
 func.func @cross_entropy_smoothing(%lp: tensor<?x?x11xf32>, %t: tensor<?x?xi32>, %len: tensor<?xi32>) {
   // expected-error @+1 {{smoothing must be in [0, 1], got 1.5}}
   %ce = lm.cross_entropy %lp, %t, %len {smoothing = 1.5 : f64} : (tensor<?x?x11xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32>

@@ -4,7 +4,7 @@
 
 // CHECK-LABEL: func.func @score
 // CHECK-SAME: lm.method = "mask-and-predict"
-// CHECK: lm.mask_and_predict %arg0, %arg1 {mask_token = 4 : i64}
+// CHECK: lm.mask_and_predict %arg0, %arg1 spans(%arg2) {mask_token = 4 : i64}
 // CHECK-NEXT: ^bb0([[M:%.+]]: tensor<?x?xi32>):
 // CHECK: lm.embed {{.*}}[[[M]]]
 // CHECK: lm.split_heads

@@ -13,7 +13,7 @@
 // CHECK: [[E:%.+]] = lm.weight "embed.token" : tensor<11x8xf32>
 // CHECK-NOT: lm.mask_and_predict
 // CHECK: [[R:%.+]] = lm.masked_batch [[IDS]], [[LEN]] {mask_token = 4 : i64} : (tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32> {
-// CHECK-NEXT: ^bb0([[C:%[^:]+]]: tensor<?x?xi32>, [[CL:%[^:]+]]: tensor<?xi32>, [[T:%[^:]+]]: tensor<?x?xi32>, [[P:%[^:]+]]: tensor<?xi32>, [[O:%[^:]+]]: tensor<?xi32>):
+// CHECK-NEXT: ^bb0([[C:%[^:]+]]: tensor<?x?xi32>, [[CL:%[^:]+]]: tensor<?xi32>, [[T:%[^:]+]]: tensor<?x?xi32>, [[P:%[^:]+]]: tensor<?xi32>, [[O:%[^:]+]]: tensor<?xi32>, [[EN:%[^:]+]]: tensor<?xi32>):
 // CHECK-NEXT: [[X:%.+]] = lm.embed [[E]][[[C]]] : (tensor<11x8xf32>, tensor<?x?xi32>) -> tensor<?x?x8xf32>
 // CHECK-NEXT: [[A:%.+]] = lm.attention [[X]], [[X]], [[X]], [[CL]] {heads = 2 : i64, mask = #lm.mask<none>, scale = 5.000000e-01 : f32}
 // CHECK-NEXT: [[L:%.+]] = lm.linear [[A]], [[E]] :
@@ -43,7 +43,7 @@ func.func @pll(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> tensor<?x?xf32> {
 // CHECK-SAME: ([[IDS:%[^:]+]]: tensor<?x?xi32>, [[LEN:%[^:]+]]: tensor<?xi32>)
 // CHECK-NOT: lm.mask_and_predict
 // CHECK: [[R:%.+]] = lm.masked_batch [[IDS]], [[LEN]] {mask_token = 103 : i64}
-// CHECK-NEXT: ^bb0([[C:%[^:]+]]: tensor<?x?xi32>, [[CL:%[^:]+]]: tensor<?xi32>, [[T:%[^:]+]]: tensor<?x?xi32>, [[P:%[^:]+]]: tensor<?xi32>, [[O:%[^:]+]]: tensor<?xi32>):
+// CHECK-NEXT: ^bb0([[C:%[^:]+]]: tensor<?x?xi32>, [[CL:%[^:]+]]: tensor<?xi32>, [[T:%[^:]+]]: tensor<?x?xi32>, [[P:%[^:]+]]: tensor<?xi32>, [[O:%[^:]+]]: tensor<?xi32>, [[EN:%[^:]+]]: tensor<?xi32>):
 // CHECK-NEXT: [[E:%.+]] = lm.weight "embed.token" : tensor<11x8xf32>
 // CHECK-NEXT: [[X:%.+]] = lm.embed [[E]][[[C]]]
 // CHECK-NEXT: [[XH:%.+]] = lm.split_heads [[X]]
@@ -124,9 +124,9 @@ func.func @captures_outer_embedding(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) 
 // batches; the attentions read the copy lengths, the gather the targets. No
 // lm.mask_and_predict is left anywhere (--implicit-check-not).
 // MODEL-LABEL: func.func @score
-// MODEL-SAME: ([[IDS:%[^:]+]]: tensor<?x?xi32>, [[LEN:%[^:]+]]: tensor<?xi32>)
-// MODEL: [[R:%.+]] = lm.masked_batch [[IDS]], [[LEN]] {mask_token = 4 : i64} : (tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32> {
-// MODEL-NEXT: ^bb0([[C:%[^:]+]]: tensor<?x?xi32>, [[CL:%[^:]+]]: tensor<?xi32>, [[T:%[^:]+]]: tensor<?x?xi32>, [[P:%[^:]+]]: tensor<?xi32>, [[O:%[^:]+]]: tensor<?xi32>):
+// MODEL-SAME: ([[IDS:%[^:]+]]: tensor<?x?xi32>, [[LEN:%[^:]+]]: tensor<?xi32>, [[SP:%[^:]+]]: tensor<?x?xi32>)
+// MODEL: [[R:%.+]] = lm.masked_batch [[IDS]], [[LEN]] spans([[SP]]) {mask_token = 4 : i64} : (tensor<?x?xi32>, tensor<?xi32>, tensor<?x?xi32>) -> tensor<?x?xf32> {
+// MODEL-NEXT: ^bb0([[C:%[^:]+]]: tensor<?x?xi32>, [[CL:%[^:]+]]: tensor<?xi32>, [[T:%[^:]+]]: tensor<?x?xi32>, [[P:%[^:]+]]: tensor<?xi32>, [[O:%[^:]+]]: tensor<?xi32>, [[EN:%[^:]+]]: tensor<?xi32>):
 // MODEL: lm.embed %{{.+}}[[[C]]]
 // MODEL: lm.attention {{.*}}, [[CL]] {heads = 8 : i64, mask = #lm.mask<none>, scale = 1.250000e-01 : f32}
 // MODEL: lm.attention {{.*}}, [[CL]] {heads = 8 : i64
@@ -140,3 +140,20 @@ func.func @captures_outer_embedding(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) 
 // MODEL-LABEL: func.func @logits
 // MODEL-NOT: lm.masked_batch
 // MODEL: return
+
+// Spans (word-l2r PLL, the runtime's windows of copies) are carried over: the batched copies mask [i, span).
+// CHECK-LABEL: func.func @spans
+// CHECK-SAME: ([[IDS:%[^:]+]]: tensor<?x?xi32>, [[LEN:%[^:]+]]: tensor<?xi32>, [[SP:%[^:]+]]: tensor<?x?xi32>)
+// CHECK: lm.masked_batch [[IDS]], [[LEN]] spans([[SP]]) {mask_token = 4 : i64} : (tensor<?x?xi32>, tensor<?xi32>, tensor<?x?xi32>) -> tensor<?x?xf32>
+func.func @spans(%ids: tensor<?x?xi32>, %len: tensor<?xi32>, %spans: tensor<?x?xi32>) -> tensor<?x?xf32> {
+  %E = lm.weight "embed.token" : tensor<11x8xf32>
+  %r = lm.mask_and_predict %ids, %len spans(%spans) {mask_token = 4 : i64} : (tensor<?x?xi32>, tensor<?xi32>, tensor<?x?xi32>) -> tensor<?x?xf32> {
+  ^bb0(%masked: tensor<?x?xi32>):
+    %x = lm.embed %E[%masked] : (tensor<11x8xf32>, tensor<?x?xi32>) -> tensor<?x?x8xf32>
+    %logits = lm.linear %x, %E : (tensor<?x?x8xf32>, tensor<11x8xf32>) -> tensor<?x?x11xf32>
+    %lp = lm.log_softmax %logits : tensor<?x?x11xf32>
+    %g = lm.gather %lp, %ids, %len : (tensor<?x?x11xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32>
+    lm.yield %g : tensor<?x?xf32>
+  }
+  return %r : tensor<?x?xf32>
+}

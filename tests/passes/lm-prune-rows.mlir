@@ -13,7 +13,7 @@
 // take_row(targets)). The full-size linear and gelu are gone.
 // CHECK-LABEL: func.func @chain
 // CHECK: lm.masked_batch
-// CHECK-NEXT: ^bb0([[C:%[^:]+]]: tensor<?x?xi32>, [[CL:%[^:]+]]: tensor<?xi32>, [[T:%[^:]+]]: tensor<?x?xi32>, [[P:%[^:]+]]: tensor<?xi32>, [[O:%[^:]+]]: tensor<?xi32>):
+// CHECK-NEXT: ^bb0([[C:%[^:]+]]: tensor<?x?xi32>, [[CL:%[^:]+]]: tensor<?xi32>, [[T:%[^:]+]]: tensor<?x?xi32>, [[P:%[^:]+]]: tensor<?xi32>, [[O:%[^:]+]]: tensor<?xi32>, [[EN:%[^:]+]]: tensor<?xi32>):
 // CHECK-DAG: [[TR:%.+]] = lm.take_row [[T]], [[P]] : (tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x1xi32>
 // CHECK-DAG: [[E:%.+]] = lm.weight "embed.token"
 // CHECK-DAG: [[W:%.+]] = lm.weight "w"
@@ -26,7 +26,7 @@
 // CHECK-NEXT: lm.yield [[TL]] : tensor<?x1xf32>
 func.func @chain(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> tensor<?x?xf32> {
   %r = lm.masked_batch %ids, %len {mask_token = 4 : i64} : (tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32> {
-  ^bb0(%copies: tensor<?x?xi32>, %clen: tensor<?xi32>, %targets: tensor<?x?xi32>, %pos: tensor<?xi32>, %own: tensor<?xi32>):
+  ^bb0(%copies: tensor<?x?xi32>, %clen: tensor<?xi32>, %targets: tensor<?x?xi32>, %pos: tensor<?xi32>, %own: tensor<?xi32>, %ends: tensor<?xi32>):
     %E = lm.weight "embed.token" : tensor<11x8xf32>
     %W = lm.weight "w" : tensor<8x8xf32>
     %x = lm.embed %E[%copies] : (tensor<11x8xf32>, tensor<?x?xi32>) -> tensor<?x?x8xf32>
@@ -45,7 +45,7 @@ func.func @chain(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> tensor<?x?xf32> 
 // computes one query row per copy (query_positions); K and V stay [C, N, 8].
 // CHECK-LABEL: func.func @attention_layer
 // CHECK: lm.masked_batch
-// CHECK-NEXT: ^bb0([[C:%[^:]+]]: tensor<?x?xi32>, [[CL:%[^:]+]]: tensor<?xi32>, [[T:%[^:]+]]: tensor<?x?xi32>, [[P:%[^:]+]]: tensor<?xi32>, [[O:%[^:]+]]: tensor<?xi32>):
+// CHECK-NEXT: ^bb0([[C:%[^:]+]]: tensor<?x?xi32>, [[CL:%[^:]+]]: tensor<?xi32>, [[T:%[^:]+]]: tensor<?x?xi32>, [[P:%[^:]+]]: tensor<?xi32>, [[O:%[^:]+]]: tensor<?xi32>, [[EN:%[^:]+]]: tensor<?xi32>):
 // CHECK-DAG: [[TR:%.+]] = lm.take_row [[T]], [[P]]
 // CHECK-DAG: [[WQ:%.+]] = lm.weight "q"
 // CHECK-DAG: [[WK:%.+]] = lm.weight "k"
@@ -63,7 +63,7 @@ func.func @chain(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> tensor<?x?xf32> 
 // CHECK: return
 func.func @attention_layer(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> tensor<?x?xf32> {
   %r = lm.masked_batch %ids, %len {mask_token = 4 : i64} : (tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32> {
-  ^bb0(%copies: tensor<?x?xi32>, %clen: tensor<?xi32>, %targets: tensor<?x?xi32>, %pos: tensor<?xi32>, %own: tensor<?xi32>):
+  ^bb0(%copies: tensor<?x?xi32>, %clen: tensor<?xi32>, %targets: tensor<?x?xi32>, %pos: tensor<?xi32>, %own: tensor<?xi32>, %ends: tensor<?xi32>):
     %E = lm.weight "embed.token" : tensor<11x8xf32>
     %Wq = lm.weight "q" : tensor<8x8xf32>
     %Wk = lm.weight "k" : tensor<8x8xf32>
@@ -85,14 +85,14 @@ func.func @attention_layer(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> tensor
 // and their row is taken; what lies before them stays full.
 // CHECK-LABEL: func.func @not_prunable
 // CHECK: lm.masked_batch
-// CHECK-NEXT: ^bb0([[C:%[^:]+]]: tensor<?x?xi32>, [[CL:%[^:]+]]: tensor<?xi32>, [[T:%[^:]+]]: tensor<?x?xi32>, [[P:%[^:]+]]: tensor<?xi32>, [[O:%[^:]+]]: tensor<?xi32>):
+// CHECK-NEXT: ^bb0([[C:%[^:]+]]: tensor<?x?xi32>, [[CL:%[^:]+]]: tensor<?xi32>, [[T:%[^:]+]]: tensor<?x?xi32>, [[P:%[^:]+]]: tensor<?xi32>, [[O:%[^:]+]]: tensor<?xi32>, [[EN:%[^:]+]]: tensor<?xi32>):
 // CHECK: [[A:%.+]] = lm.attention %{{.+}}, %{{.+}}, %{{.+}}, [[CL]] data(%{{.+}} : tensor<?x?xi32>) {heads = 2 : i64, mask = #lm.mask<directional>, scale = 5.000000e-01 : f32} : tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<?xi32> -> tensor<?x?x8xf32>
 // CHECK-NEXT: [[TL:%.+]] = lm.token_logprob [[A]], %{{.+}}, [[T]], [[CL]] {shift = 1 : i64} : (tensor<?x?x8xf32>, tensor<11x8xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32>
 // CHECK-NEXT: [[TLR:%.+]] = lm.take_row [[TL]], [[P]] : (tensor<?x?xf32>, tensor<?xi32>) -> tensor<?x1xf32>
 // CHECK-NEXT: lm.yield [[TLR]] : tensor<?x1xf32>
 func.func @not_prunable(%ids: tensor<?x?xi32>, %len: tensor<?xi32>, %dirs: tensor<?x?xi32>) -> tensor<?x?xf32> {
   %r = lm.masked_batch %ids, %len {mask_token = 4 : i64} : (tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32> {
-  ^bb0(%copies: tensor<?x?xi32>, %clen: tensor<?xi32>, %targets: tensor<?x?xi32>, %pos: tensor<?xi32>, %own: tensor<?xi32>):
+  ^bb0(%copies: tensor<?x?xi32>, %clen: tensor<?xi32>, %targets: tensor<?x?xi32>, %pos: tensor<?xi32>, %own: tensor<?xi32>, %ends: tensor<?xi32>):
     %E = lm.weight "embed.token" : tensor<11x8xf32>
     %x = lm.embed %E[%copies] : (tensor<11x8xf32>, tensor<?x?xi32>) -> tensor<?x?x8xf32>
     %a = lm.attention %x, %x, %x, %clen data(%copies : tensor<?x?xi32>) {heads = 2 : i64, mask = #lm.mask<directional>, scale = 5.000000e-01 : f32} : tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<?xi32> -> tensor<?x?x8xf32>
@@ -110,7 +110,7 @@ func.func @not_prunable(%ids: tensor<?x?xi32>, %len: tensor<?xi32>, %dirs: tenso
 // CHECK-NEXT: lm.yield %{{.+}} : tensor<?x1xf32>
 func.func @already_pruned(%ids: tensor<?x?xi32>, %len: tensor<?xi32>, %h: tensor<?x1x8xf32>) -> tensor<?x?xf32> {
   %r = lm.masked_batch %ids, %len {mask_token = 4 : i64} : (tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32> {
-  ^bb0(%copies: tensor<?x?xi32>, %clen: tensor<?xi32>, %targets: tensor<?x?xi32>, %pos: tensor<?xi32>, %own: tensor<?xi32>):
+  ^bb0(%copies: tensor<?x?xi32>, %clen: tensor<?xi32>, %targets: tensor<?x?xi32>, %pos: tensor<?xi32>, %own: tensor<?xi32>, %ends: tensor<?xi32>):
     %E = lm.weight "embed.token" : tensor<11x8xf32>
     %t = lm.token_logprob %h, %E, %targets, %clen : (tensor<?x1x8xf32>, tensor<11x8xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x1xf32>
     lm.yield %t : tensor<?x1xf32>
@@ -123,7 +123,7 @@ func.func @already_pruned(%ids: tensor<?x?xi32>, %len: tensor<?xi32>, %h: tensor
 // query side and the head on one row per copy.
 // BILM-LABEL: func.func @score
 // BILM: [[R:%.+]] = lm.masked_batch
-// BILM-NEXT: ^bb0([[C:%[^:]+]]: tensor<?x?xi32>, [[CL:%[^:]+]]: tensor<?xi32>, [[T:%[^:]+]]: tensor<?x?xi32>, [[P:%[^:]+]]: tensor<?xi32>, [[O:%[^:]+]]: tensor<?xi32>):
+// BILM-NEXT: ^bb0([[C:%[^:]+]]: tensor<?x?xi32>, [[CL:%[^:]+]]: tensor<?xi32>, [[T:%[^:]+]]: tensor<?x?xi32>, [[P:%[^:]+]]: tensor<?xi32>, [[O:%[^:]+]]: tensor<?xi32>, [[EN:%[^:]+]]: tensor<?xi32>):
 // BILM-NEXT: [[TR:%.+]] = lm.take_row [[T]], [[P]] : (tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x1xi32>
 // First layer: unpruned (whole copies, no query_positions).
 // BILM: [[WQ0:%.+]] = lm.weight "layers.0.attn.q.weight"

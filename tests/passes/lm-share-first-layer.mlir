@@ -24,11 +24,11 @@
 // CHECK-DAG: [[QS:%.+]] = lm.linear [[SS]], [[W]] :
 // CHECK-DAG: [[QM:%.+]] = lm.linear [[SM]], [[W]] :
 // CHECK: [[R:%.+]] = lm.masked_batch [[IDS]], [[LEN]] {mask_token = 7 : i64}
-// CHECK-NEXT: ^bb0([[C:%[^:]+]]: tensor<?x?xi32>, [[CL:%[^:]+]]: tensor<?xi32>, [[T:%[^:]+]]: tensor<?x?xi32>, [[P:%[^:]+]]: tensor<?xi32>, [[O:%[^:]+]]: tensor<?xi32>):
+// CHECK-NEXT: ^bb0([[C:%[^:]+]]: tensor<?x?xi32>, [[CL:%[^:]+]]: tensor<?xi32>, [[T:%[^:]+]]: tensor<?x?xi32>, [[P:%[^:]+]]: tensor<?xi32>, [[O:%[^:]+]]: tensor<?xi32>, [[EN:%[^:]+]]: tensor<?xi32>):
 // Only the frontier is spliced (s and q, read by the attention); x and p, read only
 // inside the shared chain, are not.
-// CHECK-NEXT: [[SC:%.+]] = lm.splice_copies [[SS]], [[SM]], [[P]], [[O]] : (tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<?xi32>, tensor<?xi32>) -> tensor<?x?x8xf32>
-// CHECK-NEXT: [[QC:%.+]] = lm.splice_copies [[QS]], [[QM]], [[P]], [[O]] : (tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<?xi32>, tensor<?xi32>) -> tensor<?x?x8xf32>
+// CHECK-NEXT: [[SC:%.+]] = lm.splice_copies [[SS]], [[SM]], [[P]], [[O]], [[EN]] : (tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>) -> tensor<?x?x8xf32>
+// CHECK-NEXT: [[QC:%.+]] = lm.splice_copies [[QS]], [[QM]], [[P]], [[O]], [[EN]] : (tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>) -> tensor<?x?x8xf32>
 // CHECK-NOT: lm.embed
 // CHECK-NOT: lm.positions
 // CHECK-DAG: [[A:%.+]] = lm.attention [[QC]], [[SC]], [[SC]], [[CL]]
@@ -41,7 +41,7 @@
 func.func @shared(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> tensor<?x?xf32> {
   %E = lm.weight "embed.token" : tensor<11x8xf32>
   %r = lm.masked_batch %ids, %len {mask_token = 7 : i64} : (tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32> {
-  ^bb0(%copies: tensor<?x?xi32>, %clen: tensor<?xi32>, %targets: tensor<?x?xi32>, %pos: tensor<?xi32>, %own: tensor<?xi32>):
+  ^bb0(%copies: tensor<?x?xi32>, %clen: tensor<?xi32>, %targets: tensor<?x?xi32>, %pos: tensor<?xi32>, %own: tensor<?xi32>, %ends: tensor<?xi32>):
     %P = lm.weight "embed.position" : tensor<16x8xf32>
     %W = lm.weight "w" : tensor<8x8xf32>
     %x = lm.embed %E[%copies] : (tensor<11x8xf32>, tensor<?x?xi32>) -> tensor<?x?x8xf32>
@@ -68,7 +68,7 @@ func.func @shared(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> tensor<?x?xf32>
 // CHECK: lm.yield
 func.func @nothing_to_share(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> tensor<?x?xf32> {
   %r = lm.masked_batch %ids, %len {mask_token = 4 : i64} : (tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32> {
-  ^bb0(%copies: tensor<?x?xi32>, %clen: tensor<?xi32>, %targets: tensor<?x?xi32>, %pos: tensor<?xi32>, %own: tensor<?xi32>):
+  ^bb0(%copies: tensor<?x?xi32>, %clen: tensor<?xi32>, %targets: tensor<?x?xi32>, %pos: tensor<?xi32>, %own: tensor<?xi32>, %ends: tensor<?xi32>):
     %E = lm.weight "embed.token" : tensor<11x8xf32>
     %x = lm.embed %E[%targets] : (tensor<11x8xf32>, tensor<?x?xi32>) -> tensor<?x?x8xf32>
     %a = lm.attention %x, %x, %x, %clen {heads = 2 : i64, mask = #lm.mask<none>, scale = 5.000000e-01 : f32} : tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<?xi32> -> tensor<?x?x8xf32>
@@ -81,7 +81,7 @@ func.func @nothing_to_share(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> tenso
 // tiny_bilm (d 30, 3 heads, 2 layers, [MASK] = 4) after fuse-attention, fuse-logprob
 // and batch-mask-predict.
 // BILM-LABEL: func.func @score
-// BILM-SAME: ([[IDS:%[^:]+]]: tensor<?x?xi32>, [[LEN:%[^:]+]]: tensor<?xi32>)
+// BILM-SAME: ([[IDS:%[^:]+]]: tensor<?x?xi32>, [[LEN:%[^:]+]]: tensor<?xi32>, [[SP:%[^:]+]]: tensor<?x?xi32>)
 // BILM-NEXT: [[MIDS:%.+]] = lm.fill_ids [[IDS]] {value = 4 : i64} : tensor<?x?xi32>
 // Embeddings and embedding norm, once on the sentence, once on [MASK]:
 // BILM: [[E:%.+]] = lm.weight "embed.token" : tensor<67x30xf32>
@@ -101,14 +101,14 @@ func.func @nothing_to_share(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> tenso
 // BILM-NEXT: [[VM:%.+]] = lm.linear [[HM]], [[WV]], %{{.+}} :
 // No other projection is hoisted (the output projection reads the attention).
 // BILM-NOT: lm.linear
-// BILM: [[R:%.+]] = lm.masked_batch [[IDS]], [[LEN]] {mask_token = 4 : i64}
-// BILM-NEXT: ^bb0([[C:%[^:]+]]: tensor<?x?xi32>, [[CL:%[^:]+]]: tensor<?xi32>, [[T:%[^:]+]]: tensor<?x?xi32>, [[P:%[^:]+]]: tensor<?xi32>, [[O:%[^:]+]]: tensor<?xi32>):
+// BILM: [[R:%.+]] = lm.masked_batch [[IDS]], [[LEN]] spans([[SP]]) {mask_token = 4 : i64}
+// BILM-NEXT: ^bb0([[C:%[^:]+]]: tensor<?x?xi32>, [[CL:%[^:]+]]: tensor<?xi32>, [[T:%[^:]+]]: tensor<?x?xi32>, [[P:%[^:]+]]: tensor<?xi32>, [[O:%[^:]+]]: tensor<?xi32>, [[EN:%[^:]+]]: tensor<?xi32>):
 // The embedding norm output (the first residual) and Q, K, V are spliced and feed
 // the first attention.
-// BILM-NEXT: [[HC:%.+]] = lm.splice_copies [[HS]], [[HM]], [[P]], [[O]] : (tensor<?x?x30xf32>, tensor<?x?x30xf32>, tensor<?xi32>, tensor<?xi32>) -> tensor<?x?x30xf32>
-// BILM-NEXT: [[QC:%.+]] = lm.splice_copies [[QS]], [[QM]], [[P]], [[O]] :
-// BILM-NEXT: [[KC:%.+]] = lm.splice_copies [[KS]], [[KM]], [[P]], [[O]] :
-// BILM-NEXT: [[VC:%.+]] = lm.splice_copies [[VS]], [[VM]], [[P]], [[O]] :
+// BILM-NEXT: [[HC:%.+]] = lm.splice_copies [[HS]], [[HM]], [[P]], [[O]], [[EN]] : (tensor<?x?x30xf32>, tensor<?x?x30xf32>, tensor<?xi32>, tensor<?xi32>, tensor<?xi32>) -> tensor<?x?x30xf32>
+// BILM-NEXT: [[QC:%.+]] = lm.splice_copies [[QS]], [[QM]], [[P]], [[O]], [[EN]] :
+// BILM-NEXT: [[KC:%.+]] = lm.splice_copies [[KS]], [[KM]], [[P]], [[O]], [[EN]] :
+// BILM-NEXT: [[VC:%.+]] = lm.splice_copies [[VS]], [[VM]], [[P]], [[O]], [[EN]] :
 // BILM-NEXT: lm.attention [[QC]], [[KC]], [[VC]], [[CL]] {heads = 3 : i64, mask = #lm.mask<none>
 // BILM-NOT: layers.0.attn.q.weight
 // BILM-NOT: lm.embed
@@ -140,7 +140,7 @@ func.func @nothing_to_share(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> tenso
 // PRUNED-LABEL: func.func @score
 // PRUNED: lm.fill_ids
 // PRUNED: lm.masked_batch
-// PRUNED-NEXT: ^bb0([[C:%[^:]+]]: tensor<?x?xi32>, [[CL:%[^:]+]]: tensor<?xi32>, [[T:%[^:]+]]: tensor<?x?xi32>, [[P:%[^:]+]]: tensor<?xi32>, [[O:%[^:]+]]: tensor<?xi32>):
+// PRUNED-NEXT: ^bb0([[C:%[^:]+]]: tensor<?x?xi32>, [[CL:%[^:]+]]: tensor<?xi32>, [[T:%[^:]+]]: tensor<?x?xi32>, [[P:%[^:]+]]: tensor<?xi32>, [[O:%[^:]+]]: tensor<?xi32>, [[EN:%[^:]+]]: tensor<?xi32>):
 // PRUNED: lm.splice_copies
 // PRUNED-NEXT: [[QC:%.+]] = lm.splice_copies
 // PRUNED-NEXT: [[KC:%.+]] = lm.splice_copies
