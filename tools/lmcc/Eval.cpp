@@ -223,7 +223,11 @@ int runBlimp(const Options &o) {
                            "\" (a BLiMP pair has sentence_good, sentence_bad, UID, field)");
         return j[key].get<std::string>();
       };
-      const std::string uid = text("UID"), field = text("field");
+      const std::string uid = text("UID");
+      // BLiMP spells its fourth field both "syntax_semantics" and "syntax/semantics" (the paper's "syntax &
+      // semantics"): one field.
+      std::string field = text("field");
+      std::replace(field.begin(), field.end(), '/', '_');
       if (p.pairs == 0) {
         p.uid = uid, p.field = field;
         paradigms.push_back(p);
