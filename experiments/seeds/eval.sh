@@ -21,7 +21,7 @@ lmcc="$eval_dir/bin/lmcc"
 spec() { echo "$work/seeds_$1.toml"; }
 weights() { [ "$1" = bilm_plain ] && echo "$work/bilm_plain.safetensors" || echo "$work/run-$1/final/weights.safetensors"; }
 for m in $models; do [ -s "$(weights $m)" ] || { echo "eval: $(weights $m) missing: run run.sh train first" >&2; exit 1; }; done
-tail -n +2 "$shared/stsb/dev.tsv" | cut -f8 | head -n 400 > "$work/cost.txt"
+sed -n "2,401p" "$shared/stsb/dev.tsv" | cut -f8 > "$work/cost.txt"
 touch "$logs/cost.txt"
 
 sts() { # model
