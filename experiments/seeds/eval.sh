@@ -8,7 +8,7 @@ root=$(cd "$here/../.." && pwd)
 shared=${LMCC_SHARED_DATA:-$root/../shared/data}
 work=${WORK:-$here/work}
 logs="$here/logs"
-pairs=${BLIMP_PAIRS:-1000}
+pairs=${BLIMP_PAIRS:-200}
 threads=${EVAL_THREADS:-$(nproc)}
 models=${MODELS:-"tta bilm unilm"}
 # Its own copy of the binary (training may still be running on work/bin's; a rebuild must not swap it).
@@ -23,6 +23,10 @@ weights() { [ "$1" = bilm_plain ] && echo "$work/bilm_plain.safetensors" || echo
 for m in $models; do [ -s "$(weights $m)" ] || { echo "eval: $(weights $m) missing: run run.sh train first" >&2; exit 1; }; done
 sed -n "2,401p" "$shared/stsb/dev.tsv" | cut -f8 > "$work/cost.txt"
 touch "$logs/cost.txt"
+"$lmcc" tokenize "$(spec tta)" --text "$work/cost.txt" --truncate | python3 -c '
+import sys; n = [len(l.split()) for l in sys.stdin]; w = [len(l.split()) for l in open(sys.argv[1])]
+print("%.1f words, %.1f pieces with [SOS]/[EOS] on average" % (sum(w) / len(w), sum(n) / len(n)))' "$work/cost.txt" \
+  > "$logs/cost-input.txt"
 
 sts() { # model
   for split in dev test; do

@@ -12,7 +12,9 @@ J = lambda name: json.load(open(os.path.join(logs, name)))
 PAPER_STS = {"tta": (71.88, 62.27), "bilm": (59.99, 50.76), "bilm_plain": (53.20, 36.51), "unilm": (56.25, 39.57),
              "bert": (64.78, 54.22)}
 LABEL = {"tta": "T-TA (one pass)", "bilm": "biLM, mask-and-predict states", "bilm_plain": "biLM\\M (one unmasked pass)",
-         "unilm": "uniLM", "bilm-word-l2r": "biLM PLL word-l2r", "bilm-pll": "biLM PLL", "tta-score": "T-TA"}
+         "unilm": "uniLM"}
+BLIMP_LABEL = {"unilm": "uniLM log-likelihood", "bilm": "biLM PLL (original)", "bilm-word-l2r": "biLM PLL (word-l2r)",
+               "tta": "T-TA one-pass score"}
 
 out = ["# The seeds' claims at this machine's scale (issue 17)", "",
        "Reproduce: `experiments/seeds/run.sh` (train, then eval; `run.sh eval` reruns the evaluation only). "
@@ -20,7 +22,7 @@ out = ["# The seeds' claims at this machine's scale (issue 17)", "",
 data = open(os.path.join(logs, "data.txt")).read().strip()
 out += ["## Setup", "",
         "Three models of the same size (3 layers, d_model 256, 4 heads, d_ff 1024, pre-norm, max_len 128, the T-TA "
-        "paper's 29,530-piece uncased vocabulary: about 10.2M parameters, 7.6M of them the tied embedding), trained "
+        "paper's 29,530-piece uncased vocabulary: about 10M parameters, 7.6M of them the tied embedding), trained "
         "identically with `lmcc train --data` (AdamW, lr 1e-3, 60 warm-up steps, linear decay, batches of at most "
         "2,048 padded tokens, seed 1, one thread) on Debian's bible-kjv verses and fortunes sentences "
         "(`prep.py`: %s). Each model saw the same batches in the same order; the objectives differ as the families "
@@ -77,7 +79,7 @@ if blimp:
         for l in lines[2:]:
             cells = [c.strip() for c in l.strip("|\n").split("|")]
             if cells[0].lower().startswith("mean") or cells[0].lower().startswith("**mean"):
-                paper = {h: c for h, c in zip(header[2:], cells[2:])}
+                paper = {h: c for h, c in zip(header[3:], cells[3:])}  # after paradigm, field and ours
     out += ["## BLiMP (accuracy: score(good) > score(bad))", "",
             "`lmcc blimp`, the first %d pairs of each of the 67 paradigms; the sentence score is the uniLM's "
             "log-likelihood, the biLM's pseudo-log-likelihood (original: each piece masked alone; word-l2r: Kauf & "
@@ -85,7 +87,7 @@ if blimp:
             "Transformer-XL, GPT-2, trained on far more text) are from `models_summary.jsonl`; humans 88.6." % pairs, "",
             "| | " + " | ".join(fields) + " | mean over paradigms |", "|---" * (len(fields) + 2) + "|"]
     for name, r in blimp.items():
-        out.append("| %s | " % LABEL.get(name, name) + " | ".join("%.1f" % (100 * r["fields"][f]) for f in fields) +
+        out.append("| %s | " % BLIMP_LABEL[name] + " | ".join("%.1f" % (100 * r["fields"][f]) for f in fields) +
                    " | **%.1f** |" % (100 * r["mean"]))
     if paper:
         out += ["", "The BLiMP paper's means over paradigms: " +
@@ -100,9 +102,9 @@ for line in open(os.path.join(logs, "cost.txt")):
         cost[m.group(1)] = (int(m.group(2)), float(m.group(3)), float(m.group(4)), int(m.group(5)))
 if cost:
     out += ["## Cost per sentence (reranking-style scoring)", "",
-            "`lmcc score --timing` on the first %d sentences of STS-B dev (about 12 words; one call, %d threads, "
-            "the compiled call alone), the same model size for all. Paper (Sec. 5.2, 20 words, GPU): T-TA 6.35x "
-            "faster than the biLM for reranking, 12.7x for STS (9.85 vs 125 ms)." % (cost["tta"][0], cost["tta"][3]), "",
+            "`lmcc score --timing` on the first %d sentences of STS-B dev (%s; one call, %d threads, the compiled call "
+            "alone), the same model size for all. Paper (Sec. 5.2, 20 words, GPU): T-TA 6.35x faster than the biLM "
+            "for reranking, 12.7x for STS (9.85 vs 125 ms)." % (cost["tta"][0], open(os.path.join(logs, "cost-input.txt")).read().strip(), cost["tta"][3]), "",
             "| model | ms per sentence | vs T-TA |", "|---|---|---|"]
     for name, label in [("tta", "T-TA, one pass"), ("unilm", "uniLM, one pass"),
                         ("bilm-pll", "biLM PLL, optimized (batched copies, shared first layer, pruned rows)"),
@@ -133,7 +135,7 @@ if cost:
                                        ("bilm-pll-naive", "biLM PLL naive")] if k in cost], "%.2f ms")
 if blimp:
     bars("blimp.svg", "BLiMP mean accuracy over paradigms (%)",
-         [(LABEL.get(k, k), 100 * r["mean"]) for k, r in blimp.items()] +
+         [(BLIMP_LABEL[k], 100 * r["mean"]) for k, r in blimp.items()] +
          [("GPT-2 (BLiMP paper)", 83.0), ("5-gram (BLiMP paper)", 61.0)], "%.1f")
     out += ["![BLiMP](blimp.svg)", ""]
 if sts:
