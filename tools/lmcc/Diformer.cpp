@@ -1,5 +1,6 @@
 //===- Diformer.cpp - lmcc's Diformer commands ------------------------------===//
 #include "tools/lmcc/Diformer.h"
+#include "tools/lmcc/Common.h"
 
 #include "runtime/lib/Tokenizer.h"
 #include "runtime/reference/Diformer.h"
@@ -15,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -130,13 +132,6 @@ WeightSet loadWeights(const std::string &path, const ModelSpec &spec) {
   return loadModelWeights(path, spec);
 }
 
-nlohmann::json parseJson(const std::string &text, const std::string &where) {
-  try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error &e) {
-    throw std::invalid_argument(where + ": invalid JSON: " + e.what());
-  }
-}
 
 std::vector<int32_t> intList(const nlohmann::json &j, const std::string &where) {
   if (!j.is_array())
@@ -213,30 +208,47 @@ int flushOut(const std::string &out) {
 
 int diformerScore(const ModelSpec &spec, const std::string &weights, const std::string &input, const Tokenizer *tok,
                   int threads) {
-  const std::string name = input == "-" ? "<stdin>" : input;
+  // Streams like lmcc score: chunks of lines, each chunk's results printed before the next is read.
+  LineReader in(input, "input file");
+  std::optional<WeightSet> w;
   std::vector<df::Example> examples;
-  for (auto &[no, line] : lines(readAll(input, "input file"))) {
-    if (trim(line).empty())
-      throw std::invalid_argument(name + ":" + std::to_string(no) + ": empty line (every line must hold one pair)");
-    examples.push_back(parseLine(spec, line, tok, name + ":" + std::to_string(no)));
-  }
-  std::vector<df::Score> results = df::score(spec, loadWeights(weights, spec), examples, threads);
-  std::string out;
-  for (size_t s = 0; s < results.size(); ++s) {
-    const std::string what = "result of input line " + std::to_string(s + 1);
-    out += "{\"token_logprobs\":[";
-    for (size_t i = 0; i < results[s].tokenLogprobs.size(); ++i) {
-      if (i)
-        out += ',';
-      appendNumber(out, results[s].tokenLogprobs[i], what);
+  std::string line;
+  int64_t printed = 0;
+  auto run = [&]() {
+    if (!w)
+      w = loadWeights(weights, spec);
+    std::vector<df::Score> results = df::score(spec, *w, examples, threads);
+    std::string out;
+    for (size_t s = 0; s < results.size(); ++s) {
+      const std::string what = "result of input line " + std::to_string(printed + int64_t(s) + 1);
+      out += "{\"token_logprobs\":[";
+      for (size_t i = 0; i < results[s].tokenLogprobs.size(); ++i) {
+        if (i)
+          out += ',';
+        appendNumber(out, results[s].tokenLogprobs[i], what);
+      }
+      out += "],\"score\":";
+      appendNumber(out, results[s].score, what);
+      out += ",\"n_scored\":" + std::to_string(results[s].nScored) + ",\"length_logprob\":";
+      appendNumber(out, results[s].lengthLogprob, what);
+      out += "}\n";
     }
-    out += "],\"score\":";
-    appendNumber(out, results[s].score, what);
-    out += ",\"n_scored\":" + std::to_string(results[s].nScored) + ",\"length_logprob\":";
-    appendNumber(out, results[s].lengthLogprob, what);
-    out += "}\n";
+    printed += int64_t(results.size());
+    examples.clear();
+    return flushOut(out);
+  };
+  while (in.next(line)) {
+    if (!line.empty() && line.back() == '\r')
+      line.pop_back();
+    if (trim(line).empty())
+      throw std::invalid_argument(in.where() + ": empty line (every line must hold one pair)");
+    examples.push_back(parseLine(spec, line, tok, in.where()));
+    if (examples.size() == 64 && run())
+      return 1;
   }
-  return flushOut(out);
+  if (!examples.empty() || !w)
+    return run();
+  return 0;
 }
 
 int diformerGrad(const ModelSpec &spec, const std::string &weights, const std::string &batch, const std::string &out,
@@ -358,9 +370,11 @@ int diformerTranslate(const ModelSpec &spec, const std::string &weights, const s
   d.beam = o.beam, d.lengthBeam = o.lengthBeam, d.iterations = o.iterations, d.rerank = o.rerank;
   WeightSet w = loadWeights(weights, spec);
   df::Model model(spec, w);
-  const std::string name = input == "-" ? "<stdin>" : input;
-  for (auto &[no, line] : lines(readAll(input, "input file"))) {
-    const std::string where = name + ":" + std::to_string(no);
+  LineReader in(input, "input file");
+  for (std::string line; in.next(line);) {
+    if (!line.empty() && line.back() == '\r')
+      line.pop_back();
+    const std::string where = in.where();
     std::vector<int32_t> src = sequence(line, tok, where);
     if (src.empty() || int64_t(src.size()) > spec.dims.maxLen)
       throw std::invalid_argument(where + ": source of " + std::to_string(src.size()) + " tokens: must hold 1..max_len");
