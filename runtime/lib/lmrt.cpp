@@ -443,16 +443,35 @@ std::vector<Piece> planPieces(const int32_t *lengths, int32_t batch, const int64
   return pieces;
 }
 
+/// Fewer pieces than threads (a batch of one or two sentences): each sentence's masked copies are cut into as
+/// many windows as there are threads, which then run side by side instead of sharing one call's GEMMs (the
+/// same numbers: every copy is computed on its own). Each window is no larger than its piece was.
+std::vector<Piece> spreadCopies(const std::vector<Piece> &pieces, const int32_t *lengths, int threads) {
+  std::vector<Piece> out;
+  for (const Piece &p : pieces)
+    for (int64_t b = p.b0; b < p.b0 + p.rows; ++b) {
+      const int64_t first = p.first, last = std::min<int64_t>(lengths[b], p.last);
+      const int64_t n = last - first, parts = std::min<int64_t>(threads, n);
+      for (int64_t k = 0; k < parts; ++k)
+        out.push_back({b, 1, int32_t(first + k * n / parts), int32_t(first + (k + 1) * n / parts)});
+    }
+  return out;
+}
+
 Plan plan(const int32_t *lengths, int32_t batch, const int64_t *sentence, const int64_t *copy, bool splitCopies,
           const char *entry) {
   const int threads = effectiveThreads();
+  Plan cut;
   try {
-    return {planPieces(lengths, batch, sentence, copy, splitCopies, entry, threads), threads};
+    cut = {planPieces(lengths, batch, sentence, copy, splitCopies, entry, threads), threads};
   } catch (const Failure &f) {
     if (f.code != LM_ERR_MEMORY || threads == 1)
       throw;
     return {planPieces(lengths, batch, sentence, copy, splitCopies, entry, 1), 1}; // one piece at a time fits
   }
+  if (splitCopies && threads > 1 && int64_t(cut.pieces.size()) < threads)
+    cut.pieces = spreadCopies(cut.pieces, lengths, threads);
+  return cut;
 }
 
 // --- Per-chunk buffers ----------------------------------------------------------
