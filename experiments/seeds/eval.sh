@@ -8,7 +8,7 @@ root=$(cd "$here/../.." && pwd)
 shared=${LMCC_SHARED_DATA:-$root/../shared/data}
 work=${WORK:-$here/work}
 logs="$here/logs"
-pairs=${BLIMP_PAIRS:-200}
+pairs=${BLIMP_PAIRS:-1000}
 threads=${EVAL_THREADS:-$(nproc)}
 models=${MODELS:-"tta bilm unilm"}
 # Its own copy of the binary (training may still be running on work/bin's; a rebuild must not swap it).

@@ -6,7 +6,7 @@
 #   experiments/seeds/run.sh [train|eval|all]      (default all; reruns everything from a fresh clone)
 #
 # Environment: WORK (default experiments/seeds/work, not committed), STEPS (600), THREADS (1 for training),
-# BLIMP_PAIRS (pairs per BLiMP paradigm, default 200 as in results.md; 1000 = all: about 5x longer), EVAL_THREADS,
+# BLIMP_PAIRS (pairs per BLiMP paradigm, default 1000 = all, as in results.md; about 30 minutes), EVAL_THREADS,
 # MODELS (eval.sh: which models to evaluate), NO_SETUP=1 (lmcc already built).
 # Writes logs/ (training logs and every evaluation's output) and results.md + plots beside this script.
 set -euo pipefail
