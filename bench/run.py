@@ -402,6 +402,49 @@ def weight_bytes(ws, model, entry):
     return total
 
 
+def gaps_section(points, lmcc, speedups, bound):
+    """Every entry where lmcc is not ahead of the best peer, or (batch >= 8) more than 1.3x its roofline bound,
+    with the numbers that locate the cause: the distance to the bound and, for 2-thread entries, the speedup
+    over the same entry at 1 thread (2.00x ideal)."""
+    by_point = {p.name: sp for p, _, sp in speedups}
+    peer_of = {p.name: name for p, name, _ in speedups}
+    rows = []
+    for p in points:
+        r = lmcc.get(p.name)
+        if p.variant != "opt" or r is None or "median" not in r:
+            continue
+        b, _ = bound(p)
+        xb = r["median"] / b
+        sp = by_point.get(p.name)
+        behind = sp is not None and sp < 1.0
+        far = p.batch >= 8 and xb > 1.3
+        if not (behind or far):
+            continue
+        scaling = "-"
+        if p.threads == 2:
+            one = lmcc.get(Point(p.model, p.variant, p.entry, p.n, p.batch, 1).name, {})
+            if "median" in one:
+                scaling = "%.2fx" % (one["median"] / r["median"])
+        if p.threads == 2 and scaling != "-" and float(scaling[:-1]) < 1.6:
+            cause = "thread scaling (%s of the ideal 2x)" % scaling
+        elif xb <= 1.15:
+            cause = "at the roofline bound: the peer is as close to it"
+        elif p.n <= 20 and p.batch >= 8:
+            cause = "short rows: attention and per-row work (norms, softmax) at %.2fx the bound" % xb
+        else:
+            cause = "kernel efficiency: %.2fx the bound" % xb
+        rows.append("| %s | %s | %d | %d | %d | %s | %s | %.2f | %s | %s |" % (
+            p.model, p.entry, p.n, p.batch, p.threads, peer_of.get(p.name, "-"), "%.2fx" % sp if sp else "-", xb,
+            scaling, cause))
+    md = ["## Gaps", "",
+          "Entries where lmcc is not ahead of the best peer, or (batch >= 8) above 1.3x its roofline bound. "
+          "`2-thread scaling` = the same entry's 1-thread time / its 2-thread time (2.00x ideal).", ""]
+    if not rows:
+        return md + ["None in this run.", ""]
+    return md + ["| model | entry | n | batch | threads | best peer | lmcc speedup | x bound | 2-thread scaling | "
+                 "measured cause |", "|" + "---|" * 10] + rows + [""]
+
+
 def write_report(ws, date, quick, limits, kernels, points, lmcc, peer, out_dir, versions, wall, machine):
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = date + ("-quick" if quick else "")
@@ -448,6 +491,7 @@ def write_report(ws, date, quick, limits, kernels, points, lmcc, peer, out_dir, 
             md.append("| %s | %s | %d | %d | %d | %s | %.2f | - | - | - | - | - | %s | - |" % (
                 p.model, p.entry, p.n, p.batch, p.threads, r.get("skipped", r.get("error", "?")), b * 1e3, cells or "-"))
     md.append("")
+    md += gaps_section(points, lmcc, speedups, bound)
     failed = {k: v for k, v in peer.items() if "error" in v}
     if failed:
         md += ["Peers that did not run or disagreed:", ""] + ["- `%s`: %s" % (k, v["error"]) for k, v in

@@ -100,12 +100,14 @@ struct ReturnLowering : OpConversionPattern<func::ReturnOp> {
   const LoweringContext &context;
 };
 
+} // namespace
+
 /// The last op of the allocating block that may touch `buffer`: a use of the buffer or of anything derived
 /// from it (views, extracted addresses and the integers and pointers computed from them, not its sizes or the
 /// values loaded from it, a memref an address
 /// was stored into (the GEMM task's ctx array), the results of a region whose terminator yields one), found
 /// through nested regions. Pointers handed to the runtime are integers, so only this closure sees them.
-Operation *lastUser(memref::AllocOp alloc) {
+static Operation *lastUser(memref::AllocOp alloc) {
   Block *block = alloc->getBlock();
   Operation *last = alloc;
   SmallVector<Value> work = {alloc.getResult()};
@@ -154,6 +156,8 @@ void deallocateAfterLastUse(ModuleOp module) {
     b.create<memref::DeallocOp>(alloc.getLoc(), alloc.getResult());
   });
 }
+
+namespace {
 
 struct LmToLoopsPass : lmcc::impl::LmToLoopsBase<LmToLoopsPass> {
   using LmToLoopsBase::LmToLoopsBase;

@@ -88,6 +88,9 @@ void configureLowering(mlir::TypeConverter &converter, mlir::ConversionTarget &t
 /// and erases the casts nobody uses.
 void foldCastPairs(mlir::ModuleOp module);
 
+/// Frees every buffer right after its last use in the block that allocates it (the pass's last step).
+void deallocateAfterLastUse(mlir::ModuleOp module);
+
 /// A module with the single kernel `attention_kernel(q, k, v [B, N, d_model], lengths [B], out [B, N, d_model])`
 /// (C interface): lm.attention with `mask` (none, causal, anticausal or diagonal) lowered by the model's pattern.
 /// For kernel benchmarks (bench/kernel_bench.cpp).

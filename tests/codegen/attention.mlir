@@ -1,15 +1,24 @@
 // RUN: lmcc-opt --lm-to-loops="vector-bits=256" %s | FileCheck %s
-// lm.attention: head size 16 takes the vector form (keys transposed per head, 16 keys per vector, scores
-// masked by lane, vector exp); head size 8 the scalar key-tiled online softmax (32-key tiles, running max
-// and sum rescaled by e^(m - m')). The causal mask shrinks the key range instead of testing every key; the
-// diagonal mask knocks out key i by a select.
+// lm.attention: head size 16 takes the vector form, register-tiled (keys of every head transposed per entry
+// in 16 x 16 register blocks, query rows in tiles of 8 sharing each key vector load, the next entry's operands
+// prefetched, scores masked by lane only in blocks not fully visible, vector exp); head size 8 the scalar
+// key-tiled online softmax (32-key tiles, running max and sum rescaled by e^(m - m')). The causal mask
+// shrinks the key range instead of testing every key; the diagonal mask knocks out key i by a select.
 
 // CHECK-LABEL: func.func @m_score_kernel
-// vector form, causal: keys [0, min(len, i + 1))
-// CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<16x?xf32>
+// vector form, causal: kt [d_model, M16], scores of 8 rows
+// CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<32x?xf32>
+// CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<8x?xf32>
+// CHECK: vector.shuffle {{.*}} [0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23] : vector<16xf32>, vector<16xf32>
+// CHECK: vector.shuffle {{.*}} [8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31] : vector<16xf32>, vector<16xf32>
+// CHECK: memref.prefetch {{.*}} read, locality<2>, data
+// CHECK: memref.prefetch {{.*}} write, locality<2>, data
+// rows clamped to the last, the causal key range [0, min(len, i + 1))
 // CHECK: arith.minsi
-// CHECK: scf.for {{.*}} step %c16{{(_[0-9]+)?}}
-// CHECK: vector.fma {{.*}} : vector<16xf32>
+// CHECK: scf.for {{.*}} step %c4{{(_[0-9]+)?}} iter_args(%arg{{[0-9]+}} = {{%[0-9]+(, %arg[0-9]+ = %[0-9]+){7}[)]}}
+// CHECK-COUNT-8: vector.fma {{.*}} : vector<16xf32>
+// CHECK: scf.if
+// CHECK: arith.select {{.*}} : vector<16xi1>, vector<16xf32>
 // CHECK: vector.reduction <maximumf>
 // CHECK: math.exp {{.*}} : vector<16xf32>
 // CHECK: vector.reduction <add>

@@ -68,8 +68,8 @@ std::vector<Case> cases() {
     s.relativePositions = 2;
     out.push_back({"tta_maskpos_pre", s});
   }
-  // Head sizes that are multiples of 16 take the vector attention (16 and 32 here; lengths up
-  // to 19 span two 16-key blocks).
+  // Head sizes that are multiples of 16 take the vector attention (16, 32 and 80 here; lengths up
+  // to 19 span two 16-key blocks and three tiles of 8 query rows).
   {
     ModelSpec s = base("unilm_vec16", Family::UniLM);
     s.dims.dModel = 48;
@@ -84,6 +84,12 @@ std::vector<Case> cases() {
     ModelSpec s = base("tta_vec16", Family::TTA);
     s.dims.dModel = 48;
     out.push_back({"tta_vec16", s});
+  }
+  {
+    // One head of 80 features: the p.v tiles split the features into 4 + 1 vectors of 16.
+    ModelSpec s = base("bilm_vec80", Family::BiLM);
+    s.dims.dModel = 80, s.dims.heads = 1;
+    out.push_back({"bilm_vec80", s});
   }
   return out;
 }
