@@ -128,6 +128,7 @@ class Workspace:
         lib = out / ("lib%s.so" % self.spec(model)["name"])
         if not lib.exists() or lib.stat().st_mtime < max(LMCC.stat().st_mtime, spec.stat().st_mtime):
             log("lmcc compile %s %s" % (model, " ".join(variant_flags(variant))))
+            out.parent.mkdir(parents=True, exist_ok=True)  # -o creates only the last level
             run([LMCC, "compile", spec, "-o", out] + variant_flags(variant))
         return lib
 
@@ -138,7 +139,8 @@ class Workspace:
             for line in text.splitlines():
                 name, _, rest = line.partition(":")
                 fields = dict(kv.split("=") for kv in rest.split())
-                self.flop_cache[(model, variant, name.strip(), n)] = int(fields["flops"])
+                if "flops" in fields:  # the memory model's lines (sentence_bytes=...) follow the FLOP lines
+                    self.flop_cache[(model, variant, name.strip(), n)] = int(fields["flops"])
         return self.flop_cache[key]
 
     def ids(self, model, n, batch):

@@ -21,7 +21,11 @@ def LmToLoops : Pass<"lm-to-loops", "::mlir::ModuleOp"> {
     Option<"gemm", "gemm", "std::string", "\"generated\"",
            "generated: vector microkernels over weights packed at load time; eigen: the runtime's Eigen GEMM">,
     Option<"vectorBits", "vector-bits", "int64_t", "0",
-           "vector register width the GEMM tile is sized for (512: AVX-512, 256: AVX2); 0 = this host">
+           "vector register width the GEMM tile is sized for (512: AVX-512, 256: AVX2); 0 = this host">,
+    Option<"weightsDtype", "weights-dtype", "std::string", "\"f32\"",
+           "element type of the packed GEMM weights: f32, or bf16 (pairs of bf16 in 32-bit words)">,
+    Option<"bf16Dot", "bf16-dot", "std::string", "\"host\"",
+           "with bf16 weights: yes = AVX512_BF16 dot products, no = widen to f32 in the kernel, host = as this CPU">
   ];
   let dependentDialects = ["::mlir::arith::ArithDialect", "::mlir::func::FuncDialect", "::mlir::math::MathDialect",
                            "::mlir::memref::MemRefDialect", "::mlir::scf::SCFDialect", "::mlir::vector::VectorDialect",

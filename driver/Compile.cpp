@@ -199,13 +199,18 @@ std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options,
     return error + "\n" + diagnostics;
   if (options.gemm != "generated" && options.gemm != "eigen")
     return "--gemm " + options.gemm + ": expected generated or eigen";
+  if (options.weightsDtype != "f32" && options.weightsDtype != "bf16")
+    return "--weights-dtype " + options.weightsDtype + ": expected f32 or bf16";
+  const bool bf16 = options.weightsDtype == "bf16";
+  if (bf16 && options.gemm != "generated")
+    return "--weights-dtype bf16 needs --gemm generated (the Eigen GEMM reads fp32 weights)";
   for (const char *entry : {"score", "embed"})
     if (!lm->lookupSymbol<mlir::func::FuncOp>(entry) && (spec.mlm || std::string(entry) != "score"))
       return std::string("internal error: the lm module has no @") + entry + " entry point";
   if (report)
     report->stats = codegen::countStats(*lm, options.statsN > 0 ? options.statsN : 1);
   // The one weight layout: the lowering, the glue and the embedded weights read it.
-  codegen::WeightLayout layout = codegen::computeWeightLayout(*lm, options.gemm == "generated");
+  codegen::WeightLayout layout = codegen::computeWeightLayout(*lm, options.gemm == "generated", bf16);
   mlir::FailureOr<codegen::ModelFacts> facts = codegen::readModelFacts(*lm);
   if (mlir::failed(facts))
     return "internal error: the lm IR does not describe the model\n" + diagnostics;
@@ -254,6 +259,8 @@ std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options,
   LmToLoopsOptions lowering;
   lowering.gemm = options.gemm;
   lowering.vectorBits = codegen::targetVectorBits(options.cpu);
+  lowering.weightsDtype = options.weightsDtype;
+  lowering.bf16Dot = codegen::targetHasBf16Dot(options.cpu) ? "yes" : "no";
   mlir::PassManager pm(&context);
   pm.addPass(createLmToLoops(lowering, layout));
   if (mlir::failed(pm.run(*lm)))

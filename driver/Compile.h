@@ -27,6 +27,7 @@ struct LibraryOptions {
   std::string dumpDir;       ///< when set, writes the IR after every pass and lowering step there
   bool naive = false;        ///< run no optimization pass
   std::string gemm = "generated"; ///< "generated" (load-time packed, vector microkernel) or "eigen" (runtime call)
+  std::string weightsDtype = "f32"; ///< "bf16": the GEMM weights packed as bf16 pairs (generated GEMM only)
   std::set<std::string> disabledPasses; ///< pass flags to drop from the default pipeline
   int64_t statsN = 0;        ///< with a CompileReport: count FLOPs and temporaries for n tokens
   bool train = false;        ///< also compile the training entries `loss` and `loss_grad` (lm-autodiff)

@@ -73,6 +73,24 @@ int64_t targetVectorBits(const std::string &cpu) {
   return info && info->isCPUStringValid(cpu) && info->checkFeatures("+avx512f") ? 512 : 256;
 }
 
+bool targetHasBf16Dot(const std::string &cpu) {
+  if (cpu.empty()) {
+    auto features = llvm::sys::getHostCPUFeatures();
+    auto has = [&](const char *f) {
+      auto it = features.find(f);
+      return it != features.end() && it->second;
+    };
+    return has("avx512f") && has("avx512bf16");
+  }
+  llvm::InitializeNativeTarget();
+  std::string triple = llvm::sys::getDefaultTargetTriple(), error;
+  const llvm::Target *target = llvm::TargetRegistry::lookupTarget(triple, error);
+  if (!target)
+    return false;
+  std::unique_ptr<llvm::MCSubtargetInfo> info(target->createMCSubtargetInfo(triple, cpu, ""));
+  return info && info->isCPUStringValid(cpu) && info->checkFeatures("+avx512f,+avx512bf16");
+}
+
 std::string emitObject(ModuleOp module, const std::string &path, const ObjectOptions &options) {
   llvm::InitializeNativeTarget();
   llvm::InitializeNativeTargetAsmPrinter();

@@ -20,6 +20,8 @@ mlir::LogicalResult lowerToLLVMDialect(mlir::ModuleOp module);
 /// The width in bits of the widest vector registers of the target CPU (`cpu` as in ObjectOptions;
 /// empty = this host): 512 with AVX-512F, else 256 (x86-64 with AVX2, our minimum for fast code).
 int64_t targetVectorBits(const std::string &cpu);
+/// Whether the target CPU (empty = this host) has AVX512_BF16 dot products (vdpbf16ps) with AVX-512.
+bool targetHasBf16Dot(const std::string &cpu);
 
 /// Translates an LLVM-dialect module to LLVM IR, optimizes it at O3 for the target
 /// and writes a position-independent object file to `path`. Returns "" or an error.

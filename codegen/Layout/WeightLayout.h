@@ -34,8 +34,13 @@ constexpr int64_t kAlignBytes = LM_WEIGHT_ALIGNMENT;
 constexpr int64_t kAlignFloats = kAlignBytes / 4;
 /// Panel width of packed GEMM weights: output features are grouped 64 at a time.
 constexpr int64_t kPanel = 64;
-/// Rows of the packed form of W [n, k]: ceil(n / 64) panels of k rows of 64 floats.
-inline int64_t packedRows(int64_t n, int64_t k) { return (n + kPanel - 1) / kPanel * k; }
+/// Depth of a packed panel: k rows of 64 floats, or with bf16 weights ceil(k / 2) rows of 64 32-bit words, each
+/// holding the bf16 pair (W[j][2i], W[j][2i + 1]) (the low half first; zero past k).
+inline int64_t packedDepth(int64_t k, bool bf16) { return bf16 ? (k + 1) / 2 : k; }
+/// Rows of the packed form of W [n, k]: ceil(n / 64) panels of packedDepth(k) rows of 64 words.
+inline int64_t packedRows(int64_t n, int64_t k, bool bf16 = false) {
+  return (n + kPanel - 1) / kPanel * packedDepth(k, bf16);
+}
 
 /// Name and shape of one tensor of the layout.
 struct LayoutTensor {
@@ -65,6 +70,7 @@ struct WeightLayout {
   };
   std::vector<Entry> entries;
   int64_t totalFloats = 0;
+  bool bf16 = false; ///< packed GEMM weights hold bf16 pairs (--weights-dtype bf16)
 
   /// The entry named `name` (a canonical weight name, an lm.fold function's name, or a packKey), or null.
   const Entry *find(const std::string &name) const;
@@ -76,8 +82,9 @@ struct WeightLayout {
 };
 
 /// The layout of an optimized lm module. `packGemmWeights`: lay out the panel form of every weight an
-/// lm.linear / lm.token_logprob multiplies by (--gemm=generated). Folded tables have max_len rows (lm.model).
-WeightLayout computeWeightLayout(mlir::ModuleOp module, bool packGemmWeights);
+/// lm.linear / lm.token_logprob multiplies by (--gemm=generated), as bf16 pairs with `bf16`. Folded tables have
+/// max_len rows (lm.model).
+WeightLayout computeWeightLayout(mlir::ModuleOp module, bool packGemmWeights, bool bf16 = false);
 
 /// The key under which the packed form of a weight is laid out: "pack:" + its tensor names joined by '|'.
 std::string packKey(const std::vector<std::string> &names);

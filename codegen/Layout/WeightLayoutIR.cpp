@@ -20,7 +20,7 @@ std::vector<int64_t> shapeOf(Type type) {
 
 } // namespace
 
-WeightLayout computeWeightLayout(ModuleOp module, bool packGemmWeights) {
+WeightLayout computeWeightLayout(ModuleOp module, bool packGemmWeights, bool bf16) {
   // 1. Loaded tensors in the order the IR first names them. Each lm.concat of weights none of which is in an
   //    earlier stack is a stack: its tensors lie back to back (the first aligned, the rest unpadded), placed
   //    where the IR first names one of them. A concat overlapping an earlier stack is copied at run time.
@@ -64,6 +64,7 @@ WeightLayout computeWeightLayout(ModuleOp module, bool packGemmWeights) {
   };
 
   WeightLayout layout;
+  layout.bf16 = packGemmWeights && bf16;
   std::vector<WeightLayout::Entry> entries;
   for (const LayoutTensor &t : ordered)
     entries.push_back({t, WeightLayout::Kind::Loaded, 0, {}, 0, 0});
@@ -92,7 +93,7 @@ WeightLayout computeWeightLayout(ModuleOp module, bool packGemmWeights) {
       if (!isStack(names))
         return;
       int64_t n = type.getDimSize(0), k = type.getDimSize(1);
-      entries.push_back({{packKey(names), {packedRows(n, k), kPanel}}, WeightLayout::Kind::Packed, 0, names, n, k});
+      entries.push_back({{packKey(names), {packedRows(n, k, bf16), kPanel}}, WeightLayout::Kind::Packed, 0, names, n, k});
     });
   }
   std::vector<LayoutTensor> all;

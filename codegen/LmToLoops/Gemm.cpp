@@ -28,10 +28,29 @@ using namespace mlir;
 
 namespace lmcc::codegen {
 
+/// The 32-bit word holding the bf16 pair (lo, hi), lo in the low half, as an f32. Rounded to nearest even in
+/// integer arithmetic (LLVM lowers an f32 -> bf16 truncation to a libgcc call on CPUs without AVX512_BF16, which
+/// older toolchains lack); a NaN stays a quiet NaN.
+static Value bf16Pair(OpBuilder &b, Location loc, Value lo, Value hi) {
+  Type i32 = b.getI32Type();
+  auto c = [&](uint32_t v) -> Value { return b.create<arith::ConstantOp>(loc, b.getI32IntegerAttr(int32_t(v))); };
+  auto bits = [&](Value x) -> Value {
+    Value w = b.create<arith::BitcastOp>(loc, i32, x);
+    Value odd = b.create<arith::AndIOp>(loc, b.create<arith::ShRUIOp>(loc, w, c(16)), c(1));
+    Value rounded = b.create<arith::ShRUIOp>(loc, b.create<arith::AddIOp>(loc, w, b.create<arith::AddIOp>(loc, c(0x7fff), odd)), c(16));
+    Value nan = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::UNO, x, x);
+    return b.create<arith::SelectOp>(loc, nan, c(0x7fc0), rounded);
+  };
+  Value high = b.create<arith::ShLIOp>(loc, bits(hi), b.create<arith::ConstantOp>(loc, b.getI32IntegerAttr(16)));
+  return b.create<arith::BitcastOp>(loc, b.getF32Type(), b.create<arith::OrIOp>(loc, bits(lo), high));
+}
+
 void emitPack(OpBuilder &b, Location loc, Value weight, Value packed, int64_t n, int64_t k, GemmTile tile) {
   Value zero = b.create<arith::ConstantIndexOp>(loc, 0), one = b.create<arith::ConstantIndexOp>(loc, 1);
   Value panels = b.create<arith::ConstantIndexOp>(loc, (n + kPanel - 1) / kPanel);
-  Value kk = b.create<arith::ConstantIndexOp>(loc, k), width = b.create<arith::ConstantIndexOp>(loc, kPanel);
+  const bool bf16 = tile.bf16();
+  Value kk = b.create<arith::ConstantIndexOp>(loc, packedDepth(k, bf16)),
+        width = b.create<arith::ConstantIndexOp>(loc, kPanel);
   Value nn = b.create<arith::ConstantIndexOp>(loc, n);
   Value fzero = b.create<arith::ConstantOp>(loc, b.getF32FloatAttr(0));
   auto lp = b.create<scf::ForOp>(loc, zero, panels, one);
@@ -48,7 +67,23 @@ void emitPack(OpBuilder &b, Location loc, Value weight, Value packed, int64_t n,
   {
     OpBuilder::InsertionGuard g(b);
     b.setInsertionPointToStart(value.thenBlock());
-    b.create<scf::YieldOp>(loc, ValueRange{b.create<memref::LoadOp>(loc, weight, ValueRange{row, kv})});
+    if (!bf16) {
+      b.create<scf::YieldOp>(loc, ValueRange{b.create<memref::LoadOp>(loc, weight, ValueRange{row, kv})});
+    } else {
+      // Word kv of the row: W[row][2 kv] and W[row][2 kv + 1] (0 past k).
+      Value k0 = b.create<arith::MulIOp>(loc, kv, b.create<arith::ConstantIndexOp>(loc, 2));
+      Value k1 = b.create<arith::AddIOp>(loc, k0, one);
+      Value lo = b.create<memref::LoadOp>(loc, weight, ValueRange{row, k0});
+      Value hasHi =
+          b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::slt, k1, b.create<arith::ConstantIndexOp>(loc, k));
+      auto hi = b.create<scf::IfOp>(loc, TypeRange{b.getF32Type()}, hasHi, true);
+      b.setInsertionPointToStart(hi.thenBlock());
+      b.create<scf::YieldOp>(loc, ValueRange{b.create<memref::LoadOp>(loc, weight, ValueRange{row, k1})});
+      b.setInsertionPointToStart(hi.elseBlock());
+      b.create<scf::YieldOp>(loc, ValueRange{fzero});
+      b.setInsertionPointAfter(hi);
+      b.create<scf::YieldOp>(loc, ValueRange{bf16Pair(b, loc, lo, hi.getResult(0))});
+    }
     b.setInsertionPointToStart(value.elseBlock());
     b.create<scf::YieldOp>(loc, ValueRange{fzero});
   }
@@ -65,9 +100,13 @@ void emitPack(OpBuilder &b, Location loc, Value weight, Value packed, int64_t n,
       ValueRange{b.create<arith::DivUIOp>(loc, flat, width), b.create<arith::RemUIOp>(loc, flat, width)});
 }
 
+std::string GemmTile::name() const {
+  const char *format = weights == Weights::Bf16Dot ? "_bf16dot" : weights == Weights::Bf16Widen ? "_bf16" : "";
+  return std::to_string(rows) + "x" + std::to_string(cols()) + format;
+}
+
 static std::string gemmName(const char *prefix, int64_t n, int64_t k, bool withBias, GemmTile tile) {
-  return prefix + std::to_string(n) + "x" + std::to_string(k) + (withBias ? "_bias_" : "_") +
-         std::to_string(tile.rows) + "x" + std::to_string(tile.cols());
+  return prefix + std::to_string(n) + "x" + std::to_string(k) + (withBias ? "_bias_" : "_") + tile.name();
 }
 
 func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBias, GemmTile tile) {
@@ -101,16 +140,24 @@ func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBia
   // P as one flat array: column slice q = p*groups + g (K x W, Gemm.h) starts at q*K*W.
   auto flatType = MemRefType::get({dyn}, f32, StridedLayoutAttr::get(ctx, dyn, {1}));
   Value flatP = b.create<memref::CollapseShapeOp>(loc, flatType, P, ArrayRef<ReassociationIndices>{{0, 1}});
+  const bool bf16 = tile.bf16(), dot = tile.weights == GemmTile::Weights::Bf16Dot;
+  const int64_t depth = packedDepth(k, bf16); // rows of a column slice: k floats, or ceil(k / 2) bf16 pairs
+  assert((!dot || L == 16) && "bf16 dot products take 16 f32 lanes");
   // Software prefetch pays off when the packed weight does not fit in the L2 cache.
-  bool prefetch = packedRows(n, k) * kPanel * 4 > (int64_t(1) << 20);
+  bool prefetch = packedRows(n, k, bf16) * kPanel * 4 > (int64_t(1) << 20);
   Value lastFloat = b.create<arith::SubIOp>(
       loc, b.create<arith::MulIOp>(loc, b.create<memref::DimOp>(loc, P, 0), cidx(kPanel)), cidx(1));
-  // One r x W tile at rows [m0, m0 + r) of the column slice starting at `slice` (panel p, group g). `ahead` starts the
-  // slice two slices on, prefetched at the same k.
-  auto tileAt = [&](int64_t r, Value m0, Value p, Value g, Value slice, Value ahead) {
+  // Bf16Dot: the block's rows of A as bf16 pairs (the activations rounded like the weights), [block row, pair].
+  const int64_t blockRows = std::max(R, (int64_t(128) << 10) / (4 * k) / R * R);
+  Value A2 = dot ? Value(b.create<memref::AllocaOp>(loc, MemRefType::get({blockRows, depth}, f32))) : Value();
+  auto bf16Vec = VectorType::get({2 * L}, b.getBF16Type());
+  auto i32Vec = VectorType::get({L}, b.getI32Type());
+  // One r x W tile at rows [m0, m0 + r) (row m0 - mb of the block) of the column slice starting at `slice` (panel p,
+  // group g). `ahead` starts the slice two slices on, prefetched at the same k.
+  auto tileAt = [&](int64_t r, Value m0, Value mb, Value p, Value g, Value slice, Value ahead) {
     SmallVector<Value> init(r * V, zeroVec);
     Value g0 = b.create<arith::MulIOp>(loc, g, cidx(W));
-    auto loop = b.create<scf::ForOp>(loc, cidx(0), cidx(k), cidx(1), init);
+    auto loop = b.create<scf::ForOp>(loc, cidx(0), cidx(depth), cidx(1), init);
     {
       OpBuilder::InsertionGuard guard(b);
       b.setInsertionPointToStart(loop.getBody());
@@ -129,12 +176,50 @@ func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBia
       for (int64_t j = 0; j < V; ++j)
         bv.push_back(
             b.create<vector::LoadOp>(loc, vec, flatP, ValueRange{b.create<arith::AddIOp>(loc, at, cidx(L * j))}));
+      auto acc = [&](int64_t i, int64_t j) { return loop.getRegionIterArgs()[i * V + j]; };
       SmallVector<Value> next;
-      for (int64_t i = 0; i < r; ++i) {
-        Value a = b.create<memref::LoadOp>(loc, A, ValueRange{b.create<arith::AddIOp>(loc, m0, cidx(i)), kv});
-        Value av = b.create<vector::BroadcastOp>(loc, vec, a);
+      if (tile.weights == GemmTile::Weights::F32) {
+        for (int64_t i = 0; i < r; ++i) {
+          Value a = b.create<memref::LoadOp>(loc, A, ValueRange{b.create<arith::AddIOp>(loc, m0, cidx(i)), kv});
+          Value av = b.create<vector::BroadcastOp>(loc, vec, a);
+          for (int64_t j = 0; j < V; ++j)
+            next.push_back(b.create<vector::FMAOp>(loc, av, bv[j], acc(i, j)));
+        }
+      } else if (dot) {
+        // acc += A2[row, kv].lo * B[2kv] + A2[row, kv].hi * B[2kv + 1] per lane: one vdpbf16ps.
         for (int64_t j = 0; j < V; ++j)
-          next.push_back(b.create<vector::FMAOp>(loc, av, bv[j], loop.getRegionIterArgs()[i * V + j]));
+          bv[j] = b.create<vector::BitCastOp>(loc, bf16Vec, bv[j]);
+        Value first = b.create<arith::SubIOp>(loc, m0, mb);
+        for (int64_t i = 0; i < r; ++i) {
+          Value a = b.create<memref::LoadOp>(loc, A2, ValueRange{b.create<arith::AddIOp>(loc, first, cidx(i)), kv});
+          Value av = b.create<vector::BitCastOp>(loc, bf16Vec, b.create<vector::BroadcastOp>(loc, vec, a));
+          for (int64_t j = 0; j < V; ++j)
+            next.push_back(b.create<LLVM::CallIntrinsicOp>(
+                                loc, TypeRange{vec}, b.getStringAttr("llvm.x86.avx512bf16.dpbf16ps.512"),
+                                ValueRange{acc(i, j), av, bv[j]},
+                                LLVM::FastmathFlagsAttr::get(ctx, LLVM::FastmathFlags::none))
+                               .getResult(0));
+        }
+      } else {
+        // Widen the pairs: even k = word << 16, odd k = word & 0xffff0000, then two fp32 FMAs (the odd A index clamped
+        // to k - 1 past an odd k, where the packed half is 0).
+        SmallVector<Value> even, odd;
+        Value mask = b.create<arith::ConstantOp>(loc, i32Vec, DenseElementsAttr::get(i32Vec, int32_t(0xffff0000u)));
+        Value sixteen = b.create<arith::ConstantOp>(loc, i32Vec, DenseElementsAttr::get(i32Vec, int32_t(16)));
+        for (int64_t j = 0; j < V; ++j) {
+          Value w = b.create<vector::BitCastOp>(loc, i32Vec, bv[j]);
+          even.push_back(b.create<vector::BitCastOp>(loc, vec, b.create<arith::ShLIOp>(loc, w, sixteen)));
+          odd.push_back(b.create<vector::BitCastOp>(loc, vec, b.create<arith::AndIOp>(loc, w, mask)));
+        }
+        Value k0 = b.create<arith::MulIOp>(loc, kv, cidx(2));
+        Value k1 = b.create<arith::MinSIOp>(loc, b.create<arith::AddIOp>(loc, k0, cidx(1)), cidx(k - 1));
+        for (int64_t i = 0; i < r; ++i) {
+          Value row = b.create<arith::AddIOp>(loc, m0, cidx(i));
+          Value a0 = b.create<vector::BroadcastOp>(loc, vec, b.create<memref::LoadOp>(loc, A, ValueRange{row, k0}));
+          Value a1 = b.create<vector::BroadcastOp>(loc, vec, b.create<memref::LoadOp>(loc, A, ValueRange{row, k1}));
+          for (int64_t j = 0; j < V; ++j)
+            next.push_back(b.create<vector::FMAOp>(loc, a1, odd[j], b.create<vector::FMAOp>(loc, a0, even[j], acc(i, j))));
+        }
       }
       b.create<scf::YieldOp>(loc, next);
     }
@@ -160,13 +245,30 @@ func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBia
   // slice of B stays in L1/L2 while the tiles of the block pass over it. A block of Mb rows is cut into ceil(Mb / R)
   // tiles of balanced heights (20 rows: 5, 5, 5, 5 rather than 6, 6, 6, 2), since a short tile has too few accumulators
   // to hide the FMA latency.
-  const int64_t blockRows = std::max(R, (int64_t(128) << 10) / (4 * k) / R * R);
   auto blocks = b.create<scf::ForOp>(loc, cidx(0), M, cidx(blockRows));
   {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(blocks.getBody());
     Value mb = blocks.getInductionVar();
     Value Mb = b.create<arith::MinSIOp>(loc, b.create<arith::SubIOp>(loc, M, mb), cidx(blockRows));
+    if (dot) { // the block's rows of A as bf16 pairs, once for every column slice
+      auto rowsLoop = b.create<scf::ForOp>(loc, cidx(0), Mb, cidx(1));
+      OpBuilder::InsertionGuard g2(b);
+      b.setInsertionPointToStart(rowsLoop.getBody());
+      Value i = rowsLoop.getInductionVar(), row = b.create<arith::AddIOp>(loc, mb, i);
+      auto pairs = b.create<scf::ForOp>(loc, cidx(0), cidx(k / 2), cidx(1));
+      b.setInsertionPointToStart(pairs.getBody());
+      Value kv = pairs.getInductionVar(), k0 = b.create<arith::MulIOp>(loc, kv, cidx(2));
+      Value lo = b.create<memref::LoadOp>(loc, A, ValueRange{row, k0});
+      Value hi = b.create<memref::LoadOp>(loc, A, ValueRange{row, b.create<arith::AddIOp>(loc, k0, cidx(1))});
+      b.create<memref::StoreOp>(loc, bf16Pair(b, loc, lo, hi), A2, ValueRange{i, kv});
+      if (k % 2) {
+        b.setInsertionPointAfter(pairs);
+        Value last = b.create<memref::LoadOp>(loc, A, ValueRange{row, cidx(k - 1)});
+        Value zero = b.create<arith::ConstantOp>(loc, b.getF32FloatAttr(0));
+        b.create<memref::StoreOp>(loc, bf16Pair(b, loc, last, zero), A2, ValueRange{i, cidx(k / 2)});
+      }
+    }
     Value T = b.create<arith::DivUIOp>(loc, b.create<arith::AddIOp>(loc, Mb, cidx(R - 1)), cidx(R));
     auto panels = b.create<scf::ForOp>(loc, pBegin, pEnd, cidx(1));
     b.setInsertionPointToStart(panels.getBody());
@@ -176,8 +278,8 @@ func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBia
     Value g = slices.getInductionVar();
     // Slice q = p*groups + g prefetches slice q + 2.
     Value q = b.create<arith::AddIOp>(loc, b.create<arith::MulIOp>(loc, p, cidx(groups)), g);
-    Value slice = b.create<arith::MulIOp>(loc, q, cidx(k * W));
-    Value ahead = b.create<arith::AddIOp>(loc, slice, cidx(2 * k * W));
+    Value slice = b.create<arith::MulIOp>(loc, q, cidx(depth * W));
+    Value ahead = b.create<arith::AddIOp>(loc, slice, cidx(2 * depth * W));
     auto tiles = b.create<scf::ForOp>(loc, cidx(0), T, cidx(1));
     b.setInsertionPointToStart(tiles.getBody());
     // Tile t covers rows [t*Mb/T, (t+1)*Mb/T) of the block: floor(Mb/T) or ceil(Mb/T) of them, never more than R.
@@ -192,7 +294,7 @@ func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBia
       auto branch = b.create<scf::IfOp>(loc, isR, /*withElse=*/false);
       OpBuilder::InsertionGuard inner(b);
       b.setInsertionPointToStart(branch.thenBlock());
-      tileAt(r, m0, p, g, slice, ahead);
+      tileAt(r, m0, mb, p, g, slice, ahead);
     }
   }
   b.create<func::ReturnOp>(loc);
@@ -256,7 +358,7 @@ func::FuncOp getOrCreateGemmTask(ModuleOp module, int64_t n, int64_t k, bool wit
 OwningOpRef<ModuleOp> buildGemmModule(MLIRContext &context, const std::vector<std::pair<int64_t, int64_t>> &shapes,
                                       const std::vector<GemmTile> &tiles) {
   context.loadDialect<arith::ArithDialect, func::FuncDialect, memref::MemRefDialect, scf::SCFDialect,
-                      vector::VectorDialect>();
+                      vector::VectorDialect, LLVM::LLVMDialect>();
   OpBuilder b(&context);
   Location loc = b.getUnknownLoc();
   OwningOpRef<ModuleOp> module = ModuleOp::create(loc);
@@ -265,8 +367,7 @@ OwningOpRef<ModuleOp> buildGemmModule(MLIRContext &context, const std::vector<st
   auto pDyn = MemRefType::get({dyn, kPanel}, f32);
   for (auto [n, k] : shapes)
     for (GemmTile tile : tiles) {
-      std::string suffix = std::to_string(n) + "x" + std::to_string(k) + "_" + std::to_string(tile.rows) + "x" +
-                           std::to_string(tile.cols());
+      std::string suffix = std::to_string(n) + "x" + std::to_string(k) + "_" + tile.name();
       b.setInsertionPointToEnd(module->getBody());
       auto pack = b.create<func::FuncOp>(loc, "lm_bench_pack_" + suffix,
                                          b.getFunctionType({MemRefType::get({n, k}, f32), pDyn}, {}));

@@ -21,9 +21,23 @@ namespace lmcc::codegen {
 /// registers (the tile must fit in them with room for B and the broadcast of A).
 struct GemmTile {
   int64_t rows, vectors, lanes;
+  /// The packed weights' element type and how the kernel multiplies them: fp32 FMAs; bf16 pairs by AVX512_BF16
+  /// dot products (vdpbf16ps: the activations rounded to bf16 pairs too, f32 accumulation); or bf16 pairs widened
+  /// to f32 in the kernel (CPUs without AVX512_BF16: fp32 activations, two FMAs per pair).
+  enum class Weights { F32, Bf16Dot, Bf16Widen } weights = Weights::F32;
   int64_t cols() const { return vectors * lanes; }
+  bool bf16() const { return weights != Weights::F32; }
+  /// "<rows>x<cols>" and "_bf16dot" / "_bf16" for bf16 weights: the suffix of the kernels' symbols.
+  std::string name() const;
   /// 512-bit registers (AVX-512, 32 of them): 5 x 64 in 20 zmm. 256-bit (AVX2, 16): 6 x 16 in 12 ymm.
   static GemmTile forVectorBits(int64_t bits) { return bits >= 512 ? GemmTile{5, 4, 16} : GemmTile{6, 2, 8}; }
+  /// The tile for a target: `bf16` weights use dot products when the target has AVX512_BF16 (512-bit tiles).
+  static GemmTile forTarget(int64_t bits, bool bf16, bool hasBf16Dot) {
+    GemmTile t = forVectorBits(bits);
+    if (bf16)
+      t.weights = hasBf16Dot && bits >= 512 ? Weights::Bf16Dot : Weights::Bf16Widen;
+    return t;
+  }
 };
 
 /// Emits, at the builder's point, loops that pack `weight` [N, K] into `packed` for `tile`.
@@ -49,8 +63,8 @@ mlir::func::FuncOp getOrCreateGemmTask(mlir::ModuleOp module, int64_t n, int64_t
 
 namespace lmcc::codegen {
 
-/// A module exporting, for every (N, K) and tile, `lm_bench_pack_<N>x<K>_<rows>x<cols>(W memref<NxK>, P memref<?x64>)`
-/// and `lm_bench_gemm_<N>x<K>_<rows>x<cols>(A memref<?xK>, P memref<?x64>, C memref<?x?>)` (C interface), for
+/// A module exporting, for every (N, K) and tile, `lm_bench_pack_<N>x<K>_<tile.name()>(W memref<NxK>, P memref<?x64>)`
+/// and `lm_bench_gemm_<N>x<K>_<tile.name()>(A memref<?xK>, P memref<?x64>, C memref<?x?>)` (C interface), for
 /// benchmarks and tests of the generated GEMM outside a model.
 mlir::OwningOpRef<mlir::ModuleOp> buildGemmModule(mlir::MLIRContext &context,
                                                   const std::vector<std::pair<int64_t, int64_t>> &shapes,

@@ -176,13 +176,27 @@ struct LmToLoopsPass : lmcc::impl::LmToLoopsBase<LmToLoopsPass> {
       module.emitError("lm-to-loops: gemm must be generated or eigen, got ") << gemm;
       return signalPassFailure();
     }
+    if ((weightsDtype != "f32" && weightsDtype != "bf16") || (bf16Dot != "yes" && bf16Dot != "no" && bf16Dot != "host")) {
+      module.emitError("lm-to-loops: weights-dtype must be f32 or bf16 and bf16-dot yes, no or host");
+      return signalPassFailure();
+    }
+    bool bf16 = weightsDtype == "bf16";
+    if (bf16 && gemm != "generated") {
+      module.emitError("lm-to-loops: bf16 weights need the generated GEMM");
+      return signalPassFailure();
+    }
     WeightLayout computed;
     if (!givenLayout)
-      computed = computeWeightLayout(module, gemm == "generated");
+      computed = computeWeightLayout(module, gemm == "generated", bf16);
+    else if (givenLayout->bf16 != bf16) {
+      module.emitError("lm-to-loops: the weight layout's packed dtype differs from weights-dtype");
+      return signalPassFailure();
+    }
     LoweringContext context;
     context.layout = givenLayout ? givenLayout : &computed;
     context.generatedGemm = gemm == "generated";
-    context.tile = GemmTile::forVectorBits(vectorBits ? vectorBits : targetVectorBits(""));
+    context.tile = GemmTile::forTarget(vectorBits ? vectorBits : targetVectorBits(""), bf16,
+                                       bf16Dot == "host" ? targetHasBf16Dot("") : bf16Dot == "yes");
     context.maxLen = model.getMaxLen();
 
     // Only the entry points (score, embed and, when built, the training entries) and the folds are compiled.

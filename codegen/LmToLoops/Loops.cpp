@@ -230,8 +230,9 @@ void Loops::parallelGemm(Value weight, int64_t n, int64_t k, Value inputAddress,
   Value biasAddress = bias ? address(in(bias)) : i64c(0);
   Value ctx = b.create<memref::AllocaOp>(loc, MemRefType::get({8}, b.getI64Type()));
   auto i64 = [&](Value index) { return b.create<arith::IndexCastOp>(loc, b.getI64Type(), index); };
-  Value fields[8] = {inputAddress, i64(rows), address(weightView(packed(weight)->offset, {packedRows(n, k), kPanel})),
-                     i64c(packedRows(n, k)), biasAddress, outAddress, cols, i64(first)};
+  const int64_t packedRowCount = packedRows(n, k, context.tile.bf16());
+  Value fields[8] = {inputAddress, i64(rows), address(weightView(packed(weight)->offset, {packedRowCount, kPanel})),
+                     i64c(packedRowCount), biasAddress, outAddress, cols, i64(first)};
   for (int i = 0; i < 8; ++i)
     store(fields[i], ctx, idx(i));
   auto ptrType = LLVM::LLVMPointerType::get(b.getContext());

@@ -2,6 +2,9 @@
 // RUN: lmcc-opt --lm-to-loops="vector-bits=512" %s | FileCheck %s --check-prefix=AVX512
 // RUN: lmcc-opt --lm-to-loops="gemm=eigen" %s | FileCheck %s --check-prefix=EIGEN
 // RUN: not lmcc-opt --lm-to-loops="gemm=blas" %s 2>&1 | FileCheck %s --check-prefix=BAD
+// RUN: lmcc-opt --lm-to-loops="vector-bits=512 weights-dtype=bf16 bf16-dot=yes" %s | FileCheck %s --check-prefix=DOT
+// RUN: lmcc-opt --lm-to-loops="vector-bits=256 weights-dtype=bf16 bf16-dot=no" %s | FileCheck %s --check-prefix=WIDEN
+// RUN: not lmcc-opt --lm-to-loops="gemm=eigen weights-dtype=bf16" %s 2>&1 | FileCheck %s --check-prefix=BF16EIGEN
 // lm.linear: the generated GEMM over the load-time packed weight, split over threads by 64-wide panels
 // (lm_rt_parallel_for of a task), with the register tile of the target; or the runtime's Eigen GEMM.
 
@@ -25,6 +28,21 @@
 // EIGEN-NOT: lm_gemm_
 
 // BAD: lm-to-loops: gemm must be generated or eigen, got blas
+
+// weights-dtype=bf16: W packed as bf16 pairs in 32-bit words (ceil(8 / 2) = 4 rows of 64 per panel). With
+// bf16-dot the block of A is rounded to pairs once and every pair is one vdpbf16ps; without, the pairs are
+// widened to f32 (word << 16, word & 0xffff0000) for two FMAs.
+// DOT: func.func private @lm_gemm_16x8_bias_5x64_bf16dot
+// DOT: memref.alloca() : memref<{{[0-9]+}}x4xf32>
+// DOT: llvm.call_intrinsic "llvm.x86.avx512bf16.dpbf16ps.512"({{.*}}) : (vector<16xf32>, vector<32xbf16>, vector<32xbf16>) -> vector<16xf32>
+// DOT-LABEL: func.func @m_init_kernel
+// DOT: memref.reinterpret_cast %arg0 to offset: [{{[0-9]+}}], sizes: [4, 64], strides: [64, 1]
+// WIDEN: func.func private @lm_gemm_16x8_bias_6x16_bf16
+// WIDEN: arith.shli {{.*}} : vector<8xi32>
+// WIDEN: arith.andi {{.*}} : vector<8xi32>
+// WIDEN-COUNT-2: vector.fma
+// WIDEN-NOT: dpbf16ps
+// BF16EIGEN: lm-to-loops: bf16 weights need the generated GEMM
 module @m attributes {lm.model = #lm.model<name = "m", vocab = 11, max_len = 6, d_model = 8, heads = 2, d_ff = 16,
                                            layers = 1, pad = 0, eos = 1, unk = 2, bos = 3, mask = 4>} {
   func.func @embed(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> tensor<?x16xf32> {

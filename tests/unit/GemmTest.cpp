@@ -36,7 +36,7 @@ const std::vector<std::pair<int64_t, int64_t>> kShapes = {
 // Both register tiles run on any x86-64 with AVX2 (512-bit vectors are split in two there).
 const std::vector<lmcc::codegen::GemmTile> kTiles = {lmcc::codegen::GemmTile::forVectorBits(512),
                                                      lmcc::codegen::GemmTile::forVectorBits(256)};
-std::string tileSuffix(lmcc::codegen::GemmTile t) { return std::to_string(t.rows) + "x" + std::to_string(t.cols()); }
+std::string tileSuffix(lmcc::codegen::GemmTile t) { return t.name(); }
 
 class GemmTest : public ::testing::Test {
 protected:
@@ -117,6 +117,82 @@ TEST_F(GemmTest, MatchesNaiveProductForEveryRowCount) {
             << shape << " " << tileSuffix(kTiles[t]) << " m=" << m;
     }
   }
+}
+
+float roundToBf16(float x) {
+  uint32_t w;
+  std::memcpy(&w, &x, 4);
+  w = (w + 0x7fffu + ((w >> 16) & 1u)) & 0xffff0000u;
+  std::memcpy(&x, &w, 4);
+  return x;
+}
+
+// --weights-dtype bf16 (Gemm.h): W packed as bf16 pairs. On weights that are bf16 numbers already the packing is
+// lossless: the widening kernels (any x86-64) run the fp32 kernel's FMA chain and give its result bit for bit; the
+// AVX512_BF16 dot-product kernel (when this host has it) also rounds A to bf16, and equals the exact product of the
+// rounded operands up to f32 accumulation. Odd K (the last pair half padding), N past a panel, every M to 23.
+TEST(GemmBf16, MatchesTheRoundedProduct) {
+  using lmcc::codegen::GemmTile;
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 5},   {16, 7},    {63, 33},   {65, 19},
+                                                           {67, 30}, {130, 17},  {512, 512}, {768, 3072}};
+  std::vector<GemmTile> tiles = {GemmTile::forVectorBits(512), GemmTile::forTarget(512, true, false),
+                                 GemmTile::forVectorBits(256), GemmTile::forTarget(256, true, false)};
+  const bool dot = lmcc::codegen::targetHasBf16Dot("");
+  if (dot)
+    tiles.push_back(GemmTile::forTarget(512, true, true));
+  mlir::MLIRContext context;
+  auto module = lmcc::codegen::buildGemmModule(context, shapes, tiles);
+  ASSERT_TRUE(mlir::succeeded(lmcc::codegen::lowerToLLVMDialect(*module)));
+  auto dir = std::filesystem::temp_directory_path() / ("lmcc-gemm-bf16-test-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::string object = (dir / "gemm.o").string(), library = (dir / "libgemm.so").string();
+  ASSERT_EQ(lmcc::codegen::emitObject(*module, object, {}), "");
+  ASSERT_EQ(std::system(("cc -shared -o " + library + " " + object + " -lm").c_str()), 0);
+  void *handle = ::dlopen(library.c_str(), RTLD_NOW);
+  ASSERT_NE(handle, nullptr) << ::dlerror();
+  auto symbol = [&](const std::string &name) { return ::dlsym(handle, ("_mlir_ciface_" + name).c_str()); };
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (auto [n, k] : shapes) {
+    std::string shape = std::to_string(n) + "x" + std::to_string(k);
+    std::vector<float> w(n * k);
+    for (float &x : w)
+      x = roundToBf16(u(rng));
+    for (int64_t m = 1; m <= 23; m += n * k > 100000 ? 11 : 1) {
+      std::vector<float> a(m * k);
+      for (float &x : a)
+        x = u(rng);
+      std::vector<std::vector<float>> c;
+      for (const GemmTile &tile : tiles) {
+        auto pack = reinterpret_cast<PackFn>(symbol("lm_bench_pack_" + shape + "_" + tile.name()));
+        auto gemm = reinterpret_cast<GemmFn>(symbol("lm_bench_gemm_" + shape + "_" + tile.name()));
+        ASSERT_TRUE(pack && gemm) << shape << " " << tile.name();
+        int64_t rows = lmcc::codegen::packedRows(n, k, tile.bf16());
+        std::vector<float> packed(rows * lmcc::codegen::kPanel, 7.0f);
+        MemRef<2> wm = view(w.data(), n, k), pm = view(packed.data(), rows, lmcc::codegen::kPanel);
+        pack(&wm, &pm);
+        c.emplace_back(m * n, 0.0f);
+        MemRef<2> am = view(a.data(), m, k), cm = view(c.back().data(), m, n);
+        gemm(&am, &pm, &cm);
+      }
+      // tiles: 0 = fp32 512, 1 = bf16 widen 512, 2 = fp32 256, 3 = bf16 widen 256, 4 = bf16 dot.
+      ASSERT_EQ(0, std::memcmp(c[0].data(), c[1].data(), c[0].size() * sizeof(float))) << shape << " m=" << m;
+      ASSERT_EQ(0, std::memcmp(c[2].data(), c[3].data(), c[0].size() * sizeof(float))) << shape << " m=" << m;
+      if (!dot)
+        continue;
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          double ref = 0, size = 0;
+          for (int64_t kk = 0; kk < k; ++kk) {
+            double term = double(roundToBf16(a[i * k + kk])) * w[j * k + kk];
+            ref += term, size += std::fabs(term);
+          }
+          ASSERT_NEAR(c[4][i * n + j], ref, 1e-5 * (1 + size)) << shape << " m=" << m << " [" << i << "," << j << "]";
+        }
+    }
+  }
+  ::dlclose(handle);
+  std::filesystem::remove_all(dir);
 }
 
 // The tile follows the target's vector registers, for named CPUs as for the host.

@@ -80,8 +80,8 @@ const json &keyParts() {
 
 std::string pipelineTag(const driver::LibraryOptions &options) {
   if (options.naive)
-    return "naive-" + options.gemm + (options.train ? "-train" : "");
-  std::string tag = "opt-" + options.gemm;
+    return "naive-" + options.gemm + (options.weightsDtype == "bf16" ? "-bf16" : "") + (options.train ? "-train" : "");
+  std::string tag = "opt-" + options.gemm + (options.weightsDtype == "bf16" ? "-bf16" : "");
   for (const std::string &flag : options.disabledPasses)
     tag += "-no" + flag.substr(2);
   return options.train ? tag + "-train" : tag;

@@ -294,6 +294,7 @@ std::string runtimeDir() {
 void applyPipelineFlags(const Options &o, driver::LibraryOptions &options) {
   options.naive = o.naive;
   options.gemm = o.gemm;
+  options.weightsDtype = o.weightsDtype;
   options.train = o.train;
   for (const auto &[flag, off] : o.noPass)
     if (off)

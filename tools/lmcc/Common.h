@@ -49,6 +49,7 @@ struct ResourceError : std::runtime_error {
 
 struct Options {
   std::string spec, weights, ids = "-", output, from, input, cpu, dumpIR, gemm = "generated", text, corpus;
+  std::string weightsDtype = "f32";
   bool json = false, reference = false, embedWeights = false, staticArchive = false, naive = false, stats = false;
   bool tokens = false, truncate = false, lowercase = false, timing = false, wordLevel = false;
   double lambda = -1; ///< lmcc score --lambda (family ngram); < 0: the spec's

@@ -880,7 +880,8 @@ int main(int argc, char **argv) {
   // --reference runs no compiled pipeline: the pipeline flags cannot go with it.
   auto excludePipelineFlags = [&](CLI::App *cmd, CLI::Option *reference) {
     for (CLI::Option *opt : cmd->get_options())
-      if (opt->get_name() == "--naive" || opt->get_name() == "--gemm" || opt->get_name().rfind("--no-", 0) == 0)
+      if (opt->get_name() == "--naive" || opt->get_name() == "--gemm" || opt->get_name() == "--weights-dtype" ||
+          opt->get_name().rfind("--no-", 0) == 0)
         reference->excludes(opt);
   };
   auto addPipelineFlags = [&](CLI::App *cmd) {
@@ -890,6 +891,11 @@ int main(int argc, char **argv) {
     cmd->add_option("--gemm", o.gemm,
                     "generated: vector microkernels over weights packed at load time; eigen: the runtime's Eigen GEMM")
         ->check(CLI::IsMember({"generated", "eigen"}))
+        ->capture_default_str();
+    cmd->add_option("--weights-dtype", o.weightsDtype,
+                    "bf16: the GEMM weights (linear layers, vocabulary projection) packed as bf16 at load time and "
+                    "multiplied by AVX512_BF16 dot products where the CPU has them (else widened to f32 in the kernel)")
+        ->check(CLI::IsMember({"f32", "bf16"}))
         ->capture_default_str();
   };
   addPipelineFlags(compile);
