@@ -67,6 +67,9 @@ ROOT = os.path.dirname(HERE)
 TORCH_REF_PATH = os.path.join(ROOT, "tests", "golden", "torch_ref.py")
 
 SYSTEMS = ("torch", "onnx")
+# PyTorch with bf16 autocast on CPU (the linear layers in bf16): the peer of lmcc --weights-dtype bf16
+# (scripts/bench-bf16.sh). Not in SYSTEMS: its numbers differ from fp32 by the rounding, so `verify` skips it.
+BF16_SYSTEM = "torch-bf16"
 SCORE_TOL = 2e-3
 EMBED_TOL = 1e-4
 
@@ -380,15 +383,16 @@ def _lm_for(spec, weights):
 # ----------------------------------------------------------------------------
 
 class _TorchRunner:
-    def __init__(self, module, threads):
+    def __init__(self, module, threads, bf16=False):
         self.module = module
         self.threads = threads
+        self.bf16 = bf16
 
     def __call__(self, *arrays):
         if torch.get_num_threads() != self.threads:
             torch.set_num_threads(self.threads)
-        with torch.inference_mode():
-            return self.module(*[torch.from_numpy(a) for a in arrays]).numpy()
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+            return self.module(*[torch.from_numpy(a) for a in arrays]).float().numpy()
 
 
 def _export_onnx(lm, entry, workdir):
@@ -516,17 +520,17 @@ class Peer:
 
 
 def make_peer(system, method, spec, weights, threads, workdir):
-    if system not in SYSTEMS:
-        raise ValueError("unknown system %r (expected one of %s)" % (system, ", ".join(SYSTEMS)))
+    if system not in SYSTEMS + (BF16_SYSTEM,):
+        raise ValueError("unknown system %r (expected one of %s)" % (system, ", ".join(SYSTEMS + (BF16_SYSTEM,))))
     if method not in methods_for(spec):
         raise ValueError("method %r does not apply to spec %r (method %s): expected one of %s"
                          % (method, spec.name, spec.method, ", ".join(methods_for(spec))))
     _check_supported(spec)
     entry = _METHOD_ENTRY[method]
     lm = _lm_for(spec, weights)
-    if system == "torch":
+    if system in ("torch", BF16_SYSTEM):
         torch.set_num_threads(threads)
-        run = _TorchRunner(_ENTRY[entry][0](lm).eval(), threads)
+        run = _TorchRunner(_ENTRY[entry][0](lm).eval(), threads, bf16=system == BF16_SYSTEM)
     else:
         run = _OnnxRunner(lm, _export_onnx(lm, entry, workdir), threads)
     return Peer(system, method, spec, run)

@@ -75,6 +75,8 @@ def variant_flags(variant):
         return []
     if variant == "naive":
         return ["--naive"]
+    if variant == "bf16":
+        return ["--weights-dtype", "bf16"]
     return ["--" + variant]  # no-<pass>
 
 
