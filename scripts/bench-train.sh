@@ -8,13 +8,7 @@
 # scripts/bench.sh makes ($LMCC_BENCH_VENV, default ~/.cache/lmcc-bench/venv; made here if missing).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-venv=${LMCC_BENCH_VENV:-$HOME/.cache/lmcc-bench/venv}
-if ! "$venv/bin/python" -c 'import torch, numpy' 2>/dev/null; then
-  echo "bench-train.sh: installing torch and numpy into $venv (PyPI)"
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --upgrade pip
-  "$venv/bin/pip" install -q torch numpy
-fi
+venv=$("$root/scripts/bench-venv.sh" torch numpy)
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/lmcc-ccache}
 export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros}
 [ -f "$root/build/build.ninja" ] || "$root/scripts/setup.sh"

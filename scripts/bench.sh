@@ -9,14 +9,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/bench-deps.sh"
-venv=${LMCC_BENCH_VENV:-$HOME/.cache/lmcc-bench/venv}
-check='import torch, onnxruntime, onnx, onnxscript, matplotlib, numpy'
-if ! "$venv/bin/python" -c "$check" 2>/dev/null; then
-  echo "bench.sh: installing torch, onnxruntime, onnx, onnxscript, matplotlib into $venv (PyPI)"
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --upgrade pip
-  "$venv/bin/pip" install -q torch onnxruntime onnx onnxscript numpy matplotlib
-fi
+venv=$("$root/scripts/bench-venv.sh" torch onnxruntime onnx onnxscript numpy matplotlib)
 "$venv/bin/python" "$root/bench/run.py" "$@"
 # The full grid also times training (issue 14): bench/results/<date>-train.md (scripts/bench-train.sh).
 case " $* " in
