@@ -9,6 +9,7 @@
 #include "runtime/weights/ModelWeights.h"
 
 #include "tests/unit/RandomWeights.h"
+#include "tests/unit/Bf16.h"
 
 #include <gtest/gtest.h>
 
@@ -348,14 +349,6 @@ struct Bf16Target {
 
 class CompiledBf16 : public ::testing::TestWithParam<std::tuple<Case, Bf16Target>> {};
 
-float roundToBf16(float x) {
-  uint32_t w;
-  std::memcpy(&w, &x, 4);
-  w = (w + 0x7fffu + ((w >> 16) & 1u)) & 0xffff0000u;
-  std::memcpy(&x, &w, 4);
-  return x;
-}
-
 /// The library of `spec` for `cpu` with `dtype` weights, loaded with the weights at `weightsPath`.
 struct Loaded {
   void *handle = nullptr;
@@ -396,7 +389,7 @@ TEST_P(CompiledBf16, AgreesWithFp32) {
   WeightSet weights = randomWeights(spec, 7);
   for (auto &[name, tensor] : weights.tensors)
     for (float &x : tensor.data)
-      x = roundToBf16(x);
+      x = test::roundToBf16(x);
   std::string weightsPath = (dir / "w.safetensors").string();
   writeSafetensors(weightsPath, weights);
   Loaded fp32, bf16;

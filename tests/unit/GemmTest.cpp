@@ -2,6 +2,7 @@
 // panel, every M from 1 to 70, weights packed once, in both register tiles (bit-identical to each other).
 #include "codegen/Emit/Object.h"
 #include "codegen/LmToLoops/Gemm.h"
+#include "tests/unit/Bf16.h"
 
 #include "mlir/IR/MLIRContext.h"
 
@@ -119,14 +120,6 @@ TEST_F(GemmTest, MatchesNaiveProductForEveryRowCount) {
   }
 }
 
-float roundToBf16(float x) {
-  uint32_t w;
-  std::memcpy(&w, &x, 4);
-  w = (w + 0x7fffu + ((w >> 16) & 1u)) & 0xffff0000u;
-  std::memcpy(&x, &w, 4);
-  return x;
-}
-
 // --weights-dtype bf16 (Gemm.h): W packed as bf16 pairs. On weights that are bf16 numbers already the packing is
 // lossless: the widening kernels (any x86-64) run the fp32 kernel's FMA chain and give its result bit for bit; the
 // AVX512_BF16 dot-product kernel (when this host has it) also rounds A to bf16, and equals the exact product of the
@@ -157,7 +150,7 @@ TEST(GemmBf16, MatchesTheRoundedProduct) {
     std::string shape = std::to_string(n) + "x" + std::to_string(k);
     std::vector<float> w(n * k);
     for (float &x : w)
-      x = roundToBf16(u(rng));
+      x = lmcc::test::roundToBf16(u(rng));
     for (int64_t m = 1; m <= 23; m += n * k > 100000 ? 11 : 1) {
       std::vector<float> a(m * k);
       for (float &x : a)
@@ -184,7 +177,7 @@ TEST(GemmBf16, MatchesTheRoundedProduct) {
         for (int64_t j = 0; j < n; ++j) {
           double ref = 0, size = 0;
           for (int64_t kk = 0; kk < k; ++kk) {
-            double term = double(roundToBf16(a[i * k + kk])) * w[j * k + kk];
+            double term = double(lmcc::test::roundToBf16(a[i * k + kk])) * w[j * k + kk];
             ref += term, size += std::fabs(term);
           }
           ASSERT_NEAR(c[4][i * n + j], ref, 1e-5 * (1 + size)) << shape << " m=" << m << " [" << i << "," << j << "]";
