@@ -35,7 +35,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -118,21 +117,6 @@ template <typename Fn> Fn symbol(const std::string &name) {
     std::exit(1);
   }
   return fn;
-}
-
-/// A float array on a 64-byte boundary.
-struct AlignedVector {
-  std::unique_ptr<float, decltype(&std::free)> p{nullptr, &std::free};
-  size_t n = 0;
-  float *data() { return p.get(); }
-  float &operator[](size_t i) { return p.get()[i]; }
-};
-AlignedVector aligned(const std::vector<float> &v) {
-  AlignedVector a;
-  a.n = v.size();
-  a.p.reset(static_cast<float *>(std::aligned_alloc(64, (v.size() * sizeof(float) + 63) / 64 * 64)));
-  std::copy(v.begin(), v.end(), a.p.get());
-  return a;
 }
 
 std::vector<float> randomVector(size_t n, unsigned seed) {
@@ -326,10 +310,8 @@ double visiblePairs(lm::MaskKind mask, int64_t n) {
 void BM_Attention(benchmark::State &state, lm::MaskKind mask, std::string name) {
   int64_t n = state.range(0), batch = state.range(1);
   auto attention = symbol<AttentionFn>("attention_" + name);
-  // 64-byte aligned like the runtime's buffers (a vector's heap placement would make the timing depend on the
-  // benchmarks that ran before).
-  AlignedVector q = aligned(randomVector(batch * n * kModel, 1)), k = aligned(randomVector(batch * n * kModel, 2)),
-                v = aligned(randomVector(batch * n * kModel, 3)), out = aligned(std::vector<float>(batch * n * kModel));
+  std::vector<float> q = randomVector(batch * n * kModel, 1), k = randomVector(batch * n * kModel, 2),
+                     v = randomVector(batch * n * kModel, 3), out(batch * n * kModel);
   std::vector<int32_t> lengths(batch, int32_t(n));
   auto view3 = [&](float *p) { return MemRef<3>{p, p, 0, {batch, n, kModel}, {n * kModel, kModel, 1}}; };
   MemRef<3> qm = view3(q.data()), km = view3(k.data()), vm = view3(v.data()), om = view3(out.data());

@@ -58,29 +58,14 @@ LogicalResult lowerToLLVMDialect(ModuleOp module) {
   return pm.run(module);
 }
 
-int64_t targetVectorBits(const std::string &cpu) {
+/// Whether the target CPU (empty = this host) has every one of `features` (LLVM names, e.g. "avx512f").
+static bool targetHas(const std::string &cpu, std::initializer_list<const char *> features) {
   if (cpu.empty()) {
-    auto features = llvm::sys::getHostCPUFeatures();
-    auto it = features.find("avx512f");
-    return it != features.end() && it->second ? 512 : 256;
-  }
-  llvm::InitializeNativeTarget();
-  std::string triple = llvm::sys::getDefaultTargetTriple(), error;
-  const llvm::Target *target = llvm::TargetRegistry::lookupTarget(triple, error);
-  if (!target)
-    return 256;
-  std::unique_ptr<llvm::MCSubtargetInfo> info(target->createMCSubtargetInfo(triple, cpu, ""));
-  return info && info->isCPUStringValid(cpu) && info->checkFeatures("+avx512f") ? 512 : 256;
-}
-
-bool targetHasBf16Dot(const std::string &cpu) {
-  if (cpu.empty()) {
-    auto features = llvm::sys::getHostCPUFeatures();
-    auto has = [&](const char *f) {
-      auto it = features.find(f);
-      return it != features.end() && it->second;
-    };
-    return has("avx512f") && has("avx512bf16");
+    auto host = llvm::sys::getHostCPUFeatures();
+    return llvm::all_of(features, [&](const char *f) {
+      auto it = host.find(f);
+      return it != host.end() && it->second;
+    });
   }
   llvm::InitializeNativeTarget();
   std::string triple = llvm::sys::getDefaultTargetTriple(), error;
@@ -88,8 +73,15 @@ bool targetHasBf16Dot(const std::string &cpu) {
   if (!target)
     return false;
   std::unique_ptr<llvm::MCSubtargetInfo> info(target->createMCSubtargetInfo(triple, cpu, ""));
-  return info && info->isCPUStringValid(cpu) && info->checkFeatures("+avx512f,+avx512bf16");
+  std::string wanted;
+  for (const char *f : features)
+    wanted += std::string(wanted.empty() ? "+" : ",+") + f;
+  return info && info->isCPUStringValid(cpu) && info->checkFeatures(wanted);
 }
+
+int64_t targetVectorBits(const std::string &cpu) { return targetHas(cpu, {"avx512f"}) ? 512 : 256; }
+
+bool targetHasBf16Dot(const std::string &cpu) { return targetHas(cpu, {"avx512f", "avx512bf16"}); }
 
 std::string emitObject(ModuleOp module, const std::string &path, const ObjectOptions &options) {
   llvm::InitializeNativeTarget();

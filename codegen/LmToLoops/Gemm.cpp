@@ -45,6 +45,25 @@ static Value bf16Pair(OpBuilder &b, Location loc, Value lo, Value hi) {
   return b.create<arith::BitcastOp>(loc, b.getF32Type(), b.create<arith::OrIOp>(loc, bits(lo), high));
 }
 
+/// Pair kv of `row` of the [*, k] buffer `m` as a bf16 word: m[row][2 kv] and m[row][2 kv + 1] (0 past k).
+static Value loadBf16Pair(OpBuilder &b, Location loc, Value m, Value row, Value kv, int64_t k) {
+  Value k0 = b.create<arith::MulIOp>(loc, kv, b.create<arith::ConstantIndexOp>(loc, 2));
+  Value k1 = b.create<arith::AddIOp>(loc, k0, b.create<arith::ConstantIndexOp>(loc, 1));
+  Value lo = b.create<memref::LoadOp>(loc, m, ValueRange{row, k0});
+  if (k % 2 == 0)
+    return bf16Pair(b, loc, lo, b.create<memref::LoadOp>(loc, m, ValueRange{row, k1}));
+  Value hasHi = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::slt, k1, b.create<arith::ConstantIndexOp>(loc, k));
+  auto hi = b.create<scf::IfOp>(loc, TypeRange{b.getF32Type()}, hasHi, true);
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(hi.thenBlock());
+    b.create<scf::YieldOp>(loc, ValueRange{b.create<memref::LoadOp>(loc, m, ValueRange{row, k1})});
+    b.setInsertionPointToStart(hi.elseBlock());
+    b.create<scf::YieldOp>(loc, ValueRange{b.create<arith::ConstantOp>(loc, b.getF32FloatAttr(0)).getResult()});
+  }
+  return bf16Pair(b, loc, lo, hi.getResult(0));
+}
+
 void emitPack(OpBuilder &b, Location loc, Value weight, Value packed, int64_t n, int64_t k, GemmTile tile) {
   Value zero = b.create<arith::ConstantIndexOp>(loc, 0), one = b.create<arith::ConstantIndexOp>(loc, 1);
   Value panels = b.create<arith::ConstantIndexOp>(loc, (n + kPanel - 1) / kPanel);
@@ -67,23 +86,9 @@ void emitPack(OpBuilder &b, Location loc, Value weight, Value packed, int64_t n,
   {
     OpBuilder::InsertionGuard g(b);
     b.setInsertionPointToStart(value.thenBlock());
-    if (!bf16) {
-      b.create<scf::YieldOp>(loc, ValueRange{b.create<memref::LoadOp>(loc, weight, ValueRange{row, kv})});
-    } else {
-      // Word kv of the row: W[row][2 kv] and W[row][2 kv + 1] (0 past k).
-      Value k0 = b.create<arith::MulIOp>(loc, kv, b.create<arith::ConstantIndexOp>(loc, 2));
-      Value k1 = b.create<arith::AddIOp>(loc, k0, one);
-      Value lo = b.create<memref::LoadOp>(loc, weight, ValueRange{row, k0});
-      Value hasHi =
-          b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::slt, k1, b.create<arith::ConstantIndexOp>(loc, k));
-      auto hi = b.create<scf::IfOp>(loc, TypeRange{b.getF32Type()}, hasHi, true);
-      b.setInsertionPointToStart(hi.thenBlock());
-      b.create<scf::YieldOp>(loc, ValueRange{b.create<memref::LoadOp>(loc, weight, ValueRange{row, k1})});
-      b.setInsertionPointToStart(hi.elseBlock());
-      b.create<scf::YieldOp>(loc, ValueRange{fzero});
-      b.setInsertionPointAfter(hi);
-      b.create<scf::YieldOp>(loc, ValueRange{bf16Pair(b, loc, lo, hi.getResult(0))});
-    }
+    Value word = bf16 ? loadBf16Pair(b, loc, weight, row, kv, k)
+                      : Value(b.create<memref::LoadOp>(loc, weight, ValueRange{row, kv}));
+    b.create<scf::YieldOp>(loc, ValueRange{word});
     b.setInsertionPointToStart(value.elseBlock());
     b.create<scf::YieldOp>(loc, ValueRange{fzero});
   }
@@ -152,6 +157,8 @@ func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBia
   Value A2 = dot ? Value(b.create<memref::AllocaOp>(loc, MemRefType::get({blockRows, depth}, f32))) : Value();
   auto bf16Vec = VectorType::get({2 * L}, b.getBF16Type());
   auto i32Vec = VectorType::get({L}, b.getI32Type());
+  Value highHalf = b.create<arith::ConstantOp>(loc, i32Vec, DenseElementsAttr::get(i32Vec, int32_t(0xffff0000u)));
+  Value sixteen = b.create<arith::ConstantOp>(loc, i32Vec, DenseElementsAttr::get(i32Vec, int32_t(16)));
   // One r x W tile at rows [m0, m0 + r) (row m0 - mb of the block) of the column slice starting at `slice` (panel p,
   // group g). `ahead` starts the slice two slices on, prefetched at the same k.
   auto tileAt = [&](int64_t r, Value m0, Value mb, Value p, Value g, Value slice, Value ahead) {
@@ -204,12 +211,10 @@ func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBia
         // Widen the pairs: even k = word << 16, odd k = word & 0xffff0000, then two fp32 FMAs (the odd A index clamped
         // to k - 1 past an odd k, where the packed half is 0).
         SmallVector<Value> even, odd;
-        Value mask = b.create<arith::ConstantOp>(loc, i32Vec, DenseElementsAttr::get(i32Vec, int32_t(0xffff0000u)));
-        Value sixteen = b.create<arith::ConstantOp>(loc, i32Vec, DenseElementsAttr::get(i32Vec, int32_t(16)));
         for (int64_t j = 0; j < V; ++j) {
           Value w = b.create<vector::BitCastOp>(loc, i32Vec, bv[j]);
           even.push_back(b.create<vector::BitCastOp>(loc, vec, b.create<arith::ShLIOp>(loc, w, sixteen)));
-          odd.push_back(b.create<vector::BitCastOp>(loc, vec, b.create<arith::AndIOp>(loc, w, mask)));
+          odd.push_back(b.create<vector::BitCastOp>(loc, vec, b.create<arith::AndIOp>(loc, w, highHalf)));
         }
         Value k0 = b.create<arith::MulIOp>(loc, kv, cidx(2));
         Value k1 = b.create<arith::MinSIOp>(loc, b.create<arith::AddIOp>(loc, k0, cidx(1)), cidx(k - 1));
@@ -256,18 +261,10 @@ func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBia
       OpBuilder::InsertionGuard g2(b);
       b.setInsertionPointToStart(rowsLoop.getBody());
       Value i = rowsLoop.getInductionVar(), row = b.create<arith::AddIOp>(loc, mb, i);
-      auto pairs = b.create<scf::ForOp>(loc, cidx(0), cidx(k / 2), cidx(1));
+      auto pairs = b.create<scf::ForOp>(loc, cidx(0), cidx(depth), cidx(1));
       b.setInsertionPointToStart(pairs.getBody());
-      Value kv = pairs.getInductionVar(), k0 = b.create<arith::MulIOp>(loc, kv, cidx(2));
-      Value lo = b.create<memref::LoadOp>(loc, A, ValueRange{row, k0});
-      Value hi = b.create<memref::LoadOp>(loc, A, ValueRange{row, b.create<arith::AddIOp>(loc, k0, cidx(1))});
-      b.create<memref::StoreOp>(loc, bf16Pair(b, loc, lo, hi), A2, ValueRange{i, kv});
-      if (k % 2) {
-        b.setInsertionPointAfter(pairs);
-        Value last = b.create<memref::LoadOp>(loc, A, ValueRange{row, cidx(k - 1)});
-        Value zero = b.create<arith::ConstantOp>(loc, b.getF32FloatAttr(0));
-        b.create<memref::StoreOp>(loc, bf16Pair(b, loc, last, zero), A2, ValueRange{i, cidx(k / 2)});
-      }
+      Value kv = pairs.getInductionVar();
+      b.create<memref::StoreOp>(loc, loadBf16Pair(b, loc, A, row, kv, k), A2, ValueRange{i, kv});
     }
     Value T = b.create<arith::DivUIOp>(loc, b.create<arith::AddIOp>(loc, Mb, cidx(R - 1)), cidx(R));
     auto panels = b.create<scf::ForOp>(loc, pBegin, pEnd, cidx(1));
