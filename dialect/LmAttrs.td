@@ -11,7 +11,8 @@ def Lm_MaskKind : I32EnumAttr<"MaskKind", "attention mask kind", [
     I32EnumAttrCase<"causal", 1>,       // j <= i
     I32EnumAttrCase<"anticausal", 2>,   // j >= i
     I32EnumAttrCase<"diagonal", 3>,     // j != i (T-TA: self-unknown)
-    I32EnumAttrCase<"directional", 4>,  // per-row direction operand: 0 R (j < i), 1 L (j > i), 2 S (j != i)
+    I32EnumAttrCase<"directional", 4>,  // per-row [B, N, 1 + W] operand: direction 0 R (j <= i), 1 L (j >= i),
+                                        // 2 S (j != i, j not hidden), 3 skip (none); then W words of hidden bits
     I32EnumAttrCase<"Explicit", 5, "explicit">  // per-sentence [n, n] i1 operand (true = visible)
   ]> {
   let genSpecializedAttr = 0;

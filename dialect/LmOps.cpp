@@ -176,7 +176,7 @@ static LogicalResult verifyMaskData(Operation *op, MaskKind kind, Value data, in
   bool needs = kind == MaskKind::directional || kind == MaskKind::Explicit;
   if (needs && !data)
     return op->emitOpError() << "#lm.mask<" << stringifyMaskKind(kind)
-                             << "> needs a data(...) operand: per-row directions [B, N] (directional) or a "
+                             << "> needs a data(...) operand: per-row directions [B, N, 1 + W] (directional) or a "
                                 "[B, N, M] i1 visibility tensor (explicit)";
   if (!needs && data)
     return op->emitOpError() << "#lm.mask<" << stringifyMaskKind(kind)
@@ -184,8 +184,12 @@ static LogicalResult verifyMaskData(Operation *op, MaskKind kind, Value data, in
   if (!data)
     return success();
   auto t = tensorOf(data);
-  if (kind == MaskKind::directional && (t.getRank() != 2 || !t.getElementType().isInteger(32)))
-    return op->emitOpError("directional mask data must be [B, N] i32 directions (0 R: j < i, 1 L: j > i, 2 S: j != i), got ") << t;
+  if (kind == MaskKind::directional &&
+      (t.getRank() != 3 || !t.getElementType().isInteger(32) || ShapedType::isDynamic(t.getDimSize(2)) ||
+       t.getDimSize(2) < 1))
+    return op->emitOpError("directional mask data must be [B, N, 1 + W] i32 rows (direction 0 R: j <= i, 1 L: j >= i, "
+                           "2 S: j != i and j not hidden, 3 skip; then W words of hidden-key bits), got ")
+           << t;
   if (kind == MaskKind::Explicit && (t.getRank() != 3 || !t.getElementType().isInteger(1)))
     return op->emitOpError("explicit mask data must be a [B, N, M] i1 tensor, got ") << t;
   return expectDim(op, "mask data batch", t.getDimSize(0), batch);
@@ -299,6 +303,54 @@ LogicalResult TokenLogprobOp::verify() {
     if (failed(expectRank(*this, "bias [V]", b, 1)) ||
         failed(expectDim(*this, "bias size vs vocabulary", tensorOf(b).getDimSize(0), w.getDimSize(0))))
       return failure();
+  return success();
+}
+
+/// The Diformer rows operand [B, N, 1 + W] i32.
+static LogicalResult verifyRows(Operation *op, Value rows) {
+  auto t = tensorOf(rows);
+  if (t.getRank() != 3 || ShapedType::isDynamic(t.getDimSize(2)) || t.getDimSize(2) < 1)
+    return op->emitOpError("rows must be [B, N, 1 + W] i32 (direction, hidden-key bits), got ") << t;
+  return success();
+}
+
+LogicalResult DecoderQueriesOp::verify() {
+  if (failed(verifyRows(*this, getRows())) || failed(expectRank(*this, "lengths [B]", getLengths(), 1)) ||
+      failed(expectRank(*this, "direction [3, D]", getDirection(), 2)) ||
+      failed(expectRank(*this, "l2r [max_len, D]", getL2r(), 2)) ||
+      failed(expectRank(*this, "r2l [max_len, D]", getR2l(), 2)) ||
+      failed(expectRank(*this, "result [B, N, D]", getResult(), 3)))
+    return failure();
+  auto dir = tensorOf(getDirection()), l2r = tensorOf(getL2r());
+  int64_t d = getResult().getType().getDimSize(2);
+  if (failed(expectDim(*this, "direction rows", dir.getDimSize(0), 3)) ||
+      failed(expectDim(*this, "direction width", dir.getDimSize(1), d)) ||
+      failed(expectDim(*this, "l2r width", l2r.getDimSize(1), d)) ||
+      failed(expectDim(*this, "r2l rows", tensorOf(getR2l()).getDimSize(0), l2r.getDimSize(0))) ||
+      failed(expectDim(*this, "r2l width", tensorOf(getR2l()).getDimSize(1), d)))
+    return failure();
+  return success();
+}
+
+LogicalResult DirectionalTargetsOp::verify() {
+  if (failed(expectRank(*this, "targets [B, N]", getTargets(), 2)) || failed(verifyRows(*this, getRows())) ||
+      failed(expectRank(*this, "lengths [B]", getLengths(), 1)))
+    return failure();
+  if (getResult().getType() != getTargets().getType())
+    return emitOpError("result type must equal the targets type");
+  return success();
+}
+
+LogicalResult LengthLogprobOp::verify() {
+  if (failed(expectRank(*this, "hidden [B, M, D]", getHidden(), 3)) ||
+      failed(expectRank(*this, "lengths [B]", getLengths(), 1)) ||
+      failed(expectRank(*this, "weight [max_len, D]", getWeight(), 2)) ||
+      failed(expectRank(*this, "target_lengths [B]", getTargetLengths(), 1)) ||
+      failed(expectRank(*this, "result [B]", getResult(), 1)))
+    return failure();
+  if (failed(expectDim(*this, "weight width vs hidden width", tensorOf(getWeight()).getDimSize(1),
+                       getHidden().getType().getDimSize(2))))
+    return failure();
   return success();
 }
 

@@ -227,7 +227,10 @@ def Lm_MaskFillOp : Lm_Op<"mask_fill", [Pure]> {
   let description = [{
     scores [B, H, N, M]; key j of sentence b is visible to query i when
     j < lengths[b] and the mask allows it (`#lm.mask<...>`). `directional` reads a
-    per-row direction operand [B, N] (i32), `explicit` a [B, N, M] i1 operand.
+    per-row operand [B, N, 1 + W] (i32): rows[b, i, 0] is row i's direction (0 R: j <= i,
+    1 L: j >= i, 2 S: j != i and bit j of rows[b, i, 1 ..] clear, 3 skip: no key), the
+    W words after it the keys hidden from an S row (bit j % 32 of word j / 32);
+    `explicit` a [B, N, M] i1 operand.
     ```mlir
     %m = lm.mask_fill %s, %lengths {mask = #lm.mask<diagonal>} : tensor<?x8x?x?xf32>, tensor<?xi32> -> tensor<?x8x?x?xf32>
     ```
@@ -335,7 +338,7 @@ def Lm_LogSoftmaxOp : Lm_Op<"log_softmax", [Pure, SameOperandsAndResultType]> {
 }
 
 def Lm_GatherOp : Lm_Op<"gather", [Pure]> {
-  let summary = "pick each position's target: out[b, t] = lp[b, t - shift, ids[b, t]] (0 where t < shift or t >= length)";
+  let summary = "pick each position's target: out[b, t] = lp[b, t - shift, ids[b, t]] (0 where t < shift, t >= length or ids[b, t] < 0)";
   let description = [{
     `shift = 1` reads the causal prediction of x_t from position t-1. Positions at or
     past `lengths[b]` are 0 (their ids are padding and never read).
@@ -353,8 +356,8 @@ def Lm_GatherOp : Lm_Op<"gather", [Pure]> {
 def Lm_TokenLogprobOp : Lm_Op<"token_logprob", [Pure]> {
   let summary = "fused vocabulary projection + log-softmax + gather: log p(target | h)";
   let description = [{
-    out[b, t] = log_softmax(h[b, t - shift] W^T + bias)[ids[b, t]], 0 where t < shift or
-    t >= lengths[b]; never materializes the [B, N, V] logits.
+    out[b, t] = log_softmax(h[b, t - shift] W^T + bias)[ids[b, t]], 0 where t < shift,
+    t >= lengths[b] or ids[b, t] < 0 (no target); never materializes the [B, N, V] logits.
     ```mlir
     %g = lm.token_logprob %t, %E, %bias, %ids, %lengths : (tensor<?x?x512xf32>, tensor<30522x512xf32>, tensor<30522xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32>
     ```
@@ -395,6 +398,57 @@ def Lm_MeanPoolOp : Lm_Op<"mean_pool", [Pure]> {
   }];
   let arguments = (ins Lm_F32Tensor:$hidden, Lm_I32Tensor:$ids, Lm_I32Tensor:$lengths, DenseI32ArrayAttr:$exclude,
                        UnitAttr:$cls, UnitAttr:$normalize);
+  let results = (outs Lm_F32Tensor:$result);
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Diformer (diformer paper 2.2-2.3, issue 19's contract)
+//===----------------------------------------------------------------------===//
+// The decoder's rows carry a direction each (R, L, S or skip) in the [B, N, 1 + W] rows operand that
+// also feeds the directional mask (see lm.mask_fill): the queries, the targets and the visibility of
+// every row are functions of it.
+
+def Lm_DecoderQueriesOp : Lm_Op<"decoder_queries", [Pure]> {
+  let summary = "Diformer decoder input: direction[z_i] + (z_i == L ? r2l[n-1-i] : l2r[i])";
+  let description = [{
+    z_i = rows[b, i, 0] (a skip row, and a row at or past n = lengths[b], uses direction 0 and l2r[i]).
+    ```mlir
+    %q = lm.decoder_queries %rows, %lengths, %dir, %l2r, %r2l : (tensor<?x?x2xi32>, tensor<?xi32>, tensor<3x64xf32>, tensor<24x64xf32>, tensor<24x64xf32>) -> tensor<?x?x64xf32>
+    ```
+  }];
+  let arguments = (ins Lm_I32Tensor:$rows, Lm_I32Tensor:$lengths, Lm_F32Tensor:$direction, Lm_F32Tensor:$l2r,
+                       Lm_F32Tensor:$r2l);
+  let results = (outs Lm_F32Tensor:$result);
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Lm_DirectionalTargetsOp : Lm_Op<"directional_targets", [Pure]> {
+  let summary = "the token each decoder row predicts: y_{i+1} (R), y_{i-1} (L), y_i (S), -1 (skip, padding)";
+  let description = [{
+    ```mlir
+    %tau = lm.directional_targets %tgt, %rows, %lengths : (tensor<?x?xi32>, tensor<?x?x2xi32>, tensor<?xi32>) -> tensor<?x?xi32>
+    ```
+  }];
+  let arguments = (ins Lm_I32Tensor:$targets, Lm_I32Tensor:$rows, Lm_I32Tensor:$lengths);
+  let results = (outs Lm_I32Tensor:$result);
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Lm_LengthLogprobOp : Lm_Op<"length_logprob", [Pure]> {
+  let summary = "Diformer length head: log_softmax(W mean_{j < lengths[b]} h[b, j])[target_lengths[b]]";
+  let description = [{
+    W [max_len, D] has no bias; the mean runs over every valid source position. A target length
+    outside [0, max_len) gives -inf (the runtime refuses such inputs first).
+    ```mlir
+    %l = lm.length_logprob %h, %src_len, %W, %tgt_len : (tensor<?x?x64xf32>, tensor<?xi32>, tensor<24x64xf32>, tensor<?xi32>) -> tensor<?xf32>
+    ```
+  }];
+  let arguments = (ins Lm_F32Tensor:$hidden, Lm_I32Tensor:$lengths, Lm_F32Tensor:$weight,
+                       Lm_I32Tensor:$target_lengths);
   let results = (outs Lm_F32Tensor:$result);
   let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;

@@ -26,6 +26,9 @@ namespace {
 
 constexpr int64_t kDyn = ShapedType::kDynamic;
 
+/// Words of hidden-key bits per Diformer row (LM_HIDDEN_WORDS in runtime/lib/lmrt.h).
+constexpr int64_t hiddenWords(int64_t maxLen) { return (maxLen + 31) / 32; }
+
 class Generator {
 public:
   Generator(MLIRContext &ctx, const ModelSpec &spec, bool train)
@@ -346,22 +349,25 @@ private:
     finish(fn, ce);
   }
 
-  /// Diformer (diformer paper, 2.3): a bidirectional encoder over the source; a
-  /// decoder whose queries are direction + position embeddings, whose self-attention
-  /// keys/values are the target word embeddings only (positions enter through Shaw
-  /// relative positions), masked per token by its direction; then cross-attention.
-  /// score(src, src_len, tgt, tgt_len, directions) returns log p(target | source)
-  /// under the given per-position directions (all 0: left-to-right, all 1: right-to-left).
+  /// Diformer (issue 19's contract; diformer paper 2.2-2.3): a post-norm biLM encoder over the source with
+  /// a length head on the mean of its output, and a directional decoder whose row i has the query
+  /// direction[z_i] + (z_i == L ? r2l[n-1-i] : l2r[i]), self-attention keys/values from embed.token[y_j]
+  /// alone (input isolation) with Shaw relative terms, the directional mask as structure (the rows operand
+  /// [B, N, 1 + W]: direction, then the hidden-key bits of S rows), cross-attention to the encoder output
+  /// and a head tied to embed.token. Row i predicts y_{i+1} (R), y_{i-1} (L), y_i (S).
+  /// score(src, src_len, tgt, tgt_len, rows) -> (token_logprobs, score, n_scored, length_logprob).
   void diformerScore() {
     const DiformerOptions &d = *spec.diformer;
     auto tokenLp = t({kDyn, kDyn}, f32);
-    auto fn = entry("score", {idsType(), lengthsType(), idsType(), lengthsType(), idsType()},
-                    {tokenLp, t({kDyn}, f32), t({kDyn}, i32)});
+    const int64_t words = hiddenWords(spec.dims.maxLen);
+    auto fn = entry("score", {idsType(), lengthsType(), idsType(), lengthsType(), t({kDyn, kDyn, 1 + words}, i32)},
+                    {tokenLp, t({kDyn}, f32), t({kDyn}, i32), t({kDyn}, f32)});
+    b.getContext()->getLoadedDialect<lm::LmDialect>()->getMethodAttrHelper().setAttr(fn, b.getStringAttr("pairs"));
     Value src = fn.getArgument(0), srcLen = fn.getArgument(1), tgt = fn.getArgument(2), tgtLen = fn.getArgument(3),
-          dirs = fn.getArgument(4);
+          rows = fn.getArgument(4);
     Value tokenTable = weight(names::embedToken(), {spec.dims.vocab, D()});
 
-    // Encoder: post-norm BERT stack, no mask beyond padding.
+    // Encoder: post-norm, every valid source position visible.
     Value h = b.create<lm::EmbedOp>(loc, seqType(D()), tokenTable, src);
     h = optionalEmbedNorm(add(h, positions(src)));
     for (int64_t i = 0; i < d.encoder.layers; ++i) {
@@ -372,28 +378,34 @@ private:
       h = layerNorm(add(a, ffn(a, names::ffn(p), d.encoder.dFF)), names::ffnNorm(p));
     }
     Value memory = h;
+    Value lengthLp = b.create<lm::LengthLogprobOp>(loc, t({kDyn}, f32), memory, srcLen,
+                                                   weight(names::lengthWeight(), {spec.dims.maxLen, D()}), tgtLen);
 
     // Decoder.
-    Value words = b.create<lm::EmbedOp>(loc, seqType(D()), tokenTable, tgt);
-    Value dirTable = weight(names::decoderDirection(), {3, D()});
-    Value q = add(b.create<lm::EmbedOp>(loc, seqType(D()), dirTable, dirs), positions(tgt));
-    q = optionalEmbedNorm(q);
+    Value wordEmbeddings = b.create<lm::EmbedOp>(loc, seqType(D()), tokenTable, tgt);
+    Value x = b.create<lm::DecoderQueriesOp>(loc, seqType(D()), rows, tgtLen,
+                                             weight(names::decoderDirection(), {3, D()}),
+                                             weight(names::decoderPositionL2R(), {spec.dims.maxLen, D()}),
+                                             weight(names::decoderPositionR2L(), {spec.dims.maxLen, D()}));
+    if (spec.embeddingNorm)
+      x = layerNorm(x, names::decoderEmbedNorm());
     for (int64_t i = 0; i < d.decoder.layers; ++i) {
       std::string p = names::decoderLayer(i);
-      Value self = attention(q, words, tgtLen, names::attn(p), d.decoder.heads, lm::MaskKind::directional, dirs,
-                             spec.relativePositions);
-      Value a = layerNorm(add(q, self), names::attnNorm(p));
+      Value self = attention(x, wordEmbeddings, tgtLen, names::attn(p), d.decoder.heads, lm::MaskKind::directional,
+                             rows, spec.relativePositions);
+      Value a = layerNorm(add(x, self), names::attnNorm(p));
       Value cross = attention(a, memory, srcLen, names::cross(p), d.decoder.heads, lm::MaskKind::none, Value(), 0);
       Value c = layerNorm(add(a, cross), names::crossNorm(p));
-      q = layerNorm(add(c, ffn(c, names::ffn(p), d.decoder.dFF)), names::ffnNorm(p));
+      x = layerNorm(add(c, ffn(c, names::ffn(p), d.decoder.dFF)), names::ffnNorm(p));
     }
-    Value lp = tokenLogprobs(q, tgt, tgtLen, 0);
-    SmallVector<int32_t> skip;
-    if (spec.skipSpecial)
-      skip = specialTokens();
-    auto score = b.create<lm::SentenceScoreOp>(loc, TypeRange{tokenLp, t({kDyn}, f32), t({kDyn}, i32)}, lp, tgt,
-                                               tgtLen, b.getDenseI32ArrayAttr(skip), b.getI64IntegerAttr(0));
-    finish(fn, score.getResults());
+    Value tau = b.create<lm::DirectionalTargetsOp>(loc, idsType(), tgt, rows, tgtLen);
+    Value lp = tokenLogprobs(x, tau, tgtLen, 0);
+    // Every row not skipped is scored, bos and eos targets included: the skip list holds only -1 (no target).
+    auto score = b.create<lm::SentenceScoreOp>(loc, TypeRange{tokenLp, t({kDyn}, f32), t({kDyn}, i32)}, lp, tau,
+                                               tgtLen, b.getDenseI32ArrayAttr({-1}), b.getI64IntegerAttr(0));
+    SmallVector<Value> results(score.getResults());
+    results.push_back(lengthLp);
+    finish(fn, results);
   }
 
   const ModelSpec &spec;

@@ -32,6 +32,8 @@ mlir::FailureOr<ModelFacts> readModelFacts(mlir::ModuleOp module) {
   auto score = module.lookupSymbol<mlir::func::FuncOp>("score");
   facts.hasScore = bool(score);
   facts.scoreSpans = score && score.getNumArguments() == 3;
+  facts.pairs = score && score.getNumArguments() == 5;
+  facts.hasEmbed = bool(module.lookupSymbol<mlir::func::FuncOp>("embed"));
   return facts;
 }
 

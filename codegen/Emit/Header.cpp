@@ -89,6 +89,10 @@ extern "C" {
 #ifndef LM_ABI_VERSION
 #define LM_ABI_VERSION 1
 #endif
+/* Diformer: words of hidden-key bits per target row (see <name>_score_pairs). */
+#ifndef LM_HIDDEN_WORDS
+#define LM_HIDDEN_WORDS(max_len) (((max_len) + 31) / 32)
+#endif
 
 )";
 
@@ -122,6 +126,17 @@ int @name@_score_spans(@name@_model *m, const int32_t *ids, const int32_t *lengt
 /* Sentence embeddings: out receives batch*@NAME@_D_MODEL floats (row b = sentence b). Same batch layout,
  * validation and error rules as @name@_score. */
 int @name@_embed(@name@_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride, float *out);
+
+/* Diformer (family "diformer"; other models return an error): scores source/target pairs. Pair b: source
+ * src[b*src_stride ..] of src_lengths[b] tokens (1..@NAME@_MAX_LEN), target tgt[b*tgt_stride ..] of
+ * n = tgt_lengths[b] tokens (bos .. eos, 2 <= n < @NAME@_MAX_LEN); dirs[b*tgt_stride + i] is target row i's
+ * direction: 0 R (sees keys j <= i, predicts y_{i+1}), 1 L (j >= i, predicts y_{i-1}), 2 S (j != i and not
+ * hidden, predicts y_i), 3 skip (not scored); row 0 is R or skip, row n-1 L or skip. hidden (NULL: none)
+ * holds LM_HIDDEN_WORDS(@NAME@_MAX_LEN) words per target row, from (b*tgt_stride + i) * words: bit j % 32 of
+ * word j / 32 hides key j (1..n-2) from S row i. Outputs: token_logprobs (may be NULL) [batch*tgt_stride],
+ * i < n written, 0 for skipped rows; scores [batch]: their sum; length_logprobs (may be NULL) [batch]:
+ * log P(n | source) (not in the score). */
+int @name@_score_pairs(@name@_model *m, const int32_t *src, const int32_t *src_lengths, int32_t src_stride, const int32_t *tgt, const int32_t *tgt_lengths, int32_t tgt_stride, const int32_t *dirs, const uint32_t *hidden, int32_t batch, float *token_logprobs, float *scores, float *length_logprobs);
 
 /* Frees a model (NULL is allowed). The model must not be in use by another thread. */
 void @name@_free(@name@_model *m);
@@ -419,14 +434,20 @@ std::string generateGlue(const ModelFacts &spec, const std::vector<LayoutTensor>
      << "#define LMCC_EXPORT\n"
      << "#endif\n\n";
   os << "/* The compiled kernels (lm_score_kernel / lm_embed_kernel signatures). */\n";
-  if (spec.hasScore)
+  if (spec.pairs)
+    os << "extern void _mlir_ciface_" << name
+       << "_score_kernel(lm_memref1f *weights, lm_memref2i *src, lm_memref1i *src_lengths, lm_memref2i *tgt,\n"
+       << "    lm_memref1i *tgt_lengths, lm_memref3i *dirs, lm_memref2f *token_logprobs, lm_memref1f *scores,\n"
+       << "    lm_memref1i *n_scored, lm_memref1f *length_logprobs);\n";
+  else if (spec.hasScore)
     os << "extern void _mlir_ciface_" << name
        << "_score_kernel(lm_memref1f *weights, lm_memref2i *ids, lm_memref1i *lengths,"
        << (spec.scoreSpans ? " lm_memref2i *spans," : "") << "\n    lm_memref2f *token_logprobs, "
        << "lm_memref1f *scores, lm_memref1i *n_scored);\n";
-  os << "extern void _mlir_ciface_" << name
-     << "_embed_kernel(lm_memref1f *weights, lm_memref2i *ids, lm_memref1i *lengths, lm_memref2f *out);\n"
-     << "extern void _mlir_ciface_" << name << "_init_kernel(lm_memref1f *weights);\n";
+  if (spec.hasEmbed)
+    os << "extern void _mlir_ciface_" << name
+       << "_embed_kernel(lm_memref1f *weights, lm_memref2i *ids, lm_memref1i *lengths, lm_memref2f *out);\n";
+  os << "extern void _mlir_ciface_" << name << "_init_kernel(lm_memref1f *weights);\n";
   if (spec.train)
     os << "extern void _mlir_ciface_" << name
        << "_loss_kernel(lm_memref1f *weights, lm_memref2i *inputs, lm_memref2i *targets, lm_memref1i *lengths,\n"
@@ -486,9 +507,11 @@ std::string generateGlue(const ModelFacts &spec, const std::vector<LayoutTensor>
      << "    " << totalFloats << ", /* total_floats */\n"
      << "    " << (!spec.hasScore ? std::string("NULL /* encoder only */")
                            : spec.scoreSpans ? std::string("NULL /* span_score below */")
+                           : spec.pairs      ? std::string("NULL /* pair_score below */")
                                              : scoreKernel)
      << ",\n"
-     << "    _mlir_ciface_" << name << "_embed_kernel,\n"
+     << "    " << (spec.hasEmbed ? "_mlir_ciface_" + name + "_embed_kernel" : std::string("NULL /* no embed */"))
+     << ",\n"
      << "    " << (embedWeights ? name + "_embedded_weights" : std::string("NULL")) << ", /* embedded_weights */\n"
      << "    _mlir_ciface_" << name << "_init_kernel, /* init */\n";
   if (spec.train)
@@ -499,7 +522,9 @@ std::string generateGlue(const ModelFacts &spec, const std::vector<LayoutTensor>
     os << "    NULL, NULL, NULL, /* loss, loss_grad, train: compiled without --train */\n";
   os << "    " << (spec.hasScore && spec.scoreSpans ? scoreKernel : std::string("NULL")) << ", /* span_score */\n"
      << "    " << scoreSentence << ", " << scoreCopy << ", " << embedSentence << ", " << embedCopy
-     << " /* memory model */\n";
+     << ", /* memory model */\n"
+     << "    " << (spec.pairs ? scoreKernel : std::string("NULL")) << ", /* pair_score */\n"
+     << "    " << spec.bos << ", " << spec.eos << " /* bos_id, eos_id */\n";
   os << "};\n\n";
 
 
@@ -515,6 +540,9 @@ LMCC_EXPORT int @name@_score_spans(@name@_model *m, const int32_t *ids, const in
     int32_t stride, const int32_t *spans, float *token_logprobs, float *scores);
 LMCC_EXPORT int @name@_embed(@name@_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch,
     int32_t stride, float *out);
+LMCC_EXPORT int @name@_score_pairs(@name@_model *m, const int32_t *src, const int32_t *src_lengths,
+    int32_t src_stride, const int32_t *tgt, const int32_t *tgt_lengths, int32_t tgt_stride, const int32_t *dirs,
+    const uint32_t *hidden, int32_t batch, float *token_logprobs, float *scores, float *length_logprobs);
 LMCC_EXPORT void @name@_free(@name@_model *m);
 
 const lm_model_desc *@name@_descriptor(void) { return &@name@_desc; }
@@ -542,6 +570,13 @@ int @name@_score_spans(@name@_model *m, const int32_t *ids, const int32_t *lengt
 int @name@_embed(@name@_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride,
     float *out) {
   return lm_rt_embed((lm_model *)m, ids, lengths, batch, stride, out);
+}
+
+int @name@_score_pairs(@name@_model *m, const int32_t *src, const int32_t *src_lengths, int32_t src_stride,
+    const int32_t *tgt, const int32_t *tgt_lengths, int32_t tgt_stride, const int32_t *dirs, const uint32_t *hidden,
+    int32_t batch, float *token_logprobs, float *scores, float *length_logprobs) {
+  return lm_rt_score_pairs((lm_model *)m, src, src_lengths, src_stride, tgt, tgt_lengths, tgt_stride, dirs, hidden,
+                           batch, token_logprobs, scores, length_logprobs);
 }
 
 void @name@_free(@name@_model *m) { lm_rt_free((lm_model *)m); }

@@ -36,6 +36,8 @@ struct ModelFacts {
   std::optional<Train> train;
   bool hasScore = true; ///< false for an encoder-only model (no @score entry: <name>_score returns an error)
   bool scoreSpans = false; ///< mask-and-predict scoring: the score kernel takes spans (lm_span_score_kernel)
+  bool pairs = false;      ///< Diformer: the score kernel scores source/target pairs (lm_pair_score_kernel)
+  bool hasEmbed = true;    ///< false for the Diformer (no embed entry: <name>_embed returns an error)
   /// Memory model of the entry points (codegen/Stats.h memoryModel), index n = 0..maxLen; empty: none.
   std::vector<int64_t> scoreSentenceBytes, scoreCopyBytes, embedSentenceBytes, embedCopyBytes;
 };

@@ -26,7 +26,8 @@ SmallVector<int64_t> interleaveMask(bool high) {
   return mask;
 }
 
-/// lm.attention with vectors (no relative positions; head size a multiple of 16), register-tiled like the GEMM.
+/// lm.attention with vectors (no relative positions, no per-row mask data; head size a multiple of 16),
+/// register-tiled like the GEMM.
 /// Per (entry, head) the head's keys are transposed into kt [dh, M16] (16 x 16 blocks transposed in registers by
 /// four rounds of interleaves; M keys rounded up to 16, zero tail). Query rows go in tiles of R = 8 rows
 /// (R = 1 for single-query entries, lm-prune-rows), the last tile repeating the last row; a tile visits the
@@ -315,7 +316,9 @@ LogicalResult lowerScalar(lm::AttentionOp a, Loops &L) {
   Value negInf = L.f32c(-INFINITY);
   // Single-query rows (lm-prune-rows): row 0 of entry c sits at position query_positions[c].
   Value queryPositions = a.getQueryPositions() ? L.in(a.getQueryPositions()) : Value();
-  L.nest({L.B, L.idx(H), queryPositions ? L.idx(1) : L.N}, [&](ValueRange iv) {
+  Value rows = a.getMaskData() ? L.in(a.getMaskData()) : Value(); // the directional mask's rows
+  Value queryRows = queryPositions ? L.idx(1) : Value(b.create<memref::DimOp>(loc, q, 1));
+  L.nest({L.B, L.idx(H), queryRows}, [&](ValueRange iv) {
     Value bi = iv[0], h = iv[1], row = iv[2];
     Value i =
         queryPositions ? Value(b.create<arith::IndexCastOp>(loc, b.getIndexType(), L.load(queryPositions, bi))) : row;
@@ -327,6 +330,13 @@ LogicalResult lowerScalar(lm::AttentionOp a, Loops &L) {
       hi = b.create<arith::MinSIOp>(loc, len, b.create<arith::AddIOp>(loc, i, L.idx(1)));
     if (mask == lm::MaskKind::anticausal)
       lo = i;
+    if (mask == lm::MaskKind::directional) { // R: [0, i]; L: [i, len); S: [0, len) less hidden keys; skip: none
+      Value dir = L.load(rows, {bi, i, L.idx(0)});
+      auto is = [&](int64_t code) { return L.cmp(arith::CmpIPredicate::eq, dir, L.i32c(code)); };
+      hi = L.select(is(0), b.create<arith::MinSIOp>(loc, len, b.create<arith::AddIOp>(loc, i, L.idx(1))),
+                    L.select(is(3), L.idx(0), len));
+      lo = L.select(is(1), i, L.idx(0));
+    }
     L.nest({L.idx(dh)}, [&](ValueRange e) { L.store(L.f32c(0), acc, e); });
     auto tiles = b.create<scf::ForOp>(loc, lo, hi, L.idx(kKeyTile), ValueRange{negInf, L.f32c(0)});
     {
@@ -348,6 +358,8 @@ LogicalResult lowerScalar(lm::AttentionOp a, Loops &L) {
         Value sj = b.create<arith::MulFOp>(loc, dot, scale);
         if (mask == lm::MaskKind::diagonal)
           sj = L.select(L.eqI(j, i), negInf, sj); // only the tile holding key i has a hit
+        if (mask == lm::MaskKind::directional) // S rows: key i and the hidden keys
+          sj = L.select(L.directionalVisible(rows, bi, i, j, len), sj, negInf);
         L.store(sj, scores, jj);
         return b.create<arith::MaximumFOp>(loc, mx, sj);
       });
@@ -390,10 +402,10 @@ LogicalResult lowerScalar(lm::AttentionOp a, Loops &L) {
 struct AttentionLowering : LmLowering<lm::AttentionOp> {
   using LmLowering::LmLowering;
   LogicalResult lower(lm::AttentionOp a, Loops &L) const override {
-    if (a.getMaskData())
-      return a.emitOpError("masks with per-row data (directional, explicit) have no CPU lowering yet");
+    if (a.getMask() == lm::MaskKind::Explicit)
+      return a.emitOpError("explicit masks have no CPU lowering yet");
     int64_t heads = a.getHeads(), width = a.getType().getDimSize(2);
-    if (!a.getRelKey() && (width / heads) % kLanes == 0)
+    if (!a.getRelKey() && !a.getMaskData() && (width / heads) % kLanes == 0)
       return lowerVector(a, L);
     return lowerScalar(a, L);
   }

@@ -70,8 +70,10 @@ template <typename Op, Value (*Fn)(Loops &, Op, Value)> struct UnaryLowering : L
   using LmLowering<Op>::LmLowering;
   LogicalResult lower(Op op, Loops &L) const override {
     Value x = op->getOperand(0);
-    Value src = L.in(x), out = L.alloc(llvm::cast<ShapedType>(op->getResult(0).getType()));
-    L.nest(L.sizes(llvm::cast<ShapedType>(x.getType())), [&](ValueRange iv) { L.store(Fn(L, op, L.load(src, iv)), out, iv); });
+    Value src = L.in(x);
+    auto sz = L.dims(src);
+    Value out = L.alloc(llvm::cast<ShapedType>(op->getResult(0).getType()), sz);
+    L.nest(sz, [&](ValueRange iv) { L.store(Fn(L, op, L.load(src, iv)), out, iv); });
     return L.set(op, out);
   }
 };
@@ -104,8 +106,10 @@ Value reluOf(Loops &L, lm::ReluOp, Value x) {
 struct AddLowering : LmLowering<lm::AddOp> {
   using LmLowering::LmLowering;
   LogicalResult lower(lm::AddOp a, Loops &L) const override {
-    Value x = L.in(a.getLhs()), y = L.in(a.getRhs()), out = L.alloc(a.getType());
-    L.nest(L.sizes(a.getType()), [&](ValueRange iv) {
+    Value x = L.in(a.getLhs()), y = L.in(a.getRhs());
+    auto sz = L.dims(x);
+    Value out = L.alloc(a.getType(), sz);
+    L.nest(sz, [&](ValueRange iv) {
       L.store(L.b.create<arith::AddFOp>(L.loc, L.load(x, iv), L.load(y, iv)), out, iv);
     });
     return L.set(a, out);
@@ -155,9 +159,12 @@ struct LayerNormLowering : LmLowering<lm::LayerNormOp> {
 struct SplitHeadsLowering : LmLowering<lm::SplitHeadsOp> {
   using LmLowering::LmLowering;
   LogicalResult lower(lm::SplitHeadsOp s, Loops &L) const override {
-    Value x = L.in(s.getInput()), out = L.alloc(s.getType());
+    Value x = L.in(s.getInput());
     int64_t dh = s.getType().getDimSize(3);
-    L.nest(L.sizes(s.getType()), [&](ValueRange iv) {
+    auto in = L.dims(x);
+    SmallVector<Value> sz = {in[0], L.idx(s.getType().getDimSize(1)), in[1], L.idx(dh)};
+    Value out = L.alloc(s.getType(), sz);
+    L.nest(sz, [&](ValueRange iv) {
       Value c = L.b.create<arith::AddIOp>(L.loc, L.b.create<arith::MulIOp>(L.loc, iv[1], L.idx(dh)), iv[3]);
       L.store(L.load(x, {iv[0], iv[2], c}), out, iv);
     });
@@ -169,9 +176,11 @@ struct SplitHeadsLowering : LmLowering<lm::SplitHeadsOp> {
 struct MergeHeadsLowering : LmLowering<lm::MergeHeadsOp> {
   using LmLowering::LmLowering;
   LogicalResult lower(lm::MergeHeadsOp m, Loops &L) const override {
-    Value x = L.in(m.getInput()), out = L.alloc(m.getType());
+    Value x = L.in(m.getInput());
     auto xt = llvm::cast<ShapedType>(m.getInput().getType());
-    L.nest(L.sizes(xt), [&](ValueRange iv) {
+    auto sz = L.dims(x);
+    Value out = L.alloc(m.getType(), {sz[0], sz[2], L.idx(m.getType().getDimSize(2))});
+    L.nest(sz, [&](ValueRange iv) {
       Value c = L.b.create<arith::AddIOp>(L.loc, L.b.create<arith::MulIOp>(L.loc, iv[1], L.idx(xt.getDimSize(3))), iv[3]);
       L.store(L.load(x, iv), out, {iv[0], iv[2], c});
     });
@@ -186,10 +195,13 @@ struct MatmulLowering : LmLowering<lm::MatmulOp> {
     auto at = llvm::cast<ShapedType>(m.getLhs().getType());
     if (at.getRank() != 4)
       return m.emitOpError("CPU lowering handles [B, H, M, K] operands only");
-    Value lhs = L.in(m.getLhs()), rhs = L.in(m.getRhs()), out = L.alloc(m.getType());
+    Value lhs = L.in(m.getLhs()), rhs = L.in(m.getRhs());
     bool t = m.getTransposeRhs(), tl = m.getTransposeLhs();
-    Value K = L.sizes(at)[tl ? 2 : 3];
-    L.nest(L.sizes(m.getType()), [&](ValueRange iv) {
+    auto ls = L.dims(lhs), rs = L.dims(rhs);
+    Value K = ls[tl ? 2 : 3];
+    SmallVector<Value> sz = {ls[0], ls[1], ls[tl ? 3 : 2], rs[t ? 2 : 3]};
+    Value out = L.alloc(m.getType(), sz);
+    L.nest(sz, [&](ValueRange iv) {
       Value acc = L.reduce(L.idx(0), K, L.f32c(0), [&](Value k, Value acc) {
         Value a = tl ? L.load(lhs, {iv[0], iv[1], k, iv[2]}) : L.load(lhs, {iv[0], iv[1], iv[2], k});
         Value c = t ? L.load(rhs, {iv[0], iv[1], iv[3], k}) : L.load(rhs, {iv[0], iv[1], k, iv[3]});
@@ -216,13 +228,17 @@ Value visible(Loops &L, lm::MaskKind kind, Value i, Value j, Value length) {
 struct MaskFillLowering : LmLowering<lm::MaskFillOp> {
   using LmLowering::LmLowering;
   LogicalResult lower(lm::MaskFillOp m, Loops &L) const override {
-    if (m.getMaskData())
-      return m.emitOpError("masks with per-row data (directional, explicit) have no CPU lowering yet");
+    if (m.getMask() == lm::MaskKind::Explicit)
+      return m.emitOpError("explicit masks have no CPU lowering yet");
     L.lengths = L.in(m.getLengths());
-    Value s = L.in(m.getScores()), out = L.alloc(m.getType());
+    Value s = L.in(m.getScores()), data = m.getMaskData() ? L.in(m.getMaskData()) : Value();
+    auto sz = L.dims(s);
+    Value out = L.alloc(m.getType(), sz);
     Value negInf = L.f32c(-INFINITY);
-    L.nest(L.sizes(m.getType()), [&](ValueRange iv) {
-      Value vis = visible(L, m.getMask(), iv[2], iv[3], L.lengthOf(iv[0]));
+    L.nest(sz, [&](ValueRange iv) {
+      Value vis = m.getMask() == lm::MaskKind::directional
+                      ? L.directionalVisible(data, iv[0], iv[2], iv[3], L.lengthOf(iv[0]))
+                      : visible(L, m.getMask(), iv[2], iv[3], L.lengthOf(iv[0]));
       L.store(L.select(vis, L.load(s, iv), negInf), out, iv);
     });
     return L.set(m, out);
@@ -235,8 +251,9 @@ struct SoftmaxLowering : LmLowering<lm::SoftmaxOp> {
   LogicalResult lower(lm::SoftmaxOp s, Loops &L) const override {
     auto &b = L.b;
     Location loc = L.loc;
-    Value x = L.in(s.getInput()), out = L.alloc(s.getType());
-    auto sz = L.sizes(s.getType());
+    Value x = L.in(s.getInput());
+    auto sz = L.dims(x);
+    Value out = L.alloc(s.getType(), sz);
     Value C = sz.back();
     SmallVector<Value> rows(sz.begin(), sz.end() - 1);
     L.nest(rows, [&](ValueRange iv) {
@@ -296,9 +313,12 @@ struct LogSoftmaxLowering : LmLowering<lm::LogSoftmaxOp> {
 struct RelativeScoresLowering : LmLowering<lm::RelativeScoresOp> {
   using LmLowering::LmLowering;
   LogicalResult lower(lm::RelativeScoresOp r, Loops &L) const override {
-    Value q = L.in(r.getQuery()), rel = L.in(r.getRel()), out = L.alloc(r.getType());
+    Value q = L.in(r.getQuery()), rel = L.in(r.getRel());
     int64_t dh = llvm::cast<ShapedType>(r.getQuery().getType()).getDimSize(3), k = r.getClip();
-    L.nest(L.sizes(r.getType()), [&](ValueRange iv) {
+    auto qs = L.dims(q);
+    SmallVector<Value> sz = {qs[0], qs[1], qs[2], L.dims(L.in(r.getKeys()))[2]};
+    Value out = L.alloc(r.getType(), sz);
+    L.nest(sz, [&](ValueRange iv) {
       Value ri = L.relativeIndex(iv[2], iv[3], k);
       Value acc = L.reduce(L.idx(0), L.idx(dh), L.f32c(0), [&](Value e, Value acc) {
         return L.b.create<arith::AddFOp>(
@@ -314,10 +334,13 @@ struct RelativeScoresLowering : LmLowering<lm::RelativeScoresOp> {
 struct RelativeValuesLowering : LmLowering<lm::RelativeValuesOp> {
   using LmLowering::LmLowering;
   LogicalResult lower(lm::RelativeValuesOp r, Loops &L) const override {
-    Value p = L.in(r.getProbs()), rel = L.in(r.getRel()), out = L.alloc(r.getType());
+    Value p = L.in(r.getProbs()), rel = L.in(r.getRel());
     int64_t k = r.getClip();
-    Value M = L.sizes(llvm::cast<ShapedType>(r.getProbs().getType()))[3];
-    L.nest(L.sizes(r.getType()), [&](ValueRange iv) {
+    auto ps = L.dims(p);
+    Value M = ps[3];
+    SmallVector<Value> sz = {ps[0], ps[1], ps[2], L.idx(r.getType().getDimSize(3))};
+    Value out = L.alloc(r.getType(), sz);
+    L.nest(sz, [&](ValueRange iv) {
       Value acc = L.reduce(L.idx(0), M, L.f32c(0), [&](Value j, Value acc) {
         Value ri = L.relativeIndex(iv[2], j, k);
         return L.b.create<arith::AddFOp>(

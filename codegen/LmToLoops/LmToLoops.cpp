@@ -81,6 +81,13 @@ struct ReturnLowering : OpConversionPattern<func::ReturnOp> {
       Value result = adaptor.getOperands()[0], out = fn.getArgument(4);
       L.nest({b(L, result, 0), b(L, result, 1)}, [&](ValueRange iv) { L.store(L.load(result, iv), out, iv); });
     }
+    if (method && method.getValue() == "pairs") {
+      // The Diformer score: token_logprobs, score and n_scored are written in place by lm.sentence_score;
+      // the length log-probabilities [B] come in a buffer of their own.
+      Loops L(rewriter, ret, adaptor.getOperands(), context);
+      Value result = adaptor.getOperands()[3], out = L.outputs()[3];
+      L.nest({b(L, result, 0)}, [&](ValueRange iv) { L.store(L.load(result, iv), out, iv); });
+    }
     if (dialect->getFoldAttrHelper().isAttrPresent(fn)) {
       const WeightLayout::Entry *entry = context.layout->find(fn.getSymName().str());
       if (!entry)
@@ -223,6 +230,7 @@ struct LmToLoopsPass : lmcc::impl::LmToLoopsBase<LmToLoopsPass> {
     populateWeightPatterns(converter, patterns, context);
     populateBackwardPatterns(converter, patterns, context);
     populateNGramPatterns(converter, patterns, context);
+    populateDiformerPatterns(converter, patterns, context);
     if (failed(applyPartialConversion(module, target, std::move(patterns))))
       return signalPassFailure();
     foldCastPairs(module);

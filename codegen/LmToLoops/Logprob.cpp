@@ -124,7 +124,8 @@ struct TokenLogprobLowering : LmLowering<lm::TokenLogprobOp> {
       });
     });
     L.nest({R0, R1}, [&](ValueRange iv) {
-      Value valid = L.andI(L.ge(iv[1], L.idx(shift)), L.lt(iv[1], L.lengthOf(iv[0])));
+      Value valid = L.andI(L.andI(L.ge(iv[1], L.idx(shift)), L.lt(iv[1], L.lengthOf(iv[0]))),
+                           L.cmp(arith::CmpIPredicate::sge, L.load(ids, {iv[0], iv[1]}), L.i32c(0)));
       Value v = L.choose(
           valid, L.f32(),
           [&] {
@@ -140,7 +141,7 @@ struct TokenLogprobLowering : LmLowering<lm::TokenLogprobOp> {
   }
 };
 
-/// out[b, t] = lp[b, t - shift, ids[b, t]] for shift <= t < length, else 0
+/// out[b, t] = lp[b, t - shift, ids[b, t]] for shift <= t < length and ids[b, t] >= 0, else 0
 struct GatherLowering : LmLowering<lm::GatherOp> {
   using LmLowering::LmLowering;
   LogicalResult lower(lm::GatherOp g, Loops &L) const override {
@@ -150,7 +151,8 @@ struct GatherLowering : LmLowering<lm::GatherOp> {
     Value lp = L.in(g.getLogprobs()), ids = L.in(g.getTargets()), out = L.alloc(g.getType());
     int64_t shift = g.getShift();
     L.nest(L.sizes(g.getType()), [&](ValueRange iv) {
-      Value valid = L.andI(L.ge(iv[1], L.idx(shift)), L.lt(iv[1], L.lengthOf(iv[0])));
+      Value valid = L.andI(L.andI(L.ge(iv[1], L.idx(shift)), L.lt(iv[1], L.lengthOf(iv[0]))),
+                           L.cmp(arith::CmpIPredicate::sge, L.load(ids, {iv[0], iv[1]}), L.i32c(0)));
       Value v = L.choose(
           valid, L.f32(),
           [&] {
@@ -173,7 +175,7 @@ struct SentenceScoreLowering : LmLowering<lm::SentenceScoreOp> {
     L.lengths = L.in(s.getLengths());
 
     auto outputs = L.outputs();
-    if (outputs.size() != 3)
+    if (outputs.size() < 3) // (a Diformer score also returns the length log-probabilities after these)
       return s.emitOpError("appears outside the score entry point");
     Value lp = L.in(s.getLogprobs()), ids = L.in(s.getIds());
     Value tokenLp = outputs[0], scores = outputs[1], nScored = outputs[2];
@@ -200,7 +202,7 @@ struct SentenceScoreLowering : LmLowering<lm::SentenceScoreOp> {
       L.store(L.toF32(loop.getResult(0)), scores, bi[0]);
       L.store(loop.getResult(1), nScored, bi[0]);
     });
-    L.b.replaceOp(s, outputs);
+    L.b.replaceOp(s, ArrayRef<Value>(outputs).take_front(3));
     return success();
   }
 };

@@ -85,9 +85,18 @@ SmallVector<Value> Loops::sizes(ShapedType t) {
   return out;
 }
 
-Value Loops::alloc(ShapedType t) {
+SmallVector<Value> Loops::dims(Value buffer) {
+  auto type = llvm::cast<ShapedType>(buffer.getType());
+  SmallVector<Value> out;
+  for (int64_t i = 0; i < type.getRank(); ++i)
+    out.push_back(type.isDynamicDim(i) ? Value(b.create<memref::DimOp>(loc, buffer, i)) : idx(type.getDimSize(i)));
+  return out;
+}
+
+Value Loops::alloc(ShapedType t) { return alloc(t, sizes(t)); }
+
+Value Loops::alloc(ShapedType t, ArrayRef<Value> all) {
   SmallVector<Value> dyn;
-  SmallVector<Value> all = sizes(t);
   for (auto [i, d] : llvm::enumerate(t.getShape()))
     if (ShapedType::isDynamic(d))
       dyn.push_back(all[i]);
@@ -142,6 +151,17 @@ Value Loops::isOneOf(Value id, ArrayRef<int32_t> tokens) {
   for (int32_t t : tokens)
     hit = orI(hit, eqI(id, i32c(t)));
   return hit;
+}
+
+Value Loops::directionalVisible(Value rows, Value bi, Value i, Value j, Value length) {
+  Value dir = load(rows, {bi, i, idx(0)});
+  auto is = [&](int64_t code) { return cmp(arith::CmpIPredicate::eq, dir, i32c(code)); };
+  Value word = load(rows, {bi, i, b.create<arith::AddIOp>(loc, idx(1), b.create<arith::DivUIOp>(loc, j, idx(32)))});
+  Value shift = b.create<arith::IndexCastOp>(loc, i32(), b.create<arith::RemUIOp>(loc, j, idx(32)));
+  Value bit = b.create<arith::AndIOp>(loc, b.create<arith::ShRUIOp>(loc, word, shift), i32c(1));
+  Value shown = cmp(arith::CmpIPredicate::eq, bit, i32c(0));
+  Value v = orI(orI(andI(is(0), le(j, i)), andI(is(1), ge(j, i))), andI(is(2), andI(ne(j, i), shown)));
+  return andI(lt(j, length), v);
 }
 
 Value Loops::relativeIndex(Value i, Value j, int64_t k) {

@@ -10,6 +10,7 @@
 //   Weights.cpp      lm.weight, lm.concat, lm.folded_rows, lm.fold functions and the init kernel
 //   Backward.cpp     the training loss and lm-autodiff's backward ops (calls of the runtime's training kernels)
 //   NGram.cpp        the n-gram heads: WDR conjugate, ensemble, the ngram loss and its VJP
+//   Diformer.cpp     the Diformer decoder's queries and targets from its rows' directions, the length head
 // Tensors become memrefs (the type converter in LmToLoops.cpp): dynamic-shaped values identity-layout
 // buffers, static-shaped values (weights) views into the one flat weight buffer, which every lowered
 // function takes as its first argument. The meaning of every op is the function of the same name in
@@ -17,7 +18,9 @@
 //
 // Dynamic dimensions: in every lm tensor type the first `?` is the batch B (the copies C inside
 // lm.masked_batch) and every further `?` is the sequence length N; a pattern reads B and N off its
-// operands' buffers.
+// operands' buffers. Encoder-decoder models have two sequences (the Diformer's source and target): the
+// patterns of ops that may mix them (attention scores [B, H, N, M], elementwise ops on them) size their
+// results from their operands' buffers (Loops::dims) instead.
 //
 //===----------------------------------------------------------------------===//
 #pragma once
@@ -68,6 +71,9 @@ void populateBackwardPatterns(mlir::TypeConverter &converter, mlir::RewritePatte
 /// NGram.cpp: lm.wdr_conjugate, lm.ngram_ensemble, lm.ngram_loss and its VJP (issue 18).
 void populateNGramPatterns(mlir::TypeConverter &converter, mlir::RewritePatternSet &patterns,
                            const LoweringContext &context);
+/// Diformer.cpp: lm.decoder_queries, lm.directional_targets, lm.length_logprob (issue 19).
+void populateDiformerPatterns(mlir::TypeConverter &converter, mlir::RewritePatternSet &patterns,
+                              const LoweringContext &context);
 /// Declares the runtime's training kernels (lm_rt_token_loss, lm_rt_linear_grad, ...) at b's insertion point.
 void declareTrainingRuntime(mlir::OpBuilder &b, mlir::Location loc);
 
@@ -127,6 +133,11 @@ public:
   llvm::SmallVector<mlir::Value> sizes(mlir::ShapedType t);
   /// A fresh 64-byte aligned buffer; deallocated after its last use in its block by the pass.
   mlir::Value alloc(mlir::ShapedType t);
+  /// The sizes of a buffer (memref.dim for its dynamic dimensions): for ops whose `?` are not all N (a
+  /// cross-attention's scores [B, H, N, M] have keys of another sequence than their queries).
+  llvm::SmallVector<mlir::Value> dims(mlir::Value buffer);
+  /// A fresh buffer of type t with the given sizes (every dimension; the static ones are ignored).
+  mlir::Value alloc(mlir::ShapedType t, llvm::ArrayRef<mlir::Value> sizes);
 
   /// for i0 < ubs[0], i1 < ubs[1], ...: body(ivs). The builder ends after the nest.
   void nest(llvm::ArrayRef<mlir::Value> ubs, const std::function<void(mlir::ValueRange)> &body);
@@ -166,6 +177,9 @@ public:
   mlir::Value isOneOf(mlir::Value id, llvm::ArrayRef<int32_t> tokens);
   /// clip(j - i, -k, k) + k: the row of a relative-position table.
   mlir::Value relativeIndex(mlir::Value i, mlir::Value j, int64_t k);
+  /// Key j visible to Diformer row i of entry bi under the directional mask (`rows` [B, N, 1 + W], see
+  /// lm.mask_fill): j < length and R: j <= i, L: j >= i, S: j != i and j's hidden bit clear, skip: never.
+  mlir::Value directionalVisible(mlir::Value rows, mlir::Value bi, mlir::Value i, mlir::Value j, mlir::Value length);
   /// Row-wise max of the last axis of x at `row`.
   mlir::Value rowMax(mlir::Value x, llvm::SmallVector<mlir::Value> row, mlir::Value C);
 

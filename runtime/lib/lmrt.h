@@ -18,11 +18,13 @@ extern "C" {
 #endif
 
 #ifndef LM_ABI_VERSION
-#define LM_ABI_VERSION 4
+#define LM_ABI_VERSION 5
 #endif
 /* Every tensor of the flat weight buffer, and the buffer itself, starts at a multiple of this many bytes
  * (lmcc's weight layout, codegen/Layout/WeightLayout.h, and the runtime's loader both use it). */
 #define LM_WEIGHT_ALIGNMENT 64
+/* Diformer: 32-bit words of hidden-key bits per target row (a key position per bit, bit j % 32 of word j / 32). */
+#define LM_HIDDEN_WORDS(max_len) (((max_len) + 31) / 32)
 
 /* liblmrt.so is built with -fvisibility=hidden; the functions below are its only exports. */
 #ifndef LM_API
@@ -49,6 +51,7 @@ typedef struct { float *allocated, *aligned; int64_t offset, sizes[1], strides[1
 typedef struct { float *allocated, *aligned; int64_t offset, sizes[2], strides[2]; } lm_memref2f;
 typedef struct { int32_t *allocated, *aligned; int64_t offset, sizes[1], strides[1]; } lm_memref1i;
 typedef struct { int32_t *allocated, *aligned; int64_t offset, sizes[2], strides[2]; } lm_memref2i;
+typedef struct { int32_t *allocated, *aligned; int64_t offset, sizes[3], strides[3]; } lm_memref3i;
 
 /* Compiled kernels. All memrefs are dense row-major (strides [cols, 1]).
  * weights: every model tensor in one flat buffer, tensor t at float offset tensors[t].offset.
@@ -64,6 +67,14 @@ typedef void (*lm_embed_kernel)(lm_memref1f *weights, lm_memref2i *ids, lm_memre
  * otherwise, which lets the runtime split one sentence's masked copies over several calls. */
 typedef void (*lm_span_score_kernel)(lm_memref1f *weights, lm_memref2i *ids, lm_memref1i *lengths, lm_memref2i *spans,
                                      lm_memref2f *token_logprobs, lm_memref1f *scores, lm_memref1i *n_scored);
+/* Diformer scoring (family "diformer"): src [rows, m], src_lengths [rows], tgt [rows, n] (bos .. eos),
+ * tgt_lengths [rows], dirs [rows, n, 1 + LM_HIDDEN_WORDS(max_len)]: each target row's direction (0 R, 1 L,
+ * 2 S, 3 skip) followed by the bits of the keys hidden from it; token_logprobs [rows, n] (0 for skipped rows),
+ * scores, n_scored (rows not skipped) and length_logprobs (log P(n | source)) [rows]. */
+typedef void (*lm_pair_score_kernel)(lm_memref1f *weights, lm_memref2i *src, lm_memref1i *src_lengths,
+                                     lm_memref2i *tgt, lm_memref1i *tgt_lengths, lm_memref3i *dirs,
+                                     lm_memref2f *token_logprobs, lm_memref1f *scores, lm_memref1i *n_scored,
+                                     lm_memref1f *length_logprobs);
 /* Computes the tensors lm-fold-constants derived from weights alone (e.g. T-TA's first-layer
  * query of the positions) into their slots of the weight buffer, once, after loading. */
 typedef void (*lm_init_kernel)(lm_memref1f *weights);
@@ -115,6 +126,9 @@ typedef struct {
    * B * sentence_bytes[n] + C * copy_bytes[n] bytes of temporaries. Arrays of max_len + 1; NULL: unknown. */
   lm_span_score_kernel span_score;
   const int64_t *score_sentence_bytes, *score_copy_bytes, *embed_sentence_bytes, *embed_copy_bytes;
+  /* ABI 5: the Diformer's source/target scoring (then score, span_score and embed are NULL). */
+  lm_pair_score_kernel pair_score;
+  int32_t bos_id, eos_id; /* the Diformer's targets run bos .. eos */
 } lm_model_desc;
 
 typedef struct lm_model lm_model;
@@ -137,6 +151,19 @@ LM_API int lm_rt_score_ex(lm_model *m, const int32_t *ids, const int32_t *length
  * models: an error. Same outputs and rules as lm_rt_score_ex. */
 LM_API int lm_rt_score_spans(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride,
                              const int32_t *spans, float *token_logprobs, float *scores, int32_t *n_scored);
+/* Diformer scoring of source/target pairs (models of family "diformer"; an LM_ERR_ARGUMENT otherwise).
+ * Sentence b: source src[b*src_stride ..] of src_lengths[b] tokens (1..max_len), target tgt[b*tgt_stride ..]
+ * of tgt_lengths[b] = n tokens (bos .. eos, 2 <= n < max_len), dirs[b*tgt_stride + i] the direction of
+ * target row i (0 R: sees keys j <= i and predicts y_{i+1}; 1 L: j >= i, predicts y_{i-1}; 2 S: j != i and
+ * not hidden, predicts y_i; 3 skip: not scored), with z_0 R or skip and z_{n-1} L or skip. hidden (may be
+ * NULL: none) holds LM_HIDDEN_WORDS(max_len) words per target row ((b*tgt_stride + i) * words ..): bit j % 32
+ * of word j / 32 hides key j from S row i (positions 1..n-2 only, S rows only). Outputs: token_logprobs
+ * [batch*tgt_stride] (may be NULL; positions i < n written, 0 for skipped rows), scores [batch] (the sum, length
+ * excluded), length_logprobs [batch] (may be NULL): log P(n | source). */
+LM_API int lm_rt_score_pairs(lm_model *m, const int32_t *src, const int32_t *src_lengths, int32_t src_stride,
+                             const int32_t *tgt, const int32_t *tgt_lengths, int32_t tgt_stride, const int32_t *dirs,
+                             const uint32_t *hidden, int32_t batch, float *token_logprobs, float *scores,
+                             float *length_logprobs);
 LM_API int lm_rt_embed(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride, float *out);
 LM_API void lm_rt_free(lm_model *m);
 

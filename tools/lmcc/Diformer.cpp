@@ -206,8 +206,56 @@ int flushOut(const std::string &out) {
 
 } // namespace
 
+namespace {
+
+/// Scores validated examples through a compiled library's lm_rt_score_pairs.
+std::vector<df::Score> scoreCompiled(const ModelSpec &spec, CompiledModel &compiled,
+                                     const std::vector<df::Example> &examples) {
+  const int32_t batch = int32_t(examples.size());
+  int32_t srcStride = 1, tgtStride = 1;
+  for (const df::Example &e : examples) {
+    srcStride = std::max(srcStride, int32_t(e.src.size()));
+    tgtStride = std::max(tgtStride, int32_t(e.tgt.size()));
+  }
+  const int64_t words = LM_HIDDEN_WORDS(spec.dims.maxLen);
+  std::vector<int32_t> src(size_t(batch) * srcStride, 0), tgt(size_t(batch) * tgtStride, 0), srcLen, tgtLen,
+      dirs(size_t(batch) * tgtStride, 3);
+  std::vector<uint32_t> hidden(size_t(batch) * tgtStride * words, 0u);
+  for (int32_t b = 0; b < batch; ++b) {
+    const df::Example &e = examples[size_t(b)];
+    srcLen.push_back(int32_t(e.src.size()));
+    tgtLen.push_back(int32_t(e.tgt.size()));
+    std::copy(e.src.begin(), e.src.end(), src.begin() + int64_t(b) * srcStride);
+    std::copy(e.tgt.begin(), e.tgt.end(), tgt.begin() + int64_t(b) * tgtStride);
+    for (size_t i = 0; i < e.tgt.size(); ++i) {
+      const int64_t row = int64_t(b) * tgtStride + int64_t(i);
+      dirs[size_t(row)] = int32_t(e.dirs[i]); // Dir's codes are the runtime's: 0 R, 1 L, 2 S, 3 skip
+      for (int32_t j : e.hidden[i])
+        hidden[size_t(row * words + j / 32)] |= 1u << (j % 32);
+    }
+  }
+  const size_t B = size_t(batch);
+  std::vector<float> lp(B * size_t(tgtStride)), scores(B), lengths(B);
+  if (lm_rt_score_pairs(compiled.model, src.data(), srcLen.data(), srcStride, tgt.data(), tgtLen.data(), tgtStride,
+                        dirs.data(), hidden.data(), batch, lp.data(), scores.data(), lengths.data()) != LM_OK)
+    throw std::runtime_error(std::string("compiled score: ") + lm_rt_last_error());
+  std::vector<df::Score> out(examples.size());
+  for (int32_t b = 0; b < batch; ++b) {
+    df::Score &s = out[size_t(b)];
+    const df::Example &e = examples[size_t(b)];
+    s.tokenLogprobs.assign(lp.begin() + int64_t(b) * tgtStride, lp.begin() + int64_t(b) * tgtStride + e.tgt.size());
+    s.score = scores[size_t(b)];
+    s.lengthLogprob = lengths[size_t(b)];
+    for (df::Dir d : e.dirs)
+      s.nScored += d != df::Dir::Skip;
+  }
+  return out;
+}
+
+} // namespace
+
 int diformerScore(const ModelSpec &spec, const std::string &weights, const std::string &input, const Tokenizer *tok,
-                  int threads) {
+                  int threads, CompiledModel *compiled) {
   // Streams like lmcc score: chunks of lines, each chunk's results printed before the next is read.
   LineReader in(input, "input file");
   std::optional<WeightSet> w;
@@ -215,9 +263,10 @@ int diformerScore(const ModelSpec &spec, const std::string &weights, const std::
   std::string line;
   int64_t printed = 0;
   auto run = [&]() {
-    if (!w)
+    if (!w && !compiled)
       w = loadWeights(weights, spec);
-    std::vector<df::Score> results = df::score(spec, *w, examples, threads);
+    std::vector<df::Score> results =
+        compiled ? scoreCompiled(spec, *compiled, examples) : df::score(spec, *w, examples, threads);
     std::string out;
     for (size_t s = 0; s < results.size(); ++s) {
       const std::string what = "result of input line " + std::to_string(printed + int64_t(s) + 1);

@@ -1,6 +1,7 @@
 //===- Diformer.h - lmcc's Diformer commands (score, grad, train, translate) -===//
 //
-// The Diformer family runs on the reference executor (runtime/reference/Diformer*): these
+// The Diformer family scores through its compiled library (lm_rt_score_pairs) or the reference
+// executor (runtime/reference/Diformer*), and trains and translates on the reference executor: these
 // entry points read the family's inputs (SRC ||| TGT ||| DIRS [||| HIDE] lines, {src, tgt,
 // dirs, hide} batches) and print lmcc's JSON formats. Errors are std::invalid_argument naming
 // the file and line.
@@ -19,9 +20,11 @@ class Tokenizer;
 
 namespace lmcc::cli {
 
-/// `lmcc score` for family diformer: one JSON object per line, with "length_logprob".
+struct CompiledModel;
+/// `lmcc score` for family diformer: one JSON object per line, with "length_logprob"; through the compiled
+/// library's lm_rt_score_pairs when `compiled` is given, else on the reference executor.
 int diformerScore(const ModelSpec &spec, const std::string &weights, const std::string &input, const Tokenizer *tok,
-                  int threads);
+                  int threads, CompiledModel *compiled = nullptr);
 /// `lmcc grad` for family diformer: {"src","tgt","dirs","hide"} batch -> gradients, prints loss.
 int diformerGrad(const ModelSpec &spec, const std::string &weights, const std::string &batch, const std::string &out,
                  int threads);

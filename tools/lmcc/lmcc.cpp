@@ -735,17 +735,20 @@ int runScoreOrEmbed(const Options &o, bool score) {
   if (score)
     wordL2R(spec, o); // --pll validated before anything is read
   if (spec.family == lmcc::Family::Diformer && score) { // SRC ||| TGT ||| DIRS [||| HIDE] lines
-    if (!o.reference)
-      std::cerr << "lmcc: note: family \"diformer\" runs on the reference executor (no compiled code yet)\n";
     std::optional<lmcc::Tokenizer> tok;
     if (!o.text.empty())
       tok = loadTokenizer(spec);
+    std::optional<CompiledModel> compiled;
+    if (!o.reference) {
+      lm_set_num_threads(o.threads);
+      compiled.emplace(spec, o, o.weights);
+    }
     return lmcc::cli::diformerScore(spec, o.weights, o.text.empty() ? o.ids : o.text, tok ? &*tok : nullptr,
-                                    o.threads);
+                                    o.threads, compiled ? &*compiled : nullptr);
   }
   if (spec.family == lmcc::Family::Diformer) {
-    std::cerr << "lmcc: " << o.spec << ": family \"diformer\" has no embed entry point (it scores, trains and "
-              << "translates, on the reference executor)\n";
+    std::cerr << "lmcc: " << o.spec << ": family \"diformer\" has no embed entry point (it scores source/target "
+              << "pairs, trains and translates)\n";
     return kExitUnsupported;
   }
   if (score && !spec.mlm)
