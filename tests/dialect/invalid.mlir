@@ -89,6 +89,33 @@ func.func @directional_without_data(%s: tensor<?x2x?x?xf32>, %len: tensor<?xi32>
 
 // -----
 
+func.func @directional_old_directions(%s: tensor<?x2x?x?xf32>, %len: tensor<?xi32>, %d: tensor<?x?xi32>) {
+  // expected-error @+1 {{directional mask data must be [B, N, 1 + W] i32 rows}}
+  %m = lm.mask_fill %s, %len data(%d : tensor<?x?xi32>) {mask = #lm.mask<directional>} : tensor<?x2x?x?xf32>, tensor<?xi32> -> tensor<?x2x?x?xf32>
+  return
+}
+
+// -----
+
+func.func @decoder_queries_narrow_table(%rows: tensor<?x?x2xi32>, %len: tensor<?xi32>) {
+  %D = lm.weight "decoder.direction" : tensor<2x8xf32>
+  %P = lm.weight "decoder.position.l2r" : tensor<9x8xf32>
+  // expected-error @+1 {{direction rows: expected 3, got 2}}
+  %q = lm.decoder_queries %rows, %len, %D, %P, %P : (tensor<?x?x2xi32>, tensor<?xi32>, tensor<2x8xf32>, tensor<9x8xf32>, tensor<9x8xf32>) -> tensor<?x?x8xf32>
+  return
+}
+
+// -----
+
+func.func @length_logprob_width(%h: tensor<?x?x8xf32>, %len: tensor<?xi32>) {
+  %W = lm.weight "length.weight" : tensor<9x6xf32>
+  // expected-error @+1 {{weight width vs hidden width: expected 8, got 6}}
+  %l = lm.length_logprob %h, %len, %W, %len : (tensor<?x?x8xf32>, tensor<?xi32>, tensor<9x6xf32>, tensor<?xi32>) -> tensor<?xf32>
+  return
+}
+
+// -----
+
 func.func @causal_with_data(%s: tensor<?x2x?x?xf32>, %len: tensor<?xi32>, %d: tensor<?x?xi32>) {
   // expected-error @+1 {{#lm.mask<causal> is fully described by its kind}}
   %m = lm.mask_fill %s, %len data(%d : tensor<?x?xi32>) {mask = #lm.mask<causal>} : tensor<?x2x?x?xf32>, tensor<?xi32> -> tensor<?x2x?x?xf32>

@@ -2,7 +2,7 @@
 // Round trip of every lm op: print, re-parse, print again.
 
 // CHECK-LABEL: func.func @layer
-func.func @layer(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> tensor<?x?x8xf32> {
+func.func @layer(%ids: tensor<?x?xi32>, %len: tensor<?xi32>, %rows: tensor<?x?x2xi32>) -> tensor<?x?x8xf32> {
   // CHECK: lm.weight "embed.token" : tensor<11x8xf32>
   %E = lm.weight "embed.token" : tensor<11x8xf32>
   %P = lm.weight "embed.position" : tensor<6x8xf32>
@@ -31,8 +31,8 @@ func.func @layer(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> tensor<?x?x8xf32
   %sc3 = lm.scale %sc2 {factor = 5.000000e-01 : f32} : tensor<?x2x?x?xf32>
   // CHECK: lm.mask_fill {{.*}}#lm.mask<diagonal>
   %mf = lm.mask_fill %sc3, %len {mask = #lm.mask<diagonal>} : tensor<?x2x?x?xf32>, tensor<?xi32> -> tensor<?x2x?x?xf32>
-  // CHECK: lm.mask_fill {{.*}} data({{.*}} : tensor<?x?xi32>) {mask = #lm.mask<directional>}
-  %md = lm.mask_fill %sc3, %len data(%ids : tensor<?x?xi32>) {mask = #lm.mask<directional>} : tensor<?x2x?x?xf32>, tensor<?xi32> -> tensor<?x2x?x?xf32>
+  // CHECK: lm.mask_fill {{.*}} data({{.*}} : tensor<?x?x2xi32>) {mask = #lm.mask<directional>}
+  %md = lm.mask_fill %sc3, %len data(%rows : tensor<?x?x2xi32>) {mask = #lm.mask<directional>} : tensor<?x2x?x?xf32>, tensor<?xi32> -> tensor<?x2x?x?xf32>
   %pr = lm.softmax %mf : tensor<?x2x?x?xf32>
   %rv = lm.relative_values %pr, %R {clip = 2 : i64} : (tensor<?x2x?x?xf32>, tensor<5x4xf32>) -> tensor<?x2x?x4xf32>
   %ctx = lm.matmul %pr, %qh : (tensor<?x2x?x?xf32>, tensor<?x2x?x4xf32>) -> tensor<?x2x?x4xf32>
@@ -85,6 +85,22 @@ func.func @pll(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> tensor<?x?xf32> {
     lm.yield %g : tensor<?x?xf32>
   }
   return %r : tensor<?x?xf32>
+}
+
+// The Diformer's rows (issue 19): decoder queries, per-direction targets, the length head.
+// CHECK-LABEL: func.func @diformer
+func.func @diformer(%tgt: tensor<?x?xi32>, %rows: tensor<?x?x2xi32>, %len: tensor<?xi32>, %h: tensor<?x?x8xf32>) -> (tensor<?x?x8xf32>, tensor<?x?xi32>, tensor<?xf32>) {
+  %D = lm.weight "decoder.direction" : tensor<3x8xf32>
+  %P = lm.weight "decoder.position.l2r" : tensor<9x8xf32>
+  %Q = lm.weight "decoder.position.r2l" : tensor<9x8xf32>
+  %W = lm.weight "length.weight" : tensor<9x8xf32>
+  // CHECK: lm.decoder_queries
+  %q = lm.decoder_queries %rows, %len, %D, %P, %Q : (tensor<?x?x2xi32>, tensor<?xi32>, tensor<3x8xf32>, tensor<9x8xf32>, tensor<9x8xf32>) -> tensor<?x?x8xf32>
+  // CHECK: lm.directional_targets
+  %t = lm.directional_targets %tgt, %rows, %len : (tensor<?x?xi32>, tensor<?x?x2xi32>, tensor<?xi32>) -> tensor<?x?xi32>
+  // CHECK: lm.length_logprob
+  %l = lm.length_logprob %h, %len, %W, %len : (tensor<?x?x8xf32>, tensor<?xi32>, tensor<9x8xf32>, tensor<?xi32>) -> tensor<?xf32>
+  return %q, %t, %l : tensor<?x?x8xf32>, tensor<?x?xi32>, tensor<?xf32>
 }
 
 // The n-gram heads (issue 18).

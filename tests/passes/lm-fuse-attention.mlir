@@ -67,16 +67,16 @@ func.func @projected(%x: tensor<?x?x8xf32>, %len: tensor<?xi32>) -> tensor<?x?x8
 // adds in either operand order) become relative(rel_k, rel_v) with the clip; the
 // directional mask keeps its per-row data operand.
 // CHECK-LABEL: func.func @relative
-// CHECK-SAME: ([[Q:%[^:]+]]: tensor<?x?x8xf32>, [[K:%[^:]+]]: tensor<?x?x8xf32>, [[V:%[^:]+]]: tensor<?x?x8xf32>, [[LEN:%[^:]+]]: tensor<?xi32>, [[DIRS:%[^:]+]]: tensor<?x?xi32>)
+// CHECK-SAME: ([[Q:%[^:]+]]: tensor<?x?x8xf32>, [[K:%[^:]+]]: tensor<?x?x8xf32>, [[V:%[^:]+]]: tensor<?x?x8xf32>, [[LEN:%[^:]+]]: tensor<?xi32>, [[DIRS:%[^:]+]]: tensor<?x?x2xi32>)
 // CHECK-DAG: [[RK:%.+]] = lm.weight "layers.0.attn.rel_k" : tensor<5x4xf32>
 // CHECK-DAG: [[RV:%.+]] = lm.weight "layers.0.attn.rel_v" : tensor<5x4xf32>
-// CHECK: [[A:%.+]] = lm.attention [[Q]], [[K]], [[V]], [[LEN]] data([[DIRS]] : tensor<?x?xi32>) relative([[RK]], [[RV]] : tensor<5x4xf32>, tensor<5x4xf32>) {clip = 2 : i64, heads = 2 : i64, mask = #lm.mask<directional>, scale = 5.000000e-01 : f32}
+// CHECK: [[A:%.+]] = lm.attention [[Q]], [[K]], [[V]], [[LEN]] data([[DIRS]] : tensor<?x?x2xi32>) relative([[RK]], [[RV]] : tensor<5x4xf32>, tensor<5x4xf32>) {clip = 2 : i64, heads = 2 : i64, mask = #lm.mask<directional>, scale = 5.000000e-01 : f32}
 // CHECK-NOT: lm.relative_scores
 // CHECK-NOT: lm.relative_values
 // CHECK-NOT: lm.add
 // CHECK-NOT: lm.softmax
 // CHECK: return [[A]]
-func.func @relative(%q: tensor<?x?x8xf32>, %k: tensor<?x?x8xf32>, %v: tensor<?x?x8xf32>, %len: tensor<?xi32>, %dirs: tensor<?x?xi32>) -> tensor<?x?x8xf32> {
+func.func @relative(%q: tensor<?x?x8xf32>, %k: tensor<?x?x8xf32>, %v: tensor<?x?x8xf32>, %len: tensor<?xi32>, %dirs: tensor<?x?x2xi32>) -> tensor<?x?x8xf32> {
   %RK = lm.weight "layers.0.attn.rel_k" : tensor<5x4xf32>
   %RV = lm.weight "layers.0.attn.rel_v" : tensor<5x4xf32>
   %qh = lm.split_heads %q : (tensor<?x?x8xf32>) -> tensor<?x2x?x4xf32>
@@ -86,7 +86,7 @@ func.func @relative(%q: tensor<?x?x8xf32>, %k: tensor<?x?x8xf32>, %v: tensor<?x?
   %rs = lm.relative_scores %qh, %kh, %RK {clip = 2 : i64} : (tensor<?x2x?x4xf32>, tensor<?x2x?x4xf32>, tensor<5x4xf32>) -> tensor<?x2x?x?xf32>
   %s2 = lm.add %s, %rs : tensor<?x2x?x?xf32>
   %sc = lm.scale %s2 {factor = 5.000000e-01 : f32} : tensor<?x2x?x?xf32>
-  %m = lm.mask_fill %sc, %len data(%dirs : tensor<?x?xi32>) {mask = #lm.mask<directional>} : tensor<?x2x?x?xf32>, tensor<?xi32> -> tensor<?x2x?x?xf32>
+  %m = lm.mask_fill %sc, %len data(%dirs : tensor<?x?x2xi32>) {mask = #lm.mask<directional>} : tensor<?x2x?x?xf32>, tensor<?xi32> -> tensor<?x2x?x?xf32>
   %p = lm.softmax %m : tensor<?x2x?x?xf32>
   %c = lm.matmul %p, %vh : (tensor<?x2x?x?xf32>, tensor<?x2x?x4xf32>) -> tensor<?x2x?x4xf32>
   %rv = lm.relative_values %p, %RV {clip = 2 : i64} : (tensor<?x2x?x?xf32>, tensor<5x4xf32>) -> tensor<?x2x?x4xf32>

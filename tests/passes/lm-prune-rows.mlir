@@ -86,16 +86,16 @@ func.func @attention_layer(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> tensor
 // CHECK-LABEL: func.func @not_prunable
 // CHECK: lm.masked_batch
 // CHECK-NEXT: ^bb0([[C:%[^:]+]]: tensor<?x?xi32>, [[CL:%[^:]+]]: tensor<?xi32>, [[T:%[^:]+]]: tensor<?x?xi32>, [[P:%[^:]+]]: tensor<?xi32>, [[O:%[^:]+]]: tensor<?xi32>, [[EN:%[^:]+]]: tensor<?xi32>):
-// CHECK: [[A:%.+]] = lm.attention %{{.+}}, %{{.+}}, %{{.+}}, [[CL]] data(%{{.+}} : tensor<?x?xi32>) {heads = 2 : i64, mask = #lm.mask<directional>, scale = 5.000000e-01 : f32} : tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<?xi32> -> tensor<?x?x8xf32>
+// CHECK: [[A:%.+]] = lm.attention %{{.+}}, %{{.+}}, %{{.+}}, [[CL]] data(%{{.+}} : tensor<?x?x2xi32>) {heads = 2 : i64, mask = #lm.mask<directional>, scale = 5.000000e-01 : f32} : tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<?xi32> -> tensor<?x?x8xf32>
 // CHECK-NEXT: [[TL:%.+]] = lm.token_logprob [[A]], %{{.+}}, [[T]], [[CL]] {shift = 1 : i64} : (tensor<?x?x8xf32>, tensor<11x8xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32>
 // CHECK-NEXT: [[TLR:%.+]] = lm.take_row [[TL]], [[P]] : (tensor<?x?xf32>, tensor<?xi32>) -> tensor<?x1xf32>
 // CHECK-NEXT: lm.yield [[TLR]] : tensor<?x1xf32>
-func.func @not_prunable(%ids: tensor<?x?xi32>, %len: tensor<?xi32>, %dirs: tensor<?x?xi32>) -> tensor<?x?xf32> {
+func.func @not_prunable(%ids: tensor<?x?xi32>, %len: tensor<?xi32>, %rows: tensor<?x?x2xi32>) -> tensor<?x?xf32> {
   %r = lm.masked_batch %ids, %len {mask_token = 4 : i64} : (tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32> {
   ^bb0(%copies: tensor<?x?xi32>, %clen: tensor<?xi32>, %targets: tensor<?x?xi32>, %pos: tensor<?xi32>, %own: tensor<?xi32>, %ends: tensor<?xi32>):
     %E = lm.weight "embed.token" : tensor<11x8xf32>
     %x = lm.embed %E[%copies] : (tensor<11x8xf32>, tensor<?x?xi32>) -> tensor<?x?x8xf32>
-    %a = lm.attention %x, %x, %x, %clen data(%copies : tensor<?x?xi32>) {heads = 2 : i64, mask = #lm.mask<directional>, scale = 5.000000e-01 : f32} : tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<?xi32> -> tensor<?x?x8xf32>
+    %a = lm.attention %x, %x, %x, %clen data(%rows : tensor<?x?x2xi32>) {heads = 2 : i64, mask = #lm.mask<directional>, scale = 5.000000e-01 : f32} : tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<?xi32> -> tensor<?x?x8xf32>
     %t = lm.token_logprob %a, %E, %targets, %clen {shift = 1 : i64} : (tensor<?x?x8xf32>, tensor<11x8xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32>
     lm.yield %t : tensor<?x?xf32>
   }
