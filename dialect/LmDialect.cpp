@@ -44,5 +44,7 @@ LogicalResult LmDialect::verifyOperationAttribute(Operation *op, NamedAttribute 
     return expect(isa<StringAttr>(value) && isa<FunctionOpInterface>(op), "a string on a function");
   if (name == FoldAttrHelper::getNameStr())
     return expect(isa<UnitAttr>(value) && isa<FunctionOpInterface>(op), "a unit attribute on a function");
+  if (name == LengthLossAttrHelper::getNameStr())
+    return expect(isa<FloatAttr>(value) && isa<FunctionOpInterface>(op), "a float on a function");
   return op->emitError("unknown lm dialect attribute '") << name << "'";
 }

@@ -23,13 +23,15 @@ def Lm_Dialect : Dialect {
   //   lm.model (module): #lm.model<...>, the model facts codegen and the header read;
   //   lm.family, lm.spec_hash (module): the spec's family and specHash();
   //   lm.method (the score entry point): how the score is computed (causal, mask-and-predict, single-pass);
-  //   lm.fold (a private function made by lm-fold-constants): evaluated once at load time.
+  //   lm.fold (a private function made by lm-fold-constants): evaluated once at load time;
+  //   lm.length_loss (a Diformer pair loss): the weight of the length term (lm-autodiff's seed).
   let discardableAttrs = (ins
     "::lmcc::lm::ModelAttr":$model,
     "::mlir::StringAttr":$family,
     "::mlir::StringAttr":$spec_hash,
     "::mlir::StringAttr":$method,
-    "::mlir::UnitAttr":$fold
+    "::mlir::UnitAttr":$fold,
+    "::mlir::FloatAttr":$length_loss
   );
   let hasOperationAttrVerify = 1;
   let dependentDialects = ["::mlir::func::FuncDialect", "::mlir::tensor::TensorDialect"];

@@ -684,8 +684,10 @@ LogicalResult AttentionGradOp::verify() {
   int64_t d = q.getDimSize(2);
   if (ShapedType::isDynamic(d) || int64_t(getHeads()) < 1 || d % int64_t(getHeads()))
     return emitOpError("heads must divide a static d_model");
-  if (getMask() == MaskKind::directional || getMask() == MaskKind::Explicit)
-    return emitOpError("masks with per-row data have no backward yet");
+  if (getMask() == MaskKind::Explicit)
+    return emitOpError("explicit masks have no backward yet");
+  if (failed(verifyMaskData(*this, getMask(), getMaskData(), q.getDimSize(0))))
+    return failure();
   if (bool(getRelKey()) != bool(getRelValue()))
     return emitOpError("relative positions need both rel_key and rel_value");
   if (getDRelative().size() != (getRelKey() ? 2u : 0u))

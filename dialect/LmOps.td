@@ -654,12 +654,14 @@ def Lm_CrossEntropyOp : Lm_Op<"cross_entropy", [Pure]> {
   let summary = "per-row loss: ce[b, t] = -(1-e) lp[b, t, y] - (e/V) sum_v lp[b, t, v], y = targets[b, t]";
   let description = [{
     0 where t >= lengths[b] or y < 0 (no prediction at that row); e = `smoothing`.
-    The training loss is (1/T) sum ce over the T rows with a target (the runtime sums).
+    The training loss is (1/T) sum ce over the T rows with a target (the runtime sums); with
+    `per_length`, T = sum_b lengths[b] (the Diformer's: every target position counts).
     ```mlir
     %ce = lm.cross_entropy %lp, %targets, %lengths {smoothing = 0.0 : f64} : (tensor<?x?x30522xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32>
     ```
   }];
-  let arguments = (ins Lm_F32Tensor:$logprobs, Lm_I32Tensor:$targets, Lm_I32Tensor:$lengths, F64Attr:$smoothing);
+  let arguments = (ins Lm_F32Tensor:$logprobs, Lm_I32Tensor:$targets, Lm_I32Tensor:$lengths, F64Attr:$smoothing,
+                       UnitAttr:$per_length);
   let results = (outs Lm_F32Tensor:$result);
   let assemblyFormat = "$logprobs `,` $targets `,` $lengths attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
@@ -669,13 +671,15 @@ def Lm_TokenLossOp : Lm_Op<"token_loss", [Pure]> {
   let summary = "fused vocabulary projection + log-softmax + cross_entropy; also the rows' log-sum-exp";
   let description = [{
     ce[b, t] as lm.cross_entropy of log_softmax(h W^T + bias); lse[b, t] = log sum_v exp(logit_v),
-    kept for the backward. Streams vocabulary tiles: the [B, N, V] logits never exist.
+    kept for the backward. Streams vocabulary tiles: the [B, N, V] logits never exist. The loss is
+    (1/T) sum ce with T the rows that have a target, or with `per_length` T = sum_b lengths[b] (the
+    Diformer's denominator, every target position counted).
     ```mlir
     %ce, %lse = lm.token_loss %h, %E, %bias, %targets, %lengths {smoothing = 0.0 : f64} : (tensor<?x?x512xf32>, tensor<30522x512xf32>, tensor<30522xf32>, tensor<?x?xi32>, tensor<?xi32>) -> (tensor<?x?xf32>, tensor<?x?xf32>)
     ```
   }];
   let arguments = (ins Lm_F32Tensor:$hidden, Lm_F32Tensor:$weight, Optional<Lm_F32Tensor>:$bias, Lm_I32Tensor:$targets,
-                       Lm_I32Tensor:$lengths, F64Attr:$smoothing);
+                       Lm_I32Tensor:$lengths, F64Attr:$smoothing, UnitAttr:$per_length);
   let results = (outs Lm_F32Tensor:$loss, Lm_F32Tensor:$lse);
   let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
@@ -727,19 +731,19 @@ def Lm_NgramLossGradOp : Lm_Op<"ngram_loss_grad", [Pure, AttrSizedOperandSegment
 def Lm_CrossEntropyGradOp : Lm_Op<"cross_entropy_grad", [Pure]> {
   let summary = "VJP of lm.cross_entropy seeded with d ce = 1/T: dlp[b, t, v] = -((1-e)[v = y] + e/V) / T";
   let description = [{
-    T = the number of rows (t < lengths[b]) with targets[b, t] >= 0 in the batch.
+    T = the number of rows (t < lengths[b]) with targets[b, t] >= 0 in the batch (`per_length`: sum_b lengths[b]).
     ```mlir
     %dlp = lm.cross_entropy_grad %targets, %lengths {smoothing = 0.0 : f64} : (tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?x30522xf32>
     ```
   }];
-  let arguments = (ins Lm_I32Tensor:$targets, Lm_I32Tensor:$lengths, F64Attr:$smoothing);
+  let arguments = (ins Lm_I32Tensor:$targets, Lm_I32Tensor:$lengths, F64Attr:$smoothing, UnitAttr:$per_length);
   let results = (outs Lm_F32Tensor:$result);
   let assemblyFormat = "$targets `,` $lengths attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
 }
 
 def Lm_TokenLossGradOp : Lm_Op<"token_loss_grad", [Pure]> {
-  let summary = "VJP of lm.token_loss seeded with d ce = 1/T: (dh, dW, dbias), streaming vocabulary tiles";
+  let summary = "VJP of lm.token_loss seeded with d ce = 1/T (T as the loss's): (dh, dW, dbias), streaming vocabulary tiles";
   let description = [{
     dlogit = (softmax - (1-e) onehot(y) - e/V) / T from the saved lse; dh = dlogit W, dW = dlogit^T h,
     dbias = column sums of dlogit. No [B, N, V] tensor exists.
@@ -748,7 +752,7 @@ def Lm_TokenLossGradOp : Lm_Op<"token_loss_grad", [Pure]> {
     ```
   }];
   let arguments = (ins Lm_F32Tensor:$hidden, Lm_F32Tensor:$weight, Optional<Lm_F32Tensor>:$bias, Lm_I32Tensor:$targets,
-                       Lm_I32Tensor:$lengths, Lm_F32Tensor:$lse, F64Attr:$smoothing);
+                       Lm_I32Tensor:$lengths, Lm_F32Tensor:$lse, F64Attr:$smoothing, UnitAttr:$per_length);
   let results = (outs Lm_F32Tensor:$d_hidden, Lm_F32Tensor:$d_weight, Lm_F32Tensor:$d_bias);
   let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
@@ -798,21 +802,25 @@ def Lm_ActivationGradOp : Lm_Op<"activation_grad", [Pure, SameOperandsAndResultT
 }
 
 def Lm_AttentionGradOp : Lm_Op<"attention_grad", [Pure, AttrSizedOperandSegments]> {
-  let summary = "VJP of lm.attention (no per-row mask data, no query positions): (dq, dk, dv[, drel_k, drel_v])";
+  let summary = "VJP of lm.attention (no query positions): (dq, dk, dv[, drel_k, drel_v])";
   let description = [{
     Per (sentence, head, query row) the probabilities are recomputed from q and k (max and sum of
     exponentials in double, as the forward); dp = dO (V [+ rel_v])^T, ds = p (dp - dO . O),
     dq = scale ds (K [+ rel_k]), dk += scale ds^T q, dv += p^T dO; with Shaw relative positions
     (both tables given) also the tables' gradients, summed over sentences and heads. Masked and
-    padding keys get nothing. No n x n tensor.
+    padding keys get nothing; the directional mask reads its rows operand like the forward. Query rows
+    i < query_lengths[b] are differentiated (default: `lengths`, the keys'; a cross-attention's queries
+    are another sequence). No n x n tensor.
   }];
   let arguments = (ins Lm_F32Tensor:$grad, Lm_F32Tensor:$query, Lm_F32Tensor:$key, Lm_F32Tensor:$value,
-                       Lm_I32Tensor:$lengths, Optional<Lm_F32Tensor>:$rel_key, Optional<Lm_F32Tensor>:$rel_value,
-                       I64Attr:$heads, Lm_MaskAttr:$mask, F32Attr:$scale, DefaultValuedAttr<I64Attr, "0">:$clip);
+                       Lm_I32Tensor:$lengths, Optional<Lm_I32Tensor>:$mask_data, Optional<Lm_I32Tensor>:$query_lengths,
+                       Optional<Lm_F32Tensor>:$rel_key, Optional<Lm_F32Tensor>:$rel_value, I64Attr:$heads,
+                       Lm_MaskAttr:$mask, F32Attr:$scale, DefaultValuedAttr<I64Attr, "0">:$clip);
   let results = (outs Lm_F32Tensor:$d_query, Lm_F32Tensor:$d_key, Lm_F32Tensor:$d_value,
                       Variadic<Lm_F32Tensor>:$d_relative);
   let assemblyFormat = [{
-    $grad `,` $query `,` $key `,` $value `,` $lengths
+    $grad `,` $query `,` $key `,` $value `,` $lengths (`data` `(` $mask_data^ `:` type($mask_data) `)`)?
+    (`query_lengths` `(` $query_lengths^ `:` type($query_lengths) `)`)?
     (`relative` `(` $rel_key^ `,` $rel_value `:` type($rel_key) `,` type($rel_value) `)`)? attr-dict `:`
     type($grad) `,` type($query) `,` type($key) `,` type($value) `,` type($lengths) `->` type(results)
   }];
@@ -849,6 +857,25 @@ def Lm_PositionsGradOp : Lm_Op<"positions_grad", [Pure]> {
   let results = (outs Lm_F32Tensor:$result);
   let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
+}
+
+def Lm_DecoderQueriesGradOp : Lm_Op<"decoder_queries_grad", [Pure]> {
+  let summary = "VJP of lm.decoder_queries: (d direction [3, D], d l2r, d r2l [max_len, D]) from rows i < n";
+  let arguments = (ins Lm_F32Tensor:$grad, Lm_I32Tensor:$rows, Lm_I32Tensor:$lengths);
+  let results = (outs Lm_F32Tensor:$d_direction, Lm_F32Tensor:$d_l2r, Lm_F32Tensor:$d_r2l);
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+}
+
+def Lm_LengthLossGradOp : Lm_Op<"length_loss_grad", [Pure]> {
+  let summary = "VJP of weight * mean_b(-lm.length_logprob): (d hidden [B, M, D], d W [max_len, D])";
+  let description = [{
+    The Diformer's length loss, seeded with d length_logprob[b] = -weight / B: dlogit_b = seed (onehot(n_b) -
+    softmax(W m_b)), dW = sum_b dlogit_b m_b^T, d hidden[b, j] = (W^T dlogit_b) / lengths[b] for j < lengths[b].
+  }];
+  let arguments = (ins Lm_F32Tensor:$hidden, Lm_I32Tensor:$lengths, Lm_F32Tensor:$weight,
+                       Lm_I32Tensor:$target_lengths, F64Attr:$loss_weight);
+  let results = (outs Lm_F32Tensor:$d_hidden, Lm_F32Tensor:$d_weight);
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
 }
 
 def Lm_DropoutOp : Lm_Op<"dropout", [Pure, SameOperandsAndResultType]> {

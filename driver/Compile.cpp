@@ -147,9 +147,10 @@ mlir::OwningOpRef<mlir::ModuleOp> buildOptimizedModule(mlir::MLIRContext &contex
 }
 
 std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options, CompileReport *report) {
-  if (spec.family == Family::Diformer && options.train)
-    return "family \"diformer\": compiled training is not there yet (lmcc grad/train run it on the reference "
-           "executor); compile without --train for the compiled score";
+  if (spec.family == Family::Diformer && options.train &&
+      (spec.train.dropout > 0 || spec.train.attentionDropout > 0 || spec.train.labelSmoothing > 0))
+    return "family \"diformer\": the directional objective has no dropout and no label smoothing (as the "
+           "reference executor); set [train] dropout, attention_dropout and label_smoothing to 0";
   if (options.train && !spec.mlm)
     return "[head] mlm = false: an encoder-only model has no output head to train (training needs mlm = true)";
   if (options.train && spec.train.attentionDropout > 0)

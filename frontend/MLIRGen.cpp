@@ -47,6 +47,8 @@ public:
     b.setInsertionPointToEnd(module->getBody());
     if (spec.family == Family::Diformer) {
       diformerScore();
+      if (train)
+        diformerLoss();
     } else if (!spec.mlm) { // encoder only: no output head, so no score or logits entry
       embedEntry();
     } else {
@@ -345,28 +347,14 @@ private:
     }
     Value lp = b.create<lm::LogSoftmaxOp>(loc, logits(h));
     Value ce = b.create<lm::CrossEntropyOp>(loc, t({kDyn, kDyn}, f32), lp, targets, lengths,
-                                            b.getF64FloatAttr(spec.train.labelSmoothing));
+                                            b.getF64FloatAttr(spec.train.labelSmoothing), UnitAttr());
     finish(fn, ce);
   }
 
-  /// Diformer (issue 19's contract; diformer paper 2.2-2.3): a post-norm biLM encoder over the source with
-  /// a length head on the mean of its output, and a directional decoder whose row i has the query
-  /// direction[z_i] + (z_i == L ? r2l[n-1-i] : l2r[i]), self-attention keys/values from embed.token[y_j]
-  /// alone (input isolation) with Shaw relative terms, the directional mask as structure (the rows operand
-  /// [B, N, 1 + W]: direction, then the hidden-key bits of S rows), cross-attention to the encoder output
-  /// and a head tied to embed.token. Row i predicts y_{i+1} (R), y_{i-1} (L), y_i (S).
-  /// score(src, src_len, tgt, tgt_len, rows) -> (token_logprobs, score, n_scored, length_logprob).
-  void diformerScore() {
+  /// The encoder's output (memory) and the decoder's last hidden states of a Diformer over (src, tgt, rows).
+  std::pair<Value, Value> diformerStacks(Value src, Value srcLen, Value tgt, Value tgtLen, Value rows) {
     const DiformerOptions &d = *spec.diformer;
-    auto tokenLp = t({kDyn, kDyn}, f32);
-    const int64_t words = hiddenWords(spec.dims.maxLen);
-    auto fn = entry("score", {idsType(), lengthsType(), idsType(), lengthsType(), t({kDyn, kDyn, 1 + words}, i32)},
-                    {tokenLp, t({kDyn}, f32), t({kDyn}, i32), t({kDyn}, f32)});
-    b.getContext()->getLoadedDialect<lm::LmDialect>()->getMethodAttrHelper().setAttr(fn, b.getStringAttr("pairs"));
-    Value src = fn.getArgument(0), srcLen = fn.getArgument(1), tgt = fn.getArgument(2), tgtLen = fn.getArgument(3),
-          rows = fn.getArgument(4);
     Value tokenTable = weight(names::embedToken(), {spec.dims.vocab, D()});
-
     // Encoder: post-norm, every valid source position visible.
     Value h = b.create<lm::EmbedOp>(loc, seqType(D()), tokenTable, src);
     h = optionalEmbedNorm(add(h, positions(src)));
@@ -378,9 +366,6 @@ private:
       h = layerNorm(add(a, ffn(a, names::ffn(p), d.encoder.dFF)), names::ffnNorm(p));
     }
     Value memory = h;
-    Value lengthLp = b.create<lm::LengthLogprobOp>(loc, t({kDyn}, f32), memory, srcLen,
-                                                   weight(names::lengthWeight(), {spec.dims.maxLen, D()}), tgtLen);
-
     // Decoder.
     Value wordEmbeddings = b.create<lm::EmbedOp>(loc, seqType(D()), tokenTable, tgt);
     Value x = b.create<lm::DecoderQueriesOp>(loc, seqType(D()), rows, tgtLen,
@@ -398,6 +383,34 @@ private:
       Value c = layerNorm(add(a, cross), names::crossNorm(p));
       x = layerNorm(add(c, ffn(c, names::ffn(p), d.decoder.dFF)), names::ffnNorm(p));
     }
+    return {memory, x};
+  }
+
+  /// The Diformer entries' inputs: src, src_len, tgt, tgt_len, rows [B, N, 1 + W].
+  SmallVector<Type> pairInputs() {
+    return {idsType(), lengthsType(), idsType(), lengthsType(), t({kDyn, kDyn, 1 + hiddenWords(spec.dims.maxLen)}, i32)};
+  }
+
+  Value lengthLogprob(Value memory, Value srcLen, Value tgtLen) {
+    return b.create<lm::LengthLogprobOp>(loc, t({kDyn}, f32), memory, srcLen,
+                                         weight(names::lengthWeight(), {spec.dims.maxLen, D()}), tgtLen);
+  }
+
+  /// Diformer (issue 19's contract; diformer paper 2.2-2.3): a post-norm biLM encoder over the source with
+  /// a length head on the mean of its output, and a directional decoder whose row i has the query
+  /// direction[z_i] + (z_i == L ? r2l[n-1-i] : l2r[i]), self-attention keys/values from embed.token[y_j]
+  /// alone (input isolation) with Shaw relative terms, the directional mask as structure (the rows operand
+  /// [B, N, 1 + W]: direction, then the hidden-key bits of S rows), cross-attention to the encoder output
+  /// and a head tied to embed.token. Row i predicts y_{i+1} (R), y_{i-1} (L), y_i (S).
+  /// score(src, src_len, tgt, tgt_len, rows) -> (token_logprobs, score, n_scored, length_logprob).
+  void diformerScore() {
+    auto tokenLp = t({kDyn, kDyn}, f32);
+    auto fn = entry("score", pairInputs(), {tokenLp, t({kDyn}, f32), t({kDyn}, i32), t({kDyn}, f32)});
+    b.getContext()->getLoadedDialect<lm::LmDialect>()->getMethodAttrHelper().setAttr(fn, b.getStringAttr("pairs"));
+    Value src = fn.getArgument(0), srcLen = fn.getArgument(1), tgt = fn.getArgument(2), tgtLen = fn.getArgument(3),
+          rows = fn.getArgument(4);
+    auto [memory, x] = diformerStacks(src, srcLen, tgt, tgtLen, rows);
+    Value lengthLp = lengthLogprob(memory, srcLen, tgtLen);
     Value tau = b.create<lm::DirectionalTargetsOp>(loc, idsType(), tgt, rows, tgtLen);
     Value lp = tokenLogprobs(x, tau, tgtLen, 0);
     // Every row not skipped is scored, bos and eos targets included: the skip list holds only -1 (no target).
@@ -406,6 +419,24 @@ private:
     SmallVector<Value> results(score.getResults());
     results.push_back(lengthLp);
     finish(fn, results);
+  }
+
+  /// The objective `directional` (issue 19): loss(src, src_len, tgt, tgt_len, rows) -> (ce [B, N], length_logprob
+  /// [B]); the loss is sum ce / sum_b n_b (cross_entropy per_length) + length_loss * mean_b(-length_logprob).
+  void diformerLoss() {
+    auto fn = entry("loss", pairInputs(), {t({kDyn, kDyn}, f32), t({kDyn}, f32)});
+    auto *dialect = b.getContext()->getLoadedDialect<lm::LmDialect>();
+    dialect->getMethodAttrHelper().setAttr(fn, b.getStringAttr("pair_loss"));
+    dialect->getLengthLossAttrHelper().setAttr(fn, b.getF64FloatAttr(spec.diformer->lengthLoss));
+    Value src = fn.getArgument(0), srcLen = fn.getArgument(1), tgt = fn.getArgument(2), tgtLen = fn.getArgument(3),
+          rows = fn.getArgument(4);
+    auto [memory, x] = diformerStacks(src, srcLen, tgt, tgtLen, rows);
+    Value lengthLp = lengthLogprob(memory, srcLen, tgtLen);
+    Value tau = b.create<lm::DirectionalTargetsOp>(loc, idsType(), tgt, rows, tgtLen);
+    Value lp = b.create<lm::LogSoftmaxOp>(loc, logits(x));
+    Value ce = b.create<lm::CrossEntropyOp>(loc, t({kDyn, kDyn}, f32), lp, tau, tgtLen, b.getF64FloatAttr(0.0),
+                                            b.getUnitAttr());
+    finish(fn, {ce, lengthLp});
   }
 
   const ModelSpec &spec;

@@ -1,7 +1,9 @@
 //===- Autodiff.cpp - lm-autodiff -------------------------------------------===//
 //
 // Reverse-mode differentiation of the training loss on the lm dialect. The loss function
-// `loss(inputs, targets, lengths) -> ce [B, N]` is copied to `loss_grad`; in the copy, the ops
+// `loss(inputs, targets, lengths) -> ce [B, N]` (or the Diformer's pair loss `loss(src, src_len, tgt,
+// tgt_len, rows) -> (ce, length_logprob)`, whose length term is seeded with -lm.length_loss / B) is copied
+// to `loss_grad`; in the copy, the ops
 // are visited from the last to the first, and every op with a result that has a gradient
 // ("adjoint") emits its vector-Jacobian product as lm ops before the return. The seed is
 // implicit: the loss op's VJP (lm.token_loss_grad / lm.cross_entropy_grad) is d ce = 1/T on
@@ -27,24 +29,39 @@ namespace {
 
 class Differentiator {
 public:
-  Differentiator(func::FuncOp fn) : fn(fn), b(fn.getContext()), loc(fn.getLoc()) {}
+  /// `pairs`: a source/target loss (src, src_len, tgt, tgt_len, rows) -> (ce, length_logprob), the Diformer's.
+  Differentiator(func::FuncOp fn, bool pairs) : fn(fn), pairs(pairs), b(fn.getContext()), loc(fn.getLoc()) {}
 
   LogicalResult run() {
     Block &block = fn.getBody().front();
     auto ret = cast<func::ReturnOp>(block.getTerminator());
-    if (ret.getNumOperands() != 1)
-      return fn.emitOpError("lm-autodiff: a loss function returns exactly the per-row losses");
+    if (ret.getNumOperands() != (pairs ? 2u : 1u))
+      return fn.emitOpError(pairs ? "lm-autodiff: a pair loss returns the per-row losses and the length log-probs"
+                                  : "lm-autodiff: a loss function returns exactly the per-row losses");
     Value ce = ret.getOperand(0);
     if (!ce.hasOneUse() || !isa_and_nonnull<lm::TokenLossOp, lm::CrossEntropyOp, lm::NgramLossOp>(ce.getDefiningOp()))
       return fn.emitOpError("lm-autodiff: the returned per-row losses must come straight from lm.token_loss, "
                             "lm.cross_entropy or lm.ngram_loss (their VJP seeds d ce = 1/T)");
-    lengths = fn.getArgument(2);
+    Operation *lengthLoss = nullptr;
+    if (pairs) {
+      Value l = ret.getOperand(1);
+      auto weight = lm::LmDialect::LengthLossAttrHelper(fn.getContext()).getAttr(fn);
+      if (!l.hasOneUse() || !isa_and_nonnull<lm::LengthLogprobOp>(l.getDefiningOp()) || !weight)
+        return fn.emitOpError("lm-autodiff: a pair loss returns lm.length_logprob's result second, and carries its "
+                              "weight as lm.length_loss");
+      lengthLoss = l.getDefiningOp();
+      lengthWeight = weight.getValueAsDouble();
+    } else {
+      lengths = fn.getArgument(2);
+    }
+    if (pairs)
+      findSequenceLengths(block);
     b.setInsertionPoint(ret);
     SmallVector<Operation *> ops;
     for (Operation &op : block.without_terminator())
       ops.push_back(&op);
     for (Operation *op : llvm::reverse(ops))
-      if (failed(visit(op, op == ce.getDefiningOp())))
+      if (failed(visit(op, op == ce.getDefiningOp() || op == lengthLoss)))
         return failure();
     for (auto &[name, grad] : weightGrads)
       b.create<lm::ParamGradOp>(loc, grad, b.getStringAttr(name));
@@ -64,6 +81,43 @@ private:
   }
   Value grad(Value v) const { return adjoint.lookup(v); }
 
+  /// A pair loss's attention whose queries are another sequence than its keys (the Diformer's cross-attention):
+  /// the queries' lengths, else null (the keys' lengths pad the queries too).
+  Value queryLengths(lm::AttentionOp att) {
+    Value q = sequenceLengths.lookup(att.getQuery());
+    return q && q != att.getLengths() ? q : Value();
+  }
+
+  /// Which lengths pad each value of a pair loss, forward from the src/tgt embeddings and the decoder
+  /// queries: a result is padded like the op's first operand (every op here keeps its first operand's rows).
+  void findSequenceLengths(Block &block) {
+    for (Operation &op : block.without_terminator()) {
+      Value len;
+      if (auto e = dyn_cast<lm::EmbedOp>(op))
+        len = lengthsOf(e.getIds());
+      else if (auto p = dyn_cast<lm::PositionsOp>(op))
+        len = lengthsOf(p.getIds());
+      else if (auto q = dyn_cast<lm::DecoderQueriesOp>(op))
+        len = q.getLengths();
+      else if (op.getNumOperands() > 0)
+        len = sequenceLengths.lookup(op.getOperand(0));
+      if (len)
+        for (Value r : op.getResults())
+          sequenceLengths[r] = len;
+    }
+  }
+
+  /// The lengths of the sequence `ids` holds: the loss's lengths, or for a pair loss the lengths argument
+  /// after the ids argument (src_len for src, tgt_len for tgt).
+  Value lengthsOf(Value ids) {
+    if (!pairs)
+      return lengths;
+    for (unsigned i = 0; i + 1 < fn.getNumArguments(); ++i)
+      if (fn.getArgument(i) == ids)
+        return fn.getArgument(i + 1);
+    return Value();
+  }
+
   LogicalResult visit(Operation *op, bool isLoss) {
     if (auto loss = dyn_cast<lm::TokenLossOp>(op)) {
       if (!isLoss)
@@ -72,7 +126,7 @@ private:
           loc, TypeRange{loss.getHidden().getType(), loss.getWeight().getType(),
                          RankedTensorType::get({loss.getWeight().getType().getDimSize(0)}, b.getF32Type())},
           loss.getHidden(), loss.getWeight(), loss.getBias(), loss.getTargets(), loss.getLengths(), loss.getLse(),
-          loss.getSmoothingAttr());
+          loss.getSmoothingAttr(), loss.getPerLengthAttr());
       accumulate(loss.getHidden(), g.getDHidden());
       accumulate(loss.getWeight(), g.getDWeight());
       if (loss.getBias())
@@ -83,7 +137,18 @@ private:
       if (!isLoss)
         return success();
       accumulate(ce.getLogprobs(), b.create<lm::CrossEntropyGradOp>(loc, ce.getLogprobs().getType(), ce.getTargets(),
-                                                                    ce.getLengths(), ce.getSmoothingAttr()));
+                                                                    ce.getLengths(), ce.getSmoothingAttr(),
+                                                                    ce.getPerLengthAttr()));
+      return success();
+    }
+    if (auto len = dyn_cast<lm::LengthLogprobOp>(op)) {
+      if (!isLoss)
+        return len.emitOpError("lm-autodiff: the length log-probs have a VJP only as the pair loss's second result");
+      auto g = b.create<lm::LengthLossGradOp>(loc, TypeRange{len.getHidden().getType(), len.getWeight().getType()},
+                                              len.getHidden(), len.getLengths(), len.getWeight(),
+                                              len.getTargetLengths(), b.getF64FloatAttr(lengthWeight));
+      accumulate(len.getHidden(), g.getDHidden());
+      accumulate(len.getWeight(), g.getDWeight());
       return success();
     }
     if (auto w = dyn_cast<lm::WeightOp>(op)) {
@@ -115,7 +180,7 @@ private:
       return success();
     }
     // lm.wdr_conjugate is the paper's stop-gradient: no VJP, so its copy of W gets nothing from it.
-    if (isa<lm::FillIdsOp, lm::WdrConjugateOp>(op))
+    if (isa<lm::FillIdsOp, lm::WdrConjugateOp, lm::DirectionalTargetsOp>(op))
       return success();
     // Every other op: nothing to do unless one of its results has a gradient.
     if (llvm::none_of(op->getResults(), [&](Value r) { return bool(grad(r)); }))
@@ -203,13 +268,14 @@ private:
       return success();
     }
     if (auto att = dyn_cast<lm::AttentionOp>(op)) {
-      if (att.getMaskData() || att.getQueryPositions())
-        return att.emitOpError("lm-autodiff: attention with per-row mask data or query positions has no VJP yet");
+      if (att.getQueryPositions())
+        return att.emitOpError("lm-autodiff: attention with query positions has no VJP yet");
       SmallVector<Type> types{att.getQuery().getType(), att.getKey().getType(), att.getValue().getType()};
       if (att.getRelKey())
         types.append({att.getRelKey().getType(), att.getRelValue().getType()});
       auto g = b.create<lm::AttentionGradOp>(loc, types, dy, att.getQuery(), att.getKey(), att.getValue(),
-                                             att.getLengths(), att.getRelKey(), att.getRelValue(),
+                                             att.getLengths(), att.getMaskData(), queryLengths(att),
+                                             att.getRelKey(), att.getRelValue(),
                                              att.getHeadsAttr(), att.getMaskAttr(), att.getScaleAttr(),
                                              att.getClipAttr());
       accumulate(att.getQuery(), g.getDQuery());
@@ -236,13 +302,27 @@ private:
       return success();
     }
     if (auto embed = dyn_cast<lm::EmbedOp>(op)) {
-      accumulate(embed.getTable(),
-                 b.create<lm::EmbedGradOp>(loc, embed.getTable().getType(), dy, embed.getIds(), lengths));
+      Value len = lengthsOf(embed.getIds());
+      if (!len)
+        return embed.emitOpError("lm-autodiff: the ids of an embedding in a pair loss must be src or tgt");
+      accumulate(embed.getTable(), b.create<lm::EmbedGradOp>(loc, embed.getTable().getType(), dy, embed.getIds(), len));
       return success();
     }
     if (auto pos = dyn_cast<lm::PositionsOp>(op)) {
+      Value len = lengthsOf(pos.getIds());
+      if (!len)
+        return pos.emitOpError("lm-autodiff: the ids of positions in a pair loss must be src or tgt");
       if (Value table = pos.getTable())
-        accumulate(table, b.create<lm::PositionsGradOp>(loc, table.getType(), dy, lengths));
+        accumulate(table, b.create<lm::PositionsGradOp>(loc, table.getType(), dy, len));
+      return success();
+    }
+    if (auto q = dyn_cast<lm::DecoderQueriesOp>(op)) {
+      auto g = b.create<lm::DecoderQueriesGradOp>(
+          loc, TypeRange{q.getDirection().getType(), q.getL2r().getType(), q.getR2l().getType()}, dy, q.getRows(),
+          q.getLengths());
+      accumulate(q.getDirection(), g.getDDirection());
+      accumulate(q.getL2r(), g.getDL2r());
+      accumulate(q.getR2l(), g.getDR2l());
       return success();
     }
     return op->emitOpError("lm-autodiff: no VJP for this op yet (training supports the ops of the unilm, bilm and "
@@ -250,10 +330,13 @@ private:
   }
 
   func::FuncOp fn;
+  bool pairs;
   OpBuilder b;
   Location loc;
-  Value lengths;
+  Value lengths;             ///< the loss's lengths (not for a pair loss: lengthsOf)
+  double lengthWeight = 0;   ///< a pair loss's length-loss weight
   llvm::DenseMap<Value, Value> adjoint;
+  llvm::DenseMap<Value, Value> sequenceLengths; ///< a pair loss's values -> the lengths padding their rows
   std::vector<std::pair<std::string, Value>> weightGrads; // in first-seen order (from the last op)
 };
 
@@ -263,20 +346,22 @@ struct LmAutodiff : lmcc::impl::LmAutodiffBase<LmAutodiff> {
     auto method = lm::LmDialect::MethodAttrHelper(&getContext());
     SmallVector<func::FuncOp> losses;
     for (auto fn : module.getOps<func::FuncOp>())
-      if (auto m = method.getAttr(fn); m && m.getValue() == "loss")
+      if (auto m = method.getAttr(fn); m && (m.getValue() == "loss" || m.getValue() == "pair_loss"))
         losses.push_back(fn);
     for (func::FuncOp loss : losses) {
-      if (loss.getNumArguments() != 3 || !loss.getBody().hasOneBlock()) {
-        loss.emitOpError("lm-autodiff: a loss function takes (inputs, targets, lengths) and has one block");
+      const bool pairs = method.getAttr(loss).getValue() == "pair_loss";
+      if (loss.getNumArguments() != (pairs ? 5u : 3u) || !loss.getBody().hasOneBlock()) {
+        loss.emitOpError(pairs ? "lm-autodiff: a pair loss takes (src, src_len, tgt, tgt_len, rows) and has one block"
+                               : "lm-autodiff: a loss function takes (inputs, targets, lengths) and has one block");
         return signalPassFailure();
       }
       OpBuilder b(module.getBodyRegion());
       b.setInsertionPointAfter(loss);
       auto copy = cast<func::FuncOp>(b.clone(*loss));
       copy.setSymName((loss.getSymName() + "_grad").str());
-      method.setAttr(copy, b.getStringAttr("loss_grad"));
+      method.setAttr(copy, b.getStringAttr(pairs ? "pair_loss_grad" : "loss_grad"));
       copy.walk([&](lm::DropoutOp d) { d.setTraining(true); }); // the gradient entry trains; `loss` evaluates
-      if (failed(Differentiator(copy).run()))
+      if (failed(Differentiator(copy, pairs).run()))
         return signalPassFailure();
       eraseDeadOps(copy.getBody().front());
     }

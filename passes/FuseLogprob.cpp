@@ -50,7 +50,7 @@ struct FuseLossPattern : OpRewritePattern<lm::CrossEntropyOp> {
       return rewriter.notifyMatchFailure(ce, "logits are not a single-use [B, N, V] linear");
     auto loss = rewriter.create<lm::TokenLossOp>(ce.getLoc(), TypeRange{ce.getType(), ce.getType()}, linear.getInput(),
                                                  linear.getWeight(), linear.getBias(), ce.getTargets(),
-                                                 ce.getLengths(), ce.getSmoothingAttr());
+                                                 ce.getLengths(), ce.getSmoothingAttr(), ce.getPerLengthAttr());
     rewriter.replaceOp(ce, loss.getLoss());
     return success();
   }

@@ -34,7 +34,8 @@ inline bool inTrainingFunction(mlir::Operation *op) {
   if (!fn)
     return false;
   auto method = lm::LmDialect::MethodAttrHelper(op->getContext()).getAttr(fn);
-  return method && (method.getValue() == "loss" || method.getValue() == "loss_grad");
+  return method && (method.getValue() == "loss" || method.getValue() == "loss_grad" ||
+                    method.getValue() == "pair_loss" || method.getValue() == "pair_loss_grad");
 }
 
 } // namespace lmcc

@@ -34,6 +34,9 @@ mlir::FailureOr<ModelFacts> readModelFacts(mlir::ModuleOp module) {
   facts.scoreSpans = score && score.getNumArguments() == 3;
   facts.pairs = score && score.getNumArguments() == 5;
   facts.hasEmbed = bool(module.lookupSymbol<mlir::func::FuncOp>("embed"));
+  if (auto loss = module.lookupSymbol<mlir::func::FuncOp>("loss"))
+    if (auto weight = dialect->getLengthLossAttrHelper().getAttr(loss))
+      facts.lengthLoss = weight.getValueAsDouble();
   return facts;
 }
 

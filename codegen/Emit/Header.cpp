@@ -448,7 +448,15 @@ std::string generateGlue(const ModelFacts &spec, const std::vector<LayoutTensor>
     os << "extern void _mlir_ciface_" << name
        << "_embed_kernel(lm_memref1f *weights, lm_memref2i *ids, lm_memref1i *lengths, lm_memref2f *out);\n";
   os << "extern void _mlir_ciface_" << name << "_init_kernel(lm_memref1f *weights);\n";
-  if (spec.train)
+  if (spec.train && spec.pairs)
+    os << "extern void _mlir_ciface_" << name
+       << "_loss_kernel(lm_memref1f *weights, lm_memref2i *src, lm_memref1i *src_lengths, lm_memref2i *tgt,\n"
+       << "    lm_memref1i *tgt_lengths, lm_memref3i *dirs, lm_memref2f *ce, lm_memref1f *length_logprobs);\n"
+       << "extern void _mlir_ciface_" << name
+       << "_loss_grad_kernel(lm_memref1f *weights, lm_memref2i *src, lm_memref1i *src_lengths, lm_memref2i *tgt,\n"
+       << "    lm_memref1i *tgt_lengths, lm_memref3i *dirs, lm_memref2f *ce, lm_memref1f *length_logprobs,\n"
+       << "    lm_memref1f *grads);\n";
+  else if (spec.train)
     os << "extern void _mlir_ciface_" << name
        << "_loss_kernel(lm_memref1f *weights, lm_memref2i *inputs, lm_memref2i *targets, lm_memref1i *lengths,\n"
        << "    lm_memref2f *ce);\n"
@@ -514,7 +522,10 @@ std::string generateGlue(const ModelFacts &spec, const std::vector<LayoutTensor>
      << ",\n"
      << "    " << (embedWeights ? name + "_embedded_weights" : std::string("NULL")) << ", /* embedded_weights */\n"
      << "    _mlir_ciface_" << name << "_init_kernel, /* init */\n";
-  if (spec.train)
+  if (spec.train && spec.pairs)
+    os << "    NULL, NULL, /* loss, loss_grad: pair_loss below */\n"
+       << "    &" << name << "_train,\n";
+  else if (spec.train)
     os << "    _mlir_ciface_" << name << "_loss_kernel,\n"
        << "    _mlir_ciface_" << name << "_loss_grad_kernel,\n"
        << "    &" << name << "_train,\n";
@@ -524,7 +535,15 @@ std::string generateGlue(const ModelFacts &spec, const std::vector<LayoutTensor>
      << "    " << scoreSentence << ", " << scoreCopy << ", " << embedSentence << ", " << embedCopy
      << ", /* memory model */\n"
      << "    " << (spec.pairs ? scoreKernel : std::string("NULL")) << ", /* pair_score */\n"
-     << "    " << spec.bos << ", " << spec.eos << " /* bos_id, eos_id */\n";
+     << "    " << spec.bos << ", " << spec.eos << ", /* bos_id, eos_id */\n";
+  if (spec.train && spec.pairs)
+    os << "    _mlir_ciface_" << name << "_loss_kernel,\n"
+       << "    _mlir_ciface_" << name << "_loss_grad_kernel,\n";
+  else
+    os << "    NULL, NULL, /* pair_loss, pair_loss_grad */\n";
+  char lengthLoss[64];
+  std::snprintf(lengthLoss, sizeof lengthLoss, "%.17g", spec.lengthLoss);
+  os << "    " << lengthLoss << " /* length_loss */\n";
   os << "};\n\n";
 
 

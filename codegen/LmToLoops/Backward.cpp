@@ -21,20 +21,20 @@ void declareTrainingRuntime(OpBuilder &b, Location loc) {
     b.create<func::FuncOp>(loc, name, b.getFunctionType(args, {})).setPrivate();
   };
   declare("lm_rt_token_loss", {ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, f64, ptr, ptr});
-  declare("lm_rt_token_loss_grad", {ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, f64, ptr, ptr, ptr});
+  declare("lm_rt_token_loss_grad", {ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, f64, i32, ptr, ptr, ptr});
   declare("lm_rt_ngram_head_loss", {ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, f64, i64, f64, i32, ptr, ptr});
   declare("lm_rt_ngram_head_grad", {ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, f64, i64, f64, i32, ptr, ptr, ptr});
   declare("lm_rt_linear_grad", {ptr, ptr, ptr, i64, i64, i64, ptr, ptr, ptr});
   declare("lm_rt_layer_norm_grad", {ptr, ptr, ptr, i64, i64, f64, ptr, ptr, ptr});
   declare("lm_rt_activation_grad", {ptr, ptr, i64, i32, ptr});
-  declare("lm_rt_attention_grad",
-          {ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, i32, f32, ptr, ptr, ptr, ptr, ptr});
+  declare("lm_rt_attention_grad", {ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, ptr, ptr, i64, i64, i64, i64, i64, i64, i32, f32,
+                                   ptr, ptr, ptr, ptr, ptr});
   declare("lm_rt_relative_scores_grad", {ptr, ptr, ptr, i64, i64, i64, i64, i64, ptr, ptr});
   declare("lm_rt_relative_values_grad", {ptr, ptr, ptr, i64, i64, i64, i64, i64, ptr, ptr});
   declare("lm_rt_embed_grad", {ptr, ptr, ptr, i64, i64, i64, i64, ptr});
   declare("lm_rt_positions_grad", {ptr, ptr, i64, i64, i64, i64, ptr});
   declare("lm_rt_cross_entropy", {ptr, ptr, ptr, i64, i64, i64, f64, ptr});
-  declare("lm_rt_cross_entropy_grad", {ptr, ptr, i64, i64, i64, f64, ptr});
+  declare("lm_rt_cross_entropy_grad", {ptr, ptr, i64, i64, i64, f64, i32, ptr});
   declare("lm_rt_softmax_grad", {ptr, ptr, i64, i64, i32, ptr});
   declare("lm_rt_dropout", {ptr, ptr, i64, i64, i64, f64, i64, ptr});
 }
@@ -136,6 +136,7 @@ struct TokenLossGradLowering : LmLowering<lm::TokenLossGradOp> {
         .i64(w.getDimSize(1))
         .i64(w.getDimSize(0))
         .f64(op.getSmoothing().convertToDouble())
+        .i32(op.getPerLength() ? 1 : 0)
         .ptr(dh)
         .ptr(dW)
         .ptr(op.getDBias().use_empty() ? Value() : db)
@@ -173,6 +174,7 @@ struct CrossEntropyGradLowering : LmLowering<lm::CrossEntropyGradOp> {
         .i64(L.N)
         .i64(lastDim(op.getResult()))
         .f64(op.getSmoothing().convertToDouble())
+        .i32(op.getPerLength() ? 1 : 0)
         .ptr(dlp)
         .emit("lm_rt_cross_entropy_grad");
     return L.set(op, dlp);
@@ -182,12 +184,16 @@ struct CrossEntropyGradLowering : LmLowering<lm::CrossEntropyGradOp> {
 template <typename Op, int Logarithmic> struct SoftmaxGradLowering : LmLowering<Op> {
   using LmLowering<Op>::LmLowering;
   LogicalResult lower(Op op, Loops &L) const override {
-    Value dx = L.alloc(op.getType());
+    // Sized from the operand (a cross-attention's probabilities [B, H, N, M] have M != N).
+    SmallVector<Value> sz = L.dims(L.in(op.getGrad()));
+    Value dx = L.alloc(op.getType(), sz), rows = L.idx(1);
+    for (size_t i = 0; i + 1 < sz.size(); ++i)
+      rows = L.b.create<arith::MulIOp>(L.loc, rows, sz[i]);
     Call{L}
         .ptr(L.in(op.getGrad()))
         .ptr(L.in(op.getOutput()))
-        .i64(rowsOf(L, op.getType()))
-        .i64(L.sizes(op.getType()).back())
+        .i64(rows)
+        .i64(sz.back())
         .i32(Logarithmic)
         .ptr(dx)
         .emit("lm_rt_softmax_grad");
@@ -256,10 +262,15 @@ struct AttentionGradLowering : LmLowering<lm::AttentionGradOp> {
     case lm::MaskKind::causal: mask = LMRT_MASK_CAUSAL; break;
     case lm::MaskKind::anticausal: mask = LMRT_MASK_ANTICAUSAL; break;
     case lm::MaskKind::diagonal: mask = LMRT_MASK_DIAGONAL; break;
-    default: return op.emitOpError("masks with per-row data have no CPU backward yet");
+    case lm::MaskKind::directional: mask = LMRT_MASK_DIRECTIONAL; break;
+    default: return op.emitOpError("explicit masks have no CPU backward yet");
     }
-    Value dq = L.alloc(op.getDQuery().getType()), dk = L.alloc(op.getDKey().getType()),
-          dv = L.alloc(op.getDValue().getType());
+    Value rows = op.getMaskData() ? L.in(op.getMaskData()) : Value();
+    const int64_t rowWidth = rows ? L.typeOf(op.getMaskData()).getDimSize(2) : 0;
+    // Sized from the operands: a cross-attention's keys [B, M, D] are another sequence than its queries.
+    Value dq = L.alloc(op.getDQuery().getType(), L.dims(L.in(op.getQuery()))),
+          dk = L.alloc(op.getDKey().getType(), L.dims(L.in(op.getKey()))),
+          dv = L.alloc(op.getDValue().getType(), L.dims(L.in(op.getValue())));
     bool rel = bool(op.getRelKey());
     Value dRelK = rel ? L.alloc(L.typeOf(op.getDRelative()[0])) : Value();
     Value dRelV = rel ? L.alloc(L.typeOf(op.getDRelative()[1])) : Value();
@@ -270,6 +281,9 @@ struct AttentionGradLowering : LmLowering<lm::AttentionGradOp> {
         .ptr(L.in(op.getKey()))
         .ptr(L.in(op.getValue()))
         .ptr(L.in(op.getLengths()))
+        .ptr(op.getQueryLengths() ? L.in(op.getQueryLengths()) : Value())
+        .ptr(rows)
+        .i64(rowWidth)
         .ptr(rel ? L.in(op.getRelKey()) : Value())
         .ptr(rel ? L.in(op.getRelValue()) : Value())
         .i64(int64_t(op.getClip()))

@@ -39,7 +39,7 @@ struct FuncLowering : OpConversionPattern<func::FuncOp> {
         conversion.addInputs({getTypeConverter()->convertType(type)});
     // The training entry with gradients also takes the gradient buffer (the weight buffer's layout).
     auto method = dialect->getMethodAttrHelper().getAttr(fn);
-    if (method && method.getValue() == "loss_grad")
+    if (method && (method.getValue() == "loss_grad" || method.getValue() == "pair_loss_grad"))
       conversion.addInputs({MemRefType::get({ShapedType::kDynamic}, rewriter.getF32Type())});
     std::string name = fold ? fn.getSymName().str() : model + "_" + fn.getSymName().str() + "_kernel";
     auto kernel = rewriter.create<func::FuncOp>(fn.getLoc(), name,
@@ -80,6 +80,15 @@ struct ReturnLowering : OpConversionPattern<func::ReturnOp> {
       Loops L(rewriter, ret, adaptor.getOperands(), context);
       Value result = adaptor.getOperands()[0], out = fn.getArgument(4);
       L.nest({b(L, result, 0), b(L, result, 1)}, [&](ValueRange iv) { L.store(L.load(result, iv), out, iv); });
+    }
+    if (method && (method.getValue() == "pair_loss" || method.getValue() == "pair_loss_grad")) {
+      // The Diformer's losses: the per-row losses [B, N] and the length log-probs [B], each computed into a
+      // buffer of its own, copied into the two output arguments (after weights and the five inputs).
+      Loops L(rewriter, ret, adaptor.getOperands(), context);
+      Value ce = adaptor.getOperands()[0], len = adaptor.getOperands()[1];
+      Value ceOut = fn.getArgument(6), lenOut = fn.getArgument(7);
+      L.nest({b(L, ce, 0), b(L, ce, 1)}, [&](ValueRange iv) { L.store(L.load(ce, iv), ceOut, iv); });
+      L.nest({b(L, len, 0)}, [&](ValueRange iv) { L.store(L.load(len, iv), lenOut, iv); });
     }
     if (method && method.getValue() == "pairs") {
       // The Diformer score: token_logprobs, score and n_scored are written in place by lm.sentence_score;
@@ -209,7 +218,8 @@ struct LmToLoopsPass : lmcc::impl::LmToLoopsBase<LmToLoopsPass> {
     // Only the entry points (score, embed and, when built, the training entries) and the folds are compiled.
     for (auto fn : llvm::to_vector(module.getOps<func::FuncOp>())) {
       auto method = dialect->getMethodAttrHelper().getAttr(fn);
-      bool training = method && (method.getValue() == "loss" || method.getValue() == "loss_grad");
+      bool training = method && (method.getValue() == "loss" || method.getValue() == "loss_grad" ||
+                                 method.getValue() == "pair_loss" || method.getValue() == "pair_loss_grad");
       if (fn.getSymName() != "score" && fn.getSymName() != "embed" && !training &&
           !dialect->getFoldAttrHelper().isAttrPresent(fn))
         fn.erase();

@@ -29,6 +29,26 @@ inline int64_t descNumel(const lm_tensor_desc &t) {
   return n;
 }
 
+/// Source/target pairs packed for the Diformer's kernels: ids padded with pad_id, rows [rows, n, 1 + W]
+/// (direction, hidden-key bits; padding rows skip).
+struct PairBatch {
+  int64_t rows = 0, ms = 0, n = 0, width = 0;
+  std::vector<int32_t> src, tgt, srcLen, tgtLen, rowData;
+  lm_memref2i srcRef() { return memref2(src.data(), rows, ms); }
+  lm_memref2i tgtRef() { return memref2(tgt.data(), rows, n); }
+  lm_memref1i srcLenRef() { return memref1(srcLen.data(), rows); }
+  lm_memref1i tgtLenRef() { return memref1(tgtLen.data(), rows); }
+  lm_memref3i rowsRef() { return {rowData.data(), rowData.data(), 0, {rows, n, width}, {n * width, width, 1}}; }
+};
+/// lm_rt_score_pairs's argument checks (model, pointers, lengths, ids, bos/eos, directions, hidden keys).
+void checkPairInputs(const lm_model *m, const int32_t *src, const int32_t *srcLengths, int32_t srcStride,
+                     const int32_t *tgt, const int32_t *tgtLengths, int32_t tgtStride, const int32_t *dirs,
+                     const uint32_t *hidden, int32_t batch);
+/// Pairs [b0, b0 + rows) of checked inputs.
+PairBatch packPairs(const lm_model_desc *d, const int32_t *src, const int32_t *srcLengths, int32_t srcStride,
+                    const int32_t *tgt, const int32_t *tgtLengths, int32_t tgtStride, const int32_t *dirs,
+                    const uint32_t *hidden, int64_t b0, int64_t rows);
+
 /// Throw an argument / internal error that guardedCall turns into its status code and message.
 [[noreturn]] void argument(std::string message);
 [[noreturn]] void internal(std::string message);

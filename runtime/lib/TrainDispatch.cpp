@@ -44,8 +44,8 @@ void lm_rt_token_loss(const float *h, const float *W, const float *bias, const i
 }
 void lm_rt_token_loss_grad(const float *h, const float *W, const float *bias, const int32_t *targets,
                            const int32_t *lengths, const float *lse, int64_t B, int64_t N, int64_t D, int64_t V,
-                           double smoothing, float *dh, float *dW, float *dbias) {
-  LMRT_DISPATCH(tokenLossGrad, h, W, bias, targets, lengths, lse, B, N, D, V, smoothing, dh, dW, dbias)
+                           double smoothing, int32_t per_length, float *dh, float *dW, float *dbias) {
+  LMRT_DISPATCH(tokenLossGrad, h, W, bias, targets, lengths, lse, B, N, D, V, smoothing, per_length, dh, dW, dbias)
 }
 void lm_rt_ngram_head_loss(const float *u, const float *W, const float *bias, const int32_t *targets,
                            const int32_t *lengths, int64_t B, int64_t N, int64_t D, int64_t V, double smoothing,
@@ -71,11 +71,12 @@ void lm_rt_activation_grad(const float *dy, const float *x, int64_t n, int32_t k
   LMRT_DISPATCH(activationGrad, dy, x, n, kind, dx)
 }
 void lm_rt_attention_grad(const float *dO, const float *q, const float *k, const float *v, const int32_t *lengths,
-                          const float *relK, const float *relV, int64_t clip, int64_t B, int64_t N, int64_t M,
-                          int64_t D, int64_t heads, int32_t mask, float scale, float *dq, float *dk, float *dv,
-                          float *dRelK, float *dRelV) {
-  LMRT_DISPATCH(attentionGrad, dO, q, k, v, lengths, relK, relV, clip, B, N, M, D, heads, mask, scale, dq, dk, dv,
-                dRelK, dRelV)
+                          const int32_t *query_lengths, const int32_t *rows, int64_t row_width, const float *relK,
+                          const float *relV, int64_t clip,
+                          int64_t B, int64_t N, int64_t M, int64_t D, int64_t heads, int32_t mask, float scale,
+                          float *dq, float *dk, float *dv, float *dRelK, float *dRelV) {
+  LMRT_DISPATCH(attentionGrad, dO, q, k, v, lengths, query_lengths, rows, row_width, relK, relV, clip, B, N, M, D, heads, mask, scale,
+                dq, dk, dv, dRelK, dRelV)
 }
 void lm_rt_relative_scores_grad(const float *dOut, const float *q, const float *rel, int64_t BH, int64_t N, int64_t M,
                                 int64_t dh, int64_t clip, float *dq, float *dRel) {
@@ -98,8 +99,8 @@ void lm_rt_cross_entropy(const float *lp, const int32_t *targets, const int32_t 
   LMRT_DISPATCH(crossEntropy, lp, targets, lengths, B, N, V, smoothing, ce)
 }
 void lm_rt_cross_entropy_grad(const int32_t *targets, const int32_t *lengths, int64_t B, int64_t N, int64_t V,
-                              double smoothing, float *dlp) {
-  LMRT_DISPATCH(crossEntropyGrad, targets, lengths, B, N, V, smoothing, dlp)
+                              double smoothing, int32_t per_length, float *dlp) {
+  LMRT_DISPATCH(crossEntropyGrad, targets, lengths, B, N, V, smoothing, per_length, dlp)
 }
 void lm_rt_softmax_grad(const float *dy, const float *y, int64_t rows, int64_t C, int32_t logarithmic, float *dx) {
   LMRT_DISPATCH(softmaxGrad, dy, y, rows, C, logarithmic, dx)

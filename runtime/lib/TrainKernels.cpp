@@ -61,12 +61,35 @@ bool visible(int32_t mask, int64_t i, int64_t j) {
   }
 }
 
+/// The directional mask (lm.mask_fill): row i of sentence b with direction rows[b, i, 0] sees key j when
+/// R: j <= i, L: j >= i, S: j != i and bit j of the words after the direction clear; skip: nothing.
+bool visibleDirectional(const int32_t *row, int64_t i, int64_t j) {
+  switch (row[0]) {
+  case 0: return j <= i;
+  case 1: return j >= i;
+  case 2: return j != i && !((uint32_t(row[1 + j / 32]) >> (j % 32)) & 1u);
+  default: return false;
+  }
+}
+
+/// The loss's denominator: sum_b lengths[b] (per_length) or the number of rows with a target.
+int64_t denominator(const int32_t *targets, const int32_t *lengths, int64_t B, int64_t N, int32_t perLength);
+
 /// Number of rows (b, t < lengths[b]) with targets[b, t] >= 0.
 int64_t countTargets(const int32_t *targets, const int32_t *lengths, int64_t B, int64_t N) {
   int64_t T = 0;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < std::min<int64_t>(lengths[b], N); ++t)
       T += targets[b * N + t] >= 0;
+  return T;
+}
+
+int64_t denominator(const int32_t *targets, const int32_t *lengths, int64_t B, int64_t N, int32_t perLength) {
+  if (!perLength)
+    return countTargets(targets, lengths, B, N);
+  int64_t T = 0;
+  for (int64_t b = 0; b < B; ++b)
+    T += std::min<int64_t>(lengths[b], N);
   return T;
 }
 
@@ -196,9 +219,9 @@ void tokenLossGradScaled(const float *h, const float *W, const float *bias, cons
 } // namespace
 
 void tokenLossGrad(const float *h, const float *W, const float *bias, const int32_t *targets, const int32_t *lengths,
-                   const float *lse, int64_t B, int64_t N, int64_t D, int64_t V, double smoothing, float *dh,
-                   float *dW, float *dbias) {
-  const int64_t T = countTargets(targets, lengths, B, N);
+                   const float *lse, int64_t B, int64_t N, int64_t D, int64_t V, double smoothing, int32_t perLength,
+                   float *dh, float *dW, float *dbias) {
+  const int64_t T = denominator(targets, lengths, B, N, perLength);
   tokenLossGradScaled(h, W, bias, targets, lengths, lse, B, N, D, V, smoothing, T > 0 ? 1.0 / double(T) : 0.0, dh,
                       dW, dbias);
 }
@@ -341,9 +364,10 @@ void sumPieces(const float *parts, int64_t pieces, int64_t size, int64_t stride,
 int64_t relIndex(int64_t i, int64_t j, int64_t clip) { return std::clamp<int64_t>(j - i, -clip, clip) + clip; }
 
 void attentionGrad(const float *dO, const float *q, const float *k, const float *v, const int32_t *lengths,
-                   const float *relK, const float *relV, int64_t clip, int64_t B, int64_t N, int64_t M, int64_t D,
-                   int64_t heads, int32_t mask, float scale, float *dq, float *dk, float *dv, float *dRelK,
-                   float *dRelV) {
+                   const int32_t *queryLengths, const int32_t *rows, int64_t rowWidth, const float *relK,
+                   const float *relV, int64_t clip, int64_t B,
+                   int64_t N, int64_t M, int64_t D, int64_t heads, int32_t mask, float scale, float *dq, float *dk,
+                   float *dv, float *dRelK, float *dRelV) {
   using Strided = Eigen::Map<Matrix, 0, Eigen::OuterStride<>>;
   using ConstStrided = Eigen::Map<const Matrix, 0, Eigen::OuterStride<>>;
   const int64_t dh = D / heads, R = 2 * clip + 1;
@@ -357,7 +381,13 @@ void attentionGrad(const float *dO, const float *q, const float *k, const float 
   // head; the [B, H, N, M] tensor never exists); its dq, dk, dv columns are written by that piece only.
   parallelFor(B * heads, [&](int64_t piece) {
     const int64_t b = piece / heads, hd = piece % heads, off = hd * dh;
-    const int64_t n = std::min<int64_t>(lengths[b], N), m = std::min<int64_t>(lengths[b], M);
+    // Query rows of their own lengths when given (a cross-attention's queries are another sequence).
+    const int64_t n = std::min<int64_t>((queryLengths ? queryLengths : lengths)[b], N),
+                  m = std::min<int64_t>(lengths[b], M);
+    auto seen = [&](int64_t i, int64_t j) {
+      return mask == LMRT_MASK_DIRECTIONAL ? visibleDirectional(rows + (b * N + i) * rowWidth, i, j)
+                                           : visible(mask, i, j);
+    };
     const Eigen::OuterStride<> stride(D);
     ConstStrided Q(q + b * N * D + off, n, dh, stride), G(dO + b * N * D + off, n, dh, stride);
     ConstStrided K(k + b * M * D + off, m, dh, stride), V(v + b * M * D + off, m, dh, stride);
@@ -377,13 +407,13 @@ void attentionGrad(const float *dO, const float *q, const float *k, const float 
     for (int64_t i = 0; i < n; ++i) {
       double mx = -INFINITY;
       for (int64_t j = 0; j < m; ++j)
-        if (visible(mask, i, j))
+        if (seen(i, j))
           mx = std::max(mx, double(S(i, j) * scale));
       double sum = 0;
       for (int64_t j = 0; j < m; ++j)
-        sum += visible(mask, i, j) ? std::exp(double(S(i, j) * scale) - mx) : 0.0;
+        sum += seen(i, j) ? std::exp(double(S(i, j) * scale) - mx) : 0.0;
       for (int64_t j = 0; j < m; ++j)
-        P(i, j) = visible(mask, i, j) && mx != -INFINITY ? float(std::exp(double(S(i, j) * scale) - mx) / sum) : 0.0f;
+        P(i, j) = seen(i, j) && mx != -INFINITY ? float(std::exp(double(S(i, j) * scale) - mx) / sum) : 0.0f;
     }
     Matrix O = P * V;
     Matrix dP = G * V.transpose();
@@ -519,8 +549,8 @@ void crossEntropy(const float *lp, const int32_t *targets, const int32_t *length
 }
 
 void crossEntropyGrad(const int32_t *targets, const int32_t *lengths, int64_t B, int64_t N, int64_t V,
-                      double smoothing, float *dlp) {
-  const int64_t T = countTargets(targets, lengths, B, N);
+                      double smoothing, int32_t perLength, float *dlp) {
+  const int64_t T = denominator(targets, lengths, B, N, perLength);
   const double invT = T > 0 ? 1.0 / double(T) : 0.0;
   for (int64_t r = 0; r < B * N; ++r) {
     const int32_t y = targets[r];

@@ -15,6 +15,7 @@
 #define LMRT_MASK_CAUSAL 1
 #define LMRT_MASK_ANTICAUSAL 2
 #define LMRT_MASK_DIAGONAL 3
+#define LMRT_MASK_DIRECTIONAL 4 /* per-row rows [B, N, rowWidth]: direction, then hidden-key bits (lm.mask_fill) */
 #define LMRT_ACT_GELU 0
 #define LMRT_ACT_GELU_TANH 1
 #define LMRT_ACT_RELU 2
@@ -26,7 +27,7 @@
                  float *lse);                                                                                     \
   void tokenLossGrad(const float *h, const float *W, const float *bias, const int32_t *targets,                 \
                      const int32_t *lengths, const float *lse, int64_t B, int64_t N, int64_t D, int64_t V,        \
-                     double smoothing, float *dh, float *dW, float *dbias);                                       \
+                     double smoothing, int32_t perLength, float *dh, float *dW, float *dbias);                    \
   void ngramHeadLoss(const float *u, const float *W, const float *bias, const int32_t *targets,                 \
                      const int32_t *lengths, int64_t B, int64_t N, int64_t D, int64_t V, double smoothing,        \
                      int64_t shift, double weight, int32_t first, float *total, float *lse);                      \
@@ -40,7 +41,9 @@
                      float *dx, float *dgamma, float *dbeta);                                                     \
   void activationGrad(const float *dy, const float *x, int64_t n, int32_t kind, float *dx);                      \
   void attentionGrad(const float *dO, const float *q, const float *k, const float *v, const int32_t *lengths,   \
-                     const float *relK, const float *relV, int64_t clip, int64_t B, int64_t N, int64_t M,       \
+                     const int32_t *queryLengths, const int32_t *rows, int64_t rowWidth, const float *relK,     \
+                     const float *relV, int64_t clip,                                                           \
+                     int64_t B, int64_t N, int64_t M,                                                           \
                      int64_t D, int64_t heads, int32_t mask, float scale, float *dq, float *dk, float *dv,      \
                      float *dRelK, float *dRelV);                                                                 \
   void relativeScoresGrad(const float *dOut, const float *q, const float *rel, int64_t BH, int64_t N,          \
@@ -54,7 +57,7 @@
   void crossEntropy(const float *lp, const int32_t *targets, const int32_t *lengths, int64_t B, int64_t N,      \
                     int64_t V, double smoothing, float *ce);                                                      \
   void crossEntropyGrad(const int32_t *targets, const int32_t *lengths, int64_t B, int64_t N, int64_t V,        \
-                        double smoothing, float *dlp);                                                            \
+                        double smoothing, int32_t perLength, float *dlp);                                         \
   void softmaxGrad(const float *dy, const float *y, int64_t rows, int64_t C, int32_t logarithmic, float *dx);     \
   void dropout(const float *x, const int32_t *lengths, int64_t B, int64_t N, int64_t C, double rate,            \
                int64_t site, uint64_t seed, uint64_t step, float *out);                                          \

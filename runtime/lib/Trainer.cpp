@@ -38,9 +38,13 @@ struct lm_trainer {
 
 namespace {
 
+void rerunInit(lm_model *m);
+
 const lm_model_desc &trainable(const lm_model *m) {
   if (!m)
     argument("the model is NULL");
+  if (m->desc->pair_score && m->desc->pair_loss_grad && m->desc->pair_loss && m->desc->train)
+    return *m->desc; // a Diformer: trains on source/target pairs
   if (!m->desc->loss_grad || !m->desc->loss || !m->desc->train)
     argument("model " + lmcc::quoted(m->desc->name) + " was compiled without training entry points "
              "(lmcc compile --train)");
@@ -56,6 +60,9 @@ struct Packed {
 Packed pack(const lm_model *m, const int32_t *inputs, const int32_t *targets, const int32_t *lengths, int32_t batch,
             int32_t stride) {
   lmrt::detail::checkModelInputs(m, inputs, lengths, batch, stride);
+  if (m->desc->pair_score)
+    argument("model " + lmcc::quoted(m->desc->name) + " is a Diformer: it trains on source/target pairs "
+             "(lm_rt_pair_loss_and_grad, lm_rt_train_step_pairs)");
   if (!targets)
     argument("targets is NULL");
   const lm_model_desc &d = *m->desc;
@@ -116,6 +123,72 @@ double lossAndGrad(lm_model *m, Packed &p, float *grads, int64_t step, bool chec
                  std::to_string(k) + "; the weights are left unchanged");
   }
   return loss;
+}
+
+/// The pair loss: sum ce / sum_b n_b + length_loss * mean_b(-length_logprob), in double in row order.
+double pairLoss(const lm_model_desc &d, const std::vector<float> &ce, const std::vector<float> &lengthLp,
+                const std::vector<int32_t> &tgtLengths, double *nll) {
+  double tokens = 0, sum = 0, length = 0;
+  for (int32_t n : tgtLengths)
+    tokens += n;
+  for (float v : ce)
+    sum += v;
+  for (float v : lengthLp)
+    length -= v;
+  const double loss = sum / tokens + d.length_loss * length / double(lengthLp.size());
+  if (nll) {
+    nll[0] = sum / tokens;
+    nll[1] = length / double(lengthLp.size());
+  }
+  if (!std::isfinite(loss))
+    argument("the loss is not finite (" + lmcc::valueString(float(loss)) + "); the weights are left unchanged");
+  return loss;
+}
+
+/// The pair_loss_grad kernel on checked pairs into `grads` (zeroed first); see lossAndGrad.
+double pairLossAndGrad(lm_model *m, const int32_t *src, const int32_t *srcLengths, int32_t srcStride,
+                       const int32_t *tgt, const int32_t *tgtLengths, int32_t tgtStride, const int32_t *dirs,
+                       const uint32_t *hidden, int32_t batch, float *grads, bool checkGrads, double *nll) {
+  const lm_model_desc &d = *m->desc;
+  if (!d.pair_loss_grad)
+    argument("model " + lmcc::quoted(d.name) + " does not train on source/target pairs (only family \"diformer\" "
+             "compiled with --train does)");
+  lmrt::detail::checkPairInputs(m, src, srcLengths, srcStride, tgt, tgtLengths, tgtStride, dirs, hidden, batch);
+  lmrt::detail::PairBatch p =
+      lmrt::detail::packPairs(&d, src, srcLengths, srcStride, tgt, tgtLengths, tgtStride, dirs, hidden, 0, batch);
+  std::fill(grads, grads + d.total_floats, 0.0f);
+  std::vector<float> ce(size_t(p.rows * p.n)), lengthLp(size_t(p.rows));
+  lm_memref1f w = memref1(m->weights, d.total_floats), g = memref1(grads, d.total_floats);
+  lm_memref2i srcRef = p.srcRef(), tgtRef = p.tgtRef();
+  lm_memref1i srcLenRef = p.srcLenRef(), tgtLenRef = p.tgtLenRef();
+  lm_memref3i rowsRef = p.rowsRef();
+  lm_memref2f ceRef = memref2(ce.data(), p.rows, p.n);
+  lm_memref1f lenRef = memref1(lengthLp.data(), p.rows);
+  d.pair_loss_grad(&w, &srcRef, &srcLenRef, &tgtRef, &tgtLenRef, &rowsRef, &ceRef, &lenRef, &g);
+  const double loss = pairLoss(d, ce, lengthLp, p.tgtLen, nll);
+  for (int32_t i = 0; checkGrads && i < d.num_tensors; ++i) {
+    const lm_tensor_desc &t = d.tensors[i];
+    for (int64_t k = 0; k < descNumel(t); ++k)
+      if (!std::isfinite(grads[t.offset + k]))
+        argument("the gradient of tensor " + lmcc::quoted(t.name) + " is not finite at flat index " +
+                 std::to_string(k) + "; the weights are left unchanged");
+  }
+  return loss;
+}
+
+/// One optimizer step on the gradient in t->grads (the all-reduce point is before this call).
+void applyStep(lm_trainer *t, double *lr, double *gradNorm) {
+  lmcc::train::Optimizer::StepInfo info;
+  try {
+    info = t->optimizer->step(t->model->weights, t->grads.data());
+  } catch (const lmcc::train::NonFiniteGradient &e) {
+    argument(std::string("the gradient is not finite: ") + e.what() + "; the weights are left unchanged");
+  }
+  rerunInit(t->model);
+  if (lr)
+    *lr = info.lr;
+  if (gradNorm)
+    *gradNorm = info.gradNorm;
 }
 
 void rerunInit(lm_model *m) {
@@ -204,6 +277,42 @@ int lm_rt_loss_and_grad(lm_model *m, const int32_t *inputs, const int32_t *targe
   });
 }
 
+int lm_rt_pair_loss_and_grad(lm_model *m, const int32_t *src, const int32_t *src_lengths, int32_t src_stride,
+                             const int32_t *tgt, const int32_t *tgt_lengths, int32_t tgt_stride, const int32_t *dirs,
+                             const uint32_t *hidden, int32_t batch, float *loss, double nll[2], float *grad) {
+  return guardedCall([&] {
+    const lm_model_desc &d = trainable(m);
+    std::vector<float> grads(d.total_floats);
+    const double value = pairLossAndGrad(m, src, src_lengths, src_stride, tgt, tgt_lengths, tgt_stride, dirs, hidden,
+                                         batch, grads.data(), /*checkGrads=*/true, nll);
+    if (grad) {
+      float *out = grad;
+      for (int32_t i = 0; i < d.num_tensors; ++i) {
+        const lm_tensor_desc &t = d.tensors[i];
+        out = std::copy(grads.begin() + t.offset, grads.begin() + t.offset + descNumel(t), out);
+      }
+    }
+    if (loss)
+      *loss = float(value);
+  });
+}
+
+int lm_rt_train_step_pairs(lm_trainer *t, const int32_t *src, const int32_t *src_lengths, int32_t src_stride,
+                           const int32_t *tgt, const int32_t *tgt_lengths, int32_t tgt_stride, const int32_t *dirs,
+                           const uint32_t *hidden, int32_t batch, float *loss, double nll[2], double *lr,
+                           double *gradNorm) {
+  return guardedCall([&] {
+    if (!t)
+      argument("the trainer is NULL");
+    const double value = pairLossAndGrad(t->model, src, src_lengths, src_stride, tgt, tgt_lengths, tgt_stride, dirs,
+                                         hidden, batch, t->grads.data(), /*checkGrads=*/false, nll);
+    // <- a data-parallel run would all-reduce t->grads here.
+    applyStep(t, lr, gradNorm);
+    if (loss)
+      *loss = float(value);
+  });
+}
+
 int lm_rt_loss(lm_model *m, const int32_t *inputs, const int32_t *targets, const int32_t *lengths, int32_t batch,
                int32_t stride, float *loss, int64_t *targetsOut) {
   return guardedCall([&] {
@@ -269,19 +378,9 @@ int lm_rt_train_step_ex(lm_trainer *t, const int32_t *inputs, const int32_t *tar
     Packed p = pack(t->model, inputs, targets, lengths, batch, stride);
     const double value = lossAndGrad(t->model, p, t->grads.data(), t->optimizer->steps(), /*checkGrads=*/false);
     // <- a data-parallel run would all-reduce t->grads here.
-    lmcc::train::Optimizer::StepInfo info;
-    try {
-      info = t->optimizer->step(t->model->weights, t->grads.data());
-    } catch (const lmcc::train::NonFiniteGradient &e) {
-      argument(std::string("the gradient is not finite: ") + e.what() + "; the weights are left unchanged");
-    }
-    rerunInit(t->model);
+    applyStep(t, lr, gradNorm);
     if (loss)
       *loss = float(value);
-    if (lr)
-      *lr = info.lr;
-    if (gradNorm)
-      *gradNorm = info.gradNorm;
   });
 }
 

@@ -130,6 +130,9 @@ template <typename F> int guarded(F &&body) noexcept {
 using lmrt::detail::descShape;
 using lmrt::detail::memref1;
 using lmrt::detail::memref2;
+using lmrt::detail::checkPairInputs;
+using lmrt::detail::packPairs;
+using lmrt::detail::PairBatch;
 
 // --- Descriptor ---------------------------------------------------------------
 
@@ -564,6 +567,107 @@ namespace lmrt::detail {
 void checkModelInputs(const lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride) {
   checkInputs(m, ids, lengths, batch, stride);
 }
+
+void checkPairInputs(const lm_model *m, const int32_t *src, const int32_t *srcLengths, int32_t srcStride,
+                     const int32_t *tgt, const int32_t *tgtLengths, int32_t tgtStride, const int32_t *dirs,
+                     const uint32_t *hidden, int32_t batch) {
+  if (!m)
+    argumentError("the model is NULL");
+  const lm_model_desc *d = m->desc;
+  if (!d->pair_score)
+    argumentError("model " + quoted(d->name) + " does not score source/target pairs (only family \"diformer\" does)");
+  for (auto [what, p] : {std::pair<const char *, const void *>{"src", src}, {"src_lengths", srcLengths},
+                         {"tgt", tgt}, {"tgt_lengths", tgtLengths}, {"dirs", dirs}})
+    if (!p)
+      argumentError(std::string(what) + " is NULL");
+  if (batch < 1)
+    argumentError("batch = " + std::to_string(batch) + " must be at least 1");
+  if (srcStride < 1 || tgtStride < 1)
+    argumentError("src_stride = " + std::to_string(srcStride) + " and tgt_stride = " + std::to_string(tgtStride) +
+                  " must be at least 1");
+  const int64_t W = LM_HIDDEN_WORDS(d->max_len);
+  auto where = [](const char *what, int32_t b, int64_t i) {
+    return std::string(what) + "[" + std::to_string(b) + "*stride+" + std::to_string(i) + "]";
+  };
+  for (int32_t b = 0; b < batch; ++b) {
+    const int32_t m0 = srcLengths[b], n = tgtLengths[b];
+    if (m0 < 1 || m0 > d->max_len || m0 > srcStride)
+      argumentError("src_lengths[" + std::to_string(b) + "] = " + std::to_string(m0) + " is outside [1, min(max_len=" +
+                    std::to_string(d->max_len) + ", src_stride=" + std::to_string(srcStride) + ")]");
+    if (n < 2 || n >= d->max_len || n > tgtStride)
+      argumentError("tgt_lengths[" + std::to_string(b) + "] = " + std::to_string(n) + " is outside [2, min(max_len-1=" +
+                    std::to_string(d->max_len - 1) + ", tgt_stride=" + std::to_string(tgtStride) +
+                    ")] (bos .. eos; the length head predicts n < max_len)");
+    for (int32_t i = 0; i < m0; ++i)
+      if (src[int64_t(b) * srcStride + i] < 0 || src[int64_t(b) * srcStride + i] >= d->vocab)
+        argumentError(where("src", b, i) + " = " + std::to_string(src[int64_t(b) * srcStride + i]) +
+                      " is outside the vocabulary [0, " + std::to_string(d->vocab) + ")");
+    const int32_t *y = tgt + int64_t(b) * tgtStride;
+    for (int32_t i = 0; i < n; ++i)
+      if (y[i] < 0 || y[i] >= d->vocab)
+        argumentError(where("tgt", b, i) + " = " + std::to_string(y[i]) + " is outside the vocabulary [0, " +
+                      std::to_string(d->vocab) + ")");
+    if (y[0] != d->bos_id || y[n - 1] != d->eos_id)
+      argumentError("target " + std::to_string(b) + " must start with bos (" + std::to_string(d->bos_id) +
+                    ") and end with eos (" + std::to_string(d->eos_id) + ")");
+    const int32_t *z = dirs + int64_t(b) * tgtStride;
+    for (int32_t i = 0; i < n; ++i) {
+      if (z[i] < 0 || z[i] > 3)
+        argumentError(where("dirs", b, i) + " = " + std::to_string(z[i]) + " is not a direction (0 R, 1 L, 2 S, 3 skip)");
+      for (int64_t j = 0; hidden && j < int64_t(n) && j < W * 32; ++j) {
+        const uint32_t word = hidden[(int64_t(b) * tgtStride + i) * W + j / 32];
+        if (!((word >> (j % 32)) & 1u))
+          continue;
+        if (z[i] != 2)
+          argumentError(where("hidden", b, i) + " hides key " + std::to_string(j) + " from a row that is not S");
+        if (j < 1 || j > n - 2)
+          argumentError(where("hidden", b, i) + " hides key " + std::to_string(j) + ", outside 1..n-2 = 1.." +
+                        std::to_string(n - 2) + " (bos and eos are never hidden)");
+      }
+    }
+    if (z[0] != 0 && z[0] != 3)
+      argumentError(where("dirs", b, 0) + " = " + std::to_string(z[0]) + ": row 0 must be R (0) or skip (3)");
+    if (z[n - 1] != 1 && z[n - 1] != 3)
+      argumentError(where("dirs", b, n - 1) + " = " + std::to_string(z[n - 1]) + ": row n-1 must be L (1) or skip (3)");
+  }
+}
+
+PairBatch packPairs(const lm_model_desc *d, const int32_t *src, const int32_t *srcLengths, int32_t srcStride,
+                    const int32_t *tgt, const int32_t *tgtLengths, int32_t tgtStride, const int32_t *dirs,
+                    const uint32_t *hidden, int64_t b0, int64_t rows) {
+  const int64_t W = LM_HIDDEN_WORDS(d->max_len);
+  PairBatch p;
+  p.rows = rows, p.width = 1 + W;
+  for (int64_t r = 0; r < rows; ++r) {
+    p.ms = std::max<int64_t>(p.ms, srcLengths[b0 + r]);
+    p.n = std::max<int64_t>(p.n, tgtLengths[b0 + r]);
+  }
+  const size_t R = size_t(rows);
+  p.src.assign(R * size_t(p.ms), d->pad_id);
+  p.tgt.assign(R * size_t(p.n), d->pad_id);
+  p.srcLen.resize(R);
+  p.tgtLen.resize(R);
+  p.rowData.assign(R * size_t(p.n * p.width), 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t b = b0 + r;
+    p.srcLen[size_t(r)] = srcLengths[b];
+    p.tgtLen[size_t(r)] = tgtLengths[b];
+    std::copy(src + b * srcStride, src + b * srcStride + srcLengths[b], p.src.begin() + r * p.ms);
+    std::copy(tgt + b * tgtStride, tgt + b * tgtStride + tgtLengths[b], p.tgt.begin() + r * p.n);
+    for (int64_t i = 0; i < p.n; ++i) {
+      int32_t *row = p.rowData.data() + (r * p.n + i) * p.width;
+      if (i >= tgtLengths[b]) {
+        row[0] = 3;
+        continue;
+      }
+      row[0] = dirs[b * tgtStride + i];
+      for (int64_t w = 0; hidden && w < W; ++w)
+        row[1 + w] = int32_t(hidden[(b * tgtStride + i) * W + w]);
+    }
+  }
+  return p;
+}
+
 } // namespace lmrt::detail
 
 namespace {
@@ -684,104 +788,28 @@ void scoreImpl(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t 
   }
 }
 
-/// The directions and hidden sets of lm_rt_score_pairs as the kernel's rows [rows, n, 1 + W] (padding rows skip).
+/// lm_rt_score_pairs: checked, then scored in chunks of kChunkRows pairs across the threads.
 void pairsImpl(lm_model *m, const int32_t *src, const int32_t *srcLengths, int32_t srcStride, const int32_t *tgt,
                const int32_t *tgtLengths, int32_t tgtStride, const int32_t *dirs, const uint32_t *hidden,
                int32_t batch, float *tokenLogprobs, float *scores, float *lengthLogprobs) {
-  if (!m)
-    argumentError("the model is NULL");
+  checkPairInputs(m, src, srcLengths, srcStride, tgt, tgtLengths, tgtStride, dirs, hidden, batch);
+  if (!scores)
+    argumentError("scores is NULL");
   const lm_model_desc *d = m->desc;
-  if (!d->pair_score)
-    argumentError("model " + quoted(d->name) + " does not score source/target pairs (only family \"diformer\" does)");
-  for (auto [what, p] : {std::pair<const char *, const void *>{"src", src}, {"src_lengths", srcLengths},
-                         {"tgt", tgt}, {"tgt_lengths", tgtLengths}, {"dirs", dirs}, {"scores", scores}})
-    if (!p)
-      argumentError(std::string(what) + " is NULL");
-  if (batch < 1)
-    argumentError("batch = " + std::to_string(batch) + " must be at least 1");
-  if (srcStride < 1 || tgtStride < 1)
-    argumentError("src_stride = " + std::to_string(srcStride) + " and tgt_stride = " + std::to_string(tgtStride) +
-                  " must be at least 1");
-  const int64_t W = LM_HIDDEN_WORDS(d->max_len);
-  auto where = [](const char *what, int32_t b, int64_t i) {
-    return std::string(what) + "[" + std::to_string(b) + "*stride+" + std::to_string(i) + "]";
-  };
-  for (int32_t b = 0; b < batch; ++b) {
-    const int32_t m0 = srcLengths[b], n = tgtLengths[b];
-    if (m0 < 1 || m0 > d->max_len || m0 > srcStride)
-      argumentError("src_lengths[" + std::to_string(b) + "] = " + std::to_string(m0) + " is outside [1, min(max_len=" +
-                    std::to_string(d->max_len) + ", src_stride=" + std::to_string(srcStride) + ")]");
-    if (n < 2 || n >= d->max_len || n > tgtStride)
-      argumentError("tgt_lengths[" + std::to_string(b) + "] = " + std::to_string(n) + " is outside [2, min(max_len-1=" +
-                    std::to_string(d->max_len - 1) + ", tgt_stride=" + std::to_string(tgtStride) +
-                    ")] (bos .. eos; the length head predicts n < max_len)");
-    for (int32_t i = 0; i < m0; ++i)
-      if (src[int64_t(b) * srcStride + i] < 0 || src[int64_t(b) * srcStride + i] >= d->vocab)
-        argumentError(where("src", b, i) + " = " + std::to_string(src[int64_t(b) * srcStride + i]) +
-                      " is outside the vocabulary [0, " + std::to_string(d->vocab) + ")");
-    const int32_t *y = tgt + int64_t(b) * tgtStride;
-    for (int32_t i = 0; i < n; ++i)
-      if (y[i] < 0 || y[i] >= d->vocab)
-        argumentError(where("tgt", b, i) + " = " + std::to_string(y[i]) + " is outside the vocabulary [0, " +
-                      std::to_string(d->vocab) + ")");
-    if (y[0] != d->bos_id || y[n - 1] != d->eos_id)
-      argumentError("target " + std::to_string(b) + " must start with bos (" + std::to_string(d->bos_id) +
-                    ") and end with eos (" + std::to_string(d->eos_id) + ")");
-    const int32_t *z = dirs + int64_t(b) * tgtStride;
-    for (int32_t i = 0; i < n; ++i) {
-      if (z[i] < 0 || z[i] > 3)
-        argumentError(where("dirs", b, i) + " = " + std::to_string(z[i]) + " is not a direction (0 R, 1 L, 2 S, 3 skip)");
-      for (int64_t j = 0; hidden && j < int64_t(n) && j < W * 32; ++j) {
-        const uint32_t word = hidden[(int64_t(b) * tgtStride + i) * W + j / 32];
-        if (!((word >> (j % 32)) & 1u))
-          continue;
-        if (z[i] != 2)
-          argumentError(where("hidden", b, i) + " hides key " + std::to_string(j) + " from a row that is not S");
-        if (j < 1 || j > n - 2)
-          argumentError(where("hidden", b, i) + " hides key " + std::to_string(j) + ", outside 1..n-2 = 1.." +
-                        std::to_string(n - 2) + " (bos and eos are never hidden)");
-      }
-    }
-    if (z[0] != 0 && z[0] != 3)
-      argumentError(where("dirs", b, 0) + " = " + std::to_string(z[0]) + ": row 0 must be R (0) or skip (3)");
-    if (z[n - 1] != 1 && z[n - 1] != 3)
-      argumentError(where("dirs", b, n - 1) + " = " + std::to_string(z[n - 1]) + ": row n-1 must be L (1) or skip (3)");
-  }
   const int threads = effectiveThreads();
   const int64_t pieces = (batch + kChunkRows - 1) / kChunkRows;
   lm_memref1f weights = memref1(m->weights, d->total_floats);
   forEachPiece(pieces, threads, [&](int64_t p) {
     const int64_t b0 = p * kChunkRows, rows = std::min<int64_t>(kChunkRows, batch - b0);
-    int64_t ms = 0, n = 0;
-    for (int64_t r = 0; r < rows; ++r) {
-      ms = std::max<int64_t>(ms, srcLengths[b0 + r]);
-      n = std::max<int64_t>(n, tgtLengths[b0 + r]);
-    }
+    PairBatch pb = packPairs(d, src, srcLengths, srcStride, tgt, tgtLengths, tgtStride, dirs, hidden, b0, rows);
+    const int64_t n = pb.n;
     const size_t R = size_t(rows);
-    std::vector<int32_t> srcIds(R * size_t(ms), d->pad_id), tgtIds(R * size_t(n), d->pad_id), srcLen(R), tgtLen(R),
-        rowData(R * size_t(n * (1 + W)), 0), nScored(R);
+    std::vector<int32_t> nScored(R);
     std::vector<float> lp(R * size_t(n)), sc(R), len(R);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t b = b0 + r;
-      srcLen[size_t(r)] = srcLengths[b];
-      tgtLen[size_t(r)] = tgtLengths[b];
-      std::copy(src + b * srcStride, src + b * srcStride + srcLengths[b], srcIds.begin() + r * ms);
-      std::copy(tgt + b * tgtStride, tgt + b * tgtStride + tgtLengths[b], tgtIds.begin() + r * n);
-      for (int64_t i = 0; i < n; ++i) {
-        int32_t *row = rowData.data() + (r * n + i) * (1 + W);
-        if (i >= tgtLengths[b]) {
-          row[0] = 3;
-          continue;
-        }
-        row[0] = dirs[b * tgtStride + i];
-        for (int64_t w = 0; hidden && w < W; ++w)
-          row[1 + w] = int32_t(hidden[(b * tgtStride + i) * W + w]);
-      }
-    }
     lm_memref1f w = weights;
-    lm_memref2i srcRef = memref2(srcIds.data(), rows, ms), tgtRef = memref2(tgtIds.data(), rows, n);
-    lm_memref1i srcLenRef = memref1(srcLen.data(), rows), tgtLenRef = memref1(tgtLen.data(), rows);
-    lm_memref3i rowsRef = {rowData.data(), rowData.data(), 0, {rows, n, 1 + W}, {n * (1 + W), 1 + W, 1}};
+    lm_memref2i srcRef = pb.srcRef(), tgtRef = pb.tgtRef();
+    lm_memref1i srcLenRef = pb.srcLenRef(), tgtLenRef = pb.tgtLenRef();
+    lm_memref3i rowsRef = pb.rowsRef();
     lm_memref2f lpRef = memref2(lp.data(), rows, n);
     lm_memref1f scRef = memref1(sc.data(), rows), lenRef = memref1(len.data(), rows);
     lm_memref1i nRef = memref1(nScored.data(), rows);

@@ -75,6 +75,16 @@ typedef void (*lm_pair_score_kernel)(lm_memref1f *weights, lm_memref2i *src, lm_
                                      lm_memref2i *tgt, lm_memref1i *tgt_lengths, lm_memref3i *dirs,
                                      lm_memref2f *token_logprobs, lm_memref1f *scores, lm_memref1i *n_scored,
                                      lm_memref1f *length_logprobs);
+/* The Diformer's training entries (lmcc compile --train): the inputs of lm_pair_score_kernel; ce [rows, n] each
+ * row's cross-entropy (0 for skipped rows), length_logprobs [rows]; the loss is sum ce / sum_b n_b +
+ * length_loss * mean_b(-length_logprobs), and grads its gradient in the weight buffer's layout (zeroed by
+ * the caller). */
+typedef void (*lm_pair_loss_kernel)(lm_memref1f *weights, lm_memref2i *src, lm_memref1i *src_lengths, lm_memref2i *tgt,
+                                    lm_memref1i *tgt_lengths, lm_memref3i *dirs, lm_memref2f *ce,
+                                    lm_memref1f *length_logprobs);
+typedef void (*lm_pair_loss_grad_kernel)(lm_memref1f *weights, lm_memref2i *src, lm_memref1i *src_lengths,
+                                         lm_memref2i *tgt, lm_memref1i *tgt_lengths, lm_memref3i *dirs, lm_memref2f *ce,
+                                         lm_memref1f *length_logprobs, lm_memref1f *grads);
 /* Computes the tensors lm-fold-constants derived from weights alone (e.g. T-TA's first-layer
  * query of the positions) into their slots of the weight buffer, once, after loading. */
 typedef void (*lm_init_kernel)(lm_memref1f *weights);
@@ -129,6 +139,9 @@ typedef struct {
   /* ABI 5: the Diformer's source/target scoring (then score, span_score and embed are NULL). */
   lm_pair_score_kernel pair_score;
   int32_t bos_id, eos_id; /* the Diformer's targets run bos .. eos */
+  lm_pair_loss_kernel pair_loss;          /* NULL unless a Diformer compiled with --train */
+  lm_pair_loss_grad_kernel pair_loss_grad;
+  double length_loss;                     /* [diformer] length_loss: the weight of the length term */
 } lm_model_desc;
 
 typedef struct lm_model lm_model;
@@ -180,6 +193,13 @@ LM_API int lm_rt_param_info(const lm_model_desc *desc, int32_t index, const char
 /* loss (may be NULL) and the gradient in the packed layout (grad may be NULL). Weights unchanged. */
 LM_API int lm_rt_loss_and_grad(lm_model *m, const int32_t *inputs, const int32_t *targets, const int32_t *lengths,
                                int32_t batch, int32_t stride, float *loss, float *grad);
+/* The Diformer's directional loss of source/target pairs (the arguments of lm_rt_score_pairs) and its gradient
+ * in the packed layout (grad may be NULL); models compiled from family "diformer" with --train. nll (may be
+ * NULL) receives the loss's two terms: the token NLL per target token and the mean length NLL. */
+LM_API int lm_rt_pair_loss_and_grad(lm_model *m, const int32_t *src, const int32_t *src_lengths, int32_t src_stride,
+                                    const int32_t *tgt, const int32_t *tgt_lengths, int32_t tgt_stride,
+                                    const int32_t *dirs, const uint32_t *hidden, int32_t batch, float *loss,
+                                    double nll[2], float *grad);
 /* The loss alone (forward only): returns (1/T) sum ce and, when targets_out is not NULL, T. */
 LM_API int lm_rt_loss(lm_model *m, const int32_t *inputs, const int32_t *targets, const int32_t *lengths,
                       int32_t batch, int32_t stride, float *loss, int64_t *targets_out);
@@ -195,6 +215,12 @@ LM_API int lm_rt_train_step(lm_trainer *t, const int32_t *inputs, const int32_t 
 /* The same, also returning the learning rate the step used and the pre-clip global gradient norm (may be NULL). */
 LM_API int lm_rt_train_step_ex(lm_trainer *t, const int32_t *inputs, const int32_t *targets, const int32_t *lengths,
                                int32_t batch, int32_t stride, float *loss, double *lr, double *grad_norm);
+/* One step on source/target pairs (a Diformer's trainer): gradient of lm_rt_pair_loss_and_grad's loss,
+ * clipping, optimizer, schedule. */
+LM_API int lm_rt_train_step_pairs(lm_trainer *t, const int32_t *src, const int32_t *src_lengths, int32_t src_stride,
+                                  const int32_t *tgt, const int32_t *tgt_lengths, int32_t tgt_stride,
+                                  const int32_t *dirs, const uint32_t *hidden, int32_t batch, float *loss,
+                                  double nll[2], double *lr, double *grad_norm);
 /* Steps done so far (-1 on a NULL trainer). */
 LM_API int64_t lm_rt_trainer_steps(const lm_trainer *t);
 /* Weights + optimizer moments + step count as one safetensors file (written to a temporary name, then renamed). */
@@ -238,14 +264,15 @@ LM_API void lm_rt_parallel_for(int64_t n, lm_task_fn fn, void *ctx);
 /* Loss and backward kernels called by compiled training code (lm-to-loops lowers the lm training ops
  * to these; runtime/lib/TrainKernels.cpp, one copy per ISA level chosen at first use). Dense row-major
  * float32; B sentences padded to N rows with lengths[b] valid rows; mask: 0 none, 1 causal,
- * 2 anticausal, 3 diagonal; activation kind: 0 gelu, 1 gelu_tanh, 2 relu. Deterministic for any
+ * 2 anticausal, 3 diagonal, 4 directional (rows [B, N, row_width], the Diformer's); per_length: the loss
+ * divides by sum_b lengths[b] instead of the number of rows with a target; activation kind: 0 gelu, 1 gelu_tanh, 2 relu. Deterministic for any
  * thread count. */
 LM_API void lm_rt_token_loss(const float *h, const float *W, const float *bias, const int32_t *targets,
                              const int32_t *lengths, int64_t B, int64_t N, int64_t D, int64_t V, double smoothing,
                              float *ce, float *lse);
 LM_API void lm_rt_token_loss_grad(const float *h, const float *W, const float *bias, const int32_t *targets,
                                   const int32_t *lengths, const float *lse, int64_t B, int64_t N, int64_t D, int64_t V,
-                                  double smoothing, float *dh, float *dW, float *dbias);
+                                  double smoothing, int32_t per_length, float *dh, float *dW, float *dbias);
 /* One head of lm.ngram_loss: targets shifted by `shift` (-1 past the sentence), total = [total +] weight * ce
  * (first != 0: overwritten); the gradient seeds d ce = weight / T, T counted on the unshifted targets, and
  * writes (first) or adds into dW and dbias (dbias may be NULL). */
@@ -261,11 +288,14 @@ LM_API void lm_rt_linear_grad(const float *dy, const float *x, const float *W, i
 LM_API void lm_rt_layer_norm_grad(const float *dy, const float *x, const float *gamma, int64_t rows, int64_t D,
                                   double eps, float *dx, float *dgamma, float *dbeta);
 LM_API void lm_rt_activation_grad(const float *dy, const float *x, int64_t n, int32_t kind, float *dx);
-/* rel_k, rel_v [2 clip + 1, d_model / heads] or NULL (then d_rel_k, d_rel_v are not written). */
+/* rel_k, rel_v [2 clip + 1, d_model / heads] or NULL (then d_rel_k, d_rel_v are not written); rows: the
+ * directional mask's [B, N, row_width] (NULL for other masks); lengths pad the M keys, query_lengths the N
+ * queries (NULL: lengths). */
 LM_API void lm_rt_attention_grad(const float *dO, const float *q, const float *k, const float *v,
-                                 const int32_t *lengths, const float *rel_k, const float *rel_v, int64_t clip,
-                                 int64_t B, int64_t N, int64_t M, int64_t D, int64_t heads, int32_t mask, float scale,
-                                 float *dq, float *dk, float *dv, float *d_rel_k, float *d_rel_v);
+                                 const int32_t *lengths, const int32_t *query_lengths, const int32_t *rows, int64_t row_width, const float *rel_k,
+                                 const float *rel_v, int64_t clip, int64_t B, int64_t N, int64_t M, int64_t D,
+                                 int64_t heads, int32_t mask, float scale, float *dq, float *dk, float *dv,
+                                 float *d_rel_k, float *d_rel_v);
 LM_API void lm_rt_relative_scores_grad(const float *dOut, const float *q, const float *rel, int64_t BH, int64_t N,
                                        int64_t M, int64_t dh, int64_t clip, float *dq, float *d_rel);
 LM_API void lm_rt_relative_values_grad(const float *dOut, const float *p, const float *rel, int64_t BH, int64_t N,
@@ -277,7 +307,7 @@ LM_API void lm_rt_positions_grad(const float *dy, const int32_t *lengths, int64_
 LM_API void lm_rt_cross_entropy(const float *lp, const int32_t *targets, const int32_t *lengths, int64_t B, int64_t N,
                                 int64_t V, double smoothing, float *ce);
 LM_API void lm_rt_cross_entropy_grad(const int32_t *targets, const int32_t *lengths, int64_t B, int64_t N, int64_t V,
-                                     double smoothing, float *dlp);
+                                     double smoothing, int32_t per_length, float *dlp);
 /* out = x * keep / (1 - rate), keep from runtime/train/Philox.h's dropoutKeep with the [train] seed and the
  * trainer's step (rows past a length: 0). The same call applies the mask to a gradient. */
 LM_API void lm_rt_dropout(const float *x, const int32_t *lengths, int64_t B, int64_t N, int64_t C, double rate,

@@ -6,6 +6,8 @@
                                         1 +- 0.3), so that attention is far from uniform and errors show
   capi LIB NAME MAX_LEN BOS EOS         <name>_score_pairs through ctypes: one valid pair, then invalid
                                         arguments (each must fail with LM_ERR_ARGUMENT and say why)
+  gradcmp A B TOL                       every tensor of two gradient files agrees within TOL of max(the tensor's
+                                        largest magnitude, 1e-3) (DiformerTest's measure); same names and shapes
   cmp A B TOL                           token log-probs, scores and length log-probs of two lmcc score outputs
                                         agree within TOL (relative to max(1, |value|)); n_scored equal
 """
@@ -61,6 +63,33 @@ def cmp(a, b, tol):
             if d > tol:
                 sys.exit("line %d: %r vs %r (relative difference %.3g > %g)" % (i + 1, u, v, d, tol))
     print("%d lines agree: max relative difference %.3g <= %g" % (len(xs), worst, tol))
+
+
+def read_safetensors(path):
+    data = open(path, "rb").read()
+    (size,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + size])
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = t["data_offsets"]
+        out[name] = (t["shape"], struct.unpack("<%df" % ((end - begin) // 4), data[8 + size + begin:8 + size + end]))
+    return out
+
+
+def gradcmp(a, b, tol):
+    x, y = read_safetensors(a), read_safetensors(b)
+    assert sorted(x) == sorted(y), (sorted(set(x) ^ set(y)))
+    worst = 0.0
+    for name in sorted(x):
+        assert x[name][0] == y[name][0], (name, x[name][0], y[name][0])
+        scale = max(max(abs(v) for v in y[name][1]), 1e-3)  # as DiformerTest: tensors whose gradient vanishes
+        d = max(abs(u - v) for u, v in zip(x[name][1], y[name][1])) / scale
+        worst = max(worst, d)
+        if d > tol:
+            sys.exit("%s: max difference %.3g of the tensor's scale > %g" % (name, d, tol))
+    print("%d tensors agree: max difference %.3g of the tensor's scale <= %g" % (len(x), worst, tol))
 
 
 def sharpen(src, dst, seed):
@@ -134,6 +163,8 @@ if __name__ == "__main__":
         gen(*map(int, sys.argv[2:7]), sys.argv[7])
     elif sys.argv[1] == "capi":
         capi(sys.argv[2], sys.argv[3], *map(int, sys.argv[4:7]))
+    elif sys.argv[1] == "gradcmp":
+        gradcmp(sys.argv[2], sys.argv[3], float(sys.argv[4]))
     elif sys.argv[1] == "sharpen":
         sharpen(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     else:

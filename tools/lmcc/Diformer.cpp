@@ -208,36 +208,48 @@ int flushOut(const std::string &out) {
 
 namespace {
 
+/// Validated examples as lm_rt_score_pairs's arrays.
+struct PairArrays {
+  int32_t batch = 0, srcStride = 1, tgtStride = 1;
+  std::vector<int32_t> src, tgt, srcLen, tgtLen, dirs;
+  std::vector<uint32_t> hidden;
+  PairArrays(const ModelSpec &spec, const std::vector<df::Example> &examples) {
+    batch = int32_t(examples.size());
+    for (const df::Example &e : examples) {
+      srcStride = std::max(srcStride, int32_t(e.src.size()));
+      tgtStride = std::max(tgtStride, int32_t(e.tgt.size()));
+    }
+    const int64_t words = LM_HIDDEN_WORDS(spec.dims.maxLen);
+    src.assign(size_t(batch) * srcStride, 0);
+    tgt.assign(size_t(batch) * tgtStride, 0);
+    dirs.assign(size_t(batch) * tgtStride, 3);
+    hidden.assign(size_t(batch) * tgtStride * words, 0u);
+    for (int32_t b = 0; b < batch; ++b) {
+      const df::Example &e = examples[size_t(b)];
+      srcLen.push_back(int32_t(e.src.size()));
+      tgtLen.push_back(int32_t(e.tgt.size()));
+      std::copy(e.src.begin(), e.src.end(), src.begin() + int64_t(b) * srcStride);
+      std::copy(e.tgt.begin(), e.tgt.end(), tgt.begin() + int64_t(b) * tgtStride);
+      for (size_t i = 0; i < e.tgt.size(); ++i) {
+        const int64_t row = int64_t(b) * tgtStride + int64_t(i);
+        dirs[size_t(row)] = int32_t(e.dirs[i]); // Dir's codes are the runtime's: 0 R, 1 L, 2 S, 3 skip
+        for (int32_t j : e.hidden[i])
+          hidden[size_t(row * words + j / 32)] |= 1u << (j % 32);
+      }
+    }
+  }
+};
+
 /// Scores validated examples through a compiled library's lm_rt_score_pairs.
 std::vector<df::Score> scoreCompiled(const ModelSpec &spec, CompiledModel &compiled,
                                      const std::vector<df::Example> &examples) {
-  const int32_t batch = int32_t(examples.size());
-  int32_t srcStride = 1, tgtStride = 1;
-  for (const df::Example &e : examples) {
-    srcStride = std::max(srcStride, int32_t(e.src.size()));
-    tgtStride = std::max(tgtStride, int32_t(e.tgt.size()));
-  }
-  const int64_t words = LM_HIDDEN_WORDS(spec.dims.maxLen);
-  std::vector<int32_t> src(size_t(batch) * srcStride, 0), tgt(size_t(batch) * tgtStride, 0), srcLen, tgtLen,
-      dirs(size_t(batch) * tgtStride, 3);
-  std::vector<uint32_t> hidden(size_t(batch) * tgtStride * words, 0u);
-  for (int32_t b = 0; b < batch; ++b) {
-    const df::Example &e = examples[size_t(b)];
-    srcLen.push_back(int32_t(e.src.size()));
-    tgtLen.push_back(int32_t(e.tgt.size()));
-    std::copy(e.src.begin(), e.src.end(), src.begin() + int64_t(b) * srcStride);
-    std::copy(e.tgt.begin(), e.tgt.end(), tgt.begin() + int64_t(b) * tgtStride);
-    for (size_t i = 0; i < e.tgt.size(); ++i) {
-      const int64_t row = int64_t(b) * tgtStride + int64_t(i);
-      dirs[size_t(row)] = int32_t(e.dirs[i]); // Dir's codes are the runtime's: 0 R, 1 L, 2 S, 3 skip
-      for (int32_t j : e.hidden[i])
-        hidden[size_t(row * words + j / 32)] |= 1u << (j % 32);
-    }
-  }
+  PairArrays a(spec, examples);
+  const int32_t batch = a.batch, tgtStride = a.tgtStride;
   const size_t B = size_t(batch);
   std::vector<float> lp(B * size_t(tgtStride)), scores(B), lengths(B);
-  if (lm_rt_score_pairs(compiled.model, src.data(), srcLen.data(), srcStride, tgt.data(), tgtLen.data(), tgtStride,
-                        dirs.data(), hidden.data(), batch, lp.data(), scores.data(), lengths.data()) != LM_OK)
+  if (lm_rt_score_pairs(compiled.model, a.src.data(), a.srcLen.data(), a.srcStride, a.tgt.data(), a.tgtLen.data(),
+                        tgtStride, a.dirs.data(), a.hidden.data(), batch, lp.data(), scores.data(),
+                        lengths.data()) != LM_OK)
     throw std::runtime_error(std::string("compiled score: ") + lm_rt_last_error());
   std::vector<df::Score> out(examples.size());
   for (int32_t b = 0; b < batch; ++b) {
@@ -301,8 +313,44 @@ int diformerScore(const ModelSpec &spec, const std::string &weights, const std::
 }
 
 int diformerGrad(const ModelSpec &spec, const std::string &weights, const std::string &batch, const std::string &out,
-                 int threads) {
+                 int threads, CompiledModel *compiled) {
   std::vector<df::Example> examples = parseBatch(spec, parseJson(readAll(batch, "batch file"), batch), batch, true);
+  if (compiled) { // lm_rt_pair_loss_and_grad of the library compiled with --train
+    PairArrays a(spec, examples);
+    const lm_model_desc *d = compiled->desc();
+    std::vector<float> grad(size_t(lm_rt_num_params(d)));
+    float loss = 0;
+    double nll[2] = {0, 0};
+    if (lm_rt_pair_loss_and_grad(compiled->model, a.src.data(), a.srcLen.data(), a.srcStride, a.tgt.data(),
+                                 a.tgtLen.data(), a.tgtStride, a.dirs.data(), a.hidden.data(), a.batch, &loss, nll,
+                                 grad.data()) != LM_OK)
+      throw std::invalid_argument(batch + ": " + lm_rt_last_error());
+    WeightSet grads;
+    for (int32_t i = 0; i < d->num_tensors; ++i) {
+      const char *name = nullptr;
+      int64_t offset = 0, count = 0;
+      lm_rt_param_info(d, i, &name, &offset, &count);
+      Tensor t;
+      t.shape.assign(d->tensors[i].shape, d->tensors[i].shape + d->tensors[i].rank);
+      t.data.assign(grad.begin() + offset, grad.begin() + offset + count);
+      grads.tensors.emplace(name, std::move(t));
+    }
+    int64_t tokens = 0;
+    for (int32_t n : a.tgtLen)
+      tokens += n;
+    grads.metadata["name"] = spec.name;
+    grads.metadata["spec_hash"] = specHash(spec);
+    grads.metadata["loss"] = std::to_string(loss);
+    writeSafetensors(out, grads);
+    std::string line = "{\"loss\":";
+    appendNumber(line, loss, "loss");
+    line += ",\"tokens\":" + std::to_string(tokens) + ",\"token_nll\":";
+    appendNumber(line, nll[0] * double(tokens), "token NLL");
+    line += ",\"length_nll\":";
+    appendNumber(line, nll[1] * double(a.batch), "length NLL");
+    line += "}\n";
+    return flushOut(line);
+  }
   WeightSet w = loadWeights(weights, spec);
   df::Model model(spec, w);
   df::LossAndGrad r = df::lossAndGrad(spec, model, examples, threads);
@@ -321,7 +369,7 @@ int diformerGrad(const ModelSpec &spec, const std::string &weights, const std::s
 }
 
 int diformerTrain(const ModelSpec &spec, const std::string &weights, const std::string &batchesPath,
-                  const std::string &outDir, int64_t steps, int64_t saveEvery, int threads) {
+                  const std::string &outDir, int64_t steps, int64_t saveEvery, int threads, const CompileFn &compile) {
   std::vector<std::vector<df::Example>> batches;
   for (auto &[no, line] : lines(readAll(batchesPath, "batches file"))) {
     if (trim(line).empty())
@@ -337,6 +385,61 @@ int diformerTrain(const ModelSpec &spec, const std::string &weights, const std::
     if (!trim(line).empty())
       fixed.push_back(line.find("\"dirs\"") != std::string::npos);
   WeightSet w = weights.empty() ? initWeights(spec, uint64_t(spec.train.seed)) : loadWeights(weights, spec);
+  std::filesystem::create_directories(outDir);
+  const std::string weightsOut = (std::filesystem::path(outDir) / "weights.safetensors").string();
+  if (steps <= 0)
+    steps = int64_t(batches.size());
+  auto logStep = [&](int64_t done, double loss, double tokenNll, double lengthNll, int64_t tokens, double lr,
+                     double gradNorm, double ms) {
+    char buf[256];
+    std::snprintf(buf, sizeof buf,
+                  "{\"step\":%lld,\"loss\":%.6g,\"token_nll\":%.6g,\"length_nll\":%.6g,\"tokens\":%lld,\"lr\":%.6g,"
+                  "\"grad_norm\":%.6g,\"ms\":%.1f}\n",
+                  (long long)done, loss, tokenNll, lengthNll, (long long)tokens, lr, gradNorm, ms);
+    std::fputs(buf, stdout);
+    std::fflush(stdout);
+  };
+  if (compile) { // the compiled library's trainer (lm_rt_train_step_pairs)
+    // The library loads its weights from a file: the initial ones are written beside the output first.
+    const std::string initPath = (std::filesystem::path(outDir) / ".init.safetensors").string();
+    w.metadata["name"] = spec.name;
+    w.metadata["spec_hash"] = specHash(spec);
+    writeSafetensors(initPath, w);
+    std::unique_ptr<CompiledModel> m = compile(initPath);
+    std::filesystem::remove(initPath);
+    lm_trainer *trainer = nullptr;
+    if (lm_rt_trainer_new(m->model, &trainer) != LM_OK)
+      throw std::invalid_argument(std::string("trainer: ") + lm_rt_last_error());
+    std::unique_ptr<lm_trainer, void (*)(lm_trainer *)> own(trainer, lm_rt_trainer_free);
+    auto save = [&] {
+      if (lm_rt_save_weights(m->model, weightsOut.c_str()) != LM_OK)
+        throw std::runtime_error(lm_rt_last_error());
+    };
+    for (int64_t step = 0; step < steps; ++step) {
+      const auto start = std::chrono::steady_clock::now();
+      const size_t bi = size_t(step % int64_t(batches.size()));
+      std::vector<df::Example> examples = batches[bi];
+      if (!fixed[bi])
+        for (size_t b = 0; b < examples.size(); ++b)
+          df::drawDirections(examples[b], uint64_t(spec.train.seed), uint64_t(step), uint32_t(b));
+      PairArrays a(spec, examples);
+      float loss = 0;
+      double nll[2] = {0, 0}, lr = 0, gradNorm = 0;
+      if (lm_rt_train_step_pairs(trainer, a.src.data(), a.srcLen.data(), a.srcStride, a.tgt.data(), a.tgtLen.data(),
+                                 a.tgtStride, a.dirs.data(), a.hidden.data(), a.batch, &loss, nll, &lr,
+                                 &gradNorm) != LM_OK)
+        throw std::invalid_argument(batchesPath + ": step " + std::to_string(step + 1) + ": " + lm_rt_last_error());
+      int64_t tokens = 0;
+      for (int32_t n : a.tgtLen)
+        tokens += n;
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+      logStep(lm_rt_trainer_steps(trainer), loss, nll[0], nll[1], tokens, lr, gradNorm, ms);
+      if (saveEvery > 0 && lm_rt_trainer_steps(trainer) % saveEvery == 0)
+        save();
+    }
+    save();
+    return 0;
+  }
   std::vector<train::ParamSlot> slots;
   int64_t total = 0;
   for (auto &[name, t] : w.tensors) {
@@ -357,8 +460,6 @@ int diformerTrain(const ModelSpec &spec, const std::string &weights, const std::
   c.lr = t.lr, c.beta1 = t.beta1, c.beta2 = t.beta2, c.eps = t.eps, c.weightDecay = t.weightDecay;
   c.warmupSteps = t.warmupSteps, c.totalSteps = t.steps, c.clipNorm = t.clipNorm;
   train::Optimizer opt(c, slots);
-  std::filesystem::create_directories(outDir);
-  const std::string weightsOut = (std::filesystem::path(outDir) / "weights.safetensors").string();
   auto save = [&] {
     for (const auto &s : slots)
       std::copy(params.begin() + s.offset, params.begin() + s.offset + int64_t(w.tensors[s.name].data.size()),
@@ -368,8 +469,6 @@ int diformerTrain(const ModelSpec &spec, const std::string &weights, const std::
     w.metadata["steps"] = std::to_string(opt.steps());
     writeSafetensors(weightsOut, w);
   };
-  if (steps <= 0)
-    steps = int64_t(batches.size());
   for (int64_t step = 0; step < steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     const size_t bi = size_t(step % int64_t(batches.size()));
@@ -388,14 +487,8 @@ int diformerTrain(const ModelSpec &spec, const std::string &weights, const std::
     }
     train::Optimizer::StepInfo info = opt.step(params.data(), grads.data());
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    char buf[256];
-    std::snprintf(buf, sizeof buf,
-                  "{\"step\":%lld,\"loss\":%.6g,\"token_nll\":%.6g,\"length_nll\":%.6g,\"tokens\":%lld,\"lr\":%.6g,"
-                  "\"grad_norm\":%.6g,\"ms\":%.1f}\n",
-                  (long long)opt.steps(), r.loss, r.tokenNll / double(r.tokens),
-                  r.lengthNll / double(examples.size()), (long long)r.tokens, info.lr, info.gradNorm, ms);
-    std::fputs(buf, stdout);
-    std::fflush(stdout);
+    logStep(opt.steps(), r.loss, r.tokenNll / double(r.tokens), r.lengthNll / double(examples.size()), r.tokens,
+            info.lr, info.gradNorm, ms);
     if (saveEvery > 0 && opt.steps() % saveEvery == 0)
       save();
   }

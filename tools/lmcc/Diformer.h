@@ -12,6 +12,8 @@
 #include "frontend/Spec.h"
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 
 namespace lmcc {
@@ -25,14 +27,18 @@ struct CompiledModel;
 /// library's lm_rt_score_pairs when `compiled` is given, else on the reference executor.
 int diformerScore(const ModelSpec &spec, const std::string &weights, const std::string &input, const Tokenizer *tok,
                   int threads, CompiledModel *compiled = nullptr);
-/// `lmcc grad` for family diformer: {"src","tgt","dirs","hide"} batch -> gradients, prints loss.
+/// `lmcc grad` for family diformer: {"src","tgt","dirs","hide"} batch -> gradients, prints loss; through the
+/// library compiled with --train (lm_rt_pair_loss_and_grad) when `compiled` is given, else the reference.
 int diformerGrad(const ModelSpec &spec, const std::string &weights, const std::string &batch, const std::string &out,
-                 int threads);
+                 int threads, CompiledModel *compiled = nullptr);
+/// Builds the library compiled with --train loaded with the weights at a path (lmcc train's compiled path).
+using CompileFn = std::function<std::unique_ptr<CompiledModel>(const std::string &weightsPath)>;
 /// `lmcc train` for family diformer: batches {"src","tgt"[,"dirs","hide"]} per line, cycled; rows
 /// without "dirs" are drawn by the directional objective (Philox, [train] seed, the step). Results do
-/// not depend on `threads`.
+/// not depend on `threads`. With `compile`: the compiled trainer (lm_rt_train_step_pairs), else the reference.
 int diformerTrain(const ModelSpec &spec, const std::string &weights, const std::string &batches,
-                  const std::string &outDir, int64_t steps, int64_t saveEvery, int threads);
+                  const std::string &outDir, int64_t steps, int64_t saveEvery, int threads,
+                  const CompileFn &compile = nullptr);
 
 struct TranslateOptions {
   std::string mode = "l2r";

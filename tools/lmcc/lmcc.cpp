@@ -213,8 +213,15 @@ void checkTrainable(const lmcc::ModelSpec &spec) {
 
 int runGrad(Options o) {
   lmcc::ModelSpec spec = lmcc::loadSpec(o.spec);
-  if (spec.family == lmcc::Family::Diformer) // {"src","tgt","dirs","hide"} batches, reference executor
-    return lmcc::cli::diformerGrad(spec, o.weights, o.batch, o.output, o.threads);
+  if (spec.family == lmcc::Family::Diformer) { // {"src","tgt","dirs","hide"} batches
+    std::optional<CompiledModel> compiled;
+    if (!o.reference) {
+      o.train = true;
+      lm_set_num_threads(o.threads);
+      compiled.emplace(spec, o, o.weights);
+    }
+    return lmcc::cli::diformerGrad(spec, o.weights, o.batch, o.output, o.threads, compiled ? &*compiled : nullptr);
+  }
   checkTrainable(spec);
   TrainBatch b = parseBatch(parseJson(readInput(o.batch, "batch file"), o.batch), o.batch, spec);
   if (o.output.empty())
@@ -259,8 +266,15 @@ int runGrad(Options o) {
 
 int runTrainBatches(Options o) {
   lmcc::ModelSpec spec = lmcc::loadSpec(o.spec);
-  if (spec.family == lmcc::Family::Diformer) // reference executor, directional objective
-    return lmcc::cli::diformerTrain(spec, o.weights, o.batches, o.output, o.steps, o.saveEvery, o.threads);
+  if (spec.family == lmcc::Family::Diformer) { // directional objective; --reference: the Eigen oracle
+    lmcc::cli::CompileFn compile;
+    if (!o.reference) {
+      o.train = true;
+      lm_set_num_threads(o.threads);
+      compile = [&](const std::string &path) { return std::make_unique<CompiledModel>(spec, o, path); };
+    }
+    return lmcc::cli::diformerTrain(spec, o.weights, o.batches, o.output, o.steps, o.saveEvery, o.threads, compile);
+  }
   checkTrainable(spec);
   if (o.batches.empty())
     throw UsageError("lmcc train needs --data FILE (a corpus) or --batches FILE (explicit batches)");
@@ -975,8 +989,11 @@ int main(int argc, char **argv) {
       ->capture_default_str()
       ->needs(dataOpt);
   train->add_option("--save-every", o.saveEvery, "diformer: also write the weights every N steps");
+  auto *trainReference = train->add_flag("--reference", o.reference,
+                                         "diformer --batches: train on the reference executor (the numeric oracle)");
   addThreads(train);
   addPipelineFlags(train);
+  excludePipelineFlags(train, trainReference);
 
   auto *cache = app.add_subcommand("cache", "the compiled-library cache of score/embed/train: list or clean");
   std::string cacheAction;
@@ -1119,6 +1136,8 @@ int main(int argc, char **argv) {
       return runCompile(o);
     if (*grad)
       return runGrad(o);
+    if (*train && o.reference && (!o.run.data.empty() || lmcc::loadSpec(o.spec).family != lmcc::Family::Diformer))
+      throw UsageError("--reference applies to lmcc train --batches of family \"diformer\"");
     if (*train && !o.run.data.empty())
       return runTrainData(o, train->count("--resume") > 0);
     if (*train)
