@@ -2,6 +2,8 @@
 
   gen VOCAB MAX_LEN BOS EOS SEED OUT   random SRC ||| TGT ||| DIRS [||| HIDE] lines: every direction mix
                                         (l2r, r2l, pll, random R/L/S/- rows), hidden sets, lengths 2..max_len-1
+  batch LINES OUT                       the first 12 SRC ||| TGT ||| DIRS [||| HIDE] lines as one lmcc grad batch
+                                        {"src","tgt","dirs","hide"} (HIDE on every S row but itself)
   sharpen IN OUT SEED                   rewrites lmcc init's weights (std 0.02) with std 0.3 values (norm gains
                                         1 +- 0.3), so that attention is far from uniform and errors show
   capi LIB NAME MAX_LEN BOS EOS         <name>_score_pairs through ctypes: one valid pair, then invalid
@@ -63,6 +65,23 @@ def cmp(a, b, tol):
             if d > tol:
                 sys.exit("line %d: %r vs %r (relative difference %.3g > %g)" % (i + 1, u, v, d, tol))
     print("%d lines agree: max relative difference %.3g <= %g" % (len(xs), worst, tol))
+
+
+def batch(lines_path, out):
+    src, tgt, dirs, hide = [], [], [], []
+    for line in open(lines_path).read().splitlines()[:12]:
+        parts = [p.strip() for p in line.split("|||")]
+        s_ids, t_ids = list(map(int, parts[0].split())), list(map(int, parts[1].split()))
+        n = len(t_ids)
+        d = parts[2]
+        d = {"l2r": "R" * (n - 1) + "-", "r2l": "-" + "L" * (n - 1), "pll": "-" + "S" * (n - 2) + "-"}.get(d, d)
+        h = list(map(int, parts[3].split())) if len(parts) > 3 else []
+        src.append(s_ids)
+        tgt.append(t_ids)
+        dirs.append(d)
+        hide.append([[j for j in h if j != i] if d[i] == "S" else [] for i in range(n)])
+    with open(out, "w") as f:
+        json.dump({"src": src, "tgt": tgt, "dirs": dirs, "hide": hide}, f)
 
 
 def read_safetensors(path):
@@ -163,6 +182,8 @@ if __name__ == "__main__":
         gen(*map(int, sys.argv[2:7]), sys.argv[7])
     elif sys.argv[1] == "capi":
         capi(sys.argv[2], sys.argv[3], *map(int, sys.argv[4:7]))
+    elif sys.argv[1] == "batch":
+        batch(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "gradcmp":
         gradcmp(sys.argv[2], sys.argv[3], float(sys.argv[4]))
     elif sys.argv[1] == "sharpen":
