@@ -7,7 +7,6 @@
 
 // CHECK-LABEL: func.func @score(%arg0: tensor<?x?xi32>, %arg1: tensor<?xi32>, %arg2: tensor<?x?xi32>, %arg3: tensor<?xi32>, %arg4: tensor<?x?x9xi32>) -> (tensor<?x?xf32>, tensor<?xf32>, tensor<?xi32>, tensor<?xf32>) attributes {lm.method = "pairs"}
 // CHECK: lm.weight "encoder.layers.5.ffn_norm.weight"
-// CHECK: lm.length_logprob {{.*}}, %arg1, {{.*}}, %arg3 : (tensor<?x?x512xf32>, tensor<?xi32>, tensor<256x512xf32>, tensor<?xi32>) -> tensor<?xf32>
 // CHECK: [[W:%.+]] = lm.embed {{.*}}[%arg2]
 // CHECK: lm.weight "decoder.position.r2l" : tensor<256x512xf32>
 // CHECK: lm.weight "decoder.direction" : tensor<3x512xf32>
@@ -18,6 +17,7 @@
 // CHECK: lm.relative_values
 // CHECK: lm.weight "decoder.layers.0.cross.q.weight"
 // CHECK: lm.mask_fill {{.*}}, %arg1 {mask = #lm.mask<none>}
+// CHECK: lm.length_logprob {{.*}}, %arg1, {{.*}}, %arg3 : (tensor<?x?x512xf32>, tensor<?xi32>, tensor<256x512xf32>, tensor<?xi32>) -> tensor<?xf32>
 // CHECK: [[TAU:%.+]] = lm.directional_targets %arg2, %arg4, %arg3
 // CHECK: lm.gather {{.*}}, [[TAU]], %arg3
 // CHECK: lm.sentence_score {{.*}}, [[TAU]], %arg3 {skip = array<i32: -1>}
