@@ -73,17 +73,6 @@ struct Call {
   void emit(StringRef name) { L.b.create<func::CallOp>(L.loc, name, TypeRange{}, args); }
 };
 
-/// Replaces every result of `op` with its buffer (cast to the converted result type).
-LogicalResult replaceAll(Loops &L, Operation *op, ArrayRef<Value> buffers) {
-  SmallVector<Value> values;
-  for (auto [result, buffer] : llvm::zip(op->getResults(), buffers)) {
-    auto want = bufferType(llvm::cast<RankedTensorType>(result.getType()));
-    values.push_back(buffer.getType() == want ? buffer : L.b.create<memref::CastOp>(L.loc, want, buffer).getResult());
-  }
-  L.b.replaceOp(op, values);
-  return success();
-}
-
 /// Product of the sizes of all but the last axis (the rows of a row-major tensor).
 Value rowsOf(Loops &L, ShapedType t) {
   SmallVector<Value> s = L.sizes(t);
@@ -114,7 +103,7 @@ struct TokenLossLowering : LmLowering<lm::TokenLossOp> {
         .ptr(ce)
         .ptr(lse)
         .emit("lm_rt_token_loss");
-    return replaceAll(L, op, {ce, lse});
+    return L.setAll(op, {ce, lse});
   }
 };
 
@@ -141,7 +130,7 @@ struct TokenLossGradLowering : LmLowering<lm::TokenLossGradOp> {
         .ptr(dW)
         .ptr(op.getDBias().use_empty() ? Value() : db)
         .emit("lm_rt_token_loss_grad");
-    return replaceAll(L, op, {dh, dW, db});
+    return L.setAll(op, {dh, dW, db});
   }
 };
 
@@ -218,7 +207,7 @@ struct LinearGradLowering : LmLowering<lm::LinearGradOp> {
         .ptr(dW)
         .ptr(op.getDBias().use_empty() ? Value() : db)
         .emit("lm_rt_linear_grad");
-    return replaceAll(L, op, {dx, dW, db});
+    return L.setAll(op, {dx, dW, db});
   }
 };
 
@@ -238,7 +227,7 @@ struct LayerNormGradLowering : LmLowering<lm::LayerNormGradOp> {
         .ptr(dg)
         .ptr(db)
         .emit("lm_rt_layer_norm_grad");
-    return replaceAll(L, op, {dx, dg, db});
+    return L.setAll(op, {dx, dg, db});
   }
 };
 
@@ -301,8 +290,8 @@ struct AttentionGradLowering : LmLowering<lm::AttentionGradOp> {
         .ptr(dRelV)
         .emit("lm_rt_attention_grad");
     if (rel)
-      return replaceAll(L, op, {dq, dk, dv, dRelK, dRelV});
-    return replaceAll(L, op, {dq, dk, dv});
+      return L.setAll(op, {dq, dk, dv, dRelK, dRelV});
+    return L.setAll(op, {dq, dk, dv});
   }
 };
 
@@ -330,7 +319,7 @@ template <typename Op> struct RelativeGradLowering : LmLowering<Op> {
         .ptr(d0)
         .ptr(d1)
         .emit(scores ? "lm_rt_relative_scores_grad" : "lm_rt_relative_values_grad");
-    return replaceAll(L, op, {d0, d1});
+    return L.setAll(op, {d0, d1});
   }
 };
 

@@ -14,17 +14,6 @@ using namespace mlir;
 namespace lmcc::codegen {
 namespace {
 
-/// Replaces every result of `op` with its buffer, cast to the result's converted type (static shapes: views).
-LogicalResult replaceWith(Loops &L, Operation *op, ArrayRef<Value> buffers) {
-  SmallVector<Value> values;
-  for (auto [result, buffer] : llvm::zip(op->getResults(), buffers)) {
-    auto want = bufferType(llvm::cast<RankedTensorType>(result.getType()));
-    values.push_back(buffer.getType() == want ? buffer : L.b.create<memref::CastOp>(L.loc, want, buffer).getResult());
-  }
-  L.b.replaceOp(op, values);
-  return success();
-}
-
 /// out[b, i] = direction[z] + (z == L ? r2l[n-1-i] : l2r[i]), z = rows[b, i, 0] (skip and padding rows: 0, l2r[i]).
 struct DecoderQueriesLowering : LmLowering<lm::DecoderQueriesOp> {
   using LmLowering::LmLowering;
@@ -78,6 +67,34 @@ struct DirectionalTargetsLowering : LmLowering<lm::DirectionalTargetsOp> {
   }
 };
 
+/// The length head's forward for sentence bi: mean[D] = mean_{j < lengths[bi]} h[bi, j] (float sums, as the
+/// reference), logits[C] = W mean; returns (max logit, sum of exp(logit - max)) in double.
+std::pair<Value, Value> lengthHead(Loops &L, Value h, Value w, Value bi, Value mean, Value logits, int64_t D, int64_t C) {
+  auto &b = L.b;
+  Location loc = L.loc;
+  Value len = L.lengthOf(bi);
+  Value count = b.create<arith::SIToFPOp>(loc, L.f32(), L.load(L.lengths, bi));
+  L.nest({L.idx(D)}, [&](ValueRange e) {
+    Value sum = L.reduce(L.idx(0), len, L.f32c(0), [&](Value j, Value acc) {
+      return b.create<arith::AddFOp>(loc, acc, L.load(h, {bi, j, e[0]}));
+    });
+    L.store(b.create<arith::DivFOp>(loc, sum, count), mean, e);
+  });
+  Value mx = L.reduce(L.idx(0), L.idx(C), L.f32c(-INFINITY), [&](Value ci, Value m) {
+    Value dot = L.reduce(L.idx(0), L.idx(D), L.f32c(0), [&](Value e, Value acc) {
+      return b.create<arith::AddFOp>(loc, acc, b.create<arith::MulFOp>(loc, L.load(w, {ci, e}), L.load(mean, e)));
+    });
+    L.store(dot, logits, ci);
+    return b.create<arith::MaximumFOp>(loc, m, dot);
+  });
+  Value mxD = L.toF64(mx);
+  Value sum = L.reduce(L.idx(0), L.idx(C), L.f64c(0), [&](Value ci, Value acc) {
+    return b.create<arith::AddFOp>(
+        loc, acc, b.create<math::ExpOp>(loc, b.create<arith::SubFOp>(loc, L.toF64(L.load(logits, ci)), mxD)));
+  });
+  return {mxD, sum};
+}
+
 /// out[b] = log_softmax(W m_b)[target_lengths[b]], m_b = mean_{j < lengths[b]} h[b, j] (float sums like the
 /// reference; the log-softmax in double); -inf for a target length outside [0, max_len).
 struct LengthLogprobLowering : LmLowering<lm::LengthLogprobOp> {
@@ -91,26 +108,7 @@ struct LengthLogprobLowering : LmLowering<lm::LengthLogprobOp> {
     const int64_t D = L.typeOf(op.getHidden()).getDimSize(2), C = L.typeOf(op.getWeight()).getDimSize(0);
     Value mean = L.alloc(MemRefType::get({D}, L.f32())), logits = L.alloc(MemRefType::get({C}, L.f32()));
     L.nest({b.create<memref::DimOp>(loc, h, 0)}, [&](ValueRange bi) {
-      Value len = L.lengthOf(bi[0]);
-      Value count = b.create<arith::SIToFPOp>(loc, L.f32(), L.load(L.lengths, bi[0]));
-      L.nest({L.idx(D)}, [&](ValueRange e) {
-        Value sum = L.reduce(L.idx(0), len, L.f32c(0), [&](Value j, Value acc) {
-          return b.create<arith::AddFOp>(loc, acc, L.load(h, {bi[0], j, e[0]}));
-        });
-        L.store(b.create<arith::DivFOp>(loc, sum, count), mean, e);
-      });
-      Value mx = L.reduce(L.idx(0), L.idx(C), L.f32c(-INFINITY), [&](Value ci, Value m) {
-        Value dot = L.reduce(L.idx(0), L.idx(D), L.f32c(0), [&](Value e, Value acc) {
-          return b.create<arith::AddFOp>(loc, acc, b.create<arith::MulFOp>(loc, L.load(w, {ci, e}), L.load(mean, e)));
-        });
-        L.store(dot, logits, ci);
-        return b.create<arith::MaximumFOp>(loc, m, dot);
-      });
-      Value mxD = L.toF64(mx);
-      Value sum = L.reduce(L.idx(0), L.idx(C), L.f64c(0), [&](Value ci, Value acc) {
-        return b.create<arith::AddFOp>(
-            loc, acc, b.create<math::ExpOp>(loc, b.create<arith::SubFOp>(loc, L.toF64(L.load(logits, ci)), mxD)));
-      });
+      auto [mxD, sum] = lengthHead(L, h, w, bi[0], mean, logits, D, C);
       Value lse = b.create<arith::AddFOp>(loc, mxD, b.create<math::LogOp>(loc, sum));
       Value t = L.toIndex(L.load(targets, bi[0]));
       Value inRange = L.andI(L.ge(t, L.idx(0)), L.lt(t, L.idx(C)));
@@ -160,7 +158,7 @@ struct DecoderQueriesGradLowering : LmLowering<lm::DecoderQueriesGradOp> {
         });
       });
     });
-    return replaceWith(L, op, {dDir, dL2R, dR2L});
+    return L.setAll(op, {dDir, dL2R, dR2L});
   }
 };
 
@@ -184,25 +182,7 @@ struct LengthLossGradLowering : LmLowering<lm::LengthLossGradOp> {
     L.nest({hs[0]}, [&](ValueRange bi) {
       Value len = L.lengthOf(bi[0]);
       Value count = b.create<arith::SIToFPOp>(loc, L.f32(), L.load(L.lengths, bi[0]));
-      // The forward again: mean, logits, log-sum-exp (as lm.length_logprob).
-      L.nest({L.idx(D)}, [&](ValueRange e) {
-        Value sum = L.reduce(L.idx(0), len, L.f32c(0), [&](Value j, Value acc) {
-          return b.create<arith::AddFOp>(loc, acc, L.load(h, {bi[0], j, e[0]}));
-        });
-        L.store(b.create<arith::DivFOp>(loc, sum, count), mean, e);
-      });
-      Value mx = L.reduce(L.idx(0), L.idx(C), L.f32c(-INFINITY), [&](Value ci, Value m) {
-        Value dot = L.reduce(L.idx(0), L.idx(D), L.f32c(0), [&](Value e, Value acc) {
-          return b.create<arith::AddFOp>(loc, acc, b.create<arith::MulFOp>(loc, L.load(w, {ci, e}), L.load(mean, e)));
-        });
-        L.store(dot, logits, ci);
-        return b.create<arith::MaximumFOp>(loc, m, dot);
-      });
-      Value mxD = L.toF64(mx);
-      Value sum = L.reduce(L.idx(0), L.idx(C), L.f64c(0), [&](Value ci, Value acc) {
-        return b.create<arith::AddFOp>(
-            loc, acc, b.create<math::ExpOp>(loc, b.create<arith::SubFOp>(loc, L.toF64(L.load(logits, ci)), mxD)));
-      });
+      auto [mxD, sum] = lengthHead(L, h, w, bi[0], mean, logits, D, C); // the forward again
       Value t = L.toIndex(L.load(targets, bi[0]));
       L.nest({L.idx(C)}, [&](ValueRange ci) {
         Value p = b.create<arith::DivFOp>(
@@ -227,7 +207,7 @@ struct LengthLossGradLowering : LmLowering<lm::LengthLossGradOp> {
         });
       });
     });
-    return replaceWith(L, op, {dh, dW});
+    return L.setAll(op, {dh, dW});
   }
 };
 

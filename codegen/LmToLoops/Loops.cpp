@@ -71,6 +71,16 @@ LogicalResult Loops::set(Operation *original, Value buffer) {
   return success();
 }
 
+LogicalResult Loops::setAll(Operation *original, ArrayRef<Value> buffers) {
+  SmallVector<Value> values;
+  for (auto [result, buffer] : llvm::zip(original->getResults(), buffers)) {
+    auto want = bufferType(llvm::cast<RankedTensorType>(result.getType()));
+    values.push_back(buffer.getType() == want ? buffer : b.create<memref::CastOp>(loc, want, buffer).getResult());
+  }
+  b.replaceOp(original, values);
+  return success();
+}
+
 SmallVector<Value> Loops::sizes(ShapedType t) {
   SmallVector<Value> out;
   bool seenBatch = false;

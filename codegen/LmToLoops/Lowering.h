@@ -119,6 +119,8 @@ public:
   mlir::Value in(mlir::Value original) const;
   /// Replaces the op with `buffer` (cast to the converted type of its result when they differ).
   mlir::LogicalResult set(mlir::Operation *op, mlir::Value buffer);
+  /// The same for every result of a multi-result op.
+  mlir::LogicalResult setAll(mlir::Operation *op, llvm::ArrayRef<mlir::Value> buffers);
 
   mlir::Value idx(int64_t v) { return b.create<mlir::arith::ConstantIndexOp>(loc, v); }
   mlir::Value f32c(double v) { return b.create<mlir::arith::ConstantOp>(loc, b.getF32FloatAttr(float(v))); }

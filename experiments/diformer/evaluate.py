@@ -54,7 +54,10 @@ def main():
               "relative positions k = 16, vocabulary 80, max_len 40.",
               "* Training: `lmcc train` with the `directional` objective (z_0 = R, z_{n-1} = L, other rows uniform "
               "over R/L/S, S rows hide a uniform subset), AdamW, lr 7e-4, 200 warm-up steps, linear decay, "
-              "clip 1.0, length_loss 0.1, on lmcc's reference executor (Eigen), one thread.", ""]
+              "clip 1.0, length_loss 0.1, with lmcc's compiled trainer (the library compiled with --train: "
+              "lm_rt_train_step_pairs), one thread. The first run of this page (lmcc 1cdf502) trained on the "
+              "reference executor at 432 ms per step on another machine; the compiled step and the reference step "
+              "measured side by side on this one: 111 vs 194 ms (30 steps, same losses to 6 digits).", ""]
     if log:
         first, last = log[0], log[-1]
         tail = log[-50:]
@@ -103,8 +106,8 @@ def main():
               "Here every row costs CPU time in the reference executor, so NAR at length beam 5 x 10 passes "
               "recomputes far more rows than an AR beam over these short targets; with one length and 4 passes it "
               "is cheaper than AR. Rerank time includes re-encoding the source for each teacher-forced scoring.",
-              "* Not measured: compiled decoding (this family runs on the reference executor only) and batches "
-              "larger than 1.", ""]
+              "* Not measured: compiled decoding (scoring, gradients and training are compiled; `lmcc translate` "
+              "still decodes on the reference executor) and batches larger than 1.", ""]
     with open(page, "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

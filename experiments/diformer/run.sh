@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Diformer experiment of issue 19 (experiments/diformer/README.md), one script:
-#   run.sh train   synthetic data + `lmcc train` (directional objective, reference executor, 1 thread)
+#   run.sh train   synthetic data + `lmcc train` (directional objective, compiled trainer, 1 thread)
 #   run.sh eval    `lmcc translate` in every mode, with and without --rerank, BLEU (sacreBLEU) and
 #                  batch-1 wall-clock per sentence; writes results.md
 #   run.sh         both

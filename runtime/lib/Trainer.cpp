@@ -191,6 +191,14 @@ void applyStep(lm_trainer *t, double *lr, double *gradNorm) {
     *gradNorm = info.gradNorm;
 }
 
+/// The gradient in the weight buffer's layout -> the packed layout (tensor after tensor, lm_rt_param_info).
+void packGradient(const lm_model_desc &d, const std::vector<float> &grads, float *out) {
+  for (int32_t i = 0; i < d.num_tensors; ++i) {
+    const lm_tensor_desc &t = d.tensors[i];
+    out = std::copy(grads.begin() + t.offset, grads.begin() + t.offset + descNumel(t), out);
+  }
+}
+
 void rerunInit(lm_model *m) {
   if (m->desc->init) {
     lm_memref1f w = memref1(m->weights, m->desc->total_floats);
@@ -265,13 +273,8 @@ int lm_rt_loss_and_grad(lm_model *m, const int32_t *inputs, const int32_t *targe
     Packed p = pack(m, inputs, targets, lengths, batch, stride);
     std::vector<float> grads(d.total_floats);
     const double value = lossAndGrad(m, p, grads.data(), 0, /*checkGrads=*/true);
-    if (grad) {
-      float *out = grad;
-      for (int32_t i = 0; i < d.num_tensors; ++i) {
-        const lm_tensor_desc &t = d.tensors[i];
-        out = std::copy(grads.begin() + t.offset, grads.begin() + t.offset + descNumel(t), out);
-      }
-    }
+    if (grad)
+      packGradient(d, grads, grad);
     if (loss)
       *loss = float(value);
   });
@@ -285,13 +288,8 @@ int lm_rt_pair_loss_and_grad(lm_model *m, const int32_t *src, const int32_t *src
     std::vector<float> grads(d.total_floats);
     const double value = pairLossAndGrad(m, src, src_lengths, src_stride, tgt, tgt_lengths, tgt_stride, dirs, hidden,
                                          batch, grads.data(), /*checkGrads=*/true, nll);
-    if (grad) {
-      float *out = grad;
-      for (int32_t i = 0; i < d.num_tensors; ++i) {
-        const lm_tensor_desc &t = d.tensors[i];
-        out = std::copy(grads.begin() + t.offset, grads.begin() + t.offset + descNumel(t), out);
-      }
-    }
+    if (grad)
+      packGradient(d, grads, grad);
     if (loss)
       *loss = float(value);
   });

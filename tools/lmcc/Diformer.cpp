@@ -389,6 +389,15 @@ int diformerTrain(const ModelSpec &spec, const std::string &weights, const std::
   const std::string weightsOut = (std::filesystem::path(outDir) / "weights.safetensors").string();
   if (steps <= 0)
     steps = int64_t(batches.size());
+  // Step s's batch: line s mod lines, its directions drawn by the objective unless the line fixes them.
+  auto batchOf = [&](int64_t step) {
+    const size_t bi = size_t(step % int64_t(batches.size()));
+    std::vector<df::Example> examples = batches[bi];
+    if (!fixed[bi])
+      for (size_t b = 0; b < examples.size(); ++b)
+        df::drawDirections(examples[b], uint64_t(spec.train.seed), uint64_t(step), uint32_t(b));
+    return examples;
+  };
   auto logStep = [&](int64_t done, double loss, double tokenNll, double lengthNll, int64_t tokens, double lr,
                      double gradNorm, double ms) {
     char buf[256];
@@ -417,11 +426,7 @@ int diformerTrain(const ModelSpec &spec, const std::string &weights, const std::
     };
     for (int64_t step = 0; step < steps; ++step) {
       const auto start = std::chrono::steady_clock::now();
-      const size_t bi = size_t(step % int64_t(batches.size()));
-      std::vector<df::Example> examples = batches[bi];
-      if (!fixed[bi])
-        for (size_t b = 0; b < examples.size(); ++b)
-          df::drawDirections(examples[b], uint64_t(spec.train.seed), uint64_t(step), uint32_t(b));
+      std::vector<df::Example> examples = batchOf(step);
       PairArrays a(spec, examples);
       float loss = 0;
       double nll[2] = {0, 0}, lr = 0, gradNorm = 0;
@@ -471,11 +476,7 @@ int diformerTrain(const ModelSpec &spec, const std::string &weights, const std::
   };
   for (int64_t step = 0; step < steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
-    const size_t bi = size_t(step % int64_t(batches.size()));
-    std::vector<df::Example> examples = batches[bi];
-    if (!fixed[bi])
-      for (size_t b = 0; b < examples.size(); ++b)
-        df::drawDirections(examples[b], uint64_t(t.seed), uint64_t(step), uint32_t(b));
+    std::vector<df::Example> examples = batchOf(step);
     for (const auto &s : slots)
       std::copy(params.begin() + s.offset, params.begin() + s.offset + int64_t(w.tensors[s.name].data.size()),
                 w.tensors[s.name].data.begin());
