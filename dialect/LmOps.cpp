@@ -344,10 +344,17 @@ LogicalResult DirectionalTargetsOp::verify() {
 LogicalResult LengthLogprobOp::verify() {
   if (failed(expectRank(*this, "hidden [B, M, D]", getHidden(), 3)) ||
       failed(expectRank(*this, "lengths [B]", getLengths(), 1)) ||
-      failed(expectRank(*this, "weight [max_len, D]", getWeight(), 2)) ||
-      failed(expectRank(*this, "target_lengths [B]", getTargetLengths(), 1)) ||
-      failed(expectRank(*this, "result [B]", getResult(), 1)))
+      failed(expectRank(*this, "weight [max_len, D]", getWeight(), 2)))
     return failure();
+  if (getTargetLengths()) {
+    if (failed(expectRank(*this, "target_lengths [B]", getTargetLengths(), 1)) ||
+        failed(expectRank(*this, "result [B]", getResult(), 1)))
+      return failure();
+  } else if (failed(expectRank(*this, "result [B, max_len] (no target_lengths)", getResult(), 2)) ||
+             failed(expectDim(*this, "result width vs weight rows", tensorOf(getResult()).getDimSize(1),
+                              tensorOf(getWeight()).getDimSize(0)))) {
+    return failure();
+  }
   if (failed(expectDim(*this, "weight width vs hidden width", tensorOf(getWeight()).getDimSize(1),
                        getHidden().getType().getDimSize(2))))
     return failure();

@@ -442,13 +442,15 @@ def Lm_LengthLogprobOp : Lm_Op<"length_logprob", [Pure]> {
   let summary = "Diformer length head: log_softmax(W mean_{j < lengths[b]} h[b, j])[target_lengths[b]]";
   let description = [{
     W [max_len, D] has no bias; the mean runs over every valid source position. A target length
-    outside [0, max_len) gives -inf (the runtime refuses such inputs first).
+    outside [0, max_len) gives -inf (the runtime refuses such inputs first). Without target_lengths
+    the result is the whole distribution [B, max_len] (the decoders' length beam).
     ```mlir
     %l = lm.length_logprob %h, %src_len, %W, %tgt_len : (tensor<?x?x64xf32>, tensor<?xi32>, tensor<24x64xf32>, tensor<?xi32>) -> tensor<?xf32>
+    %all = lm.length_logprob %h, %src_len, %W : (tensor<?x?x64xf32>, tensor<?xi32>, tensor<24x64xf32>) -> tensor<?x24xf32>
     ```
   }];
   let arguments = (ins Lm_F32Tensor:$hidden, Lm_I32Tensor:$lengths, Lm_F32Tensor:$weight,
-                       Lm_I32Tensor:$target_lengths);
+                       Optional<Lm_I32Tensor>:$target_lengths);
   let results = (outs Lm_F32Tensor:$result);
   let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;

@@ -47,6 +47,9 @@ public:
     b.setInsertionPointToEnd(module->getBody());
     if (spec.family == Family::Diformer) {
       diformerScore();
+      diformerEncode();
+      diformerDecode();
+      diformerStep();
       if (train)
         diformerLoss();
     } else if (!spec.mlm) { // encoder only: no output head, so no score or logits entry
@@ -142,6 +145,23 @@ private:
     return linear(merged, names::o(prefix), D(), D());
   }
 
+  /// lm.attention (fused) of `query` over `keyValue` with the projections of layer `prefix`; the same numbers as
+  /// attention() (lm-fuse-attention's rewrite), for single-query rows at `queryPositions` (may be null).
+  Value fusedAttention(Value query, Value keyValue, Value lengths, const std::string &prefix, int64_t heads,
+                       lm::MaskKind mask, Value maskData, int64_t clip, Value queryPositions) {
+    int64_t dh = D() / heads;
+    Value q = linear(query, names::q(prefix), D(), D());
+    Value k = linear(keyValue, names::k(prefix), D(), D());
+    Value v = linear(keyValue, names::v(prefix), D(), D());
+    Value relK = clip > 0 ? weight(names::relK(prefix), {2 * clip + 1, dh}) : Value();
+    Value relV = clip > 0 ? weight(names::relV(prefix), {2 * clip + 1, dh}) : Value();
+    Value context = b.create<lm::AttentionOp>(
+        loc, q.getType(), q, k, v, lengths, maskData, relK, relV, queryPositions, b.getI64IntegerAttr(heads),
+        lm::MaskKindAttr::get(b.getContext(), mask), b.getF32FloatAttr(1.0f / std::sqrt(float(dh))),
+        b.getI64IntegerAttr(clip));
+    return linear(context, names::o(prefix), D(), D());
+  }
+
   static lm::MaskKind maskOf(MaskKind kind) {
     switch (kind) {
     case MaskKind::None: return lm::MaskKind::none;
@@ -204,7 +224,9 @@ private:
       h = layerNorm(activation(linear(h, names::headTransform(), D(), D())), names::headNorm());
     Value w = outputWeight();
     Value bias = spec.headBias ? weight(names::headBias(), {spec.dims.vocab}) : Value();
-    return b.create<lm::LinearOp>(loc, seqType(spec.dims.vocab), h, w, bias);
+    SmallVector<int64_t> shape(llvm::cast<RankedTensorType>(h.getType()).getShape());
+    shape.back() = spec.dims.vocab;
+    return b.create<lm::LinearOp>(loc, t(shape, f32), h, w, bias);
   }
 
   /// Per-position log p(ids[t] | head output at t - shift).
@@ -351,12 +373,10 @@ private:
     finish(fn, ce);
   }
 
-  /// The encoder's output (memory) and the decoder's last hidden states of a Diformer over (src, tgt, rows).
-  std::pair<Value, Value> diformerStacks(Value src, Value srcLen, Value tgt, Value tgtLen, Value rows) {
+  /// The encoder's output (memory) of a Diformer over its sources: post-norm, every valid position visible.
+  Value diformerEncoder(Value src, Value srcLen) {
     const DiformerOptions &d = *spec.diformer;
-    Value tokenTable = weight(names::embedToken(), {spec.dims.vocab, D()});
-    // Encoder: post-norm, every valid source position visible.
-    Value h = b.create<lm::EmbedOp>(loc, seqType(D()), tokenTable, src);
+    Value h = b.create<lm::EmbedOp>(loc, seqType(D()), weight(names::embedToken(), {spec.dims.vocab, D()}), src);
     h = optionalEmbedNorm(add(h, positions(src)));
     for (int64_t i = 0; i < d.encoder.layers; ++i) {
       std::string p = names::encoderLayer(i);
@@ -365,25 +385,47 @@ private:
           names::attnNorm(p));
       h = layerNorm(add(a, ffn(a, names::ffn(p), d.encoder.dFF)), names::ffnNorm(p));
     }
-    Value memory = h;
-    // Decoder.
-    Value wordEmbeddings = b.create<lm::EmbedOp>(loc, seqType(D()), tokenTable, tgt);
+    return h;
+  }
+
+  /// The decoder's last hidden states over (tgt, rows) attending to `memory`: every row [B, N, D], or with
+  /// `queryPositions` [B] the one row query_positions[b] of each target [B, 1, D] (a decoding step: keys and
+  /// values still come from every target token). Single-query rows have no decomposed attention (lm.mask_fill
+  /// knows no query positions), so that form is built fused, as lm-prune-rows would.
+  Value diformerDecoder(Value memory, Value srcLen, Value tgt, Value tgtLen, Value rows, Value queryPositions) {
+    const DiformerOptions &d = *spec.diformer;
+    Value wordEmbeddings =
+        b.create<lm::EmbedOp>(loc, seqType(D()), weight(names::embedToken(), {spec.dims.vocab, D()}), tgt);
     Value x = b.create<lm::DecoderQueriesOp>(loc, seqType(D()), rows, tgtLen,
                                              weight(names::decoderDirection(), {3, D()}),
                                              weight(names::decoderPositionL2R(), {spec.dims.maxLen, D()}),
                                              weight(names::decoderPositionR2L(), {spec.dims.maxLen, D()}));
+    if (queryPositions)
+      x = b.create<lm::TakeRowOp>(loc, t({kDyn, 1, D()}, f32), x, queryPositions);
     if (spec.embeddingNorm)
       x = layerNorm(x, names::decoderEmbedNorm());
     for (int64_t i = 0; i < d.decoder.layers; ++i) {
       std::string p = names::decoderLayer(i);
-      Value self = attention(x, wordEmbeddings, tgtLen, names::attn(p), d.decoder.heads, lm::MaskKind::directional,
-                             rows, spec.relativePositions);
+      Value self = queryPositions ? fusedAttention(x, wordEmbeddings, tgtLen, names::attn(p), d.decoder.heads,
+                                                   lm::MaskKind::directional, rows, spec.relativePositions,
+                                                   queryPositions)
+                                  : attention(x, wordEmbeddings, tgtLen, names::attn(p), d.decoder.heads,
+                                              lm::MaskKind::directional, rows, spec.relativePositions);
       Value a = layerNorm(add(x, self), names::attnNorm(p));
-      Value cross = attention(a, memory, srcLen, names::cross(p), d.decoder.heads, lm::MaskKind::none, Value(), 0);
+      Value cross = queryPositions ? fusedAttention(a, memory, srcLen, names::cross(p), d.decoder.heads,
+                                                    lm::MaskKind::none, Value(), 0, Value())
+                                   : attention(a, memory, srcLen, names::cross(p), d.decoder.heads,
+                                               lm::MaskKind::none, Value(), 0);
       Value c = layerNorm(add(a, cross), names::crossNorm(p));
       x = layerNorm(add(c, ffn(c, names::ffn(p), d.decoder.dFF)), names::ffnNorm(p));
     }
-    return {memory, x};
+    return x;
+  }
+
+  /// The encoder's output (memory) and the decoder's last hidden states of a Diformer over (src, tgt, rows).
+  std::pair<Value, Value> diformerStacks(Value src, Value srcLen, Value tgt, Value tgtLen, Value rows) {
+    Value memory = diformerEncoder(src, srcLen);
+    return {memory, diformerDecoder(memory, srcLen, tgt, tgtLen, rows, Value())};
   }
 
   /// The Diformer entries' inputs: src, src_len, tgt, tgt_len, rows [B, N, 1 + W].
@@ -419,6 +461,41 @@ private:
     SmallVector<Value> results(score.getResults());
     results.push_back(lengthLp);
     finish(fn, results);
+  }
+
+  /// The decoders' entries (lmcc translate, lm_rt_translate): the encoder once per source, then decoder passes
+  /// over its memory [B, M, D].
+  /// encode(src, src_len) -> (memory, length_logprobs [B, max_len]).
+  void diformerEncode() {
+    auto fn = entry("encode", {idsType(), lengthsType()}, {seqType(D()), t({kDyn, spec.dims.maxLen}, f32)});
+    b.getContext()->getLoadedDialect<lm::LmDialect>()->getMethodAttrHelper().setAttr(fn, b.getStringAttr("pair_encode"));
+    Value src = fn.getArgument(0), srcLen = fn.getArgument(1);
+    Value memory = diformerEncoder(src, srcLen);
+    Value lengths = b.create<lm::LengthLogprobOp>(loc, t({kDyn, spec.dims.maxLen}, f32), memory, srcLen,
+                                                  weight(names::lengthWeight(), {spec.dims.maxLen, D()}), Value());
+    finish(fn, {memory, lengths});
+  }
+
+  /// decode(memory, src_len, tgt, tgt_len, rows) -> log-probabilities [B, N, V] of every row (a parallel pass).
+  void diformerDecode() {
+    SmallVector<Type> inputs = {seqType(D()), lengthsType(), idsType(), lengthsType(), pairInputs().back()};
+    auto fn = entry("decode", inputs, {seqType(spec.dims.vocab)});
+    b.getContext()->getLoadedDialect<lm::LmDialect>()->getMethodAttrHelper().setAttr(fn, b.getStringAttr("pair_decode"));
+    Value x = diformerDecoder(fn.getArgument(0), fn.getArgument(1), fn.getArgument(2), fn.getArgument(3),
+                              fn.getArgument(4), Value());
+    finish(fn, {b.create<lm::LogSoftmaxOp>(loc, logits(x))});
+  }
+
+  /// step(memory, src_len, tgt, tgt_len, rows, positions [B]) -> log-probabilities [B, 1, V] of row positions[b]
+  /// alone (an autoregressive step: only the new row is computed).
+  void diformerStep() {
+    SmallVector<Type> inputs = {seqType(D()), lengthsType(), idsType(), lengthsType(), pairInputs().back(),
+                                lengthsType()};
+    auto fn = entry("step", inputs, {t({kDyn, 1, spec.dims.vocab}, f32)});
+    b.getContext()->getLoadedDialect<lm::LmDialect>()->getMethodAttrHelper().setAttr(fn, b.getStringAttr("pair_step"));
+    Value x = diformerDecoder(fn.getArgument(0), fn.getArgument(1), fn.getArgument(2), fn.getArgument(3),
+                              fn.getArgument(4), fn.getArgument(5));
+    finish(fn, {b.create<lm::LogSoftmaxOp>(loc, logits(x))});
   }
 
   /// The objective `directional` (issue 19): loss(src, src_len, tgt, tgt_len, rows) -> (ce [B, N], length_logprob

@@ -33,6 +33,8 @@ mlir::FailureOr<ModelFacts> readModelFacts(mlir::ModuleOp module) {
   facts.hasScore = bool(score);
   facts.scoreSpans = score && score.getNumArguments() == 3;
   facts.pairs = score && score.getNumArguments() == 5;
+  facts.decoding = facts.pairs && module.lookupSymbol<mlir::func::FuncOp>("encode") &&
+                   module.lookupSymbol<mlir::func::FuncOp>("decode") && module.lookupSymbol<mlir::func::FuncOp>("step");
   facts.hasEmbed = bool(module.lookupSymbol<mlir::func::FuncOp>("embed"));
   if (auto loss = module.lookupSymbol<mlir::func::FuncOp>("loss"))
     if (auto weight = dialect->getLengthLossAttrHelper().getAttr(loss))

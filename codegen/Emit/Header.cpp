@@ -93,6 +93,11 @@ extern "C" {
 #ifndef LM_HIDDEN_WORDS
 #define LM_HIDDEN_WORDS(max_len) (((max_len) + 31) / 32)
 #endif
+/* Diformer: the decoding modes of <name>_translate. */
+#ifndef LM_DECODE_MODES_DECLARED
+#define LM_DECODE_MODES_DECLARED
+enum { LM_DECODE_L2R = 0, LM_DECODE_R2L = 1, LM_DECODE_MASK_PREDICT = 2, LM_DECODE_EASY_FIRST = 3 };
+#endif
 
 )";
 
@@ -137,6 +142,15 @@ int @name@_embed(@name@_model *m, const int32_t *ids, const int32_t *lengths, in
  * i < n written, 0 for skipped rows; scores [batch]: their sum; length_logprobs (may be NULL) [batch]:
  * log P(n | source) (not in the score). */
 int @name@_score_pairs(@name@_model *m, const int32_t *src, const int32_t *src_lengths, int32_t src_stride, const int32_t *tgt, const int32_t *tgt_lengths, int32_t tgt_stride, const int32_t *dirs, const uint32_t *hidden, int32_t batch, float *token_logprobs, float *scores, float *length_logprobs);
+
+/* Diformer (other models return an error): decodes one source of src_length ids (1..@NAME@_MAX_LEN) in mode
+ * LM_DECODE_L2R / LM_DECODE_R2L (beam search of `beam` hypotheses, ranked by log-likelihood / predicted tokens),
+ * LM_DECODE_MASK_PREDICT (`iterations` CMLM passes for each of the length head's `length_beam` best lengths) or
+ * LM_DECODE_EASY_FIRST; rerank != 0 rescores the candidates with the mean of their teacher-forced L2R and R2L
+ * log-likelihoods (/ n-1). max_target: the longest target an AR search builds (0: @NAME@_MAX_LEN - 1). Writes
+ * bos .. eos to tgt[0 .. capacity) (@NAME@_MAX_LEN always fits), its length to *tgt_length, the ranking score to
+ * *score and the candidates compared to *candidates (both may be NULL). */
+int @name@_translate(@name@_model *m, const int32_t *src, int32_t src_length, int32_t mode, int32_t beam, int32_t length_beam, int32_t iterations, int32_t rerank, int32_t max_target, int32_t *tgt, int32_t capacity, int32_t *tgt_length, double *score, int32_t *candidates);
 
 /* Frees a model (NULL is allowed). The model must not be in use by another thread. */
 void @name@_free(@name@_model *m);
@@ -312,6 +326,18 @@ public:
                           out.begin() + static_cast<std::ptrdiff_t>((i + 1) * static_cast<std::size_t>(d_model)));
     return result;
   }
+  /* Diformer: one source decoded (bos .. eos); score (may be nullptr) receives the ranking score. */
+  std::vector<int32_t> translate(const std::vector<int32_t> &src, int32_t mode = LM_DECODE_L2R, int32_t beam = 4,
+                                 int32_t length_beam = 5, int32_t iterations = 10, bool rerank = false,
+                                 int32_t max_target = 0, double *score = nullptr) const {
+    std::vector<int32_t> tgt(static_cast<std::size_t>(max_len));
+    int32_t length = 0;
+    check(@name@_translate(ptr_.get(), src.data(), static_cast<int32_t>(src.size()), mode, beam, length_beam,
+                           iterations, rerank ? 1 : 0, max_target, tgt.data(), static_cast<int32_t>(tgt.size()),
+                           &length, score, nullptr));
+    tgt.resize(static_cast<std::size_t>(length));
+    return tgt;
+  }
 
 private:
   /* Sentences packed with stride = the longest length (invalid lengths are reported by the C call). */
@@ -434,6 +460,16 @@ std::string generateGlue(const ModelFacts &spec, const std::vector<LayoutTensor>
      << "#define LMCC_EXPORT\n"
      << "#endif\n\n";
   os << "/* The compiled kernels (lm_score_kernel / lm_embed_kernel signatures). */\n";
+  if (spec.decoding)
+    os << "extern void _mlir_ciface_" << name
+       << "_encode_kernel(lm_memref1f *weights, lm_memref2i *src, lm_memref1i *src_lengths, lm_memref3f *memory,\n"
+       << "    lm_memref2f *length_logprobs);\n"
+       << "extern void _mlir_ciface_" << name
+       << "_decode_kernel(lm_memref1f *weights, lm_memref3f *memory, lm_memref1i *src_lengths, lm_memref2i *tgt,\n"
+       << "    lm_memref1i *tgt_lengths, lm_memref3i *dirs, lm_memref3f *logprobs);\n"
+       << "extern void _mlir_ciface_" << name
+       << "_step_kernel(lm_memref1f *weights, lm_memref3f *memory, lm_memref1i *src_lengths, lm_memref2i *tgt,\n"
+       << "    lm_memref1i *tgt_lengths, lm_memref3i *dirs, lm_memref1i *positions, lm_memref3f *logprobs);\n";
   if (spec.pairs)
     os << "extern void _mlir_ciface_" << name
        << "_score_kernel(lm_memref1f *weights, lm_memref2i *src, lm_memref1i *src_lengths, lm_memref2i *tgt,\n"
@@ -543,7 +579,13 @@ std::string generateGlue(const ModelFacts &spec, const std::vector<LayoutTensor>
     os << "    NULL, NULL, /* pair_loss, pair_loss_grad */\n";
   char lengthLoss[64];
   std::snprintf(lengthLoss, sizeof lengthLoss, "%.17g", spec.lengthLoss);
-  os << "    " << lengthLoss << " /* length_loss */\n";
+  os << "    " << lengthLoss << ", /* length_loss */\n";
+  if (spec.decoding)
+    os << "    _mlir_ciface_" << name << "_encode_kernel, _mlir_ciface_" << name << "_decode_kernel, _mlir_ciface_"
+       << name << "_step_kernel,\n";
+  else
+    os << "    NULL, NULL, NULL, /* pair_encode, pair_decode, pair_step */\n";
+  os << "    " << spec.unk << ", " << spec.mask << " /* unk_id, mask_id */\n";
   os << "};\n\n";
 
 
@@ -562,6 +604,9 @@ LMCC_EXPORT int @name@_embed(@name@_model *m, const int32_t *ids, const int32_t 
 LMCC_EXPORT int @name@_score_pairs(@name@_model *m, const int32_t *src, const int32_t *src_lengths,
     int32_t src_stride, const int32_t *tgt, const int32_t *tgt_lengths, int32_t tgt_stride, const int32_t *dirs,
     const uint32_t *hidden, int32_t batch, float *token_logprobs, float *scores, float *length_logprobs);
+LMCC_EXPORT int @name@_translate(@name@_model *m, const int32_t *src, int32_t src_length, int32_t mode, int32_t beam,
+    int32_t length_beam, int32_t iterations, int32_t rerank, int32_t max_target, int32_t *tgt, int32_t capacity,
+    int32_t *tgt_length, double *score, int32_t *candidates);
 LMCC_EXPORT void @name@_free(@name@_model *m);
 
 const lm_model_desc *@name@_descriptor(void) { return &@name@_desc; }
@@ -596,6 +641,13 @@ int @name@_score_pairs(@name@_model *m, const int32_t *src, const int32_t *src_l
     int32_t batch, float *token_logprobs, float *scores, float *length_logprobs) {
   return lm_rt_score_pairs((lm_model *)m, src, src_lengths, src_stride, tgt, tgt_lengths, tgt_stride, dirs, hidden,
                            batch, token_logprobs, scores, length_logprobs);
+}
+
+int @name@_translate(@name@_model *m, const int32_t *src, int32_t src_length, int32_t mode, int32_t beam,
+    int32_t length_beam, int32_t iterations, int32_t rerank, int32_t max_target, int32_t *tgt, int32_t capacity,
+    int32_t *tgt_length, double *score, int32_t *candidates) {
+  return lm_rt_translate((lm_model *)m, src, src_length, mode, beam, length_beam, iterations, rerank, max_target, tgt,
+                         capacity, tgt_length, score, candidates);
 }
 
 void @name@_free(@name@_model *m) { lm_rt_free((lm_model *)m); }

@@ -96,25 +96,31 @@ std::pair<Value, Value> lengthHead(Loops &L, Value h, Value w, Value bi, Value m
 }
 
 /// out[b] = log_softmax(W m_b)[target_lengths[b]], m_b = mean_{j < lengths[b]} h[b, j] (float sums like the
-/// reference; the log-softmax in double); -inf for a target length outside [0, max_len).
+/// reference; the log-softmax in double); -inf for a target length outside [0, max_len). Without
+/// target_lengths: out[b, c] = log_softmax(W m_b)[c] for every length c.
 struct LengthLogprobLowering : LmLowering<lm::LengthLogprobOp> {
   using LmLowering::LmLowering;
   LogicalResult lower(lm::LengthLogprobOp op, Loops &L) const override {
     auto &b = L.b;
     Location loc = L.loc;
     L.lengths = L.in(op.getLengths());
-    Value h = L.in(op.getHidden()), w = L.in(op.getWeight()), targets = L.in(op.getTargetLengths());
-    Value out = L.alloc(op.getType(), {b.create<memref::DimOp>(loc, h, 0)});
+    Value h = L.in(op.getHidden()), w = L.in(op.getWeight());
+    Value targets = op.getTargetLengths() ? L.in(op.getTargetLengths()) : Value();
+    Value B = b.create<memref::DimOp>(loc, h, 0);
+    Value out = L.alloc(op.getType(), {B});
     const int64_t D = L.typeOf(op.getHidden()).getDimSize(2), C = L.typeOf(op.getWeight()).getDimSize(0);
     Value mean = L.alloc(MemRefType::get({D}, L.f32())), logits = L.alloc(MemRefType::get({C}, L.f32()));
-    L.nest({b.create<memref::DimOp>(loc, h, 0)}, [&](ValueRange bi) {
+    L.nest({B}, [&](ValueRange bi) {
       auto [mxD, sum] = lengthHead(L, h, w, bi[0], mean, logits, D, C);
       Value lse = b.create<arith::AddFOp>(loc, mxD, b.create<math::LogOp>(loc, sum));
+      auto logprob = [&](Value c) { return L.toF32(b.create<arith::SubFOp>(loc, L.toF64(L.load(logits, c)), lse)); };
+      if (!targets) {
+        L.nest({L.idx(C)}, [&](ValueRange c) { L.store(logprob(c[0]), out, {bi[0], c[0]}); });
+        return;
+      }
       Value t = L.toIndex(L.load(targets, bi[0]));
       Value inRange = L.andI(L.ge(t, L.idx(0)), L.lt(t, L.idx(C)));
-      Value lp = L.choose(
-          inRange, L.f32(), [&] { return L.toF32(b.create<arith::SubFOp>(loc, L.toF64(L.load(logits, t)), lse)); },
-          [&] { return L.f32c(-INFINITY); });
+      Value lp = L.choose(inRange, L.f32(), [&] { return logprob(t); }, [&] { return L.f32c(-INFINITY); });
       L.store(lp, out, bi[0]);
     });
     return L.set(op, out);

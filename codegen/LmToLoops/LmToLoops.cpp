@@ -97,6 +97,20 @@ struct ReturnLowering : OpConversionPattern<func::ReturnOp> {
       Value result = adaptor.getOperands()[3], out = L.outputs()[3];
       L.nest({b(L, result, 0)}, [&](ValueRange iv) { L.store(L.load(result, iv), out, iv); });
     }
+    if (method && (method.getValue() == "pair_encode" || method.getValue() == "pair_decode" ||
+                   method.getValue() == "pair_step")) {
+      // The Diformer's decoding entries: every result is computed into a buffer of its own; copy each into its
+      // output argument.
+      Loops L(rewriter, ret, adaptor.getOperands(), context);
+      for (auto [k, result] : llvm::enumerate(adaptor.getOperands())) {
+        Value out = L.outputs()[k];
+        auto type = llvm::cast<MemRefType>(result.getType());
+        SmallVector<Value> sizes;
+        for (int64_t d = 0; d < type.getRank(); ++d)
+          sizes.push_back(b(L, result, d));
+        L.nest(sizes, [&](ValueRange iv) { L.store(L.load(result, iv), out, iv); });
+      }
+    }
     if (dialect->getFoldAttrHelper().isAttrPresent(fn)) {
       const WeightLayout::Entry *entry = context.layout->find(fn.getSymName().str());
       if (!entry)
@@ -215,12 +229,15 @@ struct LmToLoopsPass : lmcc::impl::LmToLoopsBase<LmToLoopsPass> {
                                        bf16Dot == "host" ? targetHasBf16Dot("") : bf16Dot == "yes");
     context.maxLen = model.getMaxLen();
 
-    // Only the entry points (score, embed and, when built, the training entries) and the folds are compiled.
+    // Only the entry points (score, embed, the Diformer's decoding entries and, when built, the training entries)
+    // and the folds are compiled.
     for (auto fn : llvm::to_vector(module.getOps<func::FuncOp>())) {
       auto method = dialect->getMethodAttrHelper().getAttr(fn);
-      bool training = method && (method.getValue() == "loss" || method.getValue() == "loss_grad" ||
-                                 method.getValue() == "pair_loss" || method.getValue() == "pair_loss_grad");
-      if (fn.getSymName() != "score" && fn.getSymName() != "embed" && !training &&
+      bool kept = method && (method.getValue() == "loss" || method.getValue() == "loss_grad" ||
+                             method.getValue() == "pair_loss" || method.getValue() == "pair_loss_grad" ||
+                             method.getValue() == "pair_encode" || method.getValue() == "pair_decode" ||
+                             method.getValue() == "pair_step");
+      if (fn.getSymName() != "score" && fn.getSymName() != "embed" && !kept &&
           !dialect->getFoldAttrHelper().isAttrPresent(fn))
         fn.erase();
     }

@@ -52,6 +52,7 @@ PairBatch packPairs(const lm_model_desc *d, const int32_t *src, const int32_t *s
 /// Throw an argument / internal error that guardedCall turns into its status code and message.
 [[noreturn]] void argument(std::string message);
 [[noreturn]] void internal(std::string message);
+[[noreturn]] void nonFiniteResult(std::string message); ///< LM_ERR_NONFINITE
 /// Runs `body`, converting whatever it throws into a status code and lm_last_error().
 int guardedCall(const std::function<void()> &body) noexcept;
 /// The model, ids and lengths checks of lm_rt_score (ids in the vocabulary, 1 <= length <= max_len, stride).

@@ -526,6 +526,7 @@ template <typename T> void grow(std::vector<T> &v, size_t n) {
 namespace lmrt::detail {
 [[noreturn]] void argument(std::string message) { argumentError(std::move(message)); }
 [[noreturn]] void internal(std::string message) { internalError(std::move(message)); }
+[[noreturn]] void nonFiniteResult(std::string message) { throw Failure{LM_ERR_NONFINITE, std::move(message)}; }
 int guardedCall(const std::function<void()> &body) noexcept { return guarded(body); }
 } // namespace lmrt::detail
 

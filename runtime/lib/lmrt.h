@@ -18,7 +18,7 @@ extern "C" {
 #endif
 
 #ifndef LM_ABI_VERSION
-#define LM_ABI_VERSION 5
+#define LM_ABI_VERSION 6
 #endif
 /* Every tensor of the flat weight buffer, and the buffer itself, starts at a multiple of this many bytes
  * (lmcc's weight layout, codegen/Layout/WeightLayout.h, and the runtime's loader both use it). */
@@ -52,6 +52,7 @@ typedef struct { float *allocated, *aligned; int64_t offset, sizes[2], strides[2
 typedef struct { int32_t *allocated, *aligned; int64_t offset, sizes[1], strides[1]; } lm_memref1i;
 typedef struct { int32_t *allocated, *aligned; int64_t offset, sizes[2], strides[2]; } lm_memref2i;
 typedef struct { int32_t *allocated, *aligned; int64_t offset, sizes[3], strides[3]; } lm_memref3i;
+typedef struct { float *allocated, *aligned; int64_t offset, sizes[3], strides[3]; } lm_memref3f;
 
 /* Compiled kernels. All memrefs are dense row-major (strides [cols, 1]).
  * weights: every model tensor in one flat buffer, tensor t at float offset tensors[t].offset.
@@ -85,6 +86,18 @@ typedef void (*lm_pair_loss_kernel)(lm_memref1f *weights, lm_memref2i *src, lm_m
 typedef void (*lm_pair_loss_grad_kernel)(lm_memref1f *weights, lm_memref2i *src, lm_memref1i *src_lengths,
                                          lm_memref2i *tgt, lm_memref1i *tgt_lengths, lm_memref3i *dirs, lm_memref2f *ce,
                                          lm_memref1f *length_logprobs, lm_memref1f *grads);
+/* The Diformer's decoding entries (lm_rt_translate): encode: src, src_lengths -> memory [rows, m, d_model] (the
+ * encoder's output) and length_logprobs [rows, max_len] (log P(n | source) for every n); decode: memory,
+ * src_lengths, tgt, tgt_lengths, dirs (as lm_pair_score_kernel) -> logprobs [rows, n, vocab] of every target row;
+ * step: the same plus positions [rows] -> logprobs [rows, 1, vocab] of target row positions[b] alone. */
+typedef void (*lm_pair_encode_kernel)(lm_memref1f *weights, lm_memref2i *src, lm_memref1i *src_lengths,
+                                      lm_memref3f *memory, lm_memref2f *length_logprobs);
+typedef void (*lm_pair_decode_kernel)(lm_memref1f *weights, lm_memref3f *memory, lm_memref1i *src_lengths,
+                                      lm_memref2i *tgt, lm_memref1i *tgt_lengths, lm_memref3i *dirs,
+                                      lm_memref3f *logprobs);
+typedef void (*lm_pair_step_kernel)(lm_memref1f *weights, lm_memref3f *memory, lm_memref1i *src_lengths,
+                                    lm_memref2i *tgt, lm_memref1i *tgt_lengths, lm_memref3i *dirs,
+                                    lm_memref1i *positions, lm_memref3f *logprobs);
 /* Computes the tensors lm-fold-constants derived from weights alone (e.g. T-TA's first-layer
  * query of the positions) into their slots of the weight buffer, once, after loading. */
 typedef void (*lm_init_kernel)(lm_memref1f *weights);
@@ -142,6 +155,11 @@ typedef struct {
   lm_pair_loss_kernel pair_loss;          /* NULL unless a Diformer compiled with --train */
   lm_pair_loss_grad_kernel pair_loss_grad;
   double length_loss;                     /* [diformer] length_loss: the weight of the length term */
+  /* ABI 6: the Diformer's decoding entries (NULL for other families) and the ids its search treats apart. */
+  lm_pair_encode_kernel pair_encode;
+  lm_pair_decode_kernel pair_decode;
+  lm_pair_step_kernel pair_step;
+  int32_t unk_id, mask_id;
 } lm_model_desc;
 
 typedef struct lm_model lm_model;
@@ -177,6 +195,21 @@ LM_API int lm_rt_score_pairs(lm_model *m, const int32_t *src, const int32_t *src
                              const int32_t *tgt, const int32_t *tgt_lengths, int32_t tgt_stride, const int32_t *dirs,
                              const uint32_t *hidden, int32_t batch, float *token_logprobs, float *scores,
                              float *length_logprobs);
+/* Diformer decoding of one source (issue 19's `lmcc translate`): mode LM_DECODE_L2R / LM_DECODE_R2L (beam search of
+ * `beam` hypotheses, only the new row computed per step, ranked by log-likelihood / predicted tokens),
+ * LM_DECODE_MASK_PREDICT (CMLM, `iterations` passes for each of the length head's `length_beam` best lengths) or
+ * LM_DECODE_EASY_FIRST (DisCo-style passes); rerank != 0 rescores the candidates with the mean of their
+ * teacher-forced L2R and R2L log-likelihoods divided by n - 1. max_target bounds the target an AR search
+ * builds (bos..eos; 0: max_len - 1, else 2..max_len-1). Writes the translation (bos .. eos) to tgt[0..capacity),
+ * its length to *tgt_length (also when it does not fit: then LM_ERR_ARGUMENT), its ranking score to *score and
+ * the number of candidates compared to *candidates (score and candidates may be NULL). */
+#ifndef LM_DECODE_MODES_DECLARED /* also in every lmcc model header */
+#define LM_DECODE_MODES_DECLARED
+enum { LM_DECODE_L2R = 0, LM_DECODE_R2L = 1, LM_DECODE_MASK_PREDICT = 2, LM_DECODE_EASY_FIRST = 3 };
+#endif
+LM_API int lm_rt_translate(lm_model *m, const int32_t *src, int32_t src_length, int32_t mode, int32_t beam,
+                           int32_t length_beam, int32_t iterations, int32_t rerank, int32_t max_target, int32_t *tgt,
+                           int32_t capacity, int32_t *tgt_length, double *score, int32_t *candidates);
 LM_API int lm_rt_embed(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride, float *out);
 LM_API void lm_rt_free(lm_model *m);
 

@@ -1,40 +1,24 @@
 //===- DiformerDecode.h - Diformer decoding on the reference model --------===//
 //
-// The four decoding modes of issue 19 (diformer paper 2.4) and self-reranking, driven by
-// reference::diformer::Model:
-//  * l2r / r2l: beam search; a step computes only the new row of each hypothesis (keys and
-//    values of a token depend on the token alone, so they are cached per token id);
-//    hypotheses are ranked by log-likelihood / predicted tokens;
-//  * mask-predict (CMLM): for each of the length head's `lengthBeam` best lengths, T passes of
-//    S rows; pass t re-masks the floor(N (T - t) / T) least confident tokens; candidates are
-//    ranked by their mean token log-probability;
-//  * easy-first (DisCo): pass 0 as mask-predict; each later pass recomputes every row, row i
-//    seeing bos, eos and the positions whose current prediction is more confident than its own;
-//    stops early when no token changes;
-//  * rerank: every candidate (the length beam's, or the beam's finished hypotheses) is scored by
-//    the mean of its teacher-forced L2R and R2L log-likelihoods, each divided by n - 1.
+// The four decoding modes of issue 19 and self-reranking (runtime/lib/DiformerSearch.h, the search
+// shared with the compiled library's lm_rt_translate), driven by reference::diformer::Model: a step
+// computes only the new rows, with keys and values cached per token id (they depend on the token
+// alone) and the cross-attention keys/values projected once per source.
 //
 //===----------------------------------------------------------------------===//
 #pragma once
 
+#include "runtime/lib/DiformerSearch.h"
 #include "runtime/reference/Diformer.h"
 
 namespace lmcc::reference::diformer {
 
-enum class DecodeMode { L2R, R2L, MaskPredict, EasyFirst };
+using decode::Translation;
+using DecodeMode = decode::Mode;
+using DecodeOptions = decode::Options;
 
-struct DecodeOptions {
-  DecodeMode mode = DecodeMode::L2R;
-  int beam = 4, lengthBeam = 5, iterations = 10;
-  bool rerank = false;
-  int64_t maxTarget = 0; ///< longest target (bos..eos) an AR search may build; 0: max_len - 1
-};
-
-struct Translation {
-  std::vector<int32_t> tgt; ///< bos .. eos
-  double score = 0;         ///< the ranking score (mode's own, or the rerank score)
-  int64_t candidates = 0;   ///< hypotheses compared at the end
-};
+/// The search's special tokens and sizes of a spec.
+decode::Tokens searchTokens(const ModelSpec &spec);
 
 Translation translate(const Model &model, const std::vector<int32_t> &src, const DecodeOptions &options);
 

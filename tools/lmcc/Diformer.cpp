@@ -498,7 +498,7 @@ int diformerTrain(const ModelSpec &spec, const std::string &weights, const std::
 }
 
 int diformerTranslate(const ModelSpec &spec, const std::string &weights, const std::string &input,
-                      const Tokenizer *tok, const TranslateOptions &o) {
+                      const Tokenizer *tok, const TranslateOptions &o, CompiledModel *compiled) {
   df::DecodeOptions d;
   if (o.mode == "l2r")
     d.mode = df::DecodeMode::L2R;
@@ -511,8 +511,12 @@ int diformerTranslate(const ModelSpec &spec, const std::string &weights, const s
   else
     throw std::invalid_argument("--mode must be l2r, r2l, mask-predict or easy-first, got '" + o.mode + "'");
   d.beam = o.beam, d.lengthBeam = o.lengthBeam, d.iterations = o.iterations, d.rerank = o.rerank;
-  WeightSet w = loadWeights(weights, spec);
-  df::Model model(spec, w);
+  std::optional<WeightSet> w;
+  std::optional<df::Model> model;
+  if (!compiled) {
+    w = loadWeights(weights, spec);
+    model.emplace(spec, *w);
+  }
   LineReader in(input, "input file");
   for (std::string line; in.next(line);) {
     if (!line.empty() && line.back() == '\r')
@@ -526,7 +530,20 @@ int diformerTranslate(const ModelSpec &spec, const std::string &weights, const s
         throw std::invalid_argument(where + ": id " + std::to_string(id) + " is outside the vocabulary");
     d.maxTarget = std::min<int64_t>(spec.dims.maxLen - 1, 2 * int64_t(src.size()) + 10);
     const auto start = std::chrono::steady_clock::now();
-    df::Translation t = df::translate(model, src, d);
+    df::Translation t;
+    if (compiled) {
+      std::vector<int32_t> tgt(size_t(spec.dims.maxLen));
+      int32_t length = 0, candidates = 0;
+      if (lm_rt_translate(compiled->model, src.data(), int32_t(src.size()), int32_t(d.mode), d.beam, d.lengthBeam,
+                          d.iterations, d.rerank ? 1 : 0, int32_t(d.maxTarget), tgt.data(), int32_t(tgt.size()),
+                          &length, &t.score, &candidates) != LM_OK)
+        throw std::invalid_argument(where + ": " + lm_rt_last_error());
+      tgt.resize(size_t(length));
+      t.tgt = std::move(tgt);
+      t.candidates = candidates;
+    } else {
+      t = df::translate(*model, src, d);
+    }
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     std::string out = "{\"ids\":[";
     for (size_t i = 0; i < t.tgt.size(); ++i)

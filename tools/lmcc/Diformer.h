@@ -1,7 +1,7 @@
 //===- Diformer.h - lmcc's Diformer commands (score, grad, train, translate) -===//
 //
-// The Diformer family scores through its compiled library (lm_rt_score_pairs) or the reference
-// executor (runtime/reference/Diformer*), and trains and translates on the reference executor: these
+// The Diformer family scores, trains and translates through its compiled library (lm_rt_score_pairs,
+// lm_rt_train_step_pairs, lm_rt_translate) or the reference executor (runtime/reference/Diformer*): these
 // entry points read the family's inputs (SRC ||| TGT ||| DIRS [||| HIDE] lines, {src, tgt,
 // dirs, hide} batches) and print lmcc's JSON formats. Errors are std::invalid_argument naming
 // the file and line.
@@ -46,8 +46,9 @@ struct TranslateOptions {
   bool rerank = false;
 };
 /// `lmcc translate`: one source per line (ids, or text with the tokenizer) -> one JSON object
-/// {"ids":[...],"score":S,"candidates":K,"ms":T} (and "text" with a tokenizer).
+/// {"ids":[...],"score":S,"candidates":K,"ms":T} (and "text" with a tokenizer); through the compiled library's
+/// lm_rt_translate when `compiled` is given, else on the reference executor (the same search).
 int diformerTranslate(const ModelSpec &spec, const std::string &weights, const std::string &input,
-                      const Tokenizer *tok, const TranslateOptions &options);
+                      const Tokenizer *tok, const TranslateOptions &options, CompiledModel *compiled = nullptr);
 
 } // namespace lmcc::cli

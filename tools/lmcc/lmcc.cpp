@@ -1018,6 +1018,11 @@ int main(int argc, char **argv) {
   translate->add_option("--iterations", o.translate.iterations, "refinement passes of mask-predict / easy-first")
       ->capture_default_str()->check(CLI::Range(1, 1000));
   translate->add_flag("--rerank", o.translate.rerank, "rank candidates by the mean of teacher-forced L2R and R2L");
+  auto *translateReference = translate->add_flag(
+      "--reference", o.reference, "decode on the reference executor (the numeric oracle) instead of compiled code");
+  addThreads(translate);
+  addPipelineFlags(translate);
+  excludePipelineFlags(translate, translateReference);
 
   auto *tokenize = app.add_subcommand("tokenize", "tokenize text with the spec's [tokenizer]: ids, one sentence a line");
   tokenize->add_option("SPEC", o.spec, "model spec (TOML) with a [tokenizer] table")->required();
@@ -1157,8 +1162,13 @@ int main(int argc, char **argv) {
       std::optional<lmcc::Tokenizer> tok;
       if (!o.text.empty())
         tok = loadTokenizer(spec);
+      std::optional<CompiledModel> compiled;
+      if (!o.reference) {
+        lm_set_num_threads(o.threads);
+        compiled.emplace(spec, o, o.weights);
+      }
       return lmcc::cli::diformerTranslate(spec, o.weights, o.text.empty() ? o.ids : o.text, tok ? &*tok : nullptr,
-                                          o.translate);
+                                          o.translate, compiled ? &*compiled : nullptr);
     }
     if (*importHf)
       return runImportHf(o);

@@ -1,0 +1,70 @@
+//===- DiformerSearch.h - The Diformer's four decoding modes, model-neutral ---===//
+//
+// Issue 19's decoders (diformer paper 2.4) and self-reranking, written once against an abstract
+// Decoder so that the reference executor (runtime/reference/DiformerDecode.cpp) and the compiled
+// library (runtime/lib/Translate.cpp, lm_rt_translate) run the same search:
+//  * l2r / r2l: beam search; a step computes only the new row of each hypothesis (an R row at the
+//    end of the prefix, or an L row at the start of the suffix); hypotheses are ranked by
+//    log-likelihood / predicted tokens;
+//  * mask-predict (CMLM): for each of the length head's `lengthBeam` best lengths, T passes of
+//    S rows; pass t re-masks the floor(N (T - t) / T) least confident tokens; candidates are
+//    ranked by their mean token log-probability;
+//  * easy-first (DisCo): pass 0 as mask-predict; each later pass recomputes every row, row i
+//    seeing bos, eos and the positions whose current prediction is more confident than its own;
+//    stops early when no token changes;
+//  * rerank: every candidate (the length beam's, or the beam's finished hypotheses) is scored by
+//    the mean of its teacher-forced L2R and R2L log-likelihoods, each divided by n - 1.
+// Spec-free: liblmrt links it.
+//
+//===----------------------------------------------------------------------===//
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace lmcc::decode {
+
+enum class Mode { L2R, R2L, MaskPredict, EasyFirst };
+
+struct Options {
+  Mode mode = Mode::L2R;
+  int beam = 4, lengthBeam = 5, iterations = 10;
+  bool rerank = false;
+  int64_t maxTarget = 0; ///< longest target (bos..eos) an AR search may build; 0: max_len - 1
+};
+
+/// The token ids the search treats specially, and the model's sizes.
+struct Tokens {
+  int64_t vocab = 0, maxLen = 0;
+  int32_t pad = 0, unk = 0, bos = 0, eos = 0, mask = 0;
+};
+
+struct Translation {
+  std::vector<int32_t> tgt; ///< bos .. eos
+  double score = 0;         ///< the ranking score (mode's own, or the rerank score)
+  int64_t candidates = 0;   ///< hypotheses compared at the end
+};
+
+/// What a search asks of a model, for one source (encoded once, before the search starts).
+class Decoder {
+public:
+  virtual ~Decoder() = default;
+  /// log P(n | source) for n = 0 .. max_len - 1.
+  virtual std::vector<double> lengthLogprobs() = 0;
+  /// One autoregressive step for each target (all of one length n, tokens in position order): the
+  /// log-probabilities [targets.size() * vocab] of the new row: an R row at position n - 1
+  /// (leftToRight, it predicts y_n) or an L row at position 0 (it predicts the token before).
+  virtual std::vector<float> step(const std::vector<std::vector<int32_t>> &targets, bool leftToRight) = 0;
+  /// A parallel pass over `tokens` (bos .. eos): the log-probabilities [rows.size() * vocab] of the S rows
+  /// `rows`, row r not seeing the keys j with hidden[r][j].
+  virtual std::vector<float> predict(const std::vector<int32_t> &tokens, const std::vector<int64_t> &rows,
+                                     const std::vector<std::vector<bool>> &hidden) = 0;
+  /// The teacher-forced sum of log p over the rows of an l2r (R..R-) or r2l (-L..L) scoring of tgt.
+  virtual double teacherForced(const std::vector<int32_t> &tgt, bool leftToRight) = 0;
+};
+
+/// Decodes one source; throws std::invalid_argument for options < 1 and std::runtime_error when no
+/// hypothesis finishes.
+Translation translate(Decoder &decoder, const Tokens &tokens, const Options &options);
+
+} // namespace lmcc::decode

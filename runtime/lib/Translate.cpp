@@ -1,0 +1,195 @@
+//===- Translate.cpp - lm_rt_translate: the Diformer's search on compiled kernels ===//
+//
+// decode::Decoder (runtime/lib/DiformerSearch.h) over a compiled Diformer's entries: the encoder runs
+// once per source (pair_encode: memory and the length distribution); an autoregressive step is one
+// pair_step call whose batch is the live hypotheses, each computing only its new row (an R row at the
+// end of the prefix, or an L row at its start); a parallel pass is one pair_decode call; the rerank's
+// teacher-forced scores are pair_score calls. Unlike the reference decoder, the self-attention keys and
+// values of the prefix and the cross-attention keys and values of the memory are projected again in each
+// call (GEMMs over n and m rows) rather than cached across steps.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/lib/DiformerSearch.h"
+#include "runtime/lib/Internal.h"
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+using namespace lmrt::detail;
+
+namespace {
+
+lm_memref3f memref3(float *p, int64_t a, int64_t b, int64_t c) { return {p, p, 0, {a, b, c}, {b * c, c, 1}}; }
+lm_memref3i memref3(int32_t *p, int64_t a, int64_t b, int64_t c) { return {p, p, 0, {a, b, c}, {b * c, c, 1}}; }
+
+class CompiledDecoder : public lmcc::decode::Decoder {
+public:
+  CompiledDecoder(lm_model *m, const int32_t *src, int32_t srcLength)
+      : m(m), d(m->desc), src(src, src + srcLength), M(srcLength), D(d->d_model), V(d->vocab),
+        W(1 + LM_HIDDEN_WORDS(d->max_len)) {
+    memory.resize(size_t(M * D));
+    std::vector<float> lengths(size_t(d->max_len));
+    lm_memref1f w = weights();
+    std::vector<int32_t> len{int32_t(M)};
+    lm_memref2i srcRef = memref2(this->src.data(), 1, M);
+    lm_memref1i lenRef = memref1(len.data(), 1);
+    lm_memref3f memRef = memref3(memory.data(), 1, M, D);
+    lm_memref2f lpRef = memref2(lengths.data(), 1, d->max_len);
+    d->pair_encode(&w, &srcRef, &lenRef, &memRef, &lpRef);
+    finite(memory, "translate (encoder)");
+    finite(lengths, "translate (length head)");
+    lengthLp.assign(lengths.begin(), lengths.end());
+  }
+
+  std::vector<double> lengthLogprobs() override { return lengthLp; }
+
+  std::vector<float> step(const std::vector<std::vector<int32_t>> &targets, bool leftToRight) override {
+    const int64_t B = int64_t(targets.size()), n = int64_t(targets.front().size());
+    std::vector<int32_t> tgt, rows = skipRows(B * n);
+    std::vector<int32_t> positions(static_cast<size_t>(B)), srcLen(static_cast<size_t>(B), int32_t(M)),
+        tgtLen(static_cast<size_t>(B), int32_t(n));
+    std::vector<float> mem;
+    for (int64_t b = 0; b < B; ++b) {
+      tgt.insert(tgt.end(), targets[size_t(b)].begin(), targets[size_t(b)].end());
+      const int64_t i = leftToRight ? n - 1 : 0;
+      positions[size_t(b)] = int32_t(i);
+      rows[size_t((b * n + i) * W)] = leftToRight ? 0 : 1;
+      mem.insert(mem.end(), memory.begin(), memory.end());
+    }
+    std::vector<float> out(size_t(B * V));
+    lm_memref1f w = weights();
+    lm_memref3f memRef = memref3(mem.data(), B, M, D), outRef = memref3(out.data(), B, 1, V);
+    lm_memref1i srcLenRef = memref1(srcLen.data(), B), tgtLenRef = memref1(tgtLen.data(), B),
+                posRef = memref1(positions.data(), B);
+    lm_memref2i tgtRef = memref2(tgt.data(), B, n);
+    lm_memref3i rowsRef = memref3(rows.data(), B, n, W);
+    d->pair_step(&w, &memRef, &srcLenRef, &tgtRef, &tgtLenRef, &rowsRef, &posRef, &outRef);
+    finite(out, "translate (decoding step)");
+    return out;
+  }
+
+  std::vector<float> predict(const std::vector<int32_t> &tokens, const std::vector<int64_t> &rowsWanted,
+                             const std::vector<std::vector<bool>> &hidden) override {
+    const int64_t n = int64_t(tokens.size());
+    std::vector<int32_t> tgt(tokens), rows = skipRows(n), srcLen{int32_t(M)}, tgtLen{int32_t(n)};
+    for (size_t r = 0; r < rowsWanted.size(); ++r) {
+      int32_t *row = rows.data() + rowsWanted[r] * W;
+      row[0] = 2;
+      for (int64_t j = 0; j < n; ++j)
+        if (hidden[r][size_t(j)])
+          row[1 + j / 32] = int32_t(uint32_t(row[1 + j / 32]) | (1u << (j % 32)));
+    }
+    std::vector<float> all(size_t(n * V));
+    lm_memref1f w = weights();
+    lm_memref3f memRef = memref3(memory.data(), 1, M, D), outRef = memref3(all.data(), 1, n, V);
+    lm_memref1i srcLenRef = memref1(srcLen.data(), 1), tgtLenRef = memref1(tgtLen.data(), 1);
+    lm_memref2i tgtRef = memref2(tgt.data(), 1, n);
+    lm_memref3i rowsRef = memref3(rows.data(), 1, n, W);
+    d->pair_decode(&w, &memRef, &srcLenRef, &tgtRef, &tgtLenRef, &rowsRef, &outRef);
+    std::vector<float> out;
+    for (int64_t r : rowsWanted)
+      out.insert(out.end(), all.begin() + r * V, all.begin() + (r + 1) * V);
+    finite(out, "translate (parallel pass)");
+    return out;
+  }
+
+  double teacherForced(const std::vector<int32_t> &tgt, bool leftToRight) override {
+    const int64_t n = int64_t(tgt.size());
+    std::vector<int32_t> t(tgt), rows(size_t(n * W), 0), srcLen{int32_t(M)}, tgtLen{int32_t(n)}, nScored(1);
+    for (int64_t i = 0; i < n; ++i)
+      rows[size_t(i * W)] = leftToRight ? (i == n - 1 ? 3 : 0) : (i == 0 ? 3 : 1);
+    std::vector<float> lp(static_cast<size_t>(n)), score(1), length(1);
+    lm_memref1f w = weights();
+    lm_memref2i srcRef = memref2(src.data(), 1, M), tgtRef = memref2(t.data(), 1, n);
+    lm_memref1i srcLenRef = memref1(srcLen.data(), 1), tgtLenRef = memref1(tgtLen.data(), 1),
+                nRef = memref1(nScored.data(), 1);
+    lm_memref3i rowsRef = memref3(rows.data(), 1, n, W);
+    lm_memref2f lpRef = memref2(lp.data(), 1, n);
+    lm_memref1f scRef = memref1(score.data(), 1), lenRef = memref1(length.data(), 1);
+    d->pair_score(&w, &srcRef, &srcLenRef, &tgtRef, &tgtLenRef, &rowsRef, &lpRef, &scRef, &nRef, &lenRef);
+    finite(score, "translate (rerank)");
+    return score[0];
+  }
+
+private:
+  /// `count` rows of the kernels' rows operand: direction 3 (skip), no hidden keys.
+  std::vector<int32_t> skipRows(int64_t count) const {
+    std::vector<int32_t> rows(size_t(count * W), 0);
+    for (int64_t r = 0; r < count; ++r)
+      rows[size_t(r * W)] = 3;
+    return rows;
+  }
+  lm_memref1f weights() const { return memref1(m->weights, d->total_floats); }
+  static void finite(const std::vector<float> &v, const char *what) {
+    for (float x : v)
+      if (std::isnan(x) || x == INFINITY)
+        nonFiniteResult(std::string(what) + " gave a NaN or +infinity (the weights may hold huge values)");
+  }
+
+  lm_model *m;
+  const lm_model_desc *d;
+  std::vector<int32_t> src;
+  int64_t M, D, V, W;
+  std::vector<float> memory;
+  std::vector<double> lengthLp;
+};
+
+void translateImpl(lm_model *m, const int32_t *src, int32_t srcLength, int32_t mode, int32_t beam, int32_t lengthBeam,
+                   int32_t iterations, int32_t rerank, int32_t maxTarget, int32_t *tgt, int32_t capacity,
+                   int32_t *tgtLength, double *score, int32_t *candidates) {
+  if (!m)
+    argument("the model is NULL");
+  const lm_model_desc *d = m->desc;
+  if (!d->pair_encode || !d->pair_decode || !d->pair_step || !d->pair_score)
+    argument("model " + std::string(d->name) + " does not translate (only family \"diformer\" does)");
+  checkModelInputs(m, src, &srcLength, 1, srcLength < 1 ? 1 : srcLength);
+  if (mode < LM_DECODE_L2R || mode > LM_DECODE_EASY_FIRST)
+    argument("mode = " + std::to_string(mode) + " must be LM_DECODE_L2R (0), LM_DECODE_R2L (1), "
+             "LM_DECODE_MASK_PREDICT (2) or LM_DECODE_EASY_FIRST (3)");
+  if (beam < 1 || lengthBeam < 1 || iterations < 1)
+    argument("beam = " + std::to_string(beam) + ", length_beam = " + std::to_string(lengthBeam) +
+             " and iterations = " + std::to_string(iterations) + " must be at least 1");
+  if (maxTarget != 0 && (maxTarget < 2 || maxTarget > d->max_len - 1))
+    argument("max_target = " + std::to_string(maxTarget) + " must be 0 or in [2, max_len-1=" +
+             std::to_string(d->max_len - 1) + "]");
+  if (!tgt || !tgtLength)
+    argument("tgt and tgt_length must not be NULL");
+  if (capacity < 1)
+    argument("capacity = " + std::to_string(capacity) + " must be at least 1");
+  lmcc::decode::Tokens tokens;
+  tokens.vocab = d->vocab, tokens.maxLen = d->max_len;
+  tokens.pad = d->pad_id, tokens.unk = d->unk_id, tokens.bos = d->bos_id, tokens.eos = d->eos_id;
+  tokens.mask = d->mask_id;
+  lmcc::decode::Options o;
+  o.mode = lmcc::decode::Mode(mode);
+  o.beam = beam, o.lengthBeam = lengthBeam, o.iterations = iterations, o.rerank = rerank != 0;
+  o.maxTarget = maxTarget;
+  lmcc::decode::Translation t;
+  try {
+    CompiledDecoder decoder(m, src, srcLength);
+    t = lmcc::decode::translate(decoder, tokens, o);
+  } catch (const std::runtime_error &e) {
+    internal(e.what());
+  }
+  *tgtLength = int32_t(t.tgt.size());
+  if (int64_t(t.tgt.size()) > capacity)
+    argument("the translation has " + std::to_string(t.tgt.size()) + " tokens: capacity = " +
+             std::to_string(capacity) + " is too small (max_len = " + std::to_string(d->max_len) + " always fits)");
+  std::copy(t.tgt.begin(), t.tgt.end(), tgt);
+  if (score)
+    *score = t.score;
+  if (candidates)
+    *candidates = int32_t(t.candidates);
+}
+
+} // namespace
+
+int lm_rt_translate(lm_model *m, const int32_t *src, int32_t src_length, int32_t mode, int32_t beam,
+                    int32_t length_beam, int32_t iterations, int32_t rerank, int32_t max_target, int32_t *tgt,
+                    int32_t capacity, int32_t *tgt_length, double *score, int32_t *candidates) {
+  return guardedCall([&] {
+    translateImpl(m, src, src_length, mode, beam, length_beam, iterations, rerank, max_target, tgt, capacity,
+                  tgt_length, score, candidates);
+  });
+}
