@@ -116,6 +116,15 @@ func.func @length_logprob_width(%h: tensor<?x?x8xf32>, %len: tensor<?xi32>) {
 
 // -----
 
+func.func @length_logprob_distribution(%h: tensor<?x?x8xf32>, %len: tensor<?xi32>) {
+  %W = lm.weight "length.weight" : tensor<9x8xf32>
+  // expected-error @+1 {{result width vs weight rows: expected 9, got 7}}
+  %l = lm.length_logprob %h, %len, %W : (tensor<?x?x8xf32>, tensor<?xi32>, tensor<9x8xf32>) -> tensor<?x7xf32>
+  return
+}
+
+// -----
+
 func.func @causal_with_data(%s: tensor<?x2x?x?xf32>, %len: tensor<?xi32>, %d: tensor<?x?xi32>) {
   // expected-error @+1 {{#lm.mask<causal> is fully described by its kind}}
   %m = lm.mask_fill %s, %len data(%d : tensor<?x?xi32>) {mask = #lm.mask<causal>} : tensor<?x2x?x?xf32>, tensor<?xi32> -> tensor<?x2x?x?xf32>

@@ -100,6 +100,8 @@ func.func @diformer(%tgt: tensor<?x?xi32>, %rows: tensor<?x?x2xi32>, %len: tenso
   %t = lm.directional_targets %tgt, %rows, %len : (tensor<?x?xi32>, tensor<?x?x2xi32>, tensor<?xi32>) -> tensor<?x?xi32>
   // CHECK: lm.length_logprob
   %l = lm.length_logprob %h, %len, %W, %len : (tensor<?x?x8xf32>, tensor<?xi32>, tensor<9x8xf32>, tensor<?xi32>) -> tensor<?xf32>
+  // CHECK: lm.length_logprob {{.*}} -> tensor<?x9xf32>
+  %all = lm.length_logprob %h, %len, %W : (tensor<?x?x8xf32>, tensor<?xi32>, tensor<9x8xf32>) -> tensor<?x9xf32>
   return %q, %t, %l : tensor<?x?x8xf32>, tensor<?x?xi32>, tensor<?xf32>
 }
 
