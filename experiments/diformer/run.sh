@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The Diformer experiment of issue 19 (experiments/diformer/README.md), one script:
 #   run.sh train   synthetic data + `lmcc train` (directional objective, compiled trainer, 1 thread)
-#   run.sh eval    `lmcc translate` in every mode, with and without --rerank, BLEU (sacreBLEU) and
-#                  batch-1 wall-clock per sentence; writes results.md
+#   run.sh eval    `lmcc translate` (compiled) in every mode, with and without --rerank, BLEU (sacreBLEU) and
+#                  batch-1 wall-clock per sentence, and the reference executor's decoding for comparison;
+#                  writes results.md
 #   run.sh         both
 # Outputs go to experiments/diformer/out/ (not committed except results.md and the training log).
 set -euo pipefail
@@ -33,6 +34,11 @@ if [ "$phase" = eval ] || [ "$phase" = all ]; then
       "$lmcc" translate "$here/model.toml" --weights "$out/model/weights.safetensors" --ids "$out/test.src" \
         --mode "$mode" --beam 4 --length-beam 5 --iterations 10 $rr > "$out/$tag.jsonl"
     done
+  done
+  # The same decoders on the reference executor (the numeric oracle), for the compiled-vs-reference comparison.
+  for mode in l2r r2l mask-predict easy-first; do
+    "$lmcc" translate "$here/model.toml" --weights "$out/model/weights.safetensors" --ids "$out/test.src" \
+      --mode "$mode" --beam 4 --length-beam 5 --iterations 10 --reference > "$out/ref-$mode.jsonl"
   done
   # Cheaper NAR settings for the speed comparison: one length, 4 passes.
   for mode in mask-predict easy-first; do
