@@ -48,6 +48,7 @@ public:
     if (spec.family == Family::Diformer) {
       diformerScore();
       diformerEncode();
+      diformerTokenKV();
       diformerDecode();
       diformerStep();
       if (train)
@@ -118,23 +119,37 @@ private:
   /// projections of layer `prefix`): softmax(mask(Q K^T [+ rel] / sqrt(dh))) V [+ rel] W_o.
   Value attention(Value query, Value keyValue, Value lengths, const std::string &prefix, int64_t heads,
                   lm::MaskKind mask, Value maskData, int64_t clip) {
-    int64_t dh = D() / heads;
     Value q = linear(query, names::q(prefix), D(), D());
     Value k = linear(keyValue, names::k(prefix), D(), D());
     Value v = linear(keyValue, names::v(prefix), D(), D());
+    return attendProjected(q, k, v, lengths, prefix, heads, mask, maskData, clip, Value(), false);
+  }
+
+  /// Attention over projected queries, keys and values, then the output projection of layer `prefix`:
+  /// decomposed, or `fused` as one lm.attention (lm-fuse-attention's rewrite: the same numbers), which
+  /// single-query rows at `queryPositions` need (lm.mask_fill knows no query positions).
+  Value attendProjected(Value q, Value k, Value v, Value lengths, const std::string &prefix, int64_t heads,
+                        lm::MaskKind mask, Value maskData, int64_t clip, Value queryPositions, bool fused) {
+    int64_t dh = D() / heads;
+    Value relK = clip > 0 ? weight(names::relK(prefix), {2 * clip + 1, dh}) : Value();
+    Value relV = clip > 0 ? weight(names::relV(prefix), {2 * clip + 1, dh}) : Value();
+    const float scale = 1.0f / std::sqrt(float(dh));
+    if (fused || queryPositions) {
+      Value context = b.create<lm::AttentionOp>(loc, q.getType(), q, k, v, lengths, maskData, relK, relV,
+                                                queryPositions, b.getI64IntegerAttr(heads),
+                                                lm::MaskKindAttr::get(b.getContext(), mask), b.getF32FloatAttr(scale),
+                                                b.getI64IntegerAttr(clip));
+      return linear(context, names::o(prefix), D(), D());
+    }
     auto headsType = t({kDyn, heads, kDyn, dh}, f32);
     auto scoresType = t({kDyn, heads, kDyn, kDyn}, f32);
     Value qh = b.create<lm::SplitHeadsOp>(loc, headsType, q);
     Value kh = b.create<lm::SplitHeadsOp>(loc, headsType, k);
     Value vh = b.create<lm::SplitHeadsOp>(loc, headsType, v);
     Value scores = b.create<lm::MatmulOp>(loc, scoresType, qh, kh, b.getUnitAttr());
-    Value relK, relV;
-    if (clip > 0) {
-      relK = weight(names::relK(prefix), {2 * clip + 1, dh});
-      relV = weight(names::relV(prefix), {2 * clip + 1, dh});
+    if (clip > 0)
       scores = add(scores, b.create<lm::RelativeScoresOp>(loc, scoresType, qh, kh, relK, b.getI64IntegerAttr(clip)));
-    }
-    scores = b.create<lm::ScaleOp>(loc, scores, b.getF32FloatAttr(1.0f / std::sqrt(float(dh))));
+    scores = b.create<lm::ScaleOp>(loc, scores, b.getF32FloatAttr(scale));
     scores = b.create<lm::MaskFillOp>(loc, scoresType, scores, lengths, maskData,
                                       lm::MaskKindAttr::get(b.getContext(), mask));
     Value probs = b.create<lm::SoftmaxOp>(loc, scores);
@@ -143,23 +158,6 @@ private:
       context = add(context, b.create<lm::RelativeValuesOp>(loc, headsType, probs, relV, b.getI64IntegerAttr(clip)));
     Value merged = b.create<lm::MergeHeadsOp>(loc, seqType(D()), context);
     return linear(merged, names::o(prefix), D(), D());
-  }
-
-  /// lm.attention (fused) of `query` over `keyValue` with the projections of layer `prefix`; the same numbers as
-  /// attention() (lm-fuse-attention's rewrite), for single-query rows at `queryPositions` (may be null).
-  Value fusedAttention(Value query, Value keyValue, Value lengths, const std::string &prefix, int64_t heads,
-                       lm::MaskKind mask, Value maskData, int64_t clip, Value queryPositions) {
-    int64_t dh = D() / heads;
-    Value q = linear(query, names::q(prefix), D(), D());
-    Value k = linear(keyValue, names::k(prefix), D(), D());
-    Value v = linear(keyValue, names::v(prefix), D(), D());
-    Value relK = clip > 0 ? weight(names::relK(prefix), {2 * clip + 1, dh}) : Value();
-    Value relV = clip > 0 ? weight(names::relV(prefix), {2 * clip + 1, dh}) : Value();
-    Value context = b.create<lm::AttentionOp>(
-        loc, q.getType(), q, k, v, lengths, maskData, relK, relV, queryPositions, b.getI64IntegerAttr(heads),
-        lm::MaskKindAttr::get(b.getContext(), mask), b.getF32FloatAttr(1.0f / std::sqrt(float(dh))),
-        b.getI64IntegerAttr(clip));
-    return linear(context, names::o(prefix), D(), D());
   }
 
   static lm::MaskKind maskOf(MaskKind kind) {
@@ -388,14 +386,39 @@ private:
     return h;
   }
 
-  /// The decoder's last hidden states over (tgt, rows) attending to `memory`: every row [B, N, D], or with
-  /// `queryPositions` [B] the one row query_positions[b] of each target [B, 1, D] (a decoding step: keys and
-  /// values still come from every target token). Single-query rows have no decomposed attention (lm.mask_fill
-  /// knows no query positions), so that form is built fused, as lm-prune-rows would.
-  Value diformerDecoder(Value memory, Value srcLen, Value tgt, Value tgtLen, Value rows, Value queryPositions) {
+  /// The decoder's keys and values, every layer's k then v side by side: [B, T, 2 L D] with layer l's keys at
+  /// features [2lD, 2lD + D) and values at [2lD + D, 2(l+1)D); one GEMM of `input` with the stacked weights of
+  /// `which` (attn: self-attention over the target's word embeddings; cross: over the encoder's output). The
+  /// same stacking lm-hoist-isolated-kv makes of the score entry, so the layout holds one copy.
+  Value decoderKeysValues(Value input, bool cross) {
+    SmallVector<Value> weights, biases;
+    for (int64_t l = 0; l < spec.diformer->decoder.layers; ++l) {
+      std::string p = cross ? names::cross(names::decoderLayer(l)) : names::attn(names::decoderLayer(l));
+      for (const std::string &proj : {names::k(p), names::v(p)}) {
+        weights.push_back(weight(names::weight(proj), {D(), D()}));
+        biases.push_back(weight(names::bias(proj), {D()}));
+      }
+    }
+    const int64_t width = 2 * spec.diformer->decoder.layers * D();
+    Value w = b.create<lm::ConcatOp>(loc, t({width, D()}, f32), weights);
+    Value bias = b.create<lm::ConcatOp>(loc, t({width}, f32), biases);
+    return b.create<lm::LinearOp>(loc, seqType(width), input, w, bias);
+  }
+
+  Value slice(Value x, int64_t offset, int64_t size) {
+    return b.create<lm::SliceFeaturesOp>(loc, seqType(size), x, b.getI64IntegerAttr(offset), b.getI64IntegerAttr(size));
+  }
+
+  /// The decoder's last hidden states over rows [B, N, 1 + W] attending to `memory` (projected here) or, in the
+  /// decoding entries, to cached keys/values (`selfKV`, `crossKV`: decoderKeysValues layouts; `tgt` unused): every
+  /// row [B, N, D], or with `queryPositions` [B] the one row query_positions[b] of each target [B, 1, D] (a
+  /// decoding step: the keys and values still cover every target token).
+  Value diformerDecoder(Value memory, Value srcLen, Value tgt, Value tgtLen, Value rows, Value selfKV, Value crossKV,
+                        Value queryPositions) {
     const DiformerOptions &d = *spec.diformer;
     Value wordEmbeddings =
-        b.create<lm::EmbedOp>(loc, seqType(D()), weight(names::embedToken(), {spec.dims.vocab, D()}), tgt);
+        tgt ? b.create<lm::EmbedOp>(loc, seqType(D()), weight(names::embedToken(), {spec.dims.vocab, D()}), tgt)
+            : Value();
     Value x = b.create<lm::DecoderQueriesOp>(loc, seqType(D()), rows, tgtLen,
                                              weight(names::decoderDirection(), {3, D()}),
                                              weight(names::decoderPositionL2R(), {spec.dims.maxLen, D()}),
@@ -406,16 +429,31 @@ private:
       x = layerNorm(x, names::decoderEmbedNorm());
     for (int64_t i = 0; i < d.decoder.layers; ++i) {
       std::string p = names::decoderLayer(i);
-      Value self = queryPositions ? fusedAttention(x, wordEmbeddings, tgtLen, names::attn(p), d.decoder.heads,
-                                                   lm::MaskKind::directional, rows, spec.relativePositions,
-                                                   queryPositions)
-                                  : attention(x, wordEmbeddings, tgtLen, names::attn(p), d.decoder.heads,
-                                              lm::MaskKind::directional, rows, spec.relativePositions);
+      // Layer i's keys and values in a cache (decoderKeysValues' layout).
+      auto cached = [&](Value kv) {
+        Value k = slice(kv, 2 * i * D(), D());
+        return std::pair<Value, Value>(k, slice(kv, (2 * i + 1) * D(), D()));
+      };
+      Value self;
+      if (selfKV) {
+        Value q = linear(x, names::q(names::attn(p)), D(), D());
+        auto [k, v] = cached(selfKV);
+        self = attendProjected(q, k, v, tgtLen, names::attn(p), d.decoder.heads, lm::MaskKind::directional, rows,
+                               spec.relativePositions, queryPositions, false);
+      } else {
+        self = attention(x, wordEmbeddings, tgtLen, names::attn(p), d.decoder.heads, lm::MaskKind::directional, rows,
+                         spec.relativePositions);
+      }
       Value a = layerNorm(add(x, self), names::attnNorm(p));
-      Value cross = queryPositions ? fusedAttention(a, memory, srcLen, names::cross(p), d.decoder.heads,
-                                                    lm::MaskKind::none, Value(), 0, Value())
-                                   : attention(a, memory, srcLen, names::cross(p), d.decoder.heads,
-                                               lm::MaskKind::none, Value(), 0);
+      Value cross;
+      if (crossKV) {
+        Value q = linear(a, names::q(names::cross(p)), D(), D());
+        auto [k, v] = cached(crossKV);
+        cross = attendProjected(q, k, v, srcLen, names::cross(p), d.decoder.heads, lm::MaskKind::none, Value(), 0,
+                                Value(), bool(queryPositions));
+      } else {
+        cross = attention(a, memory, srcLen, names::cross(p), d.decoder.heads, lm::MaskKind::none, Value(), 0);
+      }
       Value c = layerNorm(add(a, cross), names::crossNorm(p));
       x = layerNorm(add(c, ffn(c, names::ffn(p), d.decoder.dFF)), names::ffnNorm(p));
     }
@@ -425,7 +463,7 @@ private:
   /// The encoder's output (memory) and the decoder's last hidden states of a Diformer over (src, tgt, rows).
   std::pair<Value, Value> diformerStacks(Value src, Value srcLen, Value tgt, Value tgtLen, Value rows) {
     Value memory = diformerEncoder(src, srcLen);
-    return {memory, diformerDecoder(memory, srcLen, tgt, tgtLen, rows, Value())};
+    return {memory, diformerDecoder(memory, srcLen, tgt, tgtLen, rows, Value(), Value(), Value())};
   }
 
   /// The Diformer entries' inputs: src, src_len, tgt, tgt_len, rows [B, N, 1 + W].
@@ -463,39 +501,56 @@ private:
     finish(fn, results);
   }
 
-  /// The decoders' entries (lmcc translate, lm_rt_translate): the encoder once per source, then decoder passes
-  /// over its memory [B, M, D].
-  /// encode(src, src_len) -> (memory, length_logprobs [B, max_len]).
+  /// The decoders' entries (lmcc translate, lm_rt_translate): the encoder once per source, keys and values once
+  /// per token (they depend on the token alone: input isolation), then decoder passes over both caches, each
+  /// [B, T, 2 L D] (decoderKeysValues).
+  /// encode(src, src_len) -> (length_logprobs [B, max_len], cross_kv [B, M, 2 L D]).
   void diformerEncode() {
-    auto fn = entry("encode", {idsType(), lengthsType()}, {seqType(D()), t({kDyn, spec.dims.maxLen}, f32)});
-    b.getContext()->getLoadedDialect<lm::LmDialect>()->getMethodAttrHelper().setAttr(fn, b.getStringAttr("pair_encode"));
+    auto fn = entry("encode", {idsType(), lengthsType()}, {t({kDyn, spec.dims.maxLen}, f32), seqType(kvWidth())});
+    method(fn, "pair_encode");
     Value src = fn.getArgument(0), srcLen = fn.getArgument(1);
     Value memory = diformerEncoder(src, srcLen);
     Value lengths = b.create<lm::LengthLogprobOp>(loc, t({kDyn, spec.dims.maxLen}, f32), memory, srcLen,
                                                   weight(names::lengthWeight(), {spec.dims.maxLen, D()}), Value());
-    finish(fn, {memory, lengths});
+    finish(fn, {lengths, decoderKeysValues(memory, true)});
   }
 
-  /// decode(memory, src_len, tgt, tgt_len, rows) -> log-probabilities [B, N, V] of every row (a parallel pass).
+  /// token_kv(ids) -> self_kv [B, T, 2 L D]: every decoder layer's self-attention keys and values of each token.
+  void diformerTokenKV() {
+    auto fn = entry("token_kv", {idsType()}, {seqType(kvWidth())});
+    method(fn, "pair_token_kv");
+    Value e = b.create<lm::EmbedOp>(loc, seqType(D()), weight(names::embedToken(), {spec.dims.vocab, D()}),
+                                    fn.getArgument(0));
+    finish(fn, {decoderKeysValues(e, false)});
+  }
+
+  /// decode(self_kv [B, N, 2LD], cross_kv [B, M, 2LD], src_len, tgt_len, rows) -> log-probabilities [B, N, V] of
+  /// every row (a parallel pass).
   void diformerDecode() {
-    SmallVector<Type> inputs = {seqType(D()), lengthsType(), idsType(), lengthsType(), pairInputs().back()};
-    auto fn = entry("decode", inputs, {seqType(spec.dims.vocab)});
-    b.getContext()->getLoadedDialect<lm::LmDialect>()->getMethodAttrHelper().setAttr(fn, b.getStringAttr("pair_decode"));
-    Value x = diformerDecoder(fn.getArgument(0), fn.getArgument(1), fn.getArgument(2), fn.getArgument(3),
-                              fn.getArgument(4), Value());
+    auto fn = entry("decode", {seqType(kvWidth()), seqType(kvWidth()), lengthsType(), lengthsType(), rowsType()},
+                    {seqType(spec.dims.vocab)});
+    method(fn, "pair_decode");
+    Value x = diformerDecoder(Value(), fn.getArgument(2), Value(), fn.getArgument(3), fn.getArgument(4),
+                              fn.getArgument(0), fn.getArgument(1), Value());
     finish(fn, {b.create<lm::LogSoftmaxOp>(loc, logits(x))});
   }
 
-  /// step(memory, src_len, tgt, tgt_len, rows, positions [B]) -> log-probabilities [B, 1, V] of row positions[b]
-  /// alone (an autoregressive step: only the new row is computed).
+  /// step(self_kv, cross_kv, src_len, tgt_len, rows, positions [B]) -> log-probabilities [B, 1, V] of row
+  /// positions[b] alone (an autoregressive step: only the new row is computed).
   void diformerStep() {
-    SmallVector<Type> inputs = {seqType(D()), lengthsType(), idsType(), lengthsType(), pairInputs().back(),
-                                lengthsType()};
-    auto fn = entry("step", inputs, {t({kDyn, 1, spec.dims.vocab}, f32)});
-    b.getContext()->getLoadedDialect<lm::LmDialect>()->getMethodAttrHelper().setAttr(fn, b.getStringAttr("pair_step"));
-    Value x = diformerDecoder(fn.getArgument(0), fn.getArgument(1), fn.getArgument(2), fn.getArgument(3),
-                              fn.getArgument(4), fn.getArgument(5));
+    auto fn = entry("step", {seqType(kvWidth()), seqType(kvWidth()), lengthsType(), lengthsType(), rowsType(),
+                             lengthsType()},
+                    {t({kDyn, 1, spec.dims.vocab}, f32)});
+    method(fn, "pair_step");
+    Value x = diformerDecoder(Value(), fn.getArgument(2), Value(), fn.getArgument(3), fn.getArgument(4),
+                              fn.getArgument(0), fn.getArgument(1), fn.getArgument(5));
     finish(fn, {b.create<lm::LogSoftmaxOp>(loc, logits(x))});
+  }
+
+  int64_t kvWidth() const { return 2 * spec.diformer->decoder.layers * D(); }
+  RankedTensorType rowsType() { return t({kDyn, kDyn, 1 + hiddenWords(spec.dims.maxLen)}, i32); }
+  void method(func::FuncOp fn, StringRef name) {
+    b.getContext()->getLoadedDialect<lm::LmDialect>()->getMethodAttrHelper().setAttr(fn, b.getStringAttr(name));
   }
 
   /// The objective `directional` (issue 19): loss(src, src_len, tgt, tgt_len, rows) -> (ce [B, N], length_logprob

@@ -33,8 +33,11 @@ mlir::FailureOr<ModelFacts> readModelFacts(mlir::ModuleOp module) {
   facts.hasScore = bool(score);
   facts.scoreSpans = score && score.getNumArguments() == 3;
   facts.pairs = score && score.getNumArguments() == 5;
-  facts.decoding = facts.pairs && module.lookupSymbol<mlir::func::FuncOp>("encode") &&
+  auto tokenKV = module.lookupSymbol<mlir::func::FuncOp>("token_kv");
+  facts.decoding = facts.pairs && tokenKV && module.lookupSymbol<mlir::func::FuncOp>("encode") &&
                    module.lookupSymbol<mlir::func::FuncOp>("decode") && module.lookupSymbol<mlir::func::FuncOp>("step");
+  if (facts.decoding)
+    facts.kvWidth = llvm::cast<mlir::RankedTensorType>(tokenKV.getResultTypes()[0]).getDimSize(2);
   facts.hasEmbed = bool(module.lookupSymbol<mlir::func::FuncOp>("embed"));
   if (auto loss = module.lookupSymbol<mlir::func::FuncOp>("loss"))
     if (auto weight = dialect->getLengthLossAttrHelper().getAttr(loss))

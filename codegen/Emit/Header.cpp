@@ -462,14 +462,16 @@ std::string generateGlue(const ModelFacts &spec, const std::vector<LayoutTensor>
   os << "/* The compiled kernels (lm_score_kernel / lm_embed_kernel signatures). */\n";
   if (spec.decoding)
     os << "extern void _mlir_ciface_" << name
-       << "_encode_kernel(lm_memref1f *weights, lm_memref2i *src, lm_memref1i *src_lengths, lm_memref3f *memory,\n"
-       << "    lm_memref2f *length_logprobs);\n"
+       << "_encode_kernel(lm_memref1f *weights, lm_memref2i *src, lm_memref1i *src_lengths,\n"
+       << "    lm_memref2f *length_logprobs, lm_memref3f *cross_kv);\n"
+       << "extern void _mlir_ciface_" << name << "_token_kv_kernel(lm_memref1f *weights, lm_memref2i *ids, lm_memref3f *kv);\n"
        << "extern void _mlir_ciface_" << name
-       << "_decode_kernel(lm_memref1f *weights, lm_memref3f *memory, lm_memref1i *src_lengths, lm_memref2i *tgt,\n"
-       << "    lm_memref1i *tgt_lengths, lm_memref3i *dirs, lm_memref3f *logprobs);\n"
+       << "_decode_kernel(lm_memref1f *weights, lm_memref3f *self_kv, lm_memref3f *cross_kv,\n"
+       << "    lm_memref1i *src_lengths, lm_memref1i *tgt_lengths, lm_memref3i *dirs, lm_memref3f *logprobs);\n"
        << "extern void _mlir_ciface_" << name
-       << "_step_kernel(lm_memref1f *weights, lm_memref3f *memory, lm_memref1i *src_lengths, lm_memref2i *tgt,\n"
-       << "    lm_memref1i *tgt_lengths, lm_memref3i *dirs, lm_memref1i *positions, lm_memref3f *logprobs);\n";
+       << "_step_kernel(lm_memref1f *weights, lm_memref3f *self_kv, lm_memref3f *cross_kv,\n"
+       << "    lm_memref1i *src_lengths, lm_memref1i *tgt_lengths, lm_memref3i *dirs, lm_memref1i *positions,\n"
+       << "    lm_memref3f *logprobs);\n";
   if (spec.pairs)
     os << "extern void _mlir_ciface_" << name
        << "_score_kernel(lm_memref1f *weights, lm_memref2i *src, lm_memref1i *src_lengths, lm_memref2i *tgt,\n"
@@ -581,10 +583,11 @@ std::string generateGlue(const ModelFacts &spec, const std::vector<LayoutTensor>
   std::snprintf(lengthLoss, sizeof lengthLoss, "%.17g", spec.lengthLoss);
   os << "    " << lengthLoss << ", /* length_loss */\n";
   if (spec.decoding)
-    os << "    _mlir_ciface_" << name << "_encode_kernel, _mlir_ciface_" << name << "_decode_kernel, _mlir_ciface_"
-       << name << "_step_kernel,\n";
+    os << "    _mlir_ciface_" << name << "_encode_kernel, _mlir_ciface_" << name << "_token_kv_kernel,\n"
+       << "    _mlir_ciface_" << name << "_decode_kernel, _mlir_ciface_" << name << "_step_kernel,\n";
   else
-    os << "    NULL, NULL, NULL, /* pair_encode, pair_decode, pair_step */\n";
+    os << "    NULL, NULL, NULL, NULL, /* pair_encode, pair_token_kv, pair_decode, pair_step */\n";
+  os << "    " << spec.kvWidth << ", /* kv_width */\n";
   os << "    " << spec.unk << ", " << spec.mask << " /* unk_id, mask_id */\n";
   os << "};\n\n";
 

@@ -37,7 +37,8 @@ struct ModelFacts {
   bool hasScore = true; ///< false for an encoder-only model (no @score entry: <name>_score returns an error)
   bool scoreSpans = false; ///< mask-and-predict scoring: the score kernel takes spans (lm_span_score_kernel)
   bool pairs = false;      ///< Diformer: the score kernel scores source/target pairs (lm_pair_score_kernel)
-  bool decoding = false;   ///< Diformer: the encode, decode and step kernels of lm_rt_translate
+  bool decoding = false;   ///< Diformer: the encode, token_kv, decode and step kernels of lm_rt_translate
+  int64_t kvWidth = 0;     ///< Diformer: features of a token's cached decoder keys/values (token_kv's result)
   bool hasEmbed = true;    ///< false for the Diformer (no embed entry: <name>_embed returns an error)
   double lengthLoss = 0;   ///< the Diformer's length-loss weight (lm.length_loss of its pair loss)
   /// Memory model of the entry points (codegen/Stats.h memoryModel), index n = 0..maxLen; empty: none.

@@ -97,8 +97,8 @@ struct ReturnLowering : OpConversionPattern<func::ReturnOp> {
       Value result = adaptor.getOperands()[3], out = L.outputs()[3];
       L.nest({b(L, result, 0)}, [&](ValueRange iv) { L.store(L.load(result, iv), out, iv); });
     }
-    if (method && (method.getValue() == "pair_encode" || method.getValue() == "pair_decode" ||
-                   method.getValue() == "pair_step")) {
+    if (method && (method.getValue() == "pair_encode" || method.getValue() == "pair_token_kv" ||
+                   method.getValue() == "pair_decode" || method.getValue() == "pair_step")) {
       // The Diformer's decoding entries: every result is computed into a buffer of its own; copy each into its
       // output argument.
       Loops L(rewriter, ret, adaptor.getOperands(), context);
@@ -235,8 +235,8 @@ struct LmToLoopsPass : lmcc::impl::LmToLoopsBase<LmToLoopsPass> {
       auto method = dialect->getMethodAttrHelper().getAttr(fn);
       bool kept = method && (method.getValue() == "loss" || method.getValue() == "loss_grad" ||
                              method.getValue() == "pair_loss" || method.getValue() == "pair_loss_grad" ||
-                             method.getValue() == "pair_encode" || method.getValue() == "pair_decode" ||
-                             method.getValue() == "pair_step");
+                             method.getValue() == "pair_encode" || method.getValue() == "pair_token_kv" ||
+                             method.getValue() == "pair_decode" || method.getValue() == "pair_step");
       if (fn.getSymName() != "score" && fn.getSymName() != "embed" && !kept &&
           !dialect->getFoldAttrHelper().isAttrPresent(fn))
         fn.erase();

@@ -70,92 +70,141 @@ std::vector<Translation> beamSearch(Decoder &decoder, const Tokens &tk, const Op
   return finished;
 }
 
-/// One parallel pass: per row of `rows`, the argmax content token (not eos) and its log-probability.
-void predictRows(Decoder &decoder, const Tokens &tk, const std::vector<int32_t> &tokens,
-                 const std::vector<int64_t> &rows, const std::vector<std::vector<bool>> &hidden,
-                 std::vector<int32_t> &outTok, std::vector<double> &outLp) {
-  const std::vector<float> lp = decoder.predict(tokens, rows, hidden);
+/// Per row of a pass's log-probabilities [rows * V]: the argmax content token (not eos) and its log-probability.
+void best(const Tokens &tk, const std::vector<float> &lp, size_t rows, std::vector<int32_t> &outTok,
+          std::vector<double> &outLp) {
   const size_t V = size_t(tk.vocab);
-  outTok.assign(rows.size(), 0);
-  outLp.assign(rows.size(), 0);
-  for (size_t r = 0; r < rows.size(); ++r) {
-    double best = -INFINITY;
+  outTok.assign(rows, 0);
+  outLp.assign(rows, 0);
+  for (size_t r = 0; r < rows; ++r) {
+    double top = -INFINITY;
     int32_t arg = tk.unk;
     for (int32_t v = 0; v < int32_t(V); ++v)
-      if (emittable(tk, v) && v != tk.eos && lp[r * V + size_t(v)] > best)
-        best = lp[r * V + size_t(v)], arg = v;
+      if (emittable(tk, v) && v != tk.eos && lp[r * V + size_t(v)] > top)
+        top = lp[r * V + size_t(v)], arg = v;
     outTok[r] = arg;
-    outLp[r] = best;
+    outLp[r] = top;
   }
 }
 
-/// Mask-predict or easy-first refinement of one length n; score = mean token log-probability.
-Translation refine(Decoder &decoder, const Tokens &tk, int64_t n, const Options &o) {
-  std::vector<int32_t> tokens(size_t(n), tk.mask);
-  tokens.front() = tk.bos;
-  tokens.back() = tk.eos;
-  const int64_t N = n - 2;
-  Translation t;
-  if (N <= 0) {
-    t.tgt = tokens;
-    return t;
+/// Mask-predict or easy-first refinement of one target length n (n - 2 content positions).
+class Refinement {
+public:
+  Refinement(const Tokens &tk, int64_t n) : tk(tk), n(n), N(n - 2), tokens(size_t(n), tk.mask), conf(size_t(n), 0.0) {
+    tokens.front() = tk.bos;
+    tokens.back() = tk.eos;
+    for (int64_t i = 1; i <= N; ++i)
+      content.push_back(i);
   }
-  std::vector<int64_t> content(static_cast<size_t>(N));
-  std::iota(content.begin(), content.end(), int64_t(1));
-  std::vector<double> conf(size_t(n), 0.0);
-  // Pass 0: every content row sees only bos and eos.
-  std::vector<std::vector<bool>> hidden(size_t(N), std::vector<bool>(size_t(n), false));
-  for (auto &h : hidden)
-    for (int64_t j = 1; j <= N; ++j)
-      h[size_t(j)] = true;
-  std::vector<int32_t> tok;
-  std::vector<double> lp;
-  predictRows(decoder, tk, tokens, content, hidden, tok, lp);
-  for (int64_t r = 0; r < N; ++r)
-    tokens[size_t(r + 1)] = tok[size_t(r)], conf[size_t(r + 1)] = lp[size_t(r)];
-  const int T = std::max(1, o.iterations);
-  for (int it = 1; it < T; ++it) {
-    if (o.mode == Mode::MaskPredict) {
+
+  bool done() const { return finished || N <= 0; }
+
+  /// The pass of iteration `it` (0: every content row sees only bos and eos), or finishes the refinement.
+  Decoder::Pass pass(const Options &o, int it) {
+    Decoder::Pass p;
+    p.tokens = tokens;
+    if (it == 0) {
+      p.rows = content;
+      p.hidden.assign(size_t(N), std::vector<bool>(size_t(n), false));
+      for (auto &h : p.hidden)
+        for (int64_t j = 1; j <= N; ++j)
+          h[size_t(j)] = true;
+    } else if (o.mode == Mode::MaskPredict) {
+      const int T = std::max(1, o.iterations);
       const int64_t nMask = N * (T - it) / T;
-      if (nMask == 0)
-        break;
+      if (nMask == 0) {
+        finished = true;
+        return p;
+      }
       std::vector<int64_t> order = content;
       std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return conf[size_t(a)] < conf[size_t(b)]; });
-      std::vector<int64_t> masked(order.begin(), order.begin() + nMask);
-      std::sort(masked.begin(), masked.end());
+      p.rows.assign(order.begin(), order.begin() + nMask);
+      std::sort(p.rows.begin(), p.rows.end());
       std::vector<bool> isMasked(size_t(n), false);
-      for (int64_t i : masked)
-        isMasked[size_t(i)] = true, tokens[size_t(i)] = tk.mask;
-      std::vector<std::vector<bool>> h(masked.size(), isMasked);
-      predictRows(decoder, tk, tokens, masked, h, tok, lp);
-      for (size_t r = 0; r < masked.size(); ++r)
-        tokens[size_t(masked[r])] = tok[r], conf[size_t(masked[r])] = lp[r];
+      for (int64_t i : p.rows)
+        isMasked[size_t(i)] = true, tokens[size_t(i)] = tk.mask, p.tokens[size_t(i)] = tk.mask;
+      p.hidden.assign(p.rows.size(), isMasked);
     } else { // easy-first: row i sees the positions more confident than itself
       std::vector<int64_t> order = content;
       std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return conf[size_t(a)] > conf[size_t(b)]; });
       std::vector<int64_t> rank(size_t(n), 0);
       for (size_t k = 0; k < order.size(); ++k)
         rank[size_t(order[k])] = int64_t(k);
-      std::vector<std::vector<bool>> h(size_t(N), std::vector<bool>(size_t(n), false));
+      p.rows = content;
+      p.hidden.assign(size_t(N), std::vector<bool>(size_t(n), false));
       for (int64_t r = 0; r < N; ++r)
         for (int64_t j = 1; j <= N; ++j)
-          h[size_t(r)][size_t(j)] = rank[size_t(j)] >= rank[size_t(r + 1)];
-      predictRows(decoder, tk, tokens, content, h, tok, lp);
-      bool changed = false;
-      for (int64_t r = 0; r < N; ++r) {
-        changed = changed || tokens[size_t(r + 1)] != tok[size_t(r)];
-        tokens[size_t(r + 1)] = tok[size_t(r)], conf[size_t(r + 1)] = lp[size_t(r)];
-      }
-      if (!changed)
-        break;
+          p.hidden[size_t(r)][size_t(j)] = rank[size_t(j)] >= rank[size_t(r + 1)];
     }
+    return p;
   }
-  t.tgt = tokens;
-  double sum = 0;
-  for (int64_t i = 1; i <= N; ++i)
-    sum += conf[size_t(i)];
-  t.score = sum / double(N);
-  return t;
+
+  /// Takes the pass's predictions; easy-first finishes when no token changed (after the first pass).
+  void update(const Options &o, int it, const Decoder::Pass &p, const std::vector<float> &lp) {
+    std::vector<int32_t> tok;
+    std::vector<double> lpBest;
+    best(tk, lp, p.rows.size(), tok, lpBest);
+    bool changed = false;
+    for (size_t r = 0; r < p.rows.size(); ++r) {
+      const size_t i = size_t(p.rows[r]);
+      changed = changed || tokens[i] != tok[r];
+      tokens[i] = tok[r], conf[i] = lpBest[r];
+    }
+    if (it > 0 && o.mode == Mode::EasyFirst && !changed)
+      finished = true;
+  }
+
+  /// The target and its score (mean token log-probability; 0 without content).
+  Translation result() const {
+    Translation t;
+    t.tgt = tokens;
+    if (N > 0) {
+      double sum = 0;
+      for (int64_t i = 1; i <= N; ++i)
+        sum += conf[size_t(i)];
+      t.score = sum / double(N);
+    }
+    return t;
+  }
+
+private:
+  const Tokens &tk;
+  int64_t n, N;
+  std::vector<int32_t> tokens;
+  std::vector<double> conf;
+  std::vector<int64_t> content;
+  bool finished = false;
+};
+
+/// The length beam's refinements side by side: iteration t is one predict call over the unfinished ones.
+std::vector<Translation> refineAll(Decoder &decoder, const Tokens &tk, const std::vector<int64_t> &lengths,
+                                   const Options &o) {
+  std::vector<Refinement> cands;
+  for (int64_t n : lengths)
+    cands.emplace_back(tk, n);
+  const int T = std::max(1, o.iterations);
+  for (int it = 0; it < T; ++it) {
+    std::vector<size_t> active;
+    std::vector<Decoder::Pass> passes;
+    for (size_t c = 0; c < cands.size(); ++c) {
+      if (cands[c].done())
+        continue;
+      Decoder::Pass p = cands[c].pass(o, it);
+      if (cands[c].done())
+        continue;
+      active.push_back(c);
+      passes.push_back(std::move(p));
+    }
+    if (passes.empty())
+      break;
+    const std::vector<std::vector<float>> lp = decoder.predict(passes);
+    for (size_t k = 0; k < active.size(); ++k)
+      cands[active[k]].update(o, it, passes[k], lp[k]);
+  }
+  std::vector<Translation> out;
+  for (const Refinement &r : cands)
+    out.push_back(r.result());
+  return out;
 }
 
 } // namespace
@@ -174,8 +223,7 @@ Translation translate(Decoder &decoder, const Tokens &tk, const Options &o) {
     std::stable_sort(lengths.begin(), lengths.end(),
                      [&](int64_t a, int64_t b) { return lengthLp[size_t(a)] > lengthLp[size_t(b)]; });
     lengths.resize(std::min(lengths.size(), size_t(o.lengthBeam)));
-    for (int64_t n : lengths)
-      cands.push_back(refine(decoder, tk, n, o));
+    cands = refineAll(decoder, tk, lengths, o);
   }
   if (cands.empty())
     throw std::runtime_error("translate: no hypothesis finished");

@@ -8,7 +8,9 @@
 //    log-likelihood / predicted tokens;
 //  * mask-predict (CMLM): for each of the length head's `lengthBeam` best lengths, T passes of
 //    S rows; pass t re-masks the floor(N (T - t) / T) least confident tokens; candidates are
-//    ranked by their mean token log-probability;
+//    ranked by their mean token log-probability; the lengths' passes run side by side (one
+//    Decoder::predict call per iteration for the candidates still refining: a decoder may run
+//    them as one batch);
 //  * easy-first (DisCo): pass 0 as mask-predict; each later pass recomputes every row, row i
 //    seeing bos, eos and the positions whose current prediction is more confident than its own;
 //    stops early when no token changes;
@@ -55,10 +57,16 @@ public:
   /// log-probabilities [targets.size() * vocab] of the new row: an R row at position n - 1
   /// (leftToRight, it predicts y_n) or an L row at position 0 (it predicts the token before).
   virtual std::vector<float> step(const std::vector<std::vector<int32_t>> &targets, bool leftToRight) = 0;
-  /// A parallel pass over `tokens` (bos .. eos): the log-probabilities [rows.size() * vocab] of the S rows
-  /// `rows`, row r not seeing the keys j with hidden[r][j].
-  virtual std::vector<float> predict(const std::vector<int32_t> &tokens, const std::vector<int64_t> &rows,
-                                     const std::vector<std::vector<bool>> &hidden) = 0;
+  /// One target of a parallel pass: `tokens` (bos .. eos) and the S rows to compute, row r not seeing the
+  /// keys j with hidden[r][j].
+  struct Pass {
+    std::vector<int32_t> tokens;
+    std::vector<int64_t> rows;
+    std::vector<std::vector<bool>> hidden;
+  };
+  /// Parallel passes over several targets at once (the length beam's candidates): per pass, the
+  /// log-probabilities [rows.size() * vocab] of its rows.
+  virtual std::vector<std::vector<float>> predict(const std::vector<Pass> &passes) = 0;
   /// The teacher-forced sum of log p over the rows of an l2r (R..R-) or r2l (-L..L) scoring of tgt.
   virtual double teacherForced(const std::vector<int32_t> &tgt, bool leftToRight) = 0;
 };

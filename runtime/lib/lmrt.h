@@ -86,17 +86,22 @@ typedef void (*lm_pair_loss_kernel)(lm_memref1f *weights, lm_memref2i *src, lm_m
 typedef void (*lm_pair_loss_grad_kernel)(lm_memref1f *weights, lm_memref2i *src, lm_memref1i *src_lengths,
                                          lm_memref2i *tgt, lm_memref1i *tgt_lengths, lm_memref3i *dirs, lm_memref2f *ce,
                                          lm_memref1f *length_logprobs, lm_memref1f *grads);
-/* The Diformer's decoding entries (lm_rt_translate): encode: src, src_lengths -> memory [rows, m, d_model] (the
- * encoder's output) and length_logprobs [rows, max_len] (log P(n | source) for every n); decode: memory,
- * src_lengths, tgt, tgt_lengths, dirs (as lm_pair_score_kernel) -> logprobs [rows, n, vocab] of every target row;
- * step: the same plus positions [rows] -> logprobs [rows, 1, vocab] of target row positions[b] alone. */
+/* The Diformer's decoding entries (lm_rt_translate). The decoder's keys and values are cached as [rows, T, kv_width]
+ * (kv_width = 2 x decoder layers x d_model: layer l's keys at features [2l d, 2l d + d), its values after them).
+ * encode: src, src_lengths -> length_logprobs [rows, max_len] (log P(n | source) for every n) and cross_kv
+ * [rows, m, kv_width] (the cross-attention keys/values of the encoder's output); token_kv: ids [rows, T] -> kv
+ * [rows, T, kv_width] (self-attention keys/values of each token: they depend on the token alone); decode: self_kv
+ * [rows, n, kv_width] of the target's tokens, cross_kv, src_lengths, tgt_lengths, dirs (as lm_pair_score_kernel)
+ * -> logprobs [rows, n, vocab] of every target row; step: the same plus positions [rows] -> logprobs
+ * [rows, 1, vocab] of target row positions[b] alone. */
 typedef void (*lm_pair_encode_kernel)(lm_memref1f *weights, lm_memref2i *src, lm_memref1i *src_lengths,
-                                      lm_memref3f *memory, lm_memref2f *length_logprobs);
-typedef void (*lm_pair_decode_kernel)(lm_memref1f *weights, lm_memref3f *memory, lm_memref1i *src_lengths,
-                                      lm_memref2i *tgt, lm_memref1i *tgt_lengths, lm_memref3i *dirs,
+                                      lm_memref2f *length_logprobs, lm_memref3f *cross_kv);
+typedef void (*lm_pair_token_kv_kernel)(lm_memref1f *weights, lm_memref2i *ids, lm_memref3f *kv);
+typedef void (*lm_pair_decode_kernel)(lm_memref1f *weights, lm_memref3f *self_kv, lm_memref3f *cross_kv,
+                                      lm_memref1i *src_lengths, lm_memref1i *tgt_lengths, lm_memref3i *dirs,
                                       lm_memref3f *logprobs);
-typedef void (*lm_pair_step_kernel)(lm_memref1f *weights, lm_memref3f *memory, lm_memref1i *src_lengths,
-                                    lm_memref2i *tgt, lm_memref1i *tgt_lengths, lm_memref3i *dirs,
+typedef void (*lm_pair_step_kernel)(lm_memref1f *weights, lm_memref3f *self_kv, lm_memref3f *cross_kv,
+                                    lm_memref1i *src_lengths, lm_memref1i *tgt_lengths, lm_memref3i *dirs,
                                     lm_memref1i *positions, lm_memref3f *logprobs);
 /* Computes the tensors lm-fold-constants derived from weights alone (e.g. T-TA's first-layer
  * query of the positions) into their slots of the weight buffer, once, after loading. */
@@ -157,8 +162,10 @@ typedef struct {
   double length_loss;                     /* [diformer] length_loss: the weight of the length term */
   /* ABI 6: the Diformer's decoding entries (NULL for other families) and the ids its search treats apart. */
   lm_pair_encode_kernel pair_encode;
+  lm_pair_token_kv_kernel pair_token_kv;
   lm_pair_decode_kernel pair_decode;
   lm_pair_step_kernel pair_step;
+  int64_t kv_width; /* features of a token's cached decoder keys/values (2 x decoder layers x d_model) */
   int32_t unk_id, mask_id;
 } lm_model_desc;
 

@@ -66,28 +66,31 @@ public:
     return flatten(model.rowLogprobs(memory, keys, dirs, queryPos, visible, offsets));
   }
 
-  std::vector<float> predict(const std::vector<int32_t> &tokens, const std::vector<int64_t> &rows,
-                             const std::vector<std::vector<bool>> &hidden) override {
-    const int64_t n = int64_t(tokens.size());
-    std::vector<const Model::KeyValue *> keys;
-    for (int32_t t : tokens)
-      keys.push_back(kv.get(t));
-    std::vector<Dir> dirs(rows.size(), Dir::S);
-    std::vector<int64_t> queryPos(rows.begin(), rows.end());
-    std::vector<std::vector<int32_t>> visible;
-    std::vector<std::vector<int64_t>> offsets;
-    for (size_t r = 0; r < rows.size(); ++r) {
-      std::vector<int32_t> vis;
-      std::vector<int64_t> off;
-      for (int64_t j = 0; j < n; ++j)
-        if (j != rows[r] && !hidden[r][size_t(j)]) {
-          vis.push_back(int32_t(j));
-          off.push_back(j - rows[r]);
-        }
-      visible.push_back(std::move(vis));
-      offsets.push_back(std::move(off));
+  std::vector<std::vector<float>> predict(const std::vector<Pass> &passes) override {
+    std::vector<std::vector<float>> out;
+    for (const Pass &p : passes) {
+      const int64_t n = int64_t(p.tokens.size());
+      std::vector<const Model::KeyValue *> keys;
+      for (int32_t t : p.tokens)
+        keys.push_back(kv.get(t));
+      std::vector<Dir> dirs(p.rows.size(), Dir::S);
+      std::vector<int64_t> queryPos(p.rows.begin(), p.rows.end());
+      std::vector<std::vector<int32_t>> visible;
+      std::vector<std::vector<int64_t>> offsets;
+      for (size_t r = 0; r < p.rows.size(); ++r) {
+        std::vector<int32_t> vis;
+        std::vector<int64_t> off;
+        for (int64_t j = 0; j < n; ++j)
+          if (j != p.rows[r] && !p.hidden[r][size_t(j)]) {
+            vis.push_back(int32_t(j));
+            off.push_back(j - p.rows[r]);
+          }
+        visible.push_back(std::move(vis));
+        offsets.push_back(std::move(off));
+      }
+      out.push_back(flatten(model.rowLogprobs(memory, keys, dirs, queryPos, visible, offsets)));
     }
-    return flatten(model.rowLogprobs(memory, keys, dirs, queryPos, visible, offsets));
+    return out;
   }
 
   double teacherForced(const std::vector<int32_t> &tgt, bool leftToRight) override {

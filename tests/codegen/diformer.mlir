@@ -27,26 +27,26 @@ module @m attributes {lm.model = #lm.model<name = "m", vocab = 11, max_len = 9, 
     %tl, %s, %n = lm.sentence_score %g, %t, %tlen {first = 0 : i64, skip = array<i32: -1>} : (tensor<?x?xf32>, tensor<?x?xi32>, tensor<?xi32>) -> (tensor<?x?xf32>, tensor<?xf32>, tensor<?xi32>)
     return %tl, %s, %n, %l : tensor<?x?xf32>, tensor<?xf32>, tensor<?xi32>, tensor<?xf32>
   }
-  func.func @encode(%src: tensor<?x?xi32>, %slen: tensor<?xi32>) -> (tensor<?x?x8xf32>, tensor<?x9xf32>)
+  func.func @encode(%src: tensor<?x?xi32>, %slen: tensor<?xi32>) -> (tensor<?x9xf32>, tensor<?x?x8xf32>)
       attributes {lm.method = "pair_encode"} {
     %E = lm.weight "embed.token" : tensor<11x8xf32>
     %W = lm.weight "length.weight" : tensor<9x8xf32>
     %m = lm.embed %E[%src] : (tensor<11x8xf32>, tensor<?x?xi32>) -> tensor<?x?x8xf32>
     %l = lm.length_logprob %m, %slen, %W : (tensor<?x?x8xf32>, tensor<?xi32>, tensor<9x8xf32>) -> tensor<?x9xf32>
-    return %m, %l : tensor<?x?x8xf32>, tensor<?x9xf32>
+    return %l, %m : tensor<?x9xf32>, tensor<?x?x8xf32>
   }
-  func.func @step(%m: tensor<?x?x8xf32>, %slen: tensor<?xi32>, %tgt: tensor<?x?xi32>, %tlen: tensor<?xi32>, %rows: tensor<?x?x2xi32>, %pos: tensor<?xi32>)
+  func.func @step(%kv: tensor<?x?x16xf32>, %slen: tensor<?xi32>, %tlen: tensor<?xi32>, %rows: tensor<?x?x2xi32>, %pos: tensor<?xi32>)
       -> tensor<?x1x8xf32> attributes {lm.method = "pair_step"} {
-    %E = lm.weight "embed.token" : tensor<11x8xf32>
     %D = lm.weight "decoder.direction" : tensor<3x8xf32>
     %P = lm.weight "decoder.position.l2r" : tensor<9x8xf32>
     %Q = lm.weight "decoder.position.r2l" : tensor<9x8xf32>
     %RK = lm.weight "decoder.layers.0.attn.rel_k" : tensor<5x4xf32>
     %RV = lm.weight "decoder.layers.0.attn.rel_v" : tensor<5x4xf32>
-    %y = lm.embed %E[%tgt] : (tensor<11x8xf32>, tensor<?x?xi32>) -> tensor<?x?x8xf32>
+    %k = lm.slice_features %kv {offset = 0 : i64, size = 8 : i64} : (tensor<?x?x16xf32>) -> tensor<?x?x8xf32>
+    %v = lm.slice_features %kv {offset = 8 : i64, size = 8 : i64} : (tensor<?x?x16xf32>) -> tensor<?x?x8xf32>
     %q = lm.decoder_queries %rows, %tlen, %D, %P, %Q : (tensor<?x?x2xi32>, tensor<?xi32>, tensor<3x8xf32>, tensor<9x8xf32>, tensor<9x8xf32>) -> tensor<?x?x8xf32>
     %r = lm.take_row %q, %pos : (tensor<?x?x8xf32>, tensor<?xi32>) -> tensor<?x1x8xf32>
-    %a = lm.attention %r, %y, %y, %tlen data(%rows : tensor<?x?x2xi32>) relative(%RK, %RV : tensor<5x4xf32>, tensor<5x4xf32>) query_positions(%pos : tensor<?xi32>) {clip = 2 : i64, heads = 2 : i64, mask = #lm.mask<directional>, scale = 5.000000e-01 : f32} : tensor<?x1x8xf32>, tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<?xi32> -> tensor<?x1x8xf32>
+    %a = lm.attention %r, %k, %v, %tlen data(%rows : tensor<?x?x2xi32>) relative(%RK, %RV : tensor<5x4xf32>, tensor<5x4xf32>) query_positions(%pos : tensor<?xi32>) {clip = 2 : i64, heads = 2 : i64, mask = #lm.mask<directional>, scale = 5.000000e-01 : f32} : tensor<?x1x8xf32>, tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<?xi32> -> tensor<?x1x8xf32>
     return %a : tensor<?x1x8xf32>
   }
 }
@@ -76,11 +76,11 @@ module @m attributes {lm.model = #lm.model<name = "m", vocab = 11, max_len = 9, 
 
 // The encoder entry writes the memory and every length's log-probability (no target lengths).
 // CHECK-LABEL: func.func @m_encode_kernel(
-// CHECK-SAME: memref<?x?x8xf32>, %{{.+}}: memref<?x9xf32>)
+// CHECK-SAME: memref<?x9xf32>, %{{.+}}: memref<?x?x8xf32>)
 // CHECK: math.log {{.*}} : f64
 // CHECK: memref.store {{.*}} : memref<?x9xf32>
 // A decoding step: the query row taken at its position, its key range and relative offsets from that position.
 // CHECK-LABEL: func.func @m_step_kernel(
 // CHECK-SAME: memref<?xi32>, %{{.+}}: memref<?x1x8xf32>)
-// CHECK: memref.load %arg6
+// CHECK: memref.load %arg5
 // CHECK: memref.store {{.*}} : memref<?x1x8xf32>

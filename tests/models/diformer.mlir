@@ -22,16 +22,29 @@
 // CHECK: lm.gather {{.*}}, [[TAU]], %arg3
 // CHECK: lm.sentence_score {{.*}}, [[TAU]], %arg3 {skip = array<i32: -1>}
 
-// The decoders' entries: the encoder once (memory and the whole length distribution), a parallel pass over every
-// row, and a step whose one query row per target sits at positions[b] (fused attention with query positions:
-// single-query rows have no decomposed form).
-// CHECK-LABEL: func.func @encode(%arg0: tensor<?x?xi32>, %arg1: tensor<?xi32>) -> (tensor<?x?x512xf32>, tensor<?x256xf32>) attributes {lm.method = "pair_encode"}
+// The decoders' entries: the encoder once (the whole length distribution and the cross-attention keys/values of
+// every decoder layer, one GEMM with the stacked weights), each token's self-attention keys/values once (input
+// isolation: they depend on the token alone), a parallel pass over every row and a step whose one query row per
+// target sits at positions[b] (fused attention with query positions: single-query rows have no decomposed form),
+// both over the cached keys/values [B, T, 2 L D] (layer l's keys at 2lD, its values at 2lD + D).
+// CHECK-LABEL: func.func @encode(%arg0: tensor<?x?xi32>, %arg1: tensor<?xi32>) -> (tensor<?x256xf32>, tensor<?x?x6144xf32>) attributes {lm.method = "pair_encode"}
 // CHECK: lm.length_logprob {{.*}}, %arg1, {{.*}} : (tensor<?x?x512xf32>, tensor<?xi32>, tensor<256x512xf32>) -> tensor<?x256xf32>
-// CHECK-LABEL: func.func @decode(%arg0: tensor<?x?x512xf32>, %arg1: tensor<?xi32>, %arg2: tensor<?x?xi32>, %arg3: tensor<?xi32>, %arg4: tensor<?x?x9xi32>) -> tensor<?x?x32000xf32> attributes {lm.method = "pair_decode"}
+// CHECK: lm.weight "decoder.layers.0.cross.k.weight"
+// CHECK-NEXT: lm.weight "decoder.layers.0.cross.k.bias"
+// CHECK-NEXT: lm.weight "decoder.layers.0.cross.v.weight"
+// CHECK: lm.concat {{.*}} -> tensor<6144x512xf32>
+// CHECK-LABEL: func.func @token_kv(%arg0: tensor<?x?xi32>) -> tensor<?x?x6144xf32> attributes {lm.method = "pair_token_kv"}
+// CHECK: lm.weight "decoder.layers.0.attn.k.weight"
+// CHECK: lm.linear {{.*}} -> tensor<?x?x6144xf32>
+// CHECK-LABEL: func.func @decode(%arg0: tensor<?x?x6144xf32>, %arg1: tensor<?x?x6144xf32>, %arg2: tensor<?xi32>, %arg3: tensor<?xi32>, %arg4: tensor<?x?x9xi32>) -> tensor<?x?x32000xf32> attributes {lm.method = "pair_decode"}
+// CHECK: lm.slice_features %arg0 {offset = 0 : i64, size = 512 : i64}
+// CHECK-NEXT: lm.slice_features %arg0 {offset = 512 : i64, size = 512 : i64}
 // CHECK: lm.mask_fill {{.*}}, %arg3 data(%arg4 : tensor<?x?x9xi32>) {mask = #lm.mask<directional>}
+// CHECK: lm.slice_features %arg1 {offset = 0 : i64, size = 512 : i64}
+// CHECK: lm.slice_features %arg0 {offset = 5632 : i64, size = 512 : i64}
 // CHECK: lm.log_softmax {{.*}} : tensor<?x?x32000xf32>
-// CHECK-LABEL: func.func @step(%arg0: tensor<?x?x512xf32>, %arg1: tensor<?xi32>, %arg2: tensor<?x?xi32>, %arg3: tensor<?xi32>, %arg4: tensor<?x?x9xi32>, %arg5: tensor<?xi32>) -> tensor<?x1x32000xf32> attributes {lm.method = "pair_step"}
+// CHECK-LABEL: func.func @step(%arg0: tensor<?x?x6144xf32>, %arg1: tensor<?x?x6144xf32>, %arg2: tensor<?xi32>, %arg3: tensor<?xi32>, %arg4: tensor<?x?x9xi32>, %arg5: tensor<?xi32>) -> tensor<?x1x32000xf32> attributes {lm.method = "pair_step"}
 // CHECK: lm.take_row {{.*}}, %arg5 : (tensor<?x?x512xf32>, tensor<?xi32>) -> tensor<?x1x512xf32>
 // CHECK: lm.attention {{.*}}, %arg3 data(%arg4 : tensor<?x?x9xi32>) relative({{.*}}) query_positions(%arg5 : tensor<?xi32>) {clip = 16 : i64, heads = 8 : i64, mask = #lm.mask<directional>
-// CHECK: lm.attention {{.*}}, %arg1 {heads = 8 : i64, mask = #lm.mask<none>
+// CHECK: lm.attention {{.*}}, %arg2 {heads = 8 : i64, mask = #lm.mask<none>
 // CHECK: lm.log_softmax {{.*}} : tensor<?x1x32000xf32>
