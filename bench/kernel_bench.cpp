@@ -9,7 +9,8 @@
 //     lmcc picks for this host,
 //   - gemm/eigen: the same product through Eigen 3.4 (what --gemm=eigen calls),
 //   - gemm/openblas: cblas_sgemm, when OpenBLAS is installed (scripts/bench-deps.sh),
-//   - attention/<mask>: lm.attention (8 heads, d 512) as the model kernels run it, 1 thread.
+//   - attention/<mask>: lm.attention (8 heads, d 512) as the model kernels run it, 1 thread,
+//   - attention_grad/<mask>: the training core's attention backward (lm_rt_attention_grad, liblmrt), 1 thread.
 // Counters: GFLOPs (GFLOP/s), GBs (GB/s) and peak_frac (of the 1-thread peak measured at
 // start-up). Run: build/bench/kernel_bench --benchmark_min_time=0.2
 //
@@ -17,6 +18,8 @@
 #include "codegen/Emit/Object.h"
 #include "codegen/LmToLoops/Gemm.h"
 #include "codegen/LmToLoops/Lowering.h"
+#include "runtime/lib/TrainKernels.h"
+#include "runtime/lib/lmrt.h"
 
 #include "mlir/IR/MLIRContext.h"
 
@@ -351,6 +354,57 @@ void BM_Attention(benchmark::State &state, lm::MaskKind mask, std::string name) 
   state.counters["peak_frac"] = benchmark::Counter(flops / 1e9 / g_peak, benchmark::Counter::kIsRate);
 }
 
+/// lm_rt_attention_grad (the backward of lm.attention in compiled training) over [batch, n, 512], 8 heads:
+/// 10 * d_model FLOPs per visible pair (the scores q.k recomputed, dP = dO.v, dq, dk, dv), softmax not counted.
+void BM_AttentionGrad(benchmark::State &state, lm::MaskKind mask, std::string name) {
+  int64_t n = state.range(0), batch = state.range(1);
+  const int32_t kind = mask == lm::MaskKind::causal       ? LMRT_MASK_CAUSAL
+                       : mask == lm::MaskKind::anticausal ? LMRT_MASK_ANTICAUSAL
+                       : mask == lm::MaskKind::diagonal   ? LMRT_MASK_DIAGONAL
+                                                          : LMRT_MASK_NONE;
+  const int64_t size = batch * n * kModel;
+  std::vector<float> q = randomVector(size, 1), k = randomVector(size, 2), v = randomVector(size, 3),
+                     dO = randomVector(size, 4), dq(size), dk(size), dv(size);
+  std::vector<int32_t> lengths(batch, int32_t(n));
+  const float scale = 1.0f / std::sqrt(float(kModel / kHeads));
+  lm_set_num_threads(1);
+  for (auto _ : state) {
+    lm_rt_attention_grad(dO.data(), q.data(), k.data(), v.data(), lengths.data(), nullptr, nullptr, 0, nullptr,
+                         nullptr, 0, batch, n, n, kModel, kHeads, kind, scale, dq.data(), dk.data(), dv.data(),
+                         nullptr, nullptr);
+    benchmark::ClobberMemory();
+  }
+  // Spot check: dv of the last key of head 0, feature 0, in the last sentence: sum_i p_ij dO_i.
+  const int64_t b = batch - 1, j = n - 1, dh = kModel / kHeads;
+  double ref = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    auto seen = [&](int64_t jj) {
+      return mask == lm::MaskKind::causal ? jj <= i : mask == lm::MaskKind::anticausal ? jj >= i
+             : mask == lm::MaskKind::diagonal ? jj != i : true;
+    };
+    if (!seen(j))
+      continue;
+    std::vector<double> s(n, -INFINITY);
+    double mx = -INFINITY, sum = 0;
+    for (int64_t jj = 0; jj < n; ++jj)
+      if (seen(jj)) {
+        double d = 0;
+        for (int64_t e = 0; e < dh; ++e)
+          d += double(q[(b * n + i) * kModel + e]) * k[(b * n + jj) * kModel + e];
+        s[jj] = d * scale;
+        mx = std::max(mx, s[jj]);
+      }
+    for (int64_t jj = 0; jj < n; ++jj)
+      sum += s[jj] > -INFINITY ? std::exp(s[jj] - mx) : 0.0;
+    ref += std::exp(s[j] - mx) / sum * dO[(b * n + i) * kModel];
+  }
+  if (std::abs(ref - dv[(b * n + j) * kModel]) > 1e-4 * (1 + std::abs(ref)))
+    state.SkipWithError("lm_rt_attention_grad's dv differs from a direct sum_i p_ij dO_i");
+  double flops = 10.0 * kModel * visiblePairs(mask, n) * batch * state.iterations();
+  state.counters["GFLOPs"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsRate);
+  state.counters["peak_frac"] = benchmark::Counter(flops / 1e9 / g_peak, benchmark::Counter::kIsRate);
+}
+
 } // namespace
 
 // Kernel temporaries of the generated attention (the runtime's workspace functions; plain malloc here).
@@ -385,6 +439,11 @@ int main(int argc, char **argv) {
   }
   for (auto [mask, name] : kMasks)
     benchmark::RegisterBenchmark(("attention/" + std::string(name)).c_str(), BM_Attention, mask, std::string(name))
+        ->ArgNames({"n", "batch"})
+        ->ArgsProduct({{20, 80, 128}, {1, 32}});
+  for (auto [mask, name] : kMasks)
+    benchmark::RegisterBenchmark(("attention_grad/" + std::string(name)).c_str(), BM_AttentionGrad, mask,
+                                 std::string(name))
         ->ArgNames({"n", "batch"})
         ->ArgsProduct({{20, 80, 128}, {1, 32}});
   benchmark::Initialize(&argc, argv);

@@ -363,6 +363,35 @@ void sumPieces(const float *parts, int64_t pieces, int64_t size, int64_t stride,
 
 int64_t relIndex(int64_t i, int64_t j, int64_t clip) { return std::clamp<int64_t>(j - i, -clip, clip) + clip; }
 
+/// e^x in float for x <= 0 (softmax arguments after the max is subtracted; -inf gives 0): 2^t, t = x log2 e,
+/// split into an integer power (exponent bits) and 2^f, f = t - round(t) in [-1/2, 1/2], by its degree-7 Taylor
+/// polynomial (relative error 7e-9, below float rounding). A plain loop over it vectorizes (libm's expf does
+/// not), which the backward's n * m exponentials need.
+inline float expNonPositive(float x) {
+  const float t = std::max(x * 1.44269504088896341f, -126.0f); // 2^-126: the smallest normal; below it, 0
+  const float fi = std::floor(t + 0.5f), f = t - fi;
+  float p = 1.5252733804e-05f;
+  p = p * f + 1.5403530393e-04f;
+  p = p * f + 1.3333558146e-03f;
+  p = p * f + 9.6181291076e-03f;
+  p = p * f + 5.5504108665e-02f;
+  p = p * f + 2.4022650696e-01f;
+  p = p * f + 6.9314718056e-01f;
+  p = p * f + 1.0f;
+  int32_t bits;
+  std::memcpy(&bits, &p, sizeof bits);
+  bits += int32_t(fi) * (1 << 23);
+  float r;
+  std::memcpy(&r, &bits, sizeof r);
+  return t <= -126.0f ? 0.0f : r;
+}
+
+/// The backward of lm.attention, one piece per (sentence, head), in blocks of query rows: each block's scores,
+/// probabilities and their gradients exist for its rows only ([rows, keys] scratch; the [B, H, N, M] tensor never
+/// does), over the keys the block can see (causal: up to its last row; anticausal: from its first), as small GEMMs:
+///   S = Q K^T (+ Q rel_k), P = softmax(S * scale) (float, as the forward), dP = dO V^T (+ dO rel_v),
+///   D_i = sum_j P_ij dP_ij (= dO_i . O_i), dS = P (dP - D) * scale,
+///   dQ = dS K (+ dS rel_k), dK += dS^T Q, dV += P^T dO (+ the relative tables' gradients).
 void attentionGrad(const float *dO, const float *q, const float *k, const float *v, const int32_t *lengths,
                    const int32_t *queryLengths, const int32_t *rows, int64_t rowWidth, const float *relK,
                    const float *relV, int64_t clip, int64_t B,
@@ -370,6 +399,7 @@ void attentionGrad(const float *dO, const float *q, const float *k, const float 
                    float *dv, float *dRelK, float *dRelV) {
   using Strided = Eigen::Map<Matrix, 0, Eigen::OuterStride<>>;
   using ConstStrided = Eigen::Map<const Matrix, 0, Eigen::OuterStride<>>;
+  constexpr int64_t kRows = 32; // query rows per block (64: causal slower, none within noise)
   const int64_t dh = D / heads, R = 2 * clip + 1;
   const bool rel = relK && relV;
   std::memset(dq, 0, sizeof(float) * B * N * D);
@@ -377,8 +407,7 @@ void attentionGrad(const float *dO, const float *q, const float *k, const float 
   std::memset(dv, 0, sizeof(float) * B * M * D);
   // Per-piece relative-table gradients, summed in piece order below.
   std::vector<float> relParts(rel ? B * heads * 2 * R * dh : 0, 0.0f);
-  // One piece per (sentence, head): the products of that head's rows as small GEMMs ([n, m] scratch of one
-  // head; the [B, H, N, M] tensor never exists); its dq, dk, dv columns are written by that piece only.
+  // Its dq, dk, dv columns are written by that piece only.
   parallelFor(B * heads, [&](int64_t piece) {
     const int64_t b = piece / heads, hd = piece % heads, off = hd * dh;
     // Query rows of their own lengths when given (a cross-attention's queries are another sequence).
@@ -389,72 +418,93 @@ void attentionGrad(const float *dO, const float *q, const float *k, const float 
                                            : visible(mask, i, j);
     };
     const Eigen::OuterStride<> stride(D);
-    ConstStrided Q(q + b * N * D + off, n, dh, stride), G(dO + b * N * D + off, n, dh, stride);
+    ConstStrided Qall(q + b * N * D + off, n, dh, stride), Gall(dO + b * N * D + off, n, dh, stride);
     ConstStrided K(k + b * M * D + off, m, dh, stride), V(v + b * M * D + off, m, dh, stride);
-    float *pk = rel ? relParts.data() + piece * 2 * R * dh : nullptr, *pv = rel ? pk + R * dh : nullptr;
-    Matrix S = Q * K.transpose();
-    if (rel)
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t j = 0; j < m; ++j) {
-          const float *rk = relK + relIndex(i, j, clip) * dh;
-          float r = 0;
-          for (int64_t c = 0; c < dh; ++c)
-            r += Q(i, c) * rk[c];
-          S(i, j) += r;
-        }
-    // Probabilities as the forward computes them: scaled scores, max and sum of exponentials in double.
-    Matrix P(n, m);
-    for (int64_t i = 0; i < n; ++i) {
-      double mx = -INFINITY;
-      for (int64_t j = 0; j < m; ++j)
-        if (seen(i, j))
-          mx = std::max(mx, double(S(i, j) * scale));
-      double sum = 0;
-      for (int64_t j = 0; j < m; ++j)
-        sum += seen(i, j) ? std::exp(double(S(i, j) * scale) - mx) : 0.0;
-      for (int64_t j = 0; j < m; ++j)
-        P(i, j) = seen(i, j) && mx != -INFINITY ? float(std::exp(double(S(i, j) * scale) - mx) / sum) : 0.0f;
-    }
-    Matrix O = P * V;
-    Matrix dP = G * V.transpose();
-    if (rel)
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t j = 0; j < m; ++j) {
-          if (P(i, j) == 0.0f)
-            continue;
-          const float *rv = relV + relIndex(i, j, clip) * dh;
-          float dot = 0;
-          for (int64_t c = 0; c < dh; ++c) {
-            O(i, c) += P(i, j) * rv[c];
-            dot += G(i, c) * rv[c];
-          }
-          dP(i, j) += dot;
-        }
-    Matrix dS(n, m);
-    for (int64_t i = 0; i < n; ++i) {
-      double di = 0;
-      for (int64_t c = 0; c < dh; ++c)
-        di += double(G(i, c)) * O(i, c);
-      for (int64_t j = 0; j < m; ++j)
-        dS(i, j) = P(i, j) == 0.0f ? 0.0f : float(P(i, j) * (dP(i, j) - di)) * scale;
-    }
-    Strided dQ(dq + b * N * D + off, n, dh, stride), dK(dk + b * M * D + off, m, dh, stride),
+    Strided dQall(dq + b * N * D + off, n, dh, stride), dK(dk + b * M * D + off, m, dh, stride),
         dV(dv + b * M * D + off, m, dh, stride);
-    dQ.noalias() = dS * K;
-    dK.noalias() = dS.transpose() * Q;
-    dV.noalias() = P.transpose() * G;
-    if (rel)
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t j = 0; j < m; ++j) {
-          if (P(i, j) == 0.0f)
-            continue;
-          const int64_t ri = relIndex(i, j, clip);
-          for (int64_t c = 0; c < dh; ++c) {
-            dQ(i, c) += dS(i, j) * relK[ri * dh + c];
-            pk[ri * dh + c] += dS(i, j) * Q(i, c);
-            pv[ri * dh + c] += P(i, j) * G(i, c);
+    float *pk = rel ? relParts.data() + piece * 2 * R * dh : nullptr, *pv = rel ? pk + R * dh : nullptr;
+    Matrix S, P, dP;
+    for (int64_t i0 = 0; i0 < n; i0 += kRows) {
+      const int64_t r = std::min(kRows, n - i0);
+      const int64_t j0 = mask == LMRT_MASK_ANTICAUSAL ? std::min(i0, m) : 0;
+      const int64_t j1 = mask == LMRT_MASK_CAUSAL ? std::min(i0 + r, m) : m, w = j1 - j0;
+      if (w <= 0)
+        continue;
+      auto Q = Qall.middleRows(i0, r);
+      auto G = Gall.middleRows(i0, r);
+      auto Kb = K.middleRows(j0, w);
+      auto Vb = V.middleRows(j0, w);
+      S.noalias() = Q * Kb.transpose();
+      if (rel)
+        for (int64_t i = 0; i < r; ++i)
+          for (int64_t j = 0; j < w; ++j) {
+            const float *rk = relK + relIndex(i0 + i, j0 + j, clip) * dh;
+            float acc = 0;
+            for (int64_t c = 0; c < dh; ++c)
+              acc += Q(i, c) * rk[c];
+            S(i, j) += acc;
           }
+      // Probabilities: max over the visible keys, e^(s - max) (0 where hidden), normalized.
+      P.resize(r, w);
+      for (int64_t i = 0; i < r; ++i) {
+        float *s = &S(i, 0), *p = &P(i, 0);
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < w; ++j) {
+          s[j] = seen(i0 + i, j0 + j) ? s[j] * scale : -INFINITY;
+          mx = std::max(mx, s[j]);
         }
+        if (mx == -INFINITY) { // a row that sees no key: no probability, no gradient
+          std::fill(p, p + w, 0.0f);
+          continue;
+        }
+        float sum = 0;
+        for (int64_t j = 0; j < w; ++j) {
+          p[j] = expNonPositive(s[j] - mx);
+          sum += p[j];
+        }
+        const float inv = 1.0f / sum;
+        for (int64_t j = 0; j < w; ++j)
+          p[j] *= inv;
+      }
+      dP.noalias() = G * Vb.transpose();
+      if (rel)
+        for (int64_t i = 0; i < r; ++i)
+          for (int64_t j = 0; j < w; ++j) {
+            if (P(i, j) == 0.0f)
+              continue;
+            const float *rv = relV + relIndex(i0 + i, j0 + j, clip) * dh;
+            float dot = 0;
+            for (int64_t c = 0; c < dh; ++c)
+              dot += G(i, c) * rv[c];
+            dP(i, j) += dot;
+          }
+      // dS = P (dP - D) * scale, written over S.
+      for (int64_t i = 0; i < r; ++i) {
+        const float *p = &P(i, 0), *g = &dP(i, 0);
+        float acc = 0;
+        for (int64_t j = 0; j < w; ++j)
+          acc += p[j] * g[j];
+        float *ds = &S(i, 0);
+        for (int64_t j = 0; j < w; ++j)
+          ds[j] = p[j] * (g[j] - acc) * scale;
+      }
+      auto dQ = dQall.middleRows(i0, r);
+      dQ.noalias() = S * Kb;
+      dK.middleRows(j0, w).noalias() += S.transpose() * Q;
+      dV.middleRows(j0, w).noalias() += P.transpose() * G;
+      if (rel)
+        for (int64_t i = 0; i < r; ++i)
+          for (int64_t j = 0; j < w; ++j) {
+            if (P(i, j) == 0.0f)
+              continue;
+            const int64_t ri = relIndex(i0 + i, j0 + j, clip);
+            for (int64_t c = 0; c < dh; ++c) {
+              dQ(i, c) += S(i, j) * relK[ri * dh + c];
+              pk[ri * dh + c] += S(i, j) * Q(i, c);
+              pv[ri * dh + c] += P(i, j) * G(i, c);
+            }
+          }
+    }
   });
   if (rel) {
     sumPieces(relParts.data(), B * heads, R * dh, 2 * R * dh, dRelK);
