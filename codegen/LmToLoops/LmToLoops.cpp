@@ -63,8 +63,8 @@ struct FuncLowering : OpConversionPattern<func::FuncOp> {
   std::string model;
 };
 
-/// An entry point's outputs are already written: plain return. An lm.fold function copies its [1, max_len,
-/// W] result into its table in the weight buffer.
+/// An entry point's results go to its output arguments (copied unless written there in place). An lm.fold
+/// function copies its [1, max_len, W] result into its table in the weight buffer.
 struct ReturnLowering : OpConversionPattern<func::ReturnOp> {
   ReturnLowering(TypeConverter &converter, MLIRContext *ctx, const LoweringContext &context)
       : OpConversionPattern(converter, ctx), context(context) {}
@@ -73,45 +73,21 @@ struct ReturnLowering : OpConversionPattern<func::ReturnOp> {
                                 ConversionPatternRewriter &rewriter) const override {
     auto fn = ret->getParentOfType<func::FuncOp>();
     auto *dialect = getContext()->getLoadedDialect<lm::LmDialect>();
-    auto method = dialect->getMethodAttrHelper().getAttr(fn);
-    if (method && (method.getValue() == "loss" || method.getValue() == "loss_grad")) {
-      // The per-row losses are computed into a buffer of their own: copy them into the output argument
-      // (after weights, inputs, targets, lengths).
+    if (!dialect->getFoldAttrHelper().isAttrPresent(fn)) {
+      // An entry's results are its output arguments: ops that write an output in place (lm.sentence_score,
+      // lm.mean_pool) return that argument; any other result was computed into a buffer of its own and is copied.
       Loops L(rewriter, ret, adaptor.getOperands(), context);
-      Value result = adaptor.getOperands()[0], out = fn.getArgument(4);
-      L.nest({b(L, result, 0), b(L, result, 1)}, [&](ValueRange iv) { L.store(L.load(result, iv), out, iv); });
-    }
-    if (method && (method.getValue() == "pair_loss" || method.getValue() == "pair_loss_grad")) {
-      // The Diformer's losses: the per-row losses [B, N] and the length log-probs [B], each computed into a
-      // buffer of its own, copied into the two output arguments (after weights and the five inputs).
-      Loops L(rewriter, ret, adaptor.getOperands(), context);
-      Value ce = adaptor.getOperands()[0], len = adaptor.getOperands()[1];
-      Value ceOut = fn.getArgument(6), lenOut = fn.getArgument(7);
-      L.nest({b(L, ce, 0), b(L, ce, 1)}, [&](ValueRange iv) { L.store(L.load(ce, iv), ceOut, iv); });
-      L.nest({b(L, len, 0)}, [&](ValueRange iv) { L.store(L.load(len, iv), lenOut, iv); });
-    }
-    if (method && method.getValue() == "pairs") {
-      // The Diformer score: token_logprobs, score and n_scored are written in place by lm.sentence_score;
-      // the length log-probabilities [B] come in a buffer of their own.
-      Loops L(rewriter, ret, adaptor.getOperands(), context);
-      Value result = adaptor.getOperands()[3], out = L.outputs()[3];
-      L.nest({b(L, result, 0)}, [&](ValueRange iv) { L.store(L.load(result, iv), out, iv); });
-    }
-    if (method && (method.getValue() == "pair_encode" || method.getValue() == "pair_token_kv" ||
-                   method.getValue() == "pair_decode" || method.getValue() == "pair_step")) {
-      // The Diformer's decoding entries: every result is computed into a buffer of its own; copy each into its
-      // output argument.
-      Loops L(rewriter, ret, adaptor.getOperands(), context);
+      SmallVector<Value> outputs = L.outputs();
       for (auto [k, result] : llvm::enumerate(adaptor.getOperands())) {
-        Value out = L.outputs()[k];
+        if (result == outputs[k])
+          continue;
         auto type = llvm::cast<MemRefType>(result.getType());
         SmallVector<Value> sizes;
         for (int64_t d = 0; d < type.getRank(); ++d)
           sizes.push_back(b(L, result, d));
-        L.nest(sizes, [&](ValueRange iv) { L.store(L.load(result, iv), out, iv); });
+        L.nest(sizes, [&](ValueRange iv) { L.store(L.load(result, iv), outputs[k], iv); });
       }
-    }
-    if (dialect->getFoldAttrHelper().isAttrPresent(fn)) {
+    } else {
       const WeightLayout::Entry *entry = context.layout->find(fn.getSymName().str());
       if (!entry)
         return fn.emitOpError("has no table in the weight layout");
