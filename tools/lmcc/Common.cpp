@@ -356,4 +356,18 @@ CompiledModel::~CompiledModel() {
     lm_rt_free(model);
 }
 
+WeightSet unpackGradient(const lm_model_desc *d, const std::vector<float> &packed) {
+  WeightSet out;
+  for (int32_t i = 0; i < d->num_tensors; ++i) {
+    const char *name = nullptr;
+    int64_t offset = 0, count = 0;
+    lm_rt_param_info(d, i, &name, &offset, &count);
+    Tensor t;
+    t.shape.assign(d->tensors[i].shape, d->tensors[i].shape + d->tensors[i].rank);
+    t.data.assign(packed.begin() + offset, packed.begin() + offset + count);
+    out.tensors.emplace(name, std::move(t));
+  }
+  return out;
+}
+
 } // namespace lmcc::cli

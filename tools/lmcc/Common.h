@@ -12,6 +12,7 @@
 #include "frontend/Spec.h"
 #include "runtime/lib/Tokenizer.h"
 #include "runtime/lib/lmrt.h"
+#include "runtime/weights/Safetensors.h"
 #include "tools/lmcc/Diformer.h"
 #include "tools/lmcc/TrainRun.h"
 
@@ -171,5 +172,8 @@ struct CompiledModel {
   CompiledModel &operator=(const CompiledModel &) = delete;
   const lm_model_desc *desc() const { return reinterpret_cast<const lm_model_desc *const *>(model)[0]; }
 };
+
+/// A gradient in lm_rt_loss_and_grad's packed layout as one tensor per parameter (canonical names and shapes).
+WeightSet unpackGradient(const lm_model_desc *d, const std::vector<float> &packed);
 
 } // namespace lmcc::cli

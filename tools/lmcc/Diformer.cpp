@@ -325,16 +325,7 @@ int diformerGrad(const ModelSpec &spec, const std::string &weights, const std::s
                                  a.tgtLen.data(), a.tgtStride, a.dirs.data(), a.hidden.data(), a.batch, &loss, nll,
                                  grad.data()) != LM_OK)
       throw std::invalid_argument(batch + ": " + lm_rt_last_error());
-    WeightSet grads;
-    for (int32_t i = 0; i < d->num_tensors; ++i) {
-      const char *name = nullptr;
-      int64_t offset = 0, count = 0;
-      lm_rt_param_info(d, i, &name, &offset, &count);
-      Tensor t;
-      t.shape.assign(d->tensors[i].shape, d->tensors[i].shape + d->tensors[i].rank);
-      t.data.assign(grad.begin() + offset, grad.begin() + offset + count);
-      grads.tensors.emplace(name, std::move(t));
-    }
+    WeightSet grads = unpackGradient(d, grad);
     int64_t tokens = 0;
     for (int32_t n : a.tgtLen)
       tokens += n;

@@ -206,11 +206,6 @@ std::vector<TrainBatch> readBatches(const std::string &path, const lmcc::ModelSp
   return out;
 }
 
-void checkTrainable(const lmcc::ModelSpec &spec) {
-  if (spec.family == lmcc::Family::Diformer)
-    throw InputError(std::string("family \"") + lmcc::toString(spec.family) + "\" has no training entry yet");
-}
-
 int runGrad(Options o) {
   lmcc::ModelSpec spec = lmcc::loadSpec(o.spec);
   if (spec.family == lmcc::Family::Diformer) { // {"src","tgt","dirs","hide"} batches
@@ -222,7 +217,6 @@ int runGrad(Options o) {
     }
     return lmcc::cli::diformerGrad(spec, o.weights, o.batch, o.output, o.threads, compiled ? &*compiled : nullptr);
   }
-  checkTrainable(spec);
   TrainBatch b = parseBatch(parseJson(readInput(o.batch, "batch file"), o.batch), o.batch, spec);
   if (o.output.empty())
     throw UsageError("lmcc grad needs -o GRADS.safetensors");
@@ -243,15 +237,7 @@ int runGrad(Options o) {
     if (lm_rt_loss_and_grad(m.model, b.inputs.data(), b.targets.data(), b.lengths.data(), b.batch, b.stride, &loss,
                             grad.data()) != LM_OK)
       throw InputError(lm_last_error());
-    for (int32_t i = 0; i < d->num_tensors; ++i) {
-      const char *name = nullptr;
-      int64_t offset = 0, count = 0;
-      lm_rt_param_info(d, i, &name, &offset, &count);
-      lmcc::Tensor t;
-      t.shape.assign(d->tensors[i].shape, d->tensors[i].shape + d->tensors[i].rank);
-      t.data.assign(grad.begin() + offset, grad.begin() + offset + count);
-      out.tensors.emplace(name, std::move(t));
-    }
+    out = lmcc::cli::unpackGradient(d, grad);
   }
   out.metadata["name"] = spec.name;
   out.metadata["spec_hash"] = lmcc::specHash(spec);
@@ -275,7 +261,6 @@ int runTrainBatches(Options o) {
     }
     return lmcc::cli::diformerTrain(spec, o.weights, o.batches, o.output, o.steps, o.saveEvery, o.threads, compile);
   }
-  checkTrainable(spec);
   if (o.batches.empty())
     throw UsageError("lmcc train needs --data FILE (a corpus) or --batches FILE (explicit batches)");
   std::vector<TrainBatch> batches = readBatches(o.batches, spec);
@@ -334,7 +319,6 @@ int runTrainData(Options o, bool resumeGiven) {
   if (spec.family == lmcc::Family::Diformer)
     throw InputError(o.spec + ": family \"diformer\" trains on translation pairs: lmcc train --batches FILE with "
                      "{\"src\",\"tgt\",\"dirs\",\"hide\"} batches (a --data corpus of sentences has no pairs)");
-  checkTrainable(spec);
   lmcc::cli::TrainRunOptions &r = o.run;
   if (!o.batches.empty())
     throw UsageError("--data and --batches: give one (a corpus, or explicit batches)");
