@@ -295,6 +295,12 @@ void BM_OpenBLAS(benchmark::State &state, Shape s) {
 }
 #endif
 
+/// Whether query i sees key j under `mask` (the spot checks' reference).
+bool sees(lm::MaskKind mask, int64_t i, int64_t j) {
+  return mask == lm::MaskKind::causal ? j <= i : mask == lm::MaskKind::anticausal ? j >= i
+         : mask == lm::MaskKind::diagonal ? j != i : true;
+}
+
 /// Query-key pairs lm.attention visits per head and sentence of length n under `mask`.
 double visiblePairs(lm::MaskKind mask, int64_t n) {
   switch (mask) {
@@ -329,9 +335,7 @@ void BM_Attention(benchmark::State &state, lm::MaskKind mask, std::string name) 
   std::vector<double> p(n, -INFINITY);
   double mx = -INFINITY, sum = 0;
   for (int64_t j = 0; j < n; ++j) {
-    bool visible = mask == lm::MaskKind::causal ? j <= i : mask == lm::MaskKind::anticausal ? j >= i
-                   : mask == lm::MaskKind::diagonal ? j != i : true;
-    if (!visible)
+    if (!sees(mask, i, j))
       continue;
     double d = 0;
     for (int64_t e = 0; e < dh; ++e)
@@ -378,10 +382,7 @@ void BM_AttentionGrad(benchmark::State &state, lm::MaskKind mask, std::string na
   const int64_t b = batch - 1, j = n - 1, dh = kModel / kHeads;
   double ref = 0;
   for (int64_t i = 0; i < n; ++i) {
-    auto seen = [&](int64_t jj) {
-      return mask == lm::MaskKind::causal ? jj <= i : mask == lm::MaskKind::anticausal ? jj >= i
-             : mask == lm::MaskKind::diagonal ? jj != i : true;
-    };
+    auto seen = [&](int64_t jj) { return sees(mask, i, jj); };
     if (!seen(j))
       continue;
     std::vector<double> s(n, -INFINITY);

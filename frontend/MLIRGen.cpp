@@ -72,6 +72,13 @@ private:
   RankedTensorType lengthsType() { return t({kDyn}, i32); }
   RankedTensorType seqType(int64_t width) { return t({kDyn, kDyn, width}, f32); }
   int64_t D() const { return spec.dims.dModel; }
+  /// The Diformer's rows operand [B, N, 1 + W] (direction, hidden-key bits) and its cached keys/values' width.
+  RankedTensorType rowsType() { return t({kDyn, kDyn, 1 + hiddenWords(spec.dims.maxLen)}, i32); }
+  int64_t kvWidth() const { return 2 * spec.diformer->decoder.layers * D(); }
+  /// Marks an entry point with its lm.method (the runtime kernel signature it lowers to).
+  void method(func::FuncOp fn, StringRef name) {
+    b.getContext()->getLoadedDialect<lm::LmDialect>()->getMethodAttrHelper().setAttr(fn, b.getStringAttr(name));
+  }
 
   // --- parameters and layers ---------------------------------------------------
   Value weight(const std::string &name, ArrayRef<int64_t> shape) {
@@ -277,8 +284,7 @@ private:
     if (spec.method == ScoreMethod::MaskAndPredict)
       inputs.push_back(idsType());
     auto fn = entry("score", inputs, {tokenLp, t({kDyn}, f32), t({kDyn}, i32)});
-    b.getContext()->getLoadedDialect<lm::LmDialect>()->getMethodAttrHelper().setAttr(
-        fn, b.getStringAttr(toString(spec.method)));
+    method(fn, toString(spec.method));
     Value ids = fn.getArgument(0), lengths = fn.getArgument(1);
     Value lp;
     int64_t first = 0;
@@ -351,7 +357,7 @@ private:
   /// The training loss: one forward pass over `inputs`; row i predicts targets[i].
   void lossEntry() {
     auto fn = entry("loss", {idsType(), idsType(), lengthsType()}, {t({kDyn, kDyn}, f32)});
-    b.getContext()->getLoadedDialect<lm::LmDialect>()->getMethodAttrHelper().setAttr(fn, b.getStringAttr("loss"));
+    method(fn, "loss");
     Value inputs = fn.getArgument(0), targets = fn.getArgument(1), lengths = fn.getArgument(2);
     dropoutRate = spec.train.dropout;
     Value h = encode(inputs, lengths);
@@ -468,7 +474,7 @@ private:
 
   /// The Diformer entries' inputs: src, src_len, tgt, tgt_len, rows [B, N, 1 + W].
   SmallVector<Type> pairInputs() {
-    return {idsType(), lengthsType(), idsType(), lengthsType(), t({kDyn, kDyn, 1 + hiddenWords(spec.dims.maxLen)}, i32)};
+    return {idsType(), lengthsType(), idsType(), lengthsType(), rowsType()};
   }
 
   Value lengthLogprob(Value memory, Value srcLen, Value tgtLen) {
@@ -486,7 +492,7 @@ private:
   void diformerScore() {
     auto tokenLp = t({kDyn, kDyn}, f32);
     auto fn = entry("score", pairInputs(), {tokenLp, t({kDyn}, f32), t({kDyn}, i32), t({kDyn}, f32)});
-    b.getContext()->getLoadedDialect<lm::LmDialect>()->getMethodAttrHelper().setAttr(fn, b.getStringAttr("pairs"));
+    method(fn, "pairs");
     Value src = fn.getArgument(0), srcLen = fn.getArgument(1), tgt = fn.getArgument(2), tgtLen = fn.getArgument(3),
           rows = fn.getArgument(4);
     auto [memory, x] = diformerStacks(src, srcLen, tgt, tgtLen, rows);
@@ -547,19 +553,13 @@ private:
     finish(fn, {b.create<lm::LogSoftmaxOp>(loc, logits(x))});
   }
 
-  int64_t kvWidth() const { return 2 * spec.diformer->decoder.layers * D(); }
-  RankedTensorType rowsType() { return t({kDyn, kDyn, 1 + hiddenWords(spec.dims.maxLen)}, i32); }
-  void method(func::FuncOp fn, StringRef name) {
-    b.getContext()->getLoadedDialect<lm::LmDialect>()->getMethodAttrHelper().setAttr(fn, b.getStringAttr(name));
-  }
-
   /// The objective `directional` (issue 19): loss(src, src_len, tgt, tgt_len, rows) -> (ce [B, N], length_logprob
   /// [B]); the loss is sum ce / sum_b n_b (cross_entropy per_length) + length_loss * mean_b(-length_logprob).
   void diformerLoss() {
     auto fn = entry("loss", pairInputs(), {t({kDyn, kDyn}, f32), t({kDyn}, f32)});
-    auto *dialect = b.getContext()->getLoadedDialect<lm::LmDialect>();
-    dialect->getMethodAttrHelper().setAttr(fn, b.getStringAttr("pair_loss"));
-    dialect->getLengthLossAttrHelper().setAttr(fn, b.getF64FloatAttr(spec.diformer->lengthLoss));
+    method(fn, "pair_loss");
+    b.getContext()->getLoadedDialect<lm::LmDialect>()->getLengthLossAttrHelper().setAttr(
+        fn, b.getF64FloatAttr(spec.diformer->lengthLoss));
     Value src = fn.getArgument(0), srcLen = fn.getArgument(1), tgt = fn.getArgument(2), tgtLen = fn.getArgument(3),
           rows = fn.getArgument(4);
     auto [memory, x] = diformerStacks(src, srcLen, tgt, tgtLen, rows);

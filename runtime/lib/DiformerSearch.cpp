@@ -102,7 +102,6 @@ public:
   /// The pass of iteration `it` (0: every content row sees only bos and eos), or finishes the refinement.
   Decoder::Pass pass(const Options &o, int it) {
     Decoder::Pass p;
-    p.tokens = tokens;
     if (it == 0) {
       p.rows = content;
       p.hidden.assign(size_t(N), std::vector<bool>(size_t(n), false));
@@ -122,7 +121,7 @@ public:
       std::sort(p.rows.begin(), p.rows.end());
       std::vector<bool> isMasked(size_t(n), false);
       for (int64_t i : p.rows)
-        isMasked[size_t(i)] = true, tokens[size_t(i)] = tk.mask, p.tokens[size_t(i)] = tk.mask;
+        isMasked[size_t(i)] = true, tokens[size_t(i)] = tk.mask;
       p.hidden.assign(p.rows.size(), isMasked);
     } else { // easy-first: row i sees the positions more confident than itself
       std::vector<int64_t> order = content;
@@ -136,6 +135,7 @@ public:
         for (int64_t j = 1; j <= N; ++j)
           p.hidden[size_t(r)][size_t(j)] = rank[size_t(j)] >= rank[size_t(r + 1)];
     }
+    p.tokens = tokens;
     return p;
   }
 

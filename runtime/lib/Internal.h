@@ -19,6 +19,8 @@ inline lm_memref1f memref1(float *p, int64_t n) { return {p, p, 0, {n}, {1}}; }
 inline lm_memref1i memref1(int32_t *p, int64_t n) { return {p, p, 0, {n}, {1}}; }
 inline lm_memref2f memref2(float *p, int64_t rows, int64_t cols) { return {p, p, 0, {rows, cols}, {cols, 1}}; }
 inline lm_memref2i memref2(int32_t *p, int64_t rows, int64_t cols) { return {p, p, 0, {rows, cols}, {cols, 1}}; }
+inline lm_memref3f memref3(float *p, int64_t a, int64_t b, int64_t c) { return {p, p, 0, {a, b, c}, {b * c, c, 1}}; }
+inline lm_memref3i memref3(int32_t *p, int64_t a, int64_t b, int64_t c) { return {p, p, 0, {a, b, c}, {b * c, c, 1}}; }
 
 /// A descriptor tensor's shape and element count.
 inline std::vector<int64_t> descShape(const lm_tensor_desc &t) { return std::vector<int64_t>(t.shape, t.shape + t.rank); }
@@ -38,7 +40,7 @@ struct PairBatch {
   lm_memref2i tgtRef() { return memref2(tgt.data(), rows, n); }
   lm_memref1i srcLenRef() { return memref1(srcLen.data(), rows); }
   lm_memref1i tgtLenRef() { return memref1(tgtLen.data(), rows); }
-  lm_memref3i rowsRef() { return {rowData.data(), rowData.data(), 0, {rows, n, width}, {n * width, width, 1}}; }
+  lm_memref3i rowsRef() { return memref3(rowData.data(), rows, n, width); }
 };
 /// lm_rt_score_pairs's argument checks (model, pointers, lengths, ids, bos/eos, directions, hidden keys).
 void checkPairInputs(const lm_model *m, const int32_t *src, const int32_t *srcLengths, int32_t srcStride,

@@ -22,9 +22,6 @@ using namespace lmrt::detail;
 
 namespace {
 
-lm_memref3f memref3(float *p, int64_t a, int64_t b, int64_t c) { return {p, p, 0, {a, b, c}, {b * c, c, 1}}; }
-lm_memref3i memref3(int32_t *p, int64_t a, int64_t b, int64_t c) { return {p, p, 0, {a, b, c}, {b * c, c, 1}}; }
-
 class CompiledDecoder : public lmcc::decode::Decoder {
 public:
   CompiledDecoder(lm_model *m, const int32_t *src, int32_t srcLength)
@@ -51,16 +48,18 @@ public:
     std::vector<int32_t> rows = skipRows(B * n);
     std::vector<int32_t> positions(static_cast<size_t>(B)), srcLen(static_cast<size_t>(B), int32_t(M)),
         tgtLen(static_cast<size_t>(B), int32_t(n));
-    std::vector<float> selfKV = keysValues(targets), cross;
+    std::vector<float> selfKV = keysValues(targets);
     for (int64_t b = 0; b < B; ++b) {
       const int64_t i = leftToRight ? n - 1 : 0;
       positions[size_t(b)] = int32_t(i);
       rows[size_t((b * n + i) * W)] = leftToRight ? 0 : 1;
-      cross.insert(cross.end(), crossKV.begin(), crossKV.end());
     }
+    // The source's cross keys/values once per hypothesis, copied once per source (the beam's width at most).
+    while (int64_t(crossRows.size()) < B * M * K)
+      crossRows.insert(crossRows.end(), crossKV.begin(), crossKV.end());
     std::vector<float> out(size_t(B * V));
     lm_memref1f w = weights();
-    lm_memref3f selfRef = memref3(selfKV.data(), B, n, K), crossRef = memref3(cross.data(), B, M, K),
+    lm_memref3f selfRef = memref3(selfKV.data(), B, n, K), crossRef = memref3(crossRows.data(), B, M, K),
                 outRef = memref3(out.data(), B, 1, V);
     lm_memref1i srcLenRef = memref1(srcLen.data(), B), tgtLenRef = memref1(tgtLen.data(), B),
                 posRef = memref1(positions.data(), B);
@@ -101,16 +100,16 @@ public:
   }
 
   double teacherForced(const std::vector<int32_t> &tgt, bool leftToRight) override {
-    const int64_t n = int64_t(tgt.size());
-    std::vector<int32_t> t(tgt), rows(size_t(n * W), 0), srcLen{int32_t(M)}, tgtLen{int32_t(n)}, nScored(1);
-    for (int64_t i = 0; i < n; ++i)
-      rows[size_t(i * W)] = leftToRight ? (i == n - 1 ? 3 : 0) : (i == 0 ? 3 : 1);
+    const int32_t n = int32_t(tgt.size()), m = int32_t(M);
+    std::vector<int32_t> dirs(size_t(n), leftToRight ? 0 : 1);
+    (leftToRight ? dirs.back() : dirs.front()) = 3;
+    PairBatch pb = packPairs(d, src.data(), &m, m, tgt.data(), &n, n, dirs.data(), nullptr, 0, 1);
+    std::vector<int32_t> nScored(1);
     std::vector<float> lp(static_cast<size_t>(n)), score(1), length(1);
     lm_memref1f w = weights();
-    lm_memref2i srcRef = memref2(src.data(), 1, M), tgtRef = memref2(t.data(), 1, n);
-    lm_memref1i srcLenRef = memref1(srcLen.data(), 1), tgtLenRef = memref1(tgtLen.data(), 1),
-                nRef = memref1(nScored.data(), 1);
-    lm_memref3i rowsRef = memref3(rows.data(), 1, n, W);
+    lm_memref2i srcRef = pb.srcRef(), tgtRef = pb.tgtRef();
+    lm_memref1i srcLenRef = pb.srcLenRef(), tgtLenRef = pb.tgtLenRef(), nRef = memref1(nScored.data(), 1);
+    lm_memref3i rowsRef = pb.rowsRef();
     lm_memref2f lpRef = memref2(lp.data(), 1, n);
     lm_memref1f scRef = memref1(score.data(), 1), lenRef = memref1(length.data(), 1);
     d->pair_score(&w, &srcRef, &srcLenRef, &tgtRef, &tgtLenRef, &rowsRef, &lpRef, &scRef, &nRef, &lenRef);
@@ -165,7 +164,8 @@ private:
   const lm_model_desc *d;
   std::vector<int32_t> src;
   int64_t M, K, V, W;
-  std::vector<float> crossKV; ///< [M, K]
+  std::vector<float> crossKV;   ///< [M, K]
+  std::vector<float> crossRows; ///< crossKV repeated for a step's hypotheses
   std::vector<double> lengthLp;
   std::unordered_map<int32_t, std::vector<float>> cache; ///< token id -> its keys/values [K]
 };
