@@ -91,9 +91,11 @@ void buildLibrary() {
       std::fprintf(stderr, "kernel_bench: cannot build the %s attention kernel\n", name);
       std::exit(1);
     }
-    auto fn = attention->lookupSymbol<mlir::func::FuncOp>("attention_kernel");
-    fn.setSymName(std::string("attention_") + name);
-    fn->moveBefore(module->getBody(), module->getBody()->end());
+    attention->lookupSymbol<mlir::func::FuncOp>("attention_kernel").setSymName(std::string("attention_") + name);
+    // The kernel and its task (the runtime's lm_rt_parallel_for is declared once).
+    for (auto fn : llvm::make_early_inc_range(attention->getOps<mlir::func::FuncOp>()))
+      if (!module->lookupSymbol(fn.getSymName()))
+        fn->moveBefore(module->getBody(), module->getBody()->end());
   }
   if (mlir::failed(lmcc::codegen::lowerToLLVMDialect(*module))) {
     std::fprintf(stderr, "kernel_bench: lowering failed\n");

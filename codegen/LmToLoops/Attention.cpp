@@ -6,6 +6,10 @@
 //===----------------------------------------------------------------------===//
 #include "codegen/LmToLoops/Lowering.h"
 
+#include "llvm/Support/FormatVariadic.h"
+
+#include <cstring>
+
 using namespace mlir;
 
 namespace lmcc::codegen {
@@ -26,10 +30,16 @@ SmallVector<int64_t> interleaveMask(bool high) {
   return mask;
 }
 
+/// The buffers of one vector-form attention, and its entry count B.
+struct VectorOperands {
+  Value q, k, v, out, queryPositions, entries;
+};
+
 /// lm.attention with vectors (no relative positions, no per-row mask data; head size a multiple of 16),
 /// register-tiled like the GEMM.
-/// Per (entry, head) the head's keys are transposed into kt [dh, M16] (16 x 16 blocks transposed in registers by
-/// four rounds of interleaves; M keys rounded up to 16, zero tail). Query rows go in tiles of R = 8 rows
+/// Work items are the (entry, head) pairs, entry-major; items [begin, end) run here. Per item the head's keys
+/// are transposed into kt [dh, M16] (16 x 16 blocks transposed in registers by four rounds of interleaves; M keys
+/// rounded up to 16, zero tail). Query rows go in tiles of R = 8 rows
 /// (R = 1 for single-query entries, lm-prune-rows), the last tile repeating the last row; a tile visits the
 /// union of its rows' key ranges [lo, hi) (each row's range as in the scalar form below):
 ///   scores  S[r, j..j+16) = (sum_e q_re * kt[e, j..j+16)) * scale: one key vector load per R FMAs; lanes a row
@@ -40,15 +50,14 @@ SmallVector<int64_t> interleaveMask(bool high) {
 ///           depend on its tile);
 ///   p.v     out_r = (sum_j p_rj v_j) / l_r over the tile's rows in groups of 4 x 64 features, one value
 ///           vector load per 4 FMAs (p_rj = 0 adds exactly nothing); zero when a row sees no key.
-LogicalResult lowerVector(lm::AttentionOp a, Loops &L) {
+void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Value begin, Value end) {
   auto &b = L.b;
   Location loc = L.loc;
-  L.lengths = L.in(a.getLengths());
   auto scratch = [&](ArrayRef<int64_t> shape, ValueRange dyn) -> Value {
     return b.create<memref::AllocOp>(loc, MemRefType::get(shape, L.f32()), dyn, b.getI64IntegerAttr(64));
   };
 
-  Value q = L.in(a.getQuery()), k = L.in(a.getKey()), v = L.in(a.getValue()), out = L.alloc(a.getType());
+  Value q = ops.q, k = ops.k, v = ops.v, out = ops.out;
   int64_t D = a.getType().getDimSize(2), H = a.getHeads(), dh = D / H, chunks = dh / kLanes;
   lm::MaskKind mask = a.getMask();
   auto vt = VectorType::get({kLanes}, L.f32());
@@ -61,9 +70,9 @@ LogicalResult lowerVector(lm::AttentionOp a, Loops &L) {
     return b.create<arith::MulIOp>(loc, b.create<arith::DivUIOp>(loc, x, L.idx(kLanes)), L.idx(kLanes));
   };
   Value M16 = roundDown(b.create<arith::AddIOp>(loc, M, L.idx(kLanes - 1)));
-  Value queryPositions = a.getQueryPositions() ? L.in(a.getQueryPositions()) : Value();
+  Value queryPositions = ops.queryPositions;
   const int64_t R = queryPositions ? 1 : kTileRows;
-  Value kt = scratch({D, ShapedType::kDynamic}, M16), S = scratch({R, ShapedType::kDynamic}, M16);
+  Value kt = scratch({dh, ShapedType::kDynamic}, M16), S = scratch({R, ShapedType::kDynamic}, M16);
   SmallVector<int64_t> lanes(kLanes);
   for (int64_t l = 0; l < kLanes; ++l)
     lanes[l] = l;
@@ -85,17 +94,20 @@ LogicalResult lowerVector(lm::AttentionOp a, Loops &L) {
     return f;
   };
 
-  L.nest({L.B}, [&](ValueRange iv) {
-    Value bi = iv[0];
-    // kt for every head at once (whole key rows read front to back): full blocks of 16 keys x 16 features
+  Value items = b.create<arith::MulIOp>(loc, ops.entries, L.idx(H));
+  loop(begin, end, 1, {}, [&](Value item, ValueRange) {
+    Value bi = b.create<arith::DivUIOp>(loc, item, L.idx(H));
+    Value base = b.create<arith::MulIOp>(loc, b.create<arith::RemUIOp>(loc, item, L.idx(H)), L.idx(dh));
+    auto feature = [&](Value e) { return b.create<arith::AddIOp>(loc, base, e); };
+    // kt for this head (its slice of every key row read front to back): full blocks of 16 keys x 16 features
     // transposed in registers, the rest element by element, zeros up to M16.
     Value fullKeys = roundDown(M);
     loop(L.idx(0), fullKeys, kLanes, {}, [&](Value j0, ValueRange) {
-      loop(L.idx(0), L.idx(D), kLanes, {}, [&](Value e0, ValueRange) {
+      loop(L.idx(0), L.idx(dh), kLanes, {}, [&](Value e0, ValueRange) {
         SmallVector<Value> rowsV;
         for (int64_t r = 0; r < kLanes; ++r)
-          rowsV.push_back(
-              b.create<vector::LoadOp>(loc, vt, k, ValueRange{bi, b.create<arith::AddIOp>(loc, j0, L.idx(r)), e0}));
+          rowsV.push_back(b.create<vector::LoadOp>(
+              loc, vt, k, ValueRange{bi, b.create<arith::AddIOp>(loc, j0, L.idx(r)), feature(e0)}));
         for (int round = 0; round < 4; ++round) {
           SmallVector<Value> next;
           for (int64_t r = 0; r < kLanes / 2; ++r) {
@@ -112,30 +124,29 @@ LogicalResult lowerVector(lm::AttentionOp a, Loops &L) {
     });
     loop(fullKeys, M16, 1, {}, [&](Value j, ValueRange) {
       Value real = L.lt(j, M);
-      L.nest({L.idx(D)}, [&](ValueRange e) {
-        Value x = L.choose(real, L.f32(), [&] { return L.load(k, {bi, j, e[0]}); }, [&] { return L.f32c(0); });
+      L.nest({L.idx(dh)}, [&](ValueRange e) {
+        Value x = L.choose(real, L.f32(), [&] { return L.load(k, {bi, j, feature(e[0])}); }, [&] { return L.f32c(0); });
         L.store(x, kt, {e[0], j});
       });
       return SmallVector<Value>{};
     });
 
-  L.nest({L.idx(H)}, [&](ValueRange hv) {
-    Value base = b.create<arith::MulIOp>(loc, hv[0], L.idx(dh));
-    auto feature = [&](Value e) { return b.create<arith::AddIOp>(loc, base, e); };
     Value len = L.lengthOf(bi);
     Value lastRow = b.create<arith::SubIOp>(loc, rows, L.idx(1));
-    Value nextEntry = b.create<arith::AddIOp>(loc, bi, L.idx(1));
-    Value hasNext = L.lt(nextEntry, L.B);
+    Value nextItem = b.create<arith::AddIOp>(loc, item, L.idx(1));
+    Value hasNext = L.lt(nextItem, items);
+    Value nextEntry = b.create<arith::DivUIOp>(loc, nextItem, L.idx(H));
+    Value nextBase = b.create<arith::MulIOp>(loc, b.create<arith::RemUIOp>(loc, nextItem, L.idx(H)), L.idx(dh));
     L.nest({tiles}, [&](ValueRange t) {
       Value r0 = b.create<arith::MulIOp>(loc, t[0], L.idx(R));
-      // While this tile computes, the next entry's rows r0..r0+R (and after the last tile every remaining key)
-      // of this head move to L2: at batch > 1 the kernel streams its operands from memory, and the prefetches
-      // spread over the tiles keep that off the critical path.
+      // While this tile computes, the next item's rows r0..r0+R (and after the last tile every remaining key)
+      // move to L2: at batch > 1 the kernel streams its operands from memory, and the prefetches spread over the
+      // tiles keep that off the critical path.
       L.when(hasNext, [&] {
         auto prefetch = [&](Value buffer, Value from, Value to, bool write) {
           L.nest({b.create<arith::SubIOp>(loc, to, from), L.idx(chunks)}, [&](ValueRange jc) {
             Value j = b.create<arith::AddIOp>(loc, from, jc[0]);
-            Value e = feature(b.create<arith::MulIOp>(loc, jc[1], L.idx(kLanes)));
+            Value e = b.create<arith::AddIOp>(loc, nextBase, b.create<arith::MulIOp>(loc, jc[1], L.idx(kLanes)));
             b.create<memref::PrefetchOp>(loc, buffer, ValueRange{nextEntry, j, e}, write, /*localityHint=*/2,
                                          /*isDataCache=*/true);
           });
@@ -185,7 +196,7 @@ LogicalResult lowerVector(lm::AttentionOp a, Loops &L) {
           SmallVector<Value> next(acc.begin(), acc.end());
           for (int64_t u = 0; u < 4; ++u) {
             Value e = b.create<arith::AddIOp>(loc, e0, L.idx(u));
-            Value kv = b.create<vector::LoadOp>(loc, vt, kt, ValueRange{feature(e), jb});
+            Value kv = b.create<vector::LoadOp>(loc, vt, kt, ValueRange{e, jb});
             for (int64_t r = 0; r < R; ++r) {
               Value qe = bcast(L.load(q, {bi, row[r], feature(e)}));
               int64_t slot = r * chains + u % chains;
@@ -287,8 +298,81 @@ LogicalResult lowerVector(lm::AttentionOp a, Loops &L) {
         }
       }
     });
+    return SmallVector<Value>{};
   });
-  });
+}
+
+/// The vector form's task: items [begin, end) of the operands whose addresses and sizes are in ctx (q, k, v,
+/// out, lengths, query positions or 0, entries B, query rows, keys M). One per (mask, heads, width, scale).
+func::FuncOp getOrCreateVectorTask(lm::AttentionOp a, Loops &L) {
+  int64_t D = a.getType().getDimSize(2), H = a.getHeads();
+  float scale = a.getScale().convertToFloat();
+  uint32_t scaleBits;
+  std::memcpy(&scaleBits, &scale, sizeof scaleBits);
+  bool positions = bool(a.getQueryPositions());
+  std::string name = llvm::formatv("lm_attention_task_{0}_h{1}_d{2}_s{3:x}{4}", lm::stringifyMaskKind(a.getMask()),
+                                   H, D, scaleBits, positions ? "_positions" : "");
+  auto module = a->getParentOfType<ModuleOp>();
+  if (auto existing = module.lookupSymbol<func::FuncOp>(name))
+    return existing;
+  auto &b = L.b;
+  Location loc = L.loc;
+  OpBuilder::InsertionGuard guard(b);
+  func::FuncOp task = createTask(b, module, name);
+  Block *entry = &task.getBody().front();
+  b.setInsertionPointToStart(entry);
+  auto field = [&](int64_t i) { return taskField(b, loc, entry->getArgument(0), i); };
+  auto c64 = [&](int64_t v) -> Value { return b.create<LLVM::ConstantOp>(loc, b.getI64Type(), b.getI64IntegerAttr(v)); };
+  auto mul = [&](Value x, Value y) -> Value { return b.create<LLVM::MulOp>(loc, x, y); };
+  auto index = [&](Value i64) -> Value { return b.create<arith::IndexCastOp>(loc, b.getIndexType(), i64); };
+  int64_t dyn = ShapedType::kDynamic;
+  auto rows3 = MemRefType::get({dyn, dyn, D}, L.f32()), ints = MemRefType::get({dyn}, L.i32());
+  Value entries = field(6), rows = field(7), keys = field(8);
+  auto matrix = [&](Value address, Value n) {
+    return memrefAt(b, loc, address, {entries, n, c64(D)}, {mul(n, c64(D)), c64(D), c64(1)}, rows3);
+  };
+  VectorOperands ops{matrix(field(0), rows), matrix(field(1), keys), matrix(field(2), keys), matrix(field(3), rows),
+                     Value(), index(entries)};
+  Value lengths = memrefAt(b, loc, field(4), {entries}, {c64(1)}, ints);
+  if (positions)
+    ops.queryPositions = memrefAt(b, loc, field(5), {entries}, {c64(1)}, ints);
+  Value kernelLengths = L.lengths;
+  L.lengths = lengths;
+  emitVectorItems(a, L, ops, index(entry->getArgument(1)), index(entry->getArgument(2)));
+  L.lengths = kernelLengths;
+  b.create<func::ReturnOp>(loc);
+  return task;
+}
+
+/// The vector form over every (entry, head) item: split over the runtime's threads by a task when the operands
+/// are whole buffers and the call has work enough to pay for it (at batch 1 the heads of one sentence would
+/// otherwise run on one core while the GEMMs around them use every core), else inline.
+LogicalResult lowerVector(lm::AttentionOp a, Loops &L) {
+  auto &b = L.b;
+  Location loc = L.loc;
+  L.lengths = L.in(a.getLengths());
+  Value q = L.in(a.getQuery()), k = L.in(a.getKey()), v = L.in(a.getValue()), out = L.alloc(a.getType());
+  Value queryPositions = a.getQueryPositions() ? L.in(a.getQueryPositions()) : Value();
+  VectorOperands ops{q, k, v, out, queryPositions, L.B};
+  Value items = b.create<arith::MulIOp>(loc, L.B, L.idx(a.getHeads()));
+  auto whole = [](Value m) { return llvm::cast<MemRefType>(m.getType()).getLayout().isIdentity(); };
+  if (!whole(q) || !whole(k) || !whole(v) || !whole(L.lengths) || (queryPositions && !whole(queryPositions))) {
+    emitVectorItems(a, L, ops, L.idx(0), items);
+    return L.set(a, out);
+  }
+  func::FuncOp task = getOrCreateVectorTask(a, L);
+  auto i64 = [&](Value index) -> Value { return b.create<arith::IndexCastOp>(loc, b.getI64Type(), index); };
+  Value rows = b.create<memref::DimOp>(loc, q, 1), keys = b.create<memref::DimOp>(loc, k, 1);
+  // Query rows x keys x width multiply-adds of every entry: below 2^16 (a few microseconds) the call stays on
+  // this thread.
+  Value work = b.create<arith::MulIOp>(
+      loc, b.create<arith::MulIOp>(loc, L.B, b.create<arith::MulIOp>(loc, rows, keys)),
+      L.idx(a.getType().getDimSize(2)));
+  Value serial = L.lt(work, L.idx(1 << 16));
+  L.parallelFor(task, items,
+                {L.address(q), L.address(k), L.address(v), L.address(out), L.address(L.lengths),
+                 queryPositions ? L.address(queryPositions) : L.i64c(0), i64(L.B), i64(rows), i64(keys)},
+                serial);
   return L.set(a, out);
 }
 
@@ -424,6 +508,8 @@ OwningOpRef<ModuleOp> buildAttentionModule(MLIRContext &context, lm::MaskKind ma
   Location loc = b.getUnknownLoc();
   OwningOpRef<ModuleOp> module = ModuleOp::create(loc);
   b.setInsertionPointToEnd(module->getBody());
+  auto ptr = LLVM::LLVMPointerType::get(&context);
+  b.create<func::FuncOp>(loc, "lm_rt_parallel_for", b.getFunctionType({b.getI64Type(), ptr, ptr}, {})).setPrivate();
   int64_t dyn = ShapedType::kDynamic;
   auto t3 = RankedTensorType::get({dyn, dyn, dModel}, b.getF32Type());
   auto t1 = RankedTensorType::get({dyn}, b.getI32Type());

@@ -303,36 +303,16 @@ func::FuncOp getOrCreateGemmTask(ModuleOp module, int64_t n, int64_t k, bool wit
   if (auto existing = module.lookupSymbol<func::FuncOp>(name))
     return existing;
   func::FuncOp gemm = getOrCreateGemm(module, n, k, withBias, tile);
-  MLIRContext *ctx = module.getContext();
-  OpBuilder b(ctx);
-  b.setInsertionPointToEnd(module.getBody());
-  Location loc = b.getUnknownLoc();
-  auto ptr = LLVM::LLVMPointerType::get(ctx);
-  Type i64 = b.getI64Type();
-  auto fn = b.create<func::FuncOp>(loc, name, b.getFunctionType({ptr, i64, i64}, {}));
-  fn.setPrivate();
-  Block *entry = fn.addEntryBlock();
+  OpBuilder b(module.getContext());
+  func::FuncOp fn = createTask(b, module, name);
+  Block *entry = &fn.getBody().front();
   b.setInsertionPointToStart(entry);
-  auto slot = [&](int64_t i) -> Value {
-    Value at = b.create<LLVM::GEPOp>(loc, ptr, i64, entry->getArgument(0), ArrayRef<LLVM::GEPArg>{int32_t(i)});
-    return b.create<LLVM::LoadOp>(loc, i64, at);
-  };
+  Location loc = b.getUnknownLoc();
+  Type i64 = b.getI64Type();
+  auto slot = [&](int64_t i) { return taskField(b, loc, entry->getArgument(0), i); };
   auto c64 = [&](int64_t v) -> Value { return b.create<LLVM::ConstantOp>(loc, i64, b.getI64IntegerAttr(v)); };
-  // A memref descriptor {allocated, aligned, offset 0, sizes, strides} viewed as `type`.
-  auto descriptor = [&](Value address, ArrayRef<Value> sizes, ArrayRef<Value> strides, Type type) -> Value {
-    int64_t rank = sizes.size();
-    auto array = LLVM::LLVMArrayType::get(i64, rank);
-    auto structType = LLVM::LLVMStructType::getLiteral(ctx, {ptr, ptr, i64, array, array});
-    Value p = b.create<LLVM::IntToPtrOp>(loc, ptr, address);
-    Value d = b.create<LLVM::UndefOp>(loc, structType);
-    d = b.create<LLVM::InsertValueOp>(loc, d, p, ArrayRef<int64_t>{0});
-    d = b.create<LLVM::InsertValueOp>(loc, d, p, ArrayRef<int64_t>{1});
-    d = b.create<LLVM::InsertValueOp>(loc, d, c64(0), ArrayRef<int64_t>{2});
-    for (int64_t i = 0; i < rank; ++i) {
-      d = b.create<LLVM::InsertValueOp>(loc, d, sizes[i], ArrayRef<int64_t>{3, i});
-      d = b.create<LLVM::InsertValueOp>(loc, d, strides[i], ArrayRef<int64_t>{4, i});
-    }
-    return b.create<UnrealizedConversionCastOp>(loc, type, d).getResult(0);
+  auto descriptor = [&](Value address, ArrayRef<Value> sizes, ArrayRef<Value> strides, Type type) {
+    return memrefAt(b, loc, address, sizes, strides, llvm::cast<MemRefType>(type));
   };
   auto types = gemm.getArgumentTypes();
   Value M = slot(1), cols = slot(6);

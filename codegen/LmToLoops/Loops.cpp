@@ -258,18 +258,69 @@ void Loops::parallelGemm(Value weight, int64_t n, int64_t k, Value inputAddress,
   auto module = op->getParentOfType<ModuleOp>();
   func::FuncOp task = getOrCreateGemmTask(module, n, k, bool(bias), context.tile);
   Value biasAddress = bias ? address(in(bias)) : i64c(0);
-  Value ctx = b.create<memref::AllocaOp>(loc, MemRefType::get({8}, b.getI64Type()));
   auto i64 = [&](Value index) { return b.create<arith::IndexCastOp>(loc, b.getI64Type(), index); };
   const int64_t packedRowCount = packedRows(n, k, context.tile.bf16());
-  Value fields[8] = {inputAddress, i64(rows), address(weightView(packed(weight)->offset, {packedRowCount, kPanel})),
-                     i64c(packedRowCount), biasAddress, outAddress, cols, i64(first)};
-  for (int i = 0; i < 8; ++i)
-    store(fields[i], ctx, idx(i));
+  parallelFor(task, panels,
+              {inputAddress, i64(rows), address(weightView(packed(weight)->offset, {packedRowCount, kPanel})),
+               i64c(packedRowCount), biasAddress, outAddress, cols, i64(first)});
+}
+
+void Loops::parallelFor(func::FuncOp task, Value count, ArrayRef<Value> fields, Value serial) {
+  Value ctx = b.create<memref::AllocaOp>(loc, MemRefType::get({int64_t(fields.size())}, b.getI64Type()));
+  for (auto [i, field] : llvm::enumerate(fields))
+    store(field, ctx, idx(i));
   auto ptrType = LLVM::LLVMPointerType::get(b.getContext());
   Value ctxPtr = b.create<LLVM::IntToPtrOp>(loc, ptrType, address(ctx));
   Value fn = b.create<func::ConstantOp>(loc, task.getFunctionType(), SymbolRefAttr::get(task));
   Value fnPtr = b.create<UnrealizedConversionCastOp>(loc, TypeRange{ptrType}, fn).getResult(0);
-  b.create<func::CallOp>(loc, "lm_rt_parallel_for", TypeRange{}, ValueRange{i64(panels), fnPtr, ctxPtr});
+  if (isa<IndexType>(count.getType()))
+    count = b.create<arith::IndexCastOp>(loc, b.getI64Type(), count);
+  if (!serial) {
+    b.create<func::CallOp>(loc, "lm_rt_parallel_for", TypeRange{}, ValueRange{count, fnPtr, ctxPtr});
+    return;
+  }
+  auto choice = b.create<scf::IfOp>(loc, serial, /*withElse=*/true);
+  OpBuilder::InsertionGuard guard(b);
+  b.setInsertionPointToStart(choice.thenBlock());
+  b.create<func::CallOp>(loc, task, ValueRange{ctxPtr, i64c(0), count});
+  b.setInsertionPointToStart(choice.elseBlock());
+  b.create<func::CallOp>(loc, "lm_rt_parallel_for", TypeRange{}, ValueRange{count, fnPtr, ctxPtr});
+}
+
+func::FuncOp createTask(OpBuilder &b, ModuleOp module, StringRef name) {
+  OpBuilder::InsertionGuard guard(b);
+  b.setInsertionPointToEnd(module.getBody());
+  auto ptr = LLVM::LLVMPointerType::get(b.getContext());
+  auto fn = b.create<func::FuncOp>(module.getLoc(), name, b.getFunctionType({ptr, b.getI64Type(), b.getI64Type()}, {}));
+  fn.setPrivate();
+  fn.addEntryBlock();
+  return fn;
+}
+
+Value taskField(OpBuilder &b, Location loc, Value ctx, int64_t i) {
+  auto ptr = LLVM::LLVMPointerType::get(b.getContext());
+  Value at = b.create<LLVM::GEPOp>(loc, ptr, b.getI64Type(), ctx, ArrayRef<LLVM::GEPArg>{int32_t(i)});
+  return b.create<LLVM::LoadOp>(loc, b.getI64Type(), at);
+}
+
+Value memrefAt(OpBuilder &b, Location loc, Value address, ArrayRef<Value> sizes, ArrayRef<Value> strides,
+               MemRefType type) {
+  Type i64 = b.getI64Type();
+  auto ptr = LLVM::LLVMPointerType::get(b.getContext());
+  int64_t rank = sizes.size();
+  auto array = LLVM::LLVMArrayType::get(i64, rank);
+  auto structType = LLVM::LLVMStructType::getLiteral(b.getContext(), {ptr, ptr, i64, array, array});
+  Value p = b.create<LLVM::IntToPtrOp>(loc, ptr, address);
+  Value d = b.create<LLVM::UndefOp>(loc, structType);
+  d = b.create<LLVM::InsertValueOp>(loc, d, p, ArrayRef<int64_t>{0});
+  d = b.create<LLVM::InsertValueOp>(loc, d, p, ArrayRef<int64_t>{1});
+  d = b.create<LLVM::InsertValueOp>(loc, d, b.create<LLVM::ConstantOp>(loc, i64, b.getI64IntegerAttr(0)),
+                                    ArrayRef<int64_t>{2});
+  for (int64_t i = 0; i < rank; ++i) {
+    d = b.create<LLVM::InsertValueOp>(loc, d, sizes[i], ArrayRef<int64_t>{3, i});
+    d = b.create<LLVM::InsertValueOp>(loc, d, strides[i], ArrayRef<int64_t>{4, i});
+  }
+  return b.create<UnrealizedConversionCastOp>(loc, type, d).getResult(0);
 }
 
 /// memref -> tensor -> memref cast chains left by the conversion become the memref itself.

@@ -82,6 +82,15 @@ void declareTrainingRuntime(mlir::OpBuilder &b, mlir::Location loc);
 mlir::LogicalResult buildInitKernel(mlir::ModuleOp module, const LoweringContext &context, llvm::StringRef name,
                                     int64_t padId);
 
+/// Task functions for lm_rt_parallel_for have the signature `(ctx: !llvm.ptr, begin: i64, end: i64)` and read
+/// their operands from i64 fields of ctx (addresses and sizes). The task's entry block argument 0 is ctx.
+mlir::func::FuncOp createTask(mlir::OpBuilder &b, mlir::ModuleOp module, llvm::StringRef name);
+/// Field i of a task's ctx, as an i64.
+mlir::Value taskField(mlir::OpBuilder &b, mlir::Location loc, mlir::Value ctx, int64_t i);
+/// A memref of `type` (no offset) over the buffer at the i64 `address`, with i64 sizes and strides.
+mlir::Value memrefAt(mlir::OpBuilder &b, mlir::Location loc, mlir::Value address, llvm::ArrayRef<mlir::Value> sizes,
+                     llvm::ArrayRef<mlir::Value> strides, mlir::MemRefType type);
+
 /// A row-major view of the flat weight buffer `weights` at a float offset.
 mlir::Value weightView(mlir::OpBuilder &b, mlir::Location loc, mlir::Value weights, int64_t offset,
                        llvm::ArrayRef<int64_t> shape);
@@ -208,6 +217,10 @@ public:
   /// task rebuilds its operands from the 8 addresses and sizes of a ctx array.
   void parallelGemm(mlir::Value weight, int64_t n, int64_t k, mlir::Value inputAddress, mlir::Value rows,
                     mlir::Value bias, mlir::Value outAddress, mlir::Value cols, mlir::Value first, mlir::Value panels);
+  /// lm_rt_parallel_for(count, task, ctx) with ctx an array of the i64 `fields`; when the i1 `serial` is true,
+  /// task(ctx, 0, count) on this thread instead.
+  void parallelFor(mlir::func::FuncOp task, mlir::Value count, llvm::ArrayRef<mlir::Value> fields,
+                   mlir::Value serial = {});
 
   mlir::Value lengths; ///< the op's key-padding lengths buffer, when it has one
 

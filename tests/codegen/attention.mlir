@@ -1,13 +1,32 @@
 // RUN: lmcc-opt --lm-to-loops="vector-bits=256" %s | FileCheck %s
-// lm.attention: head size 16 takes the vector form, register-tiled (keys of every head transposed per entry
-// in 16 x 16 register blocks, query rows in tiles of 8 sharing each key vector load, the next entry's operands
-// prefetched, scores masked by lane only in blocks not fully visible, vector exp); head size 8 the scalar
-// key-tiled online softmax (32-key tiles, running max and sum rescaled by e^(m - m')). The causal mask
-// shrinks the key range instead of testing every key; the diagonal mask knocks out key i by a select.
+// lm.attention: head size 16 takes the vector form, register-tiled (per (entry, head) item the head's keys
+// transposed in 16 x 16 register blocks, query rows in tiles of 8 sharing each key vector load, the next item's
+// operands prefetched, scores masked by lane only in blocks not fully visible, vector exp), in a task function that
+// lm_rt_parallel_for splits by items over the runtime's threads (called directly below 2^16 multiply-adds); head
+// size 8 the scalar key-tiled online softmax (32-key tiles, running max and sum rescaled by e^(m - m')). The causal
+// mask shrinks the key range instead of testing every key; the diagonal mask knocks out key i by a select.
 
 // CHECK-LABEL: func.func @m_score_kernel
-// vector form, causal: kt [d_model, M16], scores of 8 rows
-// CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<32x?xf32>
+// vector form, causal: the items (entries x 2 heads) split over threads unless the call is small
+// CHECK: arith.muli %{{.*}}, %c2 : index
+// CHECK: arith.cmpi slt, %{{.*}}, %c65536
+// CHECK: memref.alloca() : memref<9xi64>
+// CHECK: constant @lm_attention_task_causal_h2_d32_s0x3e800000
+// CHECK: scf.if
+// CHECK: func.call @lm_attention_task_causal_h2_d32_s0x3e800000(
+// CHECK: } else {
+// CHECK-NEXT: func.call @lm_rt_parallel_for(
+// scalar form, diagonal
+// CHECK: memref.alloc() {alignment = 64 : i64} : memref<32xf32>
+// CHECK: scf.for {{.*}} step %c32{{(_[0-9]+)?}} iter_args
+// CHECK: arith.cmpi eq
+// CHECK: arith.select {{.*}} : f32
+// CHECK: math.exp
+// CHECK-NOT: lm.attention
+// the task: operands rebuilt from ctx, kt [head size, M16], scores of 8 rows
+// CHECK-LABEL: func.func private @lm_attention_task_causal_h2_d32_s0x3e800000(%arg0: !llvm.ptr, %arg1: i64, %arg2: i64)
+// CHECK: llvm.load
+// CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<16x?xf32>
 // CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<8x?xf32>
 // CHECK: vector.shuffle {{.*}} [0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23] : vector<16xf32>, vector<16xf32>
 // CHECK: vector.shuffle {{.*}} [8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31] : vector<16xf32>, vector<16xf32>
@@ -22,13 +41,6 @@
 // CHECK: vector.reduction <maximumf>
 // CHECK: math.exp {{.*}} : vector<16xf32>
 // CHECK: vector.reduction <add>
-// scalar form, diagonal
-// CHECK: memref.alloc() {alignment = 64 : i64} : memref<32xf32>
-// CHECK: scf.for {{.*}} step %c32{{(_[0-9]+)?}} iter_args
-// CHECK: arith.cmpi eq
-// CHECK: arith.select {{.*}} : f32
-// CHECK: math.exp
-// CHECK-NOT: lm.attention
 module @m attributes {lm.model = #lm.model<name = "m", vocab = 11, max_len = 6, d_model = 32, heads = 2, d_ff = 16,
                                            layers = 1, pad = 0, eos = 1, unk = 2, bos = 3, mask = 4>} {
   func.func @score(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> (tensor<?x?xf32>, tensor<?xf32>, tensor<?xi32>) {

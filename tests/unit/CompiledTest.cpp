@@ -185,10 +185,18 @@ TEST_P(Compiled, MatchesReference) {
       EXPECT_NEAR(emb[size_t(b) * spec.dims.dModel + c], expectedEmb[b][c], 1e-4) << spec.name << " sentence " << b;
 
   // Thread count and batch composition: each sentence alone, 1 and 2 threads. Alone at 2 threads (a
-  // mask-and-predict sentence's copies then run in one window per thread) is bit-identical to 1 thread.
+  // mask-and-predict sentence's copies then run in one window per thread) is bit-identical to 1 thread, and so
+  // is the whole batch at 2 threads (its calls have work enough for the vector attention's task to split the
+  // (entry, head) items over the threads).
   std::vector<std::vector<float>> aloneAtOneThread;
   for (int threads : {1, 2}) {
     ASSERT_GE(lm_set_num_threads(threads), 1);
+    if (threads == 2) {
+      std::vector<float> lp2(ids.size(), sentinel), scores2(batch);
+      ASSERT_EQ(lm_rt_score(model, ids.data(), lengths.data(), batch, stride, lp2.data(), scores2.data()), LM_OK);
+      EXPECT_EQ(lp2, lp) << "2 threads changed a token log-probability of the batch";
+      EXPECT_EQ(scores2, scores) << "2 threads changed a score of the batch";
+    }
     for (int32_t b = 0; b < batch; b += 3) {
       float alone[64];
       float score = 0;
