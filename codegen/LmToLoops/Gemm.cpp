@@ -160,7 +160,7 @@ func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBia
   Value highHalf = b.create<arith::ConstantOp>(loc, i32Vec, DenseElementsAttr::get(i32Vec, int32_t(0xffff0000u)));
   Value sixteen = b.create<arith::ConstantOp>(loc, i32Vec, DenseElementsAttr::get(i32Vec, int32_t(16)));
   // One r x W tile at rows [m0, m0 + r) (row m0 - mb of the block) of the column slice starting at `slice` (panel p,
-  // group g). `ahead` starts the slice two slices on, prefetched at the same k.
+  // group g). `ahead` is in the slice two slices on, prefetched at the same k.
   auto tileAt = [&](int64_t r, Value m0, Value mb, Value p, Value g, Value slice, Value ahead) {
     SmallVector<Value> init(r * V, zeroVec);
     Value g0 = b.create<arith::MulIOp>(loc, g, cidx(W));
@@ -286,12 +286,18 @@ func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBia
         b.create<arith::DivUIOp>(loc, b.create<arith::MulIOp>(loc, b.create<arith::AddIOp>(loc, t, cidx(1)), Mb), T);
     Value height = b.create<arith::SubIOp>(loc, next, first);
     Value m0 = b.create<arith::AddIOp>(loc, mb, first);
+    // A k row of the slice is W floats (W / 16 cache lines); tile t prefetches line t mod (W / 16) of each row of
+    // slice q + 2, so that the slice's first W / 16 tiles bring all of it (one line per k step: one tile alone
+    // brought a quarter of a 64-float slice, every tile the same quarter).
+    Value line = b.create<arith::MulIOp>(loc, b.create<arith::RemUIOp>(loc, t, cidx(std::max<int64_t>(1, W / 16))),
+                                         cidx(16));
+    Value tileAhead = b.create<arith::AddIOp>(loc, ahead, line);
     for (int64_t r = R; r >= 1; --r) {
       Value isR = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, height, cidx(r));
       auto branch = b.create<scf::IfOp>(loc, isR, /*withElse=*/false);
       OpBuilder::InsertionGuard inner(b);
       b.setInsertionPointToStart(branch.thenBlock());
-      tileAt(r, m0, mb, p, g, slice, ahead);
+      tileAt(r, m0, mb, p, g, slice, tileAhead);
     }
   }
   b.create<func::ReturnOp>(loc);

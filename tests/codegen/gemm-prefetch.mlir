@@ -1,0 +1,31 @@
+// RUN: lmcc-opt --lm-to-loops="vector-bits=512" %s | FileCheck %s
+// A packed weight over 1 MB (1024 x 512 floats) streams from memory: every k step of a tile prefetches one cache
+// line of the column slice two slices on, tile t the line t mod 4 of the slice's 64-float (4-line) rows, so that the
+// first four tiles of a slice bring all of the next-but-one. Weights of 1 MB or less (the 8 x 1024 below) are not
+// prefetched.
+
+// CHECK-LABEL: func.func private @lm_gemm_1024x512_bias_5x64
+// CHECK: %[[LINE:.+]] = arith.remui %[[T:arg[0-9]+]], %c4
+// CHECK: %[[OFF:.+]] = arith.muli %[[LINE]], %c16
+// CHECK: %[[AHEAD:.+]] = arith.addi %{{.*}}, %[[OFF]]
+// CHECK: scf.for
+// CHECK: %[[AT:.+]] = arith.addi %[[AHEAD]], %{{.*}}
+// CHECK: %[[CLAMPED:.+]] = arith.minsi %[[AT]], %{{.*}}
+// CHECK: memref.prefetch %{{.*}}[%[[CLAMPED]]], read, locality<3>, data
+// CHECK-LABEL: func.func private @lm_gemm_8x1024_5x64
+// CHECK-NOT: memref.prefetch
+// CHECK: return
+module @m attributes {lm.model = #lm.model<name = "m", vocab = 11, max_len = 6, d_model = 512, heads = 2, d_ff = 1024,
+                                           layers = 1, pad = 0, eos = 1, unk = 2, bos = 3, mask = 4>} {
+  func.func @embed(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> tensor<?x8xf32> {
+    %E = lm.weight "embed.token" : tensor<11x512xf32>
+    %x = lm.embed %E[%ids] : (tensor<11x512xf32>, tensor<?x?xi32>) -> tensor<?x?x512xf32>
+    %W = lm.weight "layers.0.ffn.in.weight" : tensor<1024x512xf32>
+    %b = lm.weight "layers.0.ffn.in.bias" : tensor<1024xf32>
+    %y = lm.linear %x, %W, %b : (tensor<?x?x512xf32>, tensor<1024x512xf32>, tensor<1024xf32>) -> tensor<?x?x1024xf32>
+    %V = lm.weight "layers.0.ffn.out.weight" : tensor<8x1024xf32>
+    %z = lm.linear %y, %V : (tensor<?x?x1024xf32>, tensor<8x1024xf32>) -> tensor<?x?x8xf32>
+    %e = lm.mean_pool %z, %ids, %len {exclude = array<i32: 3, 1>} : (tensor<?x?x8xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x8xf32>
+    return %e : tensor<?x8xf32>
+  }
+}
