@@ -10,7 +10,9 @@
 //   - gemm/eigen: the same product through Eigen 3.4 (what --gemm=eigen calls),
 //   - gemm/openblas: cblas_sgemm, when OpenBLAS is installed (scripts/bench-deps.sh),
 //   - attention/<mask>: lm.attention (8 heads, d 512) as the model kernels run it, 1 thread,
-//   - attention_grad/<mask>: the training core's attention backward (lm_rt_attention_grad, liblmrt), 1 thread.
+//   - attention_grad/<mask>: lm.attention_grad as compiled training runs it (its generated vector form), 1 thread,
+//   - attention_grad_rt/<mask>: the runtime's C++ backward (lm_rt_attention_grad, liblmrt: relative positions,
+//     directional masks and head sizes off the vector form), 1 thread.
 // Counters: GFLOPs (GFLOP/s), GBs (GB/s) and peak_frac (of the 1-thread peak measured at
 // start-up). Run: build/bench/kernel_bench --benchmark_min_time=0.2
 //
@@ -70,6 +72,8 @@ MemRef<2> view(float *p, int64_t rows, int64_t cols) { return {p, p, 0, {rows, c
 using PackFn = void (*)(MemRef<2> *, MemRef<2> *);
 using GemmFn = void (*)(MemRef<2> *, MemRef<2> *, MemRef<2> *);
 using AttentionFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<1> *, MemRef<3> *);
+using AttentionGradFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<1> *, MemRef<3> *,
+                                MemRef<3> *, MemRef<3> *);
 void *g_library = nullptr;
 // This host's vector width as lmcc sees it (codegen/Emit/Object.h) picks both the peak loops below and the
 // register tile lmcc compiles for it (5 x 64 with AVX-512, 6 x 16 with AVX2).
@@ -92,10 +96,18 @@ void buildLibrary() {
       std::exit(1);
     }
     attention->lookupSymbol<mlir::func::FuncOp>("attention_kernel").setSymName(std::string("attention_") + name);
-    // The kernel and its task (the runtime's lm_rt_parallel_for is declared once).
-    for (auto fn : llvm::make_early_inc_range(attention->getOps<mlir::func::FuncOp>()))
-      if (!module->lookupSymbol(fn.getSymName()))
-        fn->moveBefore(module->getBody(), module->getBody()->end());
+    auto grad = lmcc::codegen::buildAttentionGradModule(context, mask, kHeads, kModel);
+    if (!grad) {
+      std::fprintf(stderr, "kernel_bench: cannot build the %s attention backward\n", name);
+      std::exit(1);
+    }
+    grad->lookupSymbol<mlir::func::FuncOp>("attention_grad_kernel")
+        .setSymName(std::string("attention_grad_") + name);
+    // The kernels and their tasks (runtime functions are declared once).
+    for (auto *kernel : {&attention, &grad})
+      for (auto fn : llvm::make_early_inc_range((*kernel)->getOps<mlir::func::FuncOp>()))
+        if (!module->lookupSymbol(fn.getSymName()))
+          fn->moveBefore(module->getBody(), module->getBody()->end());
   }
   if (mlir::failed(lmcc::codegen::lowerToLLVMDialect(*module))) {
     std::fprintf(stderr, "kernel_bench: lowering failed\n");
@@ -360,9 +372,10 @@ void BM_Attention(benchmark::State &state, lm::MaskKind mask, std::string name) 
   state.counters["peak_frac"] = benchmark::Counter(flops / 1e9 / g_peak, benchmark::Counter::kIsRate);
 }
 
-/// lm_rt_attention_grad (the backward of lm.attention in compiled training) over [batch, n, 512], 8 heads:
-/// 10 * d_model FLOPs per visible pair (the scores q.k recomputed, dP = dO.v, dq, dk, dv), softmax not counted.
-void BM_AttentionGrad(benchmark::State &state, lm::MaskKind mask, std::string name) {
+/// The backward of lm.attention over [batch, n, 512], 8 heads, generated (`generated`) or liblmrt's
+/// lm_rt_attention_grad: 10 * d_model FLOPs per visible pair (the scores q.k recomputed, dP = dO.v, dq, dk, dv),
+/// softmax not counted.
+void BM_AttentionGrad(benchmark::State &state, lm::MaskKind mask, std::string name, bool generated) {
   int64_t n = state.range(0), batch = state.range(1);
   const int32_t kind = mask == lm::MaskKind::causal       ? LMRT_MASK_CAUSAL
                        : mask == lm::MaskKind::anticausal ? LMRT_MASK_ANTICAUSAL
@@ -374,10 +387,18 @@ void BM_AttentionGrad(benchmark::State &state, lm::MaskKind mask, std::string na
   std::vector<int32_t> lengths(batch, int32_t(n));
   const float scale = 1.0f / std::sqrt(float(kModel / kHeads));
   lm_set_num_threads(1);
+  auto view3 = [&](float *p) { return MemRef<3>{p, p, 0, {batch, n, kModel}, {n * kModel, kModel, 1}}; };
+  MemRef<3> dOm = view3(dO.data()), qm = view3(q.data()), km = view3(k.data()), vm = view3(v.data()),
+            dqm = view3(dq.data()), dkm = view3(dk.data()), dvm = view3(dv.data());
+  MemRef<1> lm_ = {reinterpret_cast<float *>(lengths.data()), reinterpret_cast<float *>(lengths.data()), 0, {batch}, {1}};
+  auto kernel = generated ? symbol<AttentionGradFn>("attention_grad_" + name) : nullptr;
   for (auto _ : state) {
-    lm_rt_attention_grad(dO.data(), q.data(), k.data(), v.data(), lengths.data(), nullptr, nullptr, 0, nullptr,
-                         nullptr, 0, batch, n, n, kModel, kHeads, kind, scale, dq.data(), dk.data(), dv.data(),
-                         nullptr, nullptr);
+    if (generated)
+      kernel(&dOm, &qm, &km, &vm, &lm_, &dqm, &dkm, &dvm);
+    else
+      lm_rt_attention_grad(dO.data(), q.data(), k.data(), v.data(), lengths.data(), nullptr, nullptr, 0, nullptr,
+                           nullptr, 0, batch, n, n, kModel, kHeads, kind, scale, dq.data(), dk.data(), dv.data(),
+                           nullptr, nullptr);
     benchmark::ClobberMemory();
   }
   // Spot check: dv of the last key of head 0, feature 0, in the last sentence: sum_i p_ij dO_i.
@@ -402,7 +423,7 @@ void BM_AttentionGrad(benchmark::State &state, lm::MaskKind mask, std::string na
     ref += std::exp(s[j] - mx) / sum * dO[(b * n + i) * kModel];
   }
   if (std::abs(ref - dv[(b * n + j) * kModel]) > 1e-4 * (1 + std::abs(ref)))
-    state.SkipWithError("lm_rt_attention_grad's dv differs from a direct sum_i p_ij dO_i");
+    state.SkipWithError("the backward's dv differs from a direct sum_i p_ij dO_i");
   double flops = 10.0 * kModel * visiblePairs(mask, n) * batch * state.iterations();
   state.counters["GFLOPs"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsRate);
   state.counters["peak_frac"] = benchmark::Counter(flops / 1e9 / g_peak, benchmark::Counter::kIsRate);
@@ -444,11 +465,13 @@ int main(int argc, char **argv) {
     benchmark::RegisterBenchmark(("attention/" + std::string(name)).c_str(), BM_Attention, mask, std::string(name))
         ->ArgNames({"n", "batch"})
         ->ArgsProduct({{20, 80, 128}, {1, 32}});
-  for (auto [mask, name] : kMasks)
-    benchmark::RegisterBenchmark(("attention_grad/" + std::string(name)).c_str(), BM_AttentionGrad, mask,
-                                 std::string(name))
-        ->ArgNames({"n", "batch"})
-        ->ArgsProduct({{20, 80, 128}, {1, 32}});
+  for (bool generated : {true, false})
+    for (auto [mask, name] : kMasks)
+      benchmark::RegisterBenchmark(
+          ((generated ? "attention_grad/" : "attention_grad_rt/") + std::string(name)).c_str(), BM_AttentionGrad,
+          mask, std::string(name), generated)
+          ->ArgNames({"n", "batch"})
+          ->ArgsProduct({{20, 80, 128}, {1, 32}});
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   return 0;

@@ -1,7 +1,7 @@
 //===- Attention.cpp - lm-to-loops: fused attention -------------------------===//
 //
 // lm.attention as a key-tiled online softmax with the mask as structure, and a vector form for head sizes
-// that are multiples of 16 (no relative positions).
+// that are multiples of 16 (no relative positions); the vector form of its VJP, lm.attention_grad.
 //
 //===----------------------------------------------------------------------===//
 #include "codegen/LmToLoops/Lowering.h"
@@ -19,6 +19,7 @@ constexpr int64_t kLanes = 16;   ///< f32 lanes of a 512-bit vector
 constexpr int64_t kTileRows = 8; ///< query rows per score tile (one key vector load feeds kTileRows FMAs)
 constexpr int64_t kPvRows = 4;   ///< query rows per p.v tile (kPvRows x 4 feature vectors of accumulators)
 constexpr int64_t kPvChunks = 4; ///< feature vectors (of 16) per p.v tile
+constexpr int64_t kGradKeys = 4; ///< keys per dK / dV tile of the backward (kGradKeys x 4 feature vectors)
 
 /// vector.shuffle masks interleaving the low (high) halves of two 16-lane vectors.
 SmallVector<int64_t> interleaveMask(bool high) {
@@ -30,60 +31,52 @@ SmallVector<int64_t> interleaveMask(bool high) {
   return mask;
 }
 
-/// The buffers of one vector-form attention, and its entry count B.
-struct VectorOperands {
-  Value q, k, v, out, queryPositions, entries;
+/// The rows of one tile of R query rows and the keys they see (the last tile repeats its last row).
+struct Tile {
+  SmallVector<Value> row, pos, lo, hi; ///< per row: the row, its position, its key range [lo, hi)
+  SmallVector<Value> valid;            ///< per row (backward only): whether the row is a real one, not a repeat
+  Value from16, to;                    ///< the union of the rows' ranges, its start rounded down to 16
+  Value allLo, allHi;                  ///< every row of the tile sees [allLo, allHi) (but its own key if diagonal)
 };
 
-/// lm.attention with vectors (no relative positions, no per-row mask data; head size a multiple of 16),
-/// register-tiled like the GEMM.
-/// Work items are the (entry, head) pairs, entry-major; items [begin, end) run here. Per item the head's keys
-/// are transposed into kt [dh, M16] (16 x 16 blocks transposed in registers by four rounds of interleaves; M keys
-/// rounded up to 16, zero tail). Query rows go in tiles of R = 8 rows
-/// (R = 1 for single-query entries, lm-prune-rows), the last tile repeating the last row; a tile visits the
-/// union of its rows' key ranges [lo, hi) (each row's range as in the scalar form below):
-///   scores  S[r, j..j+16) = (sum_e q_re * kt[e, j..j+16)) * scale: one key vector load per R FMAs; lanes a row
-///           cannot see (outside its range, or its own key under the diagonal mask) are -inf, tested only in
-///           blocks that are not fully visible to every row of the tile;
-///   softmax m_r = max_j S[r, j], p = e^(S - m_r) (vector exp; 0 where -inf), l_r = sum_j p (lanes by j mod 16,
-///           blocks in order: the zero blocks outside a row's range change nothing, so a row's result does not
-///           depend on its tile);
-///   p.v     out_r = (sum_j p_rj v_j) / l_r over the tile's rows in groups of 4 x 64 features, one value
-///           vector load per 4 FMAs (p_rj = 0 adds exactly nothing); zero when a row sees no key.
-void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Value begin, Value end) {
-  auto &b = L.b;
-  Location loc = L.loc;
-  auto scratch = [&](ArrayRef<int64_t> shape, ValueRange dyn) -> Value {
+/// The pieces both vector forms (lm.attention and its VJP lm.attention_grad) are built from, per (entry, head)
+/// item: the head's keys transposed, a tile's score products, the softmax over them and the products of a tile's
+/// row weights (probabilities or score gradients) with key-major rows.
+struct VectorKernel {
+  Loops &L;
+  OpBuilder &b;
+  Location loc;
+  int64_t dh, chunks;
+  lm::MaskKind mask;
+  VectorType vt, it;
+  Value negInf, negInfV, zeroV, iota;
+
+  VectorKernel(Loops &L, int64_t dh, lm::MaskKind mask)
+      : L(L), b(L.b), loc(L.loc), dh(dh), chunks(dh / kLanes), mask(mask), vt(VectorType::get({kLanes}, L.f32())),
+        it(VectorType::get({kLanes}, L.b.getIndexType())) {
+    negInf = L.f32c(-INFINITY), negInfV = bcast(negInf), zeroV = bcast(L.f32c(0));
+    SmallVector<int64_t> lanes(kLanes);
+    for (int64_t l = 0; l < kLanes; ++l)
+      lanes[l] = l;
+    iota = b.create<arith::ConstantOp>(loc, it, DenseElementsAttr::get(it, ArrayRef<int64_t>(lanes)));
+  }
+
+  Value bcast(Value x) { return b.create<vector::BroadcastOp>(loc, isa<IndexType>(x.getType()) ? it : vt, x); }
+  Value add(Value x, Value y) { return b.create<arith::AddIOp>(loc, x, y); }
+  Value roundDown(Value x, int64_t to = kLanes) {
+    return b.create<arith::MulIOp>(loc, b.create<arith::DivUIOp>(loc, x, L.idx(to)), L.idx(to));
+  }
+  Value scratch(ArrayRef<int64_t> shape, ValueRange dyn) {
     return b.create<memref::AllocOp>(loc, MemRefType::get(shape, L.f32()), dyn, b.getI64IntegerAttr(64));
-  };
+  }
+  Value load(Value m, ValueRange ivs) { return b.create<vector::LoadOp>(loc, vt, m, ivs); }
+  void store(Value x, Value m, ValueRange ivs) { b.create<vector::StoreOp>(loc, x, m, ivs); }
+  /// Feature vector c of the head whose first feature is `base`.
+  Value chunk(Value base, int64_t c) { return add(base, L.idx(c * kLanes)); }
 
-  Value q = ops.q, k = ops.k, v = ops.v, out = ops.out;
-  int64_t D = a.getType().getDimSize(2), H = a.getHeads(), dh = D / H, chunks = dh / kLanes;
-  lm::MaskKind mask = a.getMask();
-  auto vt = VectorType::get({kLanes}, L.f32());
-  auto it = VectorType::get({kLanes}, b.getIndexType());
-  auto bcast = [&](Value x) { return b.create<vector::BroadcastOp>(loc, isa<IndexType>(x.getType()) ? it : vt, x); };
-  Value scale = bcast(L.f32c(a.getScale().convertToFloat()));
-  Value negInf = L.f32c(-INFINITY), negInfV = bcast(negInf), zeroV = bcast(L.f32c(0));
-  Value M = b.create<memref::DimOp>(loc, k, 1);
-  auto roundDown = [&](Value x) {
-    return b.create<arith::MulIOp>(loc, b.create<arith::DivUIOp>(loc, x, L.idx(kLanes)), L.idx(kLanes));
-  };
-  Value M16 = roundDown(b.create<arith::AddIOp>(loc, M, L.idx(kLanes - 1)));
-  Value queryPositions = ops.queryPositions;
-  const int64_t R = queryPositions ? 1 : kTileRows;
-  Value kt = scratch({dh, ShapedType::kDynamic}, M16), S = scratch({R, ShapedType::kDynamic}, M16);
-  SmallVector<int64_t> lanes(kLanes);
-  for (int64_t l = 0; l < kLanes; ++l)
-    lanes[l] = l;
-  Value iota = b.create<arith::ConstantOp>(loc, it, DenseElementsAttr::get(it, ArrayRef<int64_t>(lanes)));
-  Value rows = queryPositions ? L.idx(1) : Value(b.create<memref::DimOp>(loc, q, 1));
-  Value tiles = b.create<arith::DivUIOp>(loc, b.create<arith::AddIOp>(loc, rows, L.idx(R - 1)), L.idx(R));
-  SmallVector<int64_t> lowMask = interleaveMask(false), highMask = interleaveMask(true);
-
-  // for loop [lb, ub) step `step` carrying `init`; body(iv, args) returns the next args.
-  auto loop = [&](Value lb, Value ub, int64_t step, ValueRange init,
-                  const std::function<SmallVector<Value>(Value, ValueRange)> &body) -> scf::ForOp {
+  /// for loop [lb, ub) step `step` carrying `init`; body(iv, args) returns the next args.
+  scf::ForOp loop(Value lb, Value ub, int64_t step, ValueRange init,
+                  const std::function<SmallVector<Value>(Value, ValueRange)> &body) {
     auto f = b.create<scf::ForOp>(loc, lb, ub, L.idx(step), init);
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(f.getBody());
@@ -92,22 +85,18 @@ void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Val
       return f;
     b.create<scf::YieldOp>(loc, next);
     return f;
-  };
+  }
 
-  Value items = b.create<arith::MulIOp>(loc, ops.entries, L.idx(H));
-  loop(begin, end, 1, {}, [&](Value item, ValueRange) {
-    Value bi = b.create<arith::DivUIOp>(loc, item, L.idx(H));
-    Value base = b.create<arith::MulIOp>(loc, b.create<arith::RemUIOp>(loc, item, L.idx(H)), L.idx(dh));
-    auto feature = [&](Value e) { return b.create<arith::AddIOp>(loc, base, e); };
-    // kt for this head (its slice of every key row read front to back): full blocks of 16 keys x 16 features
-    // transposed in registers, the rest element by element, zeros up to M16.
+  /// t [dh, M16] = features base..base+dh of src[bi, 0..M) transposed, zeros from M: full blocks of 16 rows x 16
+  /// features transposed in registers by four rounds of interleaves, the rest element by element.
+  void transpose(Value src, Value bi, Value base, Value M, Value M16, Value t) {
+    SmallVector<int64_t> lowMask = interleaveMask(false), highMask = interleaveMask(true);
     Value fullKeys = roundDown(M);
     loop(L.idx(0), fullKeys, kLanes, {}, [&](Value j0, ValueRange) {
       loop(L.idx(0), L.idx(dh), kLanes, {}, [&](Value e0, ValueRange) {
         SmallVector<Value> rowsV;
         for (int64_t r = 0; r < kLanes; ++r)
-          rowsV.push_back(b.create<vector::LoadOp>(
-              loc, vt, k, ValueRange{bi, b.create<arith::AddIOp>(loc, j0, L.idx(r)), feature(e0)}));
+          rowsV.push_back(load(src, ValueRange{bi, add(j0, L.idx(r)), add(base, e0)}));
         for (int round = 0; round < 4; ++round) {
           SmallVector<Value> next;
           for (int64_t r = 0; r < kLanes / 2; ++r) {
@@ -117,7 +106,7 @@ void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Val
           rowsV = next;
         }
         for (int64_t e = 0; e < kLanes; ++e)
-          b.create<vector::StoreOp>(loc, rowsV[e], kt, ValueRange{b.create<arith::AddIOp>(loc, e0, L.idx(e)), j0});
+          store(rowsV[e], t, ValueRange{add(e0, L.idx(e)), j0});
         return SmallVector<Value>{};
       });
       return SmallVector<Value>{};
@@ -125,15 +114,252 @@ void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Val
     loop(fullKeys, M16, 1, {}, [&](Value j, ValueRange) {
       Value real = L.lt(j, M);
       L.nest({L.idx(dh)}, [&](ValueRange e) {
-        Value x = L.choose(real, L.f32(), [&] { return L.load(k, {bi, j, feature(e[0])}); }, [&] { return L.f32c(0); });
-        L.store(x, kt, {e[0], j});
+        Value x = L.choose(real, L.f32(), [&] { return L.load(src, {bi, j, add(base, e[0])}); },
+                           [&] { return L.f32c(0); });
+        L.store(x, t, {e[0], j});
       });
       return SmallVector<Value>{};
     });
+  }
+
+  /// Tile rows r0..r0+R (clamped to lastRow) of entry bi and their key ranges over keys [0, len): causal
+  /// [0, min(len, i + 1)), anticausal [i, len), else [0, len). With `rowLimit` (the backward) rows from rowLimit on
+  /// are repeats that see no key (an empty range at row 0's start, so that the union stays the real rows').
+  Tile tileRows(Value bi, Value r0, int64_t R, Value lastRow, Value len, Value queryPositions, Value rowLimit) {
+    Tile t;
+    for (int64_t r = 0; r < R; ++r) {
+      Value at = add(r0, L.idx(r));
+      t.row.push_back(b.create<arith::MinSIOp>(loc, at, lastRow));
+      t.pos.push_back(queryPositions ? L.toIndex(L.load(queryPositions, bi)) : t.row[r]);
+      Value lo = mask == lm::MaskKind::anticausal ? t.pos[r] : L.idx(0);
+      Value hi = mask == lm::MaskKind::causal
+                     ? Value(b.create<arith::MinSIOp>(loc, len, add(t.pos[r], L.idx(1))))
+                     : len;
+      if (rowLimit && r > 0) {
+        Value valid = L.lt(at, rowLimit);
+        t.valid.push_back(valid);
+        lo = L.select(valid, lo, t.lo[0]);
+        hi = L.select(valid, hi, t.lo[0]);
+      } else if (rowLimit) {
+        t.valid.push_back(Value()); // row r0 is always real
+      }
+      t.lo.push_back(lo);
+      t.hi.push_back(hi);
+    }
+    auto [lo, hi] = unionRange(t, 0, R);
+    t.from16 = roundDown(lo);
+    t.to = hi;
+    t.allLo = t.lo[0], t.allHi = t.hi[0];
+    for (int64_t r = 1; r < R; ++r) {
+      t.allLo = b.create<arith::MaxSIOp>(loc, t.allLo, t.lo[r]);
+      t.allHi = b.create<arith::MinSIOp>(loc, t.allHi, t.hi[r]);
+    }
+    return t;
+  }
+
+  /// The union of the key ranges of rows first..first+count of the tile.
+  std::pair<Value, Value> unionRange(const Tile &t, int64_t first, int64_t count) {
+    Value l = t.lo[first], h = t.hi[first];
+    for (int64_t r = first + 1; r < first + count; ++r) {
+      l = b.create<arith::MinSIOp>(loc, l, t.lo[r]);
+      h = b.create<arith::MaxSIOp>(loc, h, t.hi[r]);
+    }
+    return {l, h};
+  }
+
+  /// For each 16-key block jb of [from16, to): the row vectors sum_e a[bi, row_r, base + e] * t[e, jb..jb+16)
+  /// (R accumulators, 4 partial chains per row when R = 1), handed to use(jb, products).
+  void products(Value a, Value bi, Value base, ArrayRef<Value> row, Value t, Value from16, Value to,
+                const std::function<void(Value, ArrayRef<Value>)> &use) {
+    const int64_t R = row.size(), chains = R >= 4 ? 1 : 4;
+    loop(from16, to, kLanes, {}, [&](Value jb, ValueRange) {
+      SmallVector<Value> zeros(R * chains, zeroV);
+      auto dot = loop(L.idx(0), L.idx(dh), 4, zeros, [&](Value e0, ValueRange acc) {
+        SmallVector<Value> next(acc.begin(), acc.end());
+        for (int64_t u = 0; u < 4; ++u) {
+          Value e = add(e0, L.idx(u));
+          Value kv = load(t, ValueRange{e, jb});
+          for (int64_t r = 0; r < R; ++r) {
+            Value qe = bcast(L.load(a, {bi, row[r], add(base, e)}));
+            int64_t slot = r * chains + u % chains;
+            next[slot] = b.create<vector::FMAOp>(loc, qe, kv, next[slot]);
+          }
+        }
+        return next;
+      });
+      SmallVector<Value> s(R);
+      for (int64_t r = 0; r < R; ++r) {
+        s[r] = dot.getResult(r * chains);
+        if (chains == 4)
+          s[r] = b.create<arith::AddFOp>(
+              loc, b.create<arith::AddFOp>(loc, s[r], dot.getResult(r * chains + 1)),
+              b.create<arith::AddFOp>(loc, dot.getResult(r * chains + 2), dot.getResult(r * chains + 3)));
+      }
+      use(jb, s);
+      return SmallVector<Value>{};
+    });
+  }
+
+  /// S[r, jb..jb+16) = s[r], -inf in the lanes row r cannot see (outside its range, or its own key under the
+  /// diagonal mask), tested only when the block is not fully visible to every row of the tile.
+  void storeScores(Value S, Value jb, ArrayRef<Value> s, const Tile &t) {
+    const int64_t R = s.size();
+    Value jEnd = add(jb, L.idx(kLanes));
+    Value full = L.andI(L.ge(jb, t.allLo), L.le(jEnd, t.allHi));
+    if (mask == lm::MaskKind::diagonal) // rows' own keys pos[0]..pos[R-1] (contiguous) miss the block
+      full = L.andI(full, L.orI(L.ge(t.pos[0], jEnd), L.lt(t.pos[R - 1], jb)));
+    auto test = b.create<scf::IfOp>(loc, full, /*withElse=*/true);
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(test.thenBlock());
+    for (int64_t r = 0; r < R; ++r)
+      store(s[r], S, ValueRange{L.idx(r), jb});
+    b.setInsertionPointToStart(test.elseBlock());
+    Value j = add(bcast(jb), iota);
+    for (int64_t r = 0; r < R; ++r) {
+      Value visible = L.andI(b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::sge, j, bcast(t.lo[r])),
+                             b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::slt, j, bcast(t.hi[r])));
+      if (mask == lm::MaskKind::diagonal)
+        visible = L.andI(visible, b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ne, j, bcast(t.pos[r])));
+      store(L.select(visible, s[r], negInfV), S, ValueRange{L.idx(r), jb});
+    }
+  }
+
+  /// Softmax numerators in place over S's blocks [from16, to): m_r = max_j S[r, j], p = e^(S - m_r) (0 where
+  /// -inf; m = 0 for a row that sees no key); returns the R lane-wise sums of p (lanes by j mod 16, blocks in
+  /// order).
+  SmallVector<Value> exponentiate(Value S, int64_t R, Value from16, Value to) {
+    SmallVector<Value> ninf(R, negInfV);
+    auto maxima = loop(from16, to, kLanes, ninf, [&](Value jb, ValueRange mx) {
+      SmallVector<Value> next;
+      for (int64_t r = 0; r < R; ++r)
+        next.push_back(b.create<arith::MaximumFOp>(loc, mx[r], load(S, ValueRange{L.idx(r), jb})));
+      return next;
+    });
+    SmallVector<Value> mV(R);
+    for (int64_t r = 0; r < R; ++r) {
+      Value m = b.create<vector::ReductionOp>(loc, vector::CombiningKind::MAXIMUMF, maxima.getResult(r));
+      m = L.select(b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGT, m, negInf), m, L.f32c(0));
+      mV[r] = bcast(m);
+    }
+    SmallVector<Value> zerosR(R, zeroV);
+    auto sums = loop(from16, to, kLanes, zerosR, [&](Value jb, ValueRange acc) {
+      SmallVector<Value> next;
+      for (int64_t r = 0; r < R; ++r) {
+        Value p = b.create<math::ExpOp>(
+            loc, b.create<arith::SubFOp>(loc, load(S, ValueRange{L.idx(r), jb}), mV[r]));
+        store(p, S, ValueRange{L.idx(r), jb});
+        next.push_back(b.create<arith::AddFOp>(loc, acc[r], p));
+      }
+      return next;
+    });
+    return SmallVector<Value>(sums.getResults());
+  }
+
+  /// 1 / l for the lane-wise sums l of a row's numerators (0 when the row saw no key), broadcast.
+  Value inverse(Value sums) {
+    Value l = b.create<vector::ReductionOp>(loc, vector::CombiningKind::ADD, sums);
+    Value seen = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGT, l, L.f32c(0));
+    return bcast(L.select(seen, b.create<arith::DivFOp>(loc, L.f32c(1), l), L.f32c(0)));
+  }
+
+  /// acc[r * nc + c] = sum_{j in [lo, hi)} W[r0 + r, j] * src[bi, j, base + (c0 + c) 16] for nr rows and nc
+  /// feature vectors: one src vector load per nr FMAs (W = 0 adds exactly nothing).
+  scf::ForOp weightedRows(Value W, int64_t r0, int64_t nr, Value src, Value bi, Value base, int64_t c0, int64_t nc,
+                          Value lo, Value hi) {
+    SmallVector<Value> zeros(nr * nc, zeroV);
+    return loop(lo, hi, 1, zeros, [&](Value j, ValueRange a) {
+      SmallVector<Value> next(a.begin(), a.end());
+      SmallVector<Value> vj;
+      for (int64_t c = 0; c < nc; ++c)
+        vj.push_back(load(src, ValueRange{bi, j, chunk(base, c0 + c)}));
+      for (int64_t r = 0; r < nr; ++r) {
+        Value p = bcast(L.load(W, {L.idx(r0 + r), j}));
+        for (int64_t c = 0; c < nc; ++c)
+          next[r * nc + c] = b.create<vector::FMAOp>(loc, p, vj[c], next[r * nc + c]);
+      }
+      return next;
+    });
+  }
+
+  /// dst[bi, j] += sum_r W[r, j] * src[bi, row_r] over the head's features for keys j of [lo, hi): tiles of
+  /// kGradKeys keys (then single keys) x 4 feature vectors, the tile's rows in order.
+  void keyUpdates(Value W, Value src, ArrayRef<Value> row, Value dst, Value bi, Value base, Value lo, Value hi) {
+    const int64_t R = row.size();
+    auto update = [&](Value j, int64_t keys) {
+      for (int64_t c0 = 0; c0 < chunks; c0 += kPvChunks) {
+        int64_t nc = std::min(kPvChunks, chunks - c0);
+        SmallVector<Value> acc(keys * nc, zeroV);
+        for (int64_t r = 0; r < R; ++r) {
+          SmallVector<Value> x;
+          for (int64_t c = 0; c < nc; ++c)
+            x.push_back(load(src, ValueRange{bi, row[r], chunk(base, c0 + c)}));
+          for (int64_t u = 0; u < keys; ++u) {
+            Value w = bcast(L.load(W, {L.idx(r), add(j, L.idx(u))}));
+            for (int64_t c = 0; c < nc; ++c)
+              acc[u * nc + c] = b.create<vector::FMAOp>(loc, w, x[c], acc[u * nc + c]);
+          }
+        }
+        for (int64_t u = 0; u < keys; ++u)
+          for (int64_t c = 0; c < nc; ++c) {
+            SmallVector<Value> ivs{bi, add(j, L.idx(u)), chunk(base, c0 + c)};
+            store(b.create<arith::AddFOp>(loc, load(dst, ivs), acc[u * nc + c]), dst, ivs);
+          }
+      }
+    };
+    Value tiled = add(lo, roundDown(b.create<arith::SubIOp>(loc, hi, lo), kGradKeys));
+    loop(lo, tiled, kGradKeys, {}, [&](Value j, ValueRange) {
+      update(j, kGradKeys);
+      return SmallVector<Value>{};
+    });
+    loop(tiled, hi, 1, {}, [&](Value j, ValueRange) {
+      update(j, 1);
+      return SmallVector<Value>{};
+    });
+  }
+};
+
+/// The buffers of one vector-form attention, and its entry count B.
+struct VectorOperands {
+  Value q, k, v, out, queryPositions, entries;
+};
+
+/// lm.attention with vectors (no relative positions, no per-row mask data; head size a multiple of 16),
+/// register-tiled like the GEMM.
+/// Work items are the (entry, head) pairs, entry-major; items [begin, end) run here. Per item the head's keys
+/// are transposed into kt [dh, M16] (M keys rounded up to 16, zero tail). Query rows go in tiles of R = 8 rows
+/// (R = 1 for single-query entries, lm-prune-rows), the last tile repeating the last row; a tile visits the
+/// union of its rows' key ranges [lo, hi) (each row's range as in the scalar form below):
+///   scores  S[r, j..j+16) = (sum_e q_re * kt[e, j..j+16)) * scale: one key vector load per R FMAs; lanes a row
+///           cannot see are -inf, tested only in blocks that are not fully visible to every row of the tile;
+///   softmax m_r = max_j S[r, j], p = e^(S - m_r) (vector exp; 0 where -inf), l_r = sum_j p (lanes by j mod 16,
+///           blocks in order: the zero blocks outside a row's range change nothing, so a row's result does not
+///           depend on its tile);
+///   p.v     out_r = (sum_j p_rj v_j) / l_r over the tile's rows in groups of 4 x 64 features, one value
+///           vector load per 4 FMAs (p_rj = 0 adds exactly nothing); zero when a row sees no key.
+void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Value begin, Value end) {
+  auto &b = L.b;
+  Location loc = L.loc;
+  Value q = ops.q, k = ops.k, v = ops.v, out = ops.out;
+  int64_t D = a.getType().getDimSize(2), H = a.getHeads(), dh = D / H, chunks = dh / kLanes;
+  VectorKernel K(L, dh, a.getMask());
+  Value scale = K.bcast(L.f32c(a.getScale().convertToFloat()));
+  Value M = b.create<memref::DimOp>(loc, k, 1);
+  Value M16 = K.roundDown(K.add(M, L.idx(kLanes - 1)));
+  Value queryPositions = ops.queryPositions;
+  const int64_t R = queryPositions ? 1 : kTileRows;
+  Value kt = K.scratch({dh, ShapedType::kDynamic}, M16), S = K.scratch({R, ShapedType::kDynamic}, M16);
+  Value rows = queryPositions ? L.idx(1) : Value(b.create<memref::DimOp>(loc, q, 1));
+  Value tiles = b.create<arith::DivUIOp>(loc, K.add(rows, L.idx(R - 1)), L.idx(R));
+
+  Value items = b.create<arith::MulIOp>(loc, ops.entries, L.idx(H));
+  K.loop(begin, end, 1, {}, [&](Value item, ValueRange) {
+    Value bi = b.create<arith::DivUIOp>(loc, item, L.idx(H));
+    Value base = b.create<arith::MulIOp>(loc, b.create<arith::RemUIOp>(loc, item, L.idx(H)), L.idx(dh));
+    K.transpose(k, bi, base, M, M16, kt);
 
     Value len = L.lengthOf(bi);
     Value lastRow = b.create<arith::SubIOp>(loc, rows, L.idx(1));
-    Value nextItem = b.create<arith::AddIOp>(loc, item, L.idx(1));
+    Value nextItem = K.add(item, L.idx(1));
     Value hasNext = L.lt(nextItem, items);
     Value nextEntry = b.create<arith::DivUIOp>(loc, nextItem, L.idx(H));
     Value nextBase = b.create<arith::MulIOp>(loc, b.create<arith::RemUIOp>(loc, nextItem, L.idx(H)), L.idx(dh));
@@ -145,13 +371,13 @@ void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Val
       L.when(hasNext, [&] {
         auto prefetch = [&](Value buffer, Value from, Value to, bool write) {
           L.nest({b.create<arith::SubIOp>(loc, to, from), L.idx(chunks)}, [&](ValueRange jc) {
-            Value j = b.create<arith::AddIOp>(loc, from, jc[0]);
-            Value e = b.create<arith::AddIOp>(loc, nextBase, b.create<arith::MulIOp>(loc, jc[1], L.idx(kLanes)));
+            Value j = K.add(from, jc[0]);
+            Value e = K.add(nextBase, b.create<arith::MulIOp>(loc, jc[1], L.idx(kLanes)));
             b.create<memref::PrefetchOp>(loc, buffer, ValueRange{nextEntry, j, e}, write, /*localityHint=*/2,
                                          /*isDataCache=*/true);
           });
         };
-        Value r1 = b.create<arith::AddIOp>(loc, r0, L.idx(R));
+        Value r1 = K.add(r0, L.idx(R));
         Value rowsTo = b.create<arith::MinSIOp>(loc, r1, rows);
         Value last = L.eqI(t[0], b.create<arith::SubIOp>(loc, tiles, L.idx(1)));
         Value keysFrom = b.create<arith::MinSIOp>(loc, r0, M);
@@ -161,142 +387,145 @@ void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Val
         prefetch(q, r0, rowsTo, false);
         prefetch(out, r0, rowsTo, true);
       });
-      // The tile's rows (the last tile repeats the last row), their positions and key ranges.
-      SmallVector<Value> row(R), pos(R), lo(R), hi(R);
-      for (int64_t r = 0; r < R; ++r) {
-        row[r] = b.create<arith::MinSIOp>(loc, b.create<arith::AddIOp>(loc, r0, L.idx(r)), lastRow);
-        pos[r] = queryPositions ? L.toIndex(L.load(queryPositions, bi)) : row[r];
-        lo[r] = mask == lm::MaskKind::anticausal ? pos[r] : L.idx(0);
-        hi[r] = mask == lm::MaskKind::causal
-                    ? Value(b.create<arith::MinSIOp>(loc, len, b.create<arith::AddIOp>(loc, pos[r], L.idx(1))))
-                    : len;
-      }
-      auto unionRange = [&](int64_t first, int64_t count) {
-        Value l = lo[first], h = hi[first];
-        for (int64_t r = first + 1; r < first + count; ++r) {
-          l = b.create<arith::MinSIOp>(loc, l, lo[r]);
-          h = b.create<arith::MaxSIOp>(loc, h, hi[r]);
-        }
-        return std::pair<Value, Value>(l, h);
-      };
-      auto [tileLo, tileHi] = unionRange(0, R);
-      Value tileLo16 = roundDown(tileLo);
-      // The tile's rows see every key of [allLo, allHi) (but their own under the diagonal mask).
-      Value allLo = lo[0], allHi = hi[0];
-      for (int64_t r = 1; r < R; ++r) {
-        allLo = b.create<arith::MaxSIOp>(loc, allLo, lo[r]);
-        allHi = b.create<arith::MinSIOp>(loc, allHi, hi[r]);
-      }
-
-      // Scores, one 16-key block at a time: R accumulators (4 partial chains per row when R = 1).
-      const int64_t chains = R >= 4 ? 1 : 4;
-      loop(tileLo16, tileHi, kLanes, {}, [&](Value jb, ValueRange) {
-        SmallVector<Value> zeros(R * chains, zeroV);
-        auto dot = loop(L.idx(0), L.idx(dh), 4, zeros, [&](Value e0, ValueRange acc) {
-          SmallVector<Value> next(acc.begin(), acc.end());
-          for (int64_t u = 0; u < 4; ++u) {
-            Value e = b.create<arith::AddIOp>(loc, e0, L.idx(u));
-            Value kv = b.create<vector::LoadOp>(loc, vt, kt, ValueRange{e, jb});
-            for (int64_t r = 0; r < R; ++r) {
-              Value qe = bcast(L.load(q, {bi, row[r], feature(e)}));
-              int64_t slot = r * chains + u % chains;
-              next[slot] = b.create<vector::FMAOp>(loc, qe, kv, next[slot]);
-            }
-          }
-          return next;
-        });
-        SmallVector<Value> s(R);
-        for (int64_t r = 0; r < R; ++r) {
-          Value sum = dot.getResult(r * chains);
-          if (chains == 4)
-            sum = b.create<arith::AddFOp>(
-                loc, b.create<arith::AddFOp>(loc, sum, dot.getResult(r * chains + 1)),
-                b.create<arith::AddFOp>(loc, dot.getResult(r * chains + 2), dot.getResult(r * chains + 3)));
-          s[r] = b.create<arith::MulFOp>(loc, sum, scale);
-        }
-        Value jEnd = b.create<arith::AddIOp>(loc, jb, L.idx(kLanes));
-        Value full = L.andI(L.ge(jb, allLo), L.le(jEnd, allHi));
-        if (mask == lm::MaskKind::diagonal) // rows' own keys pos[0]..pos[R-1] (contiguous) miss the block
-          full = L.andI(full, L.orI(L.ge(pos[0], jEnd), L.lt(pos[R - 1], jb)));
-        auto test = b.create<scf::IfOp>(loc, full, /*withElse=*/true);
-        {
-          OpBuilder::InsertionGuard guard(b);
-          b.setInsertionPointToStart(test.thenBlock());
-          for (int64_t r = 0; r < R; ++r)
-            b.create<vector::StoreOp>(loc, s[r], S, ValueRange{L.idx(r), jb});
-          b.setInsertionPointToStart(test.elseBlock());
-          Value j = b.create<arith::AddIOp>(loc, bcast(jb), iota);
-          for (int64_t r = 0; r < R; ++r) {
-            Value visible = L.andI(b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::sge, j, bcast(lo[r])),
-                                   b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::slt, j, bcast(hi[r])));
-            if (mask == lm::MaskKind::diagonal)
-              visible = L.andI(visible, b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ne, j, bcast(pos[r])));
-            b.create<vector::StoreOp>(loc, L.select(visible, s[r], negInfV), S, ValueRange{L.idx(r), jb});
-          }
-        }
-        return SmallVector<Value>{};
+      Tile tile = K.tileRows(bi, r0, R, lastRow, len, queryPositions, Value());
+      K.products(q, bi, base, tile.row, kt, tile.from16, tile.to, [&](Value jb, ArrayRef<Value> dots) {
+        SmallVector<Value> s;
+        for (Value d : dots)
+          s.push_back(b.create<arith::MulFOp>(loc, d, scale));
+        K.storeScores(S, jb, s, tile);
       });
-
-      // Softmax: row maxima, then p = e^(s - m) in place and the row sums.
-      SmallVector<Value> ninf(R, negInfV);
-      auto maxima = loop(tileLo16, tileHi, kLanes, ninf, [&](Value jb, ValueRange mx) {
-        SmallVector<Value> next;
-        for (int64_t r = 0; r < R; ++r)
-          next.push_back(b.create<arith::MaximumFOp>(
-              loc, mx[r], b.create<vector::LoadOp>(loc, vt, S, ValueRange{L.idx(r), jb})));
-        return next;
-      });
-      SmallVector<Value> mV(R);
-      for (int64_t r = 0; r < R; ++r) {
-        Value m = b.create<vector::ReductionOp>(loc, vector::CombiningKind::MAXIMUMF, maxima.getResult(r));
-        // A row that sees no key: m = 0 keeps e^(-inf - m) = 0 (and its sum 0).
-        m = L.select(b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGT, m, negInf), m, L.f32c(0));
-        mV[r] = bcast(m);
-      }
-      SmallVector<Value> zerosR(R, zeroV);
-      auto sums = loop(tileLo16, tileHi, kLanes, zerosR, [&](Value jb, ValueRange acc) {
-        SmallVector<Value> next;
-        for (int64_t r = 0; r < R; ++r) {
-          Value p = b.create<math::ExpOp>(
-              loc, b.create<arith::SubFOp>(loc, b.create<vector::LoadOp>(loc, vt, S, ValueRange{L.idx(r), jb}),
-                                           mV[r]));
-          b.create<vector::StoreOp>(loc, p, S, ValueRange{L.idx(r), jb});
-          next.push_back(b.create<arith::AddFOp>(loc, acc[r], p));
-        }
-        return next;
-      });
-
+      SmallVector<Value> sums = K.exponentiate(S, R, tile.from16, tile.to);
       // p.v in tiles of kPvRows rows x kPvChunks feature vectors over the group's key range.
       for (int64_t r0g = 0; r0g < R; r0g += kPvRows) {
         int64_t nr = std::min(kPvRows, R - r0g);
-        auto [gLo, gHi] = unionRange(r0g, nr);
+        auto [gLo, gHi] = K.unionRange(tile, r0g, nr);
         SmallVector<Value> inv(nr);
-        for (int64_t r = 0; r < nr; ++r) {
-          Value l = b.create<vector::ReductionOp>(loc, vector::CombiningKind::ADD, sums.getResult(r0g + r));
-          Value seen = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGT, l, L.f32c(0));
-          inv[r] = bcast(L.select(seen, b.create<arith::DivFOp>(loc, L.f32c(1), l), L.f32c(0)));
-        }
+        for (int64_t r = 0; r < nr; ++r)
+          inv[r] = K.inverse(sums[r0g + r]);
         for (int64_t c0 = 0; c0 < chunks; c0 += kPvChunks) {
           int64_t nc = std::min(kPvChunks, chunks - c0);
-          SmallVector<Value> zeros(nr * nc, zeroV);
-          auto acc = loop(gLo, gHi, 1, zeros, [&](Value j, ValueRange a) {
-            SmallVector<Value> next(a.begin(), a.end());
-            SmallVector<Value> vj;
-            for (int64_t c = 0; c < nc; ++c)
-              vj.push_back(b.create<vector::LoadOp>(loc, vt, v, ValueRange{bi, j, feature(L.idx((c0 + c) * kLanes))}));
-            for (int64_t r = 0; r < nr; ++r) {
-              Value p = bcast(L.load(S, {L.idx(r0g + r), j}));
-              for (int64_t c = 0; c < nc; ++c)
-                next[r * nc + c] = b.create<vector::FMAOp>(loc, p, vj[c], next[r * nc + c]);
-            }
-            return next;
-          });
+          auto acc = K.weightedRows(S, r0g, nr, v, bi, base, c0, nc, gLo, gHi);
           for (int64_t r = 0; r < nr; ++r)
             for (int64_t c = 0; c < nc; ++c)
-              b.create<vector::StoreOp>(loc, b.create<arith::MulFOp>(loc, acc.getResult(r * nc + c), inv[r]), out,
-                                        ValueRange{bi, row[r0g + r], feature(L.idx((c0 + c) * kLanes))});
+              K.store(b.create<arith::MulFOp>(loc, acc.getResult(r * nc + c), inv[r]), out,
+                      ValueRange{bi, tile.row[r0g + r], K.chunk(base, c0 + c)});
         }
       }
+    });
+    return SmallVector<Value>{};
+  });
+}
+
+/// The buffers of one vector-form attention backward, its query lengths (or null: the keys') and entry count.
+struct GradOperands {
+  Value dO, q, k, v, dq, dk, dv, queryLengths, entries;
+};
+
+/// lm.attention_grad in the vector form (the forward's conditions, a mask of none, causal, anticausal or
+/// diagonal), per (entry, head) item [begin, end): n = min(query length, rows) differentiated rows, m = min(length,
+/// keys) keys; dk, dv of the head zeroed and dq of rows n.. zeroed; keys and values transposed (kt, vt); then per
+/// tile of R = 8 rows (rows past n repeat row n - 1 and see no key):
+///   P   = the forward's probabilities, recomputed as it computes them (scores, exp, 1 / l),
+///   dP  = dO_r . v_j as the scores (one vt vector load per R FMAs),
+///   D_r = sum_j P_rj dP_rj, dS = P (dP - D) scale (0 where P is),
+///   dq_r = sum_j dS_rj k_j (as the forward's p.v; stored for real rows only),
+///   dk_j += sum_r dS_rj q_r, dv_j += sum_r P_rj dO_r over the tile's keys (4 keys x 64 features a tile).
+/// Every output of an item is written by that item alone, in a fixed order: the same bits for any thread count.
+void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &ops, Value begin, Value end) {
+  auto &b = L.b;
+  Location loc = L.loc;
+  int64_t D = llvm::cast<ShapedType>(a.getQuery().getType()).getDimSize(2), H = a.getHeads(), dh = D / H;
+  int64_t chunks = dh / kLanes;
+  VectorKernel K(L, dh, a.getMask());
+  Value scale = K.bcast(L.f32c(a.getScale().convertToFloat()));
+  Value M = b.create<memref::DimOp>(loc, ops.k, 1);
+  Value M16 = K.roundDown(K.add(M, L.idx(kLanes - 1)));
+  const int64_t R = kTileRows;
+  int64_t dyn = ShapedType::kDynamic;
+  Value kt = K.scratch({dh, dyn}, M16), vt = K.scratch({dh, dyn}, M16);
+  Value S = K.scratch({R, dyn}, M16), G = K.scratch({R, dyn}, M16);
+  Value rows = b.create<memref::DimOp>(loc, ops.q, 1);
+
+  K.loop(begin, end, 1, {}, [&](Value item, ValueRange) {
+    Value bi = b.create<arith::DivUIOp>(loc, item, L.idx(H));
+    Value base = b.create<arith::MulIOp>(loc, b.create<arith::RemUIOp>(loc, item, L.idx(H)), L.idx(dh));
+    Value len = L.lengthOf(bi);
+    Value m = b.create<arith::MinSIOp>(loc, len, M);
+    Value n = b.create<arith::MinSIOp>(loc, ops.queryLengths ? L.toIndex(L.load(ops.queryLengths, bi)) : len, rows);
+    L.nest({b.create<arith::SubIOp>(loc, rows, n), L.idx(chunks)}, [&](ValueRange ic) {
+      K.store(K.zeroV, ops.dq, ValueRange{bi, K.add(n, ic[0]), K.add(base, b.create<arith::MulIOp>(
+                                                                              loc, ic[1], L.idx(kLanes)))});
+    });
+    L.nest({M, L.idx(chunks)}, [&](ValueRange jc) {
+      Value e = K.add(base, b.create<arith::MulIOp>(loc, jc[1], L.idx(kLanes)));
+      K.store(K.zeroV, ops.dk, ValueRange{bi, jc[0], e});
+      K.store(K.zeroV, ops.dv, ValueRange{bi, jc[0], e});
+    });
+    K.transpose(ops.k, bi, base, M, M16, kt);
+    K.transpose(ops.v, bi, base, M, M16, vt);
+    Value tiles = b.create<arith::DivUIOp>(loc, K.add(n, L.idx(R - 1)), L.idx(R));
+    Value lastRow = b.create<arith::SubIOp>(loc, n, L.idx(1));
+    L.nest({tiles}, [&](ValueRange t) {
+      Value r0 = b.create<arith::MulIOp>(loc, t[0], L.idx(R));
+      Tile tile = K.tileRows(bi, r0, R, lastRow, m, Value(), n);
+      K.products(ops.q, bi, base, tile.row, kt, tile.from16, tile.to, [&](Value jb, ArrayRef<Value> dots) {
+        SmallVector<Value> s;
+        for (Value d : dots)
+          s.push_back(b.create<arith::MulFOp>(loc, d, scale));
+        K.storeScores(S, jb, s, tile);
+      });
+      SmallVector<Value> sums = K.exponentiate(S, R, tile.from16, tile.to);
+      SmallVector<Value> inv;
+      for (int64_t r = 0; r < R; ++r)
+        inv.push_back(K.inverse(sums[r]));
+      K.products(ops.dO, bi, base, tile.row, vt, tile.from16, tile.to, [&](Value jb, ArrayRef<Value> dp) {
+        for (int64_t r = 0; r < R; ++r)
+          K.store(dp[r], G, ValueRange{L.idx(r), jb});
+      });
+      // P = p / l in place, and D_r = sum_j P_rj dP_rj.
+      SmallVector<Value> zerosR(R, K.zeroV);
+      auto dots = K.loop(tile.from16, tile.to, kLanes, zerosR, [&](Value jb, ValueRange acc) {
+        SmallVector<Value> next;
+        for (int64_t r = 0; r < R; ++r) {
+          Value p = b.create<arith::MulFOp>(loc, K.load(S, ValueRange{L.idx(r), jb}), inv[r]);
+          K.store(p, S, ValueRange{L.idx(r), jb});
+          next.push_back(b.create<vector::FMAOp>(loc, p, K.load(G, ValueRange{L.idx(r), jb}), acc[r]));
+        }
+        return next;
+      });
+      SmallVector<Value> Dr;
+      for (int64_t r = 0; r < R; ++r)
+        Dr.push_back(K.bcast(b.create<vector::ReductionOp>(loc, vector::CombiningKind::ADD, dots.getResult(r))));
+      // dS = P (dP - D) scale in place of dP.
+      K.loop(tile.from16, tile.to, kLanes, {}, [&](Value jb, ValueRange) {
+        for (int64_t r = 0; r < R; ++r) {
+          Value dp = b.create<arith::SubFOp>(loc, K.load(G, ValueRange{L.idx(r), jb}), Dr[r]);
+          Value ds = b.create<arith::MulFOp>(
+              loc, b.create<arith::MulFOp>(loc, K.load(S, ValueRange{L.idx(r), jb}), dp), scale);
+          K.store(ds, G, ValueRange{L.idx(r), jb});
+        }
+        return SmallVector<Value>{};
+      });
+      // dq of the real rows, in tiles of kPvRows rows x kPvChunks feature vectors.
+      for (int64_t r0g = 0; r0g < R; r0g += kPvRows) {
+        auto [gLo, gHi] = K.unionRange(tile, r0g, kPvRows);
+        for (int64_t c0 = 0; c0 < chunks; c0 += kPvChunks) {
+          int64_t nc = std::min(kPvChunks, chunks - c0);
+          auto acc = K.weightedRows(G, r0g, kPvRows, ops.k, bi, base, c0, nc, gLo, gHi);
+          for (int64_t r = 0; r < kPvRows; ++r) {
+            auto write = [&] {
+              for (int64_t c = 0; c < nc; ++c)
+                K.store(acc.getResult(r * nc + c), ops.dq, ValueRange{bi, tile.row[r0g + r], K.chunk(base, c0 + c)});
+            };
+            if (Value valid = tile.valid[r0g + r])
+              L.when(valid, write);
+            else
+              write();
+          }
+        }
+      }
+      K.keyUpdates(G, ops.q, tile.row, ops.dk, bi, base, tile.from16, tile.to);
+      K.keyUpdates(S, ops.dO, tile.row, ops.dv, bi, base, tile.from16, tile.to);
     });
     return SmallVector<Value>{};
   });
@@ -375,6 +604,95 @@ LogicalResult lowerVector(lm::AttentionOp a, Loops &L) {
                 serial);
   return L.set(a, out);
 }
+
+
+/// The backward's task: items [begin, end) of the operands whose addresses and sizes are in ctx (dO, q, k, v,
+/// dq, dk, dv, lengths, query lengths or 0, entries B, query rows, keys M). One per (mask, heads, width, scale).
+func::FuncOp getOrCreateGradTask(lm::AttentionGradOp a, Loops &L) {
+  int64_t D = llvm::cast<ShapedType>(a.getQuery().getType()).getDimSize(2), H = a.getHeads();
+  float scale = a.getScale().convertToFloat();
+  uint32_t scaleBits;
+  std::memcpy(&scaleBits, &scale, sizeof scaleBits);
+  bool queryLengths = bool(a.getQueryLengths());
+  std::string name = llvm::formatv("lm_attention_grad_task_{0}_h{1}_d{2}_s{3:x}{4}",
+                                   lm::stringifyMaskKind(a.getMask()), H, D, scaleBits,
+                                   queryLengths ? "_query_lengths" : "");
+  auto module = a->getParentOfType<ModuleOp>();
+  if (auto existing = module.lookupSymbol<func::FuncOp>(name))
+    return existing;
+  auto &b = L.b;
+  Location loc = L.loc;
+  OpBuilder::InsertionGuard guard(b);
+  func::FuncOp task = createTask(b, module, name);
+  Block *entry = &task.getBody().front();
+  b.setInsertionPointToStart(entry);
+  auto field = [&](int64_t i) { return taskField(b, loc, entry->getArgument(0), i); };
+  auto c64 = [&](int64_t v) -> Value { return b.create<LLVM::ConstantOp>(loc, b.getI64Type(), b.getI64IntegerAttr(v)); };
+  auto mul = [&](Value x, Value y) -> Value { return b.create<LLVM::MulOp>(loc, x, y); };
+  auto index = [&](Value i64) -> Value { return b.create<arith::IndexCastOp>(loc, b.getIndexType(), i64); };
+  int64_t dyn = ShapedType::kDynamic;
+  auto rows3 = MemRefType::get({dyn, dyn, D}, L.f32()), ints = MemRefType::get({dyn}, L.i32());
+  Value entries = field(9), rows = field(10), keys = field(11);
+  auto matrix = [&](Value address, Value n) {
+    return memrefAt(b, loc, address, {entries, n, c64(D)}, {mul(n, c64(D)), c64(D), c64(1)}, rows3);
+  };
+  GradOperands ops{matrix(field(0), rows), matrix(field(1), rows), matrix(field(2), keys), matrix(field(3), keys),
+                   matrix(field(4), rows), matrix(field(5), keys), matrix(field(6), keys), Value(), index(entries)};
+  Value lengths = memrefAt(b, loc, field(7), {entries}, {c64(1)}, ints);
+  if (queryLengths)
+    ops.queryLengths = memrefAt(b, loc, field(8), {entries}, {c64(1)}, ints);
+  Value kernelLengths = L.lengths;
+  L.lengths = lengths;
+  emitVectorGradItems(a, L, ops, index(entry->getArgument(1)), index(entry->getArgument(2)));
+  L.lengths = kernelLengths;
+  b.create<func::ReturnOp>(loc);
+  return task;
+}
+
+} // namespace
+
+bool hasVectorAttentionGrad(lm::AttentionGradOp op) {
+  lm::MaskKind mask = op.getMask();
+  int64_t D = llvm::cast<ShapedType>(op.getQuery().getType()).getDimSize(2), heads = op.getHeads();
+  return !op.getRelKey() && !op.getMaskData() && D % heads == 0 && (D / heads) % kLanes == 0 &&
+         (mask == lm::MaskKind::none || mask == lm::MaskKind::causal || mask == lm::MaskKind::anticausal ||
+          mask == lm::MaskKind::diagonal);
+}
+
+LogicalResult lowerVectorAttentionGrad(lm::AttentionGradOp op, Loops &L) {
+  auto &b = L.b;
+  Location loc = L.loc;
+  L.lengths = L.in(op.getLengths());
+  Value dO = L.in(op.getGrad()), q = L.in(op.getQuery()), k = L.in(op.getKey()), v = L.in(op.getValue());
+  Value queryLengths = op.getQueryLengths() ? L.in(op.getQueryLengths()) : Value();
+  // Sized from the operands: a cross-attention's keys [B, M, D] are another sequence than its queries.
+  Value dq = L.alloc(op.getDQuery().getType(), L.dims(q)), dk = L.alloc(op.getDKey().getType(), L.dims(k)),
+        dv = L.alloc(op.getDValue().getType(), L.dims(v));
+  GradOperands ops{dO, q, k, v, dq, dk, dv, queryLengths, L.B};
+  Value items = b.create<arith::MulIOp>(loc, L.B, L.idx(op.getHeads()));
+  auto whole = [](Value m) { return llvm::cast<MemRefType>(m.getType()).getLayout().isIdentity(); };
+  if (!whole(dO) || !whole(q) || !whole(k) || !whole(v) || !whole(L.lengths) ||
+      (queryLengths && !whole(queryLengths))) {
+    emitVectorGradItems(op, L, ops, L.idx(0), items);
+    return L.setAll(op, {dq, dk, dv});
+  }
+  func::FuncOp task = getOrCreateGradTask(op, L);
+  auto i64 = [&](Value index) -> Value { return b.create<arith::IndexCastOp>(loc, b.getI64Type(), index); };
+  Value rows = b.create<memref::DimOp>(loc, q, 1), keys = b.create<memref::DimOp>(loc, k, 1);
+  // As the forward: calls under 2^16 multiply-adds (rows x keys x width over the entries) stay on this thread.
+  Value work = b.create<arith::MulIOp>(
+      loc, b.create<arith::MulIOp>(loc, L.B, b.create<arith::MulIOp>(loc, rows, keys)),
+      L.idx(llvm::cast<ShapedType>(op.getQuery().getType()).getDimSize(2)));
+  Value serial = L.lt(work, L.idx(1 << 16));
+  L.parallelFor(task, items,
+                {L.address(dO), L.address(q), L.address(k), L.address(v), L.address(dq), L.address(dk), L.address(dv),
+                 L.address(L.lengths), queryLengths ? L.address(queryLengths) : L.i64c(0), i64(L.B), i64(rows),
+                 i64(keys)},
+                serial);
+  return L.setAll(op, {dq, dk, dv});
+}
+
+namespace {
 
 /// Fused attention: for every (sentence, head, query row) an online softmax over
 /// key tiles of kKeyTile keys (flash-style). The mask is structure, not data:
@@ -501,15 +819,55 @@ void populateAttentionPatterns(TypeConverter &converter, RewritePatternSet &patt
   patterns.add<AttentionLowering>(converter, patterns.getContext(), context);
 }
 
-OwningOpRef<ModuleOp> buildAttentionModule(MLIRContext &context, lm::MaskKind mask, int64_t heads, int64_t dModel) {
+namespace {
+
+/// Lowers the kernel module's lm ops by `populate`'s patterns alone (the argument casts fold away); the kernel
+/// writes its output arguments directly (in a model the next op reads the buffer; a copy would be benchmark
+/// overhead): each copy's source buffer becomes its argument.
+OwningOpRef<ModuleOp> lowerKernelModule(MLIRContext &context, OwningOpRef<ModuleOp> module,
+                                        void (*populate)(TypeConverter &, RewritePatternSet &,
+                                                         const LoweringContext &)) {
+  TypeConverter converter;
+  ConversionTarget target(context);
+  configureLowering(converter, target);
+  const WeightLayout noWeights;
+  LoweringContext lowering;
+  lowering.layout = &noWeights;
+  RewritePatternSet patterns(&context);
+  populate(converter, patterns, lowering);
+  if (failed(applyPartialConversion(*module, target, std::move(patterns))))
+    return nullptr;
+  foldCastPairs(*module);
+  module->walk([&](memref::CopyOp copy) {
+    if (auto alloc = copy.getSource().getDefiningOp<memref::AllocOp>();
+        alloc && alloc.getType() == copy.getTarget().getType()) {
+      alloc.getResult().replaceAllUsesWith(copy.getTarget());
+      copy.erase();
+      alloc.erase();
+    }
+  });
+  deallocateAfterLastUse(*module);
+  return module;
+}
+
+/// An empty module for a kernel (the dialects loaded, lm_rt_parallel_for declared), the builder at its end.
+OwningOpRef<ModuleOp> kernelModule(MLIRContext &context, OpBuilder &b) {
   context.loadDialect<lm::LmDialect, arith::ArithDialect, func::FuncDialect, math::MathDialect, memref::MemRefDialect,
                       scf::SCFDialect, vector::VectorDialect, LLVM::LLVMDialect>();
-  OpBuilder b(&context);
   Location loc = b.getUnknownLoc();
   OwningOpRef<ModuleOp> module = ModuleOp::create(loc);
   b.setInsertionPointToEnd(module->getBody());
   auto ptr = LLVM::LLVMPointerType::get(&context);
   b.create<func::FuncOp>(loc, "lm_rt_parallel_for", b.getFunctionType({b.getI64Type(), ptr, ptr}, {})).setPrivate();
+  return module;
+}
+
+} // namespace
+
+OwningOpRef<ModuleOp> buildAttentionModule(MLIRContext &context, lm::MaskKind mask, int64_t heads, int64_t dModel) {
+  OpBuilder b(&context);
+  Location loc = b.getUnknownLoc();
+  OwningOpRef<ModuleOp> module = kernelModule(context, b);
   int64_t dyn = ShapedType::kDynamic;
   auto t3 = RankedTensorType::get({dyn, dyn, dModel}, b.getF32Type());
   auto t1 = RankedTensorType::get({dyn}, b.getI32Type());
@@ -527,30 +885,36 @@ OwningOpRef<ModuleOp> buildAttentionModule(MLIRContext &context, lm::MaskKind ma
   Value result = b.create<UnrealizedConversionCastOp>(loc, m3, attention.getResult()).getResult(0);
   b.create<memref::CopyOp>(loc, result, entry->getArgument(4));
   b.create<func::ReturnOp>(loc);
-  // The model lowering's attention pattern alone; the argument casts fold away.
-  TypeConverter converter;
-  ConversionTarget target(context);
-  configureLowering(converter, target);
-  const WeightLayout noWeights;
-  LoweringContext lowering;
-  lowering.layout = &noWeights;
-  RewritePatternSet patterns(&context);
-  populateAttentionPatterns(converter, patterns, lowering);
-  if (failed(applyPartialConversion(*module, target, std::move(patterns))))
-    return nullptr;
-  foldCastPairs(*module);
-  // The kernel writes its output argument directly (in a model the next op reads the buffer; a copy would be
-  // benchmark overhead): the copy's source buffer becomes the argument.
-  module->walk([&](memref::CopyOp copy) {
-    if (auto alloc = copy.getSource().getDefiningOp<memref::AllocOp>();
-        alloc && alloc.getType() == copy.getTarget().getType()) {
-      alloc.getResult().replaceAllUsesWith(copy.getTarget());
-      copy.erase();
-      alloc.erase();
-    }
-  });
-  deallocateAfterLastUse(*module);
-  return module;
+  return lowerKernelModule(context, std::move(module), populateAttentionPatterns);
+}
+
+OwningOpRef<ModuleOp> buildAttentionGradModule(MLIRContext &context, lm::MaskKind mask, int64_t heads,
+                                               int64_t dModel) {
+  OpBuilder b(&context);
+  Location loc = b.getUnknownLoc();
+  OwningOpRef<ModuleOp> module = kernelModule(context, b);
+  declareTrainingRuntime(b, loc);
+  int64_t dyn = ShapedType::kDynamic;
+  auto t3 = RankedTensorType::get({dyn, dyn, dModel}, b.getF32Type());
+  auto t1 = RankedTensorType::get({dyn}, b.getI32Type());
+  auto m3 = bufferType(t3), m1 = bufferType(t1);
+  auto fn = b.create<func::FuncOp>(loc, "attention_grad_kernel",
+                                   b.getFunctionType({m3, m3, m3, m3, m1, m3, m3, m3}, {}));
+  fn->setAttr("llvm.emit_c_interface", b.getUnitAttr());
+  Block *entry = fn.addEntryBlock();
+  b.setInsertionPointToStart(entry);
+  auto tensor = [&](Value m, Type t) { return b.create<UnrealizedConversionCastOp>(loc, t, m).getResult(0); };
+  auto arg = [&](int i) { return entry->getArgument(i); };
+  auto grad = b.create<lm::AttentionGradOp>(
+      loc, TypeRange{t3, t3, t3}, tensor(arg(0), t3), tensor(arg(1), t3), tensor(arg(2), t3), tensor(arg(3), t3),
+      tensor(arg(4), t1), Value(), Value(), Value(), Value(), b.getI64IntegerAttr(heads),
+      lm::MaskKindAttr::get(&context, mask), b.getF32FloatAttr(1.0f / std::sqrt(float(dModel / heads))),
+      b.getI64IntegerAttr(0));
+  for (int i = 0; i < 3; ++i)
+    b.create<memref::CopyOp>(loc, b.create<UnrealizedConversionCastOp>(loc, m3, grad->getResult(i)).getResult(0),
+                             arg(5 + i));
+  b.create<func::ReturnOp>(loc);
+  return lowerKernelModule(context, std::move(module), populateBackwardPatterns);
 }
 
 } // namespace lmcc::codegen

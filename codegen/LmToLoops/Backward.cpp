@@ -4,7 +4,8 @@
 // "Training") lower to calls of the runtime's training kernels (runtime/lib/TrainKernels.cpp:
 // Eigen GEMMs and loops compiled for the host's ISA level, deterministic for any thread count)
 // on the ops' buffers; lm.param_grad copies a weight's gradient into its slot of the entry
-// point's gradient buffer (the last argument of `<model>_loss_grad_kernel`).
+// point's gradient buffer (the last argument of `<model>_loss_grad_kernel`). lm.attention_grad in
+// the vector form is generated (Attention.cpp); the rest of it calls lm_rt_attention_grad.
 //
 //===----------------------------------------------------------------------===//
 #include "codegen/LmToLoops/Lowering.h"
@@ -245,6 +246,8 @@ struct ActivationGradLowering : LmLowering<lm::ActivationGradOp> {
 struct AttentionGradLowering : LmLowering<lm::AttentionGradOp> {
   using LmLowering::LmLowering;
   LogicalResult lower(lm::AttentionGradOp op, Loops &L) const override {
+    if (hasVectorAttentionGrad(op))
+      return lowerVectorAttentionGrad(op, L);
     int mask;
     switch (op.getMask()) {
     case lm::MaskKind::none: mask = LMRT_MASK_NONE; break;

@@ -3,7 +3,8 @@
 // The lm-to-loops pass (LmToLoops.cpp) lowers each `lm` op to buffer-level scf / memref / arith / math /
 // vector loop nests with one conversion pattern per op, grouped in one file per op family:
 //   Elementwise.cpp  embeddings, positions, elementwise ops, norms, softmaxes, heads, decomposed attention
-//   Attention.cpp    lm.attention (key-tiled online softmax; the vector form for head sizes % 16 == 0)
+//   Attention.cpp    lm.attention (key-tiled online softmax; the vector form for head sizes % 16 == 0) and the
+//                    vector form of its VJP lm.attention_grad
 //   Logprob.cpp      lm.token_logprob (streamed vocabulary tiles), lm.gather, lm.sentence_score, lm.mean_pool
 //   MaskedBatch.cpp  lm.mask_and_predict (n passes), lm.masked_batch, lm.take_row, lm.splice_copies
 //   Gemm.cpp         lm.linear (the generated GEMM over load-time packed weights, or the runtime's Eigen GEMM)
@@ -111,6 +112,11 @@ void deallocateAfterLastUse(mlir::ModuleOp module);
 /// For kernel benchmarks (bench/kernel_bench.cpp).
 mlir::OwningOpRef<mlir::ModuleOp> buildAttentionModule(mlir::MLIRContext &context, lm::MaskKind mask, int64_t heads,
                                                        int64_t dModel);
+/// A module with the single kernel `attention_grad_kernel(dO, q, k, v [B, N, d_model], lengths [B], dq, dk, dv)`
+/// (C interface): lm.attention_grad with `mask` lowered by the model's pattern (its vector form). For kernel
+/// benchmarks.
+mlir::OwningOpRef<mlir::ModuleOp> buildAttentionGradModule(mlir::MLIRContext &context, lm::MaskKind mask,
+                                                           int64_t heads, int64_t dModel);
 
 /// Builder helpers for one op's lowering: constants, loop nests, loads and stores, comparisons, and the
 /// op's converted operands (`in`). B and N are read off the converted operands (see the file comment).
@@ -231,6 +237,12 @@ private:
 
 /// The canonical weight names behind a GEMM weight operand (an lm.weight, or an lm.concat of them), or none.
 std::vector<std::string> weightNames(mlir::Value weight);
+
+/// Whether lm.attention_grad has the vector form (Attention.cpp): the forward's (no relative positions, no
+/// per-row mask data, head size a multiple of 16) with a mask of none, causal, anticausal or diagonal.
+bool hasVectorAttentionGrad(lm::AttentionGradOp op);
+/// lm.attention_grad in the vector form (generated, register-tiled; split over threads by (entry, head) items).
+mlir::LogicalResult lowerVectorAttentionGrad(lm::AttentionGradOp op, Loops &L);
 
 /// A conversion pattern for one lm op that lowers it through Loops.
 template <typename Op> struct LmLowering : mlir::OpConversionPattern<Op> {
