@@ -202,6 +202,28 @@ std::vector<Case> cases() {
     s.relativePositions = 2, s.dims.dModel = 32, s.dims.heads = 2;
     out.push_back({"tta_maskpos_pre_rel", s});
   }
+  // Head sizes 16 and 32 take the generated vector backward of lm.attention (the sizes above the runtime's C++
+  // kernel); max_len 37 gives full 16-key blocks, a ragged tail and several 8-row tiles.
+  {
+    ModelSpec s = tiny("unilm_vector_attention", Family::UniLM);
+    s.dims.dModel = 32, s.dims.heads = 2, s.dims.maxLen = 37;
+    out.push_back({"unilm_vector_attention", s});
+  }
+  {
+    ModelSpec s = tiny("unilm_vector_anticausal", Family::UniLM);
+    s.mask = MaskKind::Anticausal, s.dims.dModel = 48, s.dims.heads = 3, s.dims.maxLen = 21;
+    out.push_back({"unilm_vector_anticausal", s});
+  }
+  {
+    ModelSpec s = tiny("bilm_vector_attention", Family::BiLM);
+    s.dims.dModel = 64, s.dims.heads = 2, s.dims.maxLen = 37;
+    out.push_back({"bilm_vector_attention", s});
+  }
+  {
+    ModelSpec s = tiny("tta_vector_attention", Family::TTA);
+    s.dims.dModel = 32, s.dims.heads = 2, s.dims.maxLen = 29;
+    out.push_back({"tta_vector_attention", s});
+  }
   return out;
 }
 

@@ -1,0 +1,73 @@
+// RUN: lmcc-opt %s --lm-to-loops | FileCheck %s
+// lm-to-loops, Attention.cpp: lm.attention_grad with head size 16 (a multiple of 16, no relative positions, mask
+// none/causal/anticausal/diagonal) is generated in the vector form, in a task over (entry, head) items split by
+// lm_rt_parallel_for (called directly below 2^16 multiply-adds): per item dk, dv zeroed, keys and values transposed
+// in 16 x 16 register blocks, then per tile of 8 query rows the probabilities recomputed, dP = dO v^T as the
+// scores, D = sum P dP, dS = P (dP - D) scale, dq of the real rows only (rows past the length repeat the last one),
+// dk += dS^T q and dv += P^T dO in tiles of 4 keys. Head size 8 calls the runtime's C++ kernel.
+
+module @m attributes {lm.model = #lm.model<name = "m", vocab = 11, max_len = 9, d_model = 32, heads = 2, d_ff = 12,
+    layers = 1, pad = 0, eos = 1, unk = 2, bos = 3, mask = 4>} {
+  func.func @loss_grad(%ids: tensor<?x?xi32>, %targets: tensor<?x?xi32>, %lengths: tensor<?xi32>) -> tensor<?x?xf32> attributes {lm.method = "loss_grad"} {
+    %E = lm.weight "embed.token" : tensor<11x32xf32>
+    %x = lm.embed %E[%ids] : (tensor<11x32xf32>, tensor<?x?xi32>) -> tensor<?x?x32xf32>
+    %dq, %dk, %dv = lm.attention_grad %x, %x, %x, %x, %lengths {heads = 2 : i64, mask = #lm.mask<causal>, scale = 0.25 : f32}
+        : tensor<?x?x32xf32>, tensor<?x?x32xf32>, tensor<?x?x32xf32>, tensor<?x?x32xf32>, tensor<?xi32> -> tensor<?x?x32xf32>, tensor<?x?x32xf32>, tensor<?x?x32xf32>
+    %dq4, %dk4, %dv4 = lm.attention_grad %x, %x, %x, %x, %lengths {heads = 4 : i64, mask = #lm.mask<diagonal>, scale = 0.25 : f32}
+        : tensor<?x?x32xf32>, tensor<?x?x32xf32>, tensor<?x?x32xf32>, tensor<?x?x32xf32>, tensor<?xi32> -> tensor<?x?x32xf32>, tensor<?x?x32xf32>, tensor<?x?x32xf32>
+    %s1 = lm.add %dq, %dk : tensor<?x?x32xf32>
+    %s2 = lm.add %s1, %dv : tensor<?x?x32xf32>
+    %s3 = lm.add %s2, %dq4 : tensor<?x?x32xf32>
+    %s4 = lm.add %s3, %dk4 : tensor<?x?x32xf32>
+    %s5 = lm.add %s4, %dv4 : tensor<?x?x32xf32>
+    %de = lm.embed_grad %s5, %ids, %lengths : (tensor<?x?x32xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<11x32xf32>
+    lm.param_grad %de {name = "embed.token"} : tensor<11x32xf32>
+    %ce, %lse = lm.token_loss %x, %E, %targets, %lengths {smoothing = 0.0 : f64} : (tensor<?x?x32xf32>, tensor<11x32xf32>, tensor<?x?xi32>, tensor<?xi32>) -> (tensor<?x?xf32>, tensor<?x?xf32>)
+    return %ce : tensor<?x?xf32>
+  }
+}
+
+// CHECK-LABEL: func.func @m_loss_grad_kernel(
+// the vector form: 2 heads x entries items, a task unless the call is small
+// CHECK: arith.muli %{{.*}}, %c2 : index
+// CHECK: arith.cmpi slt, %{{.*}}, %c65536
+// CHECK: memref.alloca() : memref<12xi64>
+// CHECK: constant @lm_attention_grad_task_causal_h2_d32_s0x3e800000
+// CHECK: func.call @lm_attention_grad_task_causal_h2_d32_s0x3e800000(
+// CHECK: func.call @lm_rt_parallel_for(
+// head size 8: the runtime's kernel (4 heads, diagonal = 3)
+// CHECK: call @lm_rt_attention_grad({{.*}}, %c4_i64, %c3_i32,
+// CHECK-NOT: lm.attention_grad
+// CHECK-LABEL: func.func private @lm_attention_grad_task_causal_h2_d32_s0x3e800000(
+// kt, vt [head size, M16] and the tile's P and dP / dS [8, M16]
+// CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<16x?xf32>
+// CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<16x?xf32>
+// CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<8x?xf32>
+// CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<8x?xf32>
+// dq of rows past the query length, dk and dv zeroed; keys, then values transposed
+// CHECK: vector.store {{.*}} : memref<?x?x32xf32>, vector<16xf32>
+// CHECK: vector.store {{.*}} : memref<?x?x32xf32>, vector<16xf32>
+// CHECK: vector.store {{.*}} : memref<?x?x32xf32>, vector<16xf32>
+// CHECK: vector.shuffle {{.*}} [0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23]
+// CHECK: vector.shuffle {{.*}} [0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23]
+// scores of 8 rows per key vector, masked only in blocks not fully visible, the softmax numerators
+// CHECK-COUNT-8: vector.fma {{.*}} : vector<16xf32>
+// CHECK: arith.select {{.*}} : vector<16xi1>, vector<16xf32>
+// CHECK: vector.reduction <maximumf>
+// CHECK: math.exp {{.*}} : vector<16xf32>
+// dP = dO v^T as the scores, then P = p / l with D = sum P dP, then dS = P (dP - D) scale
+// CHECK-COUNT-8: vector.fma {{.*}} : vector<16xf32>
+// CHECK: arith.mulf {{.*}} : vector<16xf32>
+// CHECK: vector.fma {{.*}} : vector<16xf32>
+// CHECK: vector.reduction <add>
+// CHECK: arith.subf {{.*}} : vector<16xf32>
+// CHECK: arith.mulf {{.*}} : vector<16xf32>
+// dq: rows past the length (repeats of the last) are not stored
+// CHECK: scf.if
+// CHECK: vector.store {{.*}} : memref<?x?x32xf32>, vector<16xf32>
+// dk then dv in tiles of 4 keys: loaded, added to, stored
+// CHECK: scf.for {{.*}} step %c4
+// CHECK: vector.fma
+// CHECK: vector.load {{.*}} : memref<?x?x32xf32>, vector<16xf32>
+// CHECK: arith.addf {{.*}} : vector<16xf32>
+// CHECK: vector.store {{.*}} : memref<?x?x32xf32>, vector<16xf32>
