@@ -122,6 +122,39 @@ struct VectorKernel {
     });
   }
 
+  /// While tile t of `tiles` (rows r0..r0+R) computes, the next item's (entry nextEntry, features from nextBase)
+  /// rows r0..r0+R of the row-major operands and keys r0..r0+R of the key-major ones (after the last tile every
+  /// remaining row and key) move to L2: at batch > 1 the kernels stream their operands from memory, and the
+  /// prefetches spread over the tiles keep that off the critical path.
+  void prefetchNext(Value hasNext, Value nextEntry, Value nextBase, Value t, Value tiles, Value r0, int64_t R,
+                    Value rows, Value M, ArrayRef<Value> rowReads, ArrayRef<Value> rowWrites,
+                    ArrayRef<Value> keyReads, ArrayRef<Value> keyWrites) {
+    L.when(hasNext, [&] {
+      auto prefetch = [&](Value buffer, Value from, Value to, bool write) {
+        L.nest({b.create<arith::SubIOp>(loc, to, from), L.idx(chunks)}, [&](ValueRange jc) {
+          Value j = add(from, jc[0]);
+          Value e = add(nextBase, b.create<arith::MulIOp>(loc, jc[1], L.idx(kLanes)));
+          b.create<memref::PrefetchOp>(loc, buffer, ValueRange{nextEntry, j, e}, write, /*localityHint=*/2,
+                                       /*isDataCache=*/true);
+        });
+      };
+      Value r1 = add(r0, L.idx(R));
+      Value last = L.eqI(t, b.create<arith::SubIOp>(loc, tiles, L.idx(1)));
+      Value rowsFrom = b.create<arith::MinSIOp>(loc, r0, rows);
+      Value rowsTo = L.select(last, rows, b.create<arith::MinSIOp>(loc, r1, rows));
+      Value keysFrom = b.create<arith::MinSIOp>(loc, r0, M);
+      Value keysTo = L.select(last, M, b.create<arith::MinSIOp>(loc, r1, M));
+      for (Value buffer : keyReads)
+        prefetch(buffer, keysFrom, keysTo, false);
+      for (Value buffer : keyWrites)
+        prefetch(buffer, keysFrom, keysTo, true);
+      for (Value buffer : rowReads)
+        prefetch(buffer, rowsFrom, rowsTo, false);
+      for (Value buffer : rowWrites)
+        prefetch(buffer, rowsFrom, rowsTo, true);
+    });
+  }
+
   /// Tile rows r0..r0+R (clamped to lastRow) of entry bi and their key ranges over keys [0, len): causal
   /// [0, min(len, i + 1)), anticausal [i, len), else [0, len). With `rowLimit` (the backward) rows from rowLimit on
   /// are repeats that see no key (an empty range at row 0's start, so that the union stays the real rows').
@@ -365,28 +398,7 @@ void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Val
     Value nextBase = b.create<arith::MulIOp>(loc, b.create<arith::RemUIOp>(loc, nextItem, L.idx(H)), L.idx(dh));
     L.nest({tiles}, [&](ValueRange t) {
       Value r0 = b.create<arith::MulIOp>(loc, t[0], L.idx(R));
-      // While this tile computes, the next item's rows r0..r0+R (and after the last tile every remaining key)
-      // move to L2: at batch > 1 the kernel streams its operands from memory, and the prefetches spread over the
-      // tiles keep that off the critical path.
-      L.when(hasNext, [&] {
-        auto prefetch = [&](Value buffer, Value from, Value to, bool write) {
-          L.nest({b.create<arith::SubIOp>(loc, to, from), L.idx(chunks)}, [&](ValueRange jc) {
-            Value j = K.add(from, jc[0]);
-            Value e = K.add(nextBase, b.create<arith::MulIOp>(loc, jc[1], L.idx(kLanes)));
-            b.create<memref::PrefetchOp>(loc, buffer, ValueRange{nextEntry, j, e}, write, /*localityHint=*/2,
-                                         /*isDataCache=*/true);
-          });
-        };
-        Value r1 = K.add(r0, L.idx(R));
-        Value rowsTo = b.create<arith::MinSIOp>(loc, r1, rows);
-        Value last = L.eqI(t[0], b.create<arith::SubIOp>(loc, tiles, L.idx(1)));
-        Value keysFrom = b.create<arith::MinSIOp>(loc, r0, M);
-        Value keysTo = L.select(last, M, b.create<arith::MinSIOp>(loc, r1, M));
-        prefetch(k, keysFrom, keysTo, false);
-        prefetch(v, keysFrom, keysTo, false);
-        prefetch(q, r0, rowsTo, false);
-        prefetch(out, r0, rowsTo, true);
-      });
+      K.prefetchNext(hasNext, nextEntry, nextBase, t[0], tiles, r0, R, rows, M, {q}, {out}, {k, v}, {});
       Tile tile = K.tileRows(bi, r0, R, lastRow, len, queryPositions, Value());
       K.products(q, bi, base, tile.row, kt, tile.from16, tile.to, [&](Value jb, ArrayRef<Value> dots) {
         SmallVector<Value> s;
@@ -429,7 +441,8 @@ struct GradOperands {
 ///   dP  = dO_r . v_j as the scores (one vt vector load per R FMAs),
 ///   D_r = sum_j P_rj dP_rj, dS = P (dP - D) scale (0 where P is),
 ///   dq_r = sum_j dS_rj k_j (as the forward's p.v; stored for real rows only),
-///   dk_j += sum_r dS_rj q_r, dv_j += sum_r P_rj dO_r over the tile's keys (4 keys x 64 features a tile).
+///   dk_j += sum_r dS_rj q_r, dv_j += sum_r P_rj dO_r over the tile's keys (4 keys x 64 features a tile);
+/// the next item's operands are prefetched over the tiles as in the forward.
 /// Every output of an item is written by that item alone, in a fixed order: the same bits for any thread count.
 void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &ops, Value begin, Value end) {
   auto &b = L.b;
@@ -445,6 +458,7 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
   Value kt = K.scratch({dh, dyn}, M16), vt = K.scratch({dh, dyn}, M16);
   Value S = K.scratch({R, dyn}, M16), G = K.scratch({R, dyn}, M16);
   Value rows = b.create<memref::DimOp>(loc, ops.q, 1);
+  Value items = b.create<arith::MulIOp>(loc, ops.entries, L.idx(H));
 
   K.loop(begin, end, 1, {}, [&](Value item, ValueRange) {
     Value bi = b.create<arith::DivUIOp>(loc, item, L.idx(H));
@@ -465,8 +479,14 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
     K.transpose(ops.v, bi, base, M, M16, vt);
     Value tiles = b.create<arith::DivUIOp>(loc, K.add(n, L.idx(R - 1)), L.idx(R));
     Value lastRow = b.create<arith::SubIOp>(loc, n, L.idx(1));
+    Value nextItem = K.add(item, L.idx(1));
+    Value hasNext = L.lt(nextItem, items);
+    Value nextEntry = b.create<arith::DivUIOp>(loc, nextItem, L.idx(H));
+    Value nextBase = b.create<arith::MulIOp>(loc, b.create<arith::RemUIOp>(loc, nextItem, L.idx(H)), L.idx(dh));
     L.nest({tiles}, [&](ValueRange t) {
       Value r0 = b.create<arith::MulIOp>(loc, t[0], L.idx(R));
+      K.prefetchNext(hasNext, nextEntry, nextBase, t[0], tiles, r0, R, rows, M, {ops.q, ops.dO}, {ops.dq},
+                     {ops.k, ops.v}, {ops.dk, ops.dv});
       Tile tile = K.tileRows(bi, r0, R, lastRow, m, Value(), n);
       K.products(ops.q, bi, base, tile.row, kt, tile.from16, tile.to, [&](Value jb, ArrayRef<Value> dots) {
         SmallVector<Value> s;
