@@ -35,7 +35,7 @@ SmallVector<int64_t> interleaveMask(bool high) {
 struct Tile {
   SmallVector<Value> row, pos, lo, hi; ///< per row: the row, its position, its key range [lo, hi)
   SmallVector<Value> valid;            ///< per row (backward only): whether the row is a real one, not a repeat
-  Value from16, to;                    ///< the union of the rows' ranges, its start rounded down to 16
+  Value from, to, from16;              ///< the union of the rows' ranges, its start rounded down to 16
   Value allLo, allHi;                  ///< every row of the tile sees [allLo, allHi) (but its own key if diagonal)
 };
 
@@ -180,8 +180,7 @@ struct VectorKernel {
       t.hi.push_back(hi);
     }
     auto [lo, hi] = unionRange(t, 0, R);
-    t.from16 = roundDown(lo);
-    t.to = hi;
+    t.from = lo, t.to = hi, t.from16 = roundDown(lo);
     t.allLo = t.lo[0], t.allHi = t.hi[0];
     for (int64_t r = 1; r < R; ++r) {
       t.allLo = b.create<arith::MaxSIOp>(loc, t.allLo, t.lo[r]);
@@ -200,20 +199,26 @@ struct VectorKernel {
     return {l, h};
   }
 
-  /// For each 16-key block jb of [from16, to): the row vectors sum_e a[bi, row_r, base + e] * t[e, jb..jb+16)
-  /// (R accumulators, 4 partial chains per row when R = 1), handed to use(jb, products).
-  void products(Value a, Value bi, Value base, ArrayRef<Value> row, Value t, Value from16, Value to,
+  /// For each 16-key block jb of the tile's key range [from16, to): the row vectors
+  /// sum_e a[bi, row_r, base + e] * t[e, jb..jb+16) (R accumulators, 4 partial chains per row when R = 1), handed
+  /// to use(jb, products). A block whose lower (upper) half no row sees (the first block of an anticausal tile,
+  /// the last of a causal one: 16-key blocks over 8-row tiles) is computed 8 lanes wide, its other half 0.
+  void products(Value a, Value bi, Value base, const Tile &tile, Value t,
                 const std::function<void(Value, ArrayRef<Value>)> &use) {
+    ArrayRef<Value> row = tile.row;
     const int64_t R = row.size(), chains = R >= 4 ? 1 : 4;
-    loop(from16, to, kLanes, {}, [&](Value jb, ValueRange) {
-      SmallVector<Value> zeros(R * chains, zeroV);
+    auto block = [&](Value jb, int64_t width, int64_t offset) {
+      auto type = VectorType::get({width}, L.f32());
+      Value zero = b.create<vector::BroadcastOp>(loc, type, L.f32c(0));
+      Value from = add(jb, L.idx(offset));
+      SmallVector<Value> zeros(R * chains, zero);
       auto dot = loop(L.idx(0), L.idx(dh), 4, zeros, [&](Value e0, ValueRange acc) {
         SmallVector<Value> next(acc.begin(), acc.end());
         for (int64_t u = 0; u < 4; ++u) {
           Value e = add(e0, L.idx(u));
-          Value kv = load(t, ValueRange{e, jb});
+          Value kv = b.create<vector::LoadOp>(loc, type, t, ValueRange{e, from});
           for (int64_t r = 0; r < R; ++r) {
-            Value qe = bcast(L.load(a, {bi, row[r], add(base, e)}));
+            Value qe = b.create<vector::BroadcastOp>(loc, type, L.load(a, {bi, row[r], add(base, e)}));
             int64_t slot = r * chains + u % chains;
             next[slot] = b.create<vector::FMAOp>(loc, qe, kv, next[slot]);
           }
@@ -227,10 +232,29 @@ struct VectorKernel {
           s[r] = b.create<arith::AddFOp>(
               loc, b.create<arith::AddFOp>(loc, s[r], dot.getResult(r * chains + 1)),
               b.create<arith::AddFOp>(loc, dot.getResult(r * chains + 2), dot.getResult(r * chains + 3)));
+        if (width < kLanes)
+          s[r] = b.create<vector::InsertStridedSliceOp>(loc, s[r], zeroV, ArrayRef<int64_t>{offset},
+                                                        ArrayRef<int64_t>{1});
       }
       use(jb, s);
+    };
+    const int64_t half = kLanes / 2;
+    // The first block's lower half unseen: its upper half alone, the full blocks from the next.
+    Value headHalf = L.andI(L.ge(b.create<arith::SubIOp>(loc, tile.from, tile.from16), L.idx(half)),
+                            L.lt(tile.from, tile.to));
+    L.when(headHalf, [&] { block(tile.from16, half, half); });
+    Value first = L.select(headHalf, add(tile.from16, L.idx(kLanes)), tile.from16);
+    // The last block's upper half unseen (1..8 keys past the full blocks): its lower half alone.
+    Value span = b.create<arith::MaxSIOp>(loc, b.create<arith::SubIOp>(loc, tile.to, first), L.idx(0));
+    Value fullEnd = add(first, roundDown(span));
+    Value rest = b.create<arith::SubIOp>(loc, add(first, span), fullEnd);
+    Value tailHalf = L.andI(L.lt(L.idx(0), rest), L.le(rest, L.idx(half)));
+    Value end = L.select(L.lt(L.idx(half), rest), add(fullEnd, L.idx(kLanes)), fullEnd);
+    loop(first, end, kLanes, {}, [&](Value jb, ValueRange) {
+      block(jb, kLanes, 0);
       return SmallVector<Value>{};
     });
+    L.when(tailHalf, [&] { block(fullEnd, half, 0); });
   }
 
   /// S[r, jb..jb+16) = s[r], -inf in the lanes row r cannot see (outside its range, or its own key under the
@@ -400,7 +424,7 @@ void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Val
       Value r0 = b.create<arith::MulIOp>(loc, t[0], L.idx(R));
       K.prefetchNext(hasNext, nextEntry, nextBase, t[0], tiles, r0, R, rows, M, {q}, {out}, {k, v}, {});
       Tile tile = K.tileRows(bi, r0, R, lastRow, len, queryPositions, Value());
-      K.products(q, bi, base, tile.row, kt, tile.from16, tile.to, [&](Value jb, ArrayRef<Value> dots) {
+      K.products(q, bi, base, tile, kt, [&](Value jb, ArrayRef<Value> dots) {
         SmallVector<Value> s;
         for (Value d : dots)
           s.push_back(b.create<arith::MulFOp>(loc, d, scale));
@@ -488,7 +512,7 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
       K.prefetchNext(hasNext, nextEntry, nextBase, t[0], tiles, r0, R, rows, M, {ops.q, ops.dO}, {ops.dq},
                      {ops.k, ops.v}, {ops.dk, ops.dv});
       Tile tile = K.tileRows(bi, r0, R, lastRow, m, Value(), n);
-      K.products(ops.q, bi, base, tile.row, kt, tile.from16, tile.to, [&](Value jb, ArrayRef<Value> dots) {
+      K.products(ops.q, bi, base, tile, kt, [&](Value jb, ArrayRef<Value> dots) {
         SmallVector<Value> s;
         for (Value d : dots)
           s.push_back(b.create<arith::MulFOp>(loc, d, scale));
@@ -498,7 +522,7 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
       SmallVector<Value> inv;
       for (int64_t r = 0; r < R; ++r)
         inv.push_back(K.inverse(sums[r]));
-      K.products(ops.dO, bi, base, tile.row, vt, tile.from16, tile.to, [&](Value jb, ArrayRef<Value> dp) {
+      K.products(ops.dO, bi, base, tile, vt, [&](Value jb, ArrayRef<Value> dp) {
         for (int64_t r = 0; r < R; ++r)
           K.store(dp[r], G, ValueRange{L.idx(r), jb});
       });
