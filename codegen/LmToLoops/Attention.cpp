@@ -568,8 +568,10 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
           }
         }
       }
-      K.keyUpdates(G, ops.q, tile.row, ops.dk, bi, base, tile.from16, tile.to);
-      K.keyUpdates(S, ops.dO, tile.row, ops.dv, bi, base, tile.from16, tile.to);
+      // From the tile's first key rounded down to 4 (the keys before it get nothing: 0 in P and dS).
+      Value keysFrom = K.roundDown(tile.from, kGradKeys);
+      K.keyUpdates(G, ops.q, tile.row, ops.dk, bi, base, keysFrom, tile.to);
+      K.keyUpdates(S, ops.dO, tile.row, ops.dv, bi, base, keysFrom, tile.to);
     });
     return SmallVector<Value>{};
   });
