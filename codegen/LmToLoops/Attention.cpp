@@ -338,11 +338,13 @@ struct VectorKernel {
     });
   }
 
-  /// dst[bi, j] += sum_r W[r, j] * src[bi, row_r] over the head's features for keys j of [lo, hi): tiles of
-  /// kGradKeys keys (then single keys) x 4 feature vectors, the tile's rows in order.
-  void keyUpdates(Value W, Value src, ArrayRef<Value> row, Value dst, Value bi, Value base, Value lo, Value hi) {
+  /// dst[bi, j] (+)= sum_r W[r, j] * src[bi, row_r] over the head's features for keys j of [lo, hi): added to
+  /// below `fresh`, stored from it (keys no earlier tile touched: no zeroing pass over dst); tiles of kGradKeys
+  /// keys (then single keys) x 4 feature vectors, the tile's rows in order.
+  void keyUpdates(Value W, Value src, ArrayRef<Value> row, Value dst, Value bi, Value base, Value lo, Value hi,
+                  Value fresh) {
     const int64_t R = row.size();
-    auto update = [&](Value j, int64_t keys) {
+    auto update = [&](Value j, int64_t keys, bool accumulate) {
       for (int64_t c0 = 0; c0 < chunks; c0 += kPvChunks) {
         int64_t nc = std::min(kPvChunks, chunks - c0);
         SmallVector<Value> acc(keys * nc, zeroV);
@@ -359,19 +361,25 @@ struct VectorKernel {
         for (int64_t u = 0; u < keys; ++u)
           for (int64_t c = 0; c < nc; ++c) {
             SmallVector<Value> ivs{bi, add(j, L.idx(u)), chunk(base, c0 + c)};
-            store(b.create<arith::AddFOp>(loc, load(dst, ivs), acc[u * nc + c]), dst, ivs);
+            store(accumulate ? b.create<arith::AddFOp>(loc, load(dst, ivs), acc[u * nc + c]) : acc[u * nc + c],
+                  dst, ivs);
           }
       }
     };
-    Value tiled = add(lo, roundDown(b.create<arith::SubIOp>(loc, hi, lo), kGradKeys));
-    loop(lo, tiled, kGradKeys, {}, [&](Value j, ValueRange) {
-      update(j, kGradKeys);
-      return SmallVector<Value>{};
-    });
-    loop(tiled, hi, 1, {}, [&](Value j, ValueRange) {
-      update(j, 1);
-      return SmallVector<Value>{};
-    });
+    auto range = [&](Value from, Value to, bool accumulate) {
+      Value tiled = add(from, roundDown(b.create<arith::SubIOp>(loc, to, from), kGradKeys));
+      loop(from, tiled, kGradKeys, {}, [&](Value j, ValueRange) {
+        update(j, kGradKeys, accumulate);
+        return SmallVector<Value>{};
+      });
+      loop(tiled, to, 1, {}, [&](Value j, ValueRange) {
+        update(j, 1, accumulate);
+        return SmallVector<Value>{};
+      });
+    };
+    Value split = b.create<arith::MinSIOp>(loc, b.create<arith::MaxSIOp>(loc, fresh, lo), hi);
+    range(lo, split, true);
+    range(split, hi, false);
   }
 };
 
@@ -459,13 +467,15 @@ struct GradOperands {
 
 /// lm.attention_grad in the vector form (the forward's conditions, a mask of none, causal, anticausal or
 /// diagonal), per (entry, head) item [begin, end): n = min(query length, rows) differentiated rows, m = min(length,
-/// keys) keys; dk, dv of the head zeroed and dq of rows n.. zeroed; keys and values transposed (kt, vt); then per
-/// tile of R = 8 rows (rows past n repeat row n - 1 and see no key):
+/// keys) keys; dq of rows n.. zeroed; keys and values transposed (kt, vt); then per tile of R = 8 rows (rows past
+/// n repeat row n - 1 and see no key):
 ///   P   = the forward's probabilities, recomputed as it computes them (scores, exp, 1 / l),
 ///   dP  = dO_r . v_j as the scores (one vt vector load per R FMAs),
 ///   D_r = sum_j P_rj dP_rj, dS = P (dP - D) scale (0 where P is),
 ///   dq_r = sum_j dS_rj k_j (as the forward's p.v; stored for real rows only),
-///   dk_j += sum_r dS_rj q_r, dv_j += sum_r P_rj dO_r over the tile's keys (4 keys x 64 features a tile);
+///   dk_j += sum_r dS_rj q_r, dv_j += sum_r P_rj dO_r over the tile's keys (4 keys x 64 features a tile; stored,
+///        not added, for keys no earlier tile touched: the touched keys are a prefix [0, touched) under every
+///        mask here, carried over the tiles), and after the tiles dk, dv of the keys none touched zeroed;
 /// the next item's operands are prefetched over the tiles as in the forward.
 /// Every output of an item is written by that item alone, in a fixed order: the same bits for any thread count.
 void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &ops, Value begin, Value end) {
@@ -494,11 +504,6 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
       K.store(K.zeroV, ops.dq, ValueRange{bi, K.add(n, ic[0]), K.add(base, b.create<arith::MulIOp>(
                                                                               loc, ic[1], L.idx(kLanes)))});
     });
-    L.nest({M, L.idx(chunks)}, [&](ValueRange jc) {
-      Value e = K.add(base, b.create<arith::MulIOp>(loc, jc[1], L.idx(kLanes)));
-      K.store(K.zeroV, ops.dk, ValueRange{bi, jc[0], e});
-      K.store(K.zeroV, ops.dv, ValueRange{bi, jc[0], e});
-    });
     K.transpose(ops.k, bi, base, M, M16, kt);
     K.transpose(ops.v, bi, base, M, M16, vt);
     Value tiles = b.create<arith::DivUIOp>(loc, K.add(n, L.idx(R - 1)), L.idx(R));
@@ -507,9 +512,11 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
     Value hasNext = L.lt(nextItem, items);
     Value nextEntry = b.create<arith::DivUIOp>(loc, nextItem, L.idx(H));
     Value nextBase = b.create<arith::MulIOp>(loc, b.create<arith::RemUIOp>(loc, nextItem, L.idx(H)), L.idx(dh));
-    L.nest({tiles}, [&](ValueRange t) {
-      Value r0 = b.create<arith::MulIOp>(loc, t[0], L.idx(R));
-      K.prefetchNext(hasNext, nextEntry, nextBase, t[0], tiles, r0, R, rows, M, {ops.q, ops.dO}, {ops.dq},
+    // Carried over the tiles: the keys [0, touched) the tiles so far wrote into dk and dv.
+    auto tileLoop = K.loop(L.idx(0), tiles, 1, ValueRange{L.idx(0)}, [&](Value t, ValueRange carried) {
+      Value touched = carried[0];
+      Value r0 = b.create<arith::MulIOp>(loc, t, L.idx(R));
+      K.prefetchNext(hasNext, nextEntry, nextBase, t, tiles, r0, R, rows, M, {ops.q, ops.dO}, {ops.dq},
                      {ops.k, ops.v}, {ops.dk, ops.dv});
       Tile tile = K.tileRows(bi, r0, R, lastRow, m, Value(), n);
       K.products(ops.q, bi, base, tile, kt, [&](Value jb, ArrayRef<Value> dots) {
@@ -570,8 +577,16 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
       }
       // From the tile's first key rounded down to 4 (the keys before it get nothing: 0 in P and dS).
       Value keysFrom = K.roundDown(tile.from, kGradKeys);
-      K.keyUpdates(G, ops.q, tile.row, ops.dk, bi, base, keysFrom, tile.to);
-      K.keyUpdates(S, ops.dO, tile.row, ops.dv, bi, base, keysFrom, tile.to);
+      K.keyUpdates(G, ops.q, tile.row, ops.dk, bi, base, keysFrom, tile.to, touched);
+      K.keyUpdates(S, ops.dO, tile.row, ops.dv, bi, base, keysFrom, tile.to, touched);
+      return SmallVector<Value>{b.create<arith::MaxSIOp>(loc, touched, tile.to)};
+    });
+    // Keys no tile saw (padding, and past the last row's under the causal mask) get 0.
+    L.nest({b.create<arith::SubIOp>(loc, M, tileLoop.getResult(0)), L.idx(chunks)}, [&](ValueRange jc) {
+      Value j = K.add(tileLoop.getResult(0), jc[0]);
+      Value e = K.add(base, b.create<arith::MulIOp>(loc, jc[1], L.idx(kLanes)));
+      K.store(K.zeroV, ops.dk, ValueRange{bi, j, e});
+      K.store(K.zeroV, ops.dv, ValueRange{bi, j, e});
     });
     return SmallVector<Value>{};
   });

@@ -1,10 +1,10 @@
 // RUN: lmcc-opt %s --lm-to-loops | FileCheck %s
 // lm-to-loops, Attention.cpp: lm.attention_grad with head size 16 (a multiple of 16, no relative positions, mask
 // none/causal/anticausal/diagonal) is generated in the vector form, in a task over (entry, head) items split by
-// lm_rt_parallel_for (called directly below 2^16 multiply-adds): per item dk, dv zeroed, keys and values transposed
-// in 16 x 16 register blocks, then per tile of 8 query rows the probabilities recomputed, dP = dO v^T as the
-// scores, D = sum P dP, dS = P (dP - D) scale, dq of the real rows only (rows past the length repeat the last one),
-// dk += dS^T q and dv += P^T dO in tiles of 4 keys. Head size 8 calls the runtime's C++ kernel.
+// lm_rt_parallel_for (called directly below 2^16 multiply-adds): per item keys and values transposed in 16 x 16
+// register blocks, then per tile of 8 query rows the probabilities recomputed, dP = dO v^T as the scores,
+// D = sum P dP, dS = P (dP - D) scale, dq of the real rows only (rows past the length repeat the last one),
+// dk (+)= dS^T q and dv (+)= P^T dO in tiles of 4 keys. Head size 8 calls the runtime's C++ kernel.
 
 module @m attributes {lm.model = #lm.model<name = "m", vocab = 11, max_len = 9, d_model = 32, heads = 2, d_ff = 12,
     layers = 1, pad = 0, eos = 1, unk = 2, bos = 3, mask = 4>} {
@@ -44,9 +44,7 @@ module @m attributes {lm.model = #lm.model<name = "m", vocab = 11, max_len = 9, 
 // CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<16x?xf32>
 // CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<8x?xf32>
 // CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<8x?xf32>
-// dq of rows past the query length, dk and dv zeroed; keys, then values transposed
-// CHECK: vector.store {{.*}} : memref<?x?x32xf32>, vector<16xf32>
-// CHECK: vector.store {{.*}} : memref<?x?x32xf32>, vector<16xf32>
+// dq of rows past the query length zeroed; keys, then values transposed
 // CHECK: vector.store {{.*}} : memref<?x?x32xf32>, vector<16xf32>
 // CHECK: vector.shuffle {{.*}} [0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23]
 // CHECK: vector.shuffle {{.*}} [0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23]
@@ -65,9 +63,18 @@ module @m attributes {lm.model = #lm.model<name = "m", vocab = 11, max_len = 9, 
 // dq: rows past the length (repeats of the last) are not stored
 // CHECK: scf.if
 // CHECK: vector.store {{.*}} : memref<?x?x32xf32>, vector<16xf32>
-// dk then dv in tiles of 4 keys: loaded, added to, stored
+// dk then dv in tiles of 4 keys: added to where an earlier tile wrote, stored where none did (no zeroing pass)
 // CHECK: scf.for {{.*}} step %c4
 // CHECK: vector.fma
 // CHECK: vector.load {{.*}} : memref<?x?x32xf32>, vector<16xf32>
 // CHECK: arith.addf {{.*}} : vector<16xf32>
+// CHECK: vector.store {{.*}} : memref<?x?x32xf32>, vector<16xf32>
+// CHECK: scf.for {{.*}} step %c4
+// CHECK: vector.fma
+// CHECK-NOT: arith.addf
+// CHECK: vector.store {{.*}} : memref<?x?x32xf32>, vector<16xf32>
+// the keys the tiles carried past are the touched prefix; the rest of dk and dv is zeroed after the tiles
+// CHECK: arith.maxsi
+// CHECK: scf.yield
+// CHECK: vector.store {{.*}} : memref<?x?x32xf32>, vector<16xf32>
 // CHECK: vector.store {{.*}} : memref<?x?x32xf32>, vector<16xf32>
