@@ -160,8 +160,10 @@ func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBia
   Value highHalf = b.create<arith::ConstantOp>(loc, i32Vec, DenseElementsAttr::get(i32Vec, int32_t(0xffff0000u)));
   Value sixteen = b.create<arith::ConstantOp>(loc, i32Vec, DenseElementsAttr::get(i32Vec, int32_t(16)));
   // One r x W tile at rows [m0, m0 + r) (row m0 - mb of the block) of the column slice starting at `slice` (panel p,
-  // group g). `ahead` is in the slice two slices on, prefetched at the same k.
-  auto tileAt = [&](int64_t r, Value m0, Value mb, Value p, Value g, Value slice, Value ahead) {
+  // group g). `aheads` are lines of the slice two slices on, prefetched at the same k (the second only when
+  // `fewTiles`).
+  auto tileAt = [&](int64_t r, Value m0, Value mb, Value p, Value g, Value slice, ArrayRef<Value> aheads,
+                    Value fewTiles) {
     SmallVector<Value> init(r * V, zeroVec);
     Value g0 = b.create<arith::MulIOp>(loc, g, cidx(W));
     auto loop = b.create<scf::ForOp>(loc, cidx(0), cidx(depth), cidx(1), init);
@@ -174,10 +176,19 @@ func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBia
       if (prefetch) {
         // Streamed from memory when the weight is larger than the caches (the vocabulary projection). Past the end,
         // clamped to the last float.
-        Value target = b.create<arith::MinSIOp>(loc, b.create<arith::AddIOp>(loc, ahead, kW), lastFloat);
-        b.create<memref::PrefetchOp>(loc, flatP, ValueRange{target},
-                                     /*isWrite=*/false, /*localityHint=*/3,
-                                     /*isDataCache=*/true);
+        auto prefetchLine = [&](Value line) {
+          Value target = b.create<arith::MinSIOp>(loc, b.create<arith::AddIOp>(loc, line, kW), lastFloat);
+          b.create<memref::PrefetchOp>(loc, flatP, ValueRange{target},
+                                       /*isWrite=*/false, /*localityHint=*/3,
+                                       /*isDataCache=*/true);
+        };
+        prefetchLine(aheads[0]);
+        if (aheads.size() > 1) {
+          auto second = b.create<scf::IfOp>(loc, fewTiles, /*withElse=*/false);
+          OpBuilder::InsertionGuard inner(b);
+          b.setInsertionPointToStart(second.thenBlock());
+          prefetchLine(aheads[1]);
+        }
       }
       SmallVector<Value> bv;
       for (int64_t j = 0; j < V; ++j)
@@ -287,17 +298,22 @@ func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBia
     Value height = b.create<arith::SubIOp>(loc, next, first);
     Value m0 = b.create<arith::AddIOp>(loc, mb, first);
     // A k row of the slice is W floats (W / 16 cache lines); tile t prefetches line t mod (W / 16) of each row of
-    // slice q + 2, so that the slice's first W / 16 tiles bring all of it (one line per k step: one tile alone
-    // brought a quarter of a 64-float slice, every tile the same quarter).
-    Value line = b.create<arith::MulIOp>(loc, b.create<arith::RemUIOp>(loc, t, cidx(std::max<int64_t>(1, W / 16))),
-                                         cidx(16));
-    Value tileAhead = b.create<arith::AddIOp>(loc, ahead, line);
+    // slice q + 2, and when the block has two tiles or fewer (the vocabulary projection of a sentence of 6 to 10
+    // rows) also line t + 2, so that the slice's tiles bring all of the next-but-one (a second line a k step for
+    // every tile made 20-row sentences 4-6% slower; one line and two tiles left half of it to demand misses).
+    const int64_t lines = std::max<int64_t>(1, W / 16);
+    Value fewTiles = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ule, T, cidx(2));
+    SmallVector<Value> tileAheads;
+    for (int64_t i = 0; i < std::min<int64_t>(lines, 2); ++i) {
+      Value line = b.create<arith::RemUIOp>(loc, i ? b.create<arith::AddIOp>(loc, t, cidx(2)) : t, cidx(lines));
+      tileAheads.push_back(b.create<arith::AddIOp>(loc, ahead, b.create<arith::MulIOp>(loc, line, cidx(16))));
+    }
     for (int64_t r = R; r >= 1; --r) {
       Value isR = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, height, cidx(r));
       auto branch = b.create<scf::IfOp>(loc, isR, /*withElse=*/false);
       OpBuilder::InsertionGuard inner(b);
       b.setInsertionPointToStart(branch.thenBlock());
-      tileAt(r, m0, mb, p, g, slice, tileAhead);
+      tileAt(r, m0, mb, p, g, slice, tileAheads, fewTiles);
     }
   }
   b.create<func::ReturnOp>(loc);

@@ -1,17 +1,26 @@
 // RUN: lmcc-opt --lm-to-loops="vector-bits=512" %s | FileCheck %s
-// A packed weight over 1 MB (1024 x 512 floats) streams from memory: every k step of a tile prefetches one cache
-// line of the column slice two slices on, tile t the line t mod 4 of the slice's 64-float (4-line) rows, so that the
-// first four tiles of a slice bring all of the next-but-one. Weights of 1 MB or less (the 8 x 1024 below) are not
-// prefetched.
+// A packed weight over 1 MB (1024 x 512 floats) streams from memory: every k step of a tile prefetches a cache line
+// of the column slice two slices on, tile t the line t mod 4 of the slice's 64-float (4-line) rows, and when the
+// block has at most two tiles (T <= 2) also line t + 2, so that the tiles of a slice bring all of the next-but-one.
+// Weights of 1 MB or less (the 8 x 1024 below) are not prefetched.
 
 // CHECK-LABEL: func.func private @lm_gemm_1024x512_bias_5x64
-// CHECK: %[[LINE:.+]] = arith.remui %[[T:arg[0-9]+]], %c4
-// CHECK: %[[OFF:.+]] = arith.muli %[[LINE]], %c16
-// CHECK: %[[AHEAD:.+]] = arith.addi %{{.*}}, %[[OFF]]
+// CHECK: %[[FEW:.+]] = arith.cmpi ule, %{{.*}}, %c2
+// CHECK: %[[LINE0:.+]] = arith.remui %[[T:arg[0-9]+]], %c4
+// CHECK: %[[OFF0:.+]] = arith.muli %[[LINE0]], %c16
+// CHECK: %[[AHEAD0:.+]] = arith.addi %{{.*}}, %[[OFF0]]
+// CHECK: %[[T2:.+]] = arith.addi %[[T]], %c2
+// CHECK: %[[LINE1:.+]] = arith.remui %[[T2]], %c4
+// CHECK: %[[OFF1:.+]] = arith.muli %[[LINE1]], %c16
+// CHECK: %[[AHEAD1:.+]] = arith.addi %{{.*}}, %[[OFF1]]
 // CHECK: scf.for
-// CHECK: %[[AT:.+]] = arith.addi %[[AHEAD]], %{{.*}}
-// CHECK: %[[CLAMPED:.+]] = arith.minsi %[[AT]], %{{.*}}
-// CHECK: memref.prefetch %{{.*}}[%[[CLAMPED]]], read, locality<3>, data
+// CHECK: %[[AT0:.+]] = arith.addi %[[AHEAD0]], %{{.*}}
+// CHECK: %[[CLAMPED0:.+]] = arith.minsi %[[AT0]], %{{.*}}
+// CHECK: memref.prefetch %{{.*}}[%[[CLAMPED0]]], read, locality<3>, data
+// CHECK: scf.if %[[FEW]] {
+// CHECK: %[[AT1:.+]] = arith.addi %[[AHEAD1]], %{{.*}}
+// CHECK: %[[CLAMPED1:.+]] = arith.minsi %[[AT1]], %{{.*}}
+// CHECK: memref.prefetch %{{.*}}[%[[CLAMPED1]]], read, locality<3>, data
 // CHECK-LABEL: func.func private @lm_gemm_8x1024_5x64
 // CHECK-NOT: memref.prefetch
 // CHECK: return
