@@ -23,6 +23,7 @@ import math
 import os
 import platform
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -449,11 +450,12 @@ def gaps_section(points, lmcc, speedups, bound):
                  "measured cause |", "|" + "---|" * 10] + rows + [""]
 
 
-def write_report(ws, date, quick, limits, kernels, points, lmcc, peer, out_dir, versions, wall, machine):
+def write_report(ws, date, quick, limits, kernels, points, lmcc, peer, out_dir, versions, wall, machine, only=None):
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = date + ("-quick" if quick else "")
-    md = ["# lmcc benchmarks, %s%s" % (date, " (--quick)" if quick else ""), "",
-          "Command: `scripts/bench.sh%s` (%.0f s wall). %s" % (" --quick" if quick else "", wall, versions), "",
+    stem = date + ("-quick" if quick else "") + ("-only" if only else "")
+    flags = (" --quick" if quick else "") + (" --only '%s'" % only if only else "")
+    md = ["# lmcc benchmarks, %s%s" % (date, " (%s)" % flags.strip() if flags else ""), "",
+          "Command: `scripts/bench.sh%s` (%.0f s wall). %s" % (flags, wall, versions), "",
           "Machine: " + machine, "",
           "Times are medians in milliseconds per call (± the spread: population standard deviation over the samples "
           "as a percentage of the median; `(1)` = one sample). `bound` is the roofline bound of that call: "
@@ -690,6 +692,9 @@ def main():
     ap.add_argument("--no-peers", action="store_true", help="lmcc only")
     ap.add_argument("--max-call", type=float, default=None,
                     help="skip calls estimated longer than this many seconds (default 60, quick 5)")
+    ap.add_argument("--only", metavar="REGEX",
+                    help="the entries whose name (model/variant/entry/n:N/batch:B/threads:T) matches REGEX, with the"
+                         " machine limits only from kernel_bench (re-measuring a report's gap entries)")
     ap.add_argument("--report-from", metavar="RAW_JSON",
                     help="only write the report of an earlier run from its raw.json (in --work)")
     args = ap.parse_args()
@@ -700,10 +705,14 @@ def main():
     ws = Workspace(args.work)
     date = datetime.date.today().isoformat()
     log("kernel_bench (machine limits, GEMM, attention)")
-    kernels = run_kernel_bench(args.quick, ws.work / "kernel_bench.json")
+    kernels = run_kernel_bench(args.quick, ws.work / "kernel_bench.json", machine_only=bool(args.only))
     limits = machine_limits(kernels)
     log(machine_text(limits))
     points = make_plan(args.quick)
+    if args.only:
+        points = [p for p in points if re.search(args.only, p.name)]
+        if not points:
+            sys.exit("run.py: no entry matches --only %s" % args.only)
     for p in points:  # weights and libraries first, so that compiling does not overlap timing
         ws.weights(p.model)
         ws.library(p.model, p.variant)
@@ -725,7 +734,7 @@ def main():
         "meta": {"date": date, "quick": args.quick, "versions": versions, "wall": wall}}, default=str, indent=1))
     used = combine_limits(limits, end)
     path = write_report(ws, date, args.quick, used, kernels, points, lmcc, peer,
-                        Path(args.out), versions, wall, machine_text(used, limits, end))
+                        Path(args.out), versions, wall, machine_text(used, limits, end), args.only)
     log("wrote %s (%.0f s)" % (path, time.time() - start))
 
 

@@ -3,6 +3,8 @@
 # measured peak and bandwidth. Writes bench/results/<date>.md and PNG plots (bench/run.py says how).
 #   scripts/bench.sh            the full grid (n 10..128, batch 1 and 32, 1 and 2 threads; about 40 min)
 #   scripts/bench.sh --quick    n = 20, batch 1, 1 thread (under 3 minutes once built)
+#   scripts/bench.sh --only RE  the grid's entries whose name matches RE (e.g. 'tta/opt/score/n:10/batch:1/'),
+#                               machine limits only: bench/results/<date>-only.md
 # Needs nothing the tests install: OpenBLAS (scripts/bench-deps.sh) and a virtual environment with the
 # PyPI wheels of torch (CPU), onnxruntime, onnx, onnxscript and matplotlib ($LMCC_BENCH_VENV,
 # default ~/.cache/lmcc-bench/venv), made here on first use.
@@ -13,6 +15,6 @@ venv=$("$root/scripts/bench-venv.sh" torch onnxruntime onnx onnxscript numpy mat
 "$venv/bin/python" "$root/bench/run.py" "$@"
 # The full grid also times training (issue 14): bench/results/<date>-train.md (scripts/bench-train.sh).
 case " $* " in
-  *" --quick "*) ;;
+  *" --quick "* | *" --only "* | *" --only="*) ;;
   *) "$root/scripts/bench-train.sh" --steps 5 ;;
 esac
