@@ -592,46 +592,71 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
   });
 }
 
-/// The vector form's task: items [begin, end) of the operands whose addresses and sizes are in ctx (q, k, v,
-/// out, lengths, query positions or 0, entries B, query rows, keys M). One per (mask, heads, width, scale).
-func::FuncOp getOrCreateVectorTask(lm::AttentionOp a, Loops &L) {
-  int64_t D = a.getType().getDimSize(2), H = a.getHeads();
-  float scale = a.getScale().convertToFloat();
-  uint32_t scaleBits;
-  std::memcpy(&scaleBits, &scale, sizeof scaleBits);
-  bool positions = bool(a.getQueryPositions());
-  std::string name = llvm::formatv("lm_attention_task_{0}_h{1}_d{2}_s{3:x}{4}", lm::stringifyMaskKind(a.getMask()),
-                                   H, D, scaleBits, positions ? "_positions" : "");
-  auto module = a->getParentOfType<ModuleOp>();
+/// What a task body reads its operands from: the ctx fields (i64 addresses and sizes) of a task function.
+struct TaskFields {
+  OpBuilder &b;
+  Location loc;
+  Value ctx;
+  int64_t width; ///< D, the last dimension of the [entries, rows, D] operands
+
+  Value field(int64_t i) { return taskField(b, loc, ctx, i); }
+  Value index(Value i64) { return b.create<arith::IndexCastOp>(loc, b.getIndexType(), i64); }
+  Value c64(int64_t v) { return b.create<LLVM::ConstantOp>(loc, b.getI64Type(), b.getI64IntegerAttr(v)); }
+  /// [entries, rows, D] f32 at field `address`.
+  Value matrix(int64_t address, Value entries, Value rows) {
+    auto type = MemRefType::get({ShapedType::kDynamic, ShapedType::kDynamic, width}, b.getF32Type());
+    return memrefAt(b, loc, field(address), {entries, rows, c64(width)},
+                    {b.create<LLVM::MulOp>(loc, rows, c64(width)), c64(width), c64(1)}, type);
+  }
+  /// [entries] i32 at field `address`.
+  Value ints(int64_t address, Value entries) {
+    return memrefAt(b, loc, field(address), {entries}, {c64(1)},
+                    MemRefType::get({ShapedType::kDynamic}, b.getI32Type()));
+  }
+};
+
+/// The task function `name` over items [begin, end) (its arguments: ctx, begin, end), made on first use:
+/// `body(fields, begin, end)` emits the items (it may point L.lengths at the task's lengths buffer; the kernel's
+/// is restored after).
+func::FuncOp getOrCreateTask(Operation *op, Loops &L, StringRef name, int64_t width,
+                             const std::function<void(TaskFields &, Value, Value)> &body) {
+  auto module = op->getParentOfType<ModuleOp>();
   if (auto existing = module.lookupSymbol<func::FuncOp>(name))
     return existing;
   auto &b = L.b;
-  Location loc = L.loc;
   OpBuilder::InsertionGuard guard(b);
   func::FuncOp task = createTask(b, module, name);
   Block *entry = &task.getBody().front();
   b.setInsertionPointToStart(entry);
-  auto field = [&](int64_t i) { return taskField(b, loc, entry->getArgument(0), i); };
-  auto c64 = [&](int64_t v) -> Value { return b.create<LLVM::ConstantOp>(loc, b.getI64Type(), b.getI64IntegerAttr(v)); };
-  auto mul = [&](Value x, Value y) -> Value { return b.create<LLVM::MulOp>(loc, x, y); };
-  auto index = [&](Value i64) -> Value { return b.create<arith::IndexCastOp>(loc, b.getIndexType(), i64); };
-  int64_t dyn = ShapedType::kDynamic;
-  auto rows3 = MemRefType::get({dyn, dyn, D}, L.f32()), ints = MemRefType::get({dyn}, L.i32());
-  Value entries = field(6), rows = field(7), keys = field(8);
-  auto matrix = [&](Value address, Value n) {
-    return memrefAt(b, loc, address, {entries, n, c64(D)}, {mul(n, c64(D)), c64(D), c64(1)}, rows3);
-  };
-  VectorOperands ops{matrix(field(0), rows), matrix(field(1), keys), matrix(field(2), keys), matrix(field(3), rows),
-                     Value(), index(entries)};
-  Value lengths = memrefAt(b, loc, field(4), {entries}, {c64(1)}, ints);
-  if (positions)
-    ops.queryPositions = memrefAt(b, loc, field(5), {entries}, {c64(1)}, ints);
+  TaskFields fields{b, L.loc, entry->getArgument(0), width};
   Value kernelLengths = L.lengths;
-  L.lengths = lengths;
-  emitVectorItems(a, L, ops, index(entry->getArgument(1)), index(entry->getArgument(2)));
+  body(fields, fields.index(entry->getArgument(1)), fields.index(entry->getArgument(2)));
   L.lengths = kernelLengths;
-  b.create<func::ReturnOp>(loc);
+  b.create<func::ReturnOp>(L.loc);
   return task;
+}
+
+/// The scale's bits in hexadecimal, for task names.
+uint32_t bitsOf(float scale) {
+  uint32_t bits;
+  std::memcpy(&bits, &scale, sizeof bits);
+  return bits;
+}
+
+/// The vector form's task: items [begin, end) of the operands whose addresses and sizes are in ctx (q, k, v,
+/// out, lengths, query positions or 0, entries B, query rows, keys M). One per (mask, heads, width, scale).
+func::FuncOp getOrCreateVectorTask(lm::AttentionOp a, Loops &L) {
+  int64_t D = a.getType().getDimSize(2), H = a.getHeads();
+  bool positions = bool(a.getQueryPositions());
+  std::string name = llvm::formatv("lm_attention_task_{0}_h{1}_d{2}_s{3:x}{4}", lm::stringifyMaskKind(a.getMask()),
+                                   H, D, bitsOf(a.getScale().convertToFloat()), positions ? "_positions" : "");
+  return getOrCreateTask(a, L, name, D, [&](TaskFields &f, Value begin, Value end) {
+    Value entries = f.field(6), rows = f.field(7), keys = f.field(8);
+    VectorOperands ops{f.matrix(0, entries, rows), f.matrix(1, entries, keys), f.matrix(2, entries, keys),
+                       f.matrix(3, entries, rows), positions ? f.ints(5, entries) : Value(), f.index(entries)};
+    L.lengths = f.ints(4, entries);
+    emitVectorItems(a, L, ops, begin, end);
+  });
 }
 
 /// The vector form over every (entry, head) item: split over the runtime's threads by a task when the operands
@@ -671,43 +696,18 @@ LogicalResult lowerVector(lm::AttentionOp a, Loops &L) {
 /// dq, dk, dv, lengths, query lengths or 0, entries B, query rows, keys M). One per (mask, heads, width, scale).
 func::FuncOp getOrCreateGradTask(lm::AttentionGradOp a, Loops &L) {
   int64_t D = llvm::cast<ShapedType>(a.getQuery().getType()).getDimSize(2), H = a.getHeads();
-  float scale = a.getScale().convertToFloat();
-  uint32_t scaleBits;
-  std::memcpy(&scaleBits, &scale, sizeof scaleBits);
   bool queryLengths = bool(a.getQueryLengths());
   std::string name = llvm::formatv("lm_attention_grad_task_{0}_h{1}_d{2}_s{3:x}{4}",
-                                   lm::stringifyMaskKind(a.getMask()), H, D, scaleBits,
+                                   lm::stringifyMaskKind(a.getMask()), H, D, bitsOf(a.getScale().convertToFloat()),
                                    queryLengths ? "_query_lengths" : "");
-  auto module = a->getParentOfType<ModuleOp>();
-  if (auto existing = module.lookupSymbol<func::FuncOp>(name))
-    return existing;
-  auto &b = L.b;
-  Location loc = L.loc;
-  OpBuilder::InsertionGuard guard(b);
-  func::FuncOp task = createTask(b, module, name);
-  Block *entry = &task.getBody().front();
-  b.setInsertionPointToStart(entry);
-  auto field = [&](int64_t i) { return taskField(b, loc, entry->getArgument(0), i); };
-  auto c64 = [&](int64_t v) -> Value { return b.create<LLVM::ConstantOp>(loc, b.getI64Type(), b.getI64IntegerAttr(v)); };
-  auto mul = [&](Value x, Value y) -> Value { return b.create<LLVM::MulOp>(loc, x, y); };
-  auto index = [&](Value i64) -> Value { return b.create<arith::IndexCastOp>(loc, b.getIndexType(), i64); };
-  int64_t dyn = ShapedType::kDynamic;
-  auto rows3 = MemRefType::get({dyn, dyn, D}, L.f32()), ints = MemRefType::get({dyn}, L.i32());
-  Value entries = field(9), rows = field(10), keys = field(11);
-  auto matrix = [&](Value address, Value n) {
-    return memrefAt(b, loc, address, {entries, n, c64(D)}, {mul(n, c64(D)), c64(D), c64(1)}, rows3);
-  };
-  GradOperands ops{matrix(field(0), rows), matrix(field(1), rows), matrix(field(2), keys), matrix(field(3), keys),
-                   matrix(field(4), rows), matrix(field(5), keys), matrix(field(6), keys), Value(), index(entries)};
-  Value lengths = memrefAt(b, loc, field(7), {entries}, {c64(1)}, ints);
-  if (queryLengths)
-    ops.queryLengths = memrefAt(b, loc, field(8), {entries}, {c64(1)}, ints);
-  Value kernelLengths = L.lengths;
-  L.lengths = lengths;
-  emitVectorGradItems(a, L, ops, index(entry->getArgument(1)), index(entry->getArgument(2)));
-  L.lengths = kernelLengths;
-  b.create<func::ReturnOp>(loc);
-  return task;
+  return getOrCreateTask(a, L, name, D, [&](TaskFields &f, Value begin, Value end) {
+    Value entries = f.field(9), rows = f.field(10), keys = f.field(11);
+    GradOperands ops{f.matrix(0, entries, rows), f.matrix(1, entries, rows), f.matrix(2, entries, keys),
+                     f.matrix(3, entries, keys), f.matrix(4, entries, rows), f.matrix(5, entries, keys),
+                     f.matrix(6, entries, keys), queryLengths ? f.ints(8, entries) : Value(), f.index(entries)};
+    L.lengths = f.ints(7, entries);
+    emitVectorGradItems(a, L, ops, begin, end);
+  });
 }
 
 } // namespace
