@@ -211,7 +211,7 @@ def run_kernel_bench(quick, out_json, machine_only=False):
     if machine_only:
         args += ["--benchmark_min_time=0.3", "--benchmark_repetitions=3", "--benchmark_filter=machine"]
     elif quick:
-        args += ["--benchmark_min_time=0.1", "--benchmark_filter=machine|gemm/generated|attention/.*/n:128/batch:1"]
+        args += ["--benchmark_min_time=0.1", "--benchmark_filter=machine|gemm/generated|attention(_grad)?/.*/n:128/batch:1"]
     else:
         args += ["--benchmark_min_time=0.3", "--benchmark_repetitions=3"]
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
@@ -555,14 +555,18 @@ def write_report(ws, date, quick, limits, kernels, points, lmcc, peer, out_dir, 
             r = kernels.get("gemm/%s/%s" % (lib, s))
             row += ["%.1f" % r["GFLOPs"], "%.0f%%" % (100 * r["GFLOPs"] / peak1)] if r and "GFLOPs" in r else ["-", "-"]
         md.append("| " + " | ".join(row) + " |")
-    md += ["", "## Attention kernels (generated, 8 heads, d 512, 1 thread)", "",
-           "| mask | n | batch | ms | GFLOP/s | of peak |", "|---|---|---|---|---|---|"]
+    md += ["", "## Attention kernels (8 heads, d 512, 1 thread)", "",
+           "`forward`: lm.attention, generated; `backward`: lm.attention_grad, generated (its vector form, what "
+           "compiled training runs here); `backward (C++)`: the runtime's lm_rt_attention_grad (relative positions, "
+           "directional rows). FLOPs: 4 d (forward) and 10 d (backward) per visible query-key pair.", "",
+           "| kernel | mask | n | batch | ms | GFLOP/s | of peak |", "|---|---|---|---|---|---|---|"]
+    kinds = {"attention": "forward", "attention_grad": "backward", "attention_grad_rt": "backward (C++)"}
     for k, r in kernels.items():
-        if k.startswith("attention/") and "GFLOPs" in r:
-            parts = k.split("/")
-            md.append("| %s | %s | %s | %.3f | %.1f | %.0f%% |" % (parts[1], parts[2][2:], parts[3][6:],
-                                                                   r["median"] * 1e3, r["GFLOPs"],
-                                                                   100 * r["GFLOPs"] / peak1))
+        parts = k.split("/")
+        if parts[0] in kinds and len(parts) == 4 and "GFLOPs" in r:
+            md.append("| %s | %s | %s | %s | %.3f | %.1f | %.0f%% |" % (kinds[parts[0]], parts[1], parts[2][2:],
+                                                                        parts[3][6:], r["median"] * 1e3,
+                                                                        r["GFLOPs"], 100 * r["GFLOPs"] / peak1))
     md.append("")
     plots = make_plots(ws, points, lmcc, peer, limits, out_dir, stem, bound)
     md += ["## Plots", ""] + ["![%s](%s)" % (p.stem, p.name) for p in plots] + [""]
