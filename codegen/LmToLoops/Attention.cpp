@@ -659,38 +659,48 @@ func::FuncOp getOrCreateVectorTask(lm::AttentionOp a, Loops &L) {
   });
 }
 
-/// The vector form over every (entry, head) item: split over the runtime's threads by a task when the operands
-/// are whole buffers and the call has work enough to pay for it (at batch 1 the heads of one sentence would
-/// otherwise run on one core while the GEMMs around them use every core), else inline.
-LogicalResult lowerVector(lm::AttentionOp a, Loops &L) {
+/// Runs a vector form's (entry, head) items: split over the runtime's threads by `task()` when every operand is a
+/// whole buffer (ctx: `addresses`, then B, query rows, keys) and the call has work enough to pay for it (at batch 1
+/// the heads of one sentence would otherwise run on one core while the GEMMs around them use every core), else
+/// inline by `emit(begin, end)`.
+void runItems(Loops &L, ArrayRef<Value> operands, int64_t heads, int64_t width, Value rows, Value keys,
+              ArrayRef<Value> addresses, const std::function<func::FuncOp()> &task,
+              const std::function<void(Value, Value)> &emit) {
   auto &b = L.b;
   Location loc = L.loc;
+  Value items = b.create<arith::MulIOp>(loc, L.B, L.idx(heads));
+  auto whole = [](Value m) { return !m || llvm::cast<MemRefType>(m.getType()).getLayout().isIdentity(); };
+  if (!llvm::all_of(operands, whole)) {
+    emit(L.idx(0), items);
+    return;
+  }
+  auto i64 = [&](Value index) -> Value { return b.create<arith::IndexCastOp>(loc, b.getI64Type(), index); };
+  // Query rows x keys x width multiply-adds of every entry: below 2^16 (a few microseconds) the call stays on
+  // this thread.
+  Value work = b.create<arith::MulIOp>(
+      loc, b.create<arith::MulIOp>(loc, L.B, b.create<arith::MulIOp>(loc, rows, keys)), L.idx(width));
+  SmallVector<Value> fields(addresses.begin(), addresses.end());
+  fields.append({i64(L.B), i64(rows), i64(keys)});
+  L.parallelFor(task(), items, fields, L.lt(work, L.idx(1 << 16)));
+}
+
+/// The address of a buffer that may be absent (0 then).
+Value addressOrZero(Loops &L, Value m) { return m ? L.address(m) : L.i64c(0); }
+
+/// The vector form over every (entry, head) item (runItems).
+LogicalResult lowerVector(lm::AttentionOp a, Loops &L) {
   L.lengths = L.in(a.getLengths());
   Value q = L.in(a.getQuery()), k = L.in(a.getKey()), v = L.in(a.getValue()), out = L.alloc(a.getType());
   Value queryPositions = a.getQueryPositions() ? L.in(a.getQueryPositions()) : Value();
   VectorOperands ops{q, k, v, out, queryPositions, L.B};
-  Value items = b.create<arith::MulIOp>(loc, L.B, L.idx(a.getHeads()));
-  auto whole = [](Value m) { return llvm::cast<MemRefType>(m.getType()).getLayout().isIdentity(); };
-  if (!whole(q) || !whole(k) || !whole(v) || !whole(L.lengths) || (queryPositions && !whole(queryPositions))) {
-    emitVectorItems(a, L, ops, L.idx(0), items);
-    return L.set(a, out);
-  }
-  func::FuncOp task = getOrCreateVectorTask(a, L);
-  auto i64 = [&](Value index) -> Value { return b.create<arith::IndexCastOp>(loc, b.getI64Type(), index); };
-  Value rows = b.create<memref::DimOp>(loc, q, 1), keys = b.create<memref::DimOp>(loc, k, 1);
-  // Query rows x keys x width multiply-adds of every entry: below 2^16 (a few microseconds) the call stays on
-  // this thread.
-  Value work = b.create<arith::MulIOp>(
-      loc, b.create<arith::MulIOp>(loc, L.B, b.create<arith::MulIOp>(loc, rows, keys)),
-      L.idx(a.getType().getDimSize(2)));
-  Value serial = L.lt(work, L.idx(1 << 16));
-  L.parallelFor(task, items,
-                {L.address(q), L.address(k), L.address(v), L.address(out), L.address(L.lengths),
-                 queryPositions ? L.address(queryPositions) : L.i64c(0), i64(L.B), i64(rows), i64(keys)},
-                serial);
+  Value rows = L.b.create<memref::DimOp>(L.loc, q, 1), keys = L.b.create<memref::DimOp>(L.loc, k, 1);
+  runItems(L, {q, k, v, L.lengths, queryPositions}, a.getHeads(), a.getType().getDimSize(2), rows, keys,
+           {L.address(q), L.address(k), L.address(v), L.address(out), L.address(L.lengths),
+            addressOrZero(L, queryPositions)},
+           [&] { return getOrCreateVectorTask(a, L); },
+           [&](Value begin, Value end) { emitVectorItems(a, L, ops, begin, end); });
   return L.set(a, out);
 }
-
 
 /// The backward's task: items [begin, end) of the operands whose addresses and sizes are in ctx (dO, q, k, v,
 /// dq, dk, dv, lengths, query lengths or 0, entries B, query rows, keys M). One per (mask, heads, width, scale).
@@ -721,8 +731,6 @@ bool hasVectorAttentionGrad(lm::AttentionGradOp op) {
 }
 
 LogicalResult lowerVectorAttentionGrad(lm::AttentionGradOp op, Loops &L) {
-  auto &b = L.b;
-  Location loc = L.loc;
   L.lengths = L.in(op.getLengths());
   Value dO = L.in(op.getGrad()), q = L.in(op.getQuery()), k = L.in(op.getKey()), v = L.in(op.getValue());
   Value queryLengths = op.getQueryLengths() ? L.in(op.getQueryLengths()) : Value();
@@ -730,26 +738,13 @@ LogicalResult lowerVectorAttentionGrad(lm::AttentionGradOp op, Loops &L) {
   Value dq = L.alloc(op.getDQuery().getType(), L.dims(q)), dk = L.alloc(op.getDKey().getType(), L.dims(k)),
         dv = L.alloc(op.getDValue().getType(), L.dims(v));
   GradOperands ops{dO, q, k, v, dq, dk, dv, queryLengths, L.B};
-  Value items = b.create<arith::MulIOp>(loc, L.B, L.idx(op.getHeads()));
-  auto whole = [](Value m) { return llvm::cast<MemRefType>(m.getType()).getLayout().isIdentity(); };
-  if (!whole(dO) || !whole(q) || !whole(k) || !whole(v) || !whole(L.lengths) ||
-      (queryLengths && !whole(queryLengths))) {
-    emitVectorGradItems(op, L, ops, L.idx(0), items);
-    return L.setAll(op, {dq, dk, dv});
-  }
-  func::FuncOp task = getOrCreateGradTask(op, L);
-  auto i64 = [&](Value index) -> Value { return b.create<arith::IndexCastOp>(loc, b.getI64Type(), index); };
-  Value rows = b.create<memref::DimOp>(loc, q, 1), keys = b.create<memref::DimOp>(loc, k, 1);
-  // As the forward: calls under 2^16 multiply-adds (rows x keys x width over the entries) stay on this thread.
-  Value work = b.create<arith::MulIOp>(
-      loc, b.create<arith::MulIOp>(loc, L.B, b.create<arith::MulIOp>(loc, rows, keys)),
-      L.idx(llvm::cast<ShapedType>(op.getQuery().getType()).getDimSize(2)));
-  Value serial = L.lt(work, L.idx(1 << 16));
-  L.parallelFor(task, items,
-                {L.address(dO), L.address(q), L.address(k), L.address(v), L.address(dq), L.address(dk), L.address(dv),
-                 L.address(L.lengths), queryLengths ? L.address(queryLengths) : L.i64c(0), i64(L.B), i64(rows),
-                 i64(keys)},
-                serial);
+  Value rows = L.b.create<memref::DimOp>(L.loc, q, 1), keys = L.b.create<memref::DimOp>(L.loc, k, 1);
+  runItems(L, {dO, q, k, v, L.lengths, queryLengths}, op.getHeads(),
+           llvm::cast<ShapedType>(op.getQuery().getType()).getDimSize(2), rows, keys,
+           {L.address(dO), L.address(q), L.address(k), L.address(v), L.address(dq), L.address(dk), L.address(dv),
+            L.address(L.lengths), addressOrZero(L, queryLengths)},
+           [&] { return getOrCreateGradTask(op, L); },
+           [&](Value begin, Value end) { emitVectorGradItems(op, L, ops, begin, end); });
   return L.setAll(op, {dq, dk, dv});
 }
 

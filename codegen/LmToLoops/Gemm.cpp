@@ -278,6 +278,7 @@ func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBia
       b.create<memref::StoreOp>(loc, loadBf16Pair(b, loc, A, row, kv, k), A2, ValueRange{i, kv});
     }
     Value T = b.create<arith::DivUIOp>(loc, b.create<arith::AddIOp>(loc, Mb, cidx(R - 1)), cidx(R));
+    Value fewTiles = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ule, T, cidx(2)); // prefetch below
     auto panels = b.create<scf::ForOp>(loc, pBegin, pEnd, cidx(1));
     b.setInsertionPointToStart(panels.getBody());
     Value p = panels.getInductionVar();
@@ -302,7 +303,6 @@ func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBia
     // rows) also line t + 2, so that the slice's tiles bring all of the next-but-one (a second line a k step for
     // every tile made 20-row sentences 4-6% slower; one line and two tiles left half of it to demand misses).
     const int64_t lines = std::max<int64_t>(1, W / 16);
-    Value fewTiles = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ule, T, cidx(2));
     SmallVector<Value> tileAheads;
     for (int64_t i = 0; i < std::min<int64_t>(lines, 2); ++i) {
       Value line = b.create<arith::RemUIOp>(loc, i ? b.create<arith::AddIOp>(loc, t, cidx(2)) : t, cidx(lines));
