@@ -2,7 +2,8 @@
 //
 // lm.token_loss, lm.cross_entropy and the backward ops of lm-autodiff (dialect/LmOps.td,
 // "Training") lower to calls of the runtime's training kernels (runtime/lib/TrainKernels.cpp:
-// Eigen GEMMs and loops compiled for the host's ISA level, deterministic for any thread count)
+// loops compiled for the host's ISA level, deterministic for any thread count; those with GEMMs
+// get the library's generated training GEMM, Gemm.h getOrCreateTrainGemm, as a function pointer)
 // on the ops' buffers; lm.param_grad copies a weight's gradient into its slot of the entry
 // point's gradient buffer (the last argument of `<model>_loss_grad_kernel`). lm.attention_grad in
 // the vector form is generated (Attention.cpp); the rest of it calls lm_rt_attention_grad.
@@ -21,11 +22,13 @@ void declareTrainingRuntime(OpBuilder &b, Location loc) {
   auto declare = [&](StringRef name, ArrayRef<Type> args) {
     b.create<func::FuncOp>(loc, name, b.getFunctionType(args, {})).setPrivate();
   };
-  declare("lm_rt_token_loss", {ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, f64, ptr, ptr});
-  declare("lm_rt_token_loss_grad", {ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, f64, i32, ptr, ptr, ptr});
-  declare("lm_rt_ngram_head_loss", {ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, f64, i64, f64, i32, ptr, ptr});
-  declare("lm_rt_ngram_head_grad", {ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, f64, i64, f64, i32, ptr, ptr, ptr});
-  declare("lm_rt_linear_grad", {ptr, ptr, ptr, i64, i64, i64, ptr, ptr, ptr});
+  // The kernels running GEMMs end with the library's training GEMM: (lm_rt_gemm_fn, column-slice width).
+  declare("lm_rt_token_loss", {ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, f64, ptr, ptr, ptr, i64});
+  declare("lm_rt_token_loss_grad", {ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, f64, i32, ptr, ptr, ptr, ptr, i64});
+  declare("lm_rt_ngram_head_loss", {ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, f64, i64, f64, i32, ptr, ptr, ptr, i64});
+  declare("lm_rt_ngram_head_grad",
+          {ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, f64, i64, f64, i32, ptr, ptr, ptr, ptr, i64});
+  declare("lm_rt_linear_grad", {ptr, ptr, ptr, i64, i64, i64, ptr, ptr, ptr, ptr, i64});
   declare("lm_rt_layer_norm_grad", {ptr, ptr, ptr, i64, i64, f64, ptr, ptr, ptr});
   declare("lm_rt_activation_grad", {ptr, ptr, i64, i32, ptr});
   declare("lm_rt_attention_grad", {ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, ptr, ptr, i64, i64, i64, i64, i64, i64, i32, f32,
@@ -71,6 +74,10 @@ struct Call {
     args.push_back(L.f32c(v));
     return *this;
   }
+  Call &gemm() {
+    args.append(L.trainGemm());
+    return *this;
+  }
   void emit(StringRef name) { L.b.create<func::CallOp>(L.loc, name, TypeRange{}, args); }
 };
 
@@ -103,6 +110,7 @@ struct TokenLossLowering : LmLowering<lm::TokenLossOp> {
         .f64(op.getSmoothing().convertToDouble())
         .ptr(ce)
         .ptr(lse)
+        .gemm()
         .emit("lm_rt_token_loss");
     return L.setAll(op, {ce, lse});
   }
@@ -130,6 +138,7 @@ struct TokenLossGradLowering : LmLowering<lm::TokenLossGradOp> {
         .ptr(dh)
         .ptr(dW)
         .ptr(op.getDBias().use_empty() ? Value() : db)
+        .gemm()
         .emit("lm_rt_token_loss_grad");
     return L.setAll(op, {dh, dW, db});
   }
@@ -207,6 +216,7 @@ struct LinearGradLowering : LmLowering<lm::LinearGradOp> {
         .ptr(op.getDInput().use_empty() ? Value() : dx)
         .ptr(dW)
         .ptr(op.getDBias().use_empty() ? Value() : db)
+        .gemm()
         .emit("lm_rt_linear_grad");
     return L.setAll(op, {dx, dW, db});
   }

@@ -114,28 +114,26 @@ static std::string gemmName(const char *prefix, int64_t n, int64_t k, bool withB
   return prefix + std::to_string(n) + "x" + std::to_string(k) + (withBias ? "_bias_" : "_") + tile.name();
 }
 
-func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBias, GemmTile tile) {
-  assert(kPanel % tile.cols() == 0 && "a tile's columns divide the panel");
-  std::string name = gemmName("lm_gemm_", n, k, withBias, tile);
-  if (auto existing = module.lookupSymbol<func::FuncOp>(name))
-    return existing;
-  MLIRContext *ctx = module.getContext();
-  OpBuilder b(ctx);
-  b.setInsertionPointToEnd(module.getBody());
-  Location loc = b.getUnknownLoc();
+namespace {
+
+/// The operands of one generated GEMM body (getOrCreateGemm, getOrCreateTrainGemm). `k` is the static depth, or
+/// ShapedType::kDynamic with `K` its runtime value (fp32 only). `N` bounds the columns; `accumulate` (an i1, or null)
+/// adds C's old values to the products.
+struct GemmBody {
+  Value A, P, bias, C, pBegin, pEnd, cBase, N, K, accumulate;
+  int64_t n, k;
+  bool withBias, prefetch;
+};
+
+} // namespace
+
+static void emitGemmBody(OpBuilder &b, Location loc, const GemmBody &op, GemmTile tile) {
+  MLIRContext *ctx = b.getContext();
   int64_t dyn = ShapedType::kDynamic;
-  Type f32 = b.getF32Type(), index = b.getIndexType();
-  auto aType = MemRefType::get({dyn, k}, f32);
-  auto pType = MemRefType::get({dyn, kPanel}, f32, StridedLayoutAttr::get(ctx, dyn, {kPanel, 1}));
-  auto biasType = MemRefType::get({dyn}, f32, StridedLayoutAttr::get(ctx, dyn, {1}));
-  auto cType = MemRefType::get({dyn, dyn}, f32);
-  auto fn =
-      b.create<func::FuncOp>(loc, name, b.getFunctionType({aType, pType, biasType, cType, index, index, index}, {}));
-  fn.setPrivate();
-  Block *entry = fn.addEntryBlock();
-  b.setInsertionPointToStart(entry);
-  Value A = entry->getArgument(0), P = entry->getArgument(1), bias = entry->getArgument(2), C = entry->getArgument(3);
-  Value pBegin = entry->getArgument(4), pEnd = entry->getArgument(5), cBase = entry->getArgument(6);
+  Type f32 = b.getF32Type();
+  const int64_t n = op.n, k = op.k;
+  const bool dynamicK = k == dyn, withBias = op.withBias, prefetch = op.prefetch;
+  Value A = op.A, P = op.P, bias = op.bias, C = op.C, pBegin = op.pBegin, pEnd = op.pEnd, cBase = op.cBase;
   auto cidx = [&](int64_t v) -> Value { return b.create<arith::ConstantIndexOp>(loc, v); };
   const int64_t R = tile.rows, V = tile.vectors, L = tile.lanes, W = tile.cols(), groups = kPanel / W;
   auto vec = VectorType::get({L}, f32);
@@ -146,15 +144,24 @@ func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBia
   auto flatType = MemRefType::get({dyn}, f32, StridedLayoutAttr::get(ctx, dyn, {1}));
   Value flatP = b.create<memref::CollapseShapeOp>(loc, flatType, P, ArrayRef<ReassociationIndices>{{0, 1}});
   const bool bf16 = tile.bf16(), dot = tile.weights == GemmTile::Weights::Bf16Dot;
-  const int64_t depth = packedDepth(k, bf16); // rows of a column slice: k floats, or ceil(k / 2) bf16 pairs
+  assert((!dynamicK || !bf16) && "a dynamic depth takes fp32 operands");
+  // Rows of a column slice: k floats, or ceil(k / 2) bf16 pairs.
+  Value depth = dynamicK ? op.K : cidx(packedDepth(k, bf16));
+  Value sliceFloats = b.create<arith::MulIOp>(loc, depth, cidx(W));
   assert((!dot || L == 16) && "bf16 dot products take 16 f32 lanes");
-  // Software prefetch pays off when the packed weight does not fit in the L2 cache.
-  bool prefetch = packedRows(n, k, bf16) * kPanel * 4 > (int64_t(1) << 20);
   Value lastFloat = b.create<arith::SubIOp>(
       loc, b.create<arith::MulIOp>(loc, b.create<memref::DimOp>(loc, P, 0), cidx(kPanel)), cidx(1));
   // Bf16Dot: the block's rows of A as bf16 pairs (the activations rounded like the weights), [block row, pair].
-  const int64_t blockRows = std::max(R, (int64_t(128) << 10) / (4 * k) / R * R);
-  Value A2 = dot ? Value(b.create<memref::AllocaOp>(loc, MemRefType::get({blockRows, depth}, f32))) : Value();
+  const int64_t staticBlockRows = dynamicK ? 0 : std::max(R, (int64_t(128) << 10) / (4 * k) / R * R);
+  Value blockRows = dynamicK ? b.create<arith::MaxSIOp>(
+                                   loc, cidx(R),
+                                   b.create<arith::MulIOp>(
+                                       loc, b.create<arith::DivUIOp>(loc, b.create<arith::DivUIOp>(loc, cidx(32 << 10), b.create<arith::MaxSIOp>(loc, depth, cidx(1))), cidx(R)),
+                                       cidx(R)))
+                             : cidx(staticBlockRows);
+  Value A2 = dot ? Value(b.create<memref::AllocaOp>(
+                       loc, MemRefType::get({staticBlockRows, packedDepth(k, bf16)}, f32)))
+                 : Value();
   auto bf16Vec = VectorType::get({2 * L}, b.getBF16Type());
   auto i32Vec = VectorType::get({L}, b.getI32Type());
   Value highHalf = b.create<arith::ConstantOp>(loc, i32Vec, DenseElementsAttr::get(i32Vec, int32_t(0xffff0000u)));
@@ -166,7 +173,7 @@ func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBia
                     Value fewTiles) {
     SmallVector<Value> init(r * V, zeroVec);
     Value g0 = b.create<arith::MulIOp>(loc, g, cidx(W));
-    auto loop = b.create<scf::ForOp>(loc, cidx(0), cidx(depth), cidx(1), init);
+    auto loop = b.create<scf::ForOp>(loc, cidx(0), depth, cidx(1), init);
     {
       OpBuilder::InsertionGuard guard(b);
       b.setInsertionPointToStart(loop.getBody());
@@ -244,14 +251,19 @@ func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBia
         loc, b.create<arith::MulIOp>(loc, b.create<arith::SubIOp>(loc, p, cBase), cidx(kPanel)), g0);
     for (int64_t j = 0; j < V; ++j) {
       Value col = b.create<arith::AddIOp>(loc, colW, cidx(L * j));
-      Value valid = b.create<arith::SubIOp>(loc, cidx(n), col);
+      Value valid = b.create<arith::SubIOp>(loc, op.N, col);
       Value mask = b.create<vector::CreateMaskOp>(loc, VectorType::get({L}, b.getI1Type()), ValueRange{valid});
       Value biasVec =
           withBias ? Value(b.create<vector::MaskedLoadOp>(loc, vec, bias, ValueRange{col}, mask, zeroVec)) : zeroVec;
       Value outCol = b.create<arith::AddIOp>(loc, colC, cidx(L * j));
       for (int64_t i = 0; i < r; ++i) {
+        Value row = b.create<arith::AddIOp>(loc, m0, cidx(i));
         Value v = b.create<arith::AddFOp>(loc, loop.getResult(i * V + j), biasVec);
-        b.create<vector::MaskedStoreOp>(loc, C, ValueRange{b.create<arith::AddIOp>(loc, m0, cidx(i)), outCol}, mask, v);
+        if (op.accumulate) {
+          Value old = b.create<vector::MaskedLoadOp>(loc, vec, C, ValueRange{row, outCol}, mask, zeroVec);
+          v = b.create<arith::AddFOp>(loc, v, b.create<arith::SelectOp>(loc, op.accumulate, old, zeroVec));
+        }
+        b.create<vector::MaskedStoreOp>(loc, C, ValueRange{row, outCol}, mask, v);
       }
     }
   };
@@ -261,18 +273,18 @@ func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBia
   // slice of B stays in L1/L2 while the tiles of the block pass over it. A block of Mb rows is cut into ceil(Mb / R)
   // tiles of balanced heights (20 rows: 5, 5, 5, 5 rather than 6, 6, 6, 2), since a short tile has too few accumulators
   // to hide the FMA latency.
-  auto blocks = b.create<scf::ForOp>(loc, cidx(0), M, cidx(blockRows));
+  auto blocks = b.create<scf::ForOp>(loc, cidx(0), M, blockRows);
   {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(blocks.getBody());
     Value mb = blocks.getInductionVar();
-    Value Mb = b.create<arith::MinSIOp>(loc, b.create<arith::SubIOp>(loc, M, mb), cidx(blockRows));
+    Value Mb = b.create<arith::MinSIOp>(loc, b.create<arith::SubIOp>(loc, M, mb), blockRows);
     if (dot) { // the block's rows of A as bf16 pairs, once for every column slice
       auto rowsLoop = b.create<scf::ForOp>(loc, cidx(0), Mb, cidx(1));
       OpBuilder::InsertionGuard g2(b);
       b.setInsertionPointToStart(rowsLoop.getBody());
       Value i = rowsLoop.getInductionVar(), row = b.create<arith::AddIOp>(loc, mb, i);
-      auto pairs = b.create<scf::ForOp>(loc, cidx(0), cidx(depth), cidx(1));
+      auto pairs = b.create<scf::ForOp>(loc, cidx(0), depth, cidx(1));
       b.setInsertionPointToStart(pairs.getBody());
       Value kv = pairs.getInductionVar();
       b.create<memref::StoreOp>(loc, loadBf16Pair(b, loc, A, row, kv, k), A2, ValueRange{i, kv});
@@ -287,8 +299,8 @@ func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBia
     Value g = slices.getInductionVar();
     // Slice q = p*groups + g prefetches slice q + 2.
     Value q = b.create<arith::AddIOp>(loc, b.create<arith::MulIOp>(loc, p, cidx(groups)), g);
-    Value slice = b.create<arith::MulIOp>(loc, q, cidx(depth * W));
-    Value ahead = b.create<arith::AddIOp>(loc, slice, cidx(2 * depth * W));
+    Value slice = b.create<arith::MulIOp>(loc, q, sliceFloats);
+    Value ahead = b.create<arith::AddIOp>(loc, slice, b.create<arith::MulIOp>(loc, sliceFloats, cidx(2)));
     auto tiles = b.create<scf::ForOp>(loc, cidx(0), T, cidx(1));
     b.setInsertionPointToStart(tiles.getBody());
     // Tile t covers rows [t*Mb/T, (t+1)*Mb/T) of the block: floor(Mb/T) or ceil(Mb/T) of them, never more than R.
@@ -316,6 +328,78 @@ func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBia
       tileAt(r, m0, mb, p, g, slice, tileAheads, fewTiles);
     }
   }
+}
+
+func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBias, GemmTile tile) {
+  assert(kPanel % tile.cols() == 0 && "a tile's columns divide the panel");
+  std::string name = gemmName("lm_gemm_", n, k, withBias, tile);
+  if (auto existing = module.lookupSymbol<func::FuncOp>(name))
+    return existing;
+  MLIRContext *ctx = module.getContext();
+  OpBuilder b(ctx);
+  b.setInsertionPointToEnd(module.getBody());
+  Location loc = b.getUnknownLoc();
+  int64_t dyn = ShapedType::kDynamic;
+  Type f32 = b.getF32Type(), index = b.getIndexType();
+  auto aType = MemRefType::get({dyn, k}, f32);
+  auto pType = MemRefType::get({dyn, kPanel}, f32, StridedLayoutAttr::get(ctx, dyn, {kPanel, 1}));
+  auto biasType = MemRefType::get({dyn}, f32, StridedLayoutAttr::get(ctx, dyn, {1}));
+  auto cType = MemRefType::get({dyn, dyn}, f32);
+  auto fn =
+      b.create<func::FuncOp>(loc, name, b.getFunctionType({aType, pType, biasType, cType, index, index, index}, {}));
+  fn.setPrivate();
+  Block *entry = fn.addEntryBlock();
+  b.setInsertionPointToStart(entry);
+  GemmBody op;
+  op.A = entry->getArgument(0), op.P = entry->getArgument(1), op.bias = entry->getArgument(2);
+  op.C = entry->getArgument(3), op.pBegin = entry->getArgument(4), op.pEnd = entry->getArgument(5);
+  op.cBase = entry->getArgument(6);
+  op.n = n, op.k = k, op.withBias = withBias;
+  op.N = b.create<arith::ConstantIndexOp>(loc, n);
+  // Software prefetch pays off when the packed weight does not fit in the L2 cache.
+  op.prefetch = packedRows(n, k, tile.bf16()) * kPanel * 4 > (int64_t(1) << 20);
+  emitGemmBody(b, loc, op, tile);
+  b.create<func::ReturnOp>(loc);
+  return fn;
+}
+
+func::FuncOp getOrCreateTrainGemm(ModuleOp module, GemmTile tile) {
+  tile.weights = GemmTile::Weights::F32;
+  std::string name = "lm_train_gemm_" + tile.name();
+  if (auto existing = module.lookupSymbol<func::FuncOp>(name))
+    return existing;
+  MLIRContext *ctx = module.getContext();
+  OpBuilder b(ctx);
+  b.setInsertionPointToEnd(module.getBody());
+  Location loc = b.getUnknownLoc();
+  int64_t dyn = ShapedType::kDynamic;
+  Type i64 = b.getI64Type(), f32 = b.getF32Type();
+  auto ptr = LLVM::LLVMPointerType::get(ctx);
+  // (A, lda, M, K, P, C, ldc, N, pBegin, pEnd, accumulate): lmrt.h's lm_rt_gemm_fn.
+  auto fn = b.create<func::FuncOp>(loc, name,
+                                   b.getFunctionType({ptr, i64, i64, i64, ptr, ptr, i64, i64, i64, i64, i64}, {}));
+  fn.setPrivate();
+  Block *entry = fn.addEntryBlock();
+  b.setInsertionPointToStart(entry);
+  auto arg = [&](int i) { return entry->getArgument(i); };
+  auto c64 = [&](int64_t v) -> Value { return b.create<LLVM::ConstantOp>(loc, i64, b.getI64IntegerAttr(v)); };
+  auto address = [&](Value p) -> Value { return b.create<LLVM::PtrToIntOp>(loc, i64, p); };
+  auto toIndex = [&](Value v) -> Value { return b.create<arith::IndexCastOp>(loc, b.getIndexType(), v); };
+  auto rowMajor = MemRefType::get({dyn, dyn}, f32, StridedLayoutAttr::get(ctx, 0, {dyn, 1}));
+  Value K = arg(3);
+  Value panels = b.create<LLVM::UDivOp>(loc, i64, b.create<LLVM::AddOp>(loc, i64, arg(7), c64(kPanel - 1)), c64(kPanel));
+  Value pRows = b.create<LLVM::MulOp>(loc, i64, panels, K);
+  GemmBody op;
+  op.A = memrefAt(b, loc, address(arg(0)), {arg(2), K}, {arg(1), c64(1)}, rowMajor);
+  op.P = memrefAt(b, loc, address(arg(4)), {pRows, c64(kPanel)}, {c64(kPanel), c64(1)},
+                  MemRefType::get({dyn, kPanel}, f32, StridedLayoutAttr::get(ctx, dyn, {kPanel, 1})));
+  op.C = memrefAt(b, loc, address(arg(5)), {arg(2), arg(7)}, {arg(6), c64(1)}, rowMajor);
+  op.pBegin = toIndex(arg(8)), op.pEnd = toIndex(arg(9));
+  op.cBase = b.create<arith::ConstantIndexOp>(loc, 0);
+  op.N = toIndex(arg(7)), op.K = toIndex(K);
+  op.accumulate = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ne, arg(10), c64(0));
+  op.n = dyn, op.k = dyn, op.withBias = false, op.prefetch = true;
+  emitGemmBody(b, loc, op, tile);
   b.create<func::ReturnOp>(loc);
   return fn;
 }

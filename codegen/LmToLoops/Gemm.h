@@ -53,6 +53,13 @@ void emitPack(mlir::OpBuilder &b, mlir::Location loc, mlir::Value weight, mlir::
 /// strided<[1], offset:?>> (ignored when !withBias), C memref<?x?xf32>, pBegin, pEnd, cBase: index).
 mlir::func::FuncOp getOrCreateGemm(mlir::ModuleOp module, int64_t n, int64_t k, bool withBias, GemmTile tile);
 
+/// The training GEMM, callable from the runtime (lmrt.h's lm_rt_gemm_fn): `(A: !llvm.ptr, lda, M, K: i64, P: !llvm.ptr,
+/// C: !llvm.ptr, ldc, N, pBegin, pEnd, accumulate: i64)` computes, for panels p in [pBegin, pEnd) and columns
+/// n = p*64 + j < N, C[m*ldc + n] = (accumulate ? C[m*ldc + n] : 0) + sum_{k<K} A[m*lda + k] B[k][n], with B packed
+/// as the weights above ([N, K] = B^T, column slices of tile.cols()) and K known only at run time. The same kernel
+/// as getOrCreateGemm (fp32), so its results do not depend on how M or the panels are split.
+mlir::func::FuncOp getOrCreateTrainGemm(mlir::ModuleOp module, GemmTile tile);
+
 /// A task for lm_rt_parallel_for: `(ctx: !llvm.ptr, begin: i64, end: i64)` runs the GEMM above on panels [first +
 /// begin, first + end), panel `first` being C's column 0. ctx holds 8 i64 slots: A address, M, packed-weight address,
 /// packed rows, bias address (0 without bias), C address, C columns, first. Splitting panels never re-packs and never

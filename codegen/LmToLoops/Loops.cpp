@@ -271,8 +271,7 @@ void Loops::parallelFor(func::FuncOp task, Value count, ArrayRef<Value> fields, 
     store(field, ctx, idx(i));
   auto ptrType = LLVM::LLVMPointerType::get(b.getContext());
   Value ctxPtr = b.create<LLVM::IntToPtrOp>(loc, ptrType, address(ctx));
-  Value fn = b.create<func::ConstantOp>(loc, task.getFunctionType(), SymbolRefAttr::get(task));
-  Value fnPtr = b.create<UnrealizedConversionCastOp>(loc, TypeRange{ptrType}, fn).getResult(0);
+  Value fnPtr = functionPointer(task);
   if (isa<IndexType>(count.getType()))
     count = b.create<arith::IndexCastOp>(loc, b.getI64Type(), count);
   if (!serial) {
@@ -285,6 +284,17 @@ void Loops::parallelFor(func::FuncOp task, Value count, ArrayRef<Value> fields, 
   b.create<func::CallOp>(loc, task, ValueRange{ctxPtr, i64c(0), count});
   b.setInsertionPointToStart(choice.elseBlock());
   b.create<func::CallOp>(loc, "lm_rt_parallel_for", TypeRange{}, ValueRange{count, fnPtr, ctxPtr});
+}
+
+Value Loops::functionPointer(func::FuncOp fn) {
+  Value f = b.create<func::ConstantOp>(loc, fn.getFunctionType(), SymbolRefAttr::get(fn));
+  return b.create<UnrealizedConversionCastOp>(loc, TypeRange{LLVM::LLVMPointerType::get(b.getContext())}, f)
+      .getResult(0);
+}
+
+SmallVector<Value, 2> Loops::trainGemm() {
+  func::FuncOp gemm = getOrCreateTrainGemm(op->getParentOfType<ModuleOp>(), context.tile);
+  return {functionPointer(gemm), i64c(context.tile.cols())};
 }
 
 func::FuncOp createTask(OpBuilder &b, ModuleOp module, StringRef name) {

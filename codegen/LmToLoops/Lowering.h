@@ -223,6 +223,11 @@ public:
   /// task rebuilds its operands from the 8 addresses and sizes of a ctx array.
   void parallelGemm(mlir::Value weight, int64_t n, int64_t k, mlir::Value inputAddress, mlir::Value rows,
                     mlir::Value bias, mlir::Value outAddress, mlir::Value cols, mlir::Value first, mlir::Value panels);
+  /// The address of `fn` as an !llvm.ptr (a function pointer for the runtime).
+  mlir::Value functionPointer(mlir::func::FuncOp fn);
+  /// The arguments (lm_rt_gemm_fn, column-slice width) that hand the runtime's training kernels the library's
+  /// training GEMM (Gemm.h getOrCreateTrainGemm, the target's fp32 tile).
+  llvm::SmallVector<mlir::Value, 2> trainGemm();
   /// lm_rt_parallel_for(count, task, ctx) with ctx an array of the i64 `fields`; when the i1 `serial` is true,
   /// task(ctx, 0, count) on this thread instead.
   void parallelFor(mlir::func::FuncOp task, mlir::Value count, llvm::ArrayRef<mlir::Value> fields,

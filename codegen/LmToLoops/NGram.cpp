@@ -127,6 +127,7 @@ struct NgramLossLowering : LmLowering<lm::NgramLossOp> {
                      L.i32c(j == 1)});
       c.ptr(results[0]);
       c.ptr(lse);
+      c.args.append(L.trainGemm());
       L.b.create<func::CallOp>(L.loc, "lm_rt_ngram_head_loss", TypeRange{}, c.args);
       results.push_back(lse);
     }
@@ -157,6 +158,7 @@ struct NgramLossGradLowering : LmLowering<lm::NgramLossGradOp> {
       c.ptr(results[j - 1]);
       c.ptr(dW);
       c.ptr(op.getDBias().use_empty() ? Value() : db);
+      c.args.append(L.trainGemm());
       L.b.create<func::CallOp>(L.loc, "lm_rt_ngram_head_grad", TypeRange{}, c.args);
     }
     results.append({dW, db});

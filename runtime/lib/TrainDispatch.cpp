@@ -39,29 +39,33 @@ extern "C" {
 
 void lm_rt_token_loss(const float *h, const float *W, const float *bias, const int32_t *targets,
                       const int32_t *lengths, int64_t B, int64_t N, int64_t D, int64_t V, double smoothing, float *ce,
-                      float *lse) {
-  LMRT_DISPATCH(tokenLoss, h, W, bias, targets, lengths, B, N, D, V, smoothing, ce, lse)
+                      float *lse, lm_rt_gemm_fn gemm, int64_t gemm_cols) {
+  LMRT_DISPATCH(tokenLoss, h, W, bias, targets, lengths, B, N, D, V, smoothing, ce, lse, gemm, gemm_cols)
 }
 void lm_rt_token_loss_grad(const float *h, const float *W, const float *bias, const int32_t *targets,
                            const int32_t *lengths, const float *lse, int64_t B, int64_t N, int64_t D, int64_t V,
-                           double smoothing, int32_t per_length, float *dh, float *dW, float *dbias) {
-  LMRT_DISPATCH(tokenLossGrad, h, W, bias, targets, lengths, lse, B, N, D, V, smoothing, per_length, dh, dW, dbias)
+                           double smoothing, int32_t per_length, float *dh, float *dW, float *dbias, lm_rt_gemm_fn gemm,
+                           int64_t gemm_cols) {
+  LMRT_DISPATCH(tokenLossGrad, h, W, bias, targets, lengths, lse, B, N, D, V, smoothing, per_length, dh, dW, dbias, gemm,
+                gemm_cols)
 }
 void lm_rt_ngram_head_loss(const float *u, const float *W, const float *bias, const int32_t *targets,
                            const int32_t *lengths, int64_t B, int64_t N, int64_t D, int64_t V, double smoothing,
-                           int64_t shift, double weight, int32_t first, float *total, float *lse) {
-  LMRT_DISPATCH(ngramHeadLoss, u, W, bias, targets, lengths, B, N, D, V, smoothing, shift, weight, first, total, lse)
+                           int64_t shift, double weight, int32_t first, float *total, float *lse, lm_rt_gemm_fn gemm,
+                           int64_t gemm_cols) {
+  LMRT_DISPATCH(ngramHeadLoss, u, W, bias, targets, lengths, B, N, D, V, smoothing, shift, weight, first, total, lse,
+                gemm, gemm_cols)
 }
 void lm_rt_ngram_head_grad(const float *u, const float *W, const float *bias, const int32_t *targets,
                            const int32_t *lengths, const float *lse, int64_t B, int64_t N, int64_t D, int64_t V,
                            double smoothing, int64_t shift, double weight, int32_t first, float *du, float *dW,
-                           float *dbias) {
+                           float *dbias, lm_rt_gemm_fn gemm, int64_t gemm_cols) {
   LMRT_DISPATCH(ngramHeadGrad, u, W, bias, targets, lengths, lse, B, N, D, V, smoothing, shift, weight, first, du, dW,
-                dbias)
+                dbias, gemm, gemm_cols)
 }
 void lm_rt_linear_grad(const float *dy, const float *x, const float *W, int64_t rows, int64_t in, int64_t out,
-                       float *dx, float *dW, float *db) {
-  LMRT_DISPATCH(linearGrad, dy, x, W, rows, in, out, dx, dW, db)
+                       float *dx, float *dW, float *db, lm_rt_gemm_fn gemm, int64_t gemm_cols) {
+  LMRT_DISPATCH(linearGrad, dy, x, W, rows, in, out, dx, dW, db, gemm, gemm_cols)
 }
 void lm_rt_layer_norm_grad(const float *dy, const float *x, const float *gamma, int64_t rows, int64_t D, double eps,
                            float *dx, float *dgamma, float *dbeta) {

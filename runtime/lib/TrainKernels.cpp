@@ -2,10 +2,12 @@
 //
 // The lm backward ops (dialect/LmOps.td, "Training") lowered by lm-to-loops call these
 // functions (codegen/LmToLoops/Backward.cpp). Their meaning is the reference executor's
-// backward of the same op (runtime/reference/Ops.h). This file is compiled once per ISA
-// level (baseline, AVX2+FMA, AVX-512) into its own namespace, LMRT_ISA; TrainDispatch.cpp picks
-// the best the CPU has at first use, so Eigen's GEMMs run with the host's vector units while
-// liblmrt itself stays portable.
+// backward of the same op (runtime/reference/Ops.h). The GEMMs of the losses and of the linear
+// backward run on the GEMM generated into the model's library (lm_rt_gemm_fn, passed by the
+// lowered call; operands packed here); the attention backward's remaining Eigen products and the
+// loops are compiled once per ISA level (baseline, AVX2+FMA, AVX-512) into their own namespace,
+// LMRT_ISA; TrainDispatch.cpp picks the best the CPU has at first use, so they run with the host's
+// vector units while liblmrt itself stays portable.
 //
 // Determinism: every parallel loop splits work into pieces of a fixed size that do not depend
 // on the thread count, each piece is computed the same way whoever runs it, and reductions
@@ -23,6 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #ifndef LMRT_ISA
@@ -33,8 +36,6 @@ namespace lmrt::LMRT_ISA {
 namespace {
 
 using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using Map = Eigen::Map<Matrix>;
-using ConstMap = Eigen::Map<const Matrix>;
 
 /// Runs f(i) for i in [0, n) on the runtime's arena, pieces of whole indices.
 template <typename F> void parallelFor(int64_t n, F f) {
@@ -98,10 +99,58 @@ constexpr int64_t kGemmRows = 256;   ///< rows (dx) / output features (dW) per G
 constexpr int64_t kVocabTile = 512;  ///< vocabulary columns per tile of the loss kernels
 constexpr int64_t kVocabSlices = 8;  ///< vocabulary slices of the loss backward, each with its own dh
 
+/// Uninitialized float scratch (every element is written before it is read).
+std::unique_ptr<float[]> scratch(int64_t n) { return std::unique_ptr<float[]>(new float[size_t(std::max<int64_t>(n, 1))]); }
+
+/// The generated GEMM of the model's library (lmrt.h lm_rt_gemm_fn) and the width of its packed column slices.
+struct Gemm {
+  lm_rt_gemm_fn fn;
+  int64_t cols;
+
+  static int64_t panels(int64_t n) { return blocks(n, 64); }
+  /// Floats of a packed B with depth K and N columns.
+  static int64_t packedSize(int64_t K, int64_t N) { return panels(N) * K * 64; }
+  /// Packs panels [p0, p1) of B [K, N] (zero past N): B[k][n] = src[k*ld + n] (byRows) or src[n*ld + k].
+  void pack(const float *src, int64_t ld, bool byRows, int64_t K, int64_t N, float *out, int64_t p0, int64_t p1) const {
+    for (int64_t p = p0; p < p1; ++p)
+      for (int64_t g = 0; g < 64 / cols; ++g) {
+        float *slice = out + p * K * 64 + g * K * cols;
+        const int64_t n0 = p * 64 + g * cols, nn = std::clamp<int64_t>(N - n0, 0, cols);
+        if (byRows) {
+          for (int64_t k = 0; k < K; ++k) {
+            std::memcpy(slice + k * cols, src + k * ld + n0, sizeof(float) * size_t(nn));
+            std::fill(slice + k * cols + nn, slice + (k + 1) * cols, 0.0f);
+          }
+          continue;
+        }
+        for (int64_t j = 0; j < cols; ++j)
+          for (int64_t k = 0; k < K; ++k)
+            slice[k * cols + j] = j < nn ? src[(n0 + j) * ld + k] : 0.0f;
+      }
+  }
+  /// C[M, N] = A[M, K] B (+ C when `accumulate`) over every panel.
+  void run(const float *A, int64_t lda, int64_t M, int64_t K, const float *packed, float *C, int64_t ldc, int64_t N,
+           bool accumulate) const {
+    if (M > 0 && N > 0)
+      fn(A, lda, M, K, packed, C, ldc, N, 0, panels(N), accumulate ? 1 : 0);
+  }
+};
+
+/// out[c][r] = in[r][c] for columns [c0, c1) of the [rows, ld] matrix `in` (out: [*, rows]).
+void transposeColumns(const float *in, int64_t rows, int64_t ld, int64_t c0, int64_t c1, float *out) {
+  constexpr int64_t kRows = 64;
+  for (int64_t r0 = 0; r0 < rows; r0 += kRows)
+    for (int64_t c = c0; c < c1; ++c)
+      for (int64_t r = r0; r < std::min(rows, r0 + kRows); ++r)
+        out[c * rows + r] = in[r * ld + c];
+}
+
 } // namespace
 
 void tokenLoss(const float *h, const float *W, const float *bias, const int32_t *targets, const int32_t *lengths,
-               int64_t B, int64_t N, int64_t D, int64_t V, double smoothing, float *ce, float *lse) {
+               int64_t B, int64_t N, int64_t D, int64_t V, double smoothing, float *ce, float *lse, lm_rt_gemm_fn gemm,
+               int64_t gemmCols) {
+  const Gemm G{gemm, gemmCols};
   const int64_t rows = B * N;
   // Only rows that predict something: the others get ce = lse = 0 (the masked objective has a target on
   // ~15% of its rows). Their hidden states are gathered so that the GEMMs run on them alone.
@@ -115,53 +164,76 @@ void tokenLoss(const float *h, const float *W, const float *bias, const int32_t 
   Matrix Hl(R, D);
   for (int64_t i = 0; i < R; ++i)
     std::memcpy(Hl.row(i).data(), h + live[i] * D, sizeof(float) * D);
-  // Row blocks in parallel; per block the logits of one vocabulary tile at a time, a running max
-  // and sum of exponentials (double), the target's logit and the sum of all logits.
-  parallelFor(blocks(R, kRowBlock), [&](int64_t blk) {
-    const int64_t r0 = blk * kRowBlock, nr = std::min(kRowBlock, R - r0);
-    std::vector<double> mx(nr, -INFINITY), sum(nr, 0.0), total(nr, 0.0), target(nr, 0.0);
-    Matrix logits(nr, kVocabTile);
-    auto H = Hl.middleRows(r0, nr);
-    for (int64_t v0 = 0; v0 < V; v0 += kVocabTile) {
-      const int64_t nv = std::min(kVocabTile, V - v0);
-      auto L = logits.leftCols(nv);
-      L.noalias() = H * ConstMap(W + v0 * D, nv, D).transpose();
+  // The vocabulary slices of tokenLossGrad (fixed, independent of threads), each over all live rows: the
+  // weights are read once and every GEMM has all R rows. Per slice and row, over its tiles in order: a
+  // running max and sum of exponentials (double), the sum of all logits, and the target's logit; the
+  // slices are merged in order.
+  const int64_t tiles = blocks(V, kVocabTile);
+  const int64_t slices = std::min<int64_t>(kVocabSlices, tiles);
+  struct Stats {
+    std::vector<double> mx, sum, total, target;
+    std::vector<char> hasTarget;
+  };
+  std::vector<Stats> part(static_cast<size_t>(slices));
+  parallelFor(slices, [&](int64_t s) {
+    Stats &st = part[size_t(s)];
+    st.mx.assign(size_t(R), -INFINITY);
+    st.sum.assign(size_t(R), 0.0);
+    st.total.assign(size_t(R), 0.0);
+    st.target.assign(size_t(R), 0.0);
+    st.hasTarget.assign(size_t(R), 0);
+    Matrix logits(R, kVocabTile);
+    auto Wt = scratch(Gemm::packedSize(D, kVocabTile));
+    for (int64_t tile = s; tile < tiles; tile += slices) {
+      const int64_t v0 = tile * kVocabTile, nv = std::min(kVocabTile, V - v0);
+      // logits = Hl W[v0 : v0 + nv]^T: B[k = d][n = v] = W[v0 + v][d].
+      G.pack(W + v0 * D, D, /*byRows=*/false, D, nv, Wt.get(), 0, Gemm::panels(nv));
+      G.run(Hl.data(), D, R, D, Wt.get(), logits.data(), kVocabTile, nv, false);
       if (bias)
-        L.rowwise() += Eigen::Map<const Eigen::RowVectorXf>(bias + v0, nv);
-      for (int64_t r = 0; r < nr; ++r) {
+        logits.leftCols(nv).rowwise() += Eigen::Map<const Eigen::RowVectorXf>(bias + v0, nv);
+      for (int64_t r = 0; r < R; ++r) {
         const float *row = logits.data() + r * kVocabTile;
-        double m = mx[r];
+        double m = st.mx[r];
         for (int64_t c = 0; c < nv; ++c)
           m = std::max(m, double(row[c]));
         // Exponentials in float (the logits are float; expf is much cheaper), summed in double.
-        double s = 0, tot = 0;
+        double e = 0, tot = 0;
         const float mf = float(m);
         for (int64_t c = 0; c < nv; ++c) {
-          s += std::exp(row[c] - mf);
+          e += std::exp(row[c] - mf);
           tot += row[c];
         }
-        sum[r] = sum[r] * std::exp(mx[r] - m) + s;
-        mx[r] = m;
-        total[r] += tot;
-        const int32_t y = targets[live[r0 + r]];
+        st.sum[r] = st.sum[r] * std::exp(st.mx[r] - m) + e;
+        st.mx[r] = m;
+        st.total[r] += tot;
+        const int32_t y = targets[live[r]];
         if (y >= v0 && y < v0 + nv)
-          target[r] = row[y - v0];
+          st.target[r] = row[y - v0], st.hasTarget[r] = 1;
       }
     }
-    for (int64_t r = 0; r < nr; ++r) {
-      const int64_t at = live[r0 + r];
-      const double l = mx[r] + std::log(sum[r]);
-      lse[at] = float(l);
-      ce[at] = float(-(1 - smoothing) * (target[r] - l) - smoothing / double(V) * (total[r] - double(V) * l));
-    }
   });
+  for (int64_t r = 0; r < R; ++r) {
+    double m = -INFINITY, sum = 0, total = 0, target = 0;
+    for (const Stats &st : part)
+      m = std::max(m, st.mx[r]);
+    for (const Stats &st : part) {
+      sum += st.sum[r] * std::exp(st.mx[r] - m);
+      total += st.total[r];
+      if (st.hasTarget[r])
+        target = st.target[r];
+    }
+    const int64_t at = live[r];
+    const double l = m + std::log(sum);
+    lse[at] = float(l);
+    ce[at] = float(-(1 - smoothing) * (target - l) - smoothing / double(V) * (total - double(V) * l));
+  }
 }
 
 namespace {
 /// tokenLossGrad with the seed d ce = invT given (the n-gram heads: w_j / T of the causal targets).
 void tokenLossGradScaled(const float *h, const float *W, const float *bias, const int32_t *targets,
                          const int32_t *lengths, const float *lse, int64_t B, int64_t N, int64_t D, int64_t V,
-                         double smoothing, double invT, float *dh, float *dW, float *dbias) {
+                         double smoothing, double invT, float *dh, float *dW, float *dbias, const Gemm &gemm) {
   const int64_t rows = B * N;
   const double off = smoothing / double(V);
   // Rows that predict something; the others have a zero logit gradient.
@@ -176,14 +248,20 @@ void tokenLossGradScaled(const float *h, const float *W, const float *bias, cons
   // Fixed vocabulary slices (independent of threads), each with its own dh accumulator; summed in order.
   const int64_t tiles = blocks(V, kVocabTile);
   const int64_t slices = std::min<int64_t>(kVocabSlices, tiles);
-  std::vector<Matrix> dhSlice(slices, Matrix::Zero(R, D));
+  // Hl packed once as the B of every tile's dW = G^T Hl: B[k = r][n = d] = Hl[r][d].
+  auto Hp = scratch(Gemm::packedSize(R, D));
+  parallelFor(Gemm::panels(D), [&](int64_t p) { gemm.pack(Hl.data(), D, /*byRows=*/true, R, D, Hp.get(), p, p + 1); });
+  std::vector<Matrix> dhSlice(slices, Matrix(R, D));
   parallelFor(slices, [&](int64_t s) {
     Matrix G(R, kVocabTile);
+    auto Wt = scratch(Gemm::packedSize(D, kVocabTile)), Wr = scratch(Gemm::packedSize(kVocabTile, D));
+    auto Gt = scratch(kVocabTile * R);
     for (int64_t tile = s; tile < tiles; tile += slices) {
       const int64_t v0 = tile * kVocabTile, nv = std::min(kVocabTile, V - v0);
-      auto L = G.leftCols(nv);
-      ConstMap Wt(W + v0 * D, nv, D);
-      L.noalias() = Hl * Wt.transpose();
+      const float *Wtile = W + v0 * D;
+      // The logits again: G = Hl Wtile^T (B[k = d][n = v] = Wtile[v][d]).
+      gemm.pack(Wtile, D, /*byRows=*/false, D, nv, Wt.get(), 0, Gemm::panels(nv));
+      gemm.run(Hl.data(), D, R, D, Wt.get(), G.data(), kVocabTile, nv, false);
       for (int64_t i = 0; i < R; ++i) {
         const int32_t y = targets[live[i]];
         const double l = lse[live[i]];
@@ -196,15 +274,22 @@ void tokenLossGradScaled(const float *h, const float *W, const float *bias, cons
         if (y >= v0 && y < v0 + nv)
           row[y - v0] -= float((1 - smoothing) * invT);
       }
-      Map(dW + v0 * D, nv, D).noalias() = L.transpose() * Hl;
-      if (dbias)
-        for (int64_t c = 0; c < nv; ++c) {
-          double acc = 0;
-          for (int64_t i = 0; i < R; ++i)
-            acc += G(i, c);
-          dbias[v0 + c] = float(acc);
+      // dW[v0 : v0 + nv] = G^T Hl.
+      transposeColumns(G.data(), R, kVocabTile, 0, nv, Gt.get());
+      gemm.run(Gt.get(), R, nv, R, Hp.get(), dW + v0 * D, D, D, false);
+      if (dbias) {
+        std::vector<double> acc(size_t(nv), 0.0); // each column summed over the rows in order
+        for (int64_t i = 0; i < R; ++i) {
+          const float *row = G.data() + i * kVocabTile;
+          for (int64_t c = 0; c < nv; ++c)
+            acc[c] += row[c];
         }
-      dhSlice[s].noalias() += L * Wt;
+        for (int64_t c = 0; c < nv; ++c)
+          dbias[v0 + c] = float(acc[c]);
+      }
+      // dh (this slice's) += G Wtile: B[k = v][n = d] = Wtile[v][d].
+      gemm.pack(Wtile, D, /*byRows=*/true, nv, D, Wr.get(), 0, Gemm::panels(D));
+      gemm.run(G.data(), kVocabTile, R, nv, Wr.get(), dhSlice[s].data(), D, D, /*accumulate=*/tile != s);
     }
   });
   std::memset(dh, 0, sizeof(float) * rows * D);
@@ -220,10 +305,10 @@ void tokenLossGradScaled(const float *h, const float *W, const float *bias, cons
 
 void tokenLossGrad(const float *h, const float *W, const float *bias, const int32_t *targets, const int32_t *lengths,
                    const float *lse, int64_t B, int64_t N, int64_t D, int64_t V, double smoothing, int32_t perLength,
-                   float *dh, float *dW, float *dbias) {
+                   float *dh, float *dW, float *dbias, lm_rt_gemm_fn gemm, int64_t gemmCols) {
   const int64_t T = denominator(targets, lengths, B, N, perLength);
   tokenLossGradScaled(h, W, bias, targets, lengths, lse, B, N, D, V, smoothing, T > 0 ? 1.0 / double(T) : 0.0, dh,
-                      dW, dbias);
+                      dW, dbias, Gemm{gemm, gemmCols});
 }
 
 namespace {
@@ -240,27 +325,29 @@ std::vector<int32_t> shiftedTargets(const int32_t *targets, const int32_t *lengt
 
 void ngramHeadLoss(const float *u, const float *W, const float *bias, const int32_t *targets, const int32_t *lengths,
                    int64_t B, int64_t N, int64_t D, int64_t V, double smoothing, int64_t shift, double weight,
-                   int32_t first, float *total, float *lse) {
+                   int32_t first, float *total, float *lse, lm_rt_gemm_fn gemm, int64_t gemmCols) {
   const std::vector<int32_t> y = shiftedTargets(targets, lengths, B, N, shift);
   std::vector<float> ce(size_t(B * N));
-  tokenLoss(u, W, bias, y.data(), lengths, B, N, D, V, smoothing, ce.data(), lse);
+  tokenLoss(u, W, bias, y.data(), lengths, B, N, D, V, smoothing, ce.data(), lse, gemm, gemmCols);
   for (int64_t r = 0; r < B * N; ++r)
     total[r] = float((first ? 0.0 : double(total[r])) + weight * double(ce[r]));
 }
 
 void ngramHeadGrad(const float *u, const float *W, const float *bias, const int32_t *targets, const int32_t *lengths,
                    const float *lse, int64_t B, int64_t N, int64_t D, int64_t V, double smoothing, int64_t shift,
-                   double weight, int32_t first, float *du, float *dW, float *dbias) {
+                   double weight, int32_t first, float *du, float *dW, float *dbias, lm_rt_gemm_fn gemm,
+                   int64_t gemmCols) {
   const std::vector<int32_t> y = shiftedTargets(targets, lengths, B, N, shift);
   const int64_t T = countTargets(targets, lengths, B, N); // the causal rows: the loss's denominator
   const double scale = T > 0 ? weight / double(T) : 0.0;
   if (first) {
-    tokenLossGradScaled(u, W, bias, y.data(), lengths, lse, B, N, D, V, smoothing, scale, du, dW, dbias);
+    tokenLossGradScaled(u, W, bias, y.data(), lengths, lse, B, N, D, V, smoothing, scale, du, dW, dbias,
+                        Gemm{gemm, gemmCols});
     return;
   }
   std::vector<float> dWj(size_t(V * D)), dbj(dbias ? size_t(V) : 0);
   tokenLossGradScaled(u, W, bias, y.data(), lengths, lse, B, N, D, V, smoothing, scale, du, dWj.data(),
-                      dbias ? dbj.data() : nullptr);
+                      dbias ? dbj.data() : nullptr, Gemm{gemm, gemmCols});
   for (int64_t i = 0; i < V * D; ++i)
     dW[i] += dWj[i];
   if (dbias)
@@ -269,27 +356,44 @@ void ngramHeadGrad(const float *u, const float *W, const float *bias, const int3
 }
 
 void linearGrad(const float *dy, const float *x, const float *W, int64_t rows, int64_t in, int64_t out, float *dx,
-                float *dW, float *db) {
-  ConstMap Wm(W, out, in);
+                float *dW, float *db, lm_rt_gemm_fn gemm, int64_t gemmCols) {
+  const Gemm G{gemm, gemmCols};
+  const int64_t inPanels = Gemm::panels(in);
+  // dx = dy W: B[k = o][n = i] = W[o][i]. dW = dy^T x: A = dy^T, B[k = r][n = i] = x[r][i].
+  auto Wp = scratch(dx ? Gemm::packedSize(out, in) : 0), xp = scratch(Gemm::packedSize(rows, in));
+  auto dyT = scratch(out * rows);
+  const int64_t wPieces = dx ? inPanels : 0, tPieces = blocks(out, 64);
+  parallelFor(wPieces + inPanels + tPieces, [&](int64_t p) {
+    if (p < wPieces)
+      return G.pack(W, in, /*byRows=*/true, out, in, Wp.get(), p, p + 1);
+    p -= wPieces;
+    if (p < inPanels)
+      return G.pack(x, in, /*byRows=*/true, rows, in, xp.get(), p, p + 1);
+    p -= inPanels;
+    transposeColumns(dy, rows, out, p * 64, std::min(out, (p + 1) * 64), dyT.get());
+  });
+  // Pieces: dx row blocks, then dW blocks of output features (with their bias sums).
   const int64_t rowBlocks = dx ? blocks(rows, kGemmRows) : 0;
   const int64_t outBlocks = blocks(out, kGemmRows / 2);
-  // Pieces: dx row blocks, then dW blocks of output features (with their bias sums).
   parallelFor(rowBlocks + outBlocks, [&](int64_t p) {
     if (p < rowBlocks) {
       const int64_t r0 = p * kGemmRows, nr = std::min(kGemmRows, rows - r0);
-      Map(dx + r0 * in, nr, in).noalias() = ConstMap(dy + r0 * out, nr, out) * Wm;
+      G.run(dy + r0 * out, out, nr, out, Wp.get(), dx + r0 * in, in, in, false);
       return;
     }
     const int64_t o0 = (p - rowBlocks) * (kGemmRows / 2), no = std::min(kGemmRows / 2, out - o0);
-    Eigen::Map<const Matrix, 0, Eigen::OuterStride<>> dyCols(dy + o0, rows, no, Eigen::OuterStride<>(out));
-    Map(dW + o0 * in, no, in).noalias() = dyCols.transpose() * ConstMap(x, rows, in);
-    if (db)
-      for (int64_t o = 0; o < no; ++o) {
-        double acc = 0;
-        for (int64_t r = 0; r < rows; ++r)
-          acc += dy[r * out + o0 + o];
-        db[o0 + o] = float(acc);
+    G.run(dyT.get() + o0 * rows, rows, no, rows, xp.get(), dW + o0 * in, in, in, false);
+    if (db) {
+      // Each feature's sum runs over the rows in order; the features side by side (contiguous, vectorized).
+      std::vector<double> acc(size_t(no), 0.0);
+      for (int64_t r = 0; r < rows; ++r) {
+        const float *row = dy + r * out + o0;
+        for (int64_t o = 0; o < no; ++o)
+          acc[o] += row[o];
       }
+      for (int64_t o = 0; o < no; ++o)
+        db[o0 + o] = float(acc[o]);
+    }
   });
 }
 

@@ -8,6 +8,8 @@
 //===----------------------------------------------------------------------===//
 #pragma once
 
+#include "runtime/lib/lmrt.h"
+
 #include <cstdint>
 
 /* Mask kinds and activations as the kernels receive them (lm.attention_grad / lm.activation_grad). */
@@ -24,19 +26,21 @@
   namespace lmrt::NS {                                                                                            \
   void tokenLoss(const float *h, const float *W, const float *bias, const int32_t *targets,                     \
                  const int32_t *lengths, int64_t B, int64_t N, int64_t D, int64_t V, double smoothing, float *ce, \
-                 float *lse);                                                                                     \
+                 float *lse, lm_rt_gemm_fn gemm, int64_t gemmCols);                                               \
   void tokenLossGrad(const float *h, const float *W, const float *bias, const int32_t *targets,                 \
                      const int32_t *lengths, const float *lse, int64_t B, int64_t N, int64_t D, int64_t V,        \
-                     double smoothing, int32_t perLength, float *dh, float *dW, float *dbias);                    \
+                     double smoothing, int32_t perLength, float *dh, float *dW, float *dbias, lm_rt_gemm_fn gemm, \
+                     int64_t gemmCols);                                                                           \
   void ngramHeadLoss(const float *u, const float *W, const float *bias, const int32_t *targets,                 \
                      const int32_t *lengths, int64_t B, int64_t N, int64_t D, int64_t V, double smoothing,        \
-                     int64_t shift, double weight, int32_t first, float *total, float *lse);                      \
+                     int64_t shift, double weight, int32_t first, float *total, float *lse, lm_rt_gemm_fn gemm,    \
+                     int64_t gemmCols);                                                                           \
   void ngramHeadGrad(const float *u, const float *W, const float *bias, const int32_t *targets,                 \
                      const int32_t *lengths, const float *lse, int64_t B, int64_t N, int64_t D, int64_t V,        \
                      double smoothing, int64_t shift, double weight, int32_t first, float *du, float *dW,         \
-                     float *dbias);                                                                               \
+                     float *dbias, lm_rt_gemm_fn gemm, int64_t gemmCols);                                         \
   void linearGrad(const float *dy, const float *x, const float *W, int64_t rows, int64_t in, int64_t out,        \
-                  float *dx, float *dW, float *db);                                                               \
+                  float *dx, float *dW, float *db, lm_rt_gemm_fn gemm, int64_t gemmCols);                         \
   void layerNormGrad(const float *dy, const float *x, const float *gamma, int64_t rows, int64_t D, double eps,  \
                      float *dx, float *dgamma, float *dbeta);                                                     \
   void activationGrad(const float *dy, const float *x, int64_t n, int32_t kind, float *dx);                      \

@@ -307,24 +307,33 @@ LM_API void lm_rt_parallel_for(int64_t n, lm_task_fn fn, void *ctx);
  * 2 anticausal, 3 diagonal, 4 directional (rows [B, N, row_width], the Diformer's); per_length: the loss
  * divides by sum_b lengths[b] instead of the number of rows with a target; activation kind: 0 gelu, 1 gelu_tanh, 2 relu. Deterministic for any
  * thread count. */
+/* The GEMM generated into the model's library for these kernels (lm-to-loops, Gemm.cpp getOrCreateTrainGemm): for
+ * panels p in [p_begin, p_end) and columns n = 64 p + j < N, C[m ldc + n] = (accumulate ? C[m ldc + n] : 0) +
+ * sum_{k < K} A[m lda + k] B[k][n], B packed in panels of 64 columns, each cut into K x `cols` column slices
+ * (flat[64 K p + K cols (j / cols) + cols k + j % cols], zero past N); `cols` (the generated tile's width) is
+ * passed next to it. The kernels that take one (token and n-gram losses, linear backward) run their GEMMs on it. */
+typedef void (*lm_rt_gemm_fn)(const float *A, int64_t lda, int64_t M, int64_t K, const float *packed, float *C,
+                              int64_t ldc, int64_t N, int64_t p_begin, int64_t p_end, int64_t accumulate);
 LM_API void lm_rt_token_loss(const float *h, const float *W, const float *bias, const int32_t *targets,
                              const int32_t *lengths, int64_t B, int64_t N, int64_t D, int64_t V, double smoothing,
-                             float *ce, float *lse);
+                             float *ce, float *lse, lm_rt_gemm_fn gemm, int64_t gemm_cols);
 LM_API void lm_rt_token_loss_grad(const float *h, const float *W, const float *bias, const int32_t *targets,
                                   const int32_t *lengths, const float *lse, int64_t B, int64_t N, int64_t D, int64_t V,
-                                  double smoothing, int32_t per_length, float *dh, float *dW, float *dbias);
+                                  double smoothing, int32_t per_length, float *dh, float *dW, float *dbias,
+                                  lm_rt_gemm_fn gemm, int64_t gemm_cols);
 /* One head of lm.ngram_loss: targets shifted by `shift` (-1 past the sentence), total = [total +] weight * ce
  * (first != 0: overwritten); the gradient seeds d ce = weight / T, T counted on the unshifted targets, and
  * writes (first) or adds into dW and dbias (dbias may be NULL). */
 LM_API void lm_rt_ngram_head_loss(const float *u, const float *W, const float *bias, const int32_t *targets,
                                   const int32_t *lengths, int64_t B, int64_t N, int64_t D, int64_t V, double smoothing,
-                                  int64_t shift, double weight, int32_t first, float *total, float *lse);
+                                  int64_t shift, double weight, int32_t first, float *total, float *lse,
+                                  lm_rt_gemm_fn gemm, int64_t gemm_cols);
 LM_API void lm_rt_ngram_head_grad(const float *u, const float *W, const float *bias, const int32_t *targets,
                                   const int32_t *lengths, const float *lse, int64_t B, int64_t N, int64_t D, int64_t V,
                                   double smoothing, int64_t shift, double weight, int32_t first, float *du, float *dW,
-                                  float *dbias);
+                                  float *dbias, lm_rt_gemm_fn gemm, int64_t gemm_cols);
 LM_API void lm_rt_linear_grad(const float *dy, const float *x, const float *W, int64_t rows, int64_t in, int64_t out,
-                              float *dx, float *dW, float *db);
+                              float *dx, float *dW, float *db, lm_rt_gemm_fn gemm, int64_t gemm_cols);
 LM_API void lm_rt_layer_norm_grad(const float *dy, const float *x, const float *gamma, int64_t rows, int64_t D,
                                   double eps, float *dx, float *dgamma, float *dbeta);
 LM_API void lm_rt_activation_grad(const float *dy, const float *x, int64_t n, int32_t kind, float *dx);

@@ -142,16 +142,18 @@ double Optimizer::gradNorm(const float *grads) const {
 }
 
 Optimizer::StepInfo Optimizer::step(float *params, float *grads) {
-  // Nothing changes unless every gradient is finite.
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    const float *g = grads + slots_[i].offset;
-    for (int64_t k = 0; k < numel_[i]; ++k)
-      if (!std::isfinite(g[k]))
-        throw NonFiniteGradient("tensor " + quoted(slots_[i].name) + ": gradient element " + std::to_string(k) +
-                                " is " + valueString(g[k]));
-  }
+  // Nothing changes unless every gradient is finite. The norm (a double sum of float squares, which cannot
+  // overflow) is finite exactly when every element is; only then is the first bad element looked for.
   StepInfo info;
   info.gradNorm = gradNorm(grads);
+  if (!std::isfinite(info.gradNorm))
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      const float *g = grads + slots_[i].offset;
+      for (int64_t k = 0; k < numel_[i]; ++k)
+        if (!std::isfinite(g[k]))
+          throw NonFiniteGradient("tensor " + quoted(slots_[i].name) + ": gradient element " + std::to_string(k) +
+                                  " is " + valueString(g[k]));
+    }
   double coef = 1.0;
   if (config_.clipNorm > 0)
     coef = std::min(1.0, config_.clipNorm / (info.gradNorm + 1e-6));
