@@ -476,6 +476,9 @@ OwningOpRef<ModuleOp> buildGemmModule(MLIRContext &context, const std::vector<st
                              ValueRange{run.getArgument(0), p, bias, run.getArgument(2), zero, panels, zero});
       b.create<func::ReturnOp>(loc);
     }
+  for (GemmTile tile : tiles)
+    if (!tile.bf16())
+      getOrCreateTrainGemm(*module, tile).setPublic();
   return module;
 }
 

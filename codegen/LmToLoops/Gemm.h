@@ -71,8 +71,9 @@ mlir::func::FuncOp getOrCreateGemmTask(mlir::ModuleOp module, int64_t n, int64_t
 namespace lmcc::codegen {
 
 /// A module exporting, for every (N, K) and tile, `lm_bench_pack_<N>x<K>_<tile.name()>(W memref<NxK>, P memref<?x64>)`
-/// and `lm_bench_gemm_<N>x<K>_<tile.name()>(A memref<?xK>, P memref<?x64>, C memref<?x?>)` (C interface), for
-/// benchmarks and tests of the generated GEMM outside a model.
+/// and `lm_bench_gemm_<N>x<K>_<tile.name()>(A memref<?xK>, P memref<?x64>, C memref<?x?>)` (C interface), and for
+/// every fp32 tile the training GEMM `lm_train_gemm_<tile.name()>` (public, lm_rt_gemm_fn), for benchmarks and tests
+/// of the generated GEMM outside a model.
 mlir::OwningOpRef<mlir::ModuleOp> buildGemmModule(mlir::MLIRContext &context,
                                                   const std::vector<std::pair<int64_t, int64_t>> &shapes,
                                                   const std::vector<GemmTile> &tiles);

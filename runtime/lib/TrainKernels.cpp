@@ -21,6 +21,7 @@
 
 #define EIGEN_DONT_PARALLELIZE
 #include <Eigen/Core>
+#include <unsupported/Eigen/SpecialFunctions>
 
 #include <algorithm>
 #include <cmath>
@@ -36,6 +37,8 @@ namespace lmrt::LMRT_ISA {
 namespace {
 
 using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using Array = Eigen::Map<Eigen::ArrayXf>;
+using ConstArray = Eigen::Map<const Eigen::ArrayXf>;
 
 /// Runs f(i) for i in [0, n) on the runtime's arena, pieces of whole indices.
 template <typename F> void parallelFor(int64_t n, F f) {
@@ -183,6 +186,7 @@ void tokenLoss(const float *h, const float *W, const float *bias, const int32_t 
     st.target.assign(size_t(R), 0.0);
     st.hasTarget.assign(size_t(R), 0);
     Matrix logits(R, kVocabTile);
+    std::vector<float> exps(static_cast<size_t>(kVocabTile));
     auto Wt = scratch(Gemm::packedSize(D, kVocabTile));
     for (int64_t tile = s; tile < tiles; tile += slices) {
       const int64_t v0 = tile * kVocabTile, nv = std::min(kVocabTile, V - v0);
@@ -193,16 +197,13 @@ void tokenLoss(const float *h, const float *W, const float *bias, const int32_t 
         logits.leftCols(nv).rowwise() += Eigen::Map<const Eigen::RowVectorXf>(bias + v0, nv);
       for (int64_t r = 0; r < R; ++r) {
         const float *row = logits.data() + r * kVocabTile;
-        double m = st.mx[r];
-        for (int64_t c = 0; c < nv; ++c)
-          m = std::max(m, double(row[c]));
-        // Exponentials in float (the logits are float; expf is much cheaper), summed in double.
-        double e = 0, tot = 0;
+        const auto x = ConstArray(row, nv);
+        const double m = std::max(st.mx[r], double(x.maxCoeff()));
+        // Exponentials in float (the logits are float; Eigen's vectorized exp), summed in double.
         const float mf = float(m);
-        for (int64_t c = 0; c < nv; ++c) {
-          e += std::exp(row[c] - mf);
-          tot += row[c];
-        }
+        auto ex = Array(exps.data(), nv);
+        ex = (x - mf).exp();
+        const double e = ex.cast<double>().sum(), tot = x.cast<double>().sum();
         st.sum[r] = st.sum[r] * std::exp(st.mx[r] - m) + e;
         st.mx[r] = m;
         st.total[r] += tot;
@@ -267,10 +268,10 @@ void tokenLossGradScaled(const float *h, const float *W, const float *bias, cons
         const double l = lse[live[i]];
         float *row = G.data() + i * kVocabTile;
         const float lf = float(l), offf = float(off), invTf = float(invT);
-        for (int64_t c = 0; c < nv; ++c) {
-          const float logit = row[c] + (bias ? bias[v0 + c] : 0.0f);
-          row[c] = (std::exp(logit - lf) - offf) * invTf;
-        }
+        auto g = Array(row, nv);
+        if (bias)
+          g += ConstArray(bias + v0, nv);
+        g = ((g - lf).exp() - offf) * invTf;
         if (y >= v0 && y < v0 + nv)
           row[y - v0] -= float((1 - smoothing) * invT);
       }
@@ -438,21 +439,19 @@ void layerNormGrad(const float *dy, const float *x, const float *gamma, int64_t 
 
 void activationGrad(const float *dy, const float *x, int64_t n, int32_t kind, float *dx) {
   constexpr double kInvSqrt2 = 0.70710678118654752440, kInvSqrt2Pi = 0.39894228040143267794;
-  const double k = std::sqrt(2.0 / 3.14159265358979323846);
+  const float kf = float(std::sqrt(2.0 / 3.14159265358979323846)), c = 0.044715f;
   parallelFor(blocks(n, 4096), [&](int64_t blk) {
-    for (int64_t i = blk * 4096; i < std::min(n, (blk + 1) * 4096); ++i) {
-      // float math (the forward is float too): erff/expf/tanhf are several times cheaper than double.
-      const float v = x[i];
-      float d;
-      if (kind == LMRT_ACT_RELU) {
-        d = v > 0 ? 1.0f : 0.0f;
-      } else if (kind == LMRT_ACT_GELU) {
-        d = 0.5f * (1 + std::erf(v * float(kInvSqrt2))) + v * float(kInvSqrt2Pi) * std::exp(-0.5f * v * v);
-      } else {
-        const float kf = float(k), u = kf * (v + 0.044715f * v * v * v), th = std::tanh(u);
-        d = 0.5f * (1 + th) + 0.5f * v * (1 - th * th) * kf * (1 + 3 * 0.044715f * v * v);
-      }
-      dx[i] = dy[i] * d;
+    // float math (the forward is float too), vectorized: Eigen's erf, exp and tanh on whole blocks.
+    const int64_t i0 = blk * 4096, len = std::min(n, i0 + 4096) - i0;
+    const auto v = ConstArray(x + i0, len), g = ConstArray(dy + i0, len);
+    auto d = Array(dx + i0, len);
+    if (kind == LMRT_ACT_RELU) {
+      d = g * (v > 0.0f).cast<float>();
+    } else if (kind == LMRT_ACT_GELU) {
+      d = g * (0.5f * (1.0f + (v * float(kInvSqrt2)).erf()) + v * float(kInvSqrt2Pi) * (-0.5f * v * v).exp());
+    } else {
+      const Eigen::ArrayXf th = (kf * (v + c * v * v * v)).tanh();
+      d = g * (0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * kf * (1.0f + 3.0f * c * v * v));
     }
   });
 }

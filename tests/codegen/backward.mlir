@@ -26,8 +26,13 @@ module @m attributes {lm.model = #lm.model<name = "m", vocab = 11, max_len = 9, 
 // CHECK-LABEL: func.func @m_loss_grad_kernel(
 // CHECK-SAME: %[[W:[^:]+]]: memref<?xf32>, %{{[^:]+}}: memref<?x?xi32>, %{{[^:]+}}: memref<?x?xi32>, %[[LEN:[^:]+]]: memref<?xi32>, %[[CE:[^:]+]]: memref<?x?xf32>, %[[G:[^:]+]]: memref<?xf32>)
 // CHECK: call @lm_rt_dropout(
-// CHECK: call @lm_rt_token_loss(
+// The kernels with GEMMs get the library's generated training GEMM (a function pointer) and its slice width.
+// CHECK: %[[F:.+]] = constant @[[GEMM:lm_train_gemm_[0-9]+x[0-9]+]] : (!llvm.ptr, i64, i64, i64, !llvm.ptr, !llvm.ptr, i64, i64, i64, i64, i64) -> ()
+// CHECK: %[[P:.+]] = builtin.unrealized_conversion_cast %[[F]] : {{.*}} to !llvm.ptr
+// CHECK: call @lm_rt_token_loss({{.*}}, %[[P]], %{{.+}}) :
+// CHECK: constant @[[GEMM]]
 // CHECK: call @lm_rt_token_loss_grad(
+// CHECK: constant @[[GEMM]]
 // CHECK: call @lm_rt_linear_grad(
 // CHECK: call @lm_rt_dropout(
 // CHECK: call @lm_rt_embed_grad(
@@ -36,3 +41,8 @@ module @m attributes {lm.model = #lm.model<name = "m", vocab = 11, max_len = 9, 
 // CHECK: memref.reinterpret_cast %[[G]] to offset: [{{[0-9]+}}], sizes: [8, 8]
 // CHECK: memref.store %{{.*}}, %[[CE]]
 // CHECK: return
+// The training GEMM: dynamic depth, register-tiled FMAs, accumulation selected at run time.
+// CHECK: func.func private @[[GEMM]](%{{[^:]+}}: !llvm.ptr, %{{[^:]+}}: i64, %{{[^:]+}}: i64, %{{[^:]+}}: i64, %{{[^:]+}}: !llvm.ptr
+// CHECK: vector.fma
+// CHECK: arith.select
+// CHECK: vector.maskedstore

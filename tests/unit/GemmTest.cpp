@@ -120,6 +120,66 @@ TEST_F(GemmTest, MatchesNaiveProductForEveryRowCount) {
   }
 }
 
+// The training GEMM (Gemm.h getOrCreateTrainGemm, lmrt.h lm_rt_gemm_fn): depth known only at run time, strided A and
+// C, a panel range, accumulation into C. Packed here from the documented layout (not the runtime's packer); every
+// element must be the ordered FMA chain over k (fmaf here), added to C's old value when accumulating: bit-identical.
+TEST_F(GemmTest, TrainGemmIsTheOrderedFmaChain) {
+  ASSERT_NO_FATAL_FAILURE(build());
+  using TrainGemmFn = void (*)(const float *, int64_t, int64_t, int64_t, const float *, float *, int64_t, int64_t,
+                               int64_t, int64_t, int64_t);
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-1, 1);
+  struct Case {
+    int64_t m, k, n, lda, ldc, pBegin, pEnd;
+    bool accumulate;
+  };
+  const std::vector<Case> cases = {{1, 1, 1, 1, 1, 0, 1, false},       {7, 5, 3, 9, 4, 0, 1, true},
+                                   {23, 0, 70, 1, 70, 0, 2, false},     {23, 0, 70, 1, 70, 0, 2, true},
+                                   {70, 33, 130, 40, 131, 0, 3, false}, {70, 33, 130, 33, 130, 1, 3, true},
+                                   {129, 517, 64, 600, 64, 0, 1, true}, {5, 2048, 200, 2048, 256, 2, 4, false},
+                                   {300, 64, 511, 64, 512, 0, 8, false}};
+  for (auto tile : kTiles) {
+    auto gemm = reinterpret_cast<TrainGemmFn>(::dlsym(handle, ("lm_train_gemm_" + tile.name()).c_str()));
+    ASSERT_NE(gemm, nullptr) << tile.name();
+    const int64_t c = tile.cols();
+    for (const Case &t : cases) {
+      std::vector<float> a(std::max<int64_t>(1, t.m * t.lda)), b(std::max<int64_t>(1, t.k * t.n));
+      for (float &x : a)
+        x = u(rng);
+      for (float &x : b)
+        x = u(rng);
+      const int64_t panels = (t.n + 63) / 64;
+      std::vector<float> packed(std::max<int64_t>(1, panels * t.k * 64), 0.0f);
+      for (int64_t p = 0; p < panels; ++p)
+        for (int64_t j = 0; j < 64 && p * 64 + j < t.n; ++j)
+          for (int64_t kk = 0; kk < t.k; ++kk)
+            packed[p * t.k * 64 + (j / c) * t.k * c + kk * c + j % c] = b[kk * t.n + p * 64 + j];
+      std::vector<float> cOld(t.m * t.ldc + 3);
+      for (float &x : cOld)
+        x = u(rng);
+      std::vector<float> out = cOld;
+      gemm(a.data(), t.lda, t.m, t.k, packed.data(), out.data(), t.ldc, t.n, t.pBegin, t.pEnd, t.accumulate);
+      const std::string where = tile.name() + " m=" + std::to_string(t.m) + " k=" + std::to_string(t.k) +
+                                " n=" + std::to_string(t.n) + (t.accumulate ? " +=" : "");
+      for (int64_t i = 0; i < t.m; ++i)
+        for (int64_t j = 0; j < t.ldc; ++j) {
+          const bool inside = j < t.n && j / 64 >= t.pBegin && j / 64 < t.pEnd;
+          float expect = cOld[i * t.ldc + j];
+          if (inside) {
+            float acc = 0.0f;
+            for (int64_t kk = 0; kk < t.k; ++kk)
+              acc = std::fma(a[i * t.lda + kk], b[kk * t.n + j], acc);
+            expect = t.accumulate ? acc + expect : acc;
+          }
+          ASSERT_EQ(out[i * t.ldc + j], expect) << where << " [" << i << "," << j << "]"
+                                                << (inside ? "" : " (outside the panels: must stay)");
+        }
+      for (int x = 0; x < 3; ++x)
+        ASSERT_EQ(out[t.m * t.ldc + x], cOld[t.m * t.ldc + x]) << where << ": written past C";
+    }
+  }
+}
+
 // --weights-dtype bf16 (Gemm.h): W packed as bf16 pairs. On weights that are bf16 numbers already the packing is
 // lossless: the widening kernels (any x86-64) run the fp32 kernel's FMA chain and give its result bit for bit; the
 // AVX512_BF16 dot-product kernel (when this host has it) also rounds A to bf16, and equals the exact product of the
