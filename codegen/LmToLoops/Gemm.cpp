@@ -65,44 +65,42 @@ static Value loadBf16Pair(OpBuilder &b, Location loc, Value m, Value row, Value 
 }
 
 void emitPack(OpBuilder &b, Location loc, Value weight, Value packed, int64_t n, int64_t k, GemmTile tile) {
-  Value zero = b.create<arith::ConstantIndexOp>(loc, 0), one = b.create<arith::ConstantIndexOp>(loc, 1);
-  Value panels = b.create<arith::ConstantIndexOp>(loc, (n + kPanel - 1) / kPanel);
+  // Column j of panel p (row p*64 + j of W) becomes the stride-c column jj = j % c of slice g = j / c: flat(P)[p*K*64 +
+  // g*K*c + kv*c + jj] for kv < K (Gemm.h), zero past N. One W row is read in order per (p, j); no division per
+  // element (the trainer re-packs every weight after each step).
+  auto cidx = [&](int64_t v) -> Value { return b.create<arith::ConstantIndexOp>(loc, v); };
   const bool bf16 = tile.bf16();
-  Value kk = b.create<arith::ConstantIndexOp>(loc, packedDepth(k, bf16)),
-        width = b.create<arith::ConstantIndexOp>(loc, kPanel);
-  Value nn = b.create<arith::ConstantIndexOp>(loc, n);
+  const int64_t kk = packedDepth(k, bf16), c = tile.cols();
+  Value flat = b.create<memref::CollapseShapeOp>(loc, packed, ArrayRef<ReassociationIndices>{{0, 1}});
   Value fzero = b.create<arith::ConstantOp>(loc, b.getF32FloatAttr(0));
-  auto lp = b.create<scf::ForOp>(loc, zero, panels, one);
   OpBuilder::InsertionGuard guard(b);
+  auto lp = b.create<scf::ForOp>(loc, cidx(0), cidx((n + kPanel - 1) / kPanel), cidx(1));
   b.setInsertionPointToStart(lp.getBody());
-  auto lk = b.create<scf::ForOp>(loc, zero, kk, one);
-  b.setInsertionPointToStart(lk.getBody());
-  auto lj = b.create<scf::ForOp>(loc, zero, width, one);
+  auto lj = b.create<scf::ForOp>(loc, cidx(0), cidx(kPanel), cidx(1));
   b.setInsertionPointToStart(lj.getBody());
-  Value p = lp.getInductionVar(), kv = lk.getInductionVar(), j = lj.getInductionVar();
-  Value row = b.create<arith::AddIOp>(loc, b.create<arith::MulIOp>(loc, p, width), j);
-  Value inside = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::slt, row, nn);
-  auto value = b.create<scf::IfOp>(loc, TypeRange{b.getF32Type()}, inside, true);
-  {
-    OpBuilder::InsertionGuard g(b);
-    b.setInsertionPointToStart(value.thenBlock());
-    Value word = bf16 ? loadBf16Pair(b, loc, weight, row, kv, k)
-                      : Value(b.create<memref::LoadOp>(loc, weight, ValueRange{row, kv}));
-    b.create<scf::YieldOp>(loc, ValueRange{word});
-    b.setInsertionPointToStart(value.elseBlock());
-    b.create<scf::YieldOp>(loc, ValueRange{fzero});
-  }
-  // flat = p*K*64 + (j/c)*K*c + k*c + j%c (Gemm.h), stored at [flat / 64, flat % 64].
-  Value c = b.create<arith::ConstantIndexOp>(loc, tile.cols());
-  Value flat = b.create<arith::MulIOp>(loc, b.create<arith::MulIOp>(loc, p, kk), width);
-  flat = b.create<arith::AddIOp>(
-      loc, flat,
-      b.create<arith::MulIOp>(loc, b.create<arith::MulIOp>(loc, b.create<arith::DivUIOp>(loc, j, c), kk), c));
-  flat = b.create<arith::AddIOp>(loc, flat, b.create<arith::MulIOp>(loc, kv, c));
-  flat = b.create<arith::AddIOp>(loc, flat, b.create<arith::RemUIOp>(loc, j, c));
-  b.create<memref::StoreOp>(
-      loc, value.getResult(0), packed,
-      ValueRange{b.create<arith::DivUIOp>(loc, flat, width), b.create<arith::RemUIOp>(loc, flat, width)});
+  Value p = lp.getInductionVar(), j = lj.getInductionVar();
+  Value row = b.create<arith::AddIOp>(loc, b.create<arith::MulIOp>(loc, p, cidx(kPanel)), j);
+  Value g = b.create<arith::DivUIOp>(loc, j, cidx(c)), jj = b.create<arith::RemUIOp>(loc, j, cidx(c));
+  Value base = b.create<arith::AddIOp>(
+      loc, b.create<arith::AddIOp>(loc, b.create<arith::MulIOp>(loc, p, cidx(kk * kPanel)), b.create<arith::MulIOp>(loc, g, cidx(kk * c))),
+      jj);
+  Value inside = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::slt, row, cidx(n));
+  auto branch = b.create<scf::IfOp>(loc, inside, /*withElseRegion=*/true);
+  auto column = [&](bool real) {
+    auto lk = b.create<scf::ForOp>(loc, cidx(0), cidx(kk), cidx(1));
+    OpBuilder::InsertionGuard inner(b);
+    b.setInsertionPointToStart(lk.getBody());
+    Value kv = lk.getInductionVar();
+    Value word = !real ? fzero
+                 : bf16 ? loadBf16Pair(b, loc, weight, row, kv, k)
+                        : Value(b.create<memref::LoadOp>(loc, weight, ValueRange{row, kv}));
+    Value at = b.create<arith::AddIOp>(loc, base, b.create<arith::MulIOp>(loc, kv, cidx(c)));
+    b.create<memref::StoreOp>(loc, word, flat, ValueRange{at});
+  };
+  b.setInsertionPointToStart(branch.thenBlock());
+  column(true);
+  b.setInsertionPointToStart(branch.elseBlock());
+  column(false);
 }
 
 std::string GemmTile::name() const {
