@@ -37,8 +37,27 @@ namespace lmrt::LMRT_ISA {
 namespace {
 
 using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using Array = Eigen::Map<Eigen::ArrayXf>;
+// Eigen's vectorized exp/erf/tanh, on buffers aligned to its packets: an unaligned destination would have its
+// first elements computed by the scalar libm functions, so results would depend on addresses (and vary from run to
+// run). Reductions are written out in a fixed order (Eigen's depend on alignment too).
+using Array = Eigen::Map<Eigen::ArrayXf, Eigen::AlignedMax>;
 using ConstArray = Eigen::Map<const Eigen::ArrayXf>;
+
+/// sum_i double(x[i]) in eight running sums (element i into sum i % 8), added in order: vectorizes, and the order
+/// depends on n alone.
+double sumDouble(const float *x, int64_t n) {
+  double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j)
+      s[j] += double(x[i + j]);
+  for (; i < n; ++i)
+    s[i % 8] += double(x[i]);
+  double total = 0;
+  for (double v : s)
+    total += v;
+  return total;
+}
 
 /// Runs f(i) for i in [0, n) on the runtime's arena, pieces of whole indices.
 template <typename F> void parallelFor(int64_t n, F f) {
@@ -186,7 +205,7 @@ void tokenLoss(const float *h, const float *W, const float *bias, const int32_t 
     st.target.assign(size_t(R), 0.0);
     st.hasTarget.assign(size_t(R), 0);
     Matrix logits(R, kVocabTile);
-    std::vector<float> exps(static_cast<size_t>(kVocabTile));
+    Eigen::ArrayXf exps(kVocabTile); // aligned (see Array)
     auto Wt = scratch(Gemm::packedSize(D, kVocabTile));
     for (int64_t tile = s; tile < tiles; tile += slices) {
       const int64_t v0 = tile * kVocabTile, nv = std::min(kVocabTile, V - v0);
@@ -203,7 +222,7 @@ void tokenLoss(const float *h, const float *W, const float *bias, const int32_t 
         const float mf = float(m);
         auto ex = Array(exps.data(), nv);
         ex = (x - mf).exp();
-        const double e = ex.cast<double>().sum(), tot = x.cast<double>().sum();
+        const double e = sumDouble(exps.data(), nv), tot = sumDouble(row, nv);
         st.sum[r] = st.sum[r] * std::exp(st.mx[r] - m) + e;
         st.mx[r] = m;
         st.total[r] += tot;
@@ -444,7 +463,8 @@ void activationGrad(const float *dy, const float *x, int64_t n, int32_t kind, fl
     // float math (the forward is float too), vectorized: Eigen's erf, exp and tanh on whole blocks.
     const int64_t i0 = blk * 4096, len = std::min(n, i0 + 4096) - i0;
     const auto v = ConstArray(x + i0, len), g = ConstArray(dy + i0, len);
-    auto d = Array(dx + i0, len);
+    alignas(64) float out[4096]; // computed aligned (see Array), then copied
+    auto d = Array(out, len);
     if (kind == LMRT_ACT_RELU) {
       d = g * (v > 0.0f).cast<float>();
     } else if (kind == LMRT_ACT_GELU) {
@@ -453,6 +473,7 @@ void activationGrad(const float *dy, const float *x, int64_t n, int32_t kind, fl
       const Eigen::ArrayXf th = (kf * (v + c * v * v * v)).tanh();
       d = g * (0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * kf * (1.0f + 3.0f * c * v * v));
     }
+    std::memcpy(dx + i0, out, sizeof(float) * size_t(len));
   });
 }
 

@@ -54,15 +54,23 @@ std::string fileHash(const fs::path &path) {
   return in.bad() ? "" : hex(h);
 }
 
-/// What, besides the spec and the pipeline, changes the compiled code: this lmcc binary and the host CPU.
-const json &keyParts() {
-  static const json parts = [] {
+/// path:size:mtime (nanoseconds) of a file, "" when it cannot be read.
+std::string fileIdentity(const std::string &path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    return "";
+  return path + ":" + std::to_string(st.st_size) + ":" + std::to_string(st.st_mtim.tv_sec) + "." +
+         std::to_string(st.st_mtim.tv_nsec);
+}
+
+/// What, besides the spec and the pipeline, changes the compiled code: this lmcc binary, the liblmrt.so an entry
+/// gets a copy of (rebuilt alone, it changes the numbers without changing lmcc), and the host CPU.
+const json &keyParts(const driver::LibraryOptions &options) {
+  static const json parts = [&] {
     json parts;
-    struct stat st {};
-    ::stat("/proc/self/exe", &st);
     std::error_code ec;
-    parts["lmcc"] = fs::read_symlink("/proc/self/exe", ec).string() + ":" + std::to_string(st.st_size) + ":" +
-                    std::to_string(st.st_mtime);
+    parts["lmcc"] = fileIdentity(fs::read_symlink("/proc/self/exe", ec).string());
+    parts["lmrt"] = fileIdentity((fs::path(options.runtimeDir) / "liblmrt.so").string());
     parts["cpu"] = llvm::sys::getHostCPUName().str();
     std::vector<std::string> features;
     for (const auto &f : llvm::sys::getHostCPUFeatures())
@@ -89,7 +97,7 @@ std::string pipelineTag(const driver::LibraryOptions &options) {
 
 /// The entry directory of (spec, options).
 fs::path entryDir(const fs::path &cache, const ModelSpec &spec, const driver::LibraryOptions &options) {
-  const std::string key = keyParts().dump();
+  const std::string key = keyParts(options).dump();
   return cache / (spec.name + "-" + specHash(spec) + "-" + pipelineTag(options) + "-" +
                   hex(fnv(0xcbf29ce484222325ull, key.data(), key.size())).substr(0, 12));
 }
@@ -166,7 +174,7 @@ std::string cachedLibrary(const ModelSpec &spec, driver::LibraryOptions options)
   manifest["spec"] = spec.name;
   manifest["spec_hash"] = specHash(spec);
   manifest["pipeline"] = pipelineTag(options);
-  manifest["key"] = keyParts();
+  manifest["key"] = keyParts(options);
   for (const std::string file : {libName, std::string("liblmrt.so")})
     manifest["files"][file] = fileHash(out / file);
   {

@@ -2,8 +2,8 @@
 //
 // $LMCC_CACHE_DIR (else $XDG_CACHE_HOME/lmcc, else ~/.cache/lmcc) holds one directory per compiled library:
 //   <name>-<spec hash>-<pipeline tag>-<key>/   lib<name>.so, liblmrt.so, <name>.h, manifest.json
-// <key> is a hash of everything else that changes the code: the lmcc binary (size, mtime, build path), the
-// target CPU's LLVM name and features. manifest.json records the key's parts and a content hash (FNV-1a 64)
+// <key> is a hash of everything else that changes the code: the lmcc binary and the liblmrt.so copied into the
+// entry (path, size, mtime), the target CPU's LLVM name and features. manifest.json records the key's parts and a content hash (FNV-1a 64)
 // of every file; an entry is used only when its files hash as recorded, and after dlopen only when the
 // library's embedded spec hash is the spec's. A damaged entry (truncated, swapped, half-written) is removed
 // and rebuilt with a one-line warning; entries are filled in a temporary directory and renamed into place.
