@@ -28,6 +28,7 @@
 #include <mutex>
 #include <random>
 #include <sstream>
+#include <tuple>
 #include <thread>
 
 namespace fs = std::filesystem;
@@ -684,6 +685,145 @@ TEST(RuntimeGemm, EmptyInnerDimensionGivesBias) {
   float bias[3] = {1, 2, 3}, c[6] = {9, 9, 9, 9, 9, 9};
   lm_rt_sgemm_nt(2, 3, 0, nullptr, 0, nullptr, 0, bias, c, 3);
   EXPECT_EQ(std::vector<float>(c, c + 6), (std::vector<float>{1, 2, 3, 1, 2, 3}));
+}
+
+// --- Training kernels over the lm_rt_gemm_fn contract --------------------------------------
+
+/// lmrt.h's lm_rt_gemm_fn written out (independently of the generated kernel): B packed in panels of 64
+/// columns, each cut into K x C slices; every element the ordered FMA chain over k.
+template <int64_t C>
+void naiveGemm(const float *A, int64_t lda, int64_t M, int64_t K, const float *P, float *Cm, int64_t ldc, int64_t N,
+               int64_t pBegin, int64_t pEnd, int64_t accumulate) {
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t p = pBegin; p < pEnd; ++p)
+      for (int64_t j = 0; j < 64 && p * 64 + j < N; ++j) {
+        float s = 0.0f;
+        for (int64_t k = 0; k < K; ++k)
+          s = std::fma(A[m * lda + k], P[p * K * 64 + (j / C) * K * C + k * C + j % C], s);
+        float &out = Cm[m * ldc + p * 64 + j];
+        out = accumulate ? out + s : s;
+      }
+}
+
+std::vector<float> randoms(size_t n, unsigned seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-scale, scale);
+  std::vector<float> v(n);
+  for (float &x : v)
+    x = u(rng);
+  return v;
+}
+
+/// Close to a float64 reference: |a - ref| <= tol (1 + |ref|).
+void expectClose(const std::vector<float> &a, const std::vector<double> &ref, double tol, const std::string &what) {
+  ASSERT_EQ(a.size(), ref.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i)
+    ASSERT_NEAR(a[i], ref[i], tol * (1 + std::fabs(ref[i]))) << what << " [" << i << "]";
+}
+
+// dX = dY W, dW = dY^T X, db = sum of dY's rows, for both packed slice widths (AVX-512's 64, AVX2's 16), on sizes
+// that are not multiples of anything.
+TEST(TrainKernels, LinearGradOverTheGemmContract) {
+  const int64_t rows = 37, in = 70, out = 45;
+  auto dy = randoms(rows * out, 1), x = randoms(rows * in, 2), W = randoms(out * in, 3);
+  std::vector<double> dxRef(rows * in, 0.0), dWRef(out * in, 0.0), dbRef(out, 0.0);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t o = 0; o < out; ++o) {
+      dbRef[o] += dy[r * out + o];
+      for (int64_t i = 0; i < in; ++i) {
+        dxRef[r * in + i] += double(dy[r * out + o]) * W[o * in + i];
+        dWRef[o * in + i] += double(dy[r * out + o]) * x[r * in + i];
+      }
+    }
+  for (auto [gemm, cols] : {std::pair<lm_rt_gemm_fn, int64_t>{naiveGemm<64>, 64}, {naiveGemm<16>, 16}}) {
+    std::vector<float> dx(rows * in), dW(out * in), db(out);
+    lm_rt_linear_grad(dy.data(), x.data(), W.data(), rows, in, out, dx.data(), dW.data(), db.data(), gemm, cols);
+    const std::string at = " (slices of " + std::to_string(cols) + ")";
+    expectClose(dx, dxRef, 1e-5, "dx" + at);
+    expectClose(dW, dWRef, 1e-5, "dW" + at);
+    expectClose(db, dbRef, 1e-5, "db" + at);
+  }
+}
+
+// The token loss and its gradient against float64 (three vocabulary tiles, the last partial; padded rows and rows
+// without a target); then the same inputs at addresses one float off: bit-identical (the kernels' vectorized
+// exponentials must not depend on where buffers start, or checkpoints vary from run to run), and the GELU backward
+// likewise.
+TEST(TrainKernels, TokenLossOverTheGemmContractAndAlignmentFree) {
+  const int64_t B = 3, N = 5, D = 19, V = 1100;
+  auto h = randoms(B * N * D, 4, 2.0f), W = randoms(V * D, 5), bias = randoms(V, 6);
+  std::vector<int32_t> lengths = {5, 3, 4}, targets(B * N, -1);
+  std::mt19937 rng(7);
+  for (int64_t r = 0; r < B * N; ++r)
+    if (r % N < lengths[r / N] && r % 3 != 1)
+      targets[r] = int32_t(rng() % V);
+  // Reference: z = h W^T + b; ce = lse - z[y]; dz = (softmax - onehot) / T; dh = dz W, dW = dz^T h, db = sum dz.
+  int64_t T = 0;
+  for (int32_t y : targets)
+    T += y >= 0;
+  std::vector<double> ceRef(B * N, 0.0), dhRef(B * N * D, 0.0), dWRef(V * D, 0.0), dbRef(V, 0.0);
+  for (int64_t r = 0; r < B * N; ++r) {
+    if (targets[r] < 0)
+      continue;
+    std::vector<double> z(V);
+    double mx = -1e300;
+    for (int64_t v = 0; v < V; ++v) {
+      z[v] = bias[v];
+      for (int64_t d = 0; d < D; ++d)
+        z[v] += double(h[r * D + d]) * W[v * D + d];
+      mx = std::max(mx, z[v]);
+    }
+    double sum = 0;
+    for (double x : z)
+      sum += std::exp(x - mx);
+    const double lse = mx + std::log(sum);
+    ceRef[r] = lse - z[targets[r]];
+    for (int64_t v = 0; v < V; ++v) {
+      const double dz = (std::exp(z[v] - lse) - (v == targets[r] ? 1.0 : 0.0)) / double(T);
+      dbRef[v] += dz;
+      for (int64_t d = 0; d < D; ++d) {
+        dhRef[r * D + d] += dz * W[v * D + d];
+        dWRef[v * D + d] += dz * h[r * D + d];
+      }
+    }
+  }
+  struct Out {
+    std::vector<float> ce, lse, dh, dW, db, act;
+  };
+  // Every input copied to `offset` floats past an aligned start.
+  auto run = [&](int64_t offset) {
+    auto at = [&](const std::vector<float> &v) {
+      auto *buf = new std::vector<float>(v.size() + 16);
+      std::copy(v.begin(), v.end(), buf->begin() + offset);
+      return std::unique_ptr<std::vector<float>>(buf);
+    };
+    auto hb = at(h), Wb = at(W), bb = at(bias);
+    const float *hp = hb->data() + offset, *Wp = Wb->data() + offset, *bp = bb->data() + offset;
+    Out o;
+    o.ce.resize(B * N), o.lse.resize(B * N), o.dh.resize(B * N * D), o.dW.resize(V * D), o.db.resize(V);
+    lm_rt_token_loss(hp, Wp, bp, targets.data(), lengths.data(), B, N, D, V, 0.0, o.ce.data(), o.lse.data(),
+                     naiveGemm<64>, 64);
+    lm_rt_token_loss_grad(hp, Wp, bp, targets.data(), lengths.data(), o.lse.data(), B, N, D, V, 0.0, 0,
+                          o.dh.data(), o.dW.data(), o.db.data(), naiveGemm<64>, 64);
+    auto xb = at(W), gb = at(bias); // any floats: the GELU backward of W's first 1100 values, seeded by bias
+    std::vector<float> act(V + 16, 0.0f);
+    lm_rt_activation_grad(gb->data() + offset, xb->data() + offset, V, 0, act.data() + offset);
+    o.act.assign(act.begin() + offset, act.begin() + offset + V);
+    return o;
+  };
+  Out aligned = run(0);
+  expectClose(aligned.ce, ceRef, 2e-5, "ce");
+  expectClose(aligned.dh, dhRef, 2e-5, "dh");
+  expectClose(aligned.dW, dWRef, 2e-5, "dW");
+  expectClose(aligned.db, dbRef, 2e-5, "db");
+  for (int64_t offset : {1, 3, 7}) {
+    Out shifted = run(offset);
+    for (auto [a, b, name] : {std::tuple{&aligned.ce, &shifted.ce, "ce"}, {&aligned.dh, &shifted.dh, "dh"},
+                              {&aligned.dW, &shifted.dW, "dW"}, {&aligned.db, &shifted.db, "db"},
+                              {&aligned.act, &shifted.act, "activation_grad"}})
+      EXPECT_EQ(0, std::memcmp(a->data(), b->data(), a->size() * sizeof(float)))
+          << name << " differs with its inputs " << offset << " floats off alignment";
+  }
 }
 
 // --- Generated header and glue ---------------------------------------------------------
