@@ -26,7 +26,9 @@ extern "C" void removeTempDirsAndDie(int sig) {
   for (int i = 0; i < kSlots; ++i) {
     if (!live[i].load())
       continue;
-    const pid_t pid = ::fork();
+    // _Fork, not fork: fork takes malloc's locks (and runs atfork handlers), which deadlocks when the signal
+    // interrupted a thread inside malloc; _Fork is async-signal-safe (glibc 2.34).
+    const pid_t pid = ::_Fork();
     if (pid == 0) {
       char rm[] = "/bin/rm", rf[] = "-rf", dashes[] = "--";
       char *argv[] = {rm, rf, dashes, paths[i], nullptr};
