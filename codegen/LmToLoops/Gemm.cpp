@@ -328,6 +328,15 @@ static void emitGemmBody(OpBuilder &b, Location loc, const GemmBody &op, GemmTil
   }
 }
 
+/// A private function `name` of `inputs` -> () at the end of `module`, `b` at the start of its entry block.
+static func::FuncOp newPrivateFunction(OpBuilder &b, ModuleOp module, StringRef name, TypeRange inputs) {
+  b.setInsertionPointToEnd(module.getBody());
+  auto fn = b.create<func::FuncOp>(b.getUnknownLoc(), name, b.getFunctionType(inputs, {}));
+  fn.setPrivate();
+  b.setInsertionPointToStart(fn.addEntryBlock());
+  return fn;
+}
+
 func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBias, GemmTile tile) {
   assert(kPanel % tile.cols() == 0 && "a tile's columns divide the panel");
   std::string name = gemmName("lm_gemm_", n, k, withBias, tile);
@@ -335,7 +344,6 @@ func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBia
     return existing;
   MLIRContext *ctx = module.getContext();
   OpBuilder b(ctx);
-  b.setInsertionPointToEnd(module.getBody());
   Location loc = b.getUnknownLoc();
   int64_t dyn = ShapedType::kDynamic;
   Type f32 = b.getF32Type(), index = b.getIndexType();
@@ -343,11 +351,8 @@ func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBia
   auto pType = MemRefType::get({dyn, kPanel}, f32, StridedLayoutAttr::get(ctx, dyn, {kPanel, 1}));
   auto biasType = MemRefType::get({dyn}, f32, StridedLayoutAttr::get(ctx, dyn, {1}));
   auto cType = MemRefType::get({dyn, dyn}, f32);
-  auto fn =
-      b.create<func::FuncOp>(loc, name, b.getFunctionType({aType, pType, biasType, cType, index, index, index}, {}));
-  fn.setPrivate();
-  Block *entry = fn.addEntryBlock();
-  b.setInsertionPointToStart(entry);
+  func::FuncOp fn = newPrivateFunction(b, module, name, {aType, pType, biasType, cType, index, index, index});
+  Block *entry = &fn.getBody().front();
   GemmBody op;
   op.A = entry->getArgument(0), op.P = entry->getArgument(1), op.bias = entry->getArgument(2);
   op.C = entry->getArgument(3), op.pBegin = entry->getArgument(4), op.pEnd = entry->getArgument(5);
@@ -368,17 +373,13 @@ func::FuncOp getOrCreateTrainGemm(ModuleOp module, GemmTile tile) {
     return existing;
   MLIRContext *ctx = module.getContext();
   OpBuilder b(ctx);
-  b.setInsertionPointToEnd(module.getBody());
   Location loc = b.getUnknownLoc();
   int64_t dyn = ShapedType::kDynamic;
   Type i64 = b.getI64Type(), f32 = b.getF32Type();
   auto ptr = LLVM::LLVMPointerType::get(ctx);
   // (A, lda, M, K, P, C, ldc, N, pBegin, pEnd, accumulate): lmrt.h's lm_rt_gemm_fn.
-  auto fn = b.create<func::FuncOp>(loc, name,
-                                   b.getFunctionType({ptr, i64, i64, i64, ptr, ptr, i64, i64, i64, i64, i64}, {}));
-  fn.setPrivate();
-  Block *entry = fn.addEntryBlock();
-  b.setInsertionPointToStart(entry);
+  func::FuncOp fn = newPrivateFunction(b, module, name, {ptr, i64, i64, i64, ptr, ptr, i64, i64, i64, i64, i64});
+  Block *entry = &fn.getBody().front();
   auto arg = [&](int i) { return entry->getArgument(i); };
   auto c64 = [&](int64_t v) -> Value { return b.create<LLVM::ConstantOp>(loc, i64, b.getI64IntegerAttr(v)); };
   auto address = [&](Value p) -> Value { return b.create<LLVM::PtrToIntOp>(loc, i64, p); };
