@@ -165,8 +165,7 @@ static void emitGemmBody(OpBuilder &b, Location loc, const GemmBody &op, GemmTil
   Value highHalf = b.create<arith::ConstantOp>(loc, i32Vec, DenseElementsAttr::get(i32Vec, int32_t(0xffff0000u)));
   Value sixteen = b.create<arith::ConstantOp>(loc, i32Vec, DenseElementsAttr::get(i32Vec, int32_t(16)));
   // One r x W tile at rows [m0, m0 + r) (row m0 - mb of the block) of the column slice starting at `slice` (panel p,
-  // group g). `aheads` are lines of the slice two slices on, prefetched at the same k (the second only when
-  // `fewTiles`).
+  // group g). `aheads` are lines of the next slice, prefetched at the same k (the second only when `fewTiles`).
   auto tileAt = [&](int64_t r, Value m0, Value mb, Value p, Value g, Value slice, ArrayRef<Value> aheads,
                     Value fewTiles) {
     SmallVector<Value> init(r * V, zeroVec);
@@ -179,12 +178,14 @@ static void emitGemmBody(OpBuilder &b, Location loc, const GemmBody &op, GemmTil
       Value kW = b.create<arith::MulIOp>(loc, kv, cidx(W));
       Value at = b.create<arith::AddIOp>(loc, slice, kW);
       if (prefetch) {
-        // Streamed from memory when the weight is larger than the caches (the vocabulary projection). Past the end,
+        // Streamed from memory when the weight is larger than the caches (the vocabulary projection), into L2 only
+        // (prefetcht1): prefetching into L1 two slices ahead made the 10-row vocabulary projection 1.3-1.5x slower
+        // than this, and no prefetch at all was in between (bench/results/2026-11-25-stream.md). Past the end,
         // clamped to the last float.
         auto prefetchLine = [&](Value line) {
           Value target = b.create<arith::MinSIOp>(loc, b.create<arith::AddIOp>(loc, line, kW), lastFloat);
           b.create<memref::PrefetchOp>(loc, flatP, ValueRange{target},
-                                       /*isWrite=*/false, /*localityHint=*/3,
+                                       /*isWrite=*/false, /*localityHint=*/2,
                                        /*isDataCache=*/true);
         };
         prefetchLine(aheads[0]);
@@ -295,10 +296,10 @@ static void emitGemmBody(OpBuilder &b, Location loc, const GemmBody &op, GemmTil
     auto slices = b.create<scf::ForOp>(loc, cidx(0), cidx(groups), cidx(1));
     b.setInsertionPointToStart(slices.getBody());
     Value g = slices.getInductionVar();
-    // Slice q = p*groups + g prefetches slice q + 2.
+    // Slice q = p*groups + g prefetches slice q + 1.
     Value q = b.create<arith::AddIOp>(loc, b.create<arith::MulIOp>(loc, p, cidx(groups)), g);
     Value slice = b.create<arith::MulIOp>(loc, q, sliceFloats);
-    Value ahead = b.create<arith::AddIOp>(loc, slice, b.create<arith::MulIOp>(loc, sliceFloats, cidx(2)));
+    Value ahead = b.create<arith::AddIOp>(loc, slice, sliceFloats);
     auto tiles = b.create<scf::ForOp>(loc, cidx(0), T, cidx(1));
     b.setInsertionPointToStart(tiles.getBody());
     // Tile t covers rows [t*Mb/T, (t+1)*Mb/T) of the block: floor(Mb/T) or ceil(Mb/T) of them, never more than R.
@@ -309,8 +310,8 @@ static void emitGemmBody(OpBuilder &b, Location loc, const GemmBody &op, GemmTil
     Value height = b.create<arith::SubIOp>(loc, next, first);
     Value m0 = b.create<arith::AddIOp>(loc, mb, first);
     // A k row of the slice is W floats (W / 16 cache lines); tile t prefetches line t mod (W / 16) of each row of
-    // slice q + 2, and when the block has two tiles or fewer (the vocabulary projection of a sentence of 6 to 10
-    // rows) also line t + 2, so that the slice's tiles bring all of the next-but-one (a second line a k step for
+    // slice q + 1, and when the block has two tiles or fewer (the vocabulary projection of a sentence of 6 to 10
+    // rows) also line t + 2, so that the slice's tiles bring all of the next one (a second line a k step for
     // every tile made 20-row sentences 4-6% slower; one line and two tiles left half of it to demand misses).
     const int64_t lines = std::max<int64_t>(1, W / 16);
     SmallVector<Value> tileAheads;

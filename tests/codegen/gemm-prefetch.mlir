@@ -1,7 +1,8 @@
 // RUN: lmcc-opt --lm-to-loops="vector-bits=512" %s | FileCheck %s
-// A packed weight over 1 MB (1024 x 512 floats) streams from memory: every k step of a tile prefetches a cache line
-// of the column slice two slices on, tile t the line t mod 4 of the slice's 64-float (4-line) rows, and when the
-// block has at most two tiles (T <= 2) also line t + 2, so that the tiles of a slice bring all of the next-but-one.
+// A packed weight over 1 MB (1024 x 512 floats) streams from memory: every k step of a tile prefetches into L2
+// (locality 2, prefetcht1) a cache line of the next column slice, tile t the line t mod 4 of the slice's 64-float
+// (4-line) rows, and when the block has at most two tiles (T <= 2) also line t + 2, so that the tiles of a slice
+// bring all of the next one.
 // Weights of 1 MB or less (the 8 x 1024 below) are not prefetched.
 
 // CHECK-LABEL: func.func private @lm_gemm_1024x512_bias_5x64
@@ -16,11 +17,11 @@
 // CHECK: scf.for
 // CHECK: %[[AT0:.+]] = arith.addi %[[AHEAD0]], %{{.*}}
 // CHECK: %[[CLAMPED0:.+]] = arith.minsi %[[AT0]], %{{.*}}
-// CHECK: memref.prefetch %{{.*}}[%[[CLAMPED0]]], read, locality<3>, data
+// CHECK: memref.prefetch %{{.*}}[%[[CLAMPED0]]], read, locality<2>, data
 // CHECK: scf.if %[[FEW]] {
 // CHECK: %[[AT1:.+]] = arith.addi %[[AHEAD1]], %{{.*}}
 // CHECK: %[[CLAMPED1:.+]] = arith.minsi %[[AT1]], %{{.*}}
-// CHECK: memref.prefetch %{{.*}}[%[[CLAMPED1]]], read, locality<3>, data
+// CHECK: memref.prefetch %{{.*}}[%[[CLAMPED1]]], read, locality<2>, data
 // CHECK-LABEL: func.func private @lm_gemm_8x1024_5x64
 // CHECK-NOT: memref.prefetch
 // CHECK: return
