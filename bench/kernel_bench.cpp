@@ -267,15 +267,17 @@ void report(benchmark::State &state, const Shape &s) {
 
 /// A zeroed buffer of `floats` in 2 MB-aligned memory advised as huge pages, as liblmrt holds a model's weights.
 struct HugePageBuffer {
-  size_t bytes;
   float *data;
-  explicit HugePageBuffer(size_t floats) : bytes((floats * sizeof(float) + (2 << 20) - 1) / (2 << 20) * (2 << 20)) {
-    void *p = ::aligned_alloc(2 << 20, bytes);
+  explicit HugePageBuffer(size_t floats) {
+    const size_t huge = size_t(2) << 20, bytes = (floats * sizeof(float) + huge - 1) / huge * huge;
+    void *p = std::aligned_alloc(huge, bytes);
     if (!p)
       throw std::bad_alloc();
     ::madvise(p, bytes, MADV_HUGEPAGE);
     data = static_cast<float *>(std::memset(p, 0, bytes));
   }
+  HugePageBuffer(const HugePageBuffer &) = delete;
+  HugePageBuffer &operator=(const HugePageBuffer &) = delete;
   ~HugePageBuffer() { std::free(data); }
 };
 

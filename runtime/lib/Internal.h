@@ -3,7 +3,6 @@
 
 #include "runtime/lib/lmrt.h"
 
-#include <cstddef>
 #include <functional>
 #include <string>
 #include <vector>
@@ -12,7 +11,6 @@ struct lm_model {
   const lm_model_desc *desc = nullptr;
   float *weights = nullptr; ///< desc->total_floats floats, 64-byte aligned
   void *owned = nullptr;    ///< what lm_rt_free releases (null when the embedded weights are used in place)
-  size_t ownedMapping = 0;  ///< owned's mapping length when mapped (lmrt.cpp's WeightBuffer), 0 when malloc'd
 };
 
 namespace lmrt::detail {

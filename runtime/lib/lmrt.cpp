@@ -189,50 +189,24 @@ void checkDescriptor(const lm_model_desc *desc) {
 
 // --- Loading ------------------------------------------------------------------
 
-/// The weight buffer of a loaded model. Buffers of 2 MB or more are mappings of their own, aligned to 2 MB and
-/// advised as huge pages (MADV_HUGEPAGE; a no-op where transparent huge pages are off): scoring a short sentence
-/// streams every weight from memory once per call, and with 4 KB pages that stream took a TLB miss every 4 KB and
-/// the 10-token vocabulary projection ran 1.2-1.5x slower (bench/results/2026-11-25-stream.md).
-struct WeightBuffer {
-  void *data = nullptr;
-  size_t mapped = 0; ///< the mapping's length, 0 when from aligned_alloc
-  WeightBuffer() = default;
-  WeightBuffer(const WeightBuffer &) = delete;
-  WeightBuffer &operator=(const WeightBuffer &) = delete;
-  ~WeightBuffer() { release(data, mapped); }
-  static void release(void *data, size_t mapped) {
-    if (mapped)
-      ::munmap(data, mapped);
-    else
-      std::free(data);
-  }
+struct FreeDeleter {
+  void operator()(void *p) const noexcept { std::free(p); }
 };
 
-constexpr size_t kHugePage = size_t(2) << 20;
-
-void allocateWeights(int64_t totalFloats, WeightBuffer &out) {
+/// A model's weight buffer. One of 2 MB or more is 2 MB-aligned and advised as huge pages (MADV_HUGEPAGE; a no-op
+/// where transparent huge pages are off): scoring a short sentence streams every weight from memory once per call,
+/// and with 4 KB pages the 10-token vocabulary projection ran 1.2-1.5x slower (bench/results/2026-11-25-stream.md).
+std::unique_ptr<void, FreeDeleter> allocateWeights(int64_t totalFloats) {
+  constexpr size_t kHugePage = size_t(2) << 20;
   size_t bytes = static_cast<size_t>(totalFloats) * sizeof(float);
-  bytes = (bytes + kWeightAlignment - 1) / kWeightAlignment * kWeightAlignment;
-  if (bytes == 0)
-    bytes = kWeightAlignment;
-  if (bytes >= kHugePage) {
-    // Map one huge page more than needed and unmap the unaligned head and the tail.
-    const size_t length = (bytes + kHugePage - 1) / kHugePage * kHugePage;
-    void *p = ::mmap(nullptr, length + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED)
-      throw std::bad_alloc();
-    const uintptr_t start = reinterpret_cast<uintptr_t>(p), aligned = (start + kHugePage - 1) & ~(kHugePage - 1);
-    if (aligned > start)
-      ::munmap(p, aligned - start);
-    if (const size_t tail = start + length + kHugePage - (aligned + length))
-      ::munmap(reinterpret_cast<void *>(aligned + length), tail);
-    out.data = reinterpret_cast<void *>(aligned), out.mapped = length;
-    ::madvise(out.data, length, MADV_HUGEPAGE); // advice only: without THP the pages stay 4 KB
-    return;
-  }
-  out.data = std::aligned_alloc(kWeightAlignment, bytes);
-  if (!out.data)
+  const size_t alignment = bytes >= kHugePage ? kHugePage : kWeightAlignment;
+  bytes = std::max((bytes + alignment - 1) / alignment * alignment, alignment);
+  void *p = std::aligned_alloc(alignment, bytes);
+  if (!p)
     throw std::bad_alloc();
+  if (alignment == kHugePage)
+    ::madvise(p, bytes, MADV_HUGEPAGE); // advice only: without THP the pages stay 4 KB
+  return std::unique_ptr<void, FreeDeleter>(p);
 }
 
 lmcc::WeightSet readFile(const std::string &path) {
@@ -322,18 +296,16 @@ void loadImpl(const lm_model_desc *desc, const char *path, lm_model **out) {
       // Read-only use in place: the kernels never write to the weights (no init kernel).
       model->weights = const_cast<float *>(desc->embedded_weights);
     } else {
-      WeightBuffer buffer;
-      allocateWeights(desc->total_floats, buffer);
-      std::memcpy(buffer.data, desc->embedded_weights, static_cast<size_t>(desc->total_floats) * sizeof(float));
-      model->weights = static_cast<float *>(buffer.data);
-      std::swap(model->owned, buffer.data), std::swap(model->ownedMapping, buffer.mapped);
+      auto buffer = allocateWeights(desc->total_floats);
+      std::memcpy(buffer.get(), desc->embedded_weights, static_cast<size_t>(desc->total_floats) * sizeof(float));
+      model->weights = static_cast<float *>(buffer.get());
+      model->owned = buffer.release();
     }
   } else {
-    WeightBuffer buffer;
-    allocateWeights(desc->total_floats, buffer);
-    loadFile(desc, path, static_cast<float *>(buffer.data));
-    model->weights = static_cast<float *>(buffer.data);
-    std::swap(model->owned, buffer.data), std::swap(model->ownedMapping, buffer.mapped);
+    auto buffer = allocateWeights(desc->total_floats);
+    loadFile(desc, path, static_cast<float *>(buffer.get()));
+    model->weights = static_cast<float *>(buffer.get());
+    model->owned = buffer.release();
   }
   if (desc->init) { // tensors folded at load time (lm-fold-constants)
     lm_memref1f weights = memref1(model->weights, desc->total_floats);
@@ -935,7 +907,7 @@ int lm_rt_embed(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t
 void lm_rt_free(lm_model *m) {
   if (!m)
     return;
-  WeightBuffer::release(m->owned, m->ownedMapping);
+  std::free(m->owned);
   delete m;
 }
 
