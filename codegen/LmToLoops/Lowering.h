@@ -3,8 +3,8 @@
 // The lm-to-loops pass (LmToLoops.cpp) lowers each `lm` op to buffer-level scf / memref / arith / math /
 // vector loop nests with one conversion pattern per op, grouped in one file per op family:
 //   Elementwise.cpp  embeddings, positions, elementwise ops, norms, softmaxes, heads, decomposed attention
-//   Attention.cpp    lm.attention (key-tiled online softmax; the vector form for head sizes % 16 == 0) and the
-//                    vector form of its VJP lm.attention_grad
+//   Attention.cpp    lm.attention (key-tiled online softmax; the vector form for head sizes % 16 == 0)
+//   AttentionGrad.cpp the vector form of its VJP lm.attention_grad (both built from AttentionVector.h)
 //   Logprob.cpp      lm.token_logprob (streamed vocabulary tiles), lm.gather, lm.sentence_score, lm.mean_pool
 //   MaskedBatch.cpp  lm.mask_and_predict (n passes), lm.masked_batch, lm.take_row, lm.splice_copies
 //   Gemm.cpp         lm.linear (the generated GEMM over load-time packed weights, or the runtime's Eigen GEMM)
@@ -243,7 +243,7 @@ private:
 /// The canonical weight names behind a GEMM weight operand (an lm.weight, or an lm.concat of them), or none.
 std::vector<std::string> weightNames(mlir::Value weight);
 
-/// Whether lm.attention_grad has the vector form (Attention.cpp): the forward's (no relative positions, no
+/// Whether lm.attention_grad has the vector form (AttentionGrad.cpp): the forward's (no relative positions, no
 /// per-row mask data, head size a multiple of 16) with a mask of none, causal, anticausal or diagonal.
 bool hasVectorAttentionGrad(lm::AttentionGradOp op);
 /// lm.attention_grad in the vector form (generated, register-tiled; split over threads by (entry, head) items).

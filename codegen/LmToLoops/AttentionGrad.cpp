@@ -1,0 +1,196 @@
+//===- AttentionGrad.cpp - lm-to-loops: the attention backward's vector form ---===//
+//
+// lm.attention_grad in the vector form of the forward (AttentionVector.h): register-tiled dP, dQ, dK and dV per
+// (entry, head) item, split over threads, the same bits for any thread count. Other attention backwards call
+// the runtime's kernel (Backward.cpp).
+//
+//===----------------------------------------------------------------------===//
+#include "codegen/LmToLoops/AttentionVector.h"
+
+#include "llvm/Support/FormatVariadic.h"
+
+using namespace mlir;
+
+namespace lmcc::codegen {
+using namespace attention;
+namespace {
+
+/// The buffers of one vector-form attention backward, its query lengths (or null: the keys') and entry count.
+struct GradOperands {
+  Value dO, q, k, v, dq, dk, dv, queryLengths, entries;
+};
+
+/// lm.attention_grad in the vector form (the forward's conditions, a mask of none, causal, anticausal or
+/// diagonal), per (entry, head) item [begin, end): n = min(query length, rows) differentiated rows, m = min(length,
+/// keys) keys; dq of rows n.. zeroed; keys and values transposed (kt, vt); then per tile of R = 8 rows (rows past
+/// n repeat row n - 1 and see no key):
+///   P   = the forward's probabilities, recomputed as it computes them (scores, exp, 1 / l),
+///   dP  = dO_r . v_j as the scores (one vt vector load per R FMAs),
+///   D_r = sum_j P_rj dP_rj, dS = P (dP - D) scale (0 where P is),
+///   dq_r = sum_j dS_rj k_j (as the forward's p.v; stored for real rows only),
+///   dk_j += sum_r dS_rj q_r, dv_j += sum_r P_rj dO_r over the tile's keys (4 keys x 64 features a tile; stored,
+///        not added, for keys no earlier tile touched: the touched keys are a prefix [0, touched) under every
+///        mask here, carried over the tiles), and after the tiles dk, dv of the keys none touched zeroed;
+/// the next item's operands are prefetched over the tiles as in the forward.
+/// Every output of an item is written by that item alone, in a fixed order: the same bits for any thread count.
+void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &ops, Value begin, Value end) {
+  auto &b = L.b;
+  Location loc = L.loc;
+  int64_t D = llvm::cast<ShapedType>(a.getQuery().getType()).getDimSize(2), H = a.getHeads(), dh = D / H;
+  int64_t chunks = dh / kLanes;
+  VectorKernel K(L, dh, a.getMask());
+  Value scale = K.bcast(L.f32c(a.getScale().convertToFloat()));
+  Value M = b.create<memref::DimOp>(loc, ops.k, 1);
+  Value M16 = K.roundDown(K.add(M, L.idx(kLanes - 1)));
+  const int64_t R = kTileRows;
+  int64_t dyn = ShapedType::kDynamic;
+  Value kt = K.scratch({dh, dyn}, M16), vt = K.scratch({dh, dyn}, M16);
+  Value S = K.scratch({R, dyn}, M16), G = K.scratch({R, dyn}, M16);
+  Value rows = b.create<memref::DimOp>(loc, ops.q, 1);
+  Value items = b.create<arith::MulIOp>(loc, ops.entries, L.idx(H));
+
+  K.loop(begin, end, 1, {}, [&](Value item, ValueRange) {
+    Value bi = b.create<arith::DivUIOp>(loc, item, L.idx(H));
+    Value base = b.create<arith::MulIOp>(loc, b.create<arith::RemUIOp>(loc, item, L.idx(H)), L.idx(dh));
+    Value len = L.lengthOf(bi);
+    Value m = b.create<arith::MinSIOp>(loc, len, M);
+    Value n = b.create<arith::MinSIOp>(loc, ops.queryLengths ? L.toIndex(L.load(ops.queryLengths, bi)) : len, rows);
+    L.nest({b.create<arith::SubIOp>(loc, rows, n), L.idx(chunks)}, [&](ValueRange ic) {
+      K.store(K.zeroV, ops.dq, ValueRange{bi, K.add(n, ic[0]), K.add(base, b.create<arith::MulIOp>(
+                                                                              loc, ic[1], L.idx(kLanes)))});
+    });
+    K.transpose(ops.k, bi, base, M, M16, kt);
+    K.transpose(ops.v, bi, base, M, M16, vt);
+    Value tiles = b.create<arith::DivUIOp>(loc, K.add(n, L.idx(R - 1)), L.idx(R));
+    Value lastRow = b.create<arith::SubIOp>(loc, n, L.idx(1));
+    Value nextItem = K.add(item, L.idx(1));
+    Value hasNext = L.lt(nextItem, items);
+    Value nextEntry = b.create<arith::DivUIOp>(loc, nextItem, L.idx(H));
+    Value nextBase = b.create<arith::MulIOp>(loc, b.create<arith::RemUIOp>(loc, nextItem, L.idx(H)), L.idx(dh));
+    // Carried over the tiles: the keys [0, touched) the tiles so far wrote into dk and dv.
+    auto tileLoop = K.loop(L.idx(0), tiles, 1, ValueRange{L.idx(0)}, [&](Value t, ValueRange carried) {
+      Value touched = carried[0];
+      Value r0 = b.create<arith::MulIOp>(loc, t, L.idx(R));
+      K.prefetchNext(hasNext, nextEntry, nextBase, t, tiles, r0, R, rows, M, {ops.q, ops.dO}, {ops.dq},
+                     {ops.k, ops.v}, {ops.dk, ops.dv});
+      Tile tile = K.tileRows(bi, r0, R, lastRow, m, Value(), n);
+      K.products(ops.q, bi, base, tile, kt, [&](Value jb, ArrayRef<Value> dots) {
+        SmallVector<Value> s;
+        for (Value d : dots)
+          s.push_back(b.create<arith::MulFOp>(loc, d, scale));
+        K.storeScores(S, jb, s, tile);
+      });
+      SmallVector<Value> sums = K.exponentiate(S, R, tile.from16, tile.to);
+      SmallVector<Value> inv;
+      for (int64_t r = 0; r < R; ++r)
+        inv.push_back(K.inverse(sums[r]));
+      K.products(ops.dO, bi, base, tile, vt, [&](Value jb, ArrayRef<Value> dp) {
+        for (int64_t r = 0; r < R; ++r)
+          K.store(dp[r], G, ValueRange{L.idx(r), jb});
+      });
+      // P = p / l in place, and D_r = sum_j P_rj dP_rj.
+      SmallVector<Value> zerosR(R, K.zeroV);
+      auto dots = K.loop(tile.from16, tile.to, kLanes, zerosR, [&](Value jb, ValueRange acc) {
+        SmallVector<Value> next;
+        for (int64_t r = 0; r < R; ++r) {
+          Value p = b.create<arith::MulFOp>(loc, K.load(S, ValueRange{L.idx(r), jb}), inv[r]);
+          K.store(p, S, ValueRange{L.idx(r), jb});
+          next.push_back(b.create<vector::FMAOp>(loc, p, K.load(G, ValueRange{L.idx(r), jb}), acc[r]));
+        }
+        return next;
+      });
+      SmallVector<Value> Dr;
+      for (int64_t r = 0; r < R; ++r)
+        Dr.push_back(K.bcast(b.create<vector::ReductionOp>(loc, vector::CombiningKind::ADD, dots.getResult(r))));
+      // dS = P (dP - D) scale in place of dP.
+      K.loop(tile.from16, tile.to, kLanes, {}, [&](Value jb, ValueRange) {
+        for (int64_t r = 0; r < R; ++r) {
+          Value dp = b.create<arith::SubFOp>(loc, K.load(G, ValueRange{L.idx(r), jb}), Dr[r]);
+          Value ds = b.create<arith::MulFOp>(
+              loc, b.create<arith::MulFOp>(loc, K.load(S, ValueRange{L.idx(r), jb}), dp), scale);
+          K.store(ds, G, ValueRange{L.idx(r), jb});
+        }
+        return SmallVector<Value>{};
+      });
+      // dq of the real rows, in tiles of kPvRows rows x kPvChunks feature vectors.
+      for (int64_t r0g = 0; r0g < R; r0g += kPvRows) {
+        auto [gLo, gHi] = K.unionRange(tile, r0g, kPvRows);
+        for (int64_t c0 = 0; c0 < chunks; c0 += kPvChunks) {
+          int64_t nc = std::min(kPvChunks, chunks - c0);
+          auto acc = K.weightedRows(G, r0g, kPvRows, ops.k, bi, base, c0, nc, gLo, gHi);
+          for (int64_t r = 0; r < kPvRows; ++r) {
+            auto write = [&] {
+              for (int64_t c = 0; c < nc; ++c)
+                K.store(acc.getResult(r * nc + c), ops.dq, ValueRange{bi, tile.row[r0g + r], K.chunk(base, c0 + c)});
+            };
+            if (Value valid = tile.valid[r0g + r])
+              L.when(valid, write);
+            else
+              write();
+          }
+        }
+      }
+      // From the tile's first key rounded down to 4 (the keys before it get nothing: 0 in P and dS).
+      Value keysFrom = K.roundDown(tile.from, kGradKeys);
+      K.keyUpdates(G, ops.q, tile.row, ops.dk, bi, base, keysFrom, tile.to, touched);
+      K.keyUpdates(S, ops.dO, tile.row, ops.dv, bi, base, keysFrom, tile.to, touched);
+      return SmallVector<Value>{b.create<arith::MaxSIOp>(loc, touched, tile.to)};
+    });
+    // Keys no tile saw (padding, and past the last row's under the causal mask) get 0.
+    L.nest({b.create<arith::SubIOp>(loc, M, tileLoop.getResult(0)), L.idx(chunks)}, [&](ValueRange jc) {
+      Value j = K.add(tileLoop.getResult(0), jc[0]);
+      Value e = K.add(base, b.create<arith::MulIOp>(loc, jc[1], L.idx(kLanes)));
+      K.store(K.zeroV, ops.dk, ValueRange{bi, j, e});
+      K.store(K.zeroV, ops.dv, ValueRange{bi, j, e});
+    });
+    return SmallVector<Value>{};
+  });
+}
+
+/// The backward's task: items [begin, end) of the operands whose addresses and sizes are in ctx (dO, q, k, v,
+/// dq, dk, dv, lengths, query lengths or 0, entries B, query rows, keys M). One per (mask, heads, width, scale).
+func::FuncOp getOrCreateGradTask(lm::AttentionGradOp a, Loops &L) {
+  int64_t D = llvm::cast<ShapedType>(a.getQuery().getType()).getDimSize(2), H = a.getHeads();
+  bool queryLengths = bool(a.getQueryLengths());
+  std::string name = llvm::formatv("lm_attention_grad_task_{0}_h{1}_d{2}_s{3:x}{4}",
+                                   lm::stringifyMaskKind(a.getMask()), H, D, bitsOf(a.getScale().convertToFloat()),
+                                   queryLengths ? "_query_lengths" : "");
+  return getOrCreateTask(a, L, name, D, [&](TaskFields &f, Value begin, Value end) {
+    Value entries = f.field(9), rows = f.field(10), keys = f.field(11);
+    GradOperands ops{f.matrix(0, entries, rows), f.matrix(1, entries, rows), f.matrix(2, entries, keys),
+                     f.matrix(3, entries, keys), f.matrix(4, entries, rows), f.matrix(5, entries, keys),
+                     f.matrix(6, entries, keys), queryLengths ? f.ints(8, entries) : Value(), f.index(entries)};
+    L.lengths = f.ints(7, entries);
+    emitVectorGradItems(a, L, ops, begin, end);
+  });
+}
+
+} // namespace
+
+bool hasVectorAttentionGrad(lm::AttentionGradOp op) {
+  lm::MaskKind mask = op.getMask();
+  int64_t D = llvm::cast<ShapedType>(op.getQuery().getType()).getDimSize(2), heads = op.getHeads();
+  return !op.getRelKey() && !op.getMaskData() && D % heads == 0 && (D / heads) % kLanes == 0 &&
+         (mask == lm::MaskKind::none || mask == lm::MaskKind::causal || mask == lm::MaskKind::anticausal ||
+          mask == lm::MaskKind::diagonal);
+}
+
+LogicalResult lowerVectorAttentionGrad(lm::AttentionGradOp op, Loops &L) {
+  L.lengths = L.in(op.getLengths());
+  Value dO = L.in(op.getGrad()), q = L.in(op.getQuery()), k = L.in(op.getKey()), v = L.in(op.getValue());
+  Value queryLengths = op.getQueryLengths() ? L.in(op.getQueryLengths()) : Value();
+  // Sized from the operands: a cross-attention's keys [B, M, D] are another sequence than its queries.
+  Value dq = L.alloc(op.getDQuery().getType(), L.dims(q)), dk = L.alloc(op.getDKey().getType(), L.dims(k)),
+        dv = L.alloc(op.getDValue().getType(), L.dims(v));
+  GradOperands ops{dO, q, k, v, dq, dk, dv, queryLengths, L.B};
+  Value rows = L.b.create<memref::DimOp>(L.loc, q, 1), keys = L.b.create<memref::DimOp>(L.loc, k, 1);
+  runItems(L, {dO, q, k, v, L.lengths, queryLengths}, op.getHeads(),
+           llvm::cast<ShapedType>(op.getQuery().getType()).getDimSize(2), rows, keys,
+           {L.address(dO), L.address(q), L.address(k), L.address(v), L.address(dq), L.address(dk), L.address(dv),
+            L.address(L.lengths), addressOrZero(L, queryLengths)},
+           [&] { return getOrCreateGradTask(op, L); },
+           [&](Value begin, Value end) { emitVectorGradItems(op, L, ops, begin, end); });
+  return L.setAll(op, {dq, dk, dv});
+}
+
+} // namespace lmcc::codegen
