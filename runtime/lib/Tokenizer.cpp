@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 #include <sstream>
@@ -19,11 +20,31 @@ bool isWhitespace(char32_t c) {
   return utf8proc_category(int32_t(c)) == UTF8PROC_CATEGORY_ZS;
 }
 
+/// How `tokenizers` classifies a code point where its Unicode tables (the unicode_categories crate, older than
+/// Unicode 12) disagree with utf8proc's current ones: generated from `tokenizers` itself by
+/// tests/golden/tokenizer/make_unicode_compat.py, sorted by code point.
+struct CompatClass {
+  char32_t cp;
+  bool control, mark, punct;
+};
+constexpr CompatClass kCompat[] = {
+#include "runtime/lib/TokenizerCompat.inc"
+};
+
+/// The `tokenizers` classification of `c` where it differs from utf8proc's, else null.
+const CompatClass *compat(char32_t c) {
+  const CompatClass *it = std::lower_bound(std::begin(kCompat), std::end(kCompat), c,
+                                           [](const CompatClass &e, char32_t v) { return e.cp < v; });
+  return it != std::end(kCompat) && it->cp == c ? it : nullptr;
+}
+
 /// BertNormalizer's is_control: the "other" categories Cc, Cf, Co, Cs except tab, newline and carriage
 /// return. Unassigned code points (Cn) are kept, as `tokenizers` keeps them (they become unk).
 bool isControl(char32_t c) {
   if (c == '\t' || c == '\n' || c == '\r')
     return false;
+  if (const CompatClass *e = compat(c))
+    return e->control;
   switch (utf8proc_category(int32_t(c))) {
   case UTF8PROC_CATEGORY_CC:
   case UTF8PROC_CATEGORY_CF:
@@ -46,6 +67,8 @@ bool isChinese(char32_t c) {
 bool isPunctuation(char32_t c) {
   if (c < 128)
     return (c >= 33 && c <= 47) || (c >= 58 && c <= 64) || (c >= 91 && c <= 96) || (c >= 123 && c <= 126);
+  if (const CompatClass *e = compat(c))
+    return e->punct;
   switch (utf8proc_category(int32_t(c))) {
   case UTF8PROC_CATEGORY_PC:
   case UTF8PROC_CATEGORY_PD:
@@ -58,6 +81,13 @@ bool isPunctuation(char32_t c) {
   default:
     return false;
   }
+}
+
+/// A non-spacing mark (Mn), which the accent strip drops.
+bool isNonspacingMark(char32_t c) {
+  if (const CompatClass *e = compat(c))
+    return e->mark;
+  return utf8proc_category(int32_t(c)) == UTF8PROC_CATEGORY_MN;
 }
 
 /// Canonical decomposition (NFD) of a code point sequence: full decomposition, then the canonical
@@ -180,7 +210,7 @@ std::vector<std::u32string> Tokenizer::splitWords(const std::u32string &cps, boo
     std::u32string decomposed = nfd(clean), lowered;
     lowered.reserve(decomposed.size());
     for (char32_t c : decomposed)
-      if (utf8proc_category(int32_t(c)) != UTF8PROC_CATEGORY_MN)
+      if (!isNonspacingMark(c))
         appendLower(lowered, c);
     clean = std::move(lowered);
   }
