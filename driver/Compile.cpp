@@ -25,6 +25,8 @@
 #include "mlir/IR/MLIRContext.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -105,6 +107,11 @@ mlir::OwningOpRef<mlir::ModuleOp> buildOptimizedModule(mlir::MLIRContext &contex
   if (!options.dumpDir.empty()) {
     std::error_code ec;
     fs::create_directories(options.dumpDir, ec);
+    if (ec || !fs::is_directory(options.dumpDir)) {
+      *error = "--dump-ir " + options.dumpDir + ": cannot create the directory" +
+               (ec ? ": " + ec.message() : std::string(" (a file of that name exists)"));
+      return nullptr;
+    }
   }
   int step = 0;
   auto stepName = [&](const std::string &what) {
@@ -173,8 +180,23 @@ std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options,
   } else if (!fs::is_directory(out)) {
     return options.outputDir + ": exists and is not a directory";
   }
+  // A compile killed with SIGKILL (no handler runs) leaves its .lmcc-build-<name>-<pid>; swept here once that
+  // process is gone (kill(pid, 0) fails with ESRCH), so that such leftovers do not accumulate.
+  const std::string workPrefix = ".lmcc-build-" + spec.name + "-";
+  for (const fs::path &where : {parent, out}) {
+    std::error_code it;
+    for (const auto &e : fs::directory_iterator(where, it)) {
+      const std::string n = e.path().filename().string();
+      if (n.rfind(workPrefix, 0) != 0 || n.size() == workPrefix.size() ||
+          n.find_first_not_of("0123456789", workPrefix.size()) != std::string::npos)
+        continue;
+      const long pid = std::strtol(n.c_str() + workPrefix.size(), nullptr, 10);
+      if (pid > 0 && pid != long(::getpid()) && ::kill(pid_t(pid), 0) != 0 && errno == ESRCH)
+        fs::remove_all(e.path(), ec);
+    }
+  }
   std::unique_ptr<TempDir> workDir;
-  const std::string workName = ".lmcc-build-" + spec.name + "-" + std::to_string(::getpid());
+  const std::string workName = workPrefix + std::to_string(::getpid());
   for (const fs::path &where : {parent, out}) {
     try {
       workDir = std::make_unique<TempDir>(where / workName);
@@ -302,8 +324,10 @@ std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options,
   const std::string lib = "lib" + spec.name + ".so", header = spec.name + ".h";
   const fs::path absOut = fs::absolute(out).lexically_normal();
   if (std::string err = run(cc + " -shared -o " + quote((work / lib).string()) + " " + quote(kernels.string()) + " " +
-                                quote(glueObj.string()) + " -L " + quote(work.string()) +
-                                " -llmrt -lm -Wl,-soname," + quote((absOut / lib).string()) +
+                                quote(glueObj.string()) + " " + quote((work / "liblmrt.so").string()) +
+                                // liblmrt by path (its SONAME goes into DT_NEEDED), no -L into the build directory:
+                                // -lm must find the system's libm even when the model is named m.
+                                " -lm -Wl,-soname," + quote((absOut / lib).string()) +
                                 " '-Wl,-rpath,$ORIGIN' -Wl,--no-undefined",
                             log);
       !err.empty())

@@ -239,8 +239,18 @@ std::string reservedNameReason(const std::string &name) {
   static const std::set<std::string> macros = {"linux", "unix", "i386", "i686", "x86_64", "amd64", "errno",
                                                "assert", "NULL", "EOF", "BUFSIZ", "main", "stdin", "stdout",
                                                "stderr", "environ", "LM_API", "LM_ABI_VERSION"};
+  // lib<name>.so in DIR would be found by -L DIR for these system libraries (-lc, -lm, ...): the library's own
+  // link and every application's would take it instead of the system's.
+  // (Not "m": specs named m are common in tests; its library links, see driver/Compile.cpp.)
+  static const std::set<std::string> libraries = {"c",      "dl",     "rt",  "pthread", "util",     "crypt",
+                                                  "resolv", "gcc",    "gcc_s", "stdc++", "supc++",  "atomic",
+                                                  "anl",    "nsl",    "mvec", "z",      "tbb",      "utf8proc",
+                                                  "omp",    "gomp",   "BrokenLocale"};
   if (name == "lmrt" || name.rfind("lm_", 0) == 0 || name.rfind("lmrt_", 0) == 0)
     return "collides with the runtime (liblmrt.so, the lm_ and lmrt_ functions)";
+  if (libraries.count(name))
+    return "would name lib" + name + ".so, which shadows the system library -l" + name +
+           " for the library's own link and for applications linking with -L DIR";
   if (keywords.count(name))
     return "is a C or C++ keyword";
   if (headers.count(name))
@@ -305,8 +315,10 @@ void validate(const ModelSpec &s, const Positions &pos, const Reader &r) {
                            std::to_string(s.dims.dModel) + ")");
   if (!(s.eps > 0) || !std::isfinite(s.eps))
     fail("block.eps", "must be a positive finite number");
-  if (s.relativePositions < 0)
-    fail("attention.relative_positions", "must be >= 0 (0 = off), got " + std::to_string(s.relativePositions));
+  if (s.relativePositions < 0 || s.relativePositions > 65536)
+    fail("attention.relative_positions",
+         "must be in 0 .. 65536 (0 = off; distances are clipped to max_len - 1 anyway), got " +
+             std::to_string(s.relativePositions));
 
   const std::pair<const char *, int64_t> tokens[] = {{"tokens.pad", s.tokens.pad},
                                                      {"tokens.eos", s.tokens.eos},

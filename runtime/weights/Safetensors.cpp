@@ -30,6 +30,7 @@
 #include <set>
 #include <sstream>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace lmcc {
@@ -460,6 +461,11 @@ void writeSafetensors(const std::string &path, const WeightSet &weights) {
   while ((8 + headerText.size()) % kDataAlignment != 0)
     headerText.push_back(' ');
 
+  // The rename below would replace whatever `path` is: refuse anything but a regular file (a device such as
+  // /dev/null or /dev/full, a directory, a FIFO), so that `-o /dev/full` is an error, not a new regular file.
+  if (struct stat st; ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    throw WeightError(path + ": exists and is not a regular file (weights are written to a temporary file "
+                                 "and renamed over the path)");
   // Written to a temporary name in the same directory, then renamed: a reader never sees half a file.
   const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
   struct Cleanup {

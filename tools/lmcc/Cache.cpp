@@ -1,5 +1,6 @@
 //===- Cache.cpp - The compiled-library cache of lmcc score/embed/train -------===//
 #include "tools/lmcc/Cache.h"
+#include "tools/lmcc/Common.h"
 
 #include "driver/TempDir.h"
 
@@ -110,15 +111,21 @@ std::string damage(const fs::path &dir) {
     if (!in)
       return "no manifest.json";
     manifest = json::parse(in);
-    for (const auto &[file, hash] : manifest.at("files").items()) {
+    // The library and the runtime must both be recorded: a manifest that lists fewer files (edited, or from
+    // another version) would leave a file unchecked that dlopen then maps.
+    const json &files = manifest.at("files");
+    for (const std::string required : {"lib" + manifest.at("spec").get<std::string>() + ".so", std::string("liblmrt.so")})
+      if (!files.is_object() || !files.contains(required))
+        return "manifest.json does not record " + required;
+    for (const auto &[file, hash] : files.items()) {
       const std::string actual = fileHash(dir / file);
       if (actual.empty())
         return file + " is missing or unreadable";
       if (actual != hash.get<std::string>())
         return file + " does not match its recorded content hash";
     }
-  } catch (const std::exception &e) {
-    return std::string("manifest.json is unreadable (") + e.what() + ")";
+  } catch (const std::exception &) {
+    return "manifest.json is not a cache manifest (unreadable, or fields missing or of the wrong type)";
   }
   return "";
 }
@@ -161,8 +168,9 @@ std::string cachedLibrary(const ModelSpec &spec, driver::LibraryOptions options)
   }
   std::error_code ec;
   fs::create_directories(cache, ec);
-  if (ec)
-    throw std::runtime_error(cache.string() + ": cannot create the cache directory: " + ec.message());
+  if (ec || !fs::is_directory(cache))
+    throw InputError(cache.string() + ": cannot create the cache directory (LMCC_CACHE_DIR, XDG_CACHE_HOME): " +
+                     (ec ? ec.message() : std::string("not a directory")));
   // Filled in a private directory (removed on any failure or signal), then renamed into place: concurrent
   // lmcc runs are safe, and an interrupted fill leaves no entry.
   driver::TempDir tmp(cache / (".tmp-" + spec.name + "-" + std::to_string(::getpid())));
@@ -209,12 +217,19 @@ int runCache(const std::string &action) {
       entries.push_back(e.path());
   std::sort(entries.begin(), entries.end());
   if (action == "clean") {
-    uintmax_t removed = 0;
+    // Only what lmcc put there: entries (a manifest.json inside) and its temporaries (.tmp-*). Anything else in
+    // the directory (a mistaken LMCC_CACHE_DIR=$HOME) is left alone.
+    uintmax_t removed = 0, left = 0;
     for (const fs::path &p : entries) {
       std::error_code ec;
-      removed += fs::remove_all(p, ec) > 0;
+      if (p.filename().string().rfind(".tmp-", 0) == 0 || fs::is_regular_file(p / "manifest.json", ec))
+        removed += fs::remove_all(p, ec) > 0;
+      else
+        ++left;
     }
     std::printf("removed %ju cache entries from %s\n", removed, cache.c_str());
+    if (left)
+      std::printf("left %ju directories that are not lmcc cache entries (no manifest.json)\n", left);
     return 0;
   }
   std::printf("%s\n", cache.c_str());

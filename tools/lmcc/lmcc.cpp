@@ -415,7 +415,9 @@ int runCompile(const Options &o) {
   if (o.embedWeights && o.weights.empty())
     throw UsageError("--embed-weights needs --weights W");
   { // output errors are input errors (exit 1), found before anything is compiled
-    const fs::path out = fs::path(o.output).lexically_normal();
+    fs::path out = fs::path(o.output).lexically_normal();
+    if (!out.has_filename() && out.has_parent_path()) // DIR/ names DIR
+      out = out.parent_path();
     const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
     if (fs::exists(out) && !fs::is_directory(out))
       throw InputError(o.output + ": exists and is not a directory");
@@ -1113,6 +1115,8 @@ int main(int argc, char **argv) {
     return rc;
   };
   auto dispatch = [&]() -> int {
+    if (o.truncate && !o.ids.empty())
+      throw UsageError("--truncate applies to --text (token ids are taken as given; a line over max_len is an error)");
     if (*check)
       return runCheck(o);
     if (*emit)
@@ -1141,8 +1145,10 @@ int main(int argc, char **argv) {
       return runTokenize(o);
     if (*translate) {
       lmcc::ModelSpec spec = lmcc::loadSpec(o.spec);
-      if (spec.family != lmcc::Family::Diformer)
-        throw InputError(o.spec + ": lmcc translate needs family \"diformer\"");
+      if (spec.family != lmcc::Family::Diformer) { // not supported for the family: exit 3, as embed of a diformer
+        std::cerr << "error: " << o.spec << ": lmcc translate needs family \"diformer\"\n";
+        return kExitUnsupported;
+      }
       std::optional<lmcc::Tokenizer> tok;
       if (!o.text.empty())
         tok = loadTokenizer(spec);
