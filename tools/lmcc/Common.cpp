@@ -4,11 +4,13 @@
 #include "runtime/train/Corpus.h"
 #include "runtime/weights/ModelWeights.h"
 #include "tools/lmcc/Cache.h"
+#include "driver/TempDir.h"
 
 #include <zlib.h>
 
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -368,6 +370,26 @@ WeightSet unpackGradient(const lm_model_desc *d, const std::vector<float> &packe
     out.tensors.emplace(name, std::move(t));
   }
   return out;
+}
+
+void writeWeightsFile(const std::string &path, const WeightSet &weights) {
+  namespace fs = std::filesystem;
+  if (struct stat st; ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    throw InputError(path + ": exists and is not a regular file (weights are written to a temporary file and "
+                            "renamed over the path)");
+  const fs::path target(path);
+  const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  std::unique_ptr<driver::TempDir> tmp;
+  try {
+    tmp = std::make_unique<driver::TempDir>(parent / (".lmcc-write-" + std::to_string(::getpid())));
+  } catch (const fs::filesystem_error &e) {
+    throw InputError(path + ": cannot write beside it (a temporary directory in " + parent.string() +
+                     "): " + e.code().message());
+  }
+  const fs::path file = tmp->path() / "weights.safetensors";
+  writeSafetensors(file.string(), weights);
+  if (std::rename(file.c_str(), path.c_str()) != 0)
+    throw InputError(path + ": cannot rename the written file into place: " + std::strerror(errno));
 }
 
 } // namespace lmcc::cli

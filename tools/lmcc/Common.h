@@ -126,6 +126,11 @@ void appendNumber(std::string &out, double v, const char *what, size_t line);
 /// Parses one JSON value; a syntax error is an InputError naming `where`.
 nlohmann::json parseJson(const std::string &text, const std::string &where);
 
+/// writeSafetensors through a temporary directory beside `path` that SIGINT / SIGTERM / SIGHUP remove too
+/// (driver::TempDir), then renamed into place: an interrupted `init`, `convert` or `grad` leaves nothing behind.
+/// `path` must be a regular file or new.
+void writeWeightsFile(const std::string &path, const WeightSet &weights);
+
 /// Writes `text` to stdout and flushes it; a failed write (a full disk, a closed pipe) is an InputError.
 void writeStdout(const std::string &text);
 

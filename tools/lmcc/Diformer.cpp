@@ -332,7 +332,7 @@ int diformerGrad(const ModelSpec &spec, const std::string &weights, const std::s
     grads.metadata["name"] = spec.name;
     grads.metadata["spec_hash"] = specHash(spec);
     grads.metadata["loss"] = std::to_string(loss);
-    writeSafetensors(out, grads);
+    writeWeightsFile(out, grads);
     std::string line = "{\"loss\":";
     appendNumber(line, loss, "loss");
     line += ",\"tokens\":" + std::to_string(tokens) + ",\"token_nll\":";
@@ -348,7 +348,7 @@ int diformerGrad(const ModelSpec &spec, const std::string &weights, const std::s
   r.grads.metadata["name"] = spec.name;
   r.grads.metadata["spec_hash"] = specHash(spec);
   r.grads.metadata["loss"] = std::to_string(r.loss);
-  writeSafetensors(out, r.grads);
+  writeWeightsFile(out, r.grads);
   std::string line = "{\"loss\":";
   appendNumber(line, r.loss, "loss");
   line += ",\"tokens\":" + std::to_string(r.tokens) + ",\"token_nll\":";

@@ -34,6 +34,7 @@
 #include <cctype>
 #include <chrono>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -83,7 +84,7 @@ int runEmit(const Options &o) {
 
 int runInit(const Options &o) {
   lmcc::ModelSpec spec = lmcc::loadSpec(o.spec);
-  lmcc::writeSafetensors(o.output, lmcc::initWeights(spec, o.seed));
+  writeWeightsFile(o.output, lmcc::initWeights(spec, o.seed));
   return kExitOk;
 }
 
@@ -96,7 +97,7 @@ int runConvert(const Options &o) {
   lmcc::validateWeights(canonical, spec, o.input);
   canonical.metadata["name"] = spec.name;
   canonical.metadata["spec_hash"] = lmcc::specHash(spec);
-  lmcc::writeSafetensors(o.output, canonical);
+  writeWeightsFile(o.output, canonical);
   return kExitOk;
 }
 
@@ -242,7 +243,7 @@ int runGrad(Options o) {
   out.metadata["name"] = spec.name;
   out.metadata["spec_hash"] = lmcc::specHash(spec);
   out.metadata["loss"] = std::to_string(loss);
-  lmcc::writeSafetensors(o.output, out);
+  writeWeightsFile(o.output, out);
   std::string line = "{\"loss\":";
   appendNumber(line, loss, "loss", 0);
   line += ",\"targets\":" + std::to_string(b.targetCount) + "}\n";
@@ -856,8 +857,11 @@ int main(int argc, char **argv) {
   auto *init = app.add_subcommand("init", "write a seeded BERT-style random initialization");
   init->add_option("SPEC", o.spec, "model spec (TOML)")->required();
   init->add_option("--seed", o.seed, "random seed (0 .. 2^64-1)")->required()->check([](const std::string &v) {
-    return v.find_first_not_of("0123456789") == std::string::npos ? std::string()
-                                                                   : "must be a non-negative integer, got " + v;
+    if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos)
+      return "must be a non-negative integer, got " + (v.empty() ? std::string("an empty value") : v);
+    errno = 0;
+    (void)std::strtoull(v.c_str(), nullptr, 10);
+    return errno == ERANGE ? "must be at most 2^64-1 = 18446744073709551615, got " + v : std::string();
   });
   init->add_option("-o,--output", o.output, "output safetensors file")->required();
 
