@@ -20,7 +20,7 @@ mkdir -p "$work/bin" "$work/lib"
 cp "$root/build/lib/liblmrt.so" "$root/build/lib/lmrt.h" "$work/lib/"
 cp "$root/build/bin/lmcc" "$work/bin/lmcc.tmp" && mv "$work/bin/lmcc.tmp" "$work/bin/lmcc"
 lmcc="$work/bin/lmcc"
-segment=${SEGMENT:-150}     # optimizer steps between validations
+segment=${SEGMENT:-120}     # optimizer steps between validations (120 x 3: the logs and results.md)
 segments=${SEGMENTS:-3}     # validations (the schedule spans segment * segments steps)
 batch=${BATCH:-24}          # sentences per batch
 models=${MODELS:-"plain sim2 wdr2 sim3 wdr3"}  # MODELS="wdr3 sim3" WORK=... runs a subset (in parallel)
