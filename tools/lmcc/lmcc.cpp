@@ -723,6 +723,8 @@ int runImportHf(const Options &o) {
 }
 
 int runScoreOrEmbed(const Options &o, bool score) {
+  if (o.truncate && o.text.empty()) // --ids (the default input)
+    throw UsageError("--truncate applies to --text (token ids are taken as given; a line over max_len is an error)");
   lmcc::ModelSpec spec = lmcc::loadSpec(o.spec);
   if (o.lambda >= 0) { // lmcc score --lambda: the n-gram ensemble's weight (a spec override: its own library)
     if (spec.family != lmcc::Family::NGram)
@@ -1119,8 +1121,6 @@ int main(int argc, char **argv) {
     return rc;
   };
   auto dispatch = [&]() -> int {
-    if (o.truncate && !o.ids.empty())
-      throw UsageError("--truncate applies to --text (token ids are taken as given; a line over max_len is an error)");
     if (*check)
       return runCheck(o);
     if (*emit)
