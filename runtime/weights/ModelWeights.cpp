@@ -526,14 +526,17 @@ WeightSet importHuggingFaceBert(const WeightSet &hf, const ModelSpec &spec,
 void checkHuggingFaceConfig(const std::string &weightsPath, const ModelSpec &spec) {
   namespace fs = std::filesystem;
   const fs::path config = fs::path(weightsPath).parent_path() / "config.json";
+  const std::string where = config.string();
+  std::error_code ec;
+  if (fs::exists(config, ec) && !fs::is_regular_file(config, ec))
+    throw WeightError(where + ": not a regular file (a Hugging Face config.json is read beside the weights)");
   std::ifstream in(config, std::ios::binary);
   if (!in)
     return;
-  const std::string where = config.string();
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception &e) {
+  } catch (const std::exception &e) { // JSON errors, and read errors
     throw WeightError(where + ": not valid JSON: " + e.what());
   }
   if (!j.is_object())

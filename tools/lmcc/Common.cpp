@@ -229,7 +229,7 @@ void appendNumber(std::string &out, double v, const char *what, size_t line) {
 nlohmann::json parseJson(const std::string &text, const std::string &where) {
   try {
     return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error &e) {
+  } catch (const nlohmann::json::exception &e) { // syntax, or a number out of range (1e400)
     throw InputError(where + ": invalid JSON: " + e.what());
   }
 }

@@ -140,7 +140,10 @@ std::vector<int32_t> intList(const nlohmann::json &j, const std::string &where) 
   for (const auto &v : j) {
     if (!v.is_number_integer())
       throw std::invalid_argument(where + ": expected integers");
-    out.push_back(v.get<int32_t>());
+    const int64_t x = v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX) ? INT64_MAX : v.get<int64_t>();
+    if (x < INT32_MIN || x > INT32_MAX) // no wrap to int32: the range check after it sees the real value
+      throw std::invalid_argument(where + ": integer " + v.dump() + " out of range");
+    out.push_back(int32_t(x));
   }
   return out;
 }

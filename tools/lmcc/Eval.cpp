@@ -142,7 +142,7 @@ PaperModels readPaperModels(const fs::path &path) {
     nlohmann::ordered_json j; // the models in the file's order
     try {
       j = nlohmann::ordered_json::parse(line);
-    } catch (const nlohmann::json::parse_error &e) {
+    } catch (const nlohmann::json::exception &e) { // syntax, or a number out of range
       throw InputError(in.where() + ": invalid JSON: " + e.what());
     }
     if (!j.is_object() || !j.contains("UID") || !j["UID"].is_string())

@@ -497,6 +497,8 @@ int runVocab(const Options &o) {
 
 /// Reads a JSON object file of an HF model folder; errors name the file.
 nlohmann::json readJsonFile(const fs::path &path, bool required) {
+  if (std::error_code ec; fs::exists(path, ec) && !fs::is_regular_file(path, ec))
+    throw InputError(path.string() + ": not a regular file");
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     if (required)
@@ -569,6 +571,8 @@ int runImportHf(const Options &o) {
   }
   const fs::path configPath = model / "config.json";
   nlohmann::json c = readJsonFile(configPath, true);
+  if (!c.is_object())
+    throw InputError(configPath.string() + ": expected a JSON object (a Hugging Face model config)");
   auto need = [&](const char *key) -> int64_t {
     if (!c.contains(key) || !c[key].is_number_integer())
       throw InputError(configPath.string() + ": \"" + key + "\" is missing or not an integer");
@@ -1107,7 +1111,11 @@ int main(int argc, char **argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError &e) {
-    int code = app.exit(e);
+    int code = app.exit(e); // --help / --version print to stdout: a failed write is an output error
+    if (code == 0 && (std::fflush(stdout) != 0 || std::ferror(stdout) || !std::cout.flush())) {
+      std::cerr << "error: cannot write the output to stdout\n";
+      return kExitInput;
+    }
     return code == 0 ? kExitOk : kExitUsage;
   }
 
