@@ -96,8 +96,15 @@ bool LineReader::fill() {
                      "): " + (code == Z_ERRNO ? std::strerror(errno) : msg));
   }
   buffer.resize(old + size_t(n));
-  if (n == 0)
+  if (n == 0) {
     eof = true;
+    // zlib returns what it could decompress of a gzip stream that ends early, then reports Z_BUF_ERROR.
+    int code = Z_OK;
+    ::gzerror(static_cast<gzFile>(file), &code);
+    if (code == Z_BUF_ERROR)
+      throw InputError(name + ":" + std::to_string(lineNo + 1) + ": the gzip stream ends early (a truncated " +
+                       what + "?)");
+  }
   return n > 0;
 }
 

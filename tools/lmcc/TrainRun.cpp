@@ -504,6 +504,7 @@ int Run::run() {
     fs::remove_all(p, ec);
 
   std::optional<Checkpoint> from;
+  bool wroteRecord = false; // this process made run.json: removed again when the model does not load
   if (o_.resume && fs::exists(dir_ / "run.json")) {
     checkRecord();
     from = newestCheckpoint(dir_);
@@ -518,6 +519,7 @@ int Run::run() {
                                         "); continue that run with --resume, or train into a new directory"));
     }
     writeAtomically(dir_ / "run.json", record().dump(1) + "\n");
+    wroteRecord = true;
   }
 
   // The model: the checkpoint's weights, the given ones, or seeded ones.
@@ -529,7 +531,14 @@ int Run::run() {
     hooks_.writeInitWeights(init.string());
     weights = init.string();
   }
-  model_ = hooks_.load(weights);
+  try {
+    model_ = hooks_.load(weights);
+  } catch (...) { // bad --weights (or a compile failure): leave RUN_DIR as it was, so that it can be reused
+    fs::remove(init, ec);
+    if (wroteRecord)
+      fs::remove(dir_ / "run.json", ec);
+    throw;
+  }
   fs::remove(init, ec);
   started_ = std::chrono::steady_clock::now(); // compiling is not training time
   lm_rt_set_num_threads(o_.threads);

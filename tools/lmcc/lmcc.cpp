@@ -715,14 +715,28 @@ int runImportHf(const Options &o) {
   std::string text = t.str();
   // The spec must load (and would fail the same way `lmcc check` does otherwise).
   lmcc::parseSpec(text, o.output);
-  if (writeVocab) {
-    std::ofstream v(vocabPath, std::ios::binary);
-    if (!(v << vocabText) || !v.flush())
-      throw InputError(vocabPath.string() + ": cannot write");
-  }
-  std::ofstream out(o.output, std::ios::binary);
-  if (!(out << text) || !out.flush())
-    throw InputError(o.output + ": cannot write");
+  // Both outputs checked before either is written, each written to a temporary name and renamed, the spec last:
+  // a failure leaves neither a torn file nor a vocabulary without its spec.
+  for (const fs::path &p : {fs::path(o.output), vocabPath})
+    if (std::error_code ec; (writeVocab || p == fs::path(o.output)) && fs::exists(fs::symlink_status(p, ec)) &&
+                            !fs::is_regular_file(fs::symlink_status(p, ec)))
+      throw InputError(p.string() + ": exists and is not a regular file");
+  auto writeText = [](const fs::path &path, const std::string &content) {
+    const fs::path tmp = path.string() + ".tmp-" + std::to_string(::getpid());
+    std::ofstream f(tmp, std::ios::binary);
+    bool ok = f && (f << content) && f.flush();
+    f.close();
+    std::error_code ec;
+    if (ok)
+      fs::rename(tmp, path, ec);
+    if (!ok || ec) {
+      fs::remove(tmp, ec);
+      throw InputError(path.string() + ": cannot write");
+    }
+  };
+  if (writeVocab)
+    writeText(vocabPath, vocabText);
+  writeText(o.output, text);
   return kExitOk;
 }
 
@@ -1155,6 +1169,8 @@ int main(int argc, char **argv) {
     }
     if (*tokenize)
       return runTokenize(o);
+    if (*importHf && importHf->count("--name") && o.name.empty())
+      throw UsageError("--name is empty (the spec's name: a C identifier)");
     if (*translate) {
       lmcc::ModelSpec spec = lmcc::loadSpec(o.spec);
       if (spec.family != lmcc::Family::Diformer) { // not supported for the family: exit 3, as embed of a diformer
