@@ -833,6 +833,8 @@ ModelSpec parseSpec(const std::string &text, const std::string &path) {
 }
 
 ModelSpec loadSpec(const std::string &path) {
+  if (std::error_code ec; std::filesystem::is_directory(path, ec))
+    throw SpecError(path, "", "is a directory, not a spec file");
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw SpecError(path, "", "cannot open the spec file");

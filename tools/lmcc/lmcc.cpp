@@ -91,7 +91,7 @@ int runInit(const Options &o) {
 int runConvert(const Options &o) {
   lmcc::ModelSpec spec = lmcc::loadSpec(o.spec);
   if (o.from != "hf")
-    throw InputError("--from " + o.from + ": only \"hf\" (Hugging Face BertForMaskedLM names) is supported");
+    throw UsageError("--from " + o.from + ": only \"hf\" (Hugging Face BertForMaskedLM names) is supported");
   lmcc::WeightSet raw = lmcc::readSafetensors(o.input);
   lmcc::WeightSet canonical = lmcc::importHuggingFaceBert(raw, spec, o.input);
   lmcc::validateWeights(canonical, spec, o.input);
@@ -902,7 +902,8 @@ int main(int argc, char **argv) {
   compile->add_option("--weights", o.weights, "weights to validate now (and bake in with --embed-weights)");
   compile->add_flag("--embed-weights", o.embedWeights, "bake the weights into the library (_load takes NULL)");
   compile->add_flag("--static", o.staticArchive, "also write lib<name>.a (link it with liblmrt.so)");
-  compile->add_option("--cpu", o.cpu, "target CPU (LLVM name, e.g. znver4, skylake-avx512); default: this host");
+  compile->add_option("--cpu", o.cpu, "target CPU (LLVM name, e.g. znver4, skylake-avx512); default: this host")
+      ->check([](const std::string &v) { return v.empty() ? std::string("an empty CPU name") : std::string(); });
   compile->add_option("--dump-ir", o.dumpIR, "write the IR after every pass and lowering step into this directory");
   // --reference runs no compiled pipeline: the pipeline flags cannot go with it.
   auto excludePipelineFlags = [&](CLI::App *cmd, CLI::Option *reference) {
@@ -1199,6 +1200,8 @@ int main(int argc, char **argv) {
     if (*rerank) {
       if (!*rerankLambda && o.tune.empty())
         throw UsageError("lmcc rerank needs --lambda X or --tune DEV_FILE");
+      if (!std::isfinite(o.rerankLambda) || !std::isfinite(o.lengthPenalty))
+        throw UsageError("--lambda and --length-penalty must be finite numbers");
       o.lengthPenaltyGiven = rerank->count("--length-penalty") > 0;
       return runRerank(o);
     }
