@@ -467,6 +467,8 @@ int runRerank(const Options &o) {
     out += ("{\"id\":" + u.id.dump() + ",\"chosen\":" + std::to_string(h) + ",\"text\":" + jsonString(u.texts[h]) +
                 ",\"score\":" + number(u.am[h] + lambda * u.lm[h] + penalty * double(u.words[h]), "score") + "}\n");
   }, [&] { writeStdout(std::exchange(out, {})); });
+  if (utterances == 0) // as --tune: an n-best file without an utterance is not an input to rerank
+    throw InputError(o.nbest + ": no utterance");
   std::string summary = "{\"lambda\":" + number(lambda, "lambda");
   if (o.lengthPenaltyGiven)
     summary += ",\"length_penalty\":" + number(penalty, "length penalty");

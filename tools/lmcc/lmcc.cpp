@@ -269,6 +269,9 @@ int runTrainBatches(Options o) {
     throw UsageError("lmcc train needs -o DIR");
   if (o.weights.empty() && o.resume.empty())
     throw UsageError("lmcc train needs --weights W (initial weights) or --resume DIR");
+  if (std::error_code ec; fs::exists(fs::path(o.output) / "run.json", ec))
+    throw InputError(o.output + ": a run directory of lmcc train --data (holds run.json); --batches writes "
+                                "weights.safetensors and trainer.safetensors: use another directory");
   const fs::path resume(o.resume);
   if (!o.resume.empty())
     for (const char *file : {"weights.safetensors", "trainer.safetensors"})
