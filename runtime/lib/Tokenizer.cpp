@@ -33,6 +33,8 @@ constexpr CompatClass kCompat[] = {
 
 /// The `tokenizers` classification of `c` where it differs from utf8proc's, else null.
 const CompatClass *compat(char32_t c) {
+  if (c < kCompat[0].cp) // ASCII and most of Latin: no entry (and no search on the common path)
+    return nullptr;
   const CompatClass *it = std::lower_bound(std::begin(kCompat), std::end(kCompat), c,
                                            [](const CompatClass &e, char32_t v) { return e.cp < v; });
   return it != std::end(kCompat) && it->cp == c ? it : nullptr;

@@ -10,7 +10,6 @@
 
 #include <dlfcn.h>
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -381,9 +380,7 @@ WeightSet unpackGradient(const lm_model_desc *d, const std::vector<float> &packe
 
 void writeWeightsFile(const std::string &path, const WeightSet &weights) {
   namespace fs = std::filesystem;
-  if (struct stat st; ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
-    throw InputError(path + ": exists and is not a regular file (weights are written to a temporary file and "
-                            "renamed over the path)");
+  requireReplaceable(path);
   const fs::path target(path);
   const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
   std::unique_ptr<driver::TempDir> tmp;

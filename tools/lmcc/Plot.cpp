@@ -55,8 +55,7 @@ void plotRun(const std::string &runDir) {
 
   // Drawn into a temporary file in the run directory, then renamed over loss.png.
   const fs::path png = fs::path(runDir) / "loss.png";
-  if (std::error_code e; fs::exists(fs::symlink_status(png, e)) && !fs::is_regular_file(fs::symlink_status(png, e)))
-    throw RunError(png.string() + ": exists and is not a regular file (the plot is renamed over it)");
+  requireReplaceable(png.string());
   const std::string tmp = png.string() + ".tmp-" + std::to_string(::getpid());
   PLINT stream = 0;
   plmkstrm(&stream); // a fresh PLplot stream: nothing is left over from an earlier plot

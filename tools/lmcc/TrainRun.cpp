@@ -58,25 +58,6 @@ void flushToDisk(const fs::path &path) {
   ::close(fd);
 }
 
-/// Writes `text` to `path` by way of a temporary file in the same directory, flushed and renamed.
-void writeAtomically(const fs::path &path, const std::string &text) {
-  const fs::path tmp = path.string() + ".tmp-" + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.close();
-    if (!out)
-      throw RunError(tmp.string() + ": write failed: " + std::strerror(errno));
-  }
-  flushToDisk(tmp);
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    throw RunError(path.string() + ": cannot rename into place: " + ec.message());
-  }
-}
-
 /// Appends a whole line with one write(2) on an O_APPEND descriptor: a killed process leaves the line
 /// entirely or not at all.
 void appendLine(const fs::path &path, const std::string &line) {
@@ -650,6 +631,36 @@ int Run::run() {
 }
 
 } // namespace
+
+void requireReplaceable(const std::string &path) {
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(path, ec);
+  if (fs::exists(st) && !fs::is_regular_file(st))
+    throw RunError(path + ": exists and is not a regular file (it is written to a temporary file and renamed "
+                          "over the path)");
+}
+
+void writeAtomically(const std::string &path, const std::string &text) {
+  requireReplaceable(path);
+  const fs::path tmp = path + ".tmp-" + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.close();
+    if (!out) {
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      throw RunError(tmp.string() + ": write failed: " + std::strerror(errno));
+    }
+  }
+  flushToDisk(tmp);
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    throw RunError(path + ": cannot rename into place: " + ec.message());
+  }
+}
 
 int runTrainCorpus(const ModelSpec &spec, const TrainRunOptions &o, const TrainRunHooks &hooks) {
   Run run(spec, o, hooks);

@@ -52,4 +52,12 @@ int runTrainCorpus(const ModelSpec &spec, const TrainRunOptions &o, const TrainR
 /// Redraws RUN_DIR/loss.png from RUN_DIR/log.jsonl (`lmcc plot`).
 void plotRun(const std::string &runDir);
 
+/// Throws RunError when `path` exists and is not a regular file (a device, a directory, a FIFO): the atomic
+/// writes below rename over their path, which would replace it.
+void requireReplaceable(const std::string &path);
+
+/// Writes `text` to `path` (requireReplaceable) by way of a temporary file in the same directory, flushed to
+/// the disk and renamed into place: a reader sees the old file or the whole new one.
+void writeAtomically(const std::string &path, const std::string &text);
+
 } // namespace lmcc::cli

@@ -718,28 +718,14 @@ int runImportHf(const Options &o) {
   std::string text = t.str();
   // The spec must load (and would fail the same way `lmcc check` does otherwise).
   lmcc::parseSpec(text, o.output);
-  // Both outputs checked before either is written, each written to a temporary name and renamed, the spec last:
-  // a failure leaves neither a torn file nor a vocabulary without its spec.
-  for (const fs::path &p : {fs::path(o.output), vocabPath})
-    if (std::error_code ec; (writeVocab || p == fs::path(o.output)) && fs::exists(fs::symlink_status(p, ec)) &&
-                            !fs::is_regular_file(fs::symlink_status(p, ec)))
-      throw InputError(p.string() + ": exists and is not a regular file");
-  auto writeText = [](const fs::path &path, const std::string &content) {
-    const fs::path tmp = path.string() + ".tmp-" + std::to_string(::getpid());
-    std::ofstream f(tmp, std::ios::binary);
-    bool ok = f && (f << content) && f.flush();
-    f.close();
-    std::error_code ec;
-    if (ok)
-      fs::rename(tmp, path, ec);
-    if (!ok || ec) {
-      fs::remove(tmp, ec);
-      throw InputError(path.string() + ": cannot write");
-    }
-  };
-  if (writeVocab)
-    writeText(vocabPath, vocabText);
-  writeText(o.output, text);
+  // Both outputs checked before either is written, each written atomically, the spec last: a failure leaves
+  // neither a torn file nor a vocabulary without its spec.
+  requireReplaceable(o.output);
+  if (writeVocab) {
+    requireReplaceable(vocabPath.string());
+    writeAtomically(vocabPath.string(), vocabText);
+  }
+  writeAtomically(o.output, text);
   return kExitOk;
 }
 
