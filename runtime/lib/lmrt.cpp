@@ -65,6 +65,11 @@ using lmcc::WeightError;
 /// Sentences per chunk. Fixed (not derived from the thread count) so that a sentence is always
 /// computed together with the same neighbours: results are identical for every thread count.
 constexpr int64_t kChunkRows = 8;
+/// Temporaries past which a chunk of sentences runs sentence by sentence even where the limit allows more: a
+/// larger piece gains nothing in its GEMMs, and its activations only stream through memory and crowd the
+/// thread's share of the workspace limit (a chunk of 8 biLM PLL sentences at n = 128, 2.4 GB, ran 1.5x slower
+/// per sentence than one sentence, 300 MB, at a time).
+constexpr double kPieceBytes = double(512 << 20);
 /// Upper bound on the arena size, whatever lm_set_num_threads was given.
 constexpr int kMaxArenaThreads = 1024;
 constexpr size_t kWeightAlignment = LM_WEIGHT_ALIGNMENT;
@@ -359,8 +364,11 @@ template <typename F> void forEachPiece(int64_t count, int threads, F &&run) {
     tbb::parallel_for(
         tbb::blocked_range<int64_t>(0, count, 1),
         [&](const tbb::blocked_range<int64_t> &r) {
+          // Isolated: while a piece's kernel waits on its own nested parallel loop, this thread runs only
+          // that loop's tasks, never another piece (two pieces on one thread would hold twice its share of
+          // the workspace limit).
           for (int64_t i = r.begin(); i != r.end(); ++i)
-            run(i);
+            tbb::this_task_arena::isolate([&] { run(i); });
         },
         tbb::simple_partitioner());
   });
@@ -405,7 +413,8 @@ struct Plan {
 
 /// Cuts a call into pieces whose temporaries (the descriptor's memory model: rows * sentence[n] + copies *
 /// copy[n]) fit the workspace limit shared by `threads` running pieces at once: the fixed chunks of
-/// kChunkRows sentences; a chunk over the limit sentence by sentence; a sentence over it (`splitCopies`:
+/// kChunkRows sentences; a chunk over the limit or over kPieceBytes sentence by sentence; a sentence over the
+/// limit (`splitCopies`:
 /// mask-and-predict scoring) in windows of its positions' masked copies. Results do not depend on the cut:
 /// every kernel computes each sentence, row and copy on its own (the generated GEMM's rows, attention per
 /// sentence or copy). A piece that does not fit even alone is an LM_ERR_MEMORY naming what it needs.
@@ -422,7 +431,7 @@ std::vector<Piece> planPieces(const int32_t *lengths, int32_t batch, const int64
     int64_t n = 0, copies = 0;
     for (int64_t r = 0; r < rows; ++r)
       n = std::max<int64_t>(n, lengths[b0 + r]), copies += lengths[b0 + r];
-    if (!sentence || bytes(rows, n, copies) <= budget) {
+    if (!sentence || bytes(rows, n, copies) <= std::min(budget, kPieceBytes)) {
       pieces.push_back({b0, rows});
       continue;
     }
@@ -1026,36 +1035,43 @@ namespace {
 /// Bytes of kernel temporaries in use by every thread, and their peak (lm_rt_workspace_peak_bytes).
 std::atomic<uint64_t> g_liveBytes{0}, g_peakBytes{0};
 
-/// A thread's cache of freed kernel temporaries, by (size, alignment). Every block has a 64-byte header in front
-/// that records both, so free needs no lookup. Blocks of 1 MB or more are mapped pages of their own (munmap gives
-/// them back to the system at once, where malloc's heap could keep them resident). The blocks a thread holds,
-/// in use or cached, stay under its share of the workspace limit when they can: a new size first releases the
-/// cached ones.
+/// A thread's cache of freed kernel temporaries. Every block has a 64-byte header in front that records its
+/// capacity and how it was allocated, so free needs no lookup. Blocks of 1 MB or more are mapped pages of their
+/// own (munmap gives them back to the system at once, where malloc's heap could keep them resident). A request
+/// takes the smallest cached block that holds it and is at most twice its size (a window of masked copies
+/// shorter than the others reuses their blocks: its pages are already there). The blocks a thread holds, in use
+/// or cached, stay under its share of the workspace limit when they can: a request that would pass it first
+/// hands back the largest cached blocks, only as many as it must (dropping the whole cache there made a
+/// 16-sentence biLM PLL call at n = 128 on two threads map 36 GB of fresh pages, 9 million page faults).
 struct WorkspaceCache {
   struct Header {
-    uint64_t size, alignment, mapped; ///< mapped: the mapping's length (0: from aligned_alloc)
+    uint64_t capacity, mapped; ///< mapped: the mapping's length (0: from aligned_alloc)
   };
   static constexpr uint64_t kHeader = 64, kMapFrom = uint64_t(1) << 20;
   static uint64_t share() { return uint64_t(workspaceLimit() / effectiveThreads()); }
-  std::map<std::pair<uint64_t, uint64_t>, std::vector<char *>> blocks;
+  std::multimap<uint64_t, char *> blocks; ///< cached blocks by capacity
   uint64_t cachedBytes = 0, liveBytes = 0, systemAllocations = 0;
 
   void *get(uint64_t alignment, uint64_t size) {
     alignment = std::max<uint64_t>(alignment, 16);
     if (alignment > kHeader || (alignment & (alignment - 1)))
-      return nullptr; // kernels only ask for small powers of two
-    auto &list = blocks[{size, alignment}];
+      return nullptr; // kernels only ask for small powers of two (every block is 64-byte aligned)
     char *block;
-    uint64_t mapped = 0;
-    if (!list.empty()) {
-      block = list.back();
-      list.pop_back();
-      cachedBytes -= size;
-      mapped = reinterpret_cast<Header *>(block)->mapped;
+    auto fit = blocks.lower_bound(size);
+    if (fit != blocks.end() && fit->first / 2 <= size) {
+      block = fit->second;
+      cachedBytes -= fit->first;
+      blocks.erase(fit);
     } else {
-      if (liveBytes + cachedBytes + size > share())
-        release(); // a new size while others sit idle: hand them back rather than grow past the limit
       const uint64_t total = ((kHeader + size + kHeader - 1) / kHeader) * kHeader;
+      // A new block while others sit idle: hand back the largest ones rather than grow past the limit.
+      while (!blocks.empty() && liveBytes + cachedBytes + total > share()) {
+        auto largest = std::prev(blocks.end());
+        cachedBytes -= largest->first;
+        drop(largest->second);
+        blocks.erase(largest);
+      }
+      uint64_t mapped = 0;
       if (total >= kMapFrom) {
         void *p = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (p == MAP_FAILED)
@@ -1067,13 +1083,13 @@ struct WorkspaceCache {
           return nullptr;
       }
       ++systemAllocations;
+      auto *header = reinterpret_cast<Header *>(block);
+      header->capacity = total - kHeader;
+      header->mapped = mapped;
     }
     auto *header = reinterpret_cast<Header *>(block);
-    header->size = size;
-    header->alignment = alignment;
-    header->mapped = mapped;
-    liveBytes += size;
-    const uint64_t live = g_liveBytes.fetch_add(size, std::memory_order_relaxed) + size;
+    liveBytes += header->capacity;
+    const uint64_t live = g_liveBytes.fetch_add(header->capacity, std::memory_order_relaxed) + header->capacity;
     uint64_t peak = g_peakBytes.load(std::memory_order_relaxed);
     while (live > peak && !g_peakBytes.compare_exchange_weak(peak, live, std::memory_order_relaxed)) {
     }
@@ -1084,15 +1100,15 @@ struct WorkspaceCache {
     if (!ptr)
       return;
     char *block = static_cast<char *>(ptr) - kHeader;
-    auto *header = reinterpret_cast<Header *>(block);
-    liveBytes -= std::min(liveBytes, header->size); // a block may be freed by another thread than its allocator
-    g_liveBytes.fetch_sub(header->size, std::memory_order_relaxed);
-    if (liveBytes + cachedBytes + header->size > share()) {
+    const uint64_t capacity = reinterpret_cast<Header *>(block)->capacity;
+    liveBytes -= std::min(liveBytes, capacity); // a block may be freed by another thread than its allocator
+    g_liveBytes.fetch_sub(capacity, std::memory_order_relaxed);
+    if (liveBytes + cachedBytes + capacity > share()) {
       drop(block);
       return;
     }
-    cachedBytes += header->size;
-    blocks[{header->size, header->alignment}].push_back(block);
+    cachedBytes += capacity;
+    blocks.emplace(capacity, block);
   }
 
   static void drop(char *block) {
@@ -1103,15 +1119,10 @@ struct WorkspaceCache {
       std::free(block);
   }
 
-  void release() {
+  ~WorkspaceCache() {
     for (auto &entry : blocks)
-      for (char *block : entry.second)
-        drop(block);
-    blocks.clear();
-    cachedBytes = 0;
+      drop(entry.second);
   }
-
-  ~WorkspaceCache() { release(); }
 };
 
 WorkspaceCache &workspaceCache() {

@@ -1098,3 +1098,35 @@ TEST_F(GeneratedTest, EndToEndLibraryRunsTheExamples) {
 }
 
 } // namespace
+
+// The kernels' temporaries cache: a request reuses a cached block up to twice its size, and a new block that
+// would pass the thread's share of the workspace limit hands back the largest cached blocks only, as few as it
+// must (dropping the whole cache there made a batched biLM PLL call map its pages again and again).
+TEST(WorkspaceCache, ReusesAndTrimsLargestFirst) {
+  lm_set_num_threads(1);
+  const int64_t previous = lm_set_workspace_limit(int64_t(10) << 20); // 10 MB
+  const uint64_t MB = uint64_t(1) << 20;
+  auto allocations = [] { return lm_rt_workspace_system_allocations(); };
+  void *a = _mlir_memref_to_llvm_aligned_alloc(64, 4 * MB);
+  void *b = _mlir_memref_to_llvm_aligned_alloc(64, 3 * MB);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  std::memset(a, 1, 4 * MB);
+  _mlir_memref_to_llvm_free(a);
+  _mlir_memref_to_llvm_free(b); // cached: 4 MB and 3 MB
+  uint64_t before = allocations();
+  void *c = _mlir_memref_to_llvm_aligned_alloc(64, 2 * MB + MB / 2); // fits the 3 MB block (at most twice)
+  EXPECT_EQ(allocations(), before) << "a cached block of up to twice the size should be reused";
+  _mlir_memref_to_llvm_free(c);
+  void *d = _mlir_memref_to_llvm_aligned_alloc(64, MB); // no cached block within twice its size
+  EXPECT_EQ(allocations(), before + 1);
+  _mlir_memref_to_llvm_free(d); // cached: 4, 3 and 1 MB
+  void *e = _mlir_memref_to_llvm_aligned_alloc(64, 5 * MB); // 8 + 5 > 10: the 4 MB block goes, 3 and 1 stay
+  EXPECT_EQ(allocations(), before + 2);
+  void *f = _mlir_memref_to_llvm_aligned_alloc(64, 3 * MB);
+  void *g = _mlir_memref_to_llvm_aligned_alloc(64, MB);
+  EXPECT_EQ(allocations(), before + 2) << "only the largest cached block should have been handed back";
+  for (void *p : {e, f, g})
+    _mlir_memref_to_llvm_free(p);
+  lm_set_workspace_limit(previous);
+}
