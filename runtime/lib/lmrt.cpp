@@ -1083,13 +1083,11 @@ struct WorkspaceCache {
           return nullptr;
       }
       ++systemAllocations;
-      auto *header = reinterpret_cast<Header *>(block);
-      header->capacity = total - kHeader;
-      header->mapped = mapped;
+      *reinterpret_cast<Header *>(block) = {total - kHeader, mapped};
     }
-    auto *header = reinterpret_cast<Header *>(block);
-    liveBytes += header->capacity;
-    const uint64_t live = g_liveBytes.fetch_add(header->capacity, std::memory_order_relaxed) + header->capacity;
+    const uint64_t capacity = reinterpret_cast<Header *>(block)->capacity;
+    liveBytes += capacity;
+    const uint64_t live = g_liveBytes.fetch_add(capacity, std::memory_order_relaxed) + capacity;
     uint64_t peak = g_peakBytes.load(std::memory_order_relaxed);
     while (live > peak && !g_peakBytes.compare_exchange_weak(peak, live, std::memory_order_relaxed)) {
     }

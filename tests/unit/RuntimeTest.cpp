@@ -1111,7 +1111,6 @@ TEST(WorkspaceCache, ReusesAndTrimsLargestFirst) {
   void *b = _mlir_memref_to_llvm_aligned_alloc(64, 3 * MB);
   ASSERT_NE(a, nullptr);
   ASSERT_NE(b, nullptr);
-  std::memset(a, 1, 4 * MB);
   _mlir_memref_to_llvm_free(a);
   _mlir_memref_to_llvm_free(b); // cached: 4 MB and 3 MB
   uint64_t before = allocations();

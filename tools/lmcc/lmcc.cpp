@@ -721,10 +721,8 @@ int runImportHf(const Options &o) {
   // Both outputs checked before either is written, each written atomically, the spec last: a failure leaves
   // neither a torn file nor a vocabulary without its spec.
   requireReplaceable(o.output);
-  if (writeVocab) {
-    requireReplaceable(vocabPath.string());
+  if (writeVocab)
     writeAtomically(vocabPath.string(), vocabText);
-  }
   writeAtomically(o.output, text);
   return kExitOk;
 }
