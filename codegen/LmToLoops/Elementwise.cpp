@@ -7,6 +7,9 @@
 //===----------------------------------------------------------------------===//
 #include "codegen/LmToLoops/Lowering.h"
 
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/ADT/bit.h"
+
 using namespace mlir;
 
 namespace lmcc::codegen {
@@ -65,15 +68,31 @@ struct FillIdsLowering : LmLowering<lm::FillIdsOp> {
   }
 };
 
-/// out = f(x) elementwise; `Fn(Loops &, Op, Value x) -> Value`.
-template <typename Op, Value (*Fn)(Loops &, Op, Value)> struct UnaryLowering : LmLowering<Op> {
+/// The name of the row task of an elementwise op: `key` (the op and every attribute its body reads) and the
+/// row width.
+std::string rowTaskName(StringRef key, Value buffer) {
+  return ("lm_rows_" + key + "_c" + Twine(llvm::cast<MemRefType>(buffer.getType()).getShape().back())).str();
+}
+
+/// The bits of a float attribute, in hexadecimal (task names).
+std::string bitsOf(double v) { return llvm::utohexstr(llvm::bit_cast<uint64_t>(v)); }
+
+/// out = f(x) elementwise; `Fn(Loops &, Op, Value x) -> Value`, `Key(Op)` what Fn reads of the op (the row
+/// task's name), `Cost` its operations per element (whether the rows are split over the threads).
+template <typename Op, Value (*Fn)(Loops &, Op, Value), std::string (*Key)(Op), int64_t Cost>
+struct UnaryLowering : LmLowering<Op> {
   using LmLowering<Op>::LmLowering;
   LogicalResult lower(Op op, Loops &L) const override {
     Value x = op->getOperand(0);
     Value src = L.in(x);
     auto sz = L.dims(src);
     Value out = L.alloc(llvm::cast<ShapedType>(op->getResult(0).getType()), sz);
-    L.nest(sz, [&](ValueRange iv) { L.store(Fn(L, op, L.load(src, iv)), out, iv); });
+    int64_t C = llvm::cast<ShapedType>(out.getType()).getShape().back();
+    bool rows = L.forRows(rowTaskName(Key(op), out), {src, out}, {}, Cost, [&](ArrayRef<Value> m, ArrayRef<Value>, Value r) {
+      L.nest({L.idx(C)}, [&](ValueRange c) { L.store(Fn(L, op, L.load(m[0], {r, c[0]})), m[1], {r, c[0]}); });
+    });
+    if (!rows)
+      L.nest(sz, [&](ValueRange iv) { L.store(Fn(L, op, L.load(src, iv)), out, iv); });
     return L.set(op, out);
   }
 };
@@ -81,6 +100,9 @@ template <typename Op, Value (*Fn)(Loops &, Op, Value)> struct UnaryLowering : L
 Value scaleOf(Loops &L, lm::ScaleOp s, Value x) {
   return L.b.create<arith::MulFOp>(L.loc, x, L.f32c(s.getFactor().convertToFloat()));
 }
+std::string scaleKey(lm::ScaleOp s) { return "scale_" + bitsOf(s.getFactor().convertToDouble()); }
+std::string geluKey(lm::GeluOp g) { return g.getApproximate() ? "gelu_tanh" : "gelu_erf"; }
+std::string reluKey(lm::ReluOp) { return "relu"; }
 
 /// gelu(x) = x * 0.5 * (1 + erf(x / sqrt 2)); tanh form 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3))).
 Value geluOf(Loops &L, lm::GeluOp g, Value x) {
@@ -109,9 +131,16 @@ struct AddLowering : LmLowering<lm::AddOp> {
     Value x = L.in(a.getLhs()), y = L.in(a.getRhs());
     auto sz = L.dims(x);
     Value out = L.alloc(a.getType(), sz);
-    L.nest(sz, [&](ValueRange iv) {
-      L.store(L.b.create<arith::AddFOp>(L.loc, L.load(x, iv), L.load(y, iv)), out, iv);
+    int64_t C = a.getType().getShape().back();
+    bool rows = L.forRows(rowTaskName("add", out), {x, y, out}, {}, 1, [&](ArrayRef<Value> m, ArrayRef<Value>, Value r) {
+      L.nest({L.idx(C)}, [&](ValueRange c) {
+        L.store(L.b.create<arith::AddFOp>(L.loc, L.load(m[0], {r, c[0]}), L.load(m[1], {r, c[0]})), m[2], {r, c[0]});
+      });
     });
+    if (!rows)
+      L.nest(sz, [&](ValueRange iv) {
+        L.store(L.b.create<arith::AddFOp>(L.loc, L.load(x, iv), L.load(y, iv)), out, iv);
+      });
     return L.set(a, out);
   }
 };
@@ -130,15 +159,11 @@ struct LayerNormLowering : LmLowering<lm::LayerNormOp> {
     int64_t C = n.getType().getShape().back();
     double eps = n.getEpsilon().convertToDouble();
     constexpr int64_t kLanes = 16;
-    const int64_t vectorEnd = llvm::cast<MemRefType>(x.getType()).getLayout().isIdentity() ? C / kLanes * kLanes : 0;
     auto v32 = VectorType::get({kLanes}, L.f32()), v64 = VectorType::get({kLanes}, L.f64());
-    SmallVector<Value> rows(s.begin(), s.end() - 1);
-    L.nest(rows, [&](ValueRange iv) {
-      auto at = [&](Value c) {
-        SmallVector<Value> i(iv.begin(), iv.end());
-        i.push_back(c);
-        return i;
-      };
+    // One row: x, g, beta, out and the row's indices `at(c)` of feature c; the first vectorEnd features in
+    // vectors (x row-major).
+    auto normRow = [&](Value x, Value g, Value beta, Value out, const std::function<SmallVector<Value>(Value)> &at,
+                       int64_t vectorEnd) {
       // sum over c of term(x[c] as double), term acting on doubles or on vectors of them.
       auto rowSum = [&](const std::function<Value(Value)> &term) -> Value {
         Value total = L.f64c(0);
@@ -173,7 +198,22 @@ struct LayerNormLowering : LmLowering<lm::LayerNormOp> {
         Value y = b.create<arith::AddFOp>(loc, b.create<arith::MulFOp>(loc, norm, L.load(g, c[0])), L.load(beta, c[0]));
         L.store(y, out, at(c[0]));
       });
+    };
+    std::string key = "layernorm_" + bitsOf(eps);
+    bool rows = L.forRows(rowTaskName(key, out), {x, out}, {g, beta}, 8, [&](ArrayRef<Value> m, ArrayRef<Value> v, Value r) {
+      normRow(m[0], v[0], v[1], m[1], [&](Value c) { return SmallVector<Value>{r, c}; }, C / kLanes * kLanes);
     });
+    if (!rows) {
+      const int64_t vectorEnd = llvm::cast<MemRefType>(x.getType()).getLayout().isIdentity() ? C / kLanes * kLanes : 0;
+      SmallVector<Value> lead(s.begin(), s.end() - 1);
+      L.nest(lead, [&](ValueRange iv) {
+        normRow(x, g, beta, out, [&](Value c) {
+          SmallVector<Value> i(iv.begin(), iv.end());
+          i.push_back(c);
+          return i;
+        }, vectorEnd);
+      });
+    }
     return L.set(n, out);
   }
 };
@@ -393,8 +433,8 @@ struct SliceFeaturesLowering : LmLowering<lm::SliceFeaturesOp> {
 } // namespace
 
 void populateElementwisePatterns(TypeConverter &converter, RewritePatternSet &patterns, const LoweringContext &context) {
-  patterns.add<EmbedLowering, PositionsLowering, FillIdsLowering, AddLowering, UnaryLowering<lm::ScaleOp, scaleOf>,
-               UnaryLowering<lm::GeluOp, geluOf>, UnaryLowering<lm::ReluOp, reluOf>, LayerNormLowering,
+  patterns.add<EmbedLowering, PositionsLowering, FillIdsLowering, AddLowering, UnaryLowering<lm::ScaleOp, scaleOf, scaleKey, 1>,
+               UnaryLowering<lm::GeluOp, geluOf, geluKey, 24>, UnaryLowering<lm::ReluOp, reluOf, reluKey, 1>, LayerNormLowering,
                SplitHeadsLowering, MergeHeadsLowering, MatmulLowering, MaskFillLowering, SoftmaxLowering,
                LogSoftmaxLowering, RelativeScoresLowering, RelativeValuesLowering, SliceFeaturesLowering>(
       converter, patterns.getContext(), context);

@@ -47,7 +47,7 @@ struct TokenLogprobLowering : LmLowering<lm::TokenLogprobOp> {
       L.store(L.f32c(0), targetBuf, r);
     });
     // Row r = (b, p) holds hidden position p; its target is ids[b, p + shift] when that exists.
-    auto targetOf = [&](Value r) {
+    auto targetOf = [&](Value ids, Value R1, Value r) {
       Value bi = b.create<arith::DivUIOp>(loc, r, R1), p = b.create<arith::RemUIOp>(loc, r, R1);
       Value pt = b.create<arith::AddIOp>(loc, p, L.idx(shift));
       Value exists = L.lt(pt, R1);
@@ -82,7 +82,10 @@ struct TokenLogprobLowering : LmLowering<lm::TokenLogprobOp> {
                                ValueRange{m64, tv64, L.i64c(D), hPtr, L.i64c(D), wTile, L.i64c(D), biasTile, logitsPtr,
                                           L.i64c(kVocabTile)});
       }
-      L.nest({rows}, [&](ValueRange r) {
+      // Per row: the tile's max, its exponentials' sum and the target's logit, in a row task (the rows split
+      // over the threads when the tile is large enough; every row computed the same way whatever the split).
+      auto rowStep = [&](Value logits, Value maxBuf, Value sumBuf, Value targetBuf, Value ids, Value vt, Value tv,
+                         Value R1, Value r) {
         // 16 columns at a time, then the tile's last tv % 16 columns one by one. The max is
         // exact in f32; the exponentials of one tile are summed in 16 f32 lanes (at most 128
         // terms each), the tiles in double.
@@ -92,7 +95,7 @@ struct TokenLogprobLowering : LmLowering<lm::TokenLogprobOp> {
           auto loop = b.create<scf::ForOp>(loc, L.idx(0), tv16, L.idx(kLanes), ValueRange{init});
           OpBuilder::InsertionGuard guard(b);
           b.setInsertionPointToStart(loop.getBody());
-          Value x = b.create<vector::LoadOp>(loc, vec, logits, ValueRange{r[0], loop.getInductionVar()});
+          Value x = b.create<vector::LoadOp>(loc, vec, logits, ValueRange{r, loop.getInductionVar()});
           b.create<scf::YieldOp>(loc, step(x, loop.getRegionIterArgs()[0]));
           return loop.getResult(0);
         };
@@ -101,7 +104,7 @@ struct TokenLogprobLowering : LmLowering<lm::TokenLogprobOp> {
         Value tileMax =
             L.reduce(tv16, tv, L.toF64(b.create<vector::ReductionOp>(loc, vector::CombiningKind::MAXIMUMF, vmax)),
                      [&](Value c, Value mx) {
-                       return b.create<arith::MaximumFOp>(loc, mx, L.toF64(L.load(logits, {r[0], c})));
+                       return b.create<arith::MaximumFOp>(loc, mx, L.toF64(L.load(logits, {r, c})));
                      });
         Value m = L.load(maxBuf, r), mNew = b.create<arith::MaximumFOp>(loc, m, tileMax);
         Value mNewV = b.create<vector::BroadcastOp>(loc, vec, b.create<arith::TruncFOp>(loc, L.f32(), mNew));
@@ -113,15 +116,34 @@ struct TokenLogprobLowering : LmLowering<lm::TokenLogprobOp> {
             [&](Value c, Value acc) {
               return b.create<arith::AddFOp>(
                   loc, acc,
-                  b.create<math::ExpOp>(loc, b.create<arith::SubFOp>(loc, L.toF64(L.load(logits, {r[0], c})), mNew)));
+                  b.create<math::ExpOp>(loc, b.create<arith::SubFOp>(loc, L.toF64(L.load(logits, {r, c})), mNew)));
             });
         Value corr = b.create<math::ExpOp>(loc, b.create<arith::SubFOp>(loc, m, mNew));
         L.store(b.create<arith::AddFOp>(loc, b.create<arith::MulFOp>(loc, L.load(sumBuf, r), corr), sum), sumBuf, r);
         L.store(mNew, maxBuf, r);
-        auto [exists, id] = targetOf(r[0]);
+        auto [exists, id] = targetOf(ids, R1, r);
         Value inTile = L.andI(exists, L.andI(L.ge(id, vt), L.lt(id, b.create<arith::AddIOp>(loc, vt, tv))));
-        L.when(inTile, [&] { L.store(L.load(logits, {r[0], b.create<arith::SubIOp>(loc, id, vt)}), targetBuf, r); });
-      });
+        L.when(inTile, [&] { L.store(L.load(logits, {r, b.create<arith::SubIOp>(loc, id, vt)}), targetBuf, r); });
+      };
+      std::optional<Loops::TaskView> idsView = L.taskView(ids);
+      if (!idsView) {
+        L.nest({rows}, [&](ValueRange r) { rowStep(logits, maxBuf, sumBuf, targetBuf, ids, vt, tv, R1, r[0]); });
+        return;
+      }
+      auto rowsOf = [&](Value m) {
+        auto type = llvm::cast<MemRefType>(m.getType());
+        return Loops::TaskView{m, type, {rows}};
+      };
+      SmallVector<Value> idsDims = L.dims(ids);
+      for (auto [i, d] : llvm::enumerate(idsView->type.getShape()))
+        if (ShapedType::isDynamic(d))
+          idsView->sizes.push_back(idsDims[i]);
+      Value work = b.create<arith::MulIOp>(loc, rows, b.create<arith::MulIOp>(loc, tv, L.idx(8)));
+      L.rowTask(("lm_logprob_rows_shift" + Twine(shift) + "_v" + Twine(kVocabTile)).str(),
+                {rowsOf(logits), rowsOf(maxBuf), rowsOf(sumBuf), rowsOf(targetBuf), *idsView}, {vt, tv, R1}, rows,
+                work, [&](ArrayRef<Value> v, ArrayRef<Value> x, Value r) {
+                  rowStep(v[0], v[1], v[2], v[3], v[4], x[0], x[1], x[2], r);
+                });
     });
     L.nest({R0, R1}, [&](ValueRange iv) {
       Value valid = L.andI(L.andI(L.ge(iv[1], L.idx(shift)), L.lt(iv[1], L.lengthOf(iv[0]))),

@@ -286,6 +286,103 @@ void Loops::parallelFor(func::FuncOp task, Value count, ArrayRef<Value> fields, 
   b.create<func::CallOp>(loc, "lm_rt_parallel_for", TypeRange{}, ValueRange{count, fnPtr, ctxPtr});
 }
 
+std::optional<Loops::TaskView> Loops::taskView(Value buffer) {
+  auto type = llvm::cast<MemRefType>(buffer.getType());
+  if (type.getLayout().isIdentity())
+    return TaskView{buffer, type, {}};
+  int64_t offset;
+  SmallVector<int64_t> strides;
+  if (!type.hasStaticShape() || failed(getStridesAndOffset(type, strides, offset)))
+    return std::nullopt;
+  auto identity = MemRefType::get(type.getShape(), type.getElementType());
+  SmallVector<int64_t> rowMajor;
+  int64_t offsetIgnored;
+  if (failed(getStridesAndOffset(identity, rowMajor, offsetIgnored)) || rowMajor != strides)
+    return std::nullopt;
+  return TaskView{buffer, identity, {}};
+}
+
+void Loops::rowTask(StringRef name, ArrayRef<TaskView> views, ArrayRef<Value> scalars, Value count, Value work,
+                    const std::function<void(ArrayRef<Value>, ArrayRef<Value>, Value)> &body) {
+  auto module = op->getParentOfType<ModuleOp>();
+  func::FuncOp task = module.lookupSymbol<func::FuncOp>(name);
+  if (!task) {
+    OpBuilder::InsertionGuard guard(b);
+    task = createTask(b, module, name);
+    Block *entry = &task.getBody().front();
+    b.setInsertionPointToStart(entry);
+    Value ctx = entry->getArgument(0);
+    Type i64 = b.getI64Type();
+    int64_t field = 0;
+    auto next = [&] { return taskField(b, loc, ctx, field++); };
+    auto c64 = [&](int64_t v) -> Value { return b.create<LLVM::ConstantOp>(loc, i64, b.getI64IntegerAttr(v)); };
+    SmallVector<Value> taskViews, taskScalars;
+    for (const TaskView &v : views) {
+      Value address = next();
+      SmallVector<Value> sizes, strides(v.type.getRank());
+      for (int64_t d : v.type.getShape())
+        sizes.push_back(ShapedType::isDynamic(d) ? next() : c64(d));
+      Value stride = c64(1);
+      for (int64_t i = v.type.getRank() - 1; i >= 0; --i) {
+        strides[i] = stride;
+        stride = b.create<LLVM::MulOp>(loc, stride, sizes[i]);
+      }
+      taskViews.push_back(memrefAt(b, loc, address, sizes, strides, v.type));
+    }
+    for (size_t i = 0; i < scalars.size(); ++i)
+      taskScalars.push_back(b.create<arith::IndexCastOp>(loc, b.getIndexType(), next()));
+    Value begin = b.create<arith::IndexCastOp>(loc, b.getIndexType(), entry->getArgument(1));
+    Value end = b.create<arith::IndexCastOp>(loc, b.getIndexType(), entry->getArgument(2));
+    auto loop = b.create<scf::ForOp>(loc, begin, end, idx(1));
+    b.setInsertionPointToStart(loop.getBody());
+    body(taskViews, taskScalars, loop.getInductionVar());
+    b.setInsertionPointAfter(loop);
+    b.create<func::ReturnOp>(loc);
+  }
+  auto i64 = [&](Value index) -> Value { return b.create<arith::IndexCastOp>(loc, b.getI64Type(), index); };
+  SmallVector<Value> fields;
+  for (const TaskView &v : views) {
+    fields.push_back(address(v.buffer));
+    for (Value size : v.sizes)
+      fields.push_back(i64(size));
+  }
+  for (Value scalar : scalars)
+    fields.push_back(i64(scalar));
+  parallelFor(task, count, fields, lt(work, idx(1 << 17)));
+}
+
+bool Loops::forRows(StringRef name, ArrayRef<Value> buffers, ArrayRef<Value> vectors, int64_t cost,
+                    const std::function<void(ArrayRef<Value>, ArrayRef<Value>, Value)> &body) {
+  auto rowMajor = [](Value m) {
+    auto type = llvm::cast<MemRefType>(m.getType());
+    return type.getLayout().isIdentity() && type.getRank() >= 1 && !type.isDynamicDim(type.getRank() - 1);
+  };
+  auto flat = [](Value m) { return llvm::cast<MemRefType>(m.getType()).getRank() == 1; };
+  if (!llvm::all_of(buffers, rowMajor) || !llvm::all_of(vectors, flat))
+    return false;
+  SmallVector<TaskView> views;
+  SmallVector<Value> shape = dims(buffers[0]);
+  Value rows = idx(1);
+  for (size_t i = 0; i + 1 < shape.size(); ++i)
+    rows = b.create<arith::MulIOp>(loc, rows, shape[i]);
+  for (Value m : buffers) {
+    auto type = llvm::cast<MemRefType>(m.getType());
+    views.push_back({m, MemRefType::get({ShapedType::kDynamic, type.getShape().back()}, type.getElementType()), {rows}});
+  }
+  for (Value m : vectors) {
+    std::optional<TaskView> v = taskView(m);
+    if (!v)
+      return false;
+    views.push_back(*v);
+  }
+  int64_t cols = llvm::cast<MemRefType>(buffers[0].getType()).getShape().back();
+  rowTask(name, views, {}, rows, b.create<arith::MulIOp>(loc, rows, idx(cols * cost)),
+          [&](ArrayRef<Value> all, ArrayRef<Value>, Value r) {
+            body(all.take_front(buffers.size()), all.drop_front(buffers.size()), r);
+          });
+  return true;
+}
+
 Value Loops::functionPointer(func::FuncOp fn) {
   Value f = b.create<func::ConstantOp>(loc, fn.getFunctionType(), SymbolRefAttr::get(fn));
   return b.create<UnrealizedConversionCastOp>(loc, TypeRange{LLVM::LLVMPointerType::get(b.getContext())}, f)

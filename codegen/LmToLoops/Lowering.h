@@ -41,6 +41,7 @@
 
 #include <cmath>
 #include <functional>
+#include <optional>
 
 namespace lmcc::codegen {
 
@@ -232,6 +233,31 @@ public:
   /// task(ctx, 0, count) on this thread instead.
   void parallelFor(mlir::func::FuncOp task, mlir::Value count, llvm::ArrayRef<mlir::Value> fields,
                    mlir::Value serial = {});
+  /// A buffer as a row task sees it: `type` (identity layout) over the buffer's data, with `sizes` its
+  /// dynamic sizes.
+  struct TaskView {
+    mlir::Value buffer;
+    mlir::MemRefType type;
+    llvm::SmallVector<mlir::Value> sizes;
+  };
+  /// The view of `buffer` as itself when its layout is the identity, or as the identity-layout type of its
+  /// shape when it is a contiguous view (a weight's view at an offset); nullopt otherwise.
+  std::optional<TaskView> taskView(mlir::Value buffer);
+  /// body(views, scalars, r) for r in [0, count), in the task function `name` (made on first use: the name must
+  /// say everything the body depends on but the views' data and the index `scalars`): split over the runtime's
+  /// threads when `work` reaches 2^17 (a few tens of microseconds), else called on this thread. The task reads
+  /// the views' addresses and sizes and the scalars from its ctx; its body must use nothing else of the caller.
+  void rowTask(llvm::StringRef name, llvm::ArrayRef<TaskView> views, llvm::ArrayRef<mlir::Value> scalars,
+               mlir::Value count, mlir::Value work,
+               const std::function<void(llvm::ArrayRef<mlir::Value>, llvm::ArrayRef<mlir::Value>, mlir::Value)> &body);
+  /// body(rows, vectors, r) for every row r of the row-major [rows, cols] forms of `buffers` (identity layouts,
+  /// static last dimension: the leading dimensions flattened; the rows counted on buffers[0]) with `vectors`
+  /// contiguous 1-D buffers every row reads (LayerNorm's gain and bias), by rowTask with work rows x cols x
+  /// `cost`. Every row is computed the same way whatever the split. False, emitting nothing, when a layout
+  /// does not fit: the caller emits its own nest.
+  bool forRows(llvm::StringRef name, llvm::ArrayRef<mlir::Value> buffers, llvm::ArrayRef<mlir::Value> vectors,
+               int64_t cost,
+               const std::function<void(llvm::ArrayRef<mlir::Value>, llvm::ArrayRef<mlir::Value>, mlir::Value)> &body);
 
   mlir::Value lengths; ///< the op's key-padding lengths buffer, when it has one
 

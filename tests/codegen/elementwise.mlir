@@ -1,5 +1,5 @@
 // RUN: lmcc-opt --lm-to-loops="vector-bits=256" %s | FileCheck %s
-// Embeddings, LayerNorm, GELU and residual add become loop nests over buffers; weights are views at their
+// Embeddings, LayerNorm, GELU and residual add become loop nests over buffers (the last three in row tasks); weights are views at their
 // layout offsets in the flat weight buffer (argument 0); mean_pool writes the embed kernel's output.
 
 // CHECK-LABEL: func.func @m_embed_kernel
@@ -12,18 +12,31 @@
 // CHECK: scf.for
 // CHECK: memref.load %[[IDS]]
 // CHECK: arith.index_cast
-// lm.layer_norm: mean and variance in double
-// CHECK: arith.extf {{.*}} : f32 to f64
-// CHECK: math.sqrt {{.*}} : f64
-// lm.gelu (exact erf)
-// CHECK: math.erf
-// lm.add
-// CHECK: arith.addf
+// lm.layer_norm, lm.gelu and lm.add: one row task each (the rows [B * N, 8] from the buffers' addresses in a ctx
+// array), called on this thread below 2^17 units of work, else split over the runtime's threads.
+// CHECK: func.call @lm_rows_layernorm_3D719799812DEA11_c8(%{{.*}}, %c0_i64, %{{.*}}) : (!llvm.ptr, i64, i64) -> ()
+// CHECK: func.call @lm_rt_parallel_for
+// CHECK: func.call @lm_rows_gelu_erf_c8
+// CHECK: func.call @lm_rt_parallel_for
+// The layer norm's result is freed after the call that reads it.
+// CHECK-NEXT: }
+// CHECK-NEXT: memref.dealloc
+// CHECK: func.call @lm_rows_add_c8
 // lm.mean_pool into the output argument
 // CHECK: memref.store {{.*}}, %[[OUT]]
 // Every buffer is freed at the end of the kernel.
 // CHECK: memref.dealloc %[[X]]
 // CHECK: return
+// The row tasks: rows [begin, end) of memref<?x8xf32> views; LayerNorm's mean and variance in double.
+// CHECK-LABEL: func.func private @lm_rows_layernorm_3D719799812DEA11_c8(%{{.*}}: !llvm.ptr, %{{.*}}: i64, %{{.*}}: i64)
+// CHECK: builtin.unrealized_conversion_cast {{.*}} to memref<?x8xf32>
+// CHECK: arith.extf {{.*}} : f32 to f64
+// CHECK: math.sqrt {{.*}} : f64
+// CHECK-LABEL: func.func private @lm_rows_gelu_erf_c8
+// CHECK: scf.for
+// CHECK: math.erf
+// CHECK-LABEL: func.func private @lm_rows_add_c8
+// CHECK: arith.addf {{.*}} : f32
 // CHECK-LABEL: func.func @m_init_kernel
 // CHECK-NOT: lm.
 module @m attributes {lm.model = #lm.model<name = "m", vocab = 11, max_len = 6, d_model = 8, heads = 2, d_ff = 16,

@@ -3,9 +3,12 @@
 // (16 independent chains), the lanes added in order, then features 32..39 one by one; normalized in double.
 
 // CHECK-LABEL: func.func @m_embed_kernel
+// CHECK: func.call @lm_rows_layernorm_3D719799812DEA11_c40
+// The row task over memref<?x40xf32> rows:
+// CHECK-LABEL: func.func private @lm_rows_layernorm_3D719799812DEA11_c40
 // the mean
 // CHECK: scf.for %{{.*}} = %c0{{.*}} to %c32{{.*}} step %c16{{.*}} iter_args(%{{.*}} = %cst{{.*}}) -> (vector<16xf64>)
-// CHECK: vector.load {{.*}} : memref<?x?x40xf32>, vector<16xf32>
+// CHECK: vector.load {{.*}} : memref<?x40xf32>, vector<16xf32>
 // CHECK: arith.extf {{.*}} : vector<16xf32> to vector<16xf64>
 // CHECK: arith.addf {{.*}} : vector<16xf64>
 // CHECK: vector.reduction <add>, {{.*}} : vector<16xf64> into f64
