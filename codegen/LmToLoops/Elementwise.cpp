@@ -20,9 +20,30 @@ struct EmbedLowering : LmLowering<lm::EmbedOp> {
   using LmLowering::LmLowering;
   LogicalResult lower(lm::EmbedOp e, Loops &L) const override {
     Value table = L.in(e.getTable()), ids = L.in(e.getIds()), out = L.alloc(e.getType());
-    L.nest(L.sizes(e.getType()), [&](ValueRange iv) {
-      Value id = L.toIndex(L.load(ids, {iv[0], iv[1]}));
-      L.store(L.load(table, {id, iv[2]}), out, iv);
+    auto s = L.sizes(e.getType());
+    // Rows of 16-float vectors where the table's rows are contiguous, the rest element by element.
+    constexpr int64_t kLanes = 16;
+    int64_t D = e.getType().getDimSize(2);
+    int64_t offset;
+    SmallVector<int64_t> strides;
+    auto tableType = llvm::cast<MemRefType>(table.getType());
+    bool unit = succeeded(getStridesAndOffset(tableType, strides, offset)) && strides.back() == 1;
+    const int64_t D16 = unit ? D / kLanes * kLanes : 0;
+    auto v32 = VectorType::get({kLanes}, L.f32());
+    L.nest({s[0], s[1]}, [&](ValueRange bt) {
+      Value id = L.toIndex(L.load(ids, {bt[0], bt[1]}));
+      auto blocks = L.b.create<scf::ForOp>(L.loc, L.idx(0), L.idx(D16), L.idx(kLanes));
+      {
+        OpBuilder::InsertionGuard guard(L.b);
+        L.b.setInsertionPointToStart(blocks.getBody());
+        Value c = blocks.getInductionVar();
+        Value x = L.b.create<vector::LoadOp>(L.loc, v32, table, ValueRange{id, c});
+        L.b.create<vector::StoreOp>(L.loc, x, out, ValueRange{bt[0], bt[1], c});
+      }
+      L.nest({L.idx(D - D16)}, [&](ValueRange cc) {
+        Value c = L.b.create<arith::AddIOp>(L.loc, cc[0], L.idx(D16));
+        L.store(L.load(table, {id, c}), out, {bt[0], bt[1], c});
+      });
     });
     return L.set(e, out);
   }
