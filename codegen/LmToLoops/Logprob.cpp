@@ -125,22 +125,17 @@ struct TokenLogprobLowering : LmLowering<lm::TokenLogprobOp> {
         Value inTile = L.andI(exists, L.andI(L.ge(id, vt), L.lt(id, b.create<arith::AddIOp>(loc, vt, tv))));
         L.when(inTile, [&] { L.store(L.load(logits, {r, b.create<arith::SubIOp>(loc, id, vt)}), targetBuf, r); });
       };
-      std::optional<Loops::TaskView> idsView = L.taskView(ids);
-      if (!idsView) {
+      SmallVector<Loops::TaskView> views;
+      for (Value m : {logits, maxBuf, sumBuf, targetBuf, ids})
+        if (std::optional<Loops::TaskView> v = L.taskView(m))
+          views.push_back(*v);
+      if (views.size() < 5) { // ids a strided view: the rows on this thread
         L.nest({rows}, [&](ValueRange r) { rowStep(logits, maxBuf, sumBuf, targetBuf, ids, vt, tv, R1, r[0]); });
         return;
       }
-      auto rowsOf = [&](Value m) {
-        auto type = llvm::cast<MemRefType>(m.getType());
-        return Loops::TaskView{m, type, {rows}};
-      };
-      SmallVector<Value> idsDims = L.dims(ids);
-      for (auto [i, d] : llvm::enumerate(idsView->type.getShape()))
-        if (ShapedType::isDynamic(d))
-          idsView->sizes.push_back(idsDims[i]);
       Value work = b.create<arith::MulIOp>(loc, rows, b.create<arith::MulIOp>(loc, tv, L.idx(8)));
       L.rowTask(("lm_logprob_rows_shift" + Twine(shift) + "_v" + Twine(kVocabTile)).str(),
-                {rowsOf(logits), rowsOf(maxBuf), rowsOf(sumBuf), rowsOf(targetBuf), *idsView}, {vt, tv, R1}, rows,
+                views, {vt, tv, R1}, rows,
                 work, [&](ArrayRef<Value> v, ArrayRef<Value> x, Value r) {
                   rowStep(v[0], v[1], v[2], v[3], v[4], x[0], x[1], x[2], r);
                 });

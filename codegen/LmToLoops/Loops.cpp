@@ -288,8 +288,14 @@ void Loops::parallelFor(func::FuncOp task, Value count, ArrayRef<Value> fields, 
 
 std::optional<Loops::TaskView> Loops::taskView(Value buffer) {
   auto type = llvm::cast<MemRefType>(buffer.getType());
-  if (type.getLayout().isIdentity())
-    return TaskView{buffer, type, {}};
+  if (type.getLayout().isIdentity()) {
+    TaskView view{buffer, type, {}};
+    SmallVector<Value> all = dims(buffer);
+    for (int64_t i = 0; i < type.getRank(); ++i)
+      if (type.isDynamicDim(i))
+        view.sizes.push_back(all[i]);
+    return view;
+  }
   int64_t offset;
   SmallVector<int64_t> strides;
   if (!type.hasStaticShape() || failed(getStridesAndOffset(type, strides, offset)))

@@ -240,8 +240,9 @@ public:
     mlir::MemRefType type;
     llvm::SmallVector<mlir::Value> sizes;
   };
-  /// The view of `buffer` as itself when its layout is the identity, or as the identity-layout type of its
-  /// shape when it is a contiguous view (a weight's view at an offset); nullopt otherwise.
+  /// The view of `buffer` as itself (with its dynamic sizes) when its layout is the identity, or as the
+  /// identity-layout type of its static shape when it is a contiguous view (a weight's view at an offset);
+  /// nullopt otherwise.
   std::optional<TaskView> taskView(mlir::Value buffer);
   /// body(views, scalars, r) for r in [0, count), in the task function `name` (made on first use: the name must
   /// say everything the body depends on but the views' data and the index `scalars`): split over the runtime's
