@@ -63,6 +63,19 @@ void runItems(Loops &L, ArrayRef<Value> operands, int64_t heads, int64_t width, 
 
 Value addressOrZero(Loops &L, Value m) { return m ? L.address(m) : L.i64c(0); }
 
+Value streamsOperands(Loops &L, Value entries, Value rows, Value keys, int64_t width, int64_t rowBuffers,
+                      int64_t keyBuffers) {
+  auto &b = L.b;
+  Location loc = L.loc;
+  Value perEntry = b.create<arith::AddIOp>(loc, b.create<arith::MulIOp>(loc, rows, L.idx(rowBuffers)),
+                                           b.create<arith::MulIOp>(loc, keys, L.idx(keyBuffers)));
+  Value bytes = b.create<arith::MulIOp>(loc, b.create<arith::MulIOp>(loc, entries, perEntry),
+                                        L.idx(width * int64_t(sizeof(float))));
+  Value cache = b.create<func::CallOp>(loc, "lm_rt_private_cache_bytes", TypeRange{b.getI64Type()}, ValueRange{})
+                    .getResult(0);
+  return L.lt(L.toIndex(cache), bytes);
+}
+
 } // namespace attention
 
 using namespace attention;
@@ -103,6 +116,7 @@ void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Val
   Value tiles = b.create<arith::DivUIOp>(loc, K.add(rows, L.idx(R - 1)), L.idx(R));
 
   Value items = b.create<arith::MulIOp>(loc, ops.entries, L.idx(H));
+  Value streams = streamsOperands(L, ops.entries, rows, M, D, /*q, out*/ 2, /*k, v*/ 2);
   K.loop(begin, end, 1, {}, [&](Value item, ValueRange) {
     Value bi = b.create<arith::DivUIOp>(loc, item, L.idx(H));
     Value base = b.create<arith::MulIOp>(loc, b.create<arith::RemUIOp>(loc, item, L.idx(H)), L.idx(dh));
@@ -111,7 +125,7 @@ void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Val
     Value len = L.lengthOf(bi);
     Value lastRow = b.create<arith::SubIOp>(loc, rows, L.idx(1));
     Value nextItem = K.add(item, L.idx(1));
-    Value hasNext = L.lt(nextItem, items);
+    Value hasNext = L.andI(streams, L.lt(nextItem, items));
     Value nextEntry = b.create<arith::DivUIOp>(loc, nextItem, L.idx(H));
     Value nextBase = b.create<arith::MulIOp>(loc, b.create<arith::RemUIOp>(loc, nextItem, L.idx(H)), L.idx(dh));
     L.nest({tiles}, [&](ValueRange t) {
@@ -342,6 +356,7 @@ OwningOpRef<ModuleOp> kernelModule(MLIRContext &context, OpBuilder &b) {
   b.setInsertionPointToEnd(module->getBody());
   auto ptr = LLVM::LLVMPointerType::get(&context);
   b.create<func::FuncOp>(loc, "lm_rt_parallel_for", b.getFunctionType({b.getI64Type(), ptr, ptr}, {})).setPrivate();
+  b.create<func::FuncOp>(loc, "lm_rt_private_cache_bytes", b.getFunctionType({}, {b.getI64Type()})).setPrivate();
   return module;
 }
 

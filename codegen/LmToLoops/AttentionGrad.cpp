@@ -48,6 +48,7 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
   Value S = K.scratch({R, dyn}, M16), G = K.scratch({R, dyn}, M16);
   Value rows = b.create<memref::DimOp>(loc, ops.q, 1);
   Value items = b.create<arith::MulIOp>(loc, ops.entries, L.idx(H));
+  Value streams = streamsOperands(L, ops.entries, rows, M, D, /*q, dO, dq*/ 3, /*k, v, dk, dv*/ 4);
 
   K.loop(begin, end, 1, {}, [&](Value item, ValueRange) {
     Value bi = b.create<arith::DivUIOp>(loc, item, L.idx(H));
@@ -64,7 +65,7 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
     Value tiles = b.create<arith::DivUIOp>(loc, K.add(n, L.idx(R - 1)), L.idx(R));
     Value lastRow = b.create<arith::SubIOp>(loc, n, L.idx(1));
     Value nextItem = K.add(item, L.idx(1));
-    Value hasNext = L.lt(nextItem, items);
+    Value hasNext = L.andI(streams, L.lt(nextItem, items));
     Value nextEntry = b.create<arith::DivUIOp>(loc, nextItem, L.idx(H));
     Value nextBase = b.create<arith::MulIOp>(loc, b.create<arith::RemUIOp>(loc, nextItem, L.idx(H)), L.idx(dh));
     // Carried over the tiles: the keys [0, touched) the tiles so far wrote into dk and dv.

@@ -427,6 +427,14 @@ void runItems(Loops &L, ArrayRef<Value> operands, int64_t heads, int64_t width, 
 /// The address of a buffer that may be absent (0 then).
 Value addressOrZero(Loops &L, Value m);
 
+/// Whether a call reading and writing `rowBuffers` [entries, rows, width] and `keyBuffers` [entries, keys, width]
+/// f32 operands streams them from beyond the private caches of the threads it runs on
+/// (lm_rt_private_cache_bytes): only then do its items prefetch their successor's operands. Below, the operands
+/// stay in those caches from call to call (or from the projections that wrote them), and the prefetches cost
+/// 2-4% of a batch-1 call for nothing (kernel_bench, causal n = 80).
+Value streamsOperands(Loops &L, Value entries, Value rows, Value keys, int64_t width, int64_t rowBuffers,
+                      int64_t keyBuffers);
+
 } // namespace lmcc::codegen::attention
 
 #endif // LMCC_CODEGEN_LMTOLOOPS_ATTENTIONVECTOR_H

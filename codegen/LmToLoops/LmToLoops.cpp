@@ -252,6 +252,7 @@ struct LmToLoopsPass : lmcc::impl::LmToLoopsBase<LmToLoopsPass> {
     b.create<func::FuncOp>(loc, "lm_rt_sgemm_nt", b.getFunctionType({i64, i64, i64, ptr, i64, ptr, i64, ptr, ptr, i64}, {}))
         .setPrivate();
     b.create<func::FuncOp>(loc, "lm_rt_parallel_for", b.getFunctionType({i64, ptr, ptr}, {})).setPrivate();
+    b.create<func::FuncOp>(loc, "lm_rt_private_cache_bytes", b.getFunctionType({}, {i64})).setPrivate();
     declareTrainingRuntime(b, loc);
     if (!context.generatedGemm)
       return;

@@ -1147,6 +1147,14 @@ uint64_t lm_rt_workspace_peak_bytes(int reset) {
 
 } // extern "C"
 
+extern "C" int64_t lm_rt_private_cache_bytes(void) {
+  static const int64_t perCore = [] {
+    const long l2 = ::sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return l2 > 0 ? int64_t(l2) : int64_t(1) << 20;
+  }();
+  return perCore * effectiveThreads();
+}
+
 extern "C" void lm_rt_parallel_for(int64_t n, lm_task_fn fn, void *ctx) {
   static const int available = std::max(1, tbb::info::default_concurrency());
   const int threads = std::min({g_threads.load(std::memory_order_relaxed), kMaxArenaThreads, available});

@@ -301,6 +301,11 @@ LM_API void lm_rt_sgemm_nt(int64_t m, int64_t n, int64_t k, const float *a, int6
 typedef void (*lm_task_fn)(void *ctx, int64_t begin, int64_t end);
 LM_API void lm_rt_parallel_for(int64_t n, lm_task_fn fn, void *ctx);
 
+/* The private (per-core L2) cache of the threads a call runs on, in bytes: the L2 size the system reports
+ * (1 MiB when it reports none) times the runtime's thread count. Generated attention prefetches the next
+ * item's operands only when a call's operands exceed it. */
+LM_API int64_t lm_rt_private_cache_bytes(void);
+
 /* Loss and backward kernels called by compiled training code (lm-to-loops lowers the lm training ops
  * to these; runtime/lib/TrainKernels.cpp, one copy per ISA level chosen at first use). Dense row-major
  * float32; B sentences padded to N rows with lengths[b] valid rows; mask: 0 none, 1 causal,

@@ -44,6 +44,11 @@ module @m attributes {lm.model = #lm.model<name = "m", vocab = 11, max_len = 9, 
 // CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<16x?xf32>
 // CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<8x?xf32>
 // CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<8x?xf32>
+// the next item prefetched only when q, dO, dq, k, v, dk, dv (rows x 3 + keys x 4, x 32 x 4 bytes) exceed the L2
+// CHECK: %[[BYTES:.*]] = arith.muli %{{.*}}, %c128 : index
+// CHECK: %[[CACHE:.*]] = call @lm_rt_private_cache_bytes() : () -> i64
+// CHECK: %[[CACHEI:.*]] = arith.index_cast %[[CACHE]] : i64 to index
+// CHECK: arith.cmpi slt, %[[CACHEI]], %[[BYTES]] : index
 // dq of rows past the query length zeroed; keys, then values transposed
 // CHECK: vector.store {{.*}} : memref<?x?x32xf32>, vector<16xf32>
 // CHECK: vector.shuffle {{.*}} [0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23]

@@ -1,7 +1,7 @@
 // RUN: lmcc-opt --lm-to-loops="vector-bits=256" %s | FileCheck %s
 // lm.attention: head size 16 takes the vector form, register-tiled (per (entry, head) item the head's keys
 // transposed in 16 x 16 register blocks, query rows in tiles of 8 sharing each key vector load, the next item's
-// operands prefetched, scores masked by lane only in blocks not fully visible, vector exp), in a task function that
+// operands prefetched when the call's operands exceed the threads' L2, scores masked by lane only in blocks not fully visible, vector exp), in a task function that
 // lm_rt_parallel_for splits by items over the runtime's threads (called directly below 2^16 multiply-adds); head
 // size 8 the scalar key-tiled online softmax (32-key tiles, running max and sum rescaled by e^(m - m')). The causal
 // mask shrinks the key range instead of testing every key; the diagonal mask knocks out key i by a select.
@@ -28,8 +28,14 @@
 // CHECK: llvm.load
 // CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<16x?xf32>
 // CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<8x?xf32>
+// prefetching only when the call's q, out, k, v bytes (rows x 2 + keys x 2, x 32 x 4) exceed the threads' L2
+// CHECK: %[[BYTES:.*]] = arith.muli %{{.*}}, %c128 : index
+// CHECK: %[[CACHE:.*]] = call @lm_rt_private_cache_bytes() : () -> i64
+// CHECK: %[[CACHEI:.*]] = arith.index_cast %[[CACHE]] : i64 to index
+// CHECK: %[[STREAMS:.*]] = arith.cmpi slt, %[[CACHEI]], %[[BYTES]] : index
 // CHECK: vector.shuffle {{.*}} [0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23] : vector<16xf32>, vector<16xf32>
 // CHECK: vector.shuffle {{.*}} [8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31] : vector<16xf32>, vector<16xf32>
+// CHECK: arith.andi %[[STREAMS]],
 // CHECK: memref.prefetch {{.*}} read, locality<2>, data
 // CHECK: memref.prefetch {{.*}} write, locality<2>, data
 // rows clamped to the last, the causal key range [0, min(len, i + 1))
