@@ -97,28 +97,17 @@ LogicalResult LinearOp::verify() {
   return success();
 }
 
-/// LayerNorm's operands: the result typed as the input, gamma and beta [width], epsilon > 0.
-static LogicalResult verifyNorm(Operation *op, Value input, Value gamma, Value beta, Value result, double epsilon) {
-  if (input.getType() != result.getType())
-    return op->emitOpError("result type must equal the input type ") << input.getType();
-  int64_t width = tensorOf(input).getShape().back();
-  for (auto [name, v] : {std::pair<const char *, Value>{"gamma", gamma}, {"beta", beta}})
-    if (failed(expectRank(op, name, v, 1)) ||
-        failed(expectDim(op, std::string(name) + " size vs the normalized axis", tensorOf(v).getDimSize(0), width)))
-      return failure();
-  if (!(epsilon > 0))
-    return op->emitOpError("epsilon must be positive");
-  return success();
-}
-
 LogicalResult LayerNormOp::verify() {
-  return verifyNorm(*this, getInput(), getGamma(), getBeta(), getResult(), getEpsilon().convertToDouble());
-}
-
-LogicalResult AddLayerNormOp::verify() {
-  if (getResidual().getType() != getInput().getType())
-    return emitOpError("residual type must equal the input type ") << getInput().getType();
-  return verifyNorm(*this, getInput(), getGamma(), getBeta(), getResult(), getEpsilon().convertToDouble());
+  if (getInput().getType() != getResult().getType())
+    return emitOpError("result type must equal the input type ") << getInput().getType();
+  int64_t width = getInput().getType().getShape().back();
+  for (auto [name, v] : {std::pair<const char *, Value>{"gamma", getGamma()}, {"beta", getBeta()}})
+    if (failed(expectRank(*this, name, v, 1)) ||
+        failed(expectDim(*this, std::string(name) + " size vs the normalized axis", tensorOf(v).getDimSize(0), width)))
+      return failure();
+  if (!(getEpsilon().convertToDouble() > 0))
+    return emitOpError("epsilon must be positive");
+  return success();
 }
 
 LogicalResult InterpolateOp::verify() {

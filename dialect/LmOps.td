@@ -111,22 +111,6 @@ def Lm_LayerNormOp : Lm_Op<"layer_norm", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Lm_AddLayerNormOp : Lm_Op<"add_layer_norm", [Pure]> {
-  let summary = "LayerNorm of a residual sum: layer_norm(input + residual), the sum rounded to f32 as lm.add rounds it";
-  let description = [{
-    What lm-fuse-residual-norm makes of `lm.layer_norm(lm.add(x, r))` when the sum has no other use (the post-norm
-    residual): one pass per row instead of two, the sum never stored.
-    ```mlir
-    %y = lm.add_layer_norm %x, %r, %g, %b {epsilon = 1.0e-12 : f64} : (tensor<?x?x512xf32>, tensor<?x?x512xf32>, tensor<512xf32>, tensor<512xf32>) -> tensor<?x?x512xf32>
-    ```
-  }];
-  let arguments = (ins Lm_F32Tensor:$input, Lm_F32Tensor:$residual, Lm_F32Tensor:$gamma, Lm_F32Tensor:$beta,
-                       F64Attr:$epsilon);
-  let results = (outs Lm_F32Tensor:$result);
-  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
-  let hasVerifier = 1;
-}
-
 def Lm_GeluOp : Lm_Op<"gelu", [Pure, SameOperandsAndResultType]> {
   let summary = "GELU: x * Phi(x) (exact erf), or the tanh approximation when `approximate`";
   let description = [{

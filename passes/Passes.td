@@ -92,16 +92,6 @@ def LmFoldConstants : Pass<"lm-fold-constants", "::mlir::ModuleOp"> {
   let dependentDialects = ["::lmcc::lm::LmDialect", "::mlir::func::FuncDialect"];
 }
 
-def LmFuseResidualNorm : Pass<"lm-fuse-residual-norm", "::mlir::ModuleOp"> {
-  let summary = "Fuse a residual add into the LayerNorm that alone reads it (post-norm): lm.add_layer_norm";
-  let description = [{
-    `layer_norm(add(x, r))` where the sum has no other use becomes `add_layer_norm(x, r)`: each row is summed and
-    normalized in one pass, the [B, N, D] sum never stored. Exact (the sum rounded to f32 as lm.add rounds it).
-    Training entry points are left for lm-autodiff, whose LayerNorm backward reads the sum.
-  }];
-  let dependentDialects = ["::lmcc::lm::LmDialect"];
-}
-
 def LmAutodiff : Pass<"lm-autodiff", "::mlir::ModuleOp"> {
   let summary = "Reverse-mode differentiation of the training loss: a `loss_grad` entry with the VJP of every lm op";
   let description = [{

@@ -13,7 +13,7 @@ lmcc=$(realpath "$1"); out=$2
 mkdir -p "$out"
 export LMCC_CACHE_DIR="$out/.cache"
 pipelines=(opt naive no-fuse-attention no-fuse-logprob no-batch-mask-predict no-share-first-layer no-prune-rows
-           no-hoist-isolated-kv no-fold-constants no-fuse-residual-norm gemm-eigen)
+           no-hoist-isolated-kv no-fold-constants gemm-eigen)
 flags_of() {
   case $1 in opt) ;; naive) echo --naive ;; gemm-eigen) echo --gemm eigen ;; *) echo "--$1" ;; esac
 }

@@ -169,20 +169,13 @@ struct AddLowering : LmLowering<lm::AddOp> {
 /// (x - mean) / sqrt(var + eps) * g + b over the last axis, mean and variance in double. The sums run over
 /// 16 features at a time in 16 double lanes (lane l adds features l, l + 16, ...; the lanes then in order, then
 /// the features past the last multiple of 16 one by one): 16 independent chains instead of one, whose add latency
-/// bound the norm (a 512-feature row took 2 x 512 dependent double adds). lm.add_layer_norm (`Norm` =
-/// AddLayerNormOp) first writes each row's sum input + residual (f32, as lm.add) into the output row, then
-/// normalizes that row in place while it is in cache.
-template <typename Norm>
-struct LayerNormLowering : LmLowering<Norm> {
-  static constexpr bool kResidual = std::is_same_v<Norm, lm::AddLayerNormOp>;
-  using LmLowering<Norm>::LmLowering;
-  LogicalResult lower(Norm n, Loops &L) const override {
+/// bound the norm (a 512-feature row took 2 x 512 dependent double adds).
+struct LayerNormLowering : LmLowering<lm::LayerNormOp> {
+  using LmLowering::LmLowering;
+  LogicalResult lower(lm::LayerNormOp n, Loops &L) const override {
     auto &b = L.b;
     Location loc = L.loc;
     Value x = L.in(n.getInput()), g = L.in(n.getGamma()), beta = L.in(n.getBeta()), out = L.alloc(n.getType());
-    Value residual;
-    if constexpr (kResidual)
-      residual = L.in(n.getResidual());
     auto s = L.sizes(n.getType());
     int64_t C = n.getType().getShape().back();
     double eps = n.getEpsilon().convertToDouble();
@@ -227,53 +220,19 @@ struct LayerNormLowering : LmLowering<Norm> {
         L.store(y, out, at(c[0]));
       });
     };
-    // sum[c] = x[c] + r[c] over one row (vectors up to vectorEnd, then one by one).
-    auto sumRow = [&](Value x, Value r, Value sum, const std::function<SmallVector<Value>(Value)> &at,
-                      int64_t vectorEnd) {
-      if (vectorEnd > 0) {
-        auto lanes = b.create<scf::ForOp>(loc, L.idx(0), L.idx(vectorEnd), L.idx(kLanes));
-        OpBuilder::InsertionGuard guard(b);
-        b.setInsertionPointToStart(lanes.getBody());
-        SmallVector<Value> i = at(lanes.getInductionVar());
-        Value xv = b.create<vector::LoadOp>(loc, v32, x, i), rv = b.create<vector::LoadOp>(loc, v32, r, i);
-        b.create<vector::StoreOp>(loc, b.create<arith::AddFOp>(loc, xv, rv), sum, i);
-      }
-      L.nest({L.idx(C - vectorEnd)}, [&](ValueRange c) {
-        SmallVector<Value> i = at(b.create<arith::AddIOp>(loc, c[0], L.idx(vectorEnd)));
-        Value xs = L.load(x, i), rs = L.load(r, i);
-        L.store(b.create<arith::AddFOp>(loc, xs, rs), sum, i);
-      });
-    };
-    const int64_t vectorWidth = C / kLanes * kLanes;
-    std::string key = std::string(kResidual ? "addlayernorm_" : "layernorm_") + bitsOf(eps);
-    SmallVector<Value> buffers{x};
-    if (residual)
-      buffers.push_back(residual);
-    buffers.push_back(out);
-    bool rows = L.forRows(rowTaskName(key, out), buffers, {g, beta}, kResidual ? 9 : 8,
-                          [&](ArrayRef<Value> m, ArrayRef<Value> v, Value r) {
-                            auto at = [&](Value c) { return SmallVector<Value>{r, c}; };
-                            if (!kResidual)
-                              return normRow(m[0], v[0], v[1], m[1], at, vectorWidth);
-                            sumRow(m[0], m[1], m[2], at, vectorWidth);
-                            normRow(m[2], v[0], v[1], m[2], at, vectorWidth);
-                          });
+    std::string key = "layernorm_" + bitsOf(eps);
+    bool rows = L.forRows(rowTaskName(key, out), {x, out}, {g, beta}, 8, [&](ArrayRef<Value> m, ArrayRef<Value> v, Value r) {
+      normRow(m[0], v[0], v[1], m[1], [&](Value c) { return SmallVector<Value>{r, c}; }, C / kLanes * kLanes);
+    });
     if (!rows) {
-      const bool vectors = llvm::cast<MemRefType>(x.getType()).getLayout().isIdentity() &&
-                           (!residual || llvm::cast<MemRefType>(residual.getType()).getLayout().isIdentity());
+      const int64_t vectorEnd = llvm::cast<MemRefType>(x.getType()).getLayout().isIdentity() ? C / kLanes * kLanes : 0;
       SmallVector<Value> lead(s.begin(), s.end() - 1);
       L.nest(lead, [&](ValueRange iv) {
-        auto at = [&](Value c) {
+        normRow(x, g, beta, out, [&](Value c) {
           SmallVector<Value> i(iv.begin(), iv.end());
           i.push_back(c);
           return i;
-        };
-        if (residual) { // out is a fresh identity-layout buffer: the sum in vectors, normalized in place
-          sumRow(x, residual, out, at, vectors ? vectorWidth : 0);
-          normRow(out, g, beta, out, at, vectorWidth);
-        } else {
-          normRow(x, g, beta, out, at, vectors ? vectorWidth : 0);
-        }
+        }, vectorEnd);
       });
     }
     return L.set(n, out);
@@ -496,7 +455,7 @@ struct SliceFeaturesLowering : LmLowering<lm::SliceFeaturesOp> {
 
 void populateElementwisePatterns(TypeConverter &converter, RewritePatternSet &patterns, const LoweringContext &context) {
   patterns.add<EmbedLowering, PositionsLowering, FillIdsLowering, AddLowering, UnaryLowering<lm::ScaleOp, scaleOf, scaleKey, 1>,
-               UnaryLowering<lm::GeluOp, geluOf, geluKey, 24>, UnaryLowering<lm::ReluOp, reluOf, reluKey, 1>, LayerNormLowering<lm::LayerNormOp>, LayerNormLowering<lm::AddLayerNormOp>,
+               UnaryLowering<lm::GeluOp, geluOf, geluKey, 24>, UnaryLowering<lm::ReluOp, reluOf, reluKey, 1>, LayerNormLowering,
                SplitHeadsLowering, MergeHeadsLowering, MatmulLowering, MaskFillLowering, SoftmaxLowering,
                LogSoftmaxLowering, RelativeScoresLowering, RelativeValuesLowering, SliceFeaturesLowering>(
       converter, patterns.getContext(), context);

@@ -65,22 +65,6 @@ func.func @norm_eps(%x: tensor<?x?x8xf32>, %g: tensor<8xf32>) {
 
 // -----
 
-func.func @add_norm_residual(%x: tensor<?x?x8xf32>, %r: tensor<?x8xf32>, %g: tensor<8xf32>) {
-  // expected-error @+1 {{residual type must equal the input type 'tensor<?x?x8xf32>'}}
-  %y = lm.add_layer_norm %x, %r, %g, %g {epsilon = 1.0e-12 : f64} : (tensor<?x?x8xf32>, tensor<?x8xf32>, tensor<8xf32>, tensor<8xf32>) -> tensor<?x?x8xf32>
-  return
-}
-
-// -----
-
-func.func @add_norm_beta(%x: tensor<?x?x8xf32>, %g: tensor<8xf32>, %b: tensor<9xf32>) {
-  // expected-error @+1 {{beta size vs the normalized axis: expected 8, got 9}}
-  %y = lm.add_layer_norm %x, %x, %g, %b {epsilon = 1.0e-12 : f64} : (tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<8xf32>, tensor<9xf32>) -> tensor<?x?x8xf32>
-  return
-}
-
-// -----
-
 func.func @split_heads(%x: tensor<?x?x8xf32>) {
   // expected-error @+1 {{heads (3) x head size (3) must equal d_model (8)}}
   %y = lm.split_heads %x : (tensor<?x?x8xf32>) -> tensor<?x3x?x3xf32>
