@@ -450,12 +450,21 @@ def gaps_section(points, lmcc, speedups, bound):
                  "measured cause |", "|" + "---|" * 10] + rows + [""]
 
 
-def write_report(ws, date, quick, limits, kernels, points, lmcc, peer, out_dir, versions, wall, machine, only=None):
+def command_line(flags):
+    """What produced the report: scripts/bench.sh (which sets LMCC_BENCH_SCRIPT and adds the training grid) or
+    bench/run.py run directly, with its arguments."""
+    if os.environ.get("LMCC_BENCH_SCRIPT"):
+        return "scripts/bench.sh" + flags
+    return " ".join(["bench/run.py"] + sys.argv[1:])
+
+
+def write_report(ws, date, quick, limits, kernels, points, lmcc, peer, out_dir, versions, wall, machine, only=None,
+                 command=None):
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = date + ("-quick" if quick else "") + ("-only" if only else "")
     flags = (" --quick" if quick else "") + (" --only '%s'" % only if only else "")
     md = ["# lmcc benchmarks, %s%s" % (date, " (%s)" % flags.strip() if flags else ""), "",
-          "Command: `scripts/bench.sh%s` (%.0f s wall). %s" % (flags, wall, versions), "",
+          "Command: `%s` (%.0f s wall). %s" % (command or command_line(flags), wall, versions), "",
           "Machine: " + machine, "",
           "Times are medians in milliseconds per call (± the spread: population standard deviation over the samples "
           "as a percentage of the median; `(1)` = one sample). `bound` is the roofline bound of that call: "
@@ -688,7 +697,7 @@ def report_from(args):
     ws = Workspace(args.work)
     path = write_report(ws, meta["date"], meta["quick"], limits, raw["kernels"], make_plan(meta["quick"]), raw["lmcc"],
                         raw["peers"], Path(args.out), meta["versions"], meta["wall"],
-                        machine_text(limits, start, end, note))
+                        machine_text(limits, start, end, note), command=meta.get("command"))
     log("wrote %s" % path)
 
 
@@ -737,13 +746,15 @@ def main():
     log("kernel_bench (machine limits again, at the end)")
     end = machine_limits(run_kernel_bench(args.quick, ws.work / "kernel_bench-end.json", machine_only=True))
     wall = time.time() - start
+    command = command_line((" --quick" if args.quick else "") + (" --only '%s'" % args.only if args.only else ""))
     (ws.work / "raw.json").write_text(json.dumps({
         "limits": {"%s/%d" % k: v for k, v in limits.items()}, "limits_end": {"%s/%d" % k: v for k, v in end.items()},
         "kernels": kernels, "lmcc": lmcc, "peers": peer,
-        "meta": {"date": date, "quick": args.quick, "versions": versions, "wall": wall}}, default=str, indent=1))
+        "meta": {"date": date, "quick": args.quick, "versions": versions, "wall": wall, "command": command}},
+        default=str, indent=1))
     used = combine_limits(limits, end)
     path = write_report(ws, date, args.quick, used, kernels, points, lmcc, peer,
-                        Path(args.out), versions, wall, machine_text(used, limits, end), args.only)
+                        Path(args.out), versions, wall, machine_text(used, limits, end), args.only, command)
     log("wrote %s (%.0f s)" % (path, time.time() - start))
 
 

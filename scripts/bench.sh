@@ -12,7 +12,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/bench-deps.sh"
 venv=$("$root/scripts/bench-venv.sh" torch onnxruntime onnx onnxscript numpy matplotlib)
-"$venv/bin/python" "$root/bench/run.py" "$@"
+LMCC_BENCH_SCRIPT=1 "$venv/bin/python" "$root/bench/run.py" "$@"
 # The full grid also times training (issue 14): bench/results/<date>-train.md (scripts/bench-train.sh).
 case " $* " in
   *" --quick "* | *" --only "* | *" --only="*) ;;
