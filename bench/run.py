@@ -450,6 +450,11 @@ def gaps_section(points, lmcc, speedups, bound):
                  "measured cause |", "|" + "---|" * 10] + rows + [""]
 
 
+def flags_of(quick, only):
+    """The command-line flags a report was made with (its title and the command it names)."""
+    return (" --quick" if quick else "") + (" --only '%s'" % only if only else "")
+
+
 def command_line(flags):
     """What produced the report: scripts/bench.sh (which sets LMCC_BENCH_SCRIPT and adds the training grid) or
     bench/run.py run directly, with its arguments."""
@@ -462,7 +467,7 @@ def write_report(ws, date, quick, limits, kernels, points, lmcc, peer, out_dir, 
                  command=None):
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = date + ("-quick" if quick else "") + ("-only" if only else "")
-    flags = (" --quick" if quick else "") + (" --only '%s'" % only if only else "")
+    flags = flags_of(quick, only)
     md = ["# lmcc benchmarks, %s%s" % (date, " (%s)" % flags.strip() if flags else ""), "",
           "Command: `%s` (%.0f s wall). %s" % (command or command_line(flags), wall, versions), "",
           "Machine: " + machine, "",
@@ -746,7 +751,7 @@ def main():
     log("kernel_bench (machine limits again, at the end)")
     end = machine_limits(run_kernel_bench(args.quick, ws.work / "kernel_bench-end.json", machine_only=True))
     wall = time.time() - start
-    command = command_line((" --quick" if args.quick else "") + (" --only '%s'" % args.only if args.only else ""))
+    command = command_line(flags_of(args.quick, args.only))
     (ws.work / "raw.json").write_text(json.dumps({
         "limits": {"%s/%d" % k: v for k, v in limits.items()}, "limits_end": {"%s/%d" % k: v for k, v in end.items()},
         "kernels": kernels, "lmcc": lmcc, "peers": peer,

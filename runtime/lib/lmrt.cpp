@@ -1156,8 +1156,7 @@ extern "C" int64_t lm_rt_private_cache_bytes(void) {
 }
 
 extern "C" void lm_rt_parallel_for(int64_t n, lm_task_fn fn, void *ctx) {
-  static const int available = std::max(1, tbb::info::default_concurrency());
-  const int threads = std::min({g_threads.load(std::memory_order_relaxed), kMaxArenaThreads, available});
+  const int threads = effectiveThreads();
   if (threads <= 1 || n <= 1) {
     fn(ctx, 0, n);
     return;
