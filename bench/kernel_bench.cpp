@@ -9,7 +9,8 @@
 //     lmcc picks for this host,
 //   - gemm/eigen: the same product through Eigen 3.4 (what --gemm=eigen calls),
 //   - gemm/openblas: cblas_sgemm, when OpenBLAS is installed (scripts/bench-deps.sh),
-//   - attention/<mask>: lm.attention (8 heads, d 512) as the model kernels run it, 1 thread,
+//   - attention/<mask>: lm.attention (8 heads, d 512) as the model kernels run it, 1 thread (operands and
+//     temporaries in liblmrt's workspace, as a compiled model's activations),
 //   - attention_grad/<mask>: lm.attention_grad as compiled training runs it (its generated vector form), 1 thread,
 //   - attention_grad_rt/<mask>: the runtime's C++ backward (lm_rt_attention_grad, liblmrt: relative positions,
 //     directional masks and head sizes off the vector form), 1 thread.
@@ -34,7 +35,6 @@
 #endif
 #include <dlfcn.h>
 #include <sys/mman.h>
-#include <malloc.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -281,6 +281,22 @@ struct HugePageBuffer {
   ~HugePageBuffer() { std::free(data); }
 };
 
+/// An activation buffer as a compiled model holds one: a block of liblmrt's workspace (lmrt.h; 64-byte aligned,
+/// from 2 MB on 2 MB-aligned pages advised as huge pages), holding `init`.
+struct Activation {
+  float *data;
+  explicit Activation(const std::vector<float> &init)
+      : data(static_cast<float *>(_mlir_memref_to_llvm_aligned_alloc(64, init.size() * sizeof(float)))) {
+    if (!data)
+      throw std::bad_alloc();
+    std::copy(init.begin(), init.end(), data);
+  }
+  Activation(const Activation &) = delete;
+  Activation &operator=(const Activation &) = delete;
+  ~Activation() { _mlir_memref_to_llvm_free(data); }
+  float operator[](size_t i) const { return data[i]; }
+};
+
 void BM_Generated(benchmark::State &state, Shape s) {
   std::string suffix = std::to_string(s.n) + "x" + std::to_string(s.k) + "_" + std::to_string(g_tile.rows) + "x" +
                        std::to_string(g_tile.cols());
@@ -352,10 +368,11 @@ void BM_Attention(benchmark::State &state, lm::MaskKind mask, std::string name) 
   int64_t n = state.range(0), batch = state.range(1);
   auto attention = symbol<AttentionFn>("attention_" + name);
   std::vector<float> q = randomVector(batch * n * kModel, 1), k = randomVector(batch * n * kModel, 2),
-                     v = randomVector(batch * n * kModel, 3), out(batch * n * kModel);
+                     v = randomVector(batch * n * kModel, 3);
+  Activation qa(q), ka(k), va(v), out(std::vector<float>(batch * n * kModel));
   std::vector<int32_t> lengths(batch, int32_t(n));
   auto view3 = [&](float *p) { return MemRef<3>{p, p, 0, {batch, n, kModel}, {n * kModel, kModel, 1}}; };
-  MemRef<3> qm = view3(q.data()), km = view3(k.data()), vm = view3(v.data()), om = view3(out.data());
+  MemRef<3> qm = view3(qa.data), km = view3(ka.data), vm = view3(va.data), om = view3(out.data);
   MemRef<1> lm_ = {reinterpret_cast<float *>(lengths.data()), reinterpret_cast<float *>(lengths.data()), 0, {batch}, {1}};
   for (auto _ : state) {
     attention(&qm, &km, &vm, &lm_, &om);
@@ -401,21 +418,22 @@ void BM_AttentionGrad(benchmark::State &state, lm::MaskKind mask, std::string na
                                                           : LMRT_MASK_NONE;
   const int64_t size = batch * n * kModel;
   std::vector<float> q = randomVector(size, 1), k = randomVector(size, 2), v = randomVector(size, 3),
-                     dO = randomVector(size, 4), dq(size), dk(size), dv(size);
+                     dO = randomVector(size, 4), zeros(size);
+  Activation qa(q), ka(k), va(v), dOa(dO), dq(zeros), dk(zeros), dv(zeros);
   std::vector<int32_t> lengths(batch, int32_t(n));
   const float scale = 1.0f / std::sqrt(float(kModel / kHeads));
   lm_set_num_threads(1);
   auto view3 = [&](float *p) { return MemRef<3>{p, p, 0, {batch, n, kModel}, {n * kModel, kModel, 1}}; };
-  MemRef<3> dOm = view3(dO.data()), qm = view3(q.data()), km = view3(k.data()), vm = view3(v.data()),
-            dqm = view3(dq.data()), dkm = view3(dk.data()), dvm = view3(dv.data());
+  MemRef<3> dOm = view3(dOa.data), qm = view3(qa.data), km = view3(ka.data), vm = view3(va.data),
+            dqm = view3(dq.data), dkm = view3(dk.data), dvm = view3(dv.data);
   MemRef<1> lm_ = {reinterpret_cast<float *>(lengths.data()), reinterpret_cast<float *>(lengths.data()), 0, {batch}, {1}};
   auto kernel = generated ? symbol<AttentionGradFn>("attention_grad_" + name) : nullptr;
   for (auto _ : state) {
     if (generated)
       kernel(&dOm, &qm, &km, &vm, &lm_, &dqm, &dkm, &dvm);
     else
-      lm_rt_attention_grad(dO.data(), q.data(), k.data(), v.data(), lengths.data(), nullptr, nullptr, 0, nullptr,
-                           nullptr, 0, batch, n, n, kModel, kHeads, kind, scale, dq.data(), dk.data(), dv.data(),
+      lm_rt_attention_grad(dOa.data, qa.data, ka.data, va.data, lengths.data(), nullptr, nullptr, 0, nullptr,
+                           nullptr, 0, batch, n, n, kModel, kHeads, kind, scale, dq.data, dk.data, dv.data,
                            nullptr, nullptr);
     benchmark::ClobberMemory();
   }
@@ -449,20 +467,7 @@ void BM_AttentionGrad(benchmark::State &state, lm::MaskKind mask, std::string na
 
 } // namespace
 
-// Kernel temporaries of the generated attention (the runtime's workspace functions; plain malloc here).
-extern "C" {
-void *_mlir_memref_to_llvm_alloc(uint64_t size) { return std::malloc(size); }
-void *_mlir_memref_to_llvm_aligned_alloc(uint64_t alignment, uint64_t size) {
-  return std::aligned_alloc(alignment, (size + alignment - 1) / alignment * alignment);
-}
-void _mlir_memref_to_llvm_free(void *ptr) { std::free(ptr); }
-}
-
 int main(int argc, char **argv) {
-  // Kernel temporaries come from plain malloc here; keep freed memory in the heap (as the runtime's workspace
-  // cache does) so that page faults of fresh mmaps are not timed as kernel work.
-  mallopt(M_MMAP_THRESHOLD, 32 << 20); // glibc's maximum
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
   buildLibrary();
   g_peak = measurePeak();
   for (int i = 0; i < 2; ++i) // the best of three runs of 1.3 G FMAs

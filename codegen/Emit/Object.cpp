@@ -55,7 +55,16 @@ LogicalResult lowerToLLVMDialect(ModuleOp module) {
   pm.addPass(createConvertFuncToLLVMPass());
   pm.addPass(createReconcileUnrealizedCastsPass());
   pm.addPass(createCanonicalizerPass());
-  return pm.run(module);
+  if (failed(pm.run(module)))
+    return failure();
+  // vector.store has no alignment attribute in MLIR 19 and lowers with its element's (4 bytes), and LLVM splits
+  // under-aligned nontemporal vector stores into scalar ones: lm-to-loops emits nontemporal stores only at
+  // vector-aligned addresses (AttentionVector.h), so they get the vector's alignment here.
+  module.walk([](LLVM::StoreOp store) {
+    if (auto vt = dyn_cast<VectorType>(store.getValue().getType()); vt && store.getNontemporal())
+      store.setAlignment(vt.getNumElements() * vt.getElementTypeBitWidth() / 8);
+  });
+  return success();
 }
 
 /// Whether the target CPU (empty = this host) has every one of `features` (LLVM names, e.g. "avx512f").

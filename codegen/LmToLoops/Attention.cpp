@@ -99,7 +99,9 @@ struct VectorOperands {
 ///           blocks in order: the zero blocks outside a row's range change nothing, so a row's result does not
 ///           depend on its tile);
 ///   p.v     out_r = (sum_j p_rj v_j) / l_r over the tile's rows in groups of 4 x 64 features, one value
-///           vector load per 4 FMAs (p_rj = 0 adds exactly nothing); zero when a row sees no key.
+///           vector load per 4 FMAs (p_rj = 0 adds exactly nothing); zero when a row sees no key. When the
+///           operands exceed the threads' L2 the rows are stored nontemporally (no read for ownership) and the
+///           next item's q, k, v lines are prefetched over the tiles.
 void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Value begin, Value end) {
   auto &b = L.b;
   Location loc = L.loc;
@@ -117,6 +119,7 @@ void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Val
 
   Value items = b.create<arith::MulIOp>(loc, ops.entries, L.idx(H));
   Value streams = streamsOperands(L, ops.entries, rows, M, D, /*q, out*/ 2, /*k, v*/ 2);
+  Value nontemporal = K.nontemporalRows(streams, out);
   K.loop(begin, end, 1, {}, [&](Value item, ValueRange) {
     Value bi = b.create<arith::DivUIOp>(loc, item, L.idx(H));
     Value base = b.create<arith::MulIOp>(loc, b.create<arith::RemUIOp>(loc, item, L.idx(H)), L.idx(dh));
@@ -130,7 +133,14 @@ void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Val
     Value nextBase = b.create<arith::MulIOp>(loc, b.create<arith::RemUIOp>(loc, nextItem, L.idx(H)), L.idx(dh));
     L.nest({tiles}, [&](ValueRange t) {
       Value r0 = b.create<arith::MulIOp>(loc, t[0], L.idx(R));
-      K.prefetchNext(hasNext, nextEntry, nextBase, t[0], tiles, r0, R, rows, M, {q}, {out}, {k, v}, {});
+      // The next item's q, k and v lines in parts: before the scores, the softmax and each p.v row group (its
+      // output rows need none: stored nontemporally when streaming, into the runtime's 64-byte aligned buffers).
+      const int64_t parts = 2 + (R + kPvRows - 1) / kPvRows;
+      auto prefetch = [&](int64_t part) {
+        K.prefetchNext(hasNext, nextEntry, nextBase, t[0], tiles, r0, R, part, parts, rows, M, {q}, {}, {k, v},
+                       {});
+      };
+      prefetch(0);
       Tile tile = K.tileRows(bi, r0, R, lastRow, len, queryPositions, Value());
       K.products(q, bi, base, tile, kt, [&](Value jb, ArrayRef<Value> dots) {
         SmallVector<Value> s;
@@ -138,9 +148,11 @@ void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Val
           s.push_back(b.create<arith::MulFOp>(loc, d, scale));
         K.storeScores(S, jb, s, tile);
       });
+      prefetch(1);
       SmallVector<Value> sums = K.exponentiate(S, R, tile.from16, tile.to);
       // p.v in tiles of kPvRows rows x kPvChunks feature vectors over the group's key range.
       for (int64_t r0g = 0; r0g < R; r0g += kPvRows) {
+        prefetch(2 + r0g / kPvRows);
         int64_t nr = std::min(kPvRows, R - r0g);
         auto [gLo, gHi] = K.unionRange(tile, r0g, nr);
         SmallVector<Value> inv(nr);
@@ -149,15 +161,24 @@ void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Val
         for (int64_t c0 = 0; c0 < chunks; c0 += kPvChunks) {
           int64_t nc = std::min(kPvChunks, chunks - c0);
           auto acc = K.weightedRows(S, r0g, nr, v, bi, base, c0, nc, gLo, gHi);
+          SmallVector<Value> rowsOut, cols;
           for (int64_t r = 0; r < nr; ++r)
             for (int64_t c = 0; c < nc; ++c)
-              K.store(b.create<arith::MulFOp>(loc, acc.getResult(r * nc + c), inv[r]), out,
-                      ValueRange{bi, tile.row[r0g + r], K.chunk(base, c0 + c)});
+              rowsOut.push_back(b.create<arith::MulFOp>(loc, acc.getResult(r * nc + c), inv[r]));
+          for (int64_t c = 0; c < nc; ++c)
+            cols.push_back(K.chunk(base, c0 + c));
+          // Streaming (the operands exceed the threads' L2): past the caches, the lines are not read first.
+          K.storeStreaming(nontemporal, [&](bool nt) {
+            for (int64_t r = 0; r < nr; ++r)
+              for (int64_t c = 0; c < nc; ++c)
+                K.store(rowsOut[r * nc + c], out, ValueRange{bi, tile.row[r0g + r], cols[c]}, nt);
+          });
         }
       }
     });
     return SmallVector<Value>{};
   });
+  K.fenceStreaming(nontemporal);
 }
 
 /// The vector form's task: items [begin, end) of the operands whose addresses and sizes are in ctx (q, k, v,

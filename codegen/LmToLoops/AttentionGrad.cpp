@@ -31,7 +31,7 @@ struct GradOperands {
 ///   dk_j += sum_r dS_rj q_r, dv_j += sum_r P_rj dO_r over the tile's keys (4 keys x 64 features a tile; stored,
 ///        not added, for keys no earlier tile touched: the touched keys are a prefix [0, touched) under every
 ///        mask here, carried over the tiles), and after the tiles dk, dv of the keys none touched zeroed;
-/// the next item's operands are prefetched over the tiles as in the forward.
+/// the next item's operands are prefetched over the tiles and dq stored nontemporally as in the forward.
 /// Every output of an item is written by that item alone, in a fixed order: the same bits for any thread count.
 void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &ops, Value begin, Value end) {
   auto &b = L.b;
@@ -49,6 +49,7 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
   Value rows = b.create<memref::DimOp>(loc, ops.q, 1);
   Value items = b.create<arith::MulIOp>(loc, ops.entries, L.idx(H));
   Value streams = streamsOperands(L, ops.entries, rows, M, D, /*q, dO, dq*/ 3, /*k, v, dk, dv*/ 4);
+  Value nontemporal = K.nontemporalRows(streams, ops.dq);
 
   K.loop(begin, end, 1, {}, [&](Value item, ValueRange) {
     Value bi = b.create<arith::DivUIOp>(loc, item, L.idx(H));
@@ -72,8 +73,13 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
     auto tileLoop = K.loop(L.idx(0), tiles, 1, ValueRange{L.idx(0)}, [&](Value t, ValueRange carried) {
       Value touched = carried[0];
       Value r0 = b.create<arith::MulIOp>(loc, t, L.idx(R));
-      K.prefetchNext(hasNext, nextEntry, nextBase, t, tiles, r0, R, rows, M, {ops.q, ops.dO}, {ops.dq},
-                     {ops.k, ops.v}, {ops.dk, ops.dv});
+      // The next item's lines in four parts: before the scores, dP, dq and the key updates (its dq rows need
+      // none: they are written past the caches whenever the prefetches run).
+      auto prefetch = [&](int64_t part) {
+        K.prefetchNext(hasNext, nextEntry, nextBase, t, tiles, r0, R, part, 4, rows, M, {ops.q, ops.dO}, {},
+                       {ops.k, ops.v}, {ops.dk, ops.dv});
+      };
+      prefetch(0);
       Tile tile = K.tileRows(bi, r0, R, lastRow, m, Value(), n);
       K.products(ops.q, bi, base, tile, kt, [&](Value jb, ArrayRef<Value> dots) {
         SmallVector<Value> s;
@@ -85,6 +91,7 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
       SmallVector<Value> inv;
       for (int64_t r = 0; r < R; ++r)
         inv.push_back(K.inverse(sums[r]));
+      prefetch(1);
       K.products(ops.dO, bi, base, tile, vt, [&](Value jb, ArrayRef<Value> dp) {
         for (int64_t r = 0; r < R; ++r)
           K.store(dp[r], G, ValueRange{L.idx(r), jb});
@@ -113,24 +120,31 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
         }
         return SmallVector<Value>{};
       });
-      // dq of the real rows, in tiles of kPvRows rows x kPvChunks feature vectors.
+      // dq of the real rows, in tiles of kPvRows rows x kPvChunks feature vectors (nontemporal when streaming).
+      prefetch(2);
       for (int64_t r0g = 0; r0g < R; r0g += kPvRows) {
         auto [gLo, gHi] = K.unionRange(tile, r0g, kPvRows);
         for (int64_t c0 = 0; c0 < chunks; c0 += kPvChunks) {
           int64_t nc = std::min(kPvChunks, chunks - c0);
           auto acc = K.weightedRows(G, r0g, kPvRows, ops.k, bi, base, c0, nc, gLo, gHi);
-          for (int64_t r = 0; r < kPvRows; ++r) {
-            auto write = [&] {
-              for (int64_t c = 0; c < nc; ++c)
-                K.store(acc.getResult(r * nc + c), ops.dq, ValueRange{bi, tile.row[r0g + r], K.chunk(base, c0 + c)});
-            };
-            if (Value valid = tile.valid[r0g + r])
-              L.when(valid, write);
-            else
-              write();
-          }
+          SmallVector<Value> cols;
+          for (int64_t c = 0; c < nc; ++c)
+            cols.push_back(K.chunk(base, c0 + c));
+          K.storeStreaming(nontemporal, [&](bool nt) {
+            for (int64_t r = 0; r < kPvRows; ++r) {
+              auto write = [&] {
+                for (int64_t c = 0; c < nc; ++c)
+                  K.store(acc.getResult(r * nc + c), ops.dq, ValueRange{bi, tile.row[r0g + r], cols[c]}, nt);
+              };
+              if (Value valid = tile.valid[r0g + r])
+                L.when(valid, write);
+              else
+                write();
+            }
+          });
         }
       }
+      prefetch(3);
       // From the tile's first key rounded down to 4 (the keys before it get nothing: 0 in P and dS).
       Value keysFrom = K.roundDown(tile.from, kGradKeys);
       K.keyUpdates(G, ops.q, tile.row, ops.dk, bi, base, keysFrom, tile.to, touched);
@@ -146,6 +160,7 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
     });
     return SmallVector<Value>{};
   });
+  K.fenceStreaming(nontemporal);
 }
 
 /// The backward's task: items [begin, end) of the operands whose addresses and sizes are in ctx (dO, q, k, v,

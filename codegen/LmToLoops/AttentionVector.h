@@ -71,7 +71,31 @@ struct VectorKernel {
     return b.create<memref::AllocOp>(loc, MemRefType::get(shape, L.f32()), dyn, b.getI64IntegerAttr(64));
   }
   Value load(Value m, ValueRange ivs) { return b.create<vector::LoadOp>(loc, vt, m, ivs); }
-  void store(Value x, Value m, ValueRange ivs) { b.create<vector::StoreOp>(loc, x, m, ivs); }
+  /// A vector store; `nontemporal` ones must be at vector-aligned addresses (lowerToLLVMDialect gives them the
+  /// vector's alignment, which vmovntps needs): the rows of 64-byte aligned buffers at multiples of 16 floats.
+  void store(Value x, Value m, ValueRange ivs, bool nontemporal = false) {
+    b.create<vector::StoreOp>(loc, x, m, ivs, nontemporal);
+  }
+  /// Whether the rows of `m` are stored nontemporally: `streaming` and m 64-byte aligned (the runtime's buffers
+  /// always are; a kernel module's output argument may not be).
+  Value nontemporalRows(Value streaming, Value m) {
+    Value low = b.create<arith::AndIOp>(loc, L.address(m), L.i64c(63));
+    return L.andI(streaming, L.eqI(low, L.i64c(0)));
+  }
+  /// stores(true) where `streaming`, else stores(false).
+  void storeStreaming(Value streaming, const std::function<void(bool)> &stores) {
+    auto branch = b.create<scf::IfOp>(loc, streaming, /*withElseRegion=*/true);
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(branch.thenBlock());
+    stores(true);
+    b.setInsertionPointToStart(branch.elseBlock());
+    stores(false);
+  }
+  /// After a task's nontemporal stores (where `streaming`): a full fence (mfence), so that the threads that read
+  /// the outputs next see them (nontemporal stores are weakly ordered).
+  void fenceStreaming(Value streaming) {
+    L.when(streaming, [&] { b.create<LLVM::FenceOp>(loc, LLVM::AtomicOrdering::seq_cst); });
+  }
   /// Feature vector c of the head whose first feature is `base`.
   Value chunk(Value base, int64_t c) { return add(base, L.idx(c * kLanes)); }
 
@@ -124,12 +148,13 @@ struct VectorKernel {
   }
 
   /// While tile t of `tiles` (rows r0..r0+R) computes, the next item's (entry nextEntry, features from nextBase)
-  /// rows r0..r0+R of the row-major operands and keys r0..r0+R of the key-major ones (after the last tile every
-  /// remaining row and key) move to L2: at batch > 1 the kernels stream their operands from memory, and the
-  /// prefetches spread over the tiles keep that off the critical path.
+  /// rows of the row-major operands and keys of the key-major ones in part `part` of `parts` of r0..r0+R (after
+  /// the last tile's last part every remaining row and key) move to L2: at batch > 1 the kernels stream their
+  /// operands from memory, and prefetches spread over the tiles, and over parts of a tile's work, keep that off
+  /// the critical path (a tile's lines issued at once fill the miss queue and stall it).
   void prefetchNext(Value hasNext, Value nextEntry, Value nextBase, Value t, Value tiles, Value r0, int64_t R,
-                    Value rows, Value M, ArrayRef<Value> rowReads, ArrayRef<Value> rowWrites,
-                    ArrayRef<Value> keyReads, ArrayRef<Value> keyWrites) {
+                    int64_t part, int64_t parts, Value rows, Value M, ArrayRef<Value> rowReads,
+                    ArrayRef<Value> rowWrites, ArrayRef<Value> keyReads, ArrayRef<Value> keyWrites) {
     L.when(hasNext, [&] {
       auto prefetch = [&](Value buffer, Value from, Value to, bool write) {
         L.nest({b.create<arith::SubIOp>(loc, to, from), L.idx(chunks)}, [&](ValueRange jc) {
@@ -139,12 +164,14 @@ struct VectorKernel {
                                        /*isDataCache=*/true);
         });
       };
-      Value r1 = add(r0, L.idx(R));
-      Value last = L.eqI(t, b.create<arith::SubIOp>(loc, tiles, L.idx(1)));
-      Value rowsFrom = b.create<arith::MinSIOp>(loc, r0, rows);
-      Value rowsTo = L.select(last, rows, b.create<arith::MinSIOp>(loc, r1, rows));
-      Value keysFrom = b.create<arith::MinSIOp>(loc, r0, M);
-      Value keysTo = L.select(last, M, b.create<arith::MinSIOp>(loc, r1, M));
+      Value p0 = add(r0, L.idx(part * R / parts)), p1 = add(r0, L.idx((part + 1) * R / parts));
+      Value rowsFrom = b.create<arith::MinSIOp>(loc, p0, rows), rowsTo = b.create<arith::MinSIOp>(loc, p1, rows);
+      Value keysFrom = b.create<arith::MinSIOp>(loc, p0, M), keysTo = b.create<arith::MinSIOp>(loc, p1, M);
+      if (part + 1 == parts) {
+        Value last = L.eqI(t, b.create<arith::SubIOp>(loc, tiles, L.idx(1)));
+        rowsTo = L.select(last, rows, rowsTo);
+        keysTo = L.select(last, M, keysTo);
+      }
       for (Value buffer : keyReads)
         prefetch(buffer, keysFrom, keysTo, false);
       for (Value buffer : keyWrites)

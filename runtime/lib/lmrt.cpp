@@ -1073,10 +1073,10 @@ struct WorkspaceCache {
       }
       uint64_t mapped = 0;
       if (total >= kMapFrom) {
-        void *p = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (p == MAP_FAILED)
+        block = map(total);
+        if (!block)
           return nullptr;
-        block = static_cast<char *>(p), mapped = total;
+        mapped = total;
       } else {
         block = static_cast<char *>(std::aligned_alloc(kHeader, total));
         if (!block)
@@ -1107,6 +1107,29 @@ struct WorkspaceCache {
     }
     cachedBytes += capacity;
     blocks.emplace(capacity, block);
+  }
+
+  /// Fresh pages for a block of `bytes`; from 2 MB on 2 MB-aligned and advised as huge pages (MADV_HUGEPAGE, a
+  /// no-op where transparent huge pages are off), as the weights are: a batch's activations stream from memory
+  /// through kernels that visit each row in pieces (the attention's heads), and with 4 KB pages the TLB misses
+  /// showed (batch-32 attention 5-10% slower, bench/results/2026-11-27-attention-stream.md).
+  static char *map(uint64_t bytes) {
+    constexpr uint64_t kHugePage = uint64_t(2) << 20, kPage = 4096;
+    const uint64_t span = bytes >= kHugePage ? bytes + kHugePage : bytes;
+    void *p = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+      return nullptr;
+    char *start = static_cast<char *>(p);
+    if (span == bytes)
+      return start;
+    char *aligned = reinterpret_cast<char *>((reinterpret_cast<uintptr_t>(start) + kHugePage - 1) & ~(kHugePage - 1));
+    char *end = aligned + (bytes + kPage - 1) / kPage * kPage;
+    if (aligned > start)
+      ::munmap(start, aligned - start);
+    if (start + span > end)
+      ::munmap(end, start + span - end);
+    ::madvise(aligned, bytes, MADV_HUGEPAGE);
+    return aligned;
   }
 
   static void drop(char *block) {

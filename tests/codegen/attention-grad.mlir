@@ -4,7 +4,8 @@
 // lm_rt_parallel_for (called directly below 2^16 multiply-adds): per item keys and values transposed in 16 x 16
 // register blocks, then per tile of 8 query rows the probabilities recomputed, dP = dO v^T as the scores,
 // D = sum P dP, dS = P (dP - D) scale, dq of the real rows only (rows past the length repeat the last one),
-// dk (+)= dS^T q and dv (+)= P^T dO in tiles of 4 keys. Head size 8 calls the runtime's C++ kernel.
+// dk (+)= dS^T q and dv (+)= P^T dO in tiles of 4 keys; past the threads' L2 the next item prefetched and dq
+// stored nontemporally. Head size 8 calls the runtime's C++ kernel.
 
 module @m attributes {lm.model = #lm.model<name = "m", vocab = 11, max_len = 9, d_model = 32, heads = 2, d_ff = 12,
     layers = 1, pad = 0, eos = 1, unk = 2, bos = 3, mask = 4>} {
@@ -48,7 +49,11 @@ module @m attributes {lm.model = #lm.model<name = "m", vocab = 11, max_len = 9, 
 // CHECK: %[[BYTES:.*]] = arith.muli %{{.*}}, %c128 : index
 // CHECK: %[[CACHE:.*]] = call @lm_rt_private_cache_bytes() : () -> i64
 // CHECK: %[[CACHEI:.*]] = arith.index_cast %[[CACHE]] : i64 to index
-// CHECK: arith.cmpi slt, %[[CACHEI]], %[[BYTES]] : index
+// CHECK: %[[STREAMS:.*]] = arith.cmpi slt, %[[CACHEI]], %[[BYTES]] : index
+// and dq stored nontemporally then, when dq is 64-byte aligned
+// CHECK: %[[LOW:.*]] = arith.andi %{{.*}}, %c63_i64 : i64
+// CHECK: %[[ALIGNED:.*]] = arith.cmpi eq, %[[LOW]], %c0_i64 : i64
+// CHECK: %[[NT:.*]] = arith.andi %[[STREAMS]], %[[ALIGNED]] : i1
 // dq of rows past the query length zeroed; keys, then values transposed
 // CHECK: vector.store {{.*}} : memref<?x?x32xf32>, vector<16xf32>
 // CHECK: vector.shuffle {{.*}} [0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23]
@@ -65,9 +70,11 @@ module @m attributes {lm.model = #lm.model<name = "m", vocab = 11, max_len = 9, 
 // CHECK: vector.reduction <add>
 // CHECK: arith.subf {{.*}} : vector<16xf32>
 // CHECK: arith.mulf {{.*}} : vector<16xf32>
-// dq: rows past the length (repeats of the last) are not stored
-// CHECK: scf.if
-// CHECK: vector.store {{.*}} : memref<?x?x32xf32>, vector<16xf32>
+// dq: rows past the length (repeats of the last) are not stored; nontemporal stores when streaming
+// CHECK: scf.if %[[NT]] {
+// CHECK: vector.store {{.*}} {nontemporal = true} : memref<?x?x32xf32>, vector<16xf32>
+// CHECK: } else {
+// CHECK: vector.store {{%[0-9]+}}, {{%[0-9]+}}[{{.*}}] : memref<?x?x32xf32>, vector<16xf32>
 // dk then dv in tiles of 4 keys: added to where an earlier tile wrote, stored where none did (no zeroing pass)
 // CHECK: scf.for {{.*}} step %c4
 // CHECK: vector.fma

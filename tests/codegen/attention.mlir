@@ -1,7 +1,8 @@
 // RUN: lmcc-opt --lm-to-loops="vector-bits=256" %s | FileCheck %s
+// RUN: lmcc-opt --lm-to-loops="vector-bits=256" %s | FileCheck %s --check-prefix=STREAM
 // lm.attention: head size 16 takes the vector form, register-tiled (per (entry, head) item the head's keys
 // transposed in 16 x 16 register blocks, query rows in tiles of 8 sharing each key vector load, the next item's
-// operands prefetched when the call's operands exceed the threads' L2, scores masked by lane only in blocks not fully visible, vector exp), in a task function that
+// q, k, v prefetched and its output rows stored nontemporally when the call's operands exceed the threads' L2, scores masked by lane only in blocks not fully visible, vector exp), in a task function that
 // lm_rt_parallel_for splits by items over the runtime's threads (called directly below 2^16 multiply-adds); head
 // size 8 the scalar key-tiled online softmax (32-key tiles, running max and sum rescaled by e^(m - m')). The causal
 // mask shrinks the key range instead of testing every key; the diagonal mask knocks out key i by a select.
@@ -33,11 +34,14 @@
 // CHECK: %[[CACHE:.*]] = call @lm_rt_private_cache_bytes() : () -> i64
 // CHECK: %[[CACHEI:.*]] = arith.index_cast %[[CACHE]] : i64 to index
 // CHECK: %[[STREAMS:.*]] = arith.cmpi slt, %[[CACHEI]], %[[BYTES]] : index
+// and the output rows stored nontemporally when streaming into a 64-byte aligned output
+// CHECK: %[[LOW:.*]] = arith.andi %{{.*}}, %c63_i64 : i64
+// CHECK: %[[ALIGNED:.*]] = arith.cmpi eq, %[[LOW]], %c0_i64 : i64
+// CHECK: %[[NT:.*]] = arith.andi %[[STREAMS]], %[[ALIGNED]] : i1
 // CHECK: vector.shuffle {{.*}} [0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23] : vector<16xf32>, vector<16xf32>
 // CHECK: vector.shuffle {{.*}} [8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31] : vector<16xf32>, vector<16xf32>
 // CHECK: arith.andi %[[STREAMS]],
 // CHECK: memref.prefetch {{.*}} read, locality<2>, data
-// CHECK: memref.prefetch {{.*}} write, locality<2>, data
 // rows clamped to the last, the causal key range [0, min(len, i + 1))
 // CHECK: arith.minsi
 // CHECK: scf.for {{.*}} step %c4{{(_[0-9]+)?}} iter_args(%arg{{[0-9]+}} = {{%[0-9]+(, %arg[0-9]+ = %[0-9]+){7}[)]}}
@@ -47,6 +51,18 @@
 // CHECK: vector.reduction <maximumf>
 // CHECK: math.exp {{.*}} : vector<16xf32>
 // CHECK: vector.reduction <add>
+// The output rows: nontemporal stores when streaming, plain ones otherwise; the streaming kernel never
+// prefetches them for writing.
+// CHECK: scf.if %[[NT]] {
+// CHECK-NEXT: vector.store {{.*}} {nontemporal = true} : memref<?x?x32xf32>, vector<16xf32>
+// CHECK: } else {
+// CHECK-NEXT: vector.store {{%[0-9]+}}, {{%[0-9]+}}[{{.*}}] : memref<?x?x32xf32>, vector<16xf32>
+// STREAM-COUNT-12: memref.prefetch {{.*}} read, locality<2>, data
+// STREAM-NOT: memref.prefetch
+// After the items, a fence where nontemporal stores ran.
+// CHECK: memref.dealloc
+// CHECK: scf.if %[[NT]] {
+// CHECK-NEXT: llvm.fence seq_cst
 module @m attributes {lm.model = #lm.model<name = "m", vocab = 11, max_len = 6, d_model = 32, heads = 2, d_ff = 16,
                                            layers = 1, pad = 0, eos = 1, unk = 2, bos = 3, mask = 4>} {
   func.func @score(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> (tensor<?x?xf32>, tensor<?xf32>, tensor<?xi32>) {
