@@ -1111,8 +1111,8 @@ struct WorkspaceCache {
 
   /// Fresh pages for a block of `bytes`; from 2 MB on 2 MB-aligned and advised as huge pages (MADV_HUGEPAGE, a
   /// no-op where transparent huge pages are off), as the weights are: a batch's activations stream from memory
-  /// through kernels that visit each row in pieces (the attention's heads), and with 4 KB pages the TLB misses
-  /// showed (batch-32 attention 5-10% slower, bench/results/2026-11-27-attention-stream.md).
+  /// through kernels that visit each row in pieces (the attention's heads), and on 4 KB pages the batch-32
+  /// attention ran 5-10% slower (bench/results/2026-11-27-attention-stream.md).
   static char *map(uint64_t bytes) {
     constexpr uint64_t kHugePage = uint64_t(2) << 20, kPage = 4096;
     const uint64_t span = bytes >= kHugePage ? bytes + kHugePage : bytes;
