@@ -3,22 +3,18 @@
 // every mask kind, odd lengths, against a direct softmax(q k^T) v, and bit-identical to the same entries computed one
 // at a time (operands in cache: no prefetch, plain stores). An output argument that is not 64-byte aligned takes
 // plain stores and gives the same bits.
-#include "codegen/Emit/Object.h"
 #include "codegen/LmToLoops/Lowering.h"
 #include "runtime/lib/lmrt.h"
+#include "tests/unit/KernelLibrary.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/MLIRContext.h"
 
 #include <gtest/gtest.h>
 
-#include <dlfcn.h>
-#include <unistd.h>
-
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <memory>
 #include <random>
 
@@ -69,45 +65,33 @@ bool sees(lm::MaskKind mask, int64_t i, int64_t j) {
 class AttentionStreamTest : public ::testing::Test {
 protected:
   static void build() {
-    if (handle)
+    if (library.handle)
       return;
     mlir::MLIRContext context;
     mlir::OwningOpRef<mlir::ModuleOp> module;
+    // Every mask's kernels and their tasks in one module (the runtime functions declared once).
+    auto absorb = [&](mlir::OwningOpRef<mlir::ModuleOp> kernels) {
+      if (!module) {
+        module = std::move(kernels);
+        return;
+      }
+      for (auto fn : llvm::make_early_inc_range(kernels->getOps<mlir::func::FuncOp>()))
+        if (!module->lookupSymbol(fn.getSymName()))
+          fn->moveBefore(module->getBody(), module->getBody()->end());
+    };
     for (auto [mask, name] : kMasks) {
       auto forward = lmcc::codegen::buildAttentionModule(context, mask, kHeads, kModel);
       auto grad = lmcc::codegen::buildAttentionGradModule(context, mask, kHeads, kModel);
       ASSERT_TRUE(forward && grad) << name;
       forward->lookupSymbol<mlir::func::FuncOp>("attention_kernel").setSymName(std::string("attention_") + name);
       grad->lookupSymbol<mlir::func::FuncOp>("attention_grad_kernel").setSymName(std::string("attention_grad_") + name);
-      if (!module) {
-        module = std::move(forward);
-      } else {
-        for (auto fn : llvm::make_early_inc_range(forward->getOps<mlir::func::FuncOp>()))
-          if (!module->lookupSymbol(fn.getSymName()))
-            fn->moveBefore(module->getBody(), module->getBody()->end());
-      }
-      for (auto fn : llvm::make_early_inc_range(grad->getOps<mlir::func::FuncOp>()))
-        if (!module->lookupSymbol(fn.getSymName()))
-          fn->moveBefore(module->getBody(), module->getBody()->end());
+      absorb(std::move(forward));
+      absorb(std::move(grad));
     }
-    ASSERT_TRUE(mlir::succeeded(lmcc::codegen::lowerToLLVMDialect(*module)));
-    dir = std::filesystem::temp_directory_path() / ("lmcc-attention-stream-test-" + std::to_string(::getpid()));
-    std::filesystem::create_directories(dir);
-    std::string object = (dir / "attention.o").string(), library = (dir / "libattention.so").string();
-    ASSERT_EQ(lmcc::codegen::emitObject(*module, object, {}), "");
-    ASSERT_EQ(std::system(("cc -shared -o " + library + " " + object + " -lm").c_str()), 0);
-    handle = ::dlopen(library.c_str(), RTLD_NOW);
-    ASSERT_NE(handle, nullptr) << ::dlerror();
+    ASSERT_NO_FATAL_FAILURE(library.build(*module, "attention-stream"));
   }
-  static void TearDownTestSuite() {
-    if (handle)
-      ::dlclose(handle);
-    handle = nullptr;
-    std::filesystem::remove_all(dir);
-  }
-  template <typename Fn> static Fn symbol(const std::string &name) {
-    return reinterpret_cast<Fn>(::dlsym(handle, ("_mlir_ciface_" + name).c_str()));
-  }
+  static void TearDownTestSuite() { library.close(); }
+  template <typename Fn> static Fn symbol(const std::string &name) { return library.symbol<Fn>(name); }
   void SetUp() override {
     ASSERT_NO_FATAL_FAILURE(build());
     // The premise: the batch's operands exceed the threads' L2 (the streaming path), one entry's do not.
@@ -118,8 +102,7 @@ protected:
     for (int64_t b = 0; b < kBatch; ++b)
       lengths[b] = b == 0 || b == kBatch - 1 ? int32_t(kRows) : int32_t(1 + (b * 7) % kRows);
   }
-  static inline void *handle = nullptr;
-  static inline std::filesystem::path dir;
+  static inline lmcc::test::KernelLibrary library;
   int32_t lengths[kBatch];
 };
 

@@ -3,6 +3,7 @@
 #include "codegen/Emit/Object.h"
 #include "codegen/LmToLoops/Gemm.h"
 #include "tests/unit/Bf16.h"
+#include "tests/unit/KernelLibrary.h"
 
 #include "mlir/IR/MLIRContext.h"
 
@@ -43,27 +44,15 @@ class GemmTest : public ::testing::Test {
 protected:
   // Built from the test body, not SetUpTestSuite: a failure there would show as a skipped test.
   static void build() {
+    if (library.handle)
+      return;
     mlir::MLIRContext context;
     auto module = lmcc::codegen::buildGemmModule(context, kShapes, kTiles);
-    ASSERT_TRUE(mlir::succeeded(lmcc::codegen::lowerToLLVMDialect(*module)));
-    dir = std::filesystem::temp_directory_path() / ("lmcc-gemm-test-" + std::to_string(::getpid()));
-    std::filesystem::create_directories(dir);
-    std::string object = (dir / "gemm.o").string(), library = (dir / "libgemm.so").string();
-    ASSERT_EQ(lmcc::codegen::emitObject(*module, object, {}), "");
-    ASSERT_EQ(std::system(("cc -shared -o " + library + " " + object + " -lm").c_str()), 0);
-    handle = ::dlopen(library.c_str(), RTLD_NOW);
-    ASSERT_NE(handle, nullptr) << ::dlerror();
+    ASSERT_NO_FATAL_FAILURE(library.build(*module, "gemm"));
   }
-  static void TearDownTestSuite() {
-    if (handle)
-      ::dlclose(handle);
-    std::filesystem::remove_all(dir);
-  }
-  template <typename Fn> static Fn symbol(const std::string &name) {
-    return reinterpret_cast<Fn>(::dlsym(handle, ("_mlir_ciface_" + name).c_str()));
-  }
-  static inline void *handle = nullptr;
-  static inline std::filesystem::path dir;
+  static void TearDownTestSuite() { library.close(); }
+  template <typename Fn> static Fn symbol(const std::string &name) { return library.symbol<Fn>(name); }
+  static inline lmcc::test::KernelLibrary library;
 };
 
 TEST_F(GemmTest, MatchesNaiveProductForEveryRowCount) {
@@ -139,7 +128,7 @@ TEST_F(GemmTest, TrainGemmIsTheOrderedFmaChain) {
                                    {129, 517, 64, 600, 64, 0, 1, true}, {5, 2048, 200, 2048, 256, 2, 4, false},
                                    {300, 64, 511, 64, 512, 0, 8, false}};
   for (auto tile : kTiles) {
-    auto gemm = reinterpret_cast<TrainGemmFn>(::dlsym(handle, ("lm_train_gemm_" + tile.name()).c_str()));
+    auto gemm = reinterpret_cast<TrainGemmFn>(::dlsym(library.handle, ("lm_train_gemm_" + tile.name()).c_str()));
     ASSERT_NE(gemm, nullptr) << tile.name();
     const int64_t c = tile.cols();
     for (const Case &t : cases) {
@@ -195,15 +184,9 @@ TEST(GemmBf16, MatchesTheRoundedProduct) {
     tiles.push_back(GemmTile::forTarget(512, true, true));
   mlir::MLIRContext context;
   auto module = lmcc::codegen::buildGemmModule(context, shapes, tiles);
-  ASSERT_TRUE(mlir::succeeded(lmcc::codegen::lowerToLLVMDialect(*module)));
-  auto dir = std::filesystem::temp_directory_path() / ("lmcc-gemm-bf16-test-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  std::string object = (dir / "gemm.o").string(), library = (dir / "libgemm.so").string();
-  ASSERT_EQ(lmcc::codegen::emitObject(*module, object, {}), "");
-  ASSERT_EQ(std::system(("cc -shared -o " + library + " " + object + " -lm").c_str()), 0);
-  void *handle = ::dlopen(library.c_str(), RTLD_NOW);
-  ASSERT_NE(handle, nullptr) << ::dlerror();
-  auto symbol = [&](const std::string &name) { return ::dlsym(handle, ("_mlir_ciface_" + name).c_str()); };
+  lmcc::test::KernelLibrary library;
+  ASSERT_NO_FATAL_FAILURE(library.build(*module, "gemm-bf16"));
+  auto symbol = [&](const std::string &name) { return ::dlsym(library.handle, ("_mlir_ciface_" + name).c_str()); };
   std::mt19937 rng(9);
   std::uniform_real_distribution<float> u(-1, 1);
   for (auto [n, k] : shapes) {
@@ -244,8 +227,6 @@ TEST(GemmBf16, MatchesTheRoundedProduct) {
         }
     }
   }
-  ::dlclose(handle);
-  std::filesystem::remove_all(dir);
 }
 
 // The tile follows the target's vector registers, for named CPUs as for the host.
