@@ -74,7 +74,7 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
       Value touched = carried[0];
       Value r0 = b.create<arith::MulIOp>(loc, t, L.idx(R));
       // The next item's lines in four parts: before the scores, dP, dq and the key updates (its dq rows need
-      // none: they are written past the caches whenever the prefetches run).
+      // none: stored nontemporally when streaming, into the runtime's 64-byte aligned buffers).
       auto prefetch = [&](int64_t part) {
         K.prefetchNext(hasNext, nextEntry, nextBase, t, tiles, r0, R, part, 4, rows, M, {ops.q, ops.dO}, {},
                        {ops.k, ops.v}, {ops.dk, ops.dv});
