@@ -109,7 +109,7 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
       });
       SmallVector<Value> Dr;
       for (int64_t r = 0; r < R; ++r)
-        Dr.push_back(K.bcast(b.create<vector::ReductionOp>(loc, vector::CombiningKind::ADD, dots.getResult(r))));
+        Dr.push_back(K.allLanes(dots.getResult(r), /*sum=*/true));
       // dS = P (dP - D) scale in place of dP.
       K.loop(tile.from16, tile.to, kLanes, {}, [&](Value jb, ValueRange) {
         for (int64_t r = 0; r < R; ++r) {

@@ -309,6 +309,51 @@ struct VectorKernel {
     }
   }
 
+  /// max(x, y) lane-wise as x86's maxps (no NaN test: a NaN score still reaches the output through its exp).
+  Value greater(Value x, Value y) {
+    return b.create<arith::SelectOp>(loc, b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGT, x, y), x, y);
+  }
+
+  /// Every lane the max (`sum` false) or the sum of x's lanes: a butterfly of 4 lane swaps. Its sums add in pairs
+  /// in one fixed order (every lane gets the same bits); the max is exact.
+  Value allLanes(Value x, bool sum) {
+    for (int64_t w = kLanes / 2; w >= 1; w /= 2) {
+      SmallVector<int64_t> swap(kLanes);
+      for (int64_t l = 0; l < kLanes; ++l)
+        swap[l] = l ^ w;
+      Value y = b.create<vector::ShuffleOp>(loc, x, x, swap);
+      x = sum ? Value(b.create<arith::AddFOp>(loc, x, y)) : greater(x, y);
+    }
+    return x;
+  }
+
+  /// e^x lane-wise for x <= 88 (the softmax's s - max <= 0), exactly 0 for x <= -88 and -inf: x = n ln 2 + r
+  /// with n = round(x log2 e) (by adding 1.5 * 2^23), r in two parts of ln 2 (Cephes' split), e^r by Cephes'
+  /// expf polynomial (about 1 ulp) and 2^n from n's bits (n = -127 gives 0). NaN stays NaN.
+  Value expOf(Value x) {
+    auto c = [&](float f) { return bcast(L.f32c(f)); };
+    auto fma = [&](Value x, Value y, Value z) { return b.create<vector::FMAOp>(loc, x, y, z); };
+    Value lowest = c(-88.0f);
+    x = b.create<arith::SelectOp>(loc, b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OLT, x, lowest), lowest,
+                                  x);
+    Value magic = c(12582912.0f);
+    Value t = fma(x, c(1.44269504088896341f), magic);
+    Value n = b.create<arith::SubFOp>(loc, t, magic);
+    Value r = fma(n, c(-0.693359375f), x);
+    r = fma(n, c(2.12194440e-4f), r);
+    Value p = c(1.9875691500e-4f);
+    for (float k : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f, 1.0f,
+                    1.0f})
+      p = fma(p, r, c(k));
+    auto i32 = VectorType::get({kLanes}, b.getI32Type());
+    auto splat = [&](int32_t v) {
+      return b.create<arith::ConstantOp>(loc, i32, DenseElementsAttr::get(i32, ArrayRef<int32_t>(v)));
+    };
+    Value bits = b.create<arith::ShLIOp>(loc, b.create<arith::BitcastOp>(loc, i32, t), splat(23));
+    bits = b.create<arith::AddIOp>(loc, bits, splat(127 << 23));
+    return b.create<arith::MulFOp>(loc, p, b.create<arith::BitcastOp>(loc, vt, bits));
+  }
+
   /// Softmax numerators in place over S's blocks [from16, to): m_r = max_j S[r, j], p = e^(S - m_r) (0 where
   /// -inf; m = 0 for a row that sees no key); returns the R lane-wise sums of p (lanes by j mod 16, blocks in
   /// order).
@@ -317,21 +362,20 @@ struct VectorKernel {
     auto maxima = loop(from16, to, kLanes, ninf, [&](Value jb, ValueRange mx) {
       SmallVector<Value> next;
       for (int64_t r = 0; r < R; ++r)
-        next.push_back(b.create<arith::MaximumFOp>(loc, mx[r], load(S, ValueRange{L.idx(r), jb})));
+        next.push_back(greater(mx[r], load(S, ValueRange{L.idx(r), jb})));
       return next;
     });
     SmallVector<Value> mV(R);
     for (int64_t r = 0; r < R; ++r) {
-      Value m = b.create<vector::ReductionOp>(loc, vector::CombiningKind::MAXIMUMF, maxima.getResult(r));
-      m = L.select(b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGT, m, negInf), m, L.f32c(0));
-      mV[r] = bcast(m);
+      Value m = allLanes(maxima.getResult(r), /*sum=*/false);
+      mV[r] = b.create<arith::SelectOp>(loc, b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGT, m, negInfV), m,
+                                        zeroV);
     }
     SmallVector<Value> zerosR(R, zeroV);
     auto sums = loop(from16, to, kLanes, zerosR, [&](Value jb, ValueRange acc) {
       SmallVector<Value> next;
       for (int64_t r = 0; r < R; ++r) {
-        Value p = b.create<math::ExpOp>(
-            loc, b.create<arith::SubFOp>(loc, load(S, ValueRange{L.idx(r), jb}), mV[r]));
+        Value p = expOf(b.create<arith::SubFOp>(loc, load(S, ValueRange{L.idx(r), jb}), mV[r]));
         store(p, S, ValueRange{L.idx(r), jb});
         next.push_back(b.create<arith::AddFOp>(loc, acc[r], p));
       }
@@ -342,9 +386,9 @@ struct VectorKernel {
 
   /// 1 / l for the lane-wise sums l of a row's numerators (0 when the row saw no key), broadcast.
   Value inverse(Value sums) {
-    Value l = b.create<vector::ReductionOp>(loc, vector::CombiningKind::ADD, sums);
-    Value seen = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGT, l, L.f32c(0));
-    return bcast(L.select(seen, b.create<arith::DivFOp>(loc, L.f32c(1), l), L.f32c(0)));
+    Value l = allLanes(sums, /*sum=*/true);
+    Value seen = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGT, l, zeroV);
+    return b.create<arith::SelectOp>(loc, seen, b.create<arith::DivFOp>(loc, bcast(L.f32c(1)), l), zeroV);
   }
 
   /// acc[r * nc + c] = sum_{j in [lo, hi)} W[r0 + r, j] * src[bi, j, base + (c0 + c) 16] for nr rows and nc

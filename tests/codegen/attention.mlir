@@ -48,9 +48,15 @@
 // CHECK-COUNT-8: vector.fma {{.*}} : vector<16xf32>
 // CHECK: scf.if
 // CHECK: arith.select {{.*}} : vector<16xi1>, vector<16xf32>
-// CHECK: vector.reduction <maximumf>
-// CHECK: math.exp {{.*}} : vector<16xf32>
-// CHECK: vector.reduction <add>
+// row maxima by a butterfly of lane swaps (every lane gets the max), e^(s - m) inline (2^n from n's bits), the
+// row sums by the same butterfly
+// CHECK: vector.shuffle %[[MX:.*]], %[[MX]] [8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7]
+// CHECK: vector.shuffle %[[MX1:.*]], %[[MX1]] [1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14]
+// CHECK: arith.cmpf ogt
+// CHECK: arith.shli {{.*}} : vector<16xi32>
+// CHECK: vector.shuffle %[[SUM:.*]], %[[SUM]] [8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7]
+// CHECK: arith.addf {{.*}} : vector<16xf32>
+// CHECK: arith.divf {{.*}} : vector<16xf32>
 // The output rows: nontemporal stores when streaming, plain ones otherwise; the streaming kernel never
 // prefetches them for writing.
 // CHECK: scf.if %[[NT]] {
