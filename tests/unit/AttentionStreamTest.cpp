@@ -2,7 +2,7 @@
 // threads' L2, where they prefetch the next item and store their output rows (dq in the backward) nontemporally:
 // every mask kind, odd lengths, against a direct softmax(q k^T) v, and bit-identical to the same entries computed one
 // at a time (operands in cache: no prefetch, plain stores). An output argument that is not 64-byte aligned takes
-// plain stores and gives the same bits.
+// plain stores and gives the same bits. Sharp scores take the softmax's exponential over its whole range.
 #include "codegen/LmToLoops/Lowering.h"
 #include "runtime/lib/lmrt.h"
 #include "tests/unit/KernelLibrary.h"
@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -60,6 +61,36 @@ bool sees(lm::MaskKind mask, int64_t i, int64_t j) {
   return mask == lm::MaskKind::causal ? j <= i : mask == lm::MaskKind::anticausal ? j >= i
          : mask == lm::MaskKind::diagonal   ? j != i
                                             : true;
+}
+
+/// out of entry b against a direct softmax(q k^T / sqrt(dh)) v in double over the keys the mask shows (every row,
+/// head and feature of the entry's length).
+void expectDirectSoftmax(lm::MaskKind mask, const char *name, int64_t b, const float *out, const float *q,
+                         const float *k, const float *v, int64_t len) {
+  const int64_t entry = kRows * kModel, dh = kModel / kHeads;
+  for (int64_t h = 0; h < kHeads; ++h)
+    for (int64_t i = 0; i < len; ++i) {
+      std::vector<double> p(len, 0);
+      double mx = -INFINITY, sum = 0;
+      for (int64_t j = 0; j < len; ++j)
+        if (sees(mask, i, j)) {
+          double d = 0;
+          for (int64_t e = 0; e < dh; ++e)
+            d += double(q[b * entry + i * kModel + h * dh + e]) * k[b * entry + j * kModel + h * dh + e];
+          p[j] = d / std::sqrt(double(dh));
+          mx = std::max(mx, p[j]);
+        }
+      for (int64_t j = 0; j < len; ++j)
+        sum += sees(mask, i, j) ? (p[j] = std::exp(p[j] - mx)) : (p[j] = 0);
+      for (int64_t e = 0; e < dh; ++e) {
+        double ref = 0;
+        for (int64_t j = 0; j < len; ++j)
+          ref += p[j] * v[b * entry + j * kModel + h * dh + e];
+        ref = sum > 0 ? ref / sum : 0;
+        ASSERT_NEAR(out[b * entry + i * kModel + h * dh + e], ref, 1e-4 * (1 + std::fabs(ref)))
+            << name << " entry " << b << " head " << h << " row " << i << " feature " << e;
+      }
+    }
 }
 
 class AttentionStreamTest : public ::testing::Test {
@@ -130,30 +161,49 @@ TEST_F(AttentionStreamTest, ForwardMatchesDirectSoftmaxAndCachedPathBitForBit) {
       ASSERT_EQ(0, std::memcmp(out.get() + b * entry, one.get(), entry * sizeof(float)))
           << name << " entry " << b << ": the streaming path differs from the cached one";
       // Against a direct softmax(q k^T / sqrt(dh)) v over the keys the mask shows (every row, head, feature).
-      const int64_t len = lengths[b];
-      for (int64_t h = 0; h < kHeads; ++h)
-        for (int64_t i = 0; i < len; ++i) {
-          std::vector<double> p(len, 0);
-          double mx = -INFINITY, sum = 0;
-          for (int64_t j = 0; j < len; ++j)
-            if (sees(mask, i, j)) {
-              double d = 0;
-              for (int64_t e = 0; e < dh; ++e)
-                d += double(q[b * entry + i * kModel + h * dh + e]) * k[b * entry + j * kModel + h * dh + e];
-              p[j] = d / std::sqrt(double(dh));
-              mx = std::max(mx, p[j]);
-            }
-          for (int64_t j = 0; j < len; ++j)
-            sum += sees(mask, i, j) ? (p[j] = std::exp(p[j] - mx)) : (p[j] = 0);
-          for (int64_t e = 0; e < dh; ++e) {
-            double ref = 0;
-            for (int64_t j = 0; j < len; ++j)
-              ref += p[j] * v[b * entry + j * kModel + h * dh + e];
-            ref = sum > 0 ? ref / sum : 0;
-            ASSERT_NEAR(out[b * entry + i * kModel + h * dh + e], ref, 1e-4 * (1 + std::fabs(ref)))
-                << name << " entry " << b << " head " << h << " row " << i << " feature " << e;
-          }
+      ASSERT_NO_FATAL_FAILURE(expectDirectSoftmax(mask, name, b, out.get(), q.get(), k.get(), v.get(), lengths[b]));
+    }
+  }
+}
+
+// Sharp scores (q scaled up): the softmax's exponential over its whole range, including past -88 where it gives
+// 0 (asserted: some score lies more than 88 below its row's max), still against the direct softmax.
+TEST_F(AttentionStreamTest, SharpScoresMatchDirectSoftmax) {
+  const int64_t size = kBatch * kRows * kModel;
+  std::mt19937 rng(5);
+  Buffer q = buffer(size, &rng), k = buffer(size, &rng), v = buffer(size, &rng);
+  for (float factor : {8.0f, 40.0f}) {
+    Buffer sharp = buffer(size, nullptr);
+    for (int64_t i = 0; i < size; ++i)
+      sharp[i] = q[i] * factor;
+    // The lowest s - max over entry 0's rows (no mask): the range the exponential sees.
+    const int64_t dh = kModel / kHeads;
+    double lowest = 0;
+    for (int64_t h = 0; h < kHeads; ++h)
+      for (int64_t i = 0; i < kRows; ++i) {
+        std::vector<double> sc(kRows);
+        for (int64_t j = 0; j < kRows; ++j) {
+          double d = 0;
+          for (int64_t e = 0; e < dh; ++e)
+            d += double(sharp[i * kModel + h * dh + e]) * k[j * kModel + h * dh + e];
+          sc[j] = d / std::sqrt(double(dh));
         }
+        const double mx = *std::max_element(sc.begin(), sc.end());
+        lowest = std::min(lowest, *std::min_element(sc.begin(), sc.end()) - mx);
+      }
+    if (factor == 40.0f)
+      ASSERT_LT(lowest, -88.0) << "the scores do not reach the exponential's zero range";
+    for (auto [mask, name] : kMasks) {
+      auto attention = symbol<AttentionFn>(std::string("attention_") + name);
+      ASSERT_TRUE(attention) << name;
+      Buffer out = buffer(size, nullptr);
+      MemRef<3> qm = view(sharp.get(), kBatch), km = view(k.get(), kBatch), vm = view(v.get(), kBatch),
+                om = view(out.get(), kBatch);
+      MemRef<1> lm = lengthsView(lengths, kBatch);
+      attention(&qm, &km, &vm, &lm, &om);
+      for (int64_t b = 0; b < kBatch; b += 7)
+        ASSERT_NO_FATAL_FAILURE(expectDirectSoftmax(mask, name, b, out.get(), sharp.get(), k.get(), v.get(), lengths[b]))
+            << "q scaled by " << factor;
     }
   }
 }
