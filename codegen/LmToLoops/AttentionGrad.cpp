@@ -31,7 +31,8 @@ struct GradOperands {
 ///   dk_j += sum_r dS_rj q_r, dv_j += sum_r P_rj dO_r over the tile's keys (4 keys x 64 features a tile; stored,
 ///        not added, for keys no earlier tile touched: the touched keys are a prefix [0, touched) under every
 ///        mask here, carried over the tiles), and after the tiles dk, dv of the keys none touched zeroed;
-/// the next item's operands are prefetched over the tiles and dq stored nontemporally as in the forward.
+/// the next item's operands are prefetched over the tiles (and, a share per item, the next entry's read operands
+/// whole: prefetchNextEntry) and dq stored nontemporally as in the forward.
 /// Every output of an item is written by that item alone, in a fixed order: the same bits for any thread count.
 void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &ops, Value begin, Value end) {
   auto &b = L.b;
@@ -67,6 +68,8 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
     Value lastRow = b.create<arith::SubIOp>(loc, n, L.idx(1));
     Value nextItem = K.add(item, L.idx(1));
     Value hasNext = L.andI(streams, L.lt(nextItem, items));
+    Value head = b.create<arith::RemUIOp>(loc, item, L.idx(H));
+    Value hasNextEntry = L.andI(streams, L.lt(K.add(bi, L.idx(1)), ops.entries));
     Value nextEntry = b.create<arith::DivUIOp>(loc, nextItem, L.idx(H));
     Value nextBase = b.create<arith::MulIOp>(loc, b.create<arith::RemUIOp>(loc, nextItem, L.idx(H)), L.idx(dh));
     // Carried over the tiles: the keys [0, touched) the tiles so far wrote into dk and dv.
@@ -74,8 +77,12 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
       Value touched = carried[0];
       Value r0 = b.create<arith::MulIOp>(loc, t, L.idx(R));
       // The next item's lines in four parts: before the scores, dP, dq and the key updates (its dq rows need
-      // none: stored nontemporally when streaming, into the runtime's 64-byte aligned buffers).
+      // none: stored nontemporally when streaming, into the runtime's 64-byte aligned buffers), and with them the
+      // item's share of the next entry's q, dO, k and v rows (whole rows, every head: its reads an entry ahead,
+      // in address order; 5-10% off the batch-32 backward, bench/results/2026-11-28-entry-prefetch.md).
       auto prefetch = [&](int64_t part) {
+        K.prefetchNextEntry(hasNextEntry, K.add(bi, L.idx(1)), head, H, D, t, tiles, part, 4, rows, M,
+                            {ops.q, ops.dO}, {ops.k, ops.v});
         K.prefetchNext(hasNext, nextEntry, nextBase, t, tiles, r0, R, part, 4, rows, M, {ops.q, ops.dO}, {},
                        {ops.k, ops.v}, {ops.dk, ops.dv});
       };

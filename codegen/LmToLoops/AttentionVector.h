@@ -183,6 +183,44 @@ struct VectorKernel {
     });
   }
 
+  /// The far half of the prefetching (prefetchNext is the near one): while item `head` of an entry's H computes
+  /// (part `part` of `parts` of tile t of `tiles`), slice head / H of the next entry's read lines (its rows of
+  /// `rowReads`, keys of `keyReads`, every head's features [0, D)) is prefetched, spread evenly over the item's
+  /// tiles and parts: the next entry is read whole rows at a time, in address order, an entry ahead, where the
+  /// near prefetches alone read 64 features of each of its rows per item. Lines that leave L2 before their item
+  /// wait in L3 (a victim cache on the machines measured), and prefetchNext brings them back in time. Measured
+  /// on the backward (bench/results/2026-11-28-entry-prefetch.md): 5-10% at batch 32; the forward, whose items
+  /// are shorter, lost as much at n = 80 and does not use it.
+  void prefetchNextEntry(Value hasNext, Value nextEntry, Value head, int64_t H, int64_t D, Value t, Value tiles,
+                         int64_t part, int64_t parts, Value rows, Value M, ArrayRef<Value> rowReads,
+                         ArrayRef<Value> keyReads) {
+    L.when(hasNext, [&] {
+      const int64_t perRow = D / kLanes; // lines of a row: D floats a row, 16 a line
+      Value slices = b.create<arith::MulIOp>(loc, tiles, L.idx(parts));
+      Value slice = add(b.create<arith::MulIOp>(loc, head, slices), add(b.create<arith::MulIOp>(
+                                                                             loc, t, L.idx(parts)),
+                                                                         L.idx(part)));
+      Value allSlices = b.create<arith::MulIOp>(loc, slices, L.idx(H));
+      auto prefetch = [&](Value buffer, Value count) {
+        Value lines = b.create<arith::MulIOp>(loc, count, L.idx(perRow));
+        auto at = [&](Value s) {
+          return b.create<arith::DivUIOp>(loc, b.create<arith::MulIOp>(loc, s, lines), allSlices);
+        };
+        loop(at(slice), at(add(slice, L.idx(1))), 1, {}, [&](Value l, ValueRange) {
+          Value j = b.create<arith::DivUIOp>(loc, l, L.idx(perRow));
+          Value e = b.create<arith::MulIOp>(loc, b.create<arith::RemUIOp>(loc, l, L.idx(perRow)), L.idx(kLanes));
+          b.create<memref::PrefetchOp>(loc, buffer, ValueRange{nextEntry, j, e}, /*isWrite=*/false,
+                                       /*localityHint=*/2, /*isDataCache=*/true);
+          return SmallVector<Value>{};
+        });
+      };
+      for (Value buffer : keyReads)
+        prefetch(buffer, M);
+      for (Value buffer : rowReads)
+        prefetch(buffer, rows);
+    });
+  }
+
   /// Tile rows r0..r0+R (clamped to lastRow) of entry bi and their key ranges over keys [0, len): causal
   /// [0, min(len, i + 1)), anticausal [i, len), else [0, len). With `rowLimit` (the backward) rows from rowLimit on
   /// are repeats that see no key (an empty range at row 0's start, so that the union stays the real rows').

@@ -58,6 +58,14 @@ module @m attributes {lm.model = #lm.model<name = "m", vocab = 11, max_len = 9, 
 // CHECK: vector.store {{.*}} : memref<?x?x32xf32>, vector<16xf32>
 // CHECK: vector.shuffle {{.*}} [0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23]
 // CHECK: vector.shuffle {{.*}} [0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23]
+// per tile part, when streaming: the item's share of the next entry's (entry + 1) read lines, whole rows of
+// 32 features (2 lines a row: line l at row l / 2, feature (l mod 2) x 16), then the next item's 16 features a row
+// CHECK: %[[ROW:.*]] = arith.divui %[[LINE:arg[0-9]+]], %c2{{(_[0-9]+)?}} : index
+// CHECK: %[[LANE:.*]] = arith.remui %[[LINE]], %c2{{(_[0-9]+)?}} : index
+// CHECK: %[[FEATURE:.*]] = arith.muli %[[LANE]], %c16{{(_[0-9]+)?}} : index
+// CHECK: memref.prefetch %{{.*}}[%[[NEXTENTRY:.*]], %[[ROW]], %[[FEATURE]]], read, locality<2>, data
+// CHECK-COUNT-3: memref.prefetch %{{.*}}[%[[NEXTENTRY]], %{{.*}}, %{{.*}}], read, locality<2>, data
+// CHECK: memref.prefetch {{.*}} read, locality<2>, data
 // scores of 8 rows per key vector, masked only in blocks not fully visible, the softmax numerators
 // CHECK-COUNT-8: vector.fma {{.*}} : vector<16xf32>
 // CHECK: arith.select {{.*}} : vector<16xi1>, vector<16xf32>
