@@ -30,10 +30,15 @@ struct GradOperands {
 ///   dq_r = sum_j dS_rj k_j (as the forward's p.v; stored for real rows only),
 ///   dk_j += sum_r dS_rj q_r, dv_j += sum_r P_rj dO_r over the tile's keys (4 keys x 64 features a tile; stored,
 ///        not added, for keys no earlier tile touched: the touched keys are a prefix [0, touched) under every
-///        mask here, carried over the tiles), and after the tiles dk, dv of the keys none touched zeroed;
+///        mask here, carried over the tiles) into the item's slot (item mod 2) of a [2, keys, dh] scratch, and
+///   the item before's dk, dv out of the other slot, keys [t M / tiles, (t + 1) M / tiles) in tile t (touched
+///        keys from the scratch, the others 0): its writes spread over this item's work, not in a burst after its
+///        own (the task's last item writes its own after the items; an item with no tiles the one before's at
+///        once);
 /// the next item's operands are prefetched over the tiles (and, a share per item, the next entry's read operands
-/// whole: prefetchNextEntry) and dq stored nontemporally as in the forward.
-/// Every output of an item is written by that item alone, in a fixed order: the same bits for any thread count.
+/// whole: prefetchNextEntry) and dq, dk, dv stored nontemporally when streaming (as the forward's output). Measured
+/// in bench/results/2026-11-28-entry-prefetch.md. Every output element is written once, from the values its own
+/// item computed in a fixed order: the same bits for any thread count.
 void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &ops, Value begin, Value end) {
   auto &b = L.b;
   Location loc = L.loc;
@@ -47,12 +52,34 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
   int64_t dyn = ShapedType::kDynamic;
   Value kt = K.scratch({dh, dyn}, M16), vt = K.scratch({dh, dyn}, M16);
   Value S = K.scratch({R, dyn}, M16), G = K.scratch({R, dyn}, M16);
+  // dk and dv of the item (slot item mod 2) accumulated over its tiles, and of the item before (the other slot),
+  // written out over this item's tiles.
+  Value dkItems = K.scratch({2, dyn, dh}, M16), dvItems = K.scratch({2, dyn, dh}, M16);
   Value rows = b.create<memref::DimOp>(loc, ops.q, 1);
   Value items = b.create<arith::MulIOp>(loc, ops.entries, L.idx(H));
   Value streams = streamsOperands(L, ops.entries, rows, M, D, /*q, dO, dq*/ 3, /*k, v, dk, dv*/ 4);
   Value nontemporal = K.nontemporalRows(streams, ops.dq);
-
-  K.loop(begin, end, 1, {}, [&](Value item, ValueRange) {
+  Value nontemporalDk = K.nontemporalRows(streams, ops.dk);
+  Value nontemporalKeys = L.andI(nontemporalDk, K.nontemporalRows(streams, ops.dv));
+  // Keys [from, to) of an item's dk and dv (entry bi, features from base; in scratch slot `slot`) out: the keys
+  // its tiles touched from the scratch, the others (padding, past the last row's under the causal mask) 0.
+  auto writeKeys = [&](Value slot, Value bi, Value base, Value touched, Value from, Value to) {
+    K.storeStreaming(nontemporalKeys, [&](bool nt) {
+      K.loop(from, to, 1, {}, [&](Value j, ValueRange) {
+        Value seen = L.lt(j, touched);
+        for (auto [scratch, out] : {std::pair{dkItems, ops.dk}, std::pair{dvItems, ops.dv}})
+          for (int64_t c = 0; c < chunks; ++c) {
+            Value x = K.load(scratch, ValueRange{slot, j, L.idx(c * kLanes)});
+            K.store(b.create<arith::SelectOp>(loc, seen, x, K.zeroV), out, ValueRange{bi, j, K.chunk(base, c)}, nt);
+          }
+        return SmallVector<Value>{};
+      });
+    });
+  };
+  Value zero = L.idx(0), no = b.create<arith::ConstantOp>(loc, b.getBoolAttr(false));
+  // Carried: the item before's entry, features, touched keys, slot and whether there is one.
+  auto itemLoop = K.loop(begin, end, 1, ValueRange{zero, zero, zero, zero, no}, [&](Value item, ValueRange before) {
+    Value slot = b.create<arith::RemUIOp>(loc, item, L.idx(2));
     Value bi = b.create<arith::DivUIOp>(loc, item, L.idx(H));
     Value base = b.create<arith::MulIOp>(loc, b.create<arith::RemUIOp>(loc, item, L.idx(H)), L.idx(dh));
     Value len = L.lengthOf(bi);
@@ -84,7 +111,7 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
         K.prefetchNextEntry(hasNextEntry, K.add(bi, L.idx(1)), head, H, D, t, tiles, part, 4, rows, M,
                             {ops.q, ops.dO}, {ops.k, ops.v});
         K.prefetchNext(hasNext, nextEntry, nextBase, t, tiles, r0, R, part, 4, rows, M, {ops.q, ops.dO}, {},
-                       {ops.k, ops.v}, {ops.dk, ops.dv});
+                       {ops.k, ops.v}, {});
       };
       prefetch(0);
       Tile tile = K.tileRows(bi, r0, R, lastRow, m, Value(), n);
@@ -154,20 +181,27 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
       prefetch(3);
       // From the tile's first key rounded down to 4 (the keys before it get nothing: 0 in P and dS).
       Value keysFrom = K.roundDown(tile.from, kGradKeys);
-      K.keyUpdates(G, ops.q, tile.row, ops.dk, bi, base, keysFrom, tile.to, touched);
-      K.keyUpdates(S, ops.dO, tile.row, ops.dv, bi, base, keysFrom, tile.to, touched);
+      K.keyUpdates(G, ops.q, tile.row, dkItems, slot, bi, base, keysFrom, tile.to, touched);
+      K.keyUpdates(S, ops.dO, tile.row, dvItems, slot, bi, base, keysFrom, tile.to, touched);
+      // The item before's keys [t M / tiles, (t + 1) M / tiles) out.
+      L.when(before[4], [&] {
+        Value from = b.create<arith::DivUIOp>(loc, b.create<arith::MulIOp>(loc, t, M), tiles);
+        Value to = b.create<arith::DivUIOp>(loc, b.create<arith::MulIOp>(loc, K.add(t, L.idx(1)), M), tiles);
+        writeKeys(before[3], before[0], before[1], before[2], from, to);
+      });
       return SmallVector<Value>{b.create<arith::MaxSIOp>(loc, touched, tile.to)};
     });
-    // Keys no tile saw (padding, and past the last row's under the causal mask) get 0.
-    L.nest({b.create<arith::SubIOp>(loc, M, tileLoop.getResult(0)), L.idx(chunks)}, [&](ValueRange jc) {
-      Value j = K.add(tileLoop.getResult(0), jc[0]);
-      Value e = K.add(base, b.create<arith::MulIOp>(loc, jc[1], L.idx(kLanes)));
-      K.store(K.zeroV, ops.dk, ValueRange{bi, j, e});
-      K.store(K.zeroV, ops.dv, ValueRange{bi, j, e});
-    });
-    return SmallVector<Value>{};
+    // No tiles (an empty entry): the item before's keys all out here.
+    L.when(L.andI(before[4], L.eqI(tiles, zero)),
+           [&] { writeKeys(before[3], before[0], before[1], before[2], zero, M); });
+    Value yes = b.create<arith::ConstantOp>(loc, b.getBoolAttr(true));
+    return SmallVector<Value>{bi, base, tileLoop.getResult(0), slot, yes};
   });
-  K.fenceStreaming(nontemporal);
+  // The last item's keys.
+  L.when(itemLoop.getResult(4), [&] {
+    writeKeys(itemLoop.getResult(3), itemLoop.getResult(0), itemLoop.getResult(1), itemLoop.getResult(2), zero, M);
+  });
+  K.fenceStreaming(L.orI(nontemporal, nontemporalKeys));
 }
 
 /// The backward's task: items [begin, end) of the operands whose addresses and sizes are in ctx (dO, q, k, v,

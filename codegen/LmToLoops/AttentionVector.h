@@ -448,11 +448,11 @@ struct VectorKernel {
     });
   }
 
-  /// dst[bi, j] (+)= sum_r W[r, j] * src[bi, row_r] over the head's features for keys j of [lo, hi): added to
-  /// below `fresh`, stored from it (keys no earlier tile touched: no zeroing pass over dst); tiles of kGradKeys
-  /// keys (then single keys) x 4 feature vectors, the tile's rows in order.
-  void keyUpdates(Value W, Value src, ArrayRef<Value> row, Value dst, Value bi, Value base, Value lo, Value hi,
-                  Value fresh) {
+  /// dst[slot, j] (+)= sum_r W[r, j] * src[bi, row_r] over the head's features (dst: [2, keys, dh] scratch) for
+  /// keys j of [lo, hi): added to below `fresh`, stored from it (keys no earlier tile touched: no zeroing pass
+  /// over dst); tiles of kGradKeys keys (then single keys) x 4 feature vectors, the tile's rows in order.
+  void keyUpdates(Value W, Value src, ArrayRef<Value> row, Value dst, Value slot, Value bi, Value base, Value lo,
+                  Value hi, Value fresh) {
     const int64_t R = row.size();
     auto update = [&](Value j, int64_t keys, bool accumulate) {
       for (int64_t c0 = 0; c0 < chunks; c0 += kPvChunks) {
@@ -470,7 +470,7 @@ struct VectorKernel {
         }
         for (int64_t u = 0; u < keys; ++u)
           for (int64_t c = 0; c < nc; ++c) {
-            SmallVector<Value> ivs{bi, add(j, L.idx(u)), chunk(base, c0 + c)};
+            SmallVector<Value> ivs{slot, add(j, L.idx(u)), L.idx((c0 + c) * kLanes)};
             store(accumulate ? b.create<arith::AddFOp>(loc, load(dst, ivs), acc[u * nc + c]) : acc[u * nc + c],
                   dst, ivs);
           }

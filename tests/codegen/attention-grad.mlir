@@ -4,8 +4,9 @@
 // lm_rt_parallel_for (called directly below 2^16 multiply-adds): per item keys and values transposed in 16 x 16
 // register blocks, then per tile of 8 query rows the probabilities recomputed, dP = dO v^T as the scores,
 // D = sum P dP, dS = P (dP - D) scale, dq of the real rows only (rows past the length repeat the last one),
-// dk (+)= dS^T q and dv (+)= P^T dO in tiles of 4 keys; past the threads' L2 the next item prefetched and dq
-// stored nontemporally. Head size 8 calls the runtime's C++ kernel.
+// dk (+)= dS^T q and dv (+)= P^T dO in tiles of 4 keys into a scratch, written out over the next item's tiles;
+// past the threads' L2 the next item (and a share of the next entry) prefetched and dq, dk, dv stored
+// nontemporally. Head size 8 calls the runtime's C++ kernel.
 
 module @m attributes {lm.model = #lm.model<name = "m", vocab = 11, max_len = 9, d_model = 32, heads = 2, d_ff = 12,
     layers = 1, pad = 0, eos = 1, unk = 2, bos = 3, mask = 4>} {
@@ -45,6 +46,9 @@ module @m attributes {lm.model = #lm.model<name = "m", vocab = 11, max_len = 9, 
 // CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<16x?xf32>
 // CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<8x?xf32>
 // CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<8x?xf32>
+// and dk, dv of two items: [2, M16, head size]
+// CHECK: %[[DKS:.*]] = memref.alloc({{.*}}) {alignment = 64 : i64} : memref<2x?x16xf32>
+// CHECK: %[[DVS:.*]] = memref.alloc({{.*}}) {alignment = 64 : i64} : memref<2x?x16xf32>
 // the next item prefetched only when q, dO, dq, k, v, dk, dv (rows x 3 + keys x 4, x 32 x 4 bytes) exceed the L2
 // CHECK: %[[BYTES:.*]] = arith.muli %{{.*}}, %c128 : index
 // CHECK: %[[CACHE:.*]] = call @lm_rt_private_cache_bytes() : () -> i64
@@ -54,6 +58,10 @@ module @m attributes {lm.model = #lm.model<name = "m", vocab = 11, max_len = 9, 
 // CHECK: %[[LOW:.*]] = arith.andi %{{.*}}, %c63_i64 : i64
 // CHECK: %[[ALIGNED:.*]] = arith.cmpi eq, %[[LOW]], %c0_i64 : i64
 // CHECK: %[[NT:.*]] = arith.andi %[[STREAMS]], %[[ALIGNED]] : i1
+// dk and dv nontemporally too when both are aligned
+// CHECK: %[[NTDK:.*]] = arith.andi %[[STREAMS]], %{{.*}} : i1
+// CHECK: %[[NTDV:.*]] = arith.andi %[[STREAMS]], %{{.*}} : i1
+// CHECK: %[[NTK:.*]] = arith.andi %[[NTDK]], %[[NTDV]] : i1
 // dq of rows past the query length zeroed; keys, then values transposed
 // CHECK: vector.store {{.*}} : memref<?x?x32xf32>, vector<16xf32>
 // CHECK: vector.shuffle {{.*}} [0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23]
@@ -82,19 +90,37 @@ module @m attributes {lm.model = #lm.model<name = "m", vocab = 11, max_len = 9, 
 // CHECK: scf.if %[[NT]] {
 // CHECK: vector.store {{.*}} {nontemporal = true} : memref<?x?x32xf32>, vector<16xf32>
 // CHECK: } else {
-// CHECK: vector.store {{%[0-9]+}}, {{%[0-9]+}}[{{.*}}] : memref<?x?x32xf32>, vector<16xf32>
-// dk then dv in tiles of 4 keys: added to where an earlier tile wrote, stored where none did (no zeroing pass)
+// CHECK: vector.store {{%[0-9]+#[0-9]+}}, {{%[0-9]+}}[{{.*}}] : memref<?x?x32xf32>, vector<16xf32>
+// dk then dv of the item in tiles of 4 keys into its scratch slot (item mod 2): added to where an earlier tile
+// wrote, stored where none did (no zeroing pass)
 // CHECK: scf.for {{.*}} step %c4
 // CHECK: vector.fma
-// CHECK: vector.load {{.*}} : memref<?x?x32xf32>, vector<16xf32>
+// CHECK: vector.load %[[DKS]][%[[SLOT:.*]], %{{.*}}, %{{.*}}] : memref<2x?x16xf32>, vector<16xf32>
 // CHECK: arith.addf {{.*}} : vector<16xf32>
-// CHECK: vector.store {{.*}} : memref<?x?x32xf32>, vector<16xf32>
+// CHECK: vector.store %{{.*}}, %[[DKS]][%[[SLOT]], %{{.*}}, %{{.*}}] : memref<2x?x16xf32>, vector<16xf32>
 // CHECK: scf.for {{.*}} step %c4
 // CHECK: vector.fma
 // CHECK-NOT: arith.addf
-// CHECK: vector.store {{.*}} : memref<?x?x32xf32>, vector<16xf32>
-// the keys the tiles carried past are the touched prefix; the rest of dk and dv is zeroed after the tiles
+// CHECK: vector.store %{{.*}}, %[[DKS]][%[[SLOT]], %{{.*}}, %{{.*}}] : memref<2x?x16xf32>, vector<16xf32>
+// CHECK: vector.store %{{.*}}, %[[DVS]][%[[SLOT]], %{{.*}}, %{{.*}}] : memref<2x?x16xf32>, vector<16xf32>
+// then the item before's keys [t M / tiles, (t + 1) M / tiles) out of the other slot, touched ones from the
+// scratch and the rest 0, nontemporal when streaming and dk, dv are 64-byte aligned
+// CHECK: scf.if %[[BEFORE:arg[0-9]+]] {
+// CHECK: scf.if %[[NTK]] {
+// CHECK: vector.load %[[DKS]][%[[PREVSLOT:arg[0-9]+]], %{{.*}}, %{{.*}}] : memref<2x?x16xf32>, vector<16xf32>
+// CHECK: arith.select
+// CHECK: vector.store {{.*}} {nontemporal = true} : memref<?x?x32xf32>, vector<16xf32>
+// CHECK: vector.load %[[DVS]][%[[PREVSLOT]], %{{.*}}, %{{.*}}] : memref<2x?x16xf32>, vector<16xf32>
+// CHECK: } else {
+// the keys the tiles carried past are the touched prefix; an empty entry writes the item before's keys at once
 // CHECK: arith.maxsi
 // CHECK: scf.yield
-// CHECK: vector.store {{.*}} : memref<?x?x32xf32>, vector<16xf32>
-// CHECK: vector.store {{.*}} : memref<?x?x32xf32>, vector<16xf32>
+// CHECK: scf.if {{.*}} {
+// CHECK: vector.load %[[DKS]][%[[PREVSLOT]], %{{.*}}, %{{.*}}] : memref<2x?x16xf32>, vector<16xf32>
+// this item's entry, features, touched keys and slot carried to the next; after the items the last one's keys
+// CHECK: scf.yield %{{.*}}, %{{.*}}, %{{.*}}, %[[SLOT]], %true
+// CHECK: scf.if %[[LAST:.*]]#4 {
+// CHECK: vector.load %[[DKS]][%[[LAST]]#3, %{{.*}}, %{{.*}}] : memref<2x?x16xf32>, vector<16xf32>
+// CHECK: vector.store {{.*}} {nontemporal = true} : memref<?x?x32xf32>, vector<16xf32>
+// the stores fenced when any were nontemporal
+// CHECK: llvm.fence seq_cst

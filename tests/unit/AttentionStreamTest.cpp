@@ -1,8 +1,9 @@
 // The vector attention kernels (codegen/LmToLoops/Attention.cpp, AttentionGrad.cpp) on operands larger than the
-// threads' L2, where they prefetch the next item and store their output rows (dq in the backward) nontemporally:
-// every mask kind, odd lengths, against a direct softmax(q k^T) v, and bit-identical to the same entries computed one
-// at a time (operands in cache: no prefetch, plain stores). An output argument that is not 64-byte aligned takes
-// plain stores and gives the same bits. Sharp scores take the softmax's exponential over its whole range.
+// threads' L2, where they prefetch the next item (the backward also the next entry) and store their outputs (dq, dk
+// and dv in the backward) nontemporally: every mask kind, odd lengths, against a direct softmax(q k^T) v, and
+// bit-identical to the same entries computed one at a time (operands in cache: no prefetch, plain stores; the
+// backward with an empty entry and every output element written). An output argument that is not 64-byte aligned
+// takes plain stores and gives the same bits. Sharp scores take the softmax's exponential over its whole range.
 #include "codegen/LmToLoops/Lowering.h"
 #include "runtime/lib/lmrt.h"
 #include "tests/unit/KernelLibrary.h"
@@ -202,11 +203,20 @@ TEST_F(AttentionStreamTest, BackwardMatchesCachedPathBitForBit) {
   const int64_t size = kBatch * kRows * kModel, entry = kRows * kModel;
   std::mt19937 rng(4);
   Buffer dO = buffer(size, &rng), q = buffer(size, &rng), k = buffer(size, &rng), v = buffer(size, &rng);
+  // An empty entry too: its dq, dk, dv are all 0 (its items have no tiles: the item before's dk, dv are written
+  // out at once, its own after it).
+  lengths[5] = 0;
+  // The outputs start as NaN (all entries) and -1 (one entry): an element either path leaves unwritten differs.
+  auto filled = [](int64_t floats, float value) {
+    Buffer p = buffer(floats, nullptr);
+    std::fill(p.get(), p.get() + floats, value);
+    return p;
+  };
   for (auto [mask, name] : kMasks) {
     auto grad = symbol<GradFn>(std::string("attention_grad_") + name);
     ASSERT_TRUE(grad) << name;
-    Buffer dq = buffer(size, nullptr), dk = buffer(size, nullptr), dv = buffer(size, nullptr);
-    Buffer dq1 = buffer(entry, nullptr), dk1 = buffer(entry, nullptr), dv1 = buffer(entry, nullptr);
+    Buffer dq = filled(size, NAN), dk = filled(size, NAN), dv = filled(size, NAN);
+    Buffer dq1 = filled(entry, -1), dk1 = filled(entry, -1), dv1 = filled(entry, -1);
     MemRef<3> dOm = view(dO.get(), kBatch), qm = view(q.get(), kBatch), km = view(k.get(), kBatch),
               vm = view(v.get(), kBatch), dqm = view(dq.get(), kBatch), dkm = view(dk.get(), kBatch),
               dvm = view(dv.get(), kBatch);
@@ -222,6 +232,9 @@ TEST_F(AttentionStreamTest, BackwardMatchesCachedPathBitForBit) {
                                        std::tuple{dv.get(), dv1.get(), "dv"}})
         ASSERT_EQ(0, std::memcmp(all + b * entry, single, entry * sizeof(float)))
             << name << " entry " << b << ": the streaming path's " << what << " differs from the cached one";
+      if (lengths[b] == 0)
+        for (const float *out : {dq1.get(), dk1.get(), dv1.get()})
+          ASSERT_TRUE(std::all_of(out, out + entry, [](float x) { return x == 0; })) << name << " empty entry " << b;
     }
   }
 }
