@@ -137,8 +137,7 @@ void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Val
       // output rows need none: stored nontemporally when streaming, into the runtime's 64-byte aligned buffers).
       const int64_t parts = 2 + (R + kPvRows - 1) / kPvRows;
       auto prefetch = [&](int64_t part) {
-        K.prefetchNext(hasNext, nextEntry, nextBase, t[0], tiles, r0, R, part, parts, rows, M, {q}, {}, {k, v},
-                       {});
+        K.prefetchNext(hasNext, nextEntry, nextBase, t[0], tiles, r0, R, part, parts, rows, M, {q}, {k, v});
       };
       prefetch(0);
       Tile tile = K.tileRows(bi, r0, R, lastRow, len, queryPositions, Value());

@@ -110,8 +110,8 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
       auto prefetch = [&](int64_t part) {
         K.prefetchNextEntry(hasNextEntry, K.add(bi, L.idx(1)), head, H, D, t, tiles, part, 4, rows, M,
                             {ops.q, ops.dO}, {ops.k, ops.v});
-        K.prefetchNext(hasNext, nextEntry, nextBase, t, tiles, r0, R, part, 4, rows, M, {ops.q, ops.dO}, {},
-                       {ops.k, ops.v}, {});
+        K.prefetchNext(hasNext, nextEntry, nextBase, t, tiles, r0, R, part, 4, rows, M, {ops.q, ops.dO},
+                       {ops.k, ops.v});
       };
       prefetch(0);
       Tile tile = K.tileRows(bi, r0, R, lastRow, m, Value(), n);

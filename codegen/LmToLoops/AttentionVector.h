@@ -154,14 +154,14 @@ struct VectorKernel {
   /// the critical path (a tile's lines issued at once fill the miss queue and stall it).
   void prefetchNext(Value hasNext, Value nextEntry, Value nextBase, Value t, Value tiles, Value r0, int64_t R,
                     int64_t part, int64_t parts, Value rows, Value M, ArrayRef<Value> rowReads,
-                    ArrayRef<Value> rowWrites, ArrayRef<Value> keyReads, ArrayRef<Value> keyWrites) {
+                    ArrayRef<Value> keyReads) {
     L.when(hasNext, [&] {
-      auto prefetch = [&](Value buffer, Value from, Value to, bool write) {
+      auto prefetch = [&](Value buffer, Value from, Value to) {
         L.nest({b.create<arith::SubIOp>(loc, to, from), L.idx(chunks)}, [&](ValueRange jc) {
           Value j = add(from, jc[0]);
           Value e = add(nextBase, b.create<arith::MulIOp>(loc, jc[1], L.idx(kLanes)));
-          b.create<memref::PrefetchOp>(loc, buffer, ValueRange{nextEntry, j, e}, write, /*localityHint=*/2,
-                                       /*isDataCache=*/true);
+          b.create<memref::PrefetchOp>(loc, buffer, ValueRange{nextEntry, j, e}, /*isWrite=*/false,
+                                       /*localityHint=*/2, /*isDataCache=*/true);
         });
       };
       Value p0 = add(r0, L.idx(part * R / parts)), p1 = add(r0, L.idx((part + 1) * R / parts));
@@ -173,13 +173,9 @@ struct VectorKernel {
         keysTo = L.select(last, M, keysTo);
       }
       for (Value buffer : keyReads)
-        prefetch(buffer, keysFrom, keysTo, false);
-      for (Value buffer : keyWrites)
-        prefetch(buffer, keysFrom, keysTo, true);
+        prefetch(buffer, keysFrom, keysTo);
       for (Value buffer : rowReads)
-        prefetch(buffer, rowsFrom, rowsTo, false);
-      for (Value buffer : rowWrites)
-        prefetch(buffer, rowsFrom, rowsTo, true);
+        prefetch(buffer, rowsFrom, rowsTo);
     });
   }
 
@@ -197,9 +193,8 @@ struct VectorKernel {
     L.when(hasNext, [&] {
       const int64_t perRow = D / kLanes; // lines of a row: D floats a row, 16 a line
       Value slices = b.create<arith::MulIOp>(loc, tiles, L.idx(parts));
-      Value slice = add(b.create<arith::MulIOp>(loc, head, slices), add(b.create<arith::MulIOp>(
-                                                                             loc, t, L.idx(parts)),
-                                                                         L.idx(part)));
+      Value within = add(b.create<arith::MulIOp>(loc, t, L.idx(parts)), L.idx(part));
+      Value slice = add(b.create<arith::MulIOp>(loc, head, slices), within);
       Value allSlices = b.create<arith::MulIOp>(loc, slices, L.idx(H));
       auto prefetch = [&](Value buffer, Value count) {
         Value lines = b.create<arith::MulIOp>(loc, count, L.idx(perRow));
