@@ -99,7 +99,7 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
     Value hasNextEntry = L.andI(streams, L.lt(K.add(bi, L.idx(1)), ops.entries));
     Value nextEntry = b.create<arith::DivUIOp>(loc, nextItem, L.idx(H));
     Value nextBase = b.create<arith::MulIOp>(loc, b.create<arith::RemUIOp>(loc, nextItem, L.idx(H)), L.idx(dh));
-    // Carried over the tiles: the keys [0, touched) the tiles so far wrote into dk and dv.
+    // Carried over the tiles: the keys [0, touched) the tiles so far wrote into the slot's dk and dv.
     auto tileLoop = K.loop(L.idx(0), tiles, 1, ValueRange{L.idx(0)}, [&](Value t, ValueRange carried) {
       Value touched = carried[0];
       Value r0 = b.create<arith::MulIOp>(loc, t, L.idx(R));
