@@ -61,9 +61,12 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
   Value nontemporal = K.nontemporalRows(streams, ops.dq);
   Value nontemporalDk = K.nontemporalRows(streams, ops.dk);
   Value nontemporalKeys = L.andI(nontemporalDk, K.nontemporalRows(streams, ops.dv));
-  // Keys [from, to) of an item's dk and dv (entry bi, features from base; in scratch slot `slot`) out: the keys
-  // its tiles touched from the scratch, the others (padding, past the last row's under the causal mask) 0.
-  auto writeKeys = [&](Value slot, Value bi, Value base, Value touched, Value from, Value to) {
+  // Keys [from, to) of item `item`'s dk and dv (in scratch slot item mod 2) out: the keys its tiles touched
+  // (`touched`) from the scratch, the others (padding, past the last row's under the causal mask) 0.
+  auto writeKeys = [&](Value item, Value touched, Value from, Value to) {
+    Value slot = b.create<arith::RemUIOp>(loc, item, L.idx(2));
+    Value bi = b.create<arith::DivUIOp>(loc, item, L.idx(H));
+    Value base = b.create<arith::MulIOp>(loc, b.create<arith::RemUIOp>(loc, item, L.idx(H)), L.idx(dh));
     K.storeStreaming(nontemporalKeys, [&](bool nt) {
       K.loop(from, to, 1, {}, [&](Value j, ValueRange) {
         Value seen = L.lt(j, touched);
@@ -76,9 +79,11 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
       });
     });
   };
-  Value zero = L.idx(0), no = b.create<arith::ConstantOp>(loc, b.getBoolAttr(false));
-  // Carried: the item before's entry, features, touched keys, slot and whether there is one.
-  auto itemLoop = K.loop(begin, end, 1, ValueRange{zero, zero, zero, zero, no}, [&](Value item, ValueRange before) {
+  Value zero = L.idx(0);
+  // Carried: the keys the item before's tiles touched.
+  auto itemLoop = K.loop(begin, end, 1, ValueRange{zero}, [&](Value item, ValueRange carriedItems) {
+    Value before = b.create<arith::SubIOp>(loc, item, L.idx(1)), touchedBefore = carriedItems[0];
+    Value hasBefore = L.lt(begin, item);
     Value slot = b.create<arith::RemUIOp>(loc, item, L.idx(2));
     Value bi = b.create<arith::DivUIOp>(loc, item, L.idx(H));
     Value base = b.create<arith::MulIOp>(loc, b.create<arith::RemUIOp>(loc, item, L.idx(H)), L.idx(dh));
@@ -184,23 +189,20 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
       K.keyUpdates(G, ops.q, tile.row, dkItems, slot, bi, base, keysFrom, tile.to, touched);
       K.keyUpdates(S, ops.dO, tile.row, dvItems, slot, bi, base, keysFrom, tile.to, touched);
       // The item before's keys [t M / tiles, (t + 1) M / tiles) out.
-      L.when(before[4], [&] {
+      L.when(hasBefore, [&] {
         Value from = b.create<arith::DivUIOp>(loc, b.create<arith::MulIOp>(loc, t, M), tiles);
         Value to = b.create<arith::DivUIOp>(loc, b.create<arith::MulIOp>(loc, K.add(t, L.idx(1)), M), tiles);
-        writeKeys(before[3], before[0], before[1], before[2], from, to);
+        writeKeys(before, touchedBefore, from, to);
       });
       return SmallVector<Value>{b.create<arith::MaxSIOp>(loc, touched, tile.to)};
     });
     // No tiles (an empty entry): the item before's keys all out here.
-    L.when(L.andI(before[4], L.eqI(tiles, zero)),
-           [&] { writeKeys(before[3], before[0], before[1], before[2], zero, M); });
-    Value yes = b.create<arith::ConstantOp>(loc, b.getBoolAttr(true));
-    return SmallVector<Value>{bi, base, tileLoop.getResult(0), slot, yes};
+    L.when(L.andI(hasBefore, L.eqI(tiles, zero)), [&] { writeKeys(before, touchedBefore, zero, M); });
+    return SmallVector<Value>{tileLoop.getResult(0)};
   });
   // The last item's keys.
-  L.when(itemLoop.getResult(4), [&] {
-    writeKeys(itemLoop.getResult(3), itemLoop.getResult(0), itemLoop.getResult(1), itemLoop.getResult(2), zero, M);
-  });
+  L.when(L.lt(begin, end),
+         [&] { writeKeys(b.create<arith::SubIOp>(loc, end, L.idx(1)), itemLoop.getResult(0), zero, M); });
   K.fenceStreaming(L.orI(nontemporal, nontemporalKeys));
 }
 

@@ -147,6 +147,13 @@ struct VectorKernel {
     });
   }
 
+  /// A read prefetch of the line holding buffer[entry, j, e] into L2 (locality 2: 0 was slower, 1 and 3 no
+  /// better; bench/results/2026-11-27-softmax.md).
+  void prefetchLine(Value buffer, Value entry, Value j, Value e) {
+    b.create<memref::PrefetchOp>(loc, buffer, ValueRange{entry, j, e}, /*isWrite=*/false, /*localityHint=*/2,
+                                 /*isDataCache=*/true);
+  }
+
   /// While tile t of `tiles` (rows r0..r0+R) computes, the next item's (entry nextEntry, features from nextBase)
   /// rows of the row-major operands and keys of the key-major ones in part `part` of `parts` of r0..r0+R (after
   /// the last tile's last part every remaining row and key) move to L2: at batch > 1 the kernels stream their
@@ -160,8 +167,7 @@ struct VectorKernel {
         L.nest({b.create<arith::SubIOp>(loc, to, from), L.idx(chunks)}, [&](ValueRange jc) {
           Value j = add(from, jc[0]);
           Value e = add(nextBase, b.create<arith::MulIOp>(loc, jc[1], L.idx(kLanes)));
-          b.create<memref::PrefetchOp>(loc, buffer, ValueRange{nextEntry, j, e}, /*isWrite=*/false,
-                                       /*localityHint=*/2, /*isDataCache=*/true);
+          prefetchLine(buffer, nextEntry, j, e);
         });
       };
       Value p0 = add(r0, L.idx(part * R / parts)), p1 = add(r0, L.idx((part + 1) * R / parts));
@@ -204,8 +210,7 @@ struct VectorKernel {
         loop(at(slice), at(add(slice, L.idx(1))), 1, {}, [&](Value l, ValueRange) {
           Value j = b.create<arith::DivUIOp>(loc, l, L.idx(perRow));
           Value e = b.create<arith::MulIOp>(loc, b.create<arith::RemUIOp>(loc, l, L.idx(perRow)), L.idx(kLanes));
-          b.create<memref::PrefetchOp>(loc, buffer, ValueRange{nextEntry, j, e}, /*isWrite=*/false,
-                                       /*localityHint=*/2, /*isDataCache=*/true);
+          prefetchLine(buffer, nextEntry, j, e);
           return SmallVector<Value>{};
         });
       };

@@ -62,6 +62,11 @@ module @m attributes {lm.model = #lm.model<name = "m", vocab = 11, max_len = 9, 
 // CHECK: %[[NTDK:.*]] = arith.andi %[[STREAMS]], %{{.*}} : i1
 // CHECK: %[[NTDV:.*]] = arith.andi %[[STREAMS]], %{{.*}} : i1
 // CHECK: %[[NTK:.*]] = arith.andi %[[NTDK]], %[[NTDV]] : i1
+// the items, carrying the keys the item before touched (it is item - 1 when item > begin); slot item mod 2
+// CHECK: scf.for %[[ITEM:arg[0-9]+]] = %[[BEGIN:[0-9]+]] to %[[END:[0-9]+]] step %{{.*}} iter_args(%[[TOUCHEDBEFORE:arg[0-9]+]] = %c0{{(_[0-9]+)?}}) -> (index) {
+// CHECK: %[[BEFOREITEM:.*]] = arith.subi %[[ITEM]], %c1{{(_[0-9]+)?}} : index
+// CHECK: %[[HASBEFORE:.*]] = arith.cmpi slt, %[[BEGIN]], %[[ITEM]] : index
+// CHECK: %[[SLOT:.*]] = arith.remui %[[ITEM]], %c2{{(_[0-9]+)?}} : index
 // dq of rows past the query length zeroed; keys, then values transposed
 // CHECK: vector.store {{.*}} : memref<?x?x32xf32>, vector<16xf32>
 // CHECK: vector.shuffle {{.*}} [0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23]
@@ -95,7 +100,7 @@ module @m attributes {lm.model = #lm.model<name = "m", vocab = 11, max_len = 9, 
 // wrote, stored where none did (no zeroing pass)
 // CHECK: scf.for {{.*}} step %c4
 // CHECK: vector.fma
-// CHECK: vector.load %[[DKS]][%[[SLOT:.*]], %{{.*}}, %{{.*}}] : memref<2x?x16xf32>, vector<16xf32>
+// CHECK: vector.load %[[DKS]][%[[SLOT]], %{{.*}}, %{{.*}}] : memref<2x?x16xf32>, vector<16xf32>
 // CHECK: arith.addf {{.*}} : vector<16xf32>
 // CHECK: vector.store %{{.*}}, %[[DKS]][%[[SLOT]], %{{.*}}, %{{.*}}] : memref<2x?x16xf32>, vector<16xf32>
 // CHECK: scf.for {{.*}} step %c4
@@ -105,9 +110,11 @@ module @m attributes {lm.model = #lm.model<name = "m", vocab = 11, max_len = 9, 
 // CHECK: vector.store %{{.*}}, %[[DVS]][%[[SLOT]], %{{.*}}, %{{.*}}] : memref<2x?x16xf32>, vector<16xf32>
 // then the item before's keys [t M / tiles, (t + 1) M / tiles) out of the other slot, touched ones from the
 // scratch and the rest 0, nontemporal when streaming and dk, dv are 64-byte aligned
-// CHECK: scf.if %[[BEFORE:arg[0-9]+]] {
+// CHECK: scf.if %[[HASBEFORE]] {
+// CHECK: %[[PREVSLOT:.*]] = arith.remui %[[BEFOREITEM]], %c2{{(_[0-9]+)?}} : index
 // CHECK: scf.if %[[NTK]] {
-// CHECK: vector.load %[[DKS]][%[[PREVSLOT:arg[0-9]+]], %{{.*}}, %{{.*}}] : memref<2x?x16xf32>, vector<16xf32>
+// CHECK: arith.cmpi slt, %{{.*}}, %[[TOUCHEDBEFORE]] : index
+// CHECK: vector.load %[[DKS]][%[[PREVSLOT]], %{{.*}}, %{{.*}}] : memref<2x?x16xf32>, vector<16xf32>
 // CHECK: arith.select
 // CHECK: vector.store {{.*}} {nontemporal = true} : memref<?x?x32xf32>, vector<16xf32>
 // CHECK: vector.load %[[DVS]][%[[PREVSLOT]], %{{.*}}, %{{.*}}] : memref<2x?x16xf32>, vector<16xf32>
@@ -116,11 +123,15 @@ module @m attributes {lm.model = #lm.model<name = "m", vocab = 11, max_len = 9, 
 // CHECK: arith.maxsi
 // CHECK: scf.yield
 // CHECK: scf.if {{.*}} {
-// CHECK: vector.load %[[DKS]][%[[PREVSLOT]], %{{.*}}, %{{.*}}] : memref<2x?x16xf32>, vector<16xf32>
-// this item's entry, features, touched keys and slot carried to the next; after the items the last one's keys
-// CHECK: scf.yield %{{.*}}, %{{.*}}, %{{.*}}, %[[SLOT]], %true
-// CHECK: scf.if %[[LAST:.*]]#4 {
-// CHECK: vector.load %[[DKS]][%[[LAST]]#3, %{{.*}}, %{{.*}}] : memref<2x?x16xf32>, vector<16xf32>
+// CHECK: %[[EMPTYSLOT:.*]] = arith.remui %[[BEFOREITEM]], %c2{{(_[0-9]+)?}} : index
+// CHECK: vector.load %[[DKS]][%[[EMPTYSLOT]], %{{.*}}, %{{.*}}] : memref<2x?x16xf32>, vector<16xf32>
+// the keys this item touched carried to the next; after the items the last one's (end - 1) keys
+// CHECK: scf.yield %{{.*}} : index
+// CHECK: %[[ANY:.*]] = arith.cmpi slt, %[[BEGIN]], %[[END]] : index
+// CHECK: scf.if %[[ANY]] {
+// CHECK: %[[LASTITEM:.*]] = arith.subi %[[END]], %c1{{(_[0-9]+)?}} : index
+// CHECK: %[[LASTSLOT:.*]] = arith.remui %[[LASTITEM]], %c2{{(_[0-9]+)?}} : index
+// CHECK: vector.load %[[DKS]][%[[LASTSLOT]], %{{.*}}, %{{.*}}] : memref<2x?x16xf32>, vector<16xf32>
 // CHECK: vector.store {{.*}} {nontemporal = true} : memref<?x?x32xf32>, vector<16xf32>
 // the stores fenced when any were nontemporal
 // CHECK: llvm.fence seq_cst
