@@ -766,7 +766,11 @@ static LogicalResult verifyDropout(Operation *op, Value x, double rate, int64_t 
     return op->emitOpError("rate must be in [0, 1), got ") << rate;
   if (site < 0 || site >= (int64_t(1) << 24))
     return op->emitOpError("site must be in [0, 2^24), got ") << site;
-  return expectRank(op, "input [B, N, C]", x, 3);
+  int64_t rank = tensorOf(x).getRank();
+  if (rank != 3 && rank != 4)
+    return op->emitOpError("input must be a [B, N, C] activation or [B, H, N, M] attention probabilities, got ")
+           << x.getType();
+  return success();
 }
 
 LogicalResult DropoutOp::verify() {

@@ -881,14 +881,17 @@ def Lm_LengthLossGradOp : Lm_Op<"length_loss_grad", [Pure]> {
 }
 
 def Lm_DropoutOp : Lm_Op<"dropout", [Pure, SameOperandsAndResultType]> {
-  let summary = "dropout of a [B, N, C] activation: x * keep / (1 - rate) when `training`, else x";
+  let summary = "dropout of a [B, N, C] activation or [B, H, N, M] attention probabilities: x * keep / (1 - rate) when `training`, else x";
   let description = [{
     The mask is a pure function of ([train] seed, the training step, `site`, sentence, row, feature):
-    dropoutKeep in runtime/train/Philox.h; the step is the trainer's (0 outside a trainer). MLIRGen puts
-    these in the `loss` entry; lm-autodiff marks the copy in `loss_grad` `training` (the `loss` entry, used
-    for validation, evaluates without dropout).
+    dropoutKeep in runtime/train/Philox.h; the step is the trainer's (0 outside a trainer). On attention
+    probabilities [B, H, N, M] element (b, h, i, j) is dropoutKeep's (sentence b H + h, row i, feature j)
+    (attentionDropoutKeep). Rows past a sentence's length are 0. MLIRGen puts these in the `loss` entry;
+    lm-autodiff marks the copy in `loss_grad` `training` (the `loss` entry, used for validation, evaluates
+    without dropout).
     ```mlir
     %y = lm.dropout %x {rate = 1.000000e-01 : f64, site = 0 : i64, training} : tensor<?x?x512xf32>
+    %p = lm.dropout %probs {rate = 1.000000e-01 : f64, site = 1048576 : i64, training} : tensor<?x8x?x?xf32>
     ```
   }];
   let arguments = (ins Lm_F32Tensor:$input, F64Attr:$rate, I64Attr:$site, UnitAttr:$training);

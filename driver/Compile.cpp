@@ -160,9 +160,6 @@ std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options,
            "reference executor); set [train] dropout, attention_dropout and label_smoothing to 0";
   if (options.train && !spec.mlm)
     return "[head] mlm = false: an encoder-only model has no output head to train (training needs mlm = true)";
-  if (options.train && spec.train.attentionDropout > 0)
-    return "[train] attention_dropout > 0: compiled training has no dropout on attention probabilities yet "
-           "(dropout on the embedding and sub-layer outputs is supported; set attention_dropout = 0)";
 
   // -o DIR creates at most DIR itself. Everything is built in a temporary directory beside DIR (inside it
   // when the parent is not writable), removed on every exit path, and moved into DIR file by file at the end.

@@ -10,6 +10,7 @@
 #include "frontend/MLIRGen.h"
 
 #include "dialect/LmDialect.h"
+#include "runtime/train/Philox.h"
 #include "runtime/weights/WeightNames.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -125,18 +126,23 @@ private:
   /// Decomposed multi-head attention of `query` over `keyValue` (the attn.{q,k,v,o}
   /// projections of layer `prefix`): softmax(mask(Q K^T [+ rel] / sqrt(dh))) V [+ rel] W_o.
   Value attention(Value query, Value keyValue, Value lengths, const std::string &prefix, int64_t heads,
-                  lm::MaskKind mask, Value maskData, int64_t clip) {
+                  lm::MaskKind mask, Value maskData, int64_t clip, int64_t probabilitySite = -1) {
     Value q = linear(query, names::q(prefix), D(), D());
     Value k = linear(keyValue, names::k(prefix), D(), D());
     Value v = linear(keyValue, names::v(prefix), D(), D());
-    return attendProjected(q, k, v, lengths, prefix, heads, mask, maskData, clip, Value(), false);
+    return attendProjected(q, k, v, lengths, prefix, heads, mask, maskData, clip, Value(), false, probabilitySite);
   }
 
   /// Attention over projected queries, keys and values, then the output projection of layer `prefix`:
   /// decomposed, or `fused` as one lm.attention (lm-fuse-attention's rewrite: the same numbers), which
-  /// single-query rows at `queryPositions` need (lm.mask_fill knows no query positions).
+  /// single-query rows at `queryPositions` need (lm.mask_fill knows no query positions). While the training
+  /// loss is built, [train] attention_dropout drops the probabilities at `probabilitySite` (both the value
+  /// product and the relative values see the dropped ones; lm-fuse-attention then leaves the chain decomposed).
   Value attendProjected(Value q, Value k, Value v, Value lengths, const std::string &prefix, int64_t heads,
-                        lm::MaskKind mask, Value maskData, int64_t clip, Value queryPositions, bool fused) {
+                        lm::MaskKind mask, Value maskData, int64_t clip, Value queryPositions, bool fused,
+                        int64_t probabilitySite = -1) {
+    const bool dropProbabilities = attentionDropoutRate > 0 && probabilitySite >= 0;
+    assert(!(dropProbabilities && (fused || queryPositions)) && "attention dropout on the decomposed chain only");
     int64_t dh = D() / heads;
     Value relK = clip > 0 ? weight(names::relK(prefix), {2 * clip + 1, dh}) : Value();
     Value relV = clip > 0 ? weight(names::relV(prefix), {2 * clip + 1, dh}) : Value();
@@ -160,6 +166,9 @@ private:
     scores = b.create<lm::MaskFillOp>(loc, scoresType, scores, lengths, maskData,
                                       lm::MaskKindAttr::get(b.getContext(), mask));
     Value probs = b.create<lm::SoftmaxOp>(loc, scores);
+    if (dropProbabilities)
+      probs = b.create<lm::DropoutOp>(loc, probs, b.getF64FloatAttr(attentionDropoutRate),
+                                      b.getI64IntegerAttr(probabilitySite), UnitAttr());
     Value context = b.create<lm::MatmulOp>(loc, headsType, probs, vh, UnitAttr());
     if (clip > 0)
       context = add(context, b.create<lm::RelativeValuesOp>(loc, headsType, probs, relV, b.getI64IntegerAttr(clip)));
@@ -207,13 +216,13 @@ private:
       std::string p = names::layer(i);
       if (spec.norm == NormPlacement::Post) {
         Value attn = attention(h, isolated ? X : h, lengths, names::attn(p), spec.dims.heads, maskOf(spec.mask),
-                               Value(), spec.relativePositions);
+                               Value(), spec.relativePositions, train::attentionDropoutSite(i));
         Value a = layerNorm(add(h, drop(attn, 2 + 2 * i)), names::attnNorm(p));
         h = layerNorm(add(a, drop(ffn(a, names::ffn(p), spec.dims.dFF), 3 + 2 * i)), names::ffnNorm(p));
       } else {
         Value qIn = layerNorm(h, names::attnNorm(p));
         Value attn = attention(qIn, isolated ? X : qIn, lengths, names::attn(p), spec.dims.heads, maskOf(spec.mask),
-                               Value(), spec.relativePositions);
+                               Value(), spec.relativePositions, train::attentionDropoutSite(i));
         Value a = add(h, drop(attn, 2 + 2 * i));
         h = add(a, drop(ffn(layerNorm(a, names::ffnNorm(p)), names::ffn(p), spec.dims.dFF), 3 + 2 * i));
       }
@@ -359,9 +368,9 @@ private:
     auto fn = entry("loss", {idsType(), idsType(), lengthsType()}, {t({kDyn, kDyn}, f32)});
     method(fn, "loss");
     Value inputs = fn.getArgument(0), targets = fn.getArgument(1), lengths = fn.getArgument(2);
-    dropoutRate = spec.train.dropout;
+    dropoutRate = spec.train.dropout, attentionDropoutRate = spec.train.attentionDropout;
     Value h = encode(inputs, lengths);
-    dropoutRate = 0;
+    dropoutRate = 0, attentionDropoutRate = 0;
     if (spec.ngram) { // objective ngram: every head's CE through the shared logit layer, one op
       SmallVector<Value> heads = ngramHeads(h, inputs, lengths);
       Value bias = spec.headBias ? weight(names::headBias(), {spec.dims.vocab}) : Value();
@@ -573,7 +582,8 @@ private:
 
   const ModelSpec &spec;
   bool train;
-  double dropoutRate = 0; ///< [train] dropout while the loss entry is built, else 0
+  double dropoutRate = 0;          ///< [train] dropout while the loss entry is built, else 0
+  double attentionDropoutRate = 0; ///< [train] attention_dropout while the loss entry is built, else 0
   OpBuilder b;
   Location loc;
   Type f32, i32;

@@ -41,6 +41,7 @@ void declareTrainingRuntime(OpBuilder &b, Location loc) {
   declare("lm_rt_cross_entropy_grad", {ptr, ptr, i64, i64, i64, f64, i32, ptr});
   declare("lm_rt_softmax_grad", {ptr, ptr, i64, i64, i32, ptr});
   declare("lm_rt_dropout", {ptr, ptr, i64, i64, i64, f64, i64, ptr});
+  declare("lm_rt_dropout_heads", {ptr, ptr, i64, i64, i64, i64, f64, i64, ptr});
 }
 
 namespace {
@@ -337,7 +338,8 @@ template <typename Op> struct RelativeGradLowering : LmLowering<Op> {
 };
 
 /// lm.dropout outside training is the identity (its input buffer); in training, and lm.dropout_grad, the
-/// runtime applies the mask. Both need the batch lengths: the entry's (argument 3 of the training kernels).
+/// runtime applies the mask (lm_rt_dropout on [B, N, C], lm_rt_dropout_heads on [B, H, N, M] probabilities).
+/// Both need the batch lengths: the entry's (argument 3 of the training kernels).
 template <typename Op> struct DropoutLowering : LmLowering<Op> {
   using LmLowering<Op>::LmLowering;
   LogicalResult lower(Op op, Loops &L) const override {
@@ -349,16 +351,17 @@ template <typename Op> struct DropoutLowering : LmLowering<Op> {
     if (fn.getNumArguments() < 4)
       return op.emitOpError("a training dropout lowers inside a training entry (weights, inputs, targets, lengths, ...)");
     Value out = L.alloc(L.typeOf(op->getResult(0)));
-    Call{L}
-        .ptr(x)
-        .ptr(fn.getArgument(3))
-        .i64(L.B)
-        .i64(L.N)
-        .i64(lastDim(op->getOperand(0)))
-        .f64(op.getRate().convertToDouble())
-        .i64(int64_t(op.getSite()))
-        .ptr(out)
-        .emit("lm_rt_dropout");
+    const bool probabilities = llvm::cast<ShapedType>(op->getOperand(0).getType()).getRank() == 4;
+    Call call{L};
+    call.ptr(x).ptr(fn.getArgument(3));
+    if (probabilities) {
+      for (int64_t axis = 0; axis < 4; ++axis)
+        call.i64(Value(L.b.create<memref::DimOp>(L.loc, x, axis)));
+    } else {
+      call.i64(L.B).i64(L.N).i64(lastDim(op->getOperand(0)));
+    }
+    call.f64(op.getRate().convertToDouble()).i64(int64_t(op.getSite())).ptr(out);
+    call.emit(probabilities ? "lm_rt_dropout_heads" : "lm_rt_dropout");
     return L.set(op, out);
   }
 };

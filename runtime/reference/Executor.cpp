@@ -583,6 +583,10 @@ private:
   float attentionScale() const {
     return static_cast<float>(1.0 / std::sqrt(static_cast<double>(spec.dims.headDim())));
   }
+  /// [train] attention_dropout on layer i's probabilities (runtime/train/Philox.h).
+  ProbabilityDropout probabilityDropout(int64_t i) const {
+    return {spec.train.attentionDropout, uint64_t(spec.train.seed), step, train::attentionDropoutSite(i)};
+  }
 
   /// One layer of Forward::encode, same ops in the same order.
   LayerTape layerForward(const Layer &layer, const Batch &h, const Batch &X, int64_t i) const {
@@ -595,8 +599,9 @@ private:
     tp.K = apply(tp.kvIn, layer.k);
     tp.V = apply(tp.kvIn, layer.v);
     RelativePositions rel{&layer.relK, &layer.relV, spec.relativePositions};
+    const ProbabilityDropout drops = probabilityDropout(i);
     tp.context = attention(tp.Q, tp.K, tp.V, spec.dims.heads, spec.mask, attentionScale(),
-                           spec.relativePositions > 0 ? &rel : nullptr);
+                           spec.relativePositions > 0 ? &rel : nullptr, drops.rate > 0 ? &drops : nullptr);
     tp.sum1 = add(h, drop(apply(tp.context, layer.o), 2 + 2 * i));
     if (spec.norm == NormPlacement::Post) {
       tp.ffnIn = norm(tp.sum1, layer.attnNorm);
@@ -624,12 +629,15 @@ private:
   }
 
   /// d(query input) and d(key/value input) from d(attention output); accumulates q, k, v, o, rel.
-  std::pair<Batch, Batch> attentionBackward(const Layer &layer, Layer &lg, const LayerTape &tp, const Batch &dy) {
+  std::pair<Batch, Batch> attentionBackward(const Layer &layer, Layer &lg, const LayerTape &tp, const Batch &dy,
+                                            int64_t i) {
     LinearGrad o = linearBackward(dy, tp.context, layer.o.weight, true);
     addTo(lg.o, o);
     RelativePositions rel{&layer.relK, &layer.relV, spec.relativePositions};
+    const ProbabilityDropout drops = probabilityDropout(i);
     AttentionGrad a = reference::attentionBackward(o.dx, tp.Q, tp.K, tp.V, spec.dims.heads, spec.mask,
-                                                   attentionScale(), spec.relativePositions > 0 ? &rel : nullptr);
+                                                   attentionScale(), spec.relativePositions > 0 ? &rel : nullptr,
+                                                   drops.rate > 0 ? &drops : nullptr);
     if (spec.relativePositions > 0) {
       addTo(lg.relK, a.dRelKeys);
       addTo(lg.relV, a.dRelValues);
@@ -653,7 +661,7 @@ private:
       Batch da = add(n2.dx, ffnBackward(layer, lg, tp, drop(n2.dx, 3 + 2 * i)));
       LayerNormGrad n1 = layerNormBackward(da, tp.sum1, layer.attnNorm.weight, spec.eps);
       addTo(lg.attnNorm, n1);
-      auto [dq, dkv] = attentionBackward(layer, lg, tp, drop(n1.dx, 2 + 2 * i));
+      auto [dq, dkv] = attentionBackward(layer, lg, tp, drop(n1.dx, 2 + 2 * i), i);
       Batch dh = add(n1.dx, dq);
       if (hiddenKV)
         return add(dh, dkv);
@@ -664,7 +672,7 @@ private:
         layerNormBackward(ffnBackward(layer, lg, tp, drop(dOut, 3 + 2 * i)), tp.sum1, layer.ffnNorm.weight, spec.eps);
     addTo(lg.ffnNorm, n2);
     Batch da = add(dOut, n2.dx);
-    auto [dq, dkv] = attentionBackward(layer, lg, tp, drop(da, 2 + 2 * i));
+    auto [dq, dkv] = attentionBackward(layer, lg, tp, drop(da, 2 + 2 * i), i);
     if (hiddenKV)
       dq = add(dq, dkv);
     else

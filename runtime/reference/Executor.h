@@ -64,7 +64,8 @@ struct LossAndGrad {
 /// inputs/targets of different shapes, an id or target outside [0, V) (target -1 allowed), a length
 /// 0 or > max_len, or no target in the whole batch. With [train] dropout > 0 the embedding output and
 /// every sub-layer output before its residual are dropped with the masks of training step `step`
-/// (runtime/train/Philox.h: a function of the [train] seed, the step, the site and the element).
+/// (runtime/train/Philox.h: a function of the [train] seed, the step, the site and the element); with
+/// [train] attention_dropout > 0 every layer's attention probabilities (attentionDropoutKeep).
 LossAndGrad lossAndGrad(const ModelSpec &spec, const WeightSet &weights,
                         const std::vector<std::vector<int32_t>> &inputs,
                         const std::vector<std::vector<int32_t>> &targets, double labelSmoothing, int threads = 1,

@@ -6,6 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/reference/Ops.h"
+#include "runtime/train/Philox.h"
 
 #include <oneapi/tbb/parallel_for.h>
 
@@ -704,8 +705,24 @@ RelativeValuesGrad relativeValuesBackward(const Batch &dOut, const Batch &probs,
   return g;
 }
 
+Batch dropProbabilities(const Batch &p, const ProbabilityDropout &d) {
+  Batch out = p;
+  const float scale = static_cast<float>(1.0 / (1.0 - d.rate));
+  for (int64_t b = 0; b < p.B; ++b)
+    for (int64_t h = 0; h < p.H; ++h)
+      for (int64_t i = 0; i < p.lengths[b]; ++i)
+        for (int64_t j = 0; j < p.C; ++j) {
+          float &v = out.at(b, h, i, j);
+          v = train::attentionDropoutKeep(d.seed, d.step, d.site, uint32_t(b), uint32_t(p.H), uint32_t(h),
+                                          uint32_t(i), uint32_t(j), d.rate)
+                  ? v * scale
+                  : 0.0f;
+        }
+  return out;
+}
+
 Batch attention(const Batch &query, const Batch &key, const Batch &value, int64_t heads, MaskKind mask,
-                float scaleFactor, const RelativePositions *relative) {
+                float scaleFactor, const RelativePositions *relative, const ProbabilityDropout *dropout) {
   require(query.lengths == key.lengths && key.lengths == value.lengths, "attention",
           "query, key and value lengths differ (self-attention only)");
   Batch q = splitHeads(query, heads), k = splitHeads(key, heads), v = splitHeads(value, heads);
@@ -715,6 +732,8 @@ Batch attention(const Batch &query, const Batch &key, const Batch &value, int64_
   scores = scale(scores, scaleFactor);
   scores = maskFill(scores, mask);
   Batch probs = softmax(scores);
+  if (dropout)
+    probs = dropProbabilities(probs, *dropout);
   Batch context = matmul(probs, v, /*transposeRhs=*/false);
   if (relative)
     context = add(context, relativeValues(probs, *relative->values, relative->clip));
@@ -722,7 +741,8 @@ Batch attention(const Batch &query, const Batch &key, const Batch &value, int64_
 }
 
 AttentionGrad attentionBackward(const Batch &dOut, const Batch &query, const Batch &key, const Batch &value,
-                                int64_t heads, MaskKind mask, float scaleFactor, const RelativePositions *relative) {
+                                int64_t heads, MaskKind mask, float scaleFactor, const RelativePositions *relative,
+                                const ProbabilityDropout *dropout) {
   require(query.lengths == key.lengths && key.lengths == value.lengths && dOut.lengths == query.lengths,
           "attention backward", "query, key, value and gradient lengths differ (self-attention only)");
   // The forward chain of attention(), keeping what the backward needs.
@@ -731,17 +751,20 @@ AttentionGrad attentionBackward(const Batch &dOut, const Batch &query, const Bat
   if (relative)
     scores = add(scores, relativeScores(q, k, *relative->keys, relative->clip));
   Batch probs = softmax(maskFill(scale(scores, scaleFactor), mask));
+  const Batch dropped = dropout ? dropProbabilities(probs, *dropout) : probs; // what C_h = P V_h multiplied
 
   // Backward, op by op in reverse.
   AttentionGrad g;
   Batch dContext = mergeHeadsBackward(dOut, heads);
-  MatmulGrad pv = matmulBackward(dContext, probs, v, /*transposeRhs=*/false);
+  MatmulGrad pv = matmulBackward(dContext, dropped, v, /*transposeRhs=*/false);
   Batch dProbs = pv.dLhs;
   if (relative) {
-    RelativeValuesGrad rv = relativeValuesBackward(dContext, probs, *relative->values, relative->clip);
+    RelativeValuesGrad rv = relativeValuesBackward(dContext, dropped, *relative->values, relative->clip);
     dProbs = add(dProbs, rv.dProbs);
     g.dRelValues = rv.dRel;
   }
+  if (dropout)
+    dProbs = dropProbabilities(dProbs, *dropout);
   Batch dScores = scaleBackward(maskFillBackward(softmaxBackward(dProbs, probs), mask), scaleFactor);
   MatmulGrad qk = matmulBackward(dScores, q, k, /*transposeRhs=*/true);
   Batch dq = qk.dLhs;

@@ -244,12 +244,23 @@ struct RelativePositions {
   int64_t clip = 0;               ///< k
 };
 
+/// [train] attention_dropout on a layer's probabilities (runtime/train/Philox.h, attentionDropoutKeep).
+struct ProbabilityDropout {
+  double rate = 0;
+  uint64_t seed = 0, step = 0; ///< [train] seed, the training step
+  uint32_t site = 0;           ///< attentionDropoutSite(layer)
+};
+/// lm.dropout (training) on probabilities [B, H, N, M]: p * keep / (1 - rate) per element of the valid rows.
+/// Also the backward: the same mask and scale on the gradient.
+Batch dropProbabilities(const Batch &p, const ProbabilityDropout &d);
+
 /// lm.attention on projected Q [B, N, D], K and V [B, N, D] (heads split inside):
 ///   S = Q_h K_h^T (+ relativeScores); S = S * scale; S = maskFill(S); P = softmax(S);
+///   P = dropProbabilities(P) (training with attention dropout only);
 ///   C_h = P V_h (+ relativeValues); out = mergeHeads(C).
 /// Exactly the decomposed chain; a query with no visible key gets a zero context vector.
 Batch attention(const Batch &query, const Batch &key, const Batch &value, int64_t heads, MaskKind mask,
-                float scale, const RelativePositions *relative = nullptr);
+                float scale, const RelativePositions *relative = nullptr, const ProbabilityDropout *dropout = nullptr);
 
 /// Gradients of attention through the decomposed chain (recomputed from query, key and value,
 /// then each op's backward in reverse order). dRelKeys/dRelValues are empty without `relative`.
@@ -259,7 +270,8 @@ struct AttentionGrad {
 };
 AttentionGrad attentionBackward(const Batch &dOut, const Batch &query, const Batch &key, const Batch &value,
                                 int64_t heads, MaskKind mask, float scale,
-                                const RelativePositions *relative = nullptr);
+                                const RelativePositions *relative = nullptr,
+                                const ProbabilityDropout *dropout = nullptr);
 
 //===----------------------------------------------------------------------===//
 // Output head and scores

@@ -304,3 +304,11 @@ func.func @ngram_loss_lse(%h: tensor<?x?x8xf32>, %E: tensor<11x8xf32>, %ids: ten
       targets(%ids, %len : tensor<?x?xi32>, tensor<?xi32>) {smoothing = 0.0 : f64} -> tensor<?x?xf32>, tensor<?x?xf32>
   return
 }
+
+// -----
+
+func.func @dropout_rank(%x: tensor<?x8xf32>) {
+  // expected-error @+1 {{input must be a [B, N, C] activation or [B, H, N, M] attention probabilities, got 'tensor<?x8xf32>'}}
+  %y = lm.dropout %x {rate = 0.5 : f64, site = 0 : i64} : tensor<?x8xf32>
+  return
+}

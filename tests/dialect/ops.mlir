@@ -34,6 +34,8 @@ func.func @layer(%ids: tensor<?x?xi32>, %len: tensor<?xi32>, %rows: tensor<?x?x2
   // CHECK: lm.mask_fill {{.*}} data({{.*}} : tensor<?x?x2xi32>) {mask = #lm.mask<directional>}
   %md = lm.mask_fill %sc3, %len data(%rows : tensor<?x?x2xi32>) {mask = #lm.mask<directional>} : tensor<?x2x?x?xf32>, tensor<?xi32> -> tensor<?x2x?x?xf32>
   %pr = lm.softmax %mf : tensor<?x2x?x?xf32>
+  // CHECK: lm.dropout {{.*}} {rate = 1.000000e-01 : f64, site = 1048576 : i64, training} : tensor<?x2x?x?xf32>
+  %pd = lm.dropout %pr {rate = 0.1 : f64, site = 1048576 : i64, training} : tensor<?x2x?x?xf32>
   %rv = lm.relative_values %pr, %R {clip = 2 : i64} : (tensor<?x2x?x?xf32>, tensor<5x4xf32>) -> tensor<?x2x?x4xf32>
   %ctx = lm.matmul %pr, %qh : (tensor<?x2x?x?xf32>, tensor<?x2x?x4xf32>) -> tensor<?x2x?x4xf32>
   // CHECK: lm.merge_heads

@@ -160,6 +160,29 @@ func.func @no_scale(%q: tensor<?x?x8xf32>, %k: tensor<?x?x8xf32>, %v: tensor<?x?
   return %r : tensor<?x?x8xf32>
 }
 
+// Not the chain: [train] attention_dropout between the softmax and the value product (the fused op has no
+// dropout): the training entry keeps its attention decomposed.
+// CHECK-LABEL: func.func @dropped_probs
+// CHECK-NOT: lm.attention
+// CHECK: lm.softmax
+// CHECK-NEXT: lm.dropout
+// CHECK: lm.merge_heads
+// CHECK-NOT: lm.attention
+// CHECK: return
+func.func @dropped_probs(%q: tensor<?x?x8xf32>, %k: tensor<?x?x8xf32>, %v: tensor<?x?x8xf32>, %len: tensor<?xi32>) -> tensor<?x?x8xf32> {
+  %qh = lm.split_heads %q : (tensor<?x?x8xf32>) -> tensor<?x2x?x4xf32>
+  %kh = lm.split_heads %k : (tensor<?x?x8xf32>) -> tensor<?x2x?x4xf32>
+  %vh = lm.split_heads %v : (tensor<?x?x8xf32>) -> tensor<?x2x?x4xf32>
+  %s = lm.matmul %qh, %kh {transpose_rhs} : (tensor<?x2x?x4xf32>, tensor<?x2x?x4xf32>) -> tensor<?x2x?x?xf32>
+  %sc = lm.scale %s {factor = 5.000000e-01 : f32} : tensor<?x2x?x?xf32>
+  %m = lm.mask_fill %sc, %len {mask = #lm.mask<causal>} : tensor<?x2x?x?xf32>, tensor<?xi32> -> tensor<?x2x?x?xf32>
+  %p = lm.softmax %m : tensor<?x2x?x?xf32>
+  %d = lm.dropout %p {rate = 1.000000e-01 : f64, site = 1048576 : i64} : tensor<?x2x?x?xf32>
+  %c = lm.matmul %d, %vh : (tensor<?x2x?x?xf32>, tensor<?x2x?x4xf32>) -> tensor<?x2x?x4xf32>
+  %r = lm.merge_heads %c : (tensor<?x2x?x4xf32>) -> tensor<?x?x8xf32>
+  return %r : tensor<?x?x8xf32>
+}
+
 // Not the chain: the keys are already split (a function argument), so there is no
 // unsplit K for lm.attention to take.
 // CHECK-LABEL: func.func @keys_not_split

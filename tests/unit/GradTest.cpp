@@ -135,7 +135,7 @@ public:
     double sum = 0;
     int64_t T = 0;
     for (size_t b = 0; b < batch.inputs.size(); ++b) {
-      Rows lp = logprobs(hidden(batch.inputs[b]));
+      Rows lp = logprobs(hidden(batch.inputs[b], static_cast<int64_t>(b)));
       for (size_t t = 0; t < lp.size(); ++t) {
         const int32_t y = batch.targets[b][t];
         if (y < 0)
@@ -153,7 +153,8 @@ public:
 private:
   const Vec &W(const std::string &name) const { return w.at(name); }
 
-  Rows hidden(const std::vector<int32_t> &x) const {
+  /// Sentence b's last hidden states (b keys the attention dropout masks).
+  Rows hidden(const std::vector<int32_t> &x, int64_t b) const {
     const int64_t n = static_cast<int64_t>(x.size()), D = s.dims.dModel;
     Rows P(n, Vec(D, 0.0));
     for (int64_t t = 0; t < n; ++t)
@@ -181,11 +182,11 @@ private:
       std::string p = "layers." + std::to_string(i) + ".";
       bool hid = s.keysValues == KeyValueSource::Hidden;
       if (s.norm == NormPlacement::Post) {
-        Rows a = ln(plus(h, attention(p, h, hid ? h : X)), p + "attn_norm");
+        Rows a = ln(plus(h, attention(p, h, hid ? h : X, b, i)), p + "attn_norm");
         h = ln(plus(a, ffn(p, a)), p + "ffn_norm");
       } else {
         Rows q = ln(h, p + "attn_norm");
-        Rows a = plus(h, attention(p, q, hid ? q : X));
+        Rows a = plus(h, attention(p, q, hid ? q : X, b, i));
         h = plus(a, ffn(p, ln(a, p + "ffn_norm")));
       }
     }
@@ -277,7 +278,32 @@ private:
       return true;
     }
   }
-  Rows attention(const std::string &p, const Rows &qIn, const Rows &kvIn) const {
+  /// [train] attention_dropout's keep/(1 - rate) factor of probability (sentence b, head h, row i, key j) of layer
+  /// `layer` at step 0, from the contract (runtime/train/Philox.h): Philox4x32-10 of counter
+  /// {i, j, b H + h, 0} and key {seed, 0xD0000000 | (2^20 + layer)}, kept iff its first word / 2^32 >= rate.
+  double probabilityFactor(int64_t b, int64_t h, int64_t i, int64_t j, int64_t layer) const {
+    const double rate = s.train.attentionDropout;
+    if (rate <= 0)
+      return 1.0;
+    const uint32_t counter[4] = {uint32_t(i), uint32_t(j), uint32_t(b * s.dims.heads + h), 0};
+    const uint32_t key[2] = {uint32_t(s.train.seed), 0xD0000000u | uint32_t((1 << 20) + layer)};
+    const uint32_t w0 = philox4x32_10(counter, key);
+    return double(w0) / 4294967296.0 >= rate ? 1.0 / (1.0 - rate) : 0.0;
+  }
+  /// Random123's philox4x32-10, first output word.
+  static uint32_t philox4x32_10(const uint32_t in[4], const uint32_t k[2]) {
+    uint32_t c[4] = {in[0], in[1], in[2], in[3]}, k0 = k[0], k1 = k[1];
+    for (int round = 0; round < 10; ++round) {
+      const uint64_t p0 = uint64_t(0xD2511F53u) * c[0], p1 = uint64_t(0xCD9E8D57u) * c[2];
+      const uint32_t next[4] = {uint32_t(p1 >> 32) ^ c[1] ^ k0, uint32_t(p1), uint32_t(p0 >> 32) ^ c[3] ^ k1,
+                                uint32_t(p0)};
+      std::memcpy(c, next, sizeof c);
+      k0 += 0x9E3779B9u, k1 += 0xBB67AE85u;
+    }
+    return c[0];
+  }
+
+  Rows attention(const std::string &p, const Rows &qIn, const Rows &kvIn, int64_t b, int64_t layer) const {
     Rows Q = lin(qIn, p + "attn.q"), K = lin(kvIn, p + "attn.k"), V = lin(kvIn, p + "attn.v");
     const int64_t n = static_cast<int64_t>(Q.size()), H = s.dims.heads, dh = s.dims.headDim();
     const int64_t k = s.relativePositions;
@@ -304,7 +330,7 @@ private:
         for (int64_t j = 0; j < n; ++j) {
           if (!visible(i, j))
             continue;
-          double pij = std::exp(score[j] - m) / sum;
+          double pij = std::exp(score[j] - m) / sum * probabilityFactor(b, h, i, j, layer);
           int64_t r = std::clamp<int64_t>(j - i, -k, k) + k;
           for (int64_t c = 0; c < dh; ++c)
             ctx[i][h * dh + c] += pij * (V[j][h * dh + c] + (relV ? (*relV)[r * dh + c] : 0.0));
@@ -494,6 +520,26 @@ TEST(Grad, TTAMatchesFiniteDifferences) {
   s.firstQuery = FirstQuery::MaskPosition;
   s.embeddingNorm = false;
   checkAgainstFiniteDifferences(s, 9, 0.0, false);
+}
+
+/// [train] attention_dropout: the probabilities' masks (the contract's Philox keys, computed here) in the double
+/// forward; the reference's backward through them.
+TEST(Grad, AttentionDropoutMatchesFiniteDifferences) {
+  ModelSpec s = tinySpec(Family::UniLM);
+  s.train.attentionDropout = 0.3;
+  s.relativePositions = 2; // relative values multiply the dropped probabilities too
+  checkAgainstFiniteDifferences(s, 11, 0.0, false);
+  s = tinySpec(Family::TTA);
+  s.train.attentionDropout = 0.5, s.train.seed = 12345;
+  checkAgainstFiniteDifferences(s, 12, 0.1, true);
+  // The masks are not the identity: the loss moves.
+  const WeightSet weights = randomWeights(s, 12);
+  const TrainBatch batch = randomBatch(s, 1012, true);
+  ModelSpec off = s;
+  off.train.attentionDropout = 0;
+  EXPECT_GT(std::fabs(lossAndGrad(s, weights, batch.inputs, batch.targets, 0.1).loss -
+                      lossAndGrad(off, weights, batch.inputs, batch.targets, 0.1).loss),
+            1e-3);
 }
 
 TEST(Grad, WorstErrorSummary) {
