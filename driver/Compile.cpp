@@ -131,6 +131,17 @@ mlir::OwningOpRef<mlir::ModuleOp> buildOptimizedModule(mlir::MLIRContext &contex
       return nullptr;
     }
     dump(options.dumpDir, stepName("lm-autodiff").c_str(), *module);
+    // [train] attention_dropout kept the loss's attention decomposed; lm-autodiff took the evaluating `loss`
+    // entry's dropouts out, so validation gets the fused attention back (loss_grad's dropouts still stop it).
+    if (spec.train.attentionDropout > 0 && !options.naive && !options.disabledPasses.count("lm-fuse-attention")) {
+      mlir::PassManager refuse(&context);
+      refuse.addPass(createLmFuseAttention());
+      if (mlir::failed(refuse.run(*module))) {
+        *error = "pass lm-fuse-attention failed after lm-autodiff";
+        return nullptr;
+      }
+      dump(options.dumpDir, stepName("lm-fuse-attention").c_str(), *module);
+    }
     return std::move(module);
   };
   if (options.naive)

@@ -364,6 +364,12 @@ struct LmAutodiff : lmcc::impl::LmAutodiffBase<LmAutodiff> {
       if (failed(Differentiator(copy, pairs).run()))
         return signalPassFailure();
       eraseDeadOps(copy.getBody().front());
+      // `loss` evaluates (validation): its dropouts are identities. Removed, nothing stands between a softmax and
+      // its value product there any more (lmcc compile re-fuses that attention after this pass).
+      loss.walk([](lm::DropoutOp d) {
+        d.getResult().replaceAllUsesWith(d.getInput());
+        d.erase();
+      });
     }
   }
 };
