@@ -885,10 +885,9 @@ def Lm_DropoutOp : Lm_Op<"dropout", [Pure, SameOperandsAndResultType]> {
   let description = [{
     The mask is a pure function of ([train] seed, the training step, `site`, sentence, row, feature):
     dropoutKeep in runtime/train/Philox.h; the step is the trainer's (0 outside a trainer). On attention
-    probabilities [B, H, N, M] element (b, h, i, j) is dropoutKeep's (sentence b H + h, row i, feature j)
-    (attentionDropoutKeep). Rows past a sentence's length are 0. MLIRGen puts these in the `loss` entry;
-    lm-autodiff marks the copy in `loss_grad` `training` (the `loss` entry, used for validation, evaluates
-    without dropout).
+    probabilities [B, H, N, M] element (b, h, i, j) is dropoutKeep's (sentence b H + h, row i, feature j).
+    Rows past a sentence's length are 0. MLIRGen puts these in the `loss` entry; lm-autodiff marks the copy in
+    `loss_grad` `training` and takes them out of `loss` (used for validation, it evaluates without dropout).
     ```mlir
     %y = lm.dropout %x {rate = 1.000000e-01 : f64, site = 0 : i64, training} : tensor<?x?x512xf32>
     %p = lm.dropout %probs {rate = 1.000000e-01 : f64, site = 1048576 : i64, training} : tensor<?x8x?x?xf32>

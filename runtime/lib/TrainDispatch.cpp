@@ -112,11 +112,11 @@ void lm_rt_softmax_grad(const float *dy, const float *y, int64_t rows, int64_t C
 
 void lm_rt_dropout(const float *x, const int32_t *lengths, int64_t B, int64_t N, int64_t C, double rate, int64_t site,
                    float *out) {
-  LMRT_DISPATCH(dropout, x, lengths, B, N, C, rate, site, t_dropout.seed, t_dropout.step, out)
+  LMRT_DISPATCH(dropout, x, lengths, B, 1, N, C, rate, site, t_dropout.seed, t_dropout.step, out)
 }
 void lm_rt_dropout_heads(const float *x, const int32_t *lengths, int64_t B, int64_t H, int64_t N, int64_t M,
                          double rate, int64_t site, float *out) {
-  LMRT_DISPATCH(dropoutHeads, x, lengths, B, H, N, M, rate, site, t_dropout.seed, t_dropout.step, out)
+  LMRT_DISPATCH(dropout, x, lengths, B, H, N, M, rate, site, t_dropout.seed, t_dropout.step, out)
 }
 
 } // extern "C"

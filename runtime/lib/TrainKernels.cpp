@@ -754,31 +754,16 @@ void softmaxGrad(const float *dy, const float *y, int64_t rows, int64_t C, int32
   });
 }
 
-void dropout(const float *x, const int32_t *lengths, int64_t B, int64_t N, int64_t C, double rate, int64_t site,
-             uint64_t seed, uint64_t step, float *out) {
-  const float scale = float(1.0 / (1.0 - rate));
-  parallelFor(B, [&](int64_t b) {
-    for (int64_t t = 0; t < N; ++t)
-      for (int64_t c = 0; c < C; ++c) {
-        const int64_t at = (b * N + t) * C + c;
-        const bool keep = t < lengths[b] && lmcc::train::dropoutKeep(seed, step, uint32_t(site), uint32_t(b),
-                                                                     uint32_t(t), uint32_t(c), rate);
-        out[at] = keep ? x[at] * scale : 0.0f;
-      }
-  });
-}
-
-void dropoutHeads(const float *x, const int32_t *lengths, int64_t B, int64_t H, int64_t N, int64_t M, double rate,
-                  int64_t site, uint64_t seed, uint64_t step, float *out) {
+void dropout(const float *x, const int32_t *lengths, int64_t B, int64_t H, int64_t N, int64_t C, double rate,
+             int64_t site, uint64_t seed, uint64_t step, float *out) {
   const float scale = float(1.0 / (1.0 - rate));
   parallelFor(B * H, [&](int64_t bh) {
-    const int64_t b = bh / H, h = bh % H;
-    for (int64_t i = 0; i < N; ++i)
-      for (int64_t j = 0; j < M; ++j) {
-        const int64_t at = (bh * N + i) * M + j;
-        const bool keep = i < lengths[b] && lmcc::train::attentionDropoutKeep(seed, step, uint32_t(site), uint32_t(b),
-                                                                              uint32_t(H), uint32_t(h), uint32_t(i),
-                                                                              uint32_t(j), rate);
+    const int64_t b = bh / H;
+    for (int64_t t = 0; t < N; ++t)
+      for (int64_t c = 0; c < C; ++c) {
+        const int64_t at = (bh * N + t) * C + c;
+        const bool keep = t < lengths[b] && lmcc::train::dropoutKeep(seed, step, uint32_t(site), uint32_t(bh),
+                                                                     uint32_t(t), uint32_t(c), rate);
         out[at] = keep ? x[at] * scale : 0.0f;
       }
   });

@@ -367,7 +367,7 @@ LM_API void lm_rt_cross_entropy_grad(const int32_t *targets, const int32_t *leng
 LM_API void lm_rt_dropout(const float *x, const int32_t *lengths, int64_t B, int64_t N, int64_t C, double rate,
                           int64_t site, float *out);
 /* Attention dropout on probabilities x [B, H, N, M]: element (b, h, i, j) as lm_rt_dropout's (sentence b H + h,
- * row i, feature j) (attentionDropoutKeep in runtime/train/Philox.h); rows past a length: 0. */
+ * row i, feature j) (runtime/train/Philox.h); rows past a length: 0. */
 LM_API void lm_rt_dropout_heads(const float *x, const int32_t *lengths, int64_t B, int64_t H, int64_t N, int64_t M,
                                 double rate, int64_t site, float *out);
 LM_API void lm_rt_softmax_grad(const float *dy, const float *y, int64_t rows, int64_t C, int32_t logarithmic,

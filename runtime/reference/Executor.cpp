@@ -557,21 +557,9 @@ private:
   /// [train] dropout at `site` (runtime/train/Philox.h): x * keep / (1 - rate); the same mask scales the
   /// gradient in the backward, so this one function is both.
   Batch drop(const Batch &x, int64_t site) const {
-    const double rate = spec.train.dropout;
-    if (rate <= 0)
+    if (spec.train.dropout <= 0)
       return x;
-    Batch out = x;
-    const float scale = static_cast<float>(1.0 / (1.0 - rate));
-    for (int64_t b = 0; b < x.B; ++b)
-      for (int64_t t = 0; t < x.lengths[b]; ++t)
-        for (int64_t c = 0; c < x.C; ++c) {
-          float &v = out.at(b, 0, t, c);
-          v = train::dropoutKeep(uint64_t(spec.train.seed), step, uint32_t(site), uint32_t(b), uint32_t(t),
-                                 uint32_t(c), rate)
-                  ? v * scale
-                  : 0.0f;
-        }
-    return out;
+    return applyDropout(x, {spec.train.dropout, uint64_t(spec.train.seed), step, uint32_t(site)});
   }
   Batch embeddingNormBackward(const Batch &dy, const Batch &x) {
     if (!spec.embeddingNorm)
@@ -584,7 +572,7 @@ private:
     return static_cast<float>(1.0 / std::sqrt(static_cast<double>(spec.dims.headDim())));
   }
   /// [train] attention_dropout on layer i's probabilities (runtime/train/Philox.h).
-  ProbabilityDropout probabilityDropout(int64_t i) const {
+  DropoutMask probabilityDropout(int64_t i) const {
     return {spec.train.attentionDropout, uint64_t(spec.train.seed), step, train::attentionDropoutSite(i)};
   }
 
@@ -599,7 +587,7 @@ private:
     tp.K = apply(tp.kvIn, layer.k);
     tp.V = apply(tp.kvIn, layer.v);
     RelativePositions rel{&layer.relK, &layer.relV, spec.relativePositions};
-    const ProbabilityDropout drops = probabilityDropout(i);
+    const DropoutMask drops = probabilityDropout(i);
     tp.context = attention(tp.Q, tp.K, tp.V, spec.dims.heads, spec.mask, attentionScale(),
                            spec.relativePositions > 0 ? &rel : nullptr, drops.rate > 0 ? &drops : nullptr);
     tp.sum1 = add(h, drop(apply(tp.context, layer.o), 2 + 2 * i));
@@ -634,7 +622,7 @@ private:
     LinearGrad o = linearBackward(dy, tp.context, layer.o.weight, true);
     addTo(lg.o, o);
     RelativePositions rel{&layer.relK, &layer.relV, spec.relativePositions};
-    const ProbabilityDropout drops = probabilityDropout(i);
+    const DropoutMask drops = probabilityDropout(i);
     AttentionGrad a = reference::attentionBackward(o.dx, tp.Q, tp.K, tp.V, spec.dims.heads, spec.mask,
                                                    attentionScale(), spec.relativePositions > 0 ? &rel : nullptr,
                                                    drops.rate > 0 ? &drops : nullptr);

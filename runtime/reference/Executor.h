@@ -65,7 +65,7 @@ struct LossAndGrad {
 /// 0 or > max_len, or no target in the whole batch. With [train] dropout > 0 the embedding output and
 /// every sub-layer output before its residual are dropped with the masks of training step `step`
 /// (runtime/train/Philox.h: a function of the [train] seed, the step, the site and the element); with
-/// [train] attention_dropout > 0 every layer's attention probabilities (attentionDropoutKeep).
+/// [train] attention_dropout > 0 every layer's attention probabilities (site 2^20 + layer).
 LossAndGrad lossAndGrad(const ModelSpec &spec, const WeightSet &weights,
                         const std::vector<std::vector<int32_t>> &inputs,
                         const std::vector<std::vector<int32_t>> &targets, double labelSmoothing, int threads = 1,

@@ -705,16 +705,15 @@ RelativeValuesGrad relativeValuesBackward(const Batch &dOut, const Batch &probs,
   return g;
 }
 
-Batch dropProbabilities(const Batch &p, const ProbabilityDropout &d) {
-  Batch out = p;
+Batch applyDropout(const Batch &x, const DropoutMask &d) {
+  Batch out = x;
   const float scale = static_cast<float>(1.0 / (1.0 - d.rate));
-  for (int64_t b = 0; b < p.B; ++b)
-    for (int64_t h = 0; h < p.H; ++h)
-      for (int64_t i = 0; i < p.lengths[b]; ++i)
-        for (int64_t j = 0; j < p.C; ++j) {
-          float &v = out.at(b, h, i, j);
-          v = train::attentionDropoutKeep(d.seed, d.step, d.site, uint32_t(b), uint32_t(p.H), uint32_t(h),
-                                          uint32_t(i), uint32_t(j), d.rate)
+  for (int64_t b = 0; b < x.B; ++b)
+    for (int64_t h = 0; h < x.H; ++h)
+      for (int64_t t = 0; t < x.lengths[b]; ++t)
+        for (int64_t c = 0; c < x.C; ++c) {
+          float &v = out.at(b, h, t, c);
+          v = train::dropoutKeep(d.seed, d.step, d.site, uint32_t(b * x.H + h), uint32_t(t), uint32_t(c), d.rate)
                   ? v * scale
                   : 0.0f;
         }
@@ -722,7 +721,7 @@ Batch dropProbabilities(const Batch &p, const ProbabilityDropout &d) {
 }
 
 Batch attention(const Batch &query, const Batch &key, const Batch &value, int64_t heads, MaskKind mask,
-                float scaleFactor, const RelativePositions *relative, const ProbabilityDropout *dropout) {
+                float scaleFactor, const RelativePositions *relative, const DropoutMask *dropout) {
   require(query.lengths == key.lengths && key.lengths == value.lengths, "attention",
           "query, key and value lengths differ (self-attention only)");
   Batch q = splitHeads(query, heads), k = splitHeads(key, heads), v = splitHeads(value, heads);
@@ -733,7 +732,7 @@ Batch attention(const Batch &query, const Batch &key, const Batch &value, int64_
   scores = maskFill(scores, mask);
   Batch probs = softmax(scores);
   if (dropout)
-    probs = dropProbabilities(probs, *dropout);
+    probs = applyDropout(probs, *dropout);
   Batch context = matmul(probs, v, /*transposeRhs=*/false);
   if (relative)
     context = add(context, relativeValues(probs, *relative->values, relative->clip));
@@ -742,7 +741,7 @@ Batch attention(const Batch &query, const Batch &key, const Batch &value, int64_
 
 AttentionGrad attentionBackward(const Batch &dOut, const Batch &query, const Batch &key, const Batch &value,
                                 int64_t heads, MaskKind mask, float scaleFactor, const RelativePositions *relative,
-                                const ProbabilityDropout *dropout) {
+                                const DropoutMask *dropout) {
   require(query.lengths == key.lengths && key.lengths == value.lengths && dOut.lengths == query.lengths,
           "attention backward", "query, key, value and gradient lengths differ (self-attention only)");
   // The forward chain of attention(), keeping what the backward needs.
@@ -751,7 +750,7 @@ AttentionGrad attentionBackward(const Batch &dOut, const Batch &query, const Bat
   if (relative)
     scores = add(scores, relativeScores(q, k, *relative->keys, relative->clip));
   Batch probs = softmax(maskFill(scale(scores, scaleFactor), mask));
-  const Batch dropped = dropout ? dropProbabilities(probs, *dropout) : probs; // what C_h = P V_h multiplied
+  const Batch dropped = dropout ? applyDropout(probs, *dropout) : probs; // what C_h = P V_h multiplied
 
   // Backward, op by op in reverse.
   AttentionGrad g;
@@ -764,7 +763,7 @@ AttentionGrad attentionBackward(const Batch &dOut, const Batch &query, const Bat
     g.dRelValues = rv.dRel;
   }
   if (dropout)
-    dProbs = dropProbabilities(dProbs, *dropout);
+    dProbs = applyDropout(dProbs, *dropout);
   Batch dScores = scaleBackward(maskFillBackward(softmaxBackward(dProbs, probs), mask), scaleFactor);
   MatmulGrad qk = matmulBackward(dScores, q, k, /*transposeRhs=*/true);
   Batch dq = qk.dLhs;

@@ -244,23 +244,24 @@ struct RelativePositions {
   int64_t clip = 0;               ///< k
 };
 
-/// [train] attention_dropout on a layer's probabilities (runtime/train/Philox.h, attentionDropoutKeep).
-struct ProbabilityDropout {
+/// One dropout site's masks ([train] dropout / attention_dropout; runtime/train/Philox.h).
+struct DropoutMask {
   double rate = 0;
   uint64_t seed = 0, step = 0; ///< [train] seed, the training step
-  uint32_t site = 0;           ///< attentionDropoutSite(layer)
+  uint32_t site = 0;
 };
-/// lm.dropout (training) on probabilities [B, H, N, M]: p * keep / (1 - rate) per element of the valid rows.
+/// lm.dropout (training) on x [B, H, N, C] (H = 1: an activation; the heads: attention probabilities):
+/// x * keep / (1 - rate) over the valid rows, element (b, h, t, c) keyed as (sentence b H + h, row t, feature c).
 /// Also the backward: the same mask and scale on the gradient.
-Batch dropProbabilities(const Batch &p, const ProbabilityDropout &d);
+Batch applyDropout(const Batch &x, const DropoutMask &d);
 
 /// lm.attention on projected Q [B, N, D], K and V [B, N, D] (heads split inside):
 ///   S = Q_h K_h^T (+ relativeScores); S = S * scale; S = maskFill(S); P = softmax(S);
-///   P = dropProbabilities(P) (training with attention dropout only);
+///   P = applyDropout(P) (training with attention dropout only);
 ///   C_h = P V_h (+ relativeValues); out = mergeHeads(C).
 /// Exactly the decomposed chain; a query with no visible key gets a zero context vector.
 Batch attention(const Batch &query, const Batch &key, const Batch &value, int64_t heads, MaskKind mask,
-                float scale, const RelativePositions *relative = nullptr, const ProbabilityDropout *dropout = nullptr);
+                float scale, const RelativePositions *relative = nullptr, const DropoutMask *dropout = nullptr);
 
 /// Gradients of attention through the decomposed chain (recomputed from query, key and value,
 /// then each op's backward in reverse order). dRelKeys/dRelValues are empty without `relative`.
@@ -271,7 +272,7 @@ struct AttentionGrad {
 AttentionGrad attentionBackward(const Batch &dOut, const Batch &query, const Batch &key, const Batch &value,
                                 int64_t heads, MaskKind mask, float scale,
                                 const RelativePositions *relative = nullptr,
-                                const ProbabilityDropout *dropout = nullptr);
+                                const DropoutMask *dropout = nullptr);
 
 //===----------------------------------------------------------------------===//
 // Output head and scores

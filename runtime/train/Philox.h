@@ -34,7 +34,8 @@ inline std::array<uint32_t, 4> philox4x32(std::array<uint32_t, 4> c, std::array<
 /// ([train] seed < 2^32, so the key never equals the objectives' (seed, 0).) Kept elements are scaled by
 /// 1 / (1 - rate). Sites: 0 the embedding output, 1 the first query when it is not the embedding output
 /// (T-TA), 2 + 2i layer i's attention output, 3 + 2i layer i's FFN output (each before its residual),
-/// 2^20 + i layer i's attention probabilities (attentionDropoutKeep).
+/// 2^20 + i layer i's attention probabilities [B, H, N, M] ([train] attention_dropout), whose element
+/// (b, h, i, j) is (sentence b H + h, row i, feature j).
 inline bool dropoutKeep(uint64_t seed, uint64_t step, uint32_t site, uint32_t b, uint32_t t, uint32_t c, double rate) {
   const std::array<uint32_t, 4> w = philox4x32({t, c, b, static_cast<uint32_t>(step)},
                                                {static_cast<uint32_t>(seed), 0xD0000000u | site});
@@ -44,12 +45,5 @@ inline bool dropoutKeep(uint64_t seed, uint64_t step, uint32_t site, uint32_t b,
 /// The dropout site of layer `layer`'s attention probabilities ([train] attention_dropout): 2^20 + layer.
 constexpr uint32_t kAttentionDropoutSites = 1u << 20;
 inline uint32_t attentionDropoutSite(int64_t layer) { return kAttentionDropoutSites + static_cast<uint32_t>(layer); }
-
-/// Attention dropout's mask: probability (sentence b, head h of H, query row i, key j) at `site` is dropoutKeep's
-/// element (sentence b H + h, row i, feature j); kept probabilities are scaled by 1 / (1 - rate).
-inline bool attentionDropoutKeep(uint64_t seed, uint64_t step, uint32_t site, uint32_t b, uint32_t H, uint32_t h,
-                                 uint32_t i, uint32_t j, double rate) {
-  return dropoutKeep(seed, step, site, b * H + h, i, j, rate);
-}
 
 } // namespace lmcc::train
