@@ -11,6 +11,8 @@
 //   - gemm/openblas: cblas_sgemm, when OpenBLAS is installed (scripts/bench-deps.sh),
 //   - attention/<mask>: lm.attention (8 heads, d 512) as the model kernels run it, 1 thread (operands and
 //     temporaries in liblmrt's workspace, as a compiled model's activations),
+//   - attention_rel/<mask>: the same with Shaw relative positions clipped at 16 (FLOPs counted as the plain one's),
+//   - attention_grad_rel/<mask>, attention_grad_rt_rel/<mask>: the backwards below with those relative positions,
 //   - attention_grad/<mask>: lm.attention_grad as compiled training runs it (its generated vector form), 1 thread,
 //   - attention_grad_rt/<mask>: the runtime's C++ backward (lm_rt_attention_grad, liblmrt: relative positions,
 //     directional masks and head sizes off the vector form), 1 thread.
@@ -64,6 +66,7 @@ const std::vector<std::pair<lm::MaskKind, const char *>> kMasks = {{lm::MaskKind
                                                                    {lm::MaskKind::anticausal, "anticausal"},
                                                                    {lm::MaskKind::diagonal, "diagonal"}};
 constexpr int64_t kHeads = 8, kModel = 512;
+constexpr int64_t kClip = 16; ///< Shaw relative positions of attention_rel (the diformer's clip)
 
 template <int R> struct MemRef {
   float *allocated, *aligned;
@@ -74,6 +77,10 @@ MemRef<2> view(float *p, int64_t rows, int64_t cols) { return {p, p, 0, {rows, c
 using PackFn = void (*)(MemRef<2> *, MemRef<2> *);
 using GemmFn = void (*)(MemRef<2> *, MemRef<2> *, MemRef<2> *);
 using AttentionFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<1> *, MemRef<3> *);
+using RelativeGradFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<1> *, MemRef<2> *,
+                                MemRef<2> *, MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<2> *, MemRef<2> *);
+using RelativeAttentionFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<1> *, MemRef<2> *, MemRef<2> *,
+                                     MemRef<3> *);
 using AttentionGradFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<1> *, MemRef<3> *,
                                 MemRef<3> *, MemRef<3> *);
 void *g_library = nullptr;
@@ -98,6 +105,13 @@ void buildLibrary() {
       std::exit(1);
     }
     attention->lookupSymbol<mlir::func::FuncOp>("attention_kernel").setSymName(std::string("attention_") + name);
+    auto relative = lmcc::codegen::buildAttentionModule(context, mask, kHeads, kModel, kClip);
+    if (!relative) {
+      std::fprintf(stderr, "kernel_bench: cannot build the %s attention kernel with relative positions\n", name);
+      std::exit(1);
+    }
+    relative->lookupSymbol<mlir::func::FuncOp>("attention_kernel")
+        .setSymName(std::string("attention_rel_") + name);
     auto grad = lmcc::codegen::buildAttentionGradModule(context, mask, kHeads, kModel);
     if (!grad) {
       std::fprintf(stderr, "kernel_bench: cannot build the %s attention backward\n", name);
@@ -105,8 +119,15 @@ void buildLibrary() {
     }
     grad->lookupSymbol<mlir::func::FuncOp>("attention_grad_kernel")
         .setSymName(std::string("attention_grad_") + name);
+    auto relativeGrad = lmcc::codegen::buildAttentionGradModule(context, mask, kHeads, kModel, kClip);
+    if (!relativeGrad) {
+      std::fprintf(stderr, "kernel_bench: cannot build the %s attention backward with relative positions\n", name);
+      std::exit(1);
+    }
+    relativeGrad->lookupSymbol<mlir::func::FuncOp>("attention_grad_kernel")
+        .setSymName(std::string("attention_grad_rel_") + name);
     // The kernels and their tasks (runtime functions are declared once).
-    for (auto *kernel : {&attention, &grad})
+    for (auto *kernel : {&attention, &relative, &grad, &relativeGrad})
       for (auto fn : llvm::make_early_inc_range((*kernel)->getOps<mlir::func::FuncOp>()))
         if (!module->lookupSymbol(fn.getSymName()))
           fn->moveBefore(module->getBody(), module->getBody()->end());
@@ -363,10 +384,16 @@ double visiblePairs(lm::MaskKind mask, int64_t n) {
 }
 
 /// lm.attention over [batch, n, 512] queries/keys/values, 8 heads: 4 * d_model FLOPs per visible pair
-/// (q.k and p*v), the exponentials not counted.
-void BM_Attention(benchmark::State &state, lm::MaskKind mask, std::string name) {
+/// (q.k and p*v), the exponentials not counted. With `relative`, Shaw relative positions clipped at kClip
+/// (attention_rel/<mask>), counted the same: the relative terms' work (the rows' products with the 2 kClip + 1
+/// table rows, the per-row sums and the table's product) is overhead on the plain attention's FLOPs.
+void BM_Attention(benchmark::State &state, lm::MaskKind mask, std::string name, bool relative) {
   int64_t n = state.range(0), batch = state.range(1);
-  auto attention = symbol<AttentionFn>("attention_" + name);
+  auto attention = relative ? nullptr : symbol<AttentionFn>("attention_" + name);
+  auto relativeAttention = relative ? symbol<RelativeAttentionFn>("attention_rel_" + name) : nullptr;
+  const int64_t T = 2 * kClip + 1, dh = kModel / kHeads;
+  std::vector<float> relK = randomVector(T * dh, 4), relV = randomVector(T * dh, 5);
+  MemRef<2> relKm = view(relK.data(), T, dh), relVm = view(relV.data(), T, dh);
   std::vector<float> q = randomVector(batch * n * kModel, 1), k = randomVector(batch * n * kModel, 2),
                      v = randomVector(batch * n * kModel, 3);
   Activation qa(q), ka(k), va(v), out(std::vector<float>(batch * n * kModel));
@@ -375,11 +402,15 @@ void BM_Attention(benchmark::State &state, lm::MaskKind mask, std::string name) 
   MemRef<3> qm = view3(qa.data), km = view3(ka.data), vm = view3(va.data), om = view3(out.data);
   MemRef<1> lm_ = {reinterpret_cast<float *>(lengths.data()), reinterpret_cast<float *>(lengths.data()), 0, {batch}, {1}};
   for (auto _ : state) {
-    attention(&qm, &km, &vm, &lm_, &om);
+    if (relative)
+      relativeAttention(&qm, &km, &vm, &lm_, &relKm, &relVm, &om);
+    else
+      attention(&qm, &km, &vm, &lm_, &om);
     benchmark::ClobberMemory();
   }
-  // Spot check: the last row of head 0 against a direct softmax(q k^T / 8) v.
-  int64_t i = n - 1, dh = kModel / kHeads;
+  // Spot check: the last row of head 0 against a direct softmax(q (k + rel_k)^T / 8) (v + rel_v).
+  int64_t i = n - 1;
+  auto rel = [&](int64_t j) { return relative ? std::clamp<int64_t>(j - i, -kClip, kClip) + kClip : -1; };
   const float *qi = &q[((batch - 1) * n + i) * kModel];
   std::vector<double> p(n, -INFINITY);
   double mx = -INFINITY, sum = 0;
@@ -388,7 +419,7 @@ void BM_Attention(benchmark::State &state, lm::MaskKind mask, std::string name) 
       continue;
     double d = 0;
     for (int64_t e = 0; e < dh; ++e)
-      d += double(qi[e]) * k[((batch - 1) * n + j) * kModel + e];
+      d += double(qi[e]) * (k[((batch - 1) * n + j) * kModel + e] + (relative ? relK[rel(j) * dh + e] : 0.0f));
     p[j] = d / std::sqrt(double(dh));
     mx = std::max(mx, p[j]);
   }
@@ -397,7 +428,7 @@ void BM_Attention(benchmark::State &state, lm::MaskKind mask, std::string name) 
     if (p[j] > -INFINITY) {
       double w = std::exp(p[j] - mx);
       sum += w;
-      ref += w * v[((batch - 1) * n + j) * kModel];
+      ref += w * (v[((batch - 1) * n + j) * kModel] + (relative ? relV[rel(j) * dh] : 0.0f));
     }
   ref = sum > 0 ? ref / sum : 0;
   if (std::abs(ref - out[((batch - 1) * n + i) * kModel]) > 1e-4 * (1 + std::abs(ref)))
@@ -409,8 +440,9 @@ void BM_Attention(benchmark::State &state, lm::MaskKind mask, std::string name) 
 
 /// The backward of lm.attention over [batch, n, 512], 8 heads, generated (`generated`) or liblmrt's
 /// lm_rt_attention_grad: 10 * d_model FLOPs per visible pair (the scores q.k recomputed, dP = dO.v, dq, dk, dv),
-/// softmax not counted.
-void BM_AttentionGrad(benchmark::State &state, lm::MaskKind mask, std::string name, bool generated) {
+/// softmax not counted. With `relative`, Shaw relative positions clipped at kClip and the tables' gradients,
+/// counted the same (as attention_rel).
+void BM_AttentionGrad(benchmark::State &state, lm::MaskKind mask, std::string name, bool generated, bool relative) {
   int64_t n = state.range(0), batch = state.range(1);
   const int32_t kind = mask == lm::MaskKind::causal       ? LMRT_MASK_CAUSAL
                        : mask == lm::MaskKind::anticausal ? LMRT_MASK_ANTICAUSAL
@@ -427,18 +459,26 @@ void BM_AttentionGrad(benchmark::State &state, lm::MaskKind mask, std::string na
   MemRef<3> dOm = view3(dOa.data), qm = view3(qa.data), km = view3(ka.data), vm = view3(va.data),
             dqm = view3(dq.data), dkm = view3(dk.data), dvm = view3(dv.data);
   MemRef<1> lm_ = {reinterpret_cast<float *>(lengths.data()), reinterpret_cast<float *>(lengths.data()), 0, {batch}, {1}};
-  auto kernel = generated ? symbol<AttentionGradFn>("attention_grad_" + name) : nullptr;
+  const int64_t T = 2 * kClip + 1, dh = kModel / kHeads;
+  std::vector<float> relK = randomVector(T * dh, 5), relV = randomVector(T * dh, 6), dRelK(T * dh), dRelV(T * dh);
+  MemRef<2> rkm = view(relK.data(), T, dh), rvm = view(relV.data(), T, dh), drkm = view(dRelK.data(), T, dh),
+            drvm = view(dRelV.data(), T, dh);
+  auto kernel = generated && !relative ? symbol<AttentionGradFn>("attention_grad_" + name) : nullptr;
+  auto relativeKernel = generated && relative ? symbol<RelativeGradFn>("attention_grad_rel_" + name) : nullptr;
   for (auto _ : state) {
-    if (generated)
+    if (kernel)
       kernel(&dOm, &qm, &km, &vm, &lm_, &dqm, &dkm, &dvm);
+    else if (relativeKernel)
+      relativeKernel(&dOm, &qm, &km, &vm, &lm_, &rkm, &rvm, &dqm, &dkm, &dvm, &drkm, &drvm);
     else
-      lm_rt_attention_grad(dOa.data, qa.data, ka.data, va.data, lengths.data(), nullptr, nullptr, 0, nullptr,
-                           nullptr, 0, batch, n, n, kModel, kHeads, kind, scale, dq.data, dk.data, dv.data,
-                           nullptr, nullptr);
+      lm_rt_attention_grad(dOa.data, qa.data, ka.data, va.data, lengths.data(), nullptr, nullptr, 0,
+                           relative ? relK.data() : nullptr, relative ? relV.data() : nullptr, relative ? kClip : 0,
+                           batch, n, n, kModel, kHeads, kind, scale, dq.data, dk.data, dv.data,
+                           relative ? dRelK.data() : nullptr, relative ? dRelV.data() : nullptr);
     benchmark::ClobberMemory();
   }
   // Spot check: dv of the last key of head 0, feature 0, in the last sentence: sum_i p_ij dO_i.
-  const int64_t b = batch - 1, j = n - 1, dh = kModel / kHeads;
+  const int64_t b = batch - 1, j = n - 1;
   double ref = 0;
   for (int64_t i = 0; i < n; ++i) {
     auto seen = [&](int64_t jj) { return sees(mask, i, jj); };
@@ -449,8 +489,9 @@ void BM_AttentionGrad(benchmark::State &state, lm::MaskKind mask, std::string na
     for (int64_t jj = 0; jj < n; ++jj)
       if (seen(jj)) {
         double d = 0;
+        const int64_t t = std::clamp<int64_t>(jj - i, -kClip, kClip) + kClip;
         for (int64_t e = 0; e < dh; ++e)
-          d += double(q[(b * n + i) * kModel + e]) * k[(b * n + jj) * kModel + e];
+          d += double(q[(b * n + i) * kModel + e]) * (k[(b * n + jj) * kModel + e] + (relative ? relK[t * dh + e] : 0.0f));
         s[jj] = d * scale;
         mx = std::max(mx, s[jj]);
       }
@@ -485,16 +526,24 @@ int main(int argc, char **argv) {
 #endif
   }
   for (auto [mask, name] : kMasks)
-    benchmark::RegisterBenchmark(("attention/" + std::string(name)).c_str(), BM_Attention, mask, std::string(name))
+    benchmark::RegisterBenchmark(("attention/" + std::string(name)).c_str(), BM_Attention, mask, std::string(name),
+                                 false)
         ->ArgNames({"n", "batch"})
         ->ArgsProduct({{20, 80, 128}, {1, 32}});
-  for (bool generated : {true, false})
-    for (auto [mask, name] : kMasks)
-      benchmark::RegisterBenchmark(
-          ((generated ? "attention_grad/" : "attention_grad_rt/") + std::string(name)).c_str(), BM_AttentionGrad,
-          mask, std::string(name), generated)
-          ->ArgNames({"n", "batch"})
-          ->ArgsProduct({{20, 80, 128}, {1, 32}});
+  for (auto [mask, name] : kMasks)
+    benchmark::RegisterBenchmark(("attention_rel/" + std::string(name)).c_str(), BM_Attention, mask, std::string(name),
+                                 true)
+        ->ArgNames({"n", "batch"})
+        ->ArgsProduct({{80, 128}, {1, 32}});
+  for (bool relative : {false, true})
+    for (bool generated : {true, false})
+      for (auto [mask, name] : kMasks)
+        benchmark::RegisterBenchmark(((generated ? "attention_grad" : "attention_grad_rt") +
+                                      std::string(relative ? "_rel/" : "/") + name)
+                                         .c_str(),
+                                     BM_AttentionGrad, mask, std::string(name), generated, relative)
+            ->ArgNames({"n", "batch"})
+            ->ArgsProduct({relative ? std::vector<int64_t>{80, 128} : std::vector<int64_t>{20, 80, 128}, {1, 32}});
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   return 0;

@@ -46,7 +46,24 @@ void runItems(Loops &L, ArrayRef<Value> operands, int64_t heads, int64_t width, 
   auto &b = L.b;
   Location loc = L.loc;
   Value items = b.create<arith::MulIOp>(loc, L.B, L.idx(heads));
-  auto whole = [](Value m) { return !m || llvm::cast<MemRefType>(m.getType()).getLayout().isIdentity(); };
+  // Whole buffers, or static row-major views at an offset (a weight, such as a relative table, in the weight
+  // buffer): a task reads each from its address.
+  auto whole = [](Value m) {
+    if (!m)
+      return true;
+    auto type = llvm::cast<MemRefType>(m.getType());
+    if (type.getLayout().isIdentity())
+      return true;
+    int64_t offset;
+    SmallVector<int64_t> strides;
+    if (!type.hasStaticShape() || failed(getStridesAndOffset(type, strides, offset)))
+      return false;
+    int64_t stride = 1;
+    for (int64_t i = type.getRank() - 1; i >= 0; stride *= type.getDimSize(i), --i)
+      if (strides[i] != stride)
+        return false;
+    return true;
+  };
   if (!llvm::all_of(operands, whole)) {
     emit(L.idx(0), items);
     return;
@@ -82,13 +99,12 @@ using namespace attention;
 
 namespace {
 
-/// The buffers of one vector-form attention, and its entry count B.
+/// The buffers of one vector-form attention, its entry count B and its relative tables (or null).
 struct VectorOperands {
-  Value q, k, v, out, queryPositions, entries;
+  Value q, k, v, out, queryPositions, entries, relK, relV;
 };
 
-/// lm.attention with vectors (no relative positions, no per-row mask data; head size a multiple of 16),
-/// register-tiled like the GEMM.
+/// lm.attention with vectors (no per-row mask data; head size a multiple of 16), register-tiled like the GEMM.
 /// Work items are the (entry, head) pairs, entry-major; items [begin, end) run here. Per item the head's keys
 /// are transposed into kt [dh, M16] (M keys rounded up to 16, zero tail). Query rows go in tiles of R = 8 rows
 /// (R = 1 for single-query entries, lm-prune-rows), the last tile repeating the last row; a tile visits the
@@ -102,6 +118,10 @@ struct VectorOperands {
 ///           vector load per 4 FMAs (p_rj = 0 adds exactly nothing); zero when a row sees no key. When the
 ///           operands exceed the threads' L2 the rows are stored nontemporally (no read for ownership) and the
 ///           next item's q, k, v lines are prefetched over the tiles.
+/// With Shaw relative positions (clip c, T = 2c + 1) a tile also computes its rows' T products q_r . rel_k[t]
+/// (relativeProducts) and adds each score's one (S = (q.k + q.rel_k[t(i, j)]) scale); after the softmax the
+/// numerators are summed per table row (relativeWeights: P_t) and out_r gains sum_t P_rt rel_v[t] before the
+/// division by l_r.
 void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Value begin, Value end) {
   auto &b = L.b;
   Location loc = L.loc;
@@ -114,6 +134,16 @@ void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Val
   Value queryPositions = ops.queryPositions;
   const int64_t R = queryPositions ? 1 : kTileRows;
   Value kt = K.scratch({dh, ShapedType::kDynamic}, M16), S = K.scratch({R, ShapedType::kDynamic}, M16);
+  const bool relative = bool(ops.relK);
+  const int64_t clip = a.getClip(), T = 2 * clip + 1, T16 = (T + kLanes - 1) / kLanes * kLanes;
+  Value relKt, PQ, PT;
+  if (relative) {
+    // relK^T [dh, T16], P_t [R, T16 + 16] and the padded relative scores [R, 2 M16 + T16 + 16] in one block.
+    Value width = K.add(K.add(M16, M16), L.idx(T16 + kLanes));
+    SmallVector<Value> views = K.scratchViews({{dh, T16}, {R, T16 + kLanes}, {R, ShapedType::kDynamic}}, {width});
+    relKt = views[0], PT = views[1], PQ = views[2];
+    K.transposeTable(ops.relK, T, relKt);
+  }
   Value rows = queryPositions ? L.idx(1) : Value(b.create<memref::DimOp>(loc, q, 1));
   Value tiles = b.create<arith::DivUIOp>(loc, K.add(rows, L.idx(R - 1)), L.idx(R));
 
@@ -141,14 +171,22 @@ void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Val
       };
       prefetch(0);
       Tile tile = K.tileRows(bi, r0, R, lastRow, len, queryPositions, Value());
+      if (relative)
+        K.relativeProducts(q, bi, base, tile.row, relKt, clip, M16, PQ);
       K.products(q, bi, base, tile, kt, [&](Value jb, ArrayRef<Value> dots) {
         SmallVector<Value> s;
-        for (Value d : dots)
+        for (int64_t r = 0; r < int64_t(dots.size()); ++r) {
+          Value d = dots[r];
+          if (relative)
+            d = b.create<arith::AddFOp>(loc, d, K.relativeBlock(PQ, r, tile.pos[r], jb, clip, M16));
           s.push_back(b.create<arith::MulFOp>(loc, d, scale));
+        }
         K.storeScores(S, jb, s, tile);
       });
       prefetch(1);
       SmallVector<Value> sums = K.exponentiate(S, R, tile.from16, tile.to);
+      if (relative)
+        K.relativeWeights(S, tile.pos, tile.from16, K.roundDown(K.add(tile.to, L.idx(kLanes - 1))), clip, PT);
       // p.v in tiles of kPvRows rows x kPvChunks feature vectors over the group's key range.
       for (int64_t r0g = 0; r0g < R; r0g += kPvRows) {
         prefetch(2 + r0g / kPvRows);
@@ -159,11 +197,13 @@ void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Val
           inv[r] = K.inverse(sums[r0g + r]);
         for (int64_t c0 = 0; c0 < chunks; c0 += kPvChunks) {
           int64_t nc = std::min(kPvChunks, chunks - c0);
-          auto acc = K.weightedRows(S, r0g, nr, v, bi, base, c0, nc, gLo, gHi);
+          SmallVector<Value> acc(K.weightedRows(S, r0g, nr, v, bi, base, c0, nc, gLo, gHi).getResults());
+          if (relative)
+            acc = K.relativeRows(PT, r0g, nr, ops.relV, T, c0, nc, acc);
           SmallVector<Value> rowsOut, cols;
           for (int64_t r = 0; r < nr; ++r)
             for (int64_t c = 0; c < nc; ++c)
-              rowsOut.push_back(b.create<arith::MulFOp>(loc, acc.getResult(r * nc + c), inv[r]));
+              rowsOut.push_back(b.create<arith::MulFOp>(loc, acc[r * nc + c], inv[r]));
           for (int64_t c = 0; c < nc; ++c)
             cols.push_back(K.chunk(base, c0 + c));
           // Streaming (the operands exceed the threads' L2): past the caches, the lines are not read first.
@@ -181,16 +221,20 @@ void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Val
 }
 
 /// The vector form's task: items [begin, end) of the operands whose addresses and sizes are in ctx (q, k, v,
-/// out, lengths, query positions or 0, entries B, query rows, keys M). One per (mask, heads, width, scale).
+/// out, lengths, query positions or 0, relative key and value tables or 0, entries B, query rows, keys M). One
+/// per (mask, heads, width, scale, clip).
 func::FuncOp getOrCreateVectorTask(lm::AttentionOp a, Loops &L) {
   int64_t D = a.getType().getDimSize(2), H = a.getHeads();
-  bool positions = bool(a.getQueryPositions());
-  std::string name = llvm::formatv("lm_attention_task_{0}_h{1}_d{2}_s{3:x}{4}", lm::stringifyMaskKind(a.getMask()),
-                                   H, D, bitsOf(a.getScale().convertToFloat()), positions ? "_positions" : "");
+  bool positions = bool(a.getQueryPositions()), relative = bool(a.getRelKey());
+  std::string name = llvm::formatv("lm_attention_task_{0}_h{1}_d{2}_s{3:x}{4}{5}", lm::stringifyMaskKind(a.getMask()),
+                                   H, D, bitsOf(a.getScale().convertToFloat()), positions ? "_positions" : "",
+                                   relative ? llvm::formatv("_rel{0}", a.getClip()).str() : std::string());
   return getOrCreateTask(a, L, name, D, [&](TaskFields &f, Value begin, Value end) {
-    Value entries = f.field(6), rows = f.field(7), keys = f.field(8);
+    Value entries = f.field(8), rows = f.field(9), keys = f.field(10);
+    int64_t T = 2 * int64_t(a.getClip()) + 1, dh = D / H;
     VectorOperands ops{f.matrix(0, entries, rows), f.matrix(1, entries, keys), f.matrix(2, entries, keys),
-                       f.matrix(3, entries, rows), positions ? f.ints(5, entries) : Value(), f.index(entries)};
+                       f.matrix(3, entries, rows), positions ? f.ints(5, entries) : Value(), f.index(entries),
+                       relative ? f.table(6, T, dh) : Value(), relative ? f.table(7, T, dh) : Value()};
     L.lengths = f.ints(4, entries);
     emitVectorItems(a, L, ops, begin, end);
   });
@@ -201,11 +245,12 @@ LogicalResult lowerVector(lm::AttentionOp a, Loops &L) {
   L.lengths = L.in(a.getLengths());
   Value q = L.in(a.getQuery()), k = L.in(a.getKey()), v = L.in(a.getValue()), out = L.alloc(a.getType());
   Value queryPositions = a.getQueryPositions() ? L.in(a.getQueryPositions()) : Value();
-  VectorOperands ops{q, k, v, out, queryPositions, L.B};
+  Value relK = a.getRelKey() ? L.in(a.getRelKey()) : Value(), relV = a.getRelValue() ? L.in(a.getRelValue()) : Value();
+  VectorOperands ops{q, k, v, out, queryPositions, L.B, relK, relV};
   Value rows = L.b.create<memref::DimOp>(L.loc, q, 1), keys = L.b.create<memref::DimOp>(L.loc, k, 1);
-  runItems(L, {q, k, v, L.lengths, queryPositions}, a.getHeads(), a.getType().getDimSize(2), rows, keys,
+  runItems(L, {q, k, v, L.lengths, queryPositions, relK, relV}, a.getHeads(), a.getType().getDimSize(2), rows, keys,
            {L.address(q), L.address(k), L.address(v), L.address(out), L.address(L.lengths),
-            addressOrZero(L, queryPositions)},
+            addressOrZero(L, queryPositions), addressOrZero(L, relK), addressOrZero(L, relV)},
            [&] { return getOrCreateVectorTask(a, L); },
            [&](Value begin, Value end) { emitVectorItems(a, L, ops, begin, end); });
   return L.set(a, out);
@@ -324,7 +369,7 @@ struct AttentionLowering : LmLowering<lm::AttentionOp> {
     if (a.getMask() == lm::MaskKind::Explicit)
       return a.emitOpError("explicit masks have no CPU lowering yet");
     int64_t heads = a.getHeads(), width = a.getType().getDimSize(2);
-    if (!a.getRelKey() && !a.getMaskData() && (width / heads) % kLanes == 0)
+    if (!a.getMaskData() && (width / heads) % kLanes == 0)
       return lowerVector(a, L);
     return lowerScalar(a, L);
   }
@@ -382,32 +427,40 @@ OwningOpRef<ModuleOp> kernelModule(MLIRContext &context, OpBuilder &b) {
 
 } // namespace
 
-OwningOpRef<ModuleOp> buildAttentionModule(MLIRContext &context, lm::MaskKind mask, int64_t heads, int64_t dModel) {
+OwningOpRef<ModuleOp> buildAttentionModule(MLIRContext &context, lm::MaskKind mask, int64_t heads, int64_t dModel,
+                                           int64_t clip) {
   OpBuilder b(&context);
   Location loc = b.getUnknownLoc();
   OwningOpRef<ModuleOp> module = kernelModule(context, b);
   int64_t dyn = ShapedType::kDynamic;
   auto t3 = RankedTensorType::get({dyn, dyn, dModel}, b.getF32Type());
   auto t1 = RankedTensorType::get({dyn}, b.getI32Type());
-  auto m3 = bufferType(t3), m1 = bufferType(t1);
-  auto fn = b.create<func::FuncOp>(loc, "attention_kernel", b.getFunctionType({m3, m3, m3, m1, m3}, {}));
+  auto t2 = RankedTensorType::get({2 * clip + 1, dModel / heads}, b.getF32Type());
+  auto m3 = bufferType(t3), m1 = bufferType(t1), m2 = bufferType(t2);
+  SmallVector<Type> args{m3, m3, m3, m1};
+  if (clip > 0)
+    args.append({m2, m2});
+  args.push_back(m3);
+  auto fn = b.create<func::FuncOp>(loc, "attention_kernel", b.getFunctionType(args, {}));
   fn->setAttr("llvm.emit_c_interface", b.getUnitAttr());
   Block *entry = fn.addEntryBlock();
   b.setInsertionPointToStart(entry);
   auto tensor = [&](Value m, Type t) { return b.create<UnrealizedConversionCastOp>(loc, t, m).getResult(0); };
+  Value relK = clip > 0 ? tensor(entry->getArgument(4), t2) : Value();
+  Value relV = clip > 0 ? tensor(entry->getArgument(5), t2) : Value();
   auto attention =
       b.create<lm::AttentionOp>(loc, t3, tensor(entry->getArgument(0), t3), tensor(entry->getArgument(1), t3),
-                                tensor(entry->getArgument(2), t3), tensor(entry->getArgument(3), t1), Value(), Value(),
-                                Value(), Value(), b.getI64IntegerAttr(heads), lm::MaskKindAttr::get(&context, mask),
-                                b.getF32FloatAttr(1.0f / std::sqrt(float(dModel / heads))), b.getI64IntegerAttr(0));
+                                tensor(entry->getArgument(2), t3), tensor(entry->getArgument(3), t1), Value(), relK,
+                                relV, Value(), b.getI64IntegerAttr(heads), lm::MaskKindAttr::get(&context, mask),
+                                b.getF32FloatAttr(1.0f / std::sqrt(float(dModel / heads))), b.getI64IntegerAttr(clip));
   Value result = b.create<UnrealizedConversionCastOp>(loc, m3, attention.getResult()).getResult(0);
-  b.create<memref::CopyOp>(loc, result, entry->getArgument(4));
+  b.create<memref::CopyOp>(loc, result, entry->getArgument(args.size() - 1));
   b.create<func::ReturnOp>(loc);
   return lowerKernelModule(context, std::move(module), populateAttentionPatterns);
 }
 
-OwningOpRef<ModuleOp> buildAttentionGradModule(MLIRContext &context, lm::MaskKind mask, int64_t heads,
-                                               int64_t dModel) {
+OwningOpRef<ModuleOp> buildAttentionGradModule(MLIRContext &context, lm::MaskKind mask, int64_t heads, int64_t dModel,
+                                               int64_t clip) {
   OpBuilder b(&context);
   Location loc = b.getUnknownLoc();
   OwningOpRef<ModuleOp> module = kernelModule(context, b);
@@ -415,22 +468,35 @@ OwningOpRef<ModuleOp> buildAttentionGradModule(MLIRContext &context, lm::MaskKin
   int64_t dyn = ShapedType::kDynamic;
   auto t3 = RankedTensorType::get({dyn, dyn, dModel}, b.getF32Type());
   auto t1 = RankedTensorType::get({dyn}, b.getI32Type());
-  auto m3 = bufferType(t3), m1 = bufferType(t1);
-  auto fn = b.create<func::FuncOp>(loc, "attention_grad_kernel",
-                                   b.getFunctionType({m3, m3, m3, m3, m1, m3, m3, m3}, {}));
+  auto t2 = RankedTensorType::get({2 * clip + 1, dModel / heads}, b.getF32Type());
+  auto m3 = bufferType(t3), m1 = bufferType(t1), m2 = bufferType(t2);
+  const bool relative = clip > 0;
+  // (dO, q, k, v, lengths[, rel_k, rel_v], dq, dk, dv[, drel_k, drel_v])
+  SmallVector<Type> args{m3, m3, m3, m3, m1};
+  if (relative)
+    args.append({m2, m2});
+  args.append({m3, m3, m3});
+  if (relative)
+    args.append({m2, m2});
+  auto fn = b.create<func::FuncOp>(loc, "attention_grad_kernel", b.getFunctionType(args, {}));
   fn->setAttr("llvm.emit_c_interface", b.getUnitAttr());
   Block *entry = fn.addEntryBlock();
   b.setInsertionPointToStart(entry);
   auto tensor = [&](Value m, Type t) { return b.create<UnrealizedConversionCastOp>(loc, t, m).getResult(0); };
   auto arg = [&](int i) { return entry->getArgument(i); };
+  SmallVector<Type> results{t3, t3, t3};
+  if (relative)
+    results.append({t2, t2});
   auto grad = b.create<lm::AttentionGradOp>(
-      loc, TypeRange{t3, t3, t3}, tensor(arg(0), t3), tensor(arg(1), t3), tensor(arg(2), t3), tensor(arg(3), t3),
-      tensor(arg(4), t1), Value(), Value(), Value(), Value(), b.getI64IntegerAttr(heads),
-      lm::MaskKindAttr::get(&context, mask), b.getF32FloatAttr(1.0f / std::sqrt(float(dModel / heads))),
-      b.getI64IntegerAttr(0));
-  for (int i = 0; i < 3; ++i)
-    b.create<memref::CopyOp>(loc, b.create<UnrealizedConversionCastOp>(loc, m3, grad->getResult(i)).getResult(0),
-                             arg(5 + i));
+      loc, results, tensor(arg(0), t3), tensor(arg(1), t3), tensor(arg(2), t3), tensor(arg(3), t3),
+      tensor(arg(4), t1), Value(), Value(), relative ? tensor(arg(5), t2) : Value(),
+      relative ? tensor(arg(6), t2) : Value(), b.getI64IntegerAttr(heads), lm::MaskKindAttr::get(&context, mask),
+      b.getF32FloatAttr(1.0f / std::sqrt(float(dModel / heads))), b.getI64IntegerAttr(clip));
+  const int first = relative ? 7 : 5;
+  for (int i = 0; i < int(results.size()); ++i)
+    b.create<memref::CopyOp>(
+        loc, b.create<UnrealizedConversionCastOp>(loc, i < 3 ? m3 : m2, grad->getResult(i)).getResult(0),
+        arg(first + i));
   b.create<func::ReturnOp>(loc);
   return lowerKernelModule(context, std::move(module), populateBackwardPatterns);
 }

@@ -15,9 +15,11 @@ namespace lmcc::codegen {
 using namespace attention;
 namespace {
 
-/// The buffers of one vector-form attention backward, its query lengths (or null: the keys') and entry count.
+/// The buffers of one vector-form attention backward, its query lengths (or null: the keys') and entry count; with
+/// relative positions the tables and the items' table gradients ([2 items, T, dh]: item i's rel_k gradient at 2i,
+/// its rel_v gradient at 2i + 1), else null.
 struct GradOperands {
-  Value dO, q, k, v, dq, dk, dv, queryLengths, entries;
+  Value dO, q, k, v, dq, dk, dv, queryLengths, entries, relK, relV, relGrads;
 };
 
 /// lm.attention_grad in the vector form (the forward's conditions, a mask of none, causal, anticausal or
@@ -39,6 +41,11 @@ struct GradOperands {
 /// whole: prefetchNextEntry) and dq, dk, dv stored nontemporally when streaming (as the forward's output). Measured
 /// in bench/results/2026-11-28-entry-prefetch.md. Every output element is written once, from the values its own
 /// item computed in a fixed order: the same bits for any thread count.
+/// With Shaw relative positions (clip c, T = 2c + 1) the scores and dP gain their relative terms as in the
+/// forward (relativeProducts of q with rel_k and of dO with rel_v), P and dS are summed per table row (P_t, dS_t:
+/// relativeWeights), dq_r gains sum_t dS_rt rel_k[t], and the item's table gradients sum_r dS_rt q_r and
+/// sum_r P_rt dO_r are stored over its first tile and added over the others (keyUpdates into relGrads); the
+/// caller sums the items' in item order.
 void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &ops, Value begin, Value end) {
   auto &b = L.b;
   Location loc = L.loc;
@@ -55,6 +62,19 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
   // dk and dv of the item (slot item mod 2) accumulated over its tiles, and of the item before (the other slot),
   // written out over this item's tiles.
   Value dkItems = K.scratch({2, dyn, dh}, M16), dvItems = K.scratch({2, dyn, dh}, M16);
+  const bool relative = bool(ops.relK);
+  const int64_t clip = a.getClip(), T = 2 * clip + 1, T16 = (T + kLanes - 1) / kLanes * kLanes;
+  Value relKt, relVt, PQ, GQ, PT, GT;
+  if (relative) {
+    // rel_k^T, rel_v^T [dh, T16], P_t and dS_t [R, T16 + 16], the padded relative scores and dP terms
+    // [R, 2 M16 + T16 + 16], in one block.
+    Value width = K.add(K.add(M16, M16), L.idx(T16 + kLanes));
+    SmallVector<Value> views = K.scratchViews(
+        {{dh, T16}, {dh, T16}, {R, T16 + kLanes}, {R, T16 + kLanes}, {R, dyn}, {R, dyn}}, {width, width});
+    relKt = views[0], relVt = views[1], PT = views[2], GT = views[3], PQ = views[4], GQ = views[5];
+    K.transposeTable(ops.relK, T, relKt);
+    K.transposeTable(ops.relV, T, relVt);
+  }
   Value rows = b.create<memref::DimOp>(loc, ops.q, 1);
   Value items = b.create<arith::MulIOp>(loc, ops.entries, L.idx(H));
   Value streams = streamsOperands(L, ops.entries, rows, M, D, /*q, dO, dq*/ 3, /*k, v, dk, dv*/ 4);
@@ -98,6 +118,15 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
     K.transpose(ops.v, bi, base, M, M16, vt);
     Value tiles = b.create<arith::DivUIOp>(loc, K.add(n, L.idx(R - 1)), L.idx(R));
     Value lastRow = b.create<arith::SubIOp>(loc, n, L.idx(1));
+    // An item without tiles (an empty entry) has zero table gradients.
+    if (relative)
+      L.when(L.eqI(tiles, zero), [&] {
+        Value first = b.create<arith::MulIOp>(loc, item, L.idx(2));
+        L.nest({L.idx(2), L.idx(T), L.idx(chunks)}, [&](ValueRange sti) {
+          K.store(K.zeroV, ops.relGrads,
+                  ValueRange{K.add(first, sti[0]), sti[1], b.create<arith::MulIOp>(loc, sti[2], L.idx(kLanes))});
+        });
+      });
     Value nextItem = K.add(item, L.idx(1));
     Value hasNext = L.andI(streams, L.lt(nextItem, items));
     Value head = b.create<arith::RemUIOp>(loc, item, L.idx(H));
@@ -120,10 +149,18 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
       };
       prefetch(0);
       Tile tile = K.tileRows(bi, r0, R, lastRow, m, Value(), n);
+      if (relative) {
+        K.relativeProducts(ops.q, bi, base, tile.row, relKt, clip, M16, PQ);
+        K.relativeProducts(ops.dO, bi, base, tile.row, relVt, clip, M16, GQ);
+      }
       K.products(ops.q, bi, base, tile, kt, [&](Value jb, ArrayRef<Value> dots) {
         SmallVector<Value> s;
-        for (Value d : dots)
+        for (int64_t r = 0; r < R; ++r) {
+          Value d = dots[r];
+          if (relative)
+            d = b.create<arith::AddFOp>(loc, d, K.relativeBlock(PQ, r, tile.pos[r], jb, clip, M16));
           s.push_back(b.create<arith::MulFOp>(loc, d, scale));
+        }
         K.storeScores(S, jb, s, tile);
       });
       SmallVector<Value> sums = K.exponentiate(S, R, tile.from16, tile.to);
@@ -132,8 +169,12 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
         inv.push_back(K.inverse(sums[r]));
       prefetch(1);
       K.products(ops.dO, bi, base, tile, vt, [&](Value jb, ArrayRef<Value> dp) {
-        for (int64_t r = 0; r < R; ++r)
-          K.store(dp[r], G, ValueRange{L.idx(r), jb});
+        for (int64_t r = 0; r < R; ++r) {
+          Value d = dp[r];
+          if (relative)
+            d = b.create<arith::AddFOp>(loc, d, K.relativeBlock(GQ, r, tile.pos[r], jb, clip, M16));
+          K.store(d, G, ValueRange{L.idx(r), jb});
+        }
       });
       // P = p / l in place, and D_r = sum_j P_rj dP_rj.
       SmallVector<Value> zerosR(R, K.zeroV);
@@ -159,13 +200,20 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
         }
         return SmallVector<Value>{};
       });
+      Value to16 = K.roundDown(K.add(tile.to, L.idx(kLanes - 1)));
+      if (relative) {
+        K.relativeWeights(S, tile.pos, tile.from16, to16, clip, PT);
+        K.relativeWeights(G, tile.pos, tile.from16, to16, clip, GT);
+      }
       // dq of the real rows, in tiles of kPvRows rows x kPvChunks feature vectors (nontemporal when streaming).
       prefetch(2);
       for (int64_t r0g = 0; r0g < R; r0g += kPvRows) {
         auto [gLo, gHi] = K.unionRange(tile, r0g, kPvRows);
         for (int64_t c0 = 0; c0 < chunks; c0 += kPvChunks) {
           int64_t nc = std::min(kPvChunks, chunks - c0);
-          auto acc = K.weightedRows(G, r0g, kPvRows, ops.k, bi, base, c0, nc, gLo, gHi);
+          SmallVector<Value> acc(K.weightedRows(G, r0g, kPvRows, ops.k, bi, base, c0, nc, gLo, gHi).getResults());
+          if (relative)
+            acc = K.relativeRows(GT, r0g, kPvRows, ops.relK, T, c0, nc, acc);
           SmallVector<Value> cols;
           for (int64_t c = 0; c < nc; ++c)
             cols.push_back(K.chunk(base, c0 + c));
@@ -173,7 +221,7 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
             for (int64_t r = 0; r < kPvRows; ++r) {
               auto write = [&] {
                 for (int64_t c = 0; c < nc; ++c)
-                  K.store(acc.getResult(r * nc + c), ops.dq, ValueRange{bi, tile.row[r0g + r], cols[c]}, nt);
+                  K.store(acc[r * nc + c], ops.dq, ValueRange{bi, tile.row[r0g + r], cols[c]}, nt);
               };
               if (Value valid = tile.valid[r0g + r])
                 L.when(valid, write);
@@ -188,6 +236,12 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
       Value keysFrom = K.roundDown(tile.from, kGradKeys);
       K.keyUpdates(G, ops.q, tile.row, dkItems, slot, bi, base, keysFrom, tile.to, touched);
       K.keyUpdates(S, ops.dO, tile.row, dvItems, slot, bi, base, keysFrom, tile.to, touched);
+      if (relative) { // the item's table gradients: stored by its first tile, added by the others
+        Value fresh = L.select(L.eqI(t, zero), zero, L.idx(T));
+        Value pair = b.create<arith::MulIOp>(loc, item, L.idx(2));
+        K.keyUpdates(GT, ops.q, tile.row, ops.relGrads, pair, bi, base, zero, L.idx(T), fresh);
+        K.keyUpdates(PT, ops.dO, tile.row, ops.relGrads, K.add(pair, L.idx(1)), bi, base, zero, L.idx(T), fresh);
+      }
       // The item before's keys [t M / tiles, (t + 1) M / tiles) out.
       L.when(hasBefore, [&] {
         Value from = b.create<arith::DivUIOp>(loc, b.create<arith::MulIOp>(loc, t, M), tiles);
@@ -207,18 +261,28 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
 }
 
 /// The backward's task: items [begin, end) of the operands whose addresses and sizes are in ctx (dO, q, k, v,
-/// dq, dk, dv, lengths, query lengths or 0, entries B, query rows, keys M). One per (mask, heads, width, scale).
+/// dq, dk, dv, lengths, query lengths or 0, the relative tables and the items' table gradients or 0, entries B,
+/// query rows, keys M). One per (mask, heads, width, scale, clip).
 func::FuncOp getOrCreateGradTask(lm::AttentionGradOp a, Loops &L) {
   int64_t D = llvm::cast<ShapedType>(a.getQuery().getType()).getDimSize(2), H = a.getHeads();
-  bool queryLengths = bool(a.getQueryLengths());
-  std::string name = llvm::formatv("lm_attention_grad_task_{0}_h{1}_d{2}_s{3:x}{4}",
+  bool queryLengths = bool(a.getQueryLengths()), relative = bool(a.getRelKey());
+  std::string name = llvm::formatv("lm_attention_grad_task_{0}_h{1}_d{2}_s{3:x}{4}{5}",
                                    lm::stringifyMaskKind(a.getMask()), H, D, bitsOf(a.getScale().convertToFloat()),
-                                   queryLengths ? "_query_lengths" : "");
+                                   queryLengths ? "_query_lengths" : "",
+                                   relative ? llvm::formatv("_rel{0}", a.getClip()).str() : std::string());
   return getOrCreateTask(a, L, name, D, [&](TaskFields &f, Value begin, Value end) {
-    Value entries = f.field(9), rows = f.field(10), keys = f.field(11);
+    Value entries = f.field(12), rows = f.field(13), keys = f.field(14);
+    int64_t T = 2 * int64_t(a.getClip()) + 1, dh = D / H;
+    // The items' table gradients: [2 B H, T, dh].
+    Value relGrads = relative ? memrefAt(f.b, f.loc, f.field(11),
+                                         {f.b.create<LLVM::MulOp>(f.loc, entries, f.c64(2 * H)), f.c64(T), f.c64(dh)},
+                                         {f.c64(T * dh), f.c64(dh), f.c64(1)},
+                                         MemRefType::get({ShapedType::kDynamic, T, dh}, f.b.getF32Type()))
+                              : Value();
     GradOperands ops{f.matrix(0, entries, rows), f.matrix(1, entries, rows), f.matrix(2, entries, keys),
                      f.matrix(3, entries, keys), f.matrix(4, entries, rows), f.matrix(5, entries, keys),
-                     f.matrix(6, entries, keys), queryLengths ? f.ints(8, entries) : Value(), f.index(entries)};
+                     f.matrix(6, entries, keys), queryLengths ? f.ints(8, entries) : Value(), f.index(entries),
+                     relative ? f.table(9, T, dh) : Value(), relative ? f.table(10, T, dh) : Value(), relGrads};
     L.lengths = f.ints(7, entries);
     emitVectorGradItems(a, L, ops, begin, end);
   });
@@ -229,27 +293,52 @@ func::FuncOp getOrCreateGradTask(lm::AttentionGradOp a, Loops &L) {
 bool hasVectorAttentionGrad(lm::AttentionGradOp op) {
   lm::MaskKind mask = op.getMask();
   int64_t D = llvm::cast<ShapedType>(op.getQuery().getType()).getDimSize(2), heads = op.getHeads();
-  return !op.getRelKey() && !op.getMaskData() && D % heads == 0 && (D / heads) % kLanes == 0 &&
+  return !op.getMaskData() && D % heads == 0 && (D / heads) % kLanes == 0 &&
          (mask == lm::MaskKind::none || mask == lm::MaskKind::causal || mask == lm::MaskKind::anticausal ||
           mask == lm::MaskKind::diagonal);
 }
 
 LogicalResult lowerVectorAttentionGrad(lm::AttentionGradOp op, Loops &L) {
+  auto &b = L.b;
+  Location loc = L.loc;
   L.lengths = L.in(op.getLengths());
   Value dO = L.in(op.getGrad()), q = L.in(op.getQuery()), k = L.in(op.getKey()), v = L.in(op.getValue());
   Value queryLengths = op.getQueryLengths() ? L.in(op.getQueryLengths()) : Value();
   // Sized from the operands: a cross-attention's keys [B, M, D] are another sequence than its queries.
   Value dq = L.alloc(op.getDQuery().getType(), L.dims(q)), dk = L.alloc(op.getDKey().getType(), L.dims(k)),
         dv = L.alloc(op.getDValue().getType(), L.dims(v));
-  GradOperands ops{dO, q, k, v, dq, dk, dv, queryLengths, L.B};
-  Value rows = L.b.create<memref::DimOp>(L.loc, q, 1), keys = L.b.create<memref::DimOp>(L.loc, k, 1);
-  runItems(L, {dO, q, k, v, L.lengths, queryLengths}, op.getHeads(),
-           llvm::cast<ShapedType>(op.getQuery().getType()).getDimSize(2), rows, keys,
+  const bool relative = bool(op.getRelKey());
+  const int64_t H = op.getHeads(), D = llvm::cast<ShapedType>(op.getQuery().getType()).getDimSize(2), dh = D / H;
+  const int64_t T = 2 * int64_t(op.getClip()) + 1;
+  Value relK = relative ? L.in(op.getRelKey()) : Value(), relV = relative ? L.in(op.getRelValue()) : Value();
+  // The items' table gradients [2 B H, T, dh], summed in item order below: the same bits for any thread count.
+  Value relGrads = relative ? L.alloc(MemRefType::get({ShapedType::kDynamic, T, dh}, L.f32()),
+                                      {b.create<arith::MulIOp>(loc, L.B, L.idx(2 * H))})
+                            : Value();
+  GradOperands ops{dO, q, k, v, dq, dk, dv, queryLengths, L.B, relK, relV, relGrads};
+  Value rows = b.create<memref::DimOp>(loc, q, 1), keys = b.create<memref::DimOp>(loc, k, 1);
+  runItems(L, {dO, q, k, v, L.lengths, queryLengths, relK, relV}, H, D, rows, keys,
            {L.address(dO), L.address(q), L.address(k), L.address(v), L.address(dq), L.address(dk), L.address(dv),
-            L.address(L.lengths), addressOrZero(L, queryLengths)},
+            L.address(L.lengths), addressOrZero(L, queryLengths), addressOrZero(L, relK), addressOrZero(L, relV),
+            addressOrZero(L, relGrads)},
            [&] { return getOrCreateGradTask(op, L); },
            [&](Value begin, Value end) { emitVectorGradItems(op, L, ops, begin, end); });
-  return L.setAll(op, {dq, dk, dv});
+  if (!relative)
+    return L.setAll(op, {dq, dk, dv});
+  Value dRelK = L.alloc(L.typeOf(op.getDRelative()[0])), dRelV = L.alloc(L.typeOf(op.getDRelative()[1]));
+  VectorKernel K(L, dh, op.getMask());
+  Value items = b.create<arith::MulIOp>(loc, L.B, L.idx(H));
+  for (auto [which, out] : {std::pair{int64_t(0), dRelK}, std::pair{int64_t(1), dRelV}})
+    L.nest({L.idx(T), L.idx(dh / kLanes)}, [&](ValueRange tc) {
+      Value e = b.create<arith::MulIOp>(loc, tc[1], L.idx(kLanes));
+      auto sum = K.loop(L.idx(0), items, 1, {K.zeroV}, [&](Value item, ValueRange acc) {
+        Value slice = K.add(b.create<arith::MulIOp>(loc, item, L.idx(2)), L.idx(which));
+        return SmallVector<Value>{
+            b.create<arith::AddFOp>(loc, acc[0], K.load(relGrads, ValueRange{slice, tc[0], e}))};
+      });
+      K.store(sum.getResult(0), out, ValueRange{tc[0], e});
+    });
+  return L.setAll(op, {dq, dk, dv, dRelK, dRelV});
 }
 
 } // namespace lmcc::codegen

@@ -70,6 +70,37 @@ struct VectorKernel {
   Value scratch(ArrayRef<int64_t> shape, ValueRange dyn) {
     return b.create<memref::AllocOp>(loc, MemRefType::get(shape, L.f32()), dyn, b.getI64IntegerAttr(64));
   }
+  /// f32 scratch buffers of `shapes` (row-major, each a multiple of 16 floats; the dynamic sizes in order from
+  /// `dyn`) as views of one 64-byte aligned allocation: one workspace block for all of them.
+  SmallVector<Value> scratchViews(ArrayRef<SmallVector<int64_t>> shapes, ValueRange dyn) {
+    SmallVector<Value> floats;
+    size_t next = 0;
+    for (const auto &shape : shapes) {
+      Value n = L.idx(1);
+      for (int64_t d : shape)
+        n = b.create<arith::MulIOp>(loc, n, ShapedType::isDynamic(d) ? dyn[next++] : L.idx(d));
+      floats.push_back(n);
+    }
+    Value total = L.idx(0);
+    for (Value n : floats)
+      total = add(total, n);
+    auto bytesType = MemRefType::get({ShapedType::kDynamic}, b.getI8Type());
+    Value block = b.create<memref::AllocOp>(loc, bytesType, ValueRange{b.create<arith::MulIOp>(loc, total, L.idx(4))},
+                                            b.getI64IntegerAttr(64));
+    SmallVector<Value> views;
+    Value offset = L.idx(0);
+    next = 0;
+    for (auto [shape, n] : llvm::zip(shapes, floats)) {
+      SmallVector<Value> sizes;
+      for (int64_t d : shape)
+        if (ShapedType::isDynamic(d))
+          sizes.push_back(dyn[next++]);
+      views.push_back(b.create<memref::ViewOp>(loc, MemRefType::get(shape, L.f32()), block,
+                                               b.create<arith::MulIOp>(loc, offset, L.idx(4)), sizes));
+      offset = add(offset, n);
+    }
+    return views;
+  }
   Value load(Value m, ValueRange ivs) { return b.create<vector::LoadOp>(loc, vt, m, ivs); }
   /// A vector store; `nontemporal` ones must be at vector-aligned addresses (lowerToLLVMDialect gives them the
   /// vector's alignment, which vmovntps needs): the rows of 64-byte aligned buffers at multiples of 16 floats.
@@ -448,6 +479,113 @@ struct VectorKernel {
     });
   }
 
+  // Shaw relative positions (clip c, T = 2c + 1 table rows, index t(i, j) = clamp(j - i, -c, c) + c) in the vector
+  // forms: the q_r . rel[t] products per row (T of them, not one per key), read back per key block as a
+  // contiguous run of a padded row, and the probabilities (or score gradients) summed per table row, so that
+  // the table's side is a [rows, T] x [T, dh] product.
+
+  /// relT [dh, T16] = table [T, dh] transposed, zero from T (T16 = T rounded up to 16).
+  void transposeTable(Value table, int64_t T, Value relT) {
+    int64_t T16 = (T + kLanes - 1) / kLanes * kLanes;
+    L.nest({L.idx(dh), L.idx(T16)}, [&](ValueRange et) {
+      Value x = L.choose(L.lt(et[1], L.idx(T)), L.f32(), [&] { return L.load(table, {et[1], et[0]}); },
+                         [&] { return L.f32c(0); });
+      L.store(x, relT, {et[0], et[1]});
+    });
+  }
+
+  /// Row r of PQ [R, 2 M16 + T16 + 16] holds a[bi, row_r] . rel[t] at column M16 + t for t < T, rel[0]'s product
+  /// on [0, M16) and rel[T - 1]'s from M16 + T on: the relative score of row r (position pos_r) and key j is
+  /// column j - pos_r + c + M16 for every j < M16, so a key block reads 16 of them with one (unaligned) load
+  /// (relativeBlock).
+  void relativeProducts(Value a, Value bi, Value base, ArrayRef<Value> row, Value relT, int64_t clip, Value M16,
+                        Value PQ) {
+    const int64_t R = row.size(), T = 2 * clip + 1, T16 = (T + kLanes - 1) / kLanes * kLanes;
+    for (int64_t jb = 0; jb < T16; jb += kLanes) {
+      SmallVector<Value> zeros(R, zeroV);
+      auto dot = loop(L.idx(0), L.idx(dh), 1, zeros, [&](Value e, ValueRange acc) {
+        Value kv = load(relT, ValueRange{e, L.idx(jb)});
+        SmallVector<Value> next;
+        for (int64_t r = 0; r < R; ++r)
+          next.push_back(
+              b.create<vector::FMAOp>(loc, bcast(L.load(a, {bi, row[r], add(base, e)})), kv, acc[r]));
+        return next;
+      });
+      for (int64_t r = 0; r < R; ++r)
+        store(dot.getResult(r), PQ, ValueRange{L.idx(r), add(M16, L.idx(jb))});
+    }
+    for (int64_t r = 0; r < R; ++r) {
+      Value first = bcast(L.load(PQ, {L.idx(r), M16})), last = bcast(L.load(PQ, {L.idx(r), add(M16, L.idx(T - 1))}));
+      loop(L.idx(0), M16, kLanes, {}, [&](Value u, ValueRange) {
+        store(first, PQ, ValueRange{L.idx(r), u});
+        return SmallVector<Value>{};
+      });
+      Value tail = add(M16, L.idx(T));
+      loop(tail, add(tail, M16), kLanes, {}, [&](Value u, ValueRange) {
+        store(last, PQ, ValueRange{L.idx(r), u});
+        return SmallVector<Value>{};
+      });
+    }
+  }
+
+  /// The relative scores of row r (position pos) for keys jb..jb+16 (relativeProducts' PQ).
+  Value relativeBlock(Value PQ, int64_t r, Value pos, Value jb, int64_t clip, Value M16) {
+    return load(PQ, ValueRange{L.idx(r), add(b.create<arith::SubIOp>(loc, jb, pos), add(M16, L.idx(clip)))});
+  }
+
+  /// Wt[r, t] = sum of W[r, j] over the keys j of [from16, to16) with t(pos_r, j) = t, for t < T (W is 0 on the
+  /// keys row r does not see): the interior t = 1..T-2 is one key each (masked loads of W's row), t = 0 and T - 1
+  /// the sums of W over j <= pos - c and j >= pos + c.
+  void relativeWeights(Value W, ArrayRef<Value> pos, Value from16, Value to16, int64_t clip, Value Wt) {
+    const int64_t R = pos.size(), T = 2 * clip + 1;
+    auto i1 = VectorType::get({kLanes}, b.getI1Type());
+    for (int64_t r = 0; r < R; ++r) {
+      Value low = b.create<arith::SubIOp>(loc, pos[r], L.idx(clip));
+      for (int64_t t0 = 1; t0 < T - 1; t0 += kLanes) {
+        // Lanes t = t0.. of keys j = pos - c + t: those in [from16, to16) and t <= T - 2.
+        Value j0 = add(low, L.idx(t0));
+        Value j = add(bcast(j0), iota);
+        Value in = L.andI(b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::sge, j, bcast(from16)),
+                          b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::slt, j, bcast(to16)));
+        Value mask = b.create<arith::AndIOp>(
+            loc, in, b.create<vector::CreateMaskOp>(loc, i1, ValueRange{L.idx(std::min(kLanes, T - 1 - t0))}));
+        Value x = b.create<vector::MaskedLoadOp>(loc, vt, W, ValueRange{L.idx(r), j0}, mask, zeroV);
+        store(x, Wt, ValueRange{L.idx(r), L.idx(t0)});
+      }
+      Value high = add(pos[r], L.idx(clip));
+      auto ends = loop(from16, to16, kLanes, {zeroV, zeroV}, [&](Value jb, ValueRange acc) {
+        Value j = add(bcast(jb), iota), w = load(W, ValueRange{L.idx(r), jb});
+        Value below = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::sle, j, bcast(low));
+        Value above = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::sge, j, bcast(high));
+        return SmallVector<Value>{
+            b.create<arith::AddFOp>(loc, acc[0], b.create<arith::SelectOp>(loc, below, w, zeroV)),
+            b.create<arith::AddFOp>(loc, acc[1], b.create<arith::SelectOp>(loc, above, w, zeroV))};
+      });
+      for (auto [k, t] : {std::pair{0, int64_t(0)}, std::pair{1, T - 1}}) {
+        Value sum = b.create<vector::ExtractOp>(loc, allLanes(ends.getResult(k), /*sum=*/true), ArrayRef<int64_t>{0});
+        L.store(sum, Wt, {L.idx(r), L.idx(t)});
+      }
+    }
+  }
+
+  /// acc[r * nc + c] += sum_{t < T} Wt[r0 + r, t] * table[t, (c0 + c) 16..]: nr rows, nc feature vectors.
+  SmallVector<Value> relativeRows(Value Wt, int64_t r0, int64_t nr, Value table, int64_t T, int64_t c0, int64_t nc,
+                                  ValueRange acc) {
+    auto sums = loop(L.idx(0), L.idx(T), 1, acc, [&](Value t, ValueRange a) {
+      SmallVector<Value> next(a.begin(), a.end());
+      SmallVector<Value> rows;
+      for (int64_t c = 0; c < nc; ++c)
+        rows.push_back(load(table, ValueRange{t, L.idx((c0 + c) * kLanes)}));
+      for (int64_t r = 0; r < nr; ++r) {
+        Value w = bcast(L.load(Wt, {L.idx(r0 + r), t}));
+        for (int64_t c = 0; c < nc; ++c)
+          next[r * nc + c] = b.create<vector::FMAOp>(loc, w, rows[c], next[r * nc + c]);
+      }
+      return next;
+    });
+    return SmallVector<Value>(sums.getResults());
+  }
+
   /// dst[slot, j] (+)= sum_r W[r, j] * src[bi, row_r] over the head's features (dst: [2, keys, dh] scratch) for
   /// keys j of [lo, hi): added to below `fresh`, stored from it (keys no earlier tile touched: no zeroing pass
   /// over dst); tiles of kGradKeys keys (then single keys) x 4 feature vectors, the tile's rows in order.
@@ -513,6 +651,11 @@ struct TaskFields {
   Value ints(int64_t address, Value entries) {
     return memrefAt(b, loc, field(address), {entries}, {c64(1)},
                     MemRefType::get({ShapedType::kDynamic}, b.getI32Type()));
+  }
+  /// A row-major [rows, cols] f32 table (a relative-position table) at field `address`.
+  Value table(int64_t address, int64_t rows, int64_t cols) {
+    return memrefAt(b, loc, field(address), {c64(rows), c64(cols)}, {c64(cols), c64(1)},
+                    MemRefType::get({rows, cols}, b.getF32Type()));
   }
 };
 

@@ -109,15 +109,17 @@ void foldCastPairs(mlir::ModuleOp module);
 void deallocateAfterLastUse(mlir::ModuleOp module);
 
 /// A module with the single kernel `attention_kernel(q, k, v [B, N, d_model], lengths [B], out [B, N, d_model])`
-/// (C interface): lm.attention with `mask` (none, causal, anticausal or diagonal) lowered by the model's pattern.
-/// For kernel benchmarks (bench/kernel_bench.cpp).
+/// (C interface): lm.attention with `mask` (none, causal, anticausal or diagonal) lowered by the model's pattern;
+/// with `clip` > 0, Shaw relative positions: `attention_kernel(q, k, v, lengths, rel_k, rel_v [2 clip + 1, d_head],
+/// out)`. For kernel benchmarks (bench/kernel_bench.cpp) and tests.
 mlir::OwningOpRef<mlir::ModuleOp> buildAttentionModule(mlir::MLIRContext &context, lm::MaskKind mask, int64_t heads,
-                                                       int64_t dModel);
+                                                       int64_t dModel, int64_t clip = 0);
 /// A module with the single kernel `attention_grad_kernel(dO, q, k, v [B, N, d_model], lengths [B], dq, dk, dv)`
-/// (C interface): lm.attention_grad with `mask` lowered by the model's pattern (its vector form). For kernel
-/// benchmarks.
+/// (C interface): lm.attention_grad with `mask` lowered by the model's pattern (its vector form); with `clip` > 0,
+/// Shaw relative positions: `attention_grad_kernel(dO, q, k, v, lengths, rel_k, rel_v, dq, dk, dv, drel_k, drel_v)`.
+/// For kernel benchmarks and tests.
 mlir::OwningOpRef<mlir::ModuleOp> buildAttentionGradModule(mlir::MLIRContext &context, lm::MaskKind mask,
-                                                           int64_t heads, int64_t dModel);
+                                                           int64_t heads, int64_t dModel, int64_t clip = 0);
 
 /// Builder helpers for one op's lowering: constants, loop nests, loads and stores, comparisons, and the
 /// op's converted operands (`in`). B and N are read off the converted operands (see the file comment).
@@ -270,8 +272,8 @@ private:
 /// The canonical weight names behind a GEMM weight operand (an lm.weight, or an lm.concat of them), or none.
 std::vector<std::string> weightNames(mlir::Value weight);
 
-/// Whether lm.attention_grad has the vector form (AttentionGrad.cpp): the forward's (no relative positions, no
-/// per-row mask data, head size a multiple of 16) with a mask of none, causal, anticausal or diagonal.
+/// Whether lm.attention_grad has the vector form (AttentionGrad.cpp): the forward's (no per-row mask data, head
+/// size a multiple of 16) with a mask of none, causal, anticausal or diagonal.
 bool hasVectorAttentionGrad(lm::AttentionGradOp op);
 /// lm.attention_grad in the vector form (generated, register-tiled; split over threads by (entry, head) items).
 mlir::LogicalResult lowerVectorAttentionGrad(lm::AttentionGradOp op, Loops &L);

@@ -5,6 +5,7 @@
 // backward with an empty entry and every output element written). An output argument that is not 64-byte aligned
 // takes plain stores and gives the same bits. Sharp scores take the softmax's exponential over its whole range.
 #include "codegen/LmToLoops/Lowering.h"
+#include "runtime/lib/TrainKernels.h"
 #include "runtime/lib/lmrt.h"
 #include "tests/unit/KernelLibrary.h"
 
@@ -29,10 +30,17 @@ template <int R> struct MemRef {
   int64_t offset, sizes[R], strides[R];
 };
 using AttentionFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<1> *, MemRef<3> *);
+using RelativeGradFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<1> *, MemRef<2> *,
+                                MemRef<2> *, MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<2> *, MemRef<2> *);
+using RelativeFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<1> *, MemRef<2> *, MemRef<2> *, MemRef<3> *);
 using GradFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<1> *, MemRef<3> *, MemRef<3> *,
                         MemRef<3> *);
 
 constexpr int64_t kHeads = 8, kModel = 512, kRows = 37, kBatch = 64;
+/// Relative-position clips: rows near either end and rows far from both (5), no clamping within a length (40).
+constexpr int64_t kClips[] = {5, 40};
+/// Entries of the relative backward compared with the runtime's C++ kernel.
+constexpr int64_t kCompared = 12;
 const std::pair<lm::MaskKind, const char *> kMasks[] = {{lm::MaskKind::none, "none"},
                                                         {lm::MaskKind::causal, "causal"},
                                                         {lm::MaskKind::anticausal, "anticausal"},
@@ -64,10 +72,20 @@ bool sees(lm::MaskKind mask, int64_t i, int64_t j) {
                                             : true;
 }
 
-/// out of entry b against a direct softmax(q k^T / sqrt(dh)) v in double over the keys the mask shows (every row,
-/// head and feature of the entry's length); `lowest` (if given) lowered to the least score - row max seen.
+/// Shaw relative position tables [2 clip + 1, dh] (key, value) of a test, or none (clip 0).
+struct Relative {
+  int64_t clip = 0;
+  const float *key = nullptr, *value = nullptr;
+  /// Table row of query i and key j.
+  int64_t row(int64_t i, int64_t j) const { return std::clamp<int64_t>(j - i, -clip, clip) + clip; }
+};
+
+/// out of entry b against a direct softmax(q (k + rel_k)^T / sqrt(dh)) (v + rel_v) in double over the keys the
+/// mask shows (every row, head and feature of the entry's length; no relative terms when rel.clip is 0);
+/// `lowest` (if given) lowered to the least score - row max seen.
 void expectDirectSoftmax(lm::MaskKind mask, const char *name, int64_t b, const float *out, const float *q,
-                         const float *k, const float *v, int64_t len, double *lowest = nullptr) {
+                         const float *k, const float *v, int64_t len, double *lowest = nullptr,
+                         const Relative &rel = {}) {
   const int64_t entry = kRows * kModel, dh = kModel / kHeads;
   for (int64_t h = 0; h < kHeads; ++h)
     for (int64_t i = 0; i < len; ++i) {
@@ -77,7 +95,8 @@ void expectDirectSoftmax(lm::MaskKind mask, const char *name, int64_t b, const f
         if (sees(mask, i, j)) {
           double d = 0;
           for (int64_t e = 0; e < dh; ++e)
-            d += double(q[b * entry + i * kModel + h * dh + e]) * k[b * entry + j * kModel + h * dh + e];
+            d += double(q[b * entry + i * kModel + h * dh + e]) *
+                 (double(k[b * entry + j * kModel + h * dh + e]) + (rel.clip ? rel.key[rel.row(i, j) * dh + e] : 0.0));
           p[j] = d / std::sqrt(double(dh));
           mx = std::max(mx, p[j]);
         }
@@ -89,7 +108,8 @@ void expectDirectSoftmax(lm::MaskKind mask, const char *name, int64_t b, const f
       for (int64_t e = 0; e < dh; ++e) {
         double ref = 0;
         for (int64_t j = 0; j < len; ++j)
-          ref += p[j] * v[b * entry + j * kModel + h * dh + e];
+          ref += p[j] * (double(v[b * entry + j * kModel + h * dh + e]) +
+                         (rel.clip ? rel.value[rel.row(i, j) * dh + e] : 0.0));
         ref = sum > 0 ? ref / sum : 0;
         ASSERT_NEAR(out[b * entry + i * kModel + h * dh + e], ref, 1e-4 * (1 + std::fabs(ref)))
             << name << " entry " << b << " head " << h << " row " << i << " feature " << e;
@@ -99,13 +119,19 @@ void expectDirectSoftmax(lm::MaskKind mask, const char *name, int64_t b, const f
 
 class AttentionStreamTest : public ::testing::Test {
 protected:
-  static void build() {
-    if (library.handle)
+  /// Which kernels a test calls: the plain forward and backward, or with relative positions at each of kClips
+  /// the forward or the backward. Each set is a library of its own (compiling it is most of a test's time, and
+  /// each test runs in its own process).
+  enum Kernels { Plain, RelativeForward, RelativeBackward };
+  static void build(Kernels kernels) {
+    lmcc::test::KernelLibrary &into = libraries[kernels];
+    if (into.handle)
       return;
     mlir::MLIRContext context;
     mlir::OwningOpRef<mlir::ModuleOp> module;
-    // Every mask's kernels and their tasks in one module (the runtime functions declared once).
-    auto absorb = [&](mlir::OwningOpRef<mlir::ModuleOp> kernels) {
+    auto absorb = [&](mlir::OwningOpRef<mlir::ModuleOp> kernels, const std::string &kernel, const std::string &as) {
+      ASSERT_TRUE(kernels) << as;
+      kernels->lookupSymbol<mlir::func::FuncOp>(kernel).setSymName(as);
       if (!module) {
         module = std::move(kernels);
         return;
@@ -115,20 +141,34 @@ protected:
           fn->moveBefore(module->getBody(), module->getBody()->end());
     };
     for (auto [mask, name] : kMasks) {
-      auto forward = lmcc::codegen::buildAttentionModule(context, mask, kHeads, kModel);
-      auto grad = lmcc::codegen::buildAttentionGradModule(context, mask, kHeads, kModel);
-      ASSERT_TRUE(forward && grad) << name;
-      forward->lookupSymbol<mlir::func::FuncOp>("attention_kernel").setSymName(std::string("attention_") + name);
-      grad->lookupSymbol<mlir::func::FuncOp>("attention_grad_kernel").setSymName(std::string("attention_grad_") + name);
-      absorb(std::move(forward));
-      absorb(std::move(grad));
+      if (kernels == Plain) {
+        absorb(lmcc::codegen::buildAttentionModule(context, mask, kHeads, kModel), "attention_kernel",
+               std::string("attention_") + name);
+        absorb(lmcc::codegen::buildAttentionGradModule(context, mask, kHeads, kModel), "attention_grad_kernel",
+               std::string("attention_grad_") + name);
+        continue;
+      }
+      for (int64_t clip : kClips) {
+        const std::string suffix = std::to_string(clip) + "_" + name;
+        if (kernels == RelativeForward)
+          absorb(lmcc::codegen::buildAttentionModule(context, mask, kHeads, kModel, clip), "attention_kernel",
+                 "attention_rel" + suffix);
+        else
+          absorb(lmcc::codegen::buildAttentionGradModule(context, mask, kHeads, kModel, clip),
+                 "attention_grad_kernel", "attention_grad_rel" + suffix);
+      }
     }
-    ASSERT_NO_FATAL_FAILURE(library.build(*module, "attention-stream"));
+    const char *names[] = {"attention-stream", "attention-stream-relative", "attention-stream-relative-grad"};
+    ASSERT_NO_FATAL_FAILURE(into.build(*module, names[kernels]));
   }
-  static void TearDownTestSuite() { library.close(); }
-  template <typename Fn> static Fn symbol(const std::string &name) { return library.symbol<Fn>(name); }
+  static void TearDownTestSuite() {
+    for (auto &library : libraries)
+      library.close();
+  }
+  template <typename Fn> Fn symbol(const std::string &name) { return libraries[kernels()].template symbol<Fn>(name); }
+  virtual Kernels kernels() const { return Plain; }
   void SetUp() override {
-    ASSERT_NO_FATAL_FAILURE(build());
+    ASSERT_NO_FATAL_FAILURE(build(kernels()));
     // The premise: the batch's operands exceed the threads' L2 (the streaming path), one entry's do not.
     const int64_t entryBytes = 4 * kRows * kModel * int64_t(sizeof(float));
     ASSERT_LT(lm_rt_private_cache_bytes(), kBatch * entryBytes);
@@ -137,8 +177,18 @@ protected:
     for (int64_t b = 0; b < kBatch; ++b)
       lengths[b] = b == 0 || b == kBatch - 1 ? int32_t(kRows) : int32_t(1 + (b * 7) % kRows);
   }
-  static inline lmcc::test::KernelLibrary library;
+  static inline lmcc::test::KernelLibrary libraries[3];
   int32_t lengths[kBatch];
+};
+
+/// The relative-position kernels' tests (libraries of their own).
+class AttentionStreamRelativeTest : public AttentionStreamTest {
+protected:
+  Kernels kernels() const override { return RelativeForward; }
+};
+class AttentionStreamRelativeGradTest : public AttentionStreamTest {
+protected:
+  Kernels kernels() const override { return RelativeBackward; }
 };
 
 TEST_F(AttentionStreamTest, ForwardMatchesDirectSoftmaxAndCachedPathBitForBit) {
@@ -166,6 +216,41 @@ TEST_F(AttentionStreamTest, ForwardMatchesDirectSoftmaxAndCachedPathBitForBit) {
           << name << " entry " << b << ": the streaming path differs from the cached one";
       // Against a direct softmax(q k^T / sqrt(dh)) v over the keys the mask shows (every row, head, feature).
       ASSERT_NO_FATAL_FAILURE(expectDirectSoftmax(mask, name, b, out.get(), q.get(), k.get(), v.get(), lengths[b]));
+    }
+  }
+}
+
+// Shaw relative positions in the vector form (the per-row table products, the probabilities summed per table row):
+// every mask, two clips, against the direct softmax with the tables added to every key and value, and the streaming
+// path bit-identical to the cached one.
+TEST_F(AttentionStreamRelativeTest, RelativePositionsMatchDirectSoftmax) {
+  const int64_t size = kBatch * kRows * kModel, entry = kRows * kModel, dh = kModel / kHeads;
+  std::mt19937 rng(6);
+  Buffer q = buffer(size, &rng), k = buffer(size, &rng), v = buffer(size, &rng);
+  for (int64_t clip : kClips) {
+    const int64_t T = 2 * clip + 1;
+    Buffer relK = buffer(T * dh, &rng), relV = buffer(T * dh, &rng);
+    MemRef<2> rkm = {relK.get(), relK.get(), 0, {T, dh}, {dh, 1}}, rvm = {relV.get(), relV.get(), 0, {T, dh}, {dh, 1}};
+    const Relative rel{clip, relK.get(), relV.get()};
+    for (auto [mask, name] : kMasks) {
+      auto attention = symbol<RelativeFn>("attention_rel" + std::to_string(clip) + "_" + name);
+      ASSERT_TRUE(attention) << name;
+      Buffer out = buffer(size, nullptr), one = buffer(entry, nullptr);
+      MemRef<3> qm = view(q.get(), kBatch), km = view(k.get(), kBatch), vm = view(v.get(), kBatch),
+                om = view(out.get(), kBatch);
+      MemRef<1> lm = lengthsView(lengths, kBatch);
+      attention(&qm, &km, &vm, &lm, &rkm, &rvm, &om);
+      for (int64_t b = 0; b < kBatch; b += 3) {
+        MemRef<3> q1 = view(q.get() + b * entry, 1), k1 = view(k.get() + b * entry, 1),
+                  v1 = view(v.get() + b * entry, 1), o1 = view(one.get(), 1);
+        MemRef<1> l1 = lengthsView(&lengths[b], 1);
+        attention(&q1, &k1, &v1, &l1, &rkm, &rvm, &o1);
+        ASSERT_EQ(0, std::memcmp(out.get() + b * entry, one.get(), entry * sizeof(float)))
+            << name << " clip " << clip << " entry " << b << ": the streaming path differs from the cached one";
+        ASSERT_NO_FATAL_FAILURE(expectDirectSoftmax(mask, name, b, out.get(), q.get(), k.get(), v.get(), lengths[b],
+                                                    nullptr, rel))
+            << "clip " << clip;
+      }
     }
   }
 }
@@ -235,6 +320,78 @@ TEST_F(AttentionStreamTest, BackwardMatchesCachedPathBitForBit) {
       if (lengths[b] == 0)
         for (const float *out : {dq1.get(), dk1.get(), dv1.get()})
           ASSERT_TRUE(std::all_of(out, out + entry, [](float x) { return x == 0; })) << name << " empty entry " << b;
+    }
+  }
+}
+
+// The relative-position backward (generated vector form): the same bits at 1 and 2 threads on the streaming batch
+// (the items' table gradients are summed in item order), and against the runtime's C++ kernel
+// (lm_rt_attention_grad, an independent implementation: per-pair table lookups, Eigen products; slow, so on the
+// batch's first kCompared entries, an empty one among them): dq, dk, dv and both tables' gradients.
+TEST_F(AttentionStreamRelativeGradTest, RelativeBackwardMatchesRuntimeKernel) {
+  const int64_t size = kBatch * kRows * kModel, dh = kModel / kHeads;
+  std::mt19937 rng(7);
+  Buffer dO = buffer(size, &rng), q = buffer(size, &rng), k = buffer(size, &rng), v = buffer(size, &rng);
+  lengths[9] = 0;
+  const float scale = 1.0f / std::sqrt(float(dh));
+  for (int64_t clip : kClips) {
+    const int64_t T = 2 * clip + 1;
+    Buffer relK = buffer(T * dh, &rng), relV = buffer(T * dh, &rng);
+    MemRef<2> rkm = {relK.get(), relK.get(), 0, {T, dh}, {dh, 1}}, rvm = {relV.get(), relV.get(), 0, {T, dh}, {dh, 1}};
+    for (auto [mask, name] : kMasks) {
+      const int32_t kind = mask == lm::MaskKind::causal       ? LMRT_MASK_CAUSAL
+                           : mask == lm::MaskKind::anticausal ? LMRT_MASK_ANTICAUSAL
+                           : mask == lm::MaskKind::diagonal   ? LMRT_MASK_DIAGONAL
+                                                              : LMRT_MASK_NONE;
+      auto grad = symbol<RelativeGradFn>("attention_grad_rel" + std::to_string(clip) + "_" + name);
+      ASSERT_TRUE(grad) << name;
+      // outputs[threads - 1]: dq, dk, dv, drel_k, drel_v of the generated kernel at 1 and 2 threads.
+      std::vector<Buffer> outputs[2];
+      for (int threads : {1, 2}) {
+        lm_set_num_threads(threads);
+        auto &o = outputs[threads - 1];
+        for (int64_t floats : {size, size, size, T * dh, T * dh})
+          o.push_back(buffer(floats, nullptr));
+        MemRef<3> dOm = view(dO.get(), kBatch), qm = view(q.get(), kBatch), km = view(k.get(), kBatch),
+                  vm = view(v.get(), kBatch), dqm = view(o[0].get(), kBatch), dkm = view(o[1].get(), kBatch),
+                  dvm = view(o[2].get(), kBatch);
+        MemRef<2> drk = {o[3].get(), o[3].get(), 0, {T, dh}, {dh, 1}}, drv = {o[4].get(), o[4].get(), 0, {T, dh}, {dh, 1}};
+        MemRef<1> lm = lengthsView(lengths, kBatch);
+        grad(&dOm, &qm, &km, &vm, &lm, &rkm, &rvm, &dqm, &dkm, &dvm, &drk, &drv);
+      }
+      lm_set_num_threads(1);
+      for (int i = 0; i < 5; ++i)
+        ASSERT_EQ(0, std::memcmp(outputs[0][i].get(), outputs[1][i].get(),
+                                 (i < 3 ? size : T * dh) * sizeof(float)))
+            << name << " clip " << clip << ": output " << i << " differs between 1 and 2 threads";
+      // The first kCompared entries, both kernels.
+      const int64_t part = kCompared * kRows * kModel;
+      std::vector<Buffer> mine;
+      for (int64_t floats : {part, part, part, T * dh, T * dh})
+        mine.push_back(buffer(floats, nullptr));
+      MemRef<3> dOm = view(dO.get(), kCompared), qm = view(q.get(), kCompared), km = view(k.get(), kCompared),
+                vm = view(v.get(), kCompared), dqm = view(mine[0].get(), kCompared),
+                dkm = view(mine[1].get(), kCompared), dvm = view(mine[2].get(), kCompared);
+      MemRef<2> drk = {mine[3].get(), mine[3].get(), 0, {T, dh}, {dh, 1}},
+                drv = {mine[4].get(), mine[4].get(), 0, {T, dh}, {dh, 1}};
+      MemRef<1> lm = lengthsView(lengths, kCompared);
+      grad(&dOm, &qm, &km, &vm, &lm, &rkm, &rvm, &dqm, &dkm, &dvm, &drk, &drv);
+      for (int i = 0; i < 3; ++i) // an entry's dq, dk, dv do not depend on the others
+        ASSERT_EQ(0, std::memcmp(mine[i].get(), outputs[0][i].get(), part * sizeof(float))) << name << " " << i;
+      std::vector<float> dq(part), dk(part), dv(part), dRelK(T * dh), dRelV(T * dh);
+      lm_rt_attention_grad(dO.get(), q.get(), k.get(), v.get(), lengths, nullptr, nullptr, 0, relK.get(), relV.get(),
+                           clip, kCompared, kRows, kRows, kModel, kHeads, kind, scale, dq.data(), dk.data(),
+                           dv.data(), dRelK.data(), dRelV.data());
+      const std::vector<float> *want[] = {&dq, &dk, &dv, &dRelK, &dRelV};
+      const char *what[] = {"dq", "dk", "dv", "drel_k", "drel_v"};
+      for (int i = 0; i < 5; ++i) {
+        double largest = 0;
+        for (float x : *want[i])
+          largest = std::max(largest, double(std::fabs(x)));
+        for (size_t e = 0; e < want[i]->size(); ++e)
+          ASSERT_NEAR(mine[i][e], (*want[i])[e], 1e-5 * (1 + largest))
+              << name << " clip " << clip << " " << what[i] << " element " << e;
+      }
     }
   }
 }

@@ -97,6 +97,34 @@ std::vector<Case> cases() {
   return out;
 }
 
+// Relative positions in the vector attention (the relative products per row, the probabilities summed per table
+// row): every mask, single-query rows (the biLM's pruned PLL rows; all rows without lm-prune-rows), clips below and
+// above the length. Only the pipelines whose attention is the fused op (the others are the families' cases above).
+std::vector<Case> relativeCases() {
+  std::vector<Case> out;
+  {
+    ModelSpec s = base("unilm_vec16_relpos", Family::UniLM);
+    s.dims.dModel = 48, s.relativePositions = 3;
+    out.push_back({"unilm_vec16_relpos", s});
+  }
+  {
+    ModelSpec s = base("bilm_vec16_relpos", Family::BiLM);
+    s.dims.dModel = 48, s.relativePositions = 4;
+    out.push_back({"bilm_vec16_relpos", s});
+  }
+  {
+    ModelSpec s = base("bilm_vec32_anticausal_relpos", Family::BiLM);
+    s.dims.dModel = 64, s.dims.heads = 2, s.mask = MaskKind::Anticausal, s.relativePositions = 20;
+    out.push_back({"bilm_vec32_anticausal_relpos", s});
+  }
+  {
+    ModelSpec s = base("tta_vec16_relpos", Family::TTA);
+    s.dims.dModel = 48, s.relativePositions = 1;
+    out.push_back({"tta_vec16_relpos", s});
+  }
+  return out;
+}
+
 using lmcc::test::randomWeights;
 
 std::vector<std::vector<int32_t>> randomSentences(const ModelSpec &spec, uint64_t seed, int count) {
@@ -340,6 +368,13 @@ std::vector<Pipeline> pipelines() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, Compiled, ::testing::Combine(::testing::ValuesIn(cases()), ::testing::ValuesIn(pipelines())),
+                         [](const ::testing::TestParamInfo<std::tuple<Case, Pipeline>> &info) {
+                           return std::string(std::get<0>(info.param).name) + "_" + std::get<1>(info.param).name;
+                         });
+INSTANTIATE_TEST_SUITE_P(Relative, Compiled,
+                         ::testing::Combine(::testing::ValuesIn(relativeCases()),
+                                            ::testing::Values(Pipeline{"optimized", false, {}},
+                                                              Pipeline{"no_prune_rows", false, {"lm-prune-rows"}})),
                          [](const ::testing::TestParamInfo<std::tuple<Case, Pipeline>> &info) {
                            return std::string(std::get<0>(info.param).name) + "_" + std::get<1>(info.param).name;
                          });

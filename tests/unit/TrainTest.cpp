@@ -238,6 +238,18 @@ std::vector<Case> cases() {
     s.dims.dModel = 32, s.dims.heads = 2, s.dims.maxLen = 29;
     out.push_back({"tta_vector_attention", s});
   }
+  // Relative positions in the vector backward (and tta_maskpos_pre_rel above): clips below and above the length.
+  {
+    ModelSpec s = tiny("unilm_vector_relpos", Family::UniLM);
+    s.dims.dModel = 32, s.dims.heads = 2, s.dims.maxLen = 37, s.relativePositions = 5;
+    out.push_back({"unilm_vector_relpos", s});
+  }
+  {
+    ModelSpec s = tiny("bilm_vector_anticausal_relpos", Family::BiLM);
+    s.mask = MaskKind::Anticausal, s.dims.dModel = 48, s.dims.heads = 3, s.dims.maxLen = 21;
+    s.relativePositions = 30;
+    out.push_back({"bilm_vector_anticausal_relpos", s});
+  }
   return out;
 }
 
