@@ -138,9 +138,9 @@ void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Val
   const int64_t clip = a.getClip(), T = 2 * clip + 1, T16 = (T + kLanes - 1) / kLanes * kLanes;
   Value relKt, PQ, PT;
   if (relative) {
-    // relK^T [dh, T16], P_t [R, T16 + 16] and the padded relative scores [R, 2 M16 + T16 + 16] in one block.
+    // relK^T [dh, T16 + 16], P_t [R, T16 + 16] and the padded relative scores [R, 2 M16 + T16 + 16] in one block.
     Value width = K.add(K.add(M16, M16), L.idx(T16 + kLanes));
-    SmallVector<Value> views = K.scratchViews({{dh, T16}, {R, T16 + kLanes}, {R, ShapedType::kDynamic}}, {width});
+    SmallVector<Value> views = K.scratchViews({{dh, T16 + kLanes}, {R, T16 + kLanes}, {R, ShapedType::kDynamic}}, {width});
     relKt = views[0], PT = views[1], PQ = views[2];
     K.transposeTable(ops.relK, T, relKt);
   }
@@ -199,7 +199,7 @@ void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Val
           int64_t nc = std::min(kPvChunks, chunks - c0);
           SmallVector<Value> acc(K.weightedRows(S, r0g, nr, v, bi, base, c0, nc, gLo, gHi).getResults());
           if (relative)
-            acc = K.relativeRows(PT, r0g, nr, ops.relV, T, c0, nc, acc);
+            acc = K.relativeRows(PT, r0g, nr, ops.relV, clip, c0, nc, acc);
           SmallVector<Value> rowsOut, cols;
           for (int64_t r = 0; r < nr; ++r)
             for (int64_t c = 0; c < nc; ++c)

@@ -66,11 +66,12 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
   const int64_t clip = a.getClip(), T = 2 * clip + 1, T16 = (T + kLanes - 1) / kLanes * kLanes;
   Value relKt, relVt, PQ, GQ, PT, GT;
   if (relative) {
-    // rel_k^T, rel_v^T [dh, T16], P_t and dS_t [R, T16 + 16], the padded relative scores and dP terms
+    // rel_k^T, rel_v^T [dh, T16 + 16], P_t and dS_t [R, T16 + 16], the padded relative scores and dP terms
     // [R, 2 M16 + T16 + 16], in one block.
     Value width = K.add(K.add(M16, M16), L.idx(T16 + kLanes));
     SmallVector<Value> views = K.scratchViews(
-        {{dh, T16}, {dh, T16}, {R, T16 + kLanes}, {R, T16 + kLanes}, {R, dyn}, {R, dyn}}, {width, width});
+        {{dh, T16 + kLanes}, {dh, T16 + kLanes}, {R, T16 + kLanes}, {R, T16 + kLanes}, {R, dyn}, {R, dyn}},
+        {width, width});
     relKt = views[0], relVt = views[1], PT = views[2], GT = views[3], PQ = views[4], GQ = views[5];
     K.transposeTable(ops.relK, T, relKt);
     K.transposeTable(ops.relV, T, relVt);
@@ -213,7 +214,7 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
           int64_t nc = std::min(kPvChunks, chunks - c0);
           SmallVector<Value> acc(K.weightedRows(G, r0g, kPvRows, ops.k, bi, base, c0, nc, gLo, gHi).getResults());
           if (relative)
-            acc = K.relativeRows(GT, r0g, kPvRows, ops.relK, T, c0, nc, acc);
+            acc = K.relativeRows(GT, r0g, kPvRows, ops.relK, clip, c0, nc, acc);
           SmallVector<Value> cols;
           for (int64_t c = 0; c < nc; ++c)
             cols.push_back(K.chunk(base, c0 + c));
@@ -236,11 +237,14 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
       Value keysFrom = K.roundDown(tile.from, kGradKeys);
       K.keyUpdates(G, ops.q, tile.row, dkItems, slot, bi, base, keysFrom, tile.to, touched);
       K.keyUpdates(S, ops.dO, tile.row, dvItems, slot, bi, base, keysFrom, tile.to, touched);
-      if (relative) { // the item's table gradients: stored by its first tile, added by the others
-        Value fresh = L.select(L.eqI(t, zero), zero, L.idx(T));
+      if (relative) { // the item's table gradients (the rows tableRows reaches): stored by its first tile, added by
+                      // the others
+        auto [first, last] = K.tableRows(clip);
+        Value from = L.idx(first), to = L.idx(last + 1);
+        Value fresh = L.select(L.eqI(t, zero), from, L.idx(T));
         Value pair = b.create<arith::MulIOp>(loc, item, L.idx(2));
-        K.keyUpdates(GT, ops.q, tile.row, ops.relGrads, pair, bi, base, zero, L.idx(T), fresh);
-        K.keyUpdates(PT, ops.dO, tile.row, ops.relGrads, K.add(pair, L.idx(1)), bi, base, zero, L.idx(T), fresh);
+        K.keyUpdates(GT, ops.q, tile.row, ops.relGrads, pair, bi, base, from, to, fresh);
+        K.keyUpdates(PT, ops.dO, tile.row, ops.relGrads, K.add(pair, L.idx(1)), bi, base, from, to, fresh);
       }
       // The item before's keys [t M / tiles, (t + 1) M / tiles) out.
       L.when(hasBefore, [&] {
@@ -328,10 +332,12 @@ LogicalResult lowerVectorAttentionGrad(lm::AttentionGradOp op, Loops &L) {
   Value dRelK = L.alloc(L.typeOf(op.getDRelative()[0])), dRelV = L.alloc(L.typeOf(op.getDRelative()[1]));
   VectorKernel K(L, dh, op.getMask());
   Value items = b.create<arith::MulIOp>(loc, L.B, L.idx(H));
+  auto [first, last] = K.tableRows(op.getClip()); // the other table rows get nothing under this mask
   for (auto [which, out] : {std::pair{int64_t(0), dRelK}, std::pair{int64_t(1), dRelV}})
     L.nest({L.idx(T), L.idx(dh / kLanes)}, [&](ValueRange tc) {
       Value e = b.create<arith::MulIOp>(loc, tc[1], L.idx(kLanes));
-      auto sum = K.loop(L.idx(0), items, 1, {K.zeroV}, [&](Value item, ValueRange acc) {
+      Value reached = L.andI(L.ge(tc[0], L.idx(first)), L.le(tc[0], L.idx(last)));
+      auto sum = K.loop(L.idx(0), L.select(reached, items, L.idx(0)), 1, {K.zeroV}, [&](Value item, ValueRange acc) {
         Value slice = K.add(b.create<arith::MulIOp>(loc, item, L.idx(2)), L.idx(which));
         return SmallVector<Value>{
             b.create<arith::AddFOp>(loc, acc[0], K.load(relGrads, ValueRange{slice, tc[0], e}))};

@@ -482,47 +482,62 @@ struct VectorKernel {
   // Shaw relative positions (clip c, T = 2c + 1 table rows, index t(i, j) = clamp(j - i, -c, c) + c) in the vector
   // forms: the q_r . rel[t] products per row (T of them, not one per key), read back per key block as a
   // contiguous run of a padded row, and the probabilities (or score gradients) summed per table row, so that
-  // the table's side is a [rows, T] x [T, dh] product.
+  // the table's side is a [rows, T] x [T, dh] product. Under a triangular mask a row's visible keys reach half the
+  // table: causal t <= c, anticausal t >= c (tableRows); the other half is neither computed nor summed.
 
-  /// relT [dh, T16] = table [T, dh] transposed, zero from T (T16 = T rounded up to 16).
+  /// The table rows [first, last] the mask's visible keys can reach.
+  std::pair<int64_t, int64_t> tableRows(int64_t clip) const {
+    if (mask == lm::MaskKind::causal)
+      return {0, clip};
+    if (mask == lm::MaskKind::anticausal)
+      return {clip, 2 * clip};
+    return {0, 2 * clip};
+  }
+
+  /// relT [dh, T16 + 16] = table [T, dh] transposed, zero from T (T16 = T rounded up to 16).
   void transposeTable(Value table, int64_t T, Value relT) {
-    int64_t T16 = (T + kLanes - 1) / kLanes * kLanes;
-    L.nest({L.idx(dh), L.idx(T16)}, [&](ValueRange et) {
+    int64_t width = (T + kLanes - 1) / kLanes * kLanes + kLanes;
+    L.nest({L.idx(dh), L.idx(width)}, [&](ValueRange et) {
       Value x = L.choose(L.lt(et[1], L.idx(T)), L.f32(), [&] { return L.load(table, {et[1], et[0]}); },
                          [&] { return L.f32c(0); });
       L.store(x, relT, {et[0], et[1]});
     });
   }
 
-  /// Row r of PQ [R, 2 M16 + T16 + 16] holds a[bi, row_r] . rel[t] at column M16 + t for t < T, rel[0]'s product
-  /// on [0, M16) and rel[T - 1]'s from M16 + T on: the relative score of row r (position pos_r) and key j is
-  /// column j - pos_r + c + M16 for every j < M16, so a key block reads 16 of them with one (unaligned) load
-  /// (relativeBlock).
+  /// Row r of PQ [R, 2 M16 + T16 + 16] holds a[bi, row_r] . rel[t] at column M16 + t for the table rows t of
+  /// tableRows, the first one's product before them and the last one's after them: the relative score of row r
+  /// (position pos_r) and a key j < M16 it sees is column j - pos_r + c + M16, so a key block reads 16 of them with
+  /// one (unaligned) load (relativeBlock); the columns of keys the row does not see hold finite numbers.
   void relativeProducts(Value a, Value bi, Value base, ArrayRef<Value> row, Value relT, int64_t clip, Value M16,
                         Value PQ) {
-    const int64_t R = row.size(), T = 2 * clip + 1, T16 = (T + kLanes - 1) / kLanes * kLanes;
-    for (int64_t jb = 0; jb < T16; jb += kLanes) {
+    const int64_t R = row.size(), T = 2 * clip + 1;
+    auto [first, last] = tableRows(clip);
+    SmallVector<SmallVector<Value>> blocks; // [block][row]
+    for (int64_t t0 = first; t0 <= last; t0 += kLanes) {
       SmallVector<Value> zeros(R, zeroV);
       auto dot = loop(L.idx(0), L.idx(dh), 1, zeros, [&](Value e, ValueRange acc) {
-        Value kv = load(relT, ValueRange{e, L.idx(jb)});
+        Value kv = load(relT, ValueRange{e, L.idx(t0)});
         SmallVector<Value> next;
         for (int64_t r = 0; r < R; ++r)
           next.push_back(
               b.create<vector::FMAOp>(loc, bcast(L.load(a, {bi, row[r], add(base, e)})), kv, acc[r]));
         return next;
       });
-      for (int64_t r = 0; r < R; ++r)
-        store(dot.getResult(r), PQ, ValueRange{L.idx(r), add(M16, L.idx(jb))});
+      blocks.push_back(SmallVector<Value>(dot.getResults()));
     }
+    const int64_t lastBlock = (last - first) / kLanes, lastLane = (last - first) % kLanes;
     for (int64_t r = 0; r < R; ++r) {
-      Value first = bcast(L.load(PQ, {L.idx(r), M16})), last = bcast(L.load(PQ, {L.idx(r), add(M16, L.idx(T - 1))}));
-      loop(L.idx(0), M16, kLanes, {}, [&](Value u, ValueRange) {
-        store(first, PQ, ValueRange{L.idx(r), u});
+      Value head = bcast(b.create<vector::ExtractOp>(loc, blocks[0][r], ArrayRef<int64_t>{0}));
+      Value tail = bcast(b.create<vector::ExtractOp>(loc, blocks[lastBlock][r], ArrayRef<int64_t>{lastLane}));
+      Value at = add(M16, L.idx(first));
+      loop(L.idx(0), at, kLanes, {}, [&](Value u, ValueRange) { // may reach into the products: stored next
+        store(head, PQ, ValueRange{L.idx(r), u});
         return SmallVector<Value>{};
       });
-      Value tail = add(M16, L.idx(T));
-      loop(tail, add(tail, M16), kLanes, {}, [&](Value u, ValueRange) {
-        store(last, PQ, ValueRange{L.idx(r), u});
+      for (size_t k = 0; k < blocks.size(); ++k)
+        store(blocks[k][r], PQ, ValueRange{L.idx(r), add(at, L.idx(int64_t(k) * kLanes))});
+      loop(add(M16, L.idx(last + 1)), add(add(M16, M16), L.idx(T)), kLanes, {}, [&](Value u, ValueRange) {
+        store(tail, PQ, ValueRange{L.idx(r), u});
         return SmallVector<Value>{};
       });
     }
@@ -533,45 +548,59 @@ struct VectorKernel {
     return load(PQ, ValueRange{L.idx(r), add(b.create<arith::SubIOp>(loc, jb, pos), add(M16, L.idx(clip)))});
   }
 
-  /// Wt[r, t] = sum of W[r, j] over the keys j of [from16, to16) with t(pos_r, j) = t, for t < T (W is 0 on the
-  /// keys row r does not see): the interior t = 1..T-2 is one key each (masked loads of W's row), t = 0 and T - 1
-  /// the sums of W over j <= pos - c and j >= pos + c.
+  /// Wt[r, t] = sum of W[r, j] over the keys j of [from16, to16) with t(pos_r, j) = t, for the table rows t of
+  /// tableRows (W is 0 on the keys row r does not see): the interior t = 1..T-2 is one key each (masked loads of
+  /// W's row), t = 0 and T - 1 the sums of W over j <= pos - c and j >= pos + c.
   void relativeWeights(Value W, ArrayRef<Value> pos, Value from16, Value to16, int64_t clip, Value Wt) {
     const int64_t R = pos.size(), T = 2 * clip + 1;
+    auto [first, last] = tableRows(clip);
+    const int64_t innerFirst = std::max<int64_t>(first, 1), innerLast = std::min(last, T - 2);
     auto i1 = VectorType::get({kLanes}, b.getI1Type());
     for (int64_t r = 0; r < R; ++r) {
       Value low = b.create<arith::SubIOp>(loc, pos[r], L.idx(clip));
-      for (int64_t t0 = 1; t0 < T - 1; t0 += kLanes) {
-        // Lanes t = t0.. of keys j = pos - c + t: those in [from16, to16) and t <= T - 2.
+      for (int64_t t0 = innerFirst; t0 <= innerLast; t0 += kLanes) {
+        // Lanes t = t0.. of keys j = pos - c + t: those in [from16, to16) and t <= innerLast.
         Value j0 = add(low, L.idx(t0));
         Value j = add(bcast(j0), iota);
         Value in = L.andI(b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::sge, j, bcast(from16)),
                           b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::slt, j, bcast(to16)));
         Value mask = b.create<arith::AndIOp>(
-            loc, in, b.create<vector::CreateMaskOp>(loc, i1, ValueRange{L.idx(std::min(kLanes, T - 1 - t0))}));
+            loc, in, b.create<vector::CreateMaskOp>(loc, i1, ValueRange{L.idx(std::min(kLanes, innerLast - t0 + 1))}));
         Value x = b.create<vector::MaskedLoadOp>(loc, vt, W, ValueRange{L.idx(r), j0}, mask, zeroV);
         store(x, Wt, ValueRange{L.idx(r), L.idx(t0)});
       }
+      const bool below = first == 0, above = last == T - 1; // the clamped ends this mask reaches
       Value high = add(pos[r], L.idx(clip));
       auto ends = loop(from16, to16, kLanes, {zeroV, zeroV}, [&](Value jb, ValueRange acc) {
         Value j = add(bcast(jb), iota), w = load(W, ValueRange{L.idx(r), jb});
-        Value below = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::sle, j, bcast(low));
-        Value above = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::sge, j, bcast(high));
-        return SmallVector<Value>{
-            b.create<arith::AddFOp>(loc, acc[0], b.create<arith::SelectOp>(loc, below, w, zeroV)),
-            b.create<arith::AddFOp>(loc, acc[1], b.create<arith::SelectOp>(loc, above, w, zeroV))};
+        SmallVector<Value> next(acc.begin(), acc.end());
+        if (below)
+          next[0] = b.create<arith::AddFOp>(
+              loc, acc[0],
+              b.create<arith::SelectOp>(loc, b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::sle, j, bcast(low)),
+                                        w, zeroV));
+        if (above)
+          next[1] = b.create<arith::AddFOp>(
+              loc, acc[1],
+              b.create<arith::SelectOp>(loc, b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::sge, j, bcast(high)),
+                                        w, zeroV));
+        return next;
       });
-      for (auto [k, t] : {std::pair{0, int64_t(0)}, std::pair{1, T - 1}}) {
-        Value sum = b.create<vector::ExtractOp>(loc, allLanes(ends.getResult(k), /*sum=*/true), ArrayRef<int64_t>{0});
-        L.store(sum, Wt, {L.idx(r), L.idx(t)});
-      }
+      for (auto [k, t, used] : {std::tuple{0, int64_t(0), below}, std::tuple{1, T - 1, above}})
+        if (used) {
+          Value sum =
+              b.create<vector::ExtractOp>(loc, allLanes(ends.getResult(k), /*sum=*/true), ArrayRef<int64_t>{0});
+          L.store(sum, Wt, {L.idx(r), L.idx(t)});
+        }
     }
   }
 
-  /// acc[r * nc + c] += sum_{t < T} Wt[r0 + r, t] * table[t, (c0 + c) 16..]: nr rows, nc feature vectors.
-  SmallVector<Value> relativeRows(Value Wt, int64_t r0, int64_t nr, Value table, int64_t T, int64_t c0, int64_t nc,
-                                  ValueRange acc) {
-    auto sums = loop(L.idx(0), L.idx(T), 1, acc, [&](Value t, ValueRange a) {
+  /// acc[r * nc + c] += sum_t Wt[r0 + r, t] * table[t, (c0 + c) 16..] over the table rows t of tableRows: nr rows,
+  /// nc feature vectors.
+  SmallVector<Value> relativeRows(Value Wt, int64_t r0, int64_t nr, Value table, int64_t clip, int64_t c0,
+                                  int64_t nc, ValueRange acc) {
+    auto [first, last] = tableRows(clip);
+    auto sums = loop(L.idx(first), L.idx(last + 1), 1, acc, [&](Value t, ValueRange a) {
       SmallVector<Value> next(a.begin(), a.end());
       SmallVector<Value> rows;
       for (int64_t c = 0; c < nc; ++c)

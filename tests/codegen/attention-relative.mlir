@@ -2,7 +2,7 @@
 // lm-to-loops, Attention.cpp / AttentionGrad.cpp: Shaw relative positions (clip 2, tables [5, 16]) in the vector
 // forms of lm.attention and lm.attention_grad (head size 16): the tables' addresses go to the task with the
 // other operands, the relative scratch is one block cut into views (the tables transposed, the per-table-row
-// sums, the padded relative scores), each tile's rows multiply the key table's 5 rows (not one product per key),
+// sums, the padded relative scores), each tile's rows multiply the key table's rows a causal row reaches (t <= 2 of 5; not one product per key),
 // the interior table rows' probabilities are masked loads of the row, and the backward's per-item table gradients
 // are summed in item order after the items ran; no call to the runtime's C++ backward.
 
@@ -49,12 +49,12 @@ module @m attributes {lm.model = #lm.model<name = "m", vocab = 11, max_len = 9, 
 // the relative scores added per key block, the interior table rows' probabilities by masked loads.
 // CHECK-LABEL: func.func private @lm_attention_task_causal_h2_d32_s0x3e800000_rel2(
 // CHECK: memref.alloc(%{{.*}}) {alignment = 64 : i64} : memref<?xi8>
-// CHECK: memref.view {{.*}} to memref<16x16xf32>
+// CHECK: memref.view {{.*}} to memref<16x32xf32>
 // CHECK: memref.view {{.*}} to memref<8x32xf32>
 // CHECK: memref.view {{.*}} to memref<8x?xf32>
 // CHECK: vector.fma
 // CHECK: vector.maskedload
 // CHECK-LABEL: func.func private @lm_attention_grad_task_causal_h2_d32_s0x3e800000_rel2(
-// CHECK: memref.view {{.*}} to memref<16x16xf32>
-// CHECK: memref.view {{.*}} to memref<16x16xf32>
+// CHECK: memref.view {{.*}} to memref<16x32xf32>
+// CHECK: memref.view {{.*}} to memref<16x32xf32>
 // CHECK: vector.maskedload
