@@ -491,7 +491,8 @@ void BM_AttentionGrad(benchmark::State &state, lm::MaskKind mask, std::string na
         double d = 0;
         const int64_t t = std::clamp<int64_t>(jj - i, -kClip, kClip) + kClip;
         for (int64_t e = 0; e < dh; ++e)
-          d += double(q[(b * n + i) * kModel + e]) * (k[(b * n + jj) * kModel + e] + (relative ? relK[t * dh + e] : 0.0f));
+          d += double(q[(b * n + i) * kModel + e]) *
+               (k[(b * n + jj) * kModel + e] + (relative ? relK[t * dh + e] : 0.0f));
         s[jj] = d * scale;
         mx = std::max(mx, s[jj]);
       }

@@ -1,7 +1,7 @@
 //===- Attention.cpp - lm-to-loops: fused attention -------------------------===//
 //
 // lm.attention as a key-tiled online softmax with the mask as structure, and a vector form for head sizes
-// that are multiples of 16 (no relative positions; its pieces in AttentionVector.h, its VJP in AttentionGrad.cpp).
+// that are multiples of 16 (no directional rows; its pieces in AttentionVector.h, its VJP in AttentionGrad.cpp).
 //
 //===----------------------------------------------------------------------===//
 #include "codegen/LmToLoops/AttentionVector.h"
@@ -140,7 +140,8 @@ void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Val
   if (relative) {
     // relK^T [dh, T16 + 16], P_t [R, T16 + 16] and the padded relative scores [R, 2 M16 + T16 + 16] in one block.
     Value width = K.add(K.add(M16, M16), L.idx(T16 + kLanes));
-    SmallVector<Value> views = K.scratchViews({{dh, T16 + kLanes}, {R, T16 + kLanes}, {R, ShapedType::kDynamic}}, {width});
+    SmallVector<Value> views =
+        K.scratchViews({{dh, T16 + kLanes}, {R, T16 + kLanes}, {R, ShapedType::kDynamic}}, {width});
     relKt = views[0], PT = views[1], PQ = views[2];
     K.transposeTable(ops.relK, T, relKt);
   }

@@ -1,6 +1,7 @@
 // RUN: lmcc-opt %s --lm-to-loops | FileCheck %s
 // lm-to-loops, Attention.cpp: lm.attention_grad with head size 16 (a multiple of 16, no directional rows, mask
-// none/causal/anticausal/diagonal; relative positions: attention-relative.mlir) is generated in the vector form, in a task over (entry, head) items split by
+// none/causal/anticausal/diagonal; relative positions: attention-relative.mlir) is generated in the vector form,
+// in a task over (entry, head) items split by
 // lm_rt_parallel_for (called directly below 2^16 multiply-adds): per item keys and values transposed in 16 x 16
 // register blocks, then per tile of 8 query rows the probabilities recomputed, dP = dO v^T as the scores,
 // D = sum P dP, dS = P (dP - D) scale, dq of the real rows only (rows past the length repeat the last one),

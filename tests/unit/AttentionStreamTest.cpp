@@ -355,7 +355,8 @@ TEST_F(AttentionStreamRelativeGradTest, RelativeBackwardMatchesRuntimeKernel) {
         MemRef<3> dOm = view(dO.get(), kBatch), qm = view(q.get(), kBatch), km = view(k.get(), kBatch),
                   vm = view(v.get(), kBatch), dqm = view(o[0].get(), kBatch), dkm = view(o[1].get(), kBatch),
                   dvm = view(o[2].get(), kBatch);
-        MemRef<2> drk = {o[3].get(), o[3].get(), 0, {T, dh}, {dh, 1}}, drv = {o[4].get(), o[4].get(), 0, {T, dh}, {dh, 1}};
+        MemRef<2> drk = {o[3].get(), o[3].get(), 0, {T, dh}, {dh, 1}},
+                  drv = {o[4].get(), o[4].get(), 0, {T, dh}, {dh, 1}};
         MemRef<1> lm = lengthsView(lengths, kBatch);
         grad(&dOm, &qm, &km, &vm, &lm, &rkm, &rvm, &dqm, &dkm, &dvm, &drk, &drv);
       }
