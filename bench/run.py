@@ -582,10 +582,13 @@ def write_report(ws, date, quick, limits, kernels, points, lmcc, peer, out_dir, 
         md.append("| " + " | ".join(row) + " |")
     md += ["", "## Attention kernels (8 heads, d 512, 1 thread)", "",
            "`forward`: lm.attention, generated; `backward`: lm.attention_grad, generated (its vector form, what "
-           "compiled training runs here); `backward (C++)`: the runtime's lm_rt_attention_grad (relative positions, "
-           "directional rows). FLOPs: 4 d (forward) and 10 d (backward) per visible query-key pair.", "",
+           "compiled training runs here); `backward (C++)`: the runtime's lm_rt_attention_grad (directional rows, head "
+           "sizes off multiples of 16). `+ relative`: with Shaw relative positions clipped at 16. FLOPs: 4 d "
+           "(forward) and 10 d (backward) per visible query-key pair, the relative terms' work not counted.", "",
            "| kernel | mask | n | batch | ms | GFLOP/s | of peak |", "|---|---|---|---|---|---|---|"]
-    kinds = {"attention": "forward", "attention_grad": "backward", "attention_grad_rt": "backward (C++)"}
+    kinds = {"attention": "forward", "attention_grad": "backward", "attention_grad_rt": "backward (C++)",
+             "attention_rel": "forward + relative", "attention_grad_rel": "backward + relative",
+             "attention_grad_rt_rel": "backward (C++) + relative"}
     for k, r in kernels.items():
         parts = k.split("/")
         if parts[0] in kinds and len(parts) == 4 and "GFLOPs" in r:
