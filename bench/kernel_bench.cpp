@@ -98,39 +98,27 @@ void buildLibrary() {
       nk.push_back({s.n, s.k});
   mlir::MLIRContext context;
   auto module = lmcc::codegen::buildGemmModule(context, nk, {g_tile});
+  // A kernel module's function `kernel` renamed `as`, moved with its tasks into the library's module (runtime
+  // functions are declared once).
+  auto absorb = [&](mlir::OwningOpRef<mlir::ModuleOp> kernels, const char *kernel, const std::string &as) {
+    if (!kernels) {
+      std::fprintf(stderr, "kernel_bench: cannot build %s\n", as.c_str());
+      std::exit(1);
+    }
+    kernels->lookupSymbol<mlir::func::FuncOp>(kernel).setSymName(as);
+    for (auto fn : llvm::make_early_inc_range(kernels->getOps<mlir::func::FuncOp>()))
+      if (!module->lookupSymbol(fn.getSymName()))
+        fn->moveBefore(module->getBody(), module->getBody()->end());
+  };
+  using lmcc::codegen::buildAttentionGradModule, lmcc::codegen::buildAttentionModule;
   for (auto [mask, name] : kMasks) {
-    auto attention = lmcc::codegen::buildAttentionModule(context, mask, kHeads, kModel);
-    if (!attention) {
-      std::fprintf(stderr, "kernel_bench: cannot build the %s attention kernel\n", name);
-      std::exit(1);
-    }
-    attention->lookupSymbol<mlir::func::FuncOp>("attention_kernel").setSymName(std::string("attention_") + name);
-    auto relative = lmcc::codegen::buildAttentionModule(context, mask, kHeads, kModel, kClip);
-    if (!relative) {
-      std::fprintf(stderr, "kernel_bench: cannot build the %s attention kernel with relative positions\n", name);
-      std::exit(1);
-    }
-    relative->lookupSymbol<mlir::func::FuncOp>("attention_kernel")
-        .setSymName(std::string("attention_rel_") + name);
-    auto grad = lmcc::codegen::buildAttentionGradModule(context, mask, kHeads, kModel);
-    if (!grad) {
-      std::fprintf(stderr, "kernel_bench: cannot build the %s attention backward\n", name);
-      std::exit(1);
-    }
-    grad->lookupSymbol<mlir::func::FuncOp>("attention_grad_kernel")
-        .setSymName(std::string("attention_grad_") + name);
-    auto relativeGrad = lmcc::codegen::buildAttentionGradModule(context, mask, kHeads, kModel, kClip);
-    if (!relativeGrad) {
-      std::fprintf(stderr, "kernel_bench: cannot build the %s attention backward with relative positions\n", name);
-      std::exit(1);
-    }
-    relativeGrad->lookupSymbol<mlir::func::FuncOp>("attention_grad_kernel")
-        .setSymName(std::string("attention_grad_rel_") + name);
-    // The kernels and their tasks (runtime functions are declared once).
-    for (auto *kernel : {&attention, &relative, &grad, &relativeGrad})
-      for (auto fn : llvm::make_early_inc_range((*kernel)->getOps<mlir::func::FuncOp>()))
-        if (!module->lookupSymbol(fn.getSymName()))
-          fn->moveBefore(module->getBody(), module->getBody()->end());
+    absorb(buildAttentionModule(context, mask, kHeads, kModel), "attention_kernel", std::string("attention_") + name);
+    absorb(buildAttentionModule(context, mask, kHeads, kModel, kClip), "attention_kernel",
+           std::string("attention_rel_") + name);
+    absorb(buildAttentionGradModule(context, mask, kHeads, kModel), "attention_grad_kernel",
+           std::string("attention_grad_") + name);
+    absorb(buildAttentionGradModule(context, mask, kHeads, kModel, kClip), "attention_grad_kernel",
+           std::string("attention_grad_rel_") + name);
   }
   if (mlir::failed(lmcc::codegen::lowerToLLVMDialect(*module))) {
     std::fprintf(stderr, "kernel_bench: lowering failed\n");
