@@ -46,24 +46,8 @@ void runItems(Loops &L, ArrayRef<Value> operands, int64_t heads, int64_t width, 
   auto &b = L.b;
   Location loc = L.loc;
   Value items = b.create<arith::MulIOp>(loc, L.B, L.idx(heads));
-  // Whole buffers, or static row-major views at an offset (a weight, such as a relative table, in the weight
-  // buffer): a task reads each from its address.
-  auto whole = [](Value m) {
-    if (!m)
-      return true;
-    auto type = llvm::cast<MemRefType>(m.getType());
-    if (type.getLayout().isIdentity())
-      return true;
-    int64_t offset;
-    SmallVector<int64_t> strides;
-    if (!type.hasStaticShape() || failed(getStridesAndOffset(type, strides, offset)))
-      return false;
-    int64_t stride = 1;
-    for (int64_t i = type.getRank() - 1; i >= 0; stride *= type.getDimSize(i), --i)
-      if (strides[i] != stride)
-        return false;
-    return true;
-  };
+  // Whole buffers, or static row-major views at an offset (a relative table in the weight buffer).
+  auto whole = [](Value m) { return !m || Loops::readableAtAddress(llvm::cast<MemRefType>(m.getType())); };
   if (!llvm::all_of(operands, whole)) {
     emit(L.idx(0), items);
     return;

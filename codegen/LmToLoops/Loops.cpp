@@ -286,6 +286,19 @@ void Loops::parallelFor(func::FuncOp task, Value count, ArrayRef<Value> fields, 
   b.create<func::CallOp>(loc, "lm_rt_parallel_for", TypeRange{}, ValueRange{count, fnPtr, ctxPtr});
 }
 
+bool Loops::readableAtAddress(MemRefType type) {
+  if (type.getLayout().isIdentity())
+    return true;
+  int64_t offset;
+  SmallVector<int64_t> strides;
+  if (!type.hasStaticShape() || failed(getStridesAndOffset(type, strides, offset)))
+    return false;
+  auto identity = MemRefType::get(type.getShape(), type.getElementType());
+  SmallVector<int64_t> rowMajor;
+  int64_t offsetIgnored;
+  return succeeded(getStridesAndOffset(identity, rowMajor, offsetIgnored)) && rowMajor == strides;
+}
+
 std::optional<Loops::TaskView> Loops::taskView(Value buffer) {
   auto type = llvm::cast<MemRefType>(buffer.getType());
   if (type.getLayout().isIdentity()) {
@@ -296,16 +309,9 @@ std::optional<Loops::TaskView> Loops::taskView(Value buffer) {
         view.sizes.push_back(all[i]);
     return view;
   }
-  int64_t offset;
-  SmallVector<int64_t> strides;
-  if (!type.hasStaticShape() || failed(getStridesAndOffset(type, strides, offset)))
+  if (!readableAtAddress(type))
     return std::nullopt;
-  auto identity = MemRefType::get(type.getShape(), type.getElementType());
-  SmallVector<int64_t> rowMajor;
-  int64_t offsetIgnored;
-  if (failed(getStridesAndOffset(identity, rowMajor, offsetIgnored)) || rowMajor != strides)
-    return std::nullopt;
-  return TaskView{buffer, identity, {}};
+  return TaskView{buffer, MemRefType::get(type.getShape(), type.getElementType()), {}};
 }
 
 void Loops::rowTask(StringRef name, ArrayRef<TaskView> views, ArrayRef<Value> scalars, Value count, Value work,

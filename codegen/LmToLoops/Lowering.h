@@ -246,6 +246,9 @@ public:
   /// identity-layout type of its static shape when it is a contiguous view (a weight's view at an offset);
   /// nullopt otherwise.
   std::optional<TaskView> taskView(mlir::Value buffer);
+  /// Whether a task can read a buffer of `type` from its address alone: an identity layout, or a static
+  /// row-major view at an offset (a weight in the weight buffer).
+  static bool readableAtAddress(mlir::MemRefType type);
   /// body(views, scalars, r) for r in [0, count), in the task function `name` (made on first use: the name must
   /// say everything the body depends on but the views' data and the index `scalars`): split over the runtime's
   /// threads when `work` reaches 2^17 (a few tens of microseconds), else called on this thread. The task reads
