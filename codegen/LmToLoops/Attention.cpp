@@ -1,7 +1,7 @@
 //===- Attention.cpp - lm-to-loops: fused attention -------------------------===//
 //
 // lm.attention as a key-tiled online softmax with the mask as structure, and a vector form for head sizes
-// that are multiples of 16 (no directional rows; its pieces in AttentionVector.h, its VJP in AttentionGrad.cpp).
+// that are multiples of 16 (its pieces in AttentionVector.h, its VJP in AttentionGrad.cpp).
 //
 //===----------------------------------------------------------------------===//
 #include "codegen/LmToLoops/AttentionVector.h"
@@ -64,6 +64,16 @@ void runItems(Loops &L, ArrayRef<Value> operands, int64_t heads, int64_t width, 
 
 Value addressOrZero(Loops &L, Value m) { return m ? L.address(m) : L.i64c(0); }
 
+int64_t maskRowsWidth(Value maskData) {
+  return maskData ? llvm::cast<ShapedType>(maskData.getType()).getDimSize(2) : 0;
+}
+
+Value maskRowCount(Loops &L, Value maskRows) {
+  if (!maskRows)
+    return L.i64c(0);
+  return L.b.create<arith::IndexCastOp>(L.loc, L.b.getI64Type(), L.b.create<memref::DimOp>(L.loc, maskRows, 1));
+}
+
 Value streamsOperands(Loops &L, Value entries, Value rows, Value keys, int64_t width, int64_t rowBuffers,
                       int64_t keyBuffers) {
   auto &b = L.b;
@@ -83,18 +93,20 @@ using namespace attention;
 
 namespace {
 
-/// The buffers of one vector-form attention, its entry count B and its relative tables (or null).
+/// The buffers of one vector-form attention, its entry count B, its relative tables and directional rows (or null).
 struct VectorOperands {
-  Value q, k, v, out, queryPositions, entries, relK, relV;
+  Value q, k, v, out, queryPositions, entries, relK, relV, maskRows;
 };
 
-/// lm.attention with vectors (no per-row mask data; head size a multiple of 16), register-tiled like the GEMM.
+/// lm.attention with vectors (head size a multiple of 16), register-tiled like the GEMM.
 /// Work items are the (entry, head) pairs, entry-major; items [begin, end) run here. Per item the head's keys
 /// are transposed into kt [dh, M16] (M keys rounded up to 16, zero tail). Query rows go in tiles of R = 8 rows
 /// (R = 1 for single-query entries, lm-prune-rows), the last tile repeating the last row; a tile visits the
 /// union of its rows' key ranges [lo, hi) (each row's range as in the scalar form below):
 ///   scores  S[r, j..j+16) = (sum_e q_re * kt[e, j..j+16)) * scale: one key vector load per R FMAs; lanes a row
-///           cannot see are -inf, tested only in blocks that are not fully visible to every row of the tile;
+///           cannot see are -inf, tested only in blocks that are not fully visible to every row of the tile (under
+///           the directional mask each row's range follows its direction, and a block with an S row's own key or
+///           one of its hidden keys, 16 bits of one word, is tested);
 ///   softmax m_r = max_j S[r, j], p = e^(S - m_r) (vector exp; 0 where -inf), l_r = sum_j p (lanes by j mod 16,
 ///           blocks in order: the zero blocks outside a row's range change nothing, so a row's result does not
 ///           depend on its tile);
@@ -111,7 +123,7 @@ void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Val
   Location loc = L.loc;
   Value q = ops.q, k = ops.k, v = ops.v, out = ops.out;
   int64_t D = a.getType().getDimSize(2), H = a.getHeads(), dh = D / H, chunks = dh / kLanes;
-  VectorKernel K(L, dh, a.getMask());
+  VectorKernel K(L, dh, a.getMask(), ops.maskRows);
   Value scale = K.bcast(L.f32c(a.getScale().convertToFloat()));
   Value M = b.create<memref::DimOp>(loc, k, 1);
   Value M16 = K.roundDown(K.add(M, L.idx(kLanes - 1)));
@@ -206,20 +218,28 @@ void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Val
 }
 
 /// The vector form's task: items [begin, end) of the operands whose addresses and sizes are in ctx (q, k, v,
-/// out, lengths, query positions or 0, relative key and value tables or 0, entries B, query rows, keys M). One
-/// per (mask, heads, width, scale, clip).
+/// out, lengths, query positions or 0, relative key and value tables or 0, directional rows and their row count
+/// or 0, entries B, query rows, keys M). One per (mask, heads, width, scale, positions, clip, rows' width).
 func::FuncOp getOrCreateVectorTask(lm::AttentionOp a, Loops &L) {
-  int64_t D = a.getType().getDimSize(2), H = a.getHeads();
+  int64_t D = a.getType().getDimSize(2), H = a.getHeads(), words = maskRowsWidth(a.getMaskData());
   bool positions = bool(a.getQueryPositions()), relative = bool(a.getRelKey());
-  std::string name = llvm::formatv("lm_attention_task_{0}_h{1}_d{2}_s{3:x}{4}{5}", lm::stringifyMaskKind(a.getMask()),
-                                   H, D, bitsOf(a.getScale().convertToFloat()), positions ? "_positions" : "",
-                                   relative ? llvm::formatv("_rel{0}", a.getClip()).str() : std::string());
+  std::string name = llvm::formatv("lm_attention_task_{0}_h{1}_d{2}_s{3:x}{4}{5}{6}",
+                                   lm::stringifyMaskKind(a.getMask()), H, D, bitsOf(a.getScale().convertToFloat()),
+                                   positions ? "_positions" : "",
+                                   relative ? llvm::formatv("_rel{0}", a.getClip()).str() : std::string(),
+                                   words ? llvm::formatv("_w{0}", words).str() : std::string());
   return getOrCreateTask(a, L, name, D, [&](TaskFields &f, Value begin, Value end) {
-    Value entries = f.field(8), rows = f.field(9), keys = f.field(10);
+    Value entries = f.field(10), rows = f.field(11), keys = f.field(12);
     int64_t T = 2 * int64_t(a.getClip()) + 1, dh = D / H;
-    VectorOperands ops{f.matrix(0, entries, rows), f.matrix(1, entries, keys), f.matrix(2, entries, keys),
-                       f.matrix(3, entries, rows), positions ? f.ints(5, entries) : Value(), f.index(entries),
-                       relative ? f.table(6, T, dh) : Value(), relative ? f.table(7, T, dh) : Value()};
+    VectorOperands ops{f.matrix(0, entries, rows),
+                       f.matrix(1, entries, keys),
+                       f.matrix(2, entries, keys),
+                       f.matrix(3, entries, rows),
+                       positions ? f.ints(5, entries) : Value(),
+                       f.index(entries),
+                       relative ? f.table(6, T, dh) : Value(),
+                       relative ? f.table(7, T, dh) : Value(),
+                       words ? f.directionalRows(8, entries, f.field(9), words) : Value()};
     L.lengths = f.ints(4, entries);
     emitVectorItems(a, L, ops, begin, end);
   });
@@ -231,11 +251,14 @@ LogicalResult lowerVector(lm::AttentionOp a, Loops &L) {
   Value q = L.in(a.getQuery()), k = L.in(a.getKey()), v = L.in(a.getValue()), out = L.alloc(a.getType());
   Value queryPositions = a.getQueryPositions() ? L.in(a.getQueryPositions()) : Value();
   Value relK = a.getRelKey() ? L.in(a.getRelKey()) : Value(), relV = a.getRelValue() ? L.in(a.getRelValue()) : Value();
-  VectorOperands ops{q, k, v, out, queryPositions, L.B, relK, relV};
+  Value maskRows = a.getMaskData() ? L.in(a.getMaskData()) : Value();
+  VectorOperands ops{q, k, v, out, queryPositions, L.B, relK, relV, maskRows};
   Value rows = L.b.create<memref::DimOp>(L.loc, q, 1), keys = L.b.create<memref::DimOp>(L.loc, k, 1);
-  runItems(L, {q, k, v, L.lengths, queryPositions, relK, relV}, a.getHeads(), a.getType().getDimSize(2), rows, keys,
+  runItems(L, {q, k, v, L.lengths, queryPositions, relK, relV, maskRows}, a.getHeads(), a.getType().getDimSize(2),
+           rows, keys,
            {L.address(q), L.address(k), L.address(v), L.address(out), L.address(L.lengths),
-            addressOrZero(L, queryPositions), addressOrZero(L, relK), addressOrZero(L, relV)},
+            addressOrZero(L, queryPositions), addressOrZero(L, relK), addressOrZero(L, relV),
+            addressOrZero(L, maskRows), maskRowCount(L, maskRows)},
            [&] { return getOrCreateVectorTask(a, L); },
            [&](Value begin, Value end) { emitVectorItems(a, L, ops, begin, end); });
   return L.set(a, out);
@@ -354,7 +377,7 @@ struct AttentionLowering : LmLowering<lm::AttentionOp> {
     if (a.getMask() == lm::MaskKind::Explicit)
       return a.emitOpError("explicit masks have no CPU lowering yet");
     int64_t heads = a.getHeads(), width = a.getType().getDimSize(2);
-    if (!a.getMaskData() && (width / heads) % kLanes == 0)
+    if ((width / heads) % kLanes == 0)
       return lowerVector(a, L);
     return lowerScalar(a, L);
   }
@@ -413,7 +436,7 @@ OwningOpRef<ModuleOp> kernelModule(MLIRContext &context, OpBuilder &b) {
 } // namespace
 
 OwningOpRef<ModuleOp> buildAttentionModule(MLIRContext &context, lm::MaskKind mask, int64_t heads, int64_t dModel,
-                                           int64_t clip) {
+                                           int64_t clip, int64_t rowWords) {
   OpBuilder b(&context);
   Location loc = b.getUnknownLoc();
   OwningOpRef<ModuleOp> module = kernelModule(context, b);
@@ -421,8 +444,12 @@ OwningOpRef<ModuleOp> buildAttentionModule(MLIRContext &context, lm::MaskKind ma
   auto t3 = RankedTensorType::get({dyn, dyn, dModel}, b.getF32Type());
   auto t1 = RankedTensorType::get({dyn}, b.getI32Type());
   auto t2 = RankedTensorType::get({2 * clip + 1, dModel / heads}, b.getF32Type());
+  auto tRows = RankedTensorType::get({dyn, dyn, rowWords}, b.getI32Type());
   auto m3 = bufferType(t3), m1 = bufferType(t1), m2 = bufferType(t2);
   SmallVector<Type> args{m3, m3, m3, m1};
+  const int rel = rowWords > 0 ? 5 : 4; // the first relative table's argument
+  if (rowWords > 0)
+    args.push_back(bufferType(tRows));
   if (clip > 0)
     args.append({m2, m2});
   args.push_back(m3);
@@ -431,11 +458,12 @@ OwningOpRef<ModuleOp> buildAttentionModule(MLIRContext &context, lm::MaskKind ma
   Block *entry = fn.addEntryBlock();
   b.setInsertionPointToStart(entry);
   auto tensor = [&](Value m, Type t) { return b.create<UnrealizedConversionCastOp>(loc, t, m).getResult(0); };
-  Value relK = clip > 0 ? tensor(entry->getArgument(4), t2) : Value();
-  Value relV = clip > 0 ? tensor(entry->getArgument(5), t2) : Value();
+  Value rows = rowWords > 0 ? tensor(entry->getArgument(4), tRows) : Value();
+  Value relK = clip > 0 ? tensor(entry->getArgument(rel), t2) : Value();
+  Value relV = clip > 0 ? tensor(entry->getArgument(rel + 1), t2) : Value();
   auto attention =
       b.create<lm::AttentionOp>(loc, t3, tensor(entry->getArgument(0), t3), tensor(entry->getArgument(1), t3),
-                                tensor(entry->getArgument(2), t3), tensor(entry->getArgument(3), t1), Value(), relK,
+                                tensor(entry->getArgument(2), t3), tensor(entry->getArgument(3), t1), rows, relK,
                                 relV, Value(), b.getI64IntegerAttr(heads), lm::MaskKindAttr::get(&context, mask),
                                 b.getF32FloatAttr(1.0f / std::sqrt(float(dModel / heads))), b.getI64IntegerAttr(clip));
   Value result = b.create<UnrealizedConversionCastOp>(loc, m3, attention.getResult()).getResult(0);
@@ -445,7 +473,7 @@ OwningOpRef<ModuleOp> buildAttentionModule(MLIRContext &context, lm::MaskKind ma
 }
 
 OwningOpRef<ModuleOp> buildAttentionGradModule(MLIRContext &context, lm::MaskKind mask, int64_t heads, int64_t dModel,
-                                               int64_t clip) {
+                                               int64_t clip, int64_t rowWords) {
   OpBuilder b(&context);
   Location loc = b.getUnknownLoc();
   OwningOpRef<ModuleOp> module = kernelModule(context, b);
@@ -454,10 +482,14 @@ OwningOpRef<ModuleOp> buildAttentionGradModule(MLIRContext &context, lm::MaskKin
   auto t3 = RankedTensorType::get({dyn, dyn, dModel}, b.getF32Type());
   auto t1 = RankedTensorType::get({dyn}, b.getI32Type());
   auto t2 = RankedTensorType::get({2 * clip + 1, dModel / heads}, b.getF32Type());
+  auto tRows = RankedTensorType::get({dyn, dyn, rowWords}, b.getI32Type());
   auto m3 = bufferType(t3), m1 = bufferType(t1), m2 = bufferType(t2);
   const bool relative = clip > 0;
-  // (dO, q, k, v, lengths[, rel_k, rel_v], dq, dk, dv[, drel_k, drel_v])
+  // (dO, q, k, v, lengths[, rows][, rel_k, rel_v], dq, dk, dv[, drel_k, drel_v])
   SmallVector<Type> args{m3, m3, m3, m3, m1};
+  const int rel = rowWords > 0 ? 6 : 5; // the first relative table's argument
+  if (rowWords > 0)
+    args.push_back(bufferType(tRows));
   if (relative)
     args.append({m2, m2});
   args.append({m3, m3, m3});
@@ -474,10 +506,11 @@ OwningOpRef<ModuleOp> buildAttentionGradModule(MLIRContext &context, lm::MaskKin
     results.append({t2, t2});
   auto grad = b.create<lm::AttentionGradOp>(
       loc, results, tensor(arg(0), t3), tensor(arg(1), t3), tensor(arg(2), t3), tensor(arg(3), t3),
-      tensor(arg(4), t1), Value(), Value(), relative ? tensor(arg(5), t2) : Value(),
-      relative ? tensor(arg(6), t2) : Value(), b.getI64IntegerAttr(heads), lm::MaskKindAttr::get(&context, mask),
+      tensor(arg(4), t1), rowWords > 0 ? tensor(arg(5), tRows) : Value(), Value(),
+      relative ? tensor(arg(rel), t2) : Value(), relative ? tensor(arg(rel + 1), t2) : Value(),
+      b.getI64IntegerAttr(heads), lm::MaskKindAttr::get(&context, mask),
       b.getF32FloatAttr(1.0f / std::sqrt(float(dModel / heads))), b.getI64IntegerAttr(clip));
-  const int first = relative ? 7 : 5;
+  const int first = rel + (relative ? 2 : 0);
   for (int i = 0; i < int(results.size()); ++i)
     b.create<memref::CopyOp>(
         loc, b.create<UnrealizedConversionCastOp>(loc, i < 3 ? m3 : m2, grad->getResult(i)).getResult(0),

@@ -17,13 +17,13 @@ namespace {
 
 /// The buffers of one vector-form attention backward, its query lengths (or null: the keys') and entry count; with
 /// relative positions the tables and the items' table gradients ([2 items, T, dh]: item i's rel_k gradient at 2i,
-/// its rel_v gradient at 2i + 1), else null.
+/// its rel_v gradient at 2i + 1), else null; the directional rows or null.
 struct GradOperands {
-  Value dO, q, k, v, dq, dk, dv, queryLengths, entries, relK, relV, relGrads;
+  Value dO, q, k, v, dq, dk, dv, queryLengths, entries, relK, relV, relGrads, maskRows;
 };
 
-/// lm.attention_grad in the vector form (the forward's conditions, a mask of none, causal, anticausal or
-/// diagonal), per (entry, head) item [begin, end): n = min(query length, rows) differentiated rows, m = min(length,
+/// lm.attention_grad in the vector form (the forward's conditions: head size a multiple of 16), per (entry, head)
+/// item [begin, end): n = min(query length, rows) differentiated rows, m = min(length,
 /// keys) keys; dq of rows n.. zeroed; keys and values transposed (kt, vt); then per tile of R = 8 rows (rows past
 /// n repeat row n - 1 and see no key):
 ///   P   = the forward's probabilities, recomputed as it computes them (scores, exp, 1 / l),
@@ -31,8 +31,9 @@ struct GradOperands {
 ///   D_r = sum_j P_rj dP_rj, dS = P (dP - D) scale (0 where P is),
 ///   dq_r = sum_j dS_rj k_j (as the forward's p.v; stored for real rows only),
 ///   dk_j += sum_r dS_rj q_r, dv_j += sum_r P_rj dO_r over the tile's keys (4 keys x 64 features a tile; stored,
-///        not added, for keys no earlier tile touched: the touched keys are a prefix [0, touched) under every
-///        mask here, carried over the tiles) into the item's slot (item mod 2) of a [2, keys, dh] scratch, and
+///        not added, for keys no earlier tile touched: the touched keys are a prefix [0, touched), carried over
+///        the tiles; under the directional mask a tile's keys may start past it, and the keys between are
+///        zeroed) into the item's slot (item mod 2) of a [2, keys, dh] scratch, and
 ///   the item before's dk, dv out of the other slot, keys [t M / tiles, (t + 1) M / tiles) in tile t (touched
 ///        keys from the scratch, the others 0): its writes spread over this item's work, not in a burst after its
 ///        own (the task's last item writes its own after the items; an item with no tiles the one before's at
@@ -51,7 +52,7 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
   Location loc = L.loc;
   int64_t D = llvm::cast<ShapedType>(a.getQuery().getType()).getDimSize(2), H = a.getHeads(), dh = D / H;
   int64_t chunks = dh / kLanes;
-  VectorKernel K(L, dh, a.getMask());
+  VectorKernel K(L, dh, a.getMask(), ops.maskRows);
   Value scale = K.bcast(L.f32c(a.getScale().convertToFloat()));
   Value M = b.create<memref::DimOp>(loc, ops.k, 1);
   Value M16 = K.roundDown(K.add(M, L.idx(kLanes - 1)));
@@ -235,6 +236,13 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
       prefetch(3);
       // From the tile's first key rounded down to 4 (the keys before it get nothing: 0 in P and dS).
       Value keysFrom = K.roundDown(tile.from, kGradKeys);
+      if (a.getMask() == lm::MaskKind::directional) // keys [touched, keysFrom) no tile sees so far: 0
+        K.loop(touched, keysFrom, 1, {}, [&](Value j, ValueRange) {
+          for (Value scratch : {dkItems, dvItems})
+            for (int64_t c = 0; c < chunks; ++c)
+              K.store(K.zeroV, scratch, ValueRange{slot, j, L.idx(c * kLanes)});
+          return SmallVector<Value>{};
+        });
       K.keyUpdates(G, ops.q, tile.row, dkItems, slot, bi, base, keysFrom, tile.to, touched);
       K.keyUpdates(S, ops.dO, tile.row, dvItems, slot, bi, base, keysFrom, tile.to, touched);
       if (relative) { // the item's table gradients (the rows tableRows reaches): stored by its first tile, added by
@@ -265,17 +273,20 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
 }
 
 /// The backward's task: items [begin, end) of the operands whose addresses and sizes are in ctx (dO, q, k, v,
-/// dq, dk, dv, lengths, query lengths or 0, the relative tables and the items' table gradients or 0, entries B,
-/// query rows, keys M). One per (mask, heads, width, scale, clip).
+/// dq, dk, dv, lengths, query lengths or 0, the relative tables and the items' table gradients or 0, the
+/// directional rows and their row count or 0, entries B, query rows, keys M). One per (mask, heads, width, scale,
+/// query lengths, clip, rows' width).
 func::FuncOp getOrCreateGradTask(lm::AttentionGradOp a, Loops &L) {
   int64_t D = llvm::cast<ShapedType>(a.getQuery().getType()).getDimSize(2), H = a.getHeads();
+  int64_t words = maskRowsWidth(a.getMaskData());
   bool queryLengths = bool(a.getQueryLengths()), relative = bool(a.getRelKey());
-  std::string name = llvm::formatv("lm_attention_grad_task_{0}_h{1}_d{2}_s{3:x}{4}{5}",
+  std::string name = llvm::formatv("lm_attention_grad_task_{0}_h{1}_d{2}_s{3:x}{4}{5}{6}",
                                    lm::stringifyMaskKind(a.getMask()), H, D, bitsOf(a.getScale().convertToFloat()),
                                    queryLengths ? "_query_lengths" : "",
-                                   relative ? llvm::formatv("_rel{0}", a.getClip()).str() : std::string());
+                                   relative ? llvm::formatv("_rel{0}", a.getClip()).str() : std::string(),
+                                   words ? llvm::formatv("_w{0}", words).str() : std::string());
   return getOrCreateTask(a, L, name, D, [&](TaskFields &f, Value begin, Value end) {
-    Value entries = f.field(12), rows = f.field(13), keys = f.field(14);
+    Value entries = f.field(14), rows = f.field(15), keys = f.field(16);
     int64_t T = 2 * int64_t(a.getClip()) + 1, dh = D / H;
     // The items' table gradients: [2 B H, T, dh].
     Value relGrads = relative ? memrefAt(f.b, f.loc, f.field(11),
@@ -286,7 +297,8 @@ func::FuncOp getOrCreateGradTask(lm::AttentionGradOp a, Loops &L) {
     GradOperands ops{f.matrix(0, entries, rows), f.matrix(1, entries, rows), f.matrix(2, entries, keys),
                      f.matrix(3, entries, keys), f.matrix(4, entries, rows), f.matrix(5, entries, keys),
                      f.matrix(6, entries, keys), queryLengths ? f.ints(8, entries) : Value(), f.index(entries),
-                     relative ? f.table(9, T, dh) : Value(), relative ? f.table(10, T, dh) : Value(), relGrads};
+                     relative ? f.table(9, T, dh) : Value(), relative ? f.table(10, T, dh) : Value(), relGrads,
+                     words ? f.directionalRows(12, entries, f.field(13), words) : Value()};
     L.lengths = f.ints(7, entries);
     emitVectorGradItems(a, L, ops, begin, end);
   });
@@ -297,9 +309,7 @@ func::FuncOp getOrCreateGradTask(lm::AttentionGradOp a, Loops &L) {
 bool hasVectorAttentionGrad(lm::AttentionGradOp op) {
   lm::MaskKind mask = op.getMask();
   int64_t D = llvm::cast<ShapedType>(op.getQuery().getType()).getDimSize(2), heads = op.getHeads();
-  return !op.getMaskData() && D % heads == 0 && (D / heads) % kLanes == 0 &&
-         (mask == lm::MaskKind::none || mask == lm::MaskKind::causal || mask == lm::MaskKind::anticausal ||
-          mask == lm::MaskKind::diagonal);
+  return D % heads == 0 && (D / heads) % kLanes == 0 && mask != lm::MaskKind::Explicit;
 }
 
 LogicalResult lowerVectorAttentionGrad(lm::AttentionGradOp op, Loops &L) {
@@ -319,12 +329,13 @@ LogicalResult lowerVectorAttentionGrad(lm::AttentionGradOp op, Loops &L) {
   Value relGrads = relative ? L.alloc(MemRefType::get({ShapedType::kDynamic, T, dh}, L.f32()),
                                       {b.create<arith::MulIOp>(loc, L.B, L.idx(2 * H))})
                             : Value();
-  GradOperands ops{dO, q, k, v, dq, dk, dv, queryLengths, L.B, relK, relV, relGrads};
+  Value maskRows = op.getMaskData() ? L.in(op.getMaskData()) : Value();
+  GradOperands ops{dO, q, k, v, dq, dk, dv, queryLengths, L.B, relK, relV, relGrads, maskRows};
   Value rows = b.create<memref::DimOp>(loc, q, 1), keys = b.create<memref::DimOp>(loc, k, 1);
-  runItems(L, {dO, q, k, v, L.lengths, queryLengths, relK, relV}, H, D, rows, keys,
+  runItems(L, {dO, q, k, v, L.lengths, queryLengths, relK, relV, maskRows}, H, D, rows, keys,
            {L.address(dO), L.address(q), L.address(k), L.address(v), L.address(dq), L.address(dk), L.address(dv),
             L.address(L.lengths), addressOrZero(L, queryLengths), addressOrZero(L, relK), addressOrZero(L, relV),
-            addressOrZero(L, relGrads)},
+            addressOrZero(L, relGrads), addressOrZero(L, maskRows), maskRowCount(L, maskRows)},
            [&] { return getOrCreateGradTask(op, L); },
            [&](Value begin, Value end) { emitVectorGradItems(op, L, ops, begin, end); });
   if (!relative)

@@ -32,12 +32,16 @@ inline SmallVector<int64_t> interleaveMask(bool high) {
   return mask;
 }
 
-/// The rows of one tile of R query rows and the keys they see (the last tile repeats its last row).
+/// The rows of one tile of R query rows of entry `entry` and the keys they see (the last tile repeats its last
+/// row).
 struct Tile {
+  Value entry;
   SmallVector<Value> row, pos, lo, hi; ///< per row: the row, its position, its key range [lo, hi)
   SmallVector<Value> valid;            ///< per row (backward only): whether the row is a real one, not a repeat
+  SmallVector<Value> ownKey;           ///< per row (directional mask): an S row's position (its key is unseen), else -1
   Value from, to, from16;              ///< the union of the rows' ranges, its start rounded down to 16
-  Value allLo, allHi;                  ///< every row of the tile sees [allLo, allHi) (but its own key if diagonal)
+  Value allLo, allHi; ///< every row of the tile sees [allLo, allHi) (but its own key if diagonal, its own and the
+                      ///< hidden keys if an S row)
 };
 
 /// The pieces both vector forms (lm.attention and its VJP lm.attention_grad) are built from, per (entry, head)
@@ -49,12 +53,13 @@ struct VectorKernel {
   Location loc;
   int64_t dh, chunks;
   lm::MaskKind mask;
+  Value maskRows; ///< the directional mask's rows [entries, N, 1 + W] (lm.mask_fill states them), else null
   VectorType vt, it;
   Value negInf, negInfV, zeroV, iota;
 
-  VectorKernel(Loops &L, int64_t dh, lm::MaskKind mask)
-      : L(L), b(L.b), loc(L.loc), dh(dh), chunks(dh / kLanes), mask(mask), vt(VectorType::get({kLanes}, L.f32())),
-        it(VectorType::get({kLanes}, L.b.getIndexType())) {
+  VectorKernel(Loops &L, int64_t dh, lm::MaskKind mask, Value maskRows = Value())
+      : L(L), b(L.b), loc(L.loc), dh(dh), chunks(dh / kLanes), mask(mask), maskRows(maskRows),
+        vt(VectorType::get({kLanes}, L.f32())), it(VectorType::get({kLanes}, L.b.getIndexType())) {
     negInf = L.f32c(-INFINITY), negInfV = bcast(negInf), zeroV = bcast(L.f32c(0));
     SmallVector<int64_t> lanes(kLanes);
     for (int64_t l = 0; l < kLanes; ++l)
@@ -253,18 +258,27 @@ struct VectorKernel {
   }
 
   /// Tile rows r0..r0+R (clamped to lastRow) of entry bi and their key ranges over keys [0, len): causal
-  /// [0, min(len, i + 1)), anticausal [i, len), else [0, len). With `rowLimit` (the backward) rows from rowLimit on
-  /// are repeats that see no key (an empty range at row 0's start, so that the union stays the real rows').
+  /// [0, min(len, i + 1)), anticausal [i, len), else [0, len); under the directional mask by the row's direction
+  /// (R as causal, L as anticausal, S [0, len) less its own and the hidden keys (storeScores), skip none: [i, i)).
+  /// With `rowLimit` (the backward) rows from rowLimit on are repeats that see no key (an empty range at row 0's
+  /// start, so that the union stays the real rows').
   Tile tileRows(Value bi, Value r0, int64_t R, Value lastRow, Value len, Value queryPositions, Value rowLimit) {
     Tile t;
+    t.entry = bi;
     for (int64_t r = 0; r < R; ++r) {
       Value at = add(r0, L.idx(r));
       t.row.push_back(b.create<arith::MinSIOp>(loc, at, lastRow));
       t.pos.push_back(queryPositions ? L.toIndex(L.load(queryPositions, bi)) : t.row[r]);
+      Value causalHi = b.create<arith::MinSIOp>(loc, len, add(t.pos[r], L.idx(1)));
       Value lo = mask == lm::MaskKind::anticausal ? t.pos[r] : L.idx(0);
-      Value hi = mask == lm::MaskKind::causal
-                     ? Value(b.create<arith::MinSIOp>(loc, len, add(t.pos[r], L.idx(1))))
-                     : len;
+      Value hi = mask == lm::MaskKind::causal ? causalHi : len;
+      if (mask == lm::MaskKind::directional) {
+        Value dir = L.load(maskRows, {bi, t.pos[r], L.idx(0)});
+        auto is = [&](int64_t code) { return L.cmp(arith::CmpIPredicate::eq, dir, L.i32c(code)); };
+        lo = L.select(L.orI(is(1), is(3)), t.pos[r], L.idx(0));
+        hi = L.select(is(0), causalHi, L.select(is(3), t.pos[r], len));
+        t.ownKey.push_back(L.select(is(2), t.pos[r], L.idx(-1)));
+      }
       if (rowLimit && r > 0) {
         Value valid = L.lt(at, rowLimit);
         t.valid.push_back(valid);
@@ -354,14 +368,30 @@ struct VectorKernel {
     L.when(tailHalf, [&] { block(fullEnd, half, 0); });
   }
 
-  /// S[r, jb..jb+16) = s[r], -inf in the lanes row r cannot see (outside its range, or its own key under the
-  /// diagonal mask), tested only when the block is not fully visible to every row of the tile.
+  /// S[r, jb..jb+16) = s[r], -inf in the lanes row r cannot see (outside its range, its own key under the
+  /// diagonal mask, an S row's own and hidden keys under the directional one), tested only when the block is not
+  /// fully visible to every row of the tile.
   void storeScores(Value S, Value jb, ArrayRef<Value> s, const Tile &t) {
     const int64_t R = s.size();
     Value jEnd = add(jb, L.idx(kLanes));
     Value full = L.andI(L.ge(jb, t.allLo), L.le(jEnd, t.allHi));
     if (mask == lm::MaskKind::diagonal) // rows' own keys pos[0]..pos[R-1] (contiguous) miss the block
       full = L.andI(full, L.orI(L.ge(t.pos[0], jEnd), L.lt(t.pos[R - 1], jb)));
+    // Directional: an S row's hidden-key bits of the block (bits jb mod 32.. of word 1 + jb / 32; 0 for other
+    // rows), and whether its own key is in the block.
+    SmallVector<Value> hidden;
+    if (mask == lm::MaskKind::directional) {
+      Value word = add(L.idx(1), b.create<arith::DivUIOp>(loc, jb, L.idx(32)));
+      Value shift = b.create<arith::IndexCastOp>(loc, L.i32(), b.create<arith::RemUIOp>(loc, jb, L.idx(32)));
+      for (int64_t r = 0; r < R; ++r) {
+        Value selective = L.ge(t.ownKey[r], L.idx(0));
+        Value bits = b.create<arith::AndIOp>(
+            loc, b.create<arith::ShRUIOp>(loc, L.load(maskRows, {t.entry, t.pos[r], word}), shift), L.i32c(0xFFFF));
+        hidden.push_back(L.select(selective, bits, L.i32c(0)));
+        Value ownOutside = L.orI(L.lt(t.ownKey[r], jb), L.ge(t.ownKey[r], jEnd));
+        full = L.andI(full, L.andI(L.eqI(hidden[r], L.i32c(0)), ownOutside));
+      }
+    }
     auto test = b.create<scf::IfOp>(loc, full, /*withElse=*/true);
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(test.thenBlock());
@@ -374,6 +404,17 @@ struct VectorKernel {
                              b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::slt, j, bcast(t.hi[r])));
       if (mask == lm::MaskKind::diagonal)
         visible = L.andI(visible, b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ne, j, bcast(t.pos[r])));
+      if (mask == lm::MaskKind::directional) {
+        auto i32v = VectorType::get({kLanes}, L.i32());
+        Value lanes = b.create<arith::IndexCastOp>(loc, i32v, iota);
+        Value bit = b.create<arith::AndIOp>(
+            loc, b.create<arith::ShRUIOp>(loc, b.create<vector::BroadcastOp>(loc, i32v, hidden[r]), lanes),
+            b.create<vector::BroadcastOp>(loc, i32v, L.i32c(1)));
+        Value shown = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, bit,
+                                              b.create<vector::BroadcastOp>(loc, i32v, L.i32c(0)));
+        visible = L.andI(L.andI(visible, shown),
+                         b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ne, j, bcast(t.ownKey[r])));
+      }
       store(L.select(visible, s[r], negInfV), S, ValueRange{L.idx(r), jb});
     }
   }
@@ -681,6 +722,12 @@ struct TaskFields {
     return memrefAt(b, loc, field(address), {entries}, {c64(1)},
                     MemRefType::get({ShapedType::kDynamic}, b.getI32Type()));
   }
+  /// The directional rows [entries, rows, width] i32 (rows from a field) at field `address`.
+  Value directionalRows(int64_t address, Value entries, Value rows, int64_t width) {
+    return memrefAt(b, loc, field(address), {entries, rows, c64(width)},
+                    {b.create<LLVM::MulOp>(loc, rows, c64(width)), c64(width), c64(1)},
+                    MemRefType::get({ShapedType::kDynamic, ShapedType::kDynamic, width}, b.getI32Type()));
+  }
   /// A row-major [rows, cols] f32 table (a relative-position table) at field `address`.
   Value table(int64_t address, int64_t rows, int64_t cols) {
     return memrefAt(b, loc, field(address), {c64(rows), c64(cols)}, {c64(cols), c64(1)},
@@ -707,6 +754,12 @@ void runItems(Loops &L, ArrayRef<Value> operands, int64_t heads, int64_t width, 
 
 /// The address of a buffer that may be absent (0 then).
 Value addressOrZero(Loops &L, Value m);
+
+/// The width 1 + W of an op's directional rows (its mask data), or 0 without them.
+int64_t maskRowsWidth(Value maskData);
+
+/// The row count N of directional rows [entries, N, 1 + W] as i64 (0 without them): a task field.
+Value maskRowCount(Loops &L, Value maskRows);
 
 /// Whether a call reading and writing `rowBuffers` [entries, rows, width] and `keyBuffers` [entries, keys, width]
 /// f32 operands streams them from beyond the private caches of the threads it runs on

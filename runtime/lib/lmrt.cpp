@@ -1140,10 +1140,17 @@ struct WorkspaceCache {
       std::free(block);
   }
 
-  ~WorkspaceCache() {
+  /// Gives every cached block back to the system; returns their bytes.
+  uint64_t release() {
+    const uint64_t bytes = cachedBytes;
     for (auto &entry : blocks)
       drop(entry.second);
+    blocks.clear();
+    cachedBytes = 0;
+    return bytes;
   }
+
+  ~WorkspaceCache() { release(); }
 };
 
 WorkspaceCache &workspaceCache() {
@@ -1161,6 +1168,7 @@ void *_mlir_memref_to_llvm_aligned_alloc(uint64_t alignment, uint64_t size) {
 }
 void _mlir_memref_to_llvm_free(void *ptr) { workspaceCache().put(ptr); }
 uint64_t lm_rt_workspace_system_allocations(void) { return workspaceCache().systemAllocations; }
+uint64_t lm_rt_workspace_release(void) { return workspaceCache().release(); }
 uint64_t lm_rt_workspace_peak_bytes(int reset) {
   const uint64_t peak = g_peakBytes.load(std::memory_order_relaxed);
   if (reset)

@@ -381,6 +381,9 @@ LM_API void *_mlir_memref_to_llvm_aligned_alloc(uint64_t alignment, uint64_t siz
 LM_API void _mlir_memref_to_llvm_free(void *ptr);
 /* How many blocks this thread's workspace cache has taken from the system so far (tests, benchmarks). */
 LM_API uint64_t lm_rt_workspace_system_allocations(void);
+/* Gives the calling thread's cached (freed) kernel temporaries back to the system; returns their bytes. The next
+ * call allocates them again. Blocks in use and other threads' caches are untouched. */
+LM_API uint64_t lm_rt_workspace_release(void);
 /* The most bytes of kernel temporaries in use at once (all threads) since the last reset; reset != 0 starts a
  * new measurement (tests, benchmarks, lmcc score --timing). */
 LM_API uint64_t lm_rt_workspace_peak_bytes(int reset);

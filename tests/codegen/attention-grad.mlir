@@ -1,6 +1,6 @@
 // RUN: lmcc-opt %s --lm-to-loops | FileCheck %s
-// lm-to-loops, Attention.cpp: lm.attention_grad with head size 16 (a multiple of 16, no directional rows, mask
-// none/causal/anticausal/diagonal; relative positions: attention-relative.mlir) is generated in the vector form,
+// lm-to-loops, AttentionGrad.cpp: lm.attention_grad with head size 16 (a multiple of 16; relative positions:
+// attention-relative.mlir, directional rows: attention-directional.mlir) is generated in the vector form,
 // in a task over (entry, head) items split by
 // lm_rt_parallel_for (called directly below 2^16 multiply-adds): per item keys and values transposed in 16 x 16
 // register blocks, then per tile of 8 query rows the probabilities recomputed, dP = dO v^T as the scores,
@@ -34,7 +34,7 @@ module @m attributes {lm.model = #lm.model<name = "m", vocab = 11, max_len = 9, 
 // the vector form: 2 heads x entries items, a task unless the call is small
 // CHECK: arith.muli %{{.*}}, %c2 : index
 // CHECK: arith.cmpi slt, %{{.*}}, %c65536
-// CHECK: memref.alloca() : memref<15xi64>
+// CHECK: memref.alloca() : memref<17xi64>
 // CHECK: constant @lm_attention_grad_task_causal_h2_d32_s0x3e800000
 // CHECK: func.call @lm_attention_grad_task_causal_h2_d32_s0x3e800000(
 // CHECK: func.call @lm_rt_parallel_for(

@@ -28,14 +28,15 @@ module @m attributes {lm.model = #lm.model<name = "m", vocab = 11, max_len = 9, 
 }
 
 // CHECK-LABEL: func.func @m_loss_grad_kernel(
-// forward: q, k, v, out, lengths, positions (0), rel_k, rel_v, then B, rows, keys
-// CHECK: memref.alloca() : memref<11xi64>
+// forward: q, k, v, out, lengths, positions (0), rel_k, rel_v, directional rows and their count (0, 0), then B,
+// rows, keys
+// CHECK: memref.alloca() : memref<13xi64>
 // CHECK: func.call @lm_attention_task_causal_h2_d32_s0x3e800000_rel2(
 // backward: the items' table gradients [2 B H, 5, 16], the task (dO, q, k, v, dq, dk, dv, lengths, query lengths,
-// rel_k, rel_v, the items' table gradients, B, rows, keys), then their sums in item order: per table row and
+// rel_k, rel_v, the items' table gradients, directional rows and their count, B, rows, keys), then their sums in item order: per table row and
 // 16 features, a loop over the items adding vectors
 // CHECK: memref.alloc(%{{.*}}) {alignment = 64 : i64} : memref<?x5x16xf32>
-// CHECK: memref.alloca() : memref<15xi64>
+// CHECK: memref.alloca() : memref<17xi64>
 // CHECK: func.call @lm_attention_grad_task_causal_h2_d32_s0x3e800000_rel2(
 // CHECK: memref.alloc() {alignment = 64 : i64} : memref<5x16xf32>
 // CHECK: scf.for

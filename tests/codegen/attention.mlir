@@ -11,7 +11,7 @@
 // vector form, causal: the items (entries x 2 heads) split over threads unless the call is small
 // CHECK: arith.muli %{{.*}}, %c2 : index
 // CHECK: arith.cmpi slt, %{{.*}}, %c65536
-// CHECK: memref.alloca() : memref<11xi64>
+// CHECK: memref.alloca() : memref<13xi64>
 // CHECK: constant @lm_attention_task_causal_h2_d32_s0x3e800000
 // CHECK: scf.if
 // CHECK: func.call @lm_attention_task_causal_h2_d32_s0x3e800000(

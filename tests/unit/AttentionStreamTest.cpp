@@ -4,6 +4,8 @@
 // bit-identical to the same entries computed one at a time (operands in cache: no prefetch, plain stores; the
 // backward with an empty entry and every output element written). An output argument that is not 64-byte aligned
 // takes plain stores and gives the same bits. Sharp scores take the softmax's exponential over its whole range.
+// Relative positions and the Diformer's directional rows (per-row directions and hidden keys) the same way, their
+// backwards also against the runtime's C++ kernel.
 #include "codegen/LmToLoops/Lowering.h"
 #include "runtime/lib/TrainKernels.h"
 #include "runtime/lib/lmrt.h"
@@ -35,12 +37,28 @@ using RelativeGradFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<3>
 using RelativeFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<1> *, MemRef<2> *, MemRef<2> *, MemRef<3> *);
 using GradFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<1> *, MemRef<3> *, MemRef<3> *,
                         MemRef<3> *);
+/// Directional kernels (rows after the lengths) without and with relative positions.
+using DirectionalFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<1> *, MemRef<3> *, MemRef<3> *);
+using DirectionalRelativeFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<1> *, MemRef<3> *, MemRef<2> *,
+                                       MemRef<2> *, MemRef<3> *);
+using DirectionalGradFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<1> *, MemRef<3> *,
+                                   MemRef<3> *, MemRef<3> *, MemRef<3> *);
+using DirectionalRelativeGradFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<1> *,
+                                           MemRef<3> *, MemRef<2> *, MemRef<2> *, MemRef<3> *, MemRef<3> *,
+                                           MemRef<3> *, MemRef<2> *, MemRef<2> *);
 
 constexpr int64_t kHeads = 8, kModel = 512, kRows = 37, kBatch = 64;
 /// Relative-position clips: rows near either end and rows far from both (5), no clamping within a length (40).
 constexpr int64_t kClips[] = {5, 40};
-/// Entries of the relative backward compared with the runtime's C++ kernel.
+/// Entries of the relative and directional backwards compared with the runtime's C++ kernel.
 constexpr int64_t kCompared = 12;
+/// Directional rows: direction, then words of hidden-key bits for kRows keys.
+constexpr int64_t kRowWords = 1 + (kRows + 31) / 32;
+/// The relative-position clip of the directional kernels' second set.
+constexpr int64_t kDirectionalClip = 5;
+/// Row patterns of the directional tests (DirectionalRows), and the entries of their backward compared with the
+/// runtime's C++ kernel: every pattern twice.
+constexpr int64_t kPatterns = 7, kDirectionalCompared = 2 * kPatterns;
 const std::pair<lm::MaskKind, const char *> kMasks[] = {{lm::MaskKind::none, "none"},
                                                         {lm::MaskKind::causal, "causal"},
                                                         {lm::MaskKind::anticausal, "anticausal"},
@@ -72,6 +90,47 @@ bool sees(lm::MaskKind mask, int64_t i, int64_t j) {
                                             : true;
 }
 
+/// The Diformer's directional rows [entries, kRows, kRowWords] (lm.mask_fill: direction 0 R j <= i, 1 L j >= i,
+/// 2 S j != i and bit j clear, 3 skip), made per entry by pattern b mod kPatterns:
+///   0 tiles of 8 rows alternating R (its last row skip) and L: a tile's keys start past every key the tiles
+///     before it saw (the backward's touched-keys prefix has a gap);
+///   1 S rows hiding a random third of the keys; 2 every direction at random, random bits on every row (only S
+///   rows' count); 3 l2r (all R); 4 r2l (all L); 5 S rows hiding every key but a few, some rows all of them (a
+///   row that sees no key gives zeros); 6 S rows hiding nothing (blocks with a row's own key alone tested).
+struct DirectionalRows {
+  std::vector<int32_t> data;
+  explicit DirectionalRows(int64_t entries, std::mt19937 &rng) : data(entries * kRows * kRowWords, 0) {
+    std::uniform_int_distribution<int> coin(0, 99);
+    for (int64_t b = 0; b < entries; ++b)
+      for (int64_t i = 0; i < kRows; ++i) {
+        int32_t *row = &data[(b * kRows + i) * kRowWords];
+        const int64_t pattern = b % kPatterns, tile = i / 8;
+        row[0] = pattern == 0   ? (tile % 2 ? 1 : i % 8 == 7 ? 3 : 0)
+                 : pattern == 2 ? coin(rng) % 4
+                 : pattern == 3 ? 0
+                 : pattern == 4 ? 1
+                                : 2;
+        const int hide = pattern == 1 ? 33 : pattern == 2 ? 50 : pattern == 5 ? (i % 5 == 0 ? 100 : 90) : 0;
+        for (int64_t j = 0; j < kRows; ++j)
+          if (coin(rng) < hide)
+            row[1 + j / 32] |= int32_t(1u << (j % 32));
+      }
+  }
+  bool visible(int64_t b, int64_t i, int64_t j) const {
+    const int32_t *row = &data[(b * kRows + i) * kRowWords];
+    switch (row[0]) {
+    case 0: return j <= i;
+    case 1: return j >= i;
+    case 2: return j != i && !((uint32_t(row[1 + j / 32]) >> (j % 32)) & 1);
+    default: return false;
+    }
+  }
+  MemRef<3> view(int64_t from, int64_t entries) {
+    float *p = reinterpret_cast<float *>(&data[from * kRows * kRowWords]);
+    return {p, p, 0, {entries, kRows, kRowWords}, {kRows * kRowWords, kRowWords, 1}};
+  }
+};
+
 /// Shaw relative position tables [2 clip + 1, dh] (key, value) of a test, or none (clip 0).
 struct Relative {
   int64_t clip = 0;
@@ -81,12 +140,15 @@ struct Relative {
 };
 
 /// out of entry b against a direct softmax(q (k + rel_k)^T / sqrt(dh)) (v + rel_v) in double over the keys the
-/// mask shows (every row, head and feature of the entry's length; no relative terms when rel.clip is 0);
-/// `lowest` (if given) lowered to the least score - row max seen.
+/// mask shows (every row, head and feature of the entry's length; no relative terms when rel.clip is 0; the
+/// directional mask's visibility from `rows`); `lowest` (if given) lowered to the least score - row max seen.
 void expectDirectSoftmax(lm::MaskKind mask, const char *name, int64_t b, const float *out, const float *q,
                          const float *k, const float *v, int64_t len, double *lowest = nullptr,
-                         const Relative &rel = {}) {
+                         const Relative &rel = {}, const DirectionalRows *rows = nullptr) {
   const int64_t entry = kRows * kModel, dh = kModel / kHeads;
+  auto sees = [&](lm::MaskKind mask, int64_t i, int64_t j) {
+    return rows ? rows->visible(b, i, j) : ::sees(mask, i, j);
+  };
   for (int64_t h = 0; h < kHeads; ++h)
     for (int64_t i = 0; i < len; ++i) {
       std::vector<double> p(len, 0);
@@ -122,7 +184,7 @@ protected:
   /// Which kernels a test calls: the plain forward and backward, or with relative positions at each of kClips
   /// the forward or the backward. Each set is a library of its own (compiling it is most of a test's time, and
   /// each test runs in its own process).
-  enum Kernels { Plain, RelativeForward, RelativeBackward };
+  enum Kernels { Plain, RelativeForward, RelativeBackward, Directional };
   static void build(Kernels kernels) {
     lmcc::test::KernelLibrary &into = libraries[kernels];
     if (into.handle)
@@ -140,7 +202,19 @@ protected:
         if (!module->lookupSymbol(fn.getSymName()))
           fn->moveBefore(module->getBody(), module->getBody()->end());
     };
+    if (kernels == Directional) {
+      const lm::MaskKind mask = lm::MaskKind::directional;
+      for (int64_t clip : {int64_t(0), kDirectionalClip}) {
+        const std::string suffix = clip ? "_rel" + std::to_string(clip) : "";
+        absorb(lmcc::codegen::buildAttentionModule(context, mask, kHeads, kModel, clip, kRowWords),
+               "attention_kernel", "attention_directional" + suffix);
+        absorb(lmcc::codegen::buildAttentionGradModule(context, mask, kHeads, kModel, clip, kRowWords),
+               "attention_grad_kernel", "attention_grad_directional" + suffix);
+      }
+    }
     for (auto [mask, name] : kMasks) {
+      if (kernels == Directional)
+        break;
       if (kernels == Plain) {
         absorb(lmcc::codegen::buildAttentionModule(context, mask, kHeads, kModel), "attention_kernel",
                std::string("attention_") + name);
@@ -158,7 +232,8 @@ protected:
                  "attention_grad_kernel", "attention_grad_rel" + suffix);
       }
     }
-    const char *names[] = {"attention-stream", "attention-stream-relative", "attention-stream-relative-grad"};
+    const char *names[] = {"attention-stream", "attention-stream-relative", "attention-stream-relative-grad",
+                           "attention-stream-directional"};
     ASSERT_NO_FATAL_FAILURE(into.build(*module, names[kernels]));
   }
   static void TearDownTestSuite() {
@@ -177,7 +252,7 @@ protected:
     for (int64_t b = 0; b < kBatch; ++b)
       lengths[b] = b == 0 || b == kBatch - 1 ? int32_t(kRows) : int32_t(1 + (b * 7) % kRows);
   }
-  static inline lmcc::test::KernelLibrary libraries[3];
+  static inline lmcc::test::KernelLibrary libraries[4];
   int32_t lengths[kBatch];
 };
 
@@ -189,6 +264,10 @@ protected:
 class AttentionStreamRelativeGradTest : public AttentionStreamTest {
 protected:
   Kernels kernels() const override { return RelativeBackward; }
+};
+class AttentionStreamDirectionalTest : public AttentionStreamTest {
+protected:
+  Kernels kernels() const override { return Directional; }
 };
 
 TEST_F(AttentionStreamTest, ForwardMatchesDirectSoftmaxAndCachedPathBitForBit) {
@@ -393,6 +472,126 @@ TEST_F(AttentionStreamRelativeGradTest, RelativeBackwardMatchesRuntimeKernel) {
           ASSERT_NEAR(mine[i][e], (*want[i])[e], 1e-5 * (1 + largest))
               << name << " clip " << clip << " " << what[i] << " element " << e;
       }
+    }
+  }
+}
+
+} // namespace
+
+namespace {
+
+// The Diformer's directional mask in the vector forward (per-row key ranges, S rows' own and hidden keys tested
+// lane by lane): every row of every entry against the direct softmax over the keys its direction and hidden set
+// show, without and with relative positions, the streaming path bit-identical to the cached one.
+TEST_F(AttentionStreamDirectionalTest, ForwardMatchesDirectSoftmax) {
+  const int64_t size = kBatch * kRows * kModel, entry = kRows * kModel, dh = kModel / kHeads;
+  std::mt19937 rng(8);
+  Buffer q = buffer(size, &rng), k = buffer(size, &rng), v = buffer(size, &rng);
+  DirectionalRows rows(kBatch, rng);
+  const int64_t T = 2 * kDirectionalClip + 1;
+  Buffer relK = buffer(T * dh, &rng), relV = buffer(T * dh, &rng);
+  MemRef<2> rkm = {relK.get(), relK.get(), 0, {T, dh}, {dh, 1}}, rvm = {relV.get(), relV.get(), 0, {T, dh}, {dh, 1}};
+  for (int64_t clip : {int64_t(0), kDirectionalClip}) {
+    auto plain = symbol<DirectionalFn>("attention_directional");
+    auto relative = symbol<DirectionalRelativeFn>("attention_directional_rel" + std::to_string(kDirectionalClip));
+    ASSERT_TRUE(plain && relative);
+    auto attention = [&](MemRef<3> *q, MemRef<3> *k, MemRef<3> *v, MemRef<1> *l, MemRef<3> *r, MemRef<3> *o) {
+      clip ? relative(q, k, v, l, r, &rkm, &rvm, o) : plain(q, k, v, l, r, o);
+    };
+    Buffer out = buffer(size, nullptr), one = buffer(entry, nullptr);
+    MemRef<3> qm = view(q.get(), kBatch), km = view(k.get(), kBatch), vm = view(v.get(), kBatch),
+              om = view(out.get(), kBatch), rm = rows.view(0, kBatch);
+    MemRef<1> lm = lengthsView(lengths, kBatch);
+    attention(&qm, &km, &vm, &lm, &rm, &om);
+    const Relative rel{clip, relK.get(), relV.get()};
+    for (int64_t b = 0; b < kBatch; ++b) {
+      MemRef<3> q1 = view(q.get() + b * entry, 1), k1 = view(k.get() + b * entry, 1),
+                v1 = view(v.get() + b * entry, 1), o1 = view(one.get(), 1), r1 = rows.view(b, 1);
+      MemRef<1> l1 = lengthsView(&lengths[b], 1);
+      attention(&q1, &k1, &v1, &l1, &r1, &o1);
+      ASSERT_EQ(0, std::memcmp(out.get() + b * entry, one.get(), entry * sizeof(float)))
+          << "clip " << clip << " entry " << b << ": the streaming path differs from the cached one";
+      ASSERT_NO_FATAL_FAILURE(expectDirectSoftmax(lm::MaskKind::directional, "directional", b, out.get(), q.get(),
+                                                  k.get(), v.get(), lengths[b], nullptr, rel, &rows))
+          << "clip " << clip << " pattern " << b % kPatterns;
+    }
+  }
+}
+
+// The directional backward (vector form): the same bits at 1 and 2 threads, every output element written (the
+// outputs start as NaN; an empty entry among them), and against the runtime's C++ kernel (lm_rt_attention_grad,
+// an independent implementation) on the first kDirectionalCompared entries, every row pattern twice (one entry
+// empty): dq, dk, dv and, with
+// relative positions, both tables' gradients. Pattern 0's tiles start past the keys the tiles before them saw.
+TEST_F(AttentionStreamDirectionalTest, BackwardMatchesRuntimeKernel) {
+  const int64_t size = kBatch * kRows * kModel, dh = kModel / kHeads;
+  std::mt19937 rng(9);
+  Buffer dO = buffer(size, &rng), q = buffer(size, &rng), k = buffer(size, &rng), v = buffer(size, &rng);
+  DirectionalRows rows(kBatch, rng);
+  lengths[kDirectionalCompared - 1] = 0;
+  const float scale = 1.0f / std::sqrt(float(dh));
+  const int64_t T = 2 * kDirectionalClip + 1;
+  Buffer relK = buffer(T * dh, &rng), relV = buffer(T * dh, &rng);
+  MemRef<2> rkm = {relK.get(), relK.get(), 0, {T, dh}, {dh, 1}}, rvm = {relV.get(), relV.get(), 0, {T, dh}, {dh, 1}};
+  for (int64_t clip : {int64_t(0), kDirectionalClip}) {
+    auto plain = symbol<DirectionalGradFn>("attention_grad_directional");
+    auto relative =
+        symbol<DirectionalRelativeGradFn>("attention_grad_directional_rel" + std::to_string(kDirectionalClip));
+    ASSERT_TRUE(plain && relative);
+    const int outputs = clip ? 5 : 3;
+    // dq, dk, dv (and the tables' gradients) of `entries` entries, from NaN.
+    auto run = [&](int64_t entries) {
+      const int64_t part = entries * kRows * kModel;
+      std::vector<Buffer> o;
+      for (int i = 0; i < outputs; ++i) {
+        const int64_t floats = i < 3 ? part : T * dh;
+        o.push_back(buffer(floats, nullptr));
+        std::fill(o.back().get(), o.back().get() + floats, NAN);
+      }
+      MemRef<3> dOm = view(dO.get(), entries), qm = view(q.get(), entries), km = view(k.get(), entries),
+                vm = view(v.get(), entries), dqm = view(o[0].get(), entries), dkm = view(o[1].get(), entries),
+                dvm = view(o[2].get(), entries), rm = rows.view(0, entries);
+      MemRef<1> lm = lengthsView(lengths, entries);
+      if (clip) {
+        MemRef<2> drk = {o[3].get(), o[3].get(), 0, {T, dh}, {dh, 1}},
+                  drv = {o[4].get(), o[4].get(), 0, {T, dh}, {dh, 1}};
+        relative(&dOm, &qm, &km, &vm, &lm, &rm, &rkm, &rvm, &dqm, &dkm, &dvm, &drk, &drv);
+      } else {
+        plain(&dOm, &qm, &km, &vm, &lm, &rm, &dqm, &dkm, &dvm);
+      }
+      return o;
+    };
+    std::vector<Buffer> byThreads[2];
+    for (int threads : {1, 2}) {
+      lm_set_num_threads(threads);
+      byThreads[threads - 1] = run(kBatch);
+    }
+    lm_set_num_threads(1);
+    for (int i = 0; i < outputs; ++i) {
+      const int64_t floats = i < 3 ? size : T * dh;
+      ASSERT_EQ(0, std::memcmp(byThreads[0][i].get(), byThreads[1][i].get(), floats * sizeof(float)))
+          << "clip " << clip << ": output " << i << " differs between 1 and 2 threads";
+      ASSERT_TRUE(std::none_of(byThreads[0][i].get(), byThreads[0][i].get() + floats,
+                               [](float x) { return std::isnan(x); }))
+          << "clip " << clip << ": output " << i << " has elements the kernel did not write";
+    }
+    std::vector<Buffer> mine = run(kDirectionalCompared);
+    const int64_t part = kDirectionalCompared * kRows * kModel;
+    std::vector<float> want[5] = {std::vector<float>(part), std::vector<float>(part), std::vector<float>(part),
+                                  std::vector<float>(T * dh), std::vector<float>(T * dh)};
+    lm_rt_attention_grad(dO.get(), q.get(), k.get(), v.get(), lengths, nullptr, rows.data.data(), kRowWords,
+                         clip ? relK.get() : nullptr, clip ? relV.get() : nullptr, clip, kDirectionalCompared, kRows,
+                         kRows, kModel, kHeads, LMRT_MASK_DIRECTIONAL, scale, want[0].data(), want[1].data(),
+                         want[2].data(), clip ? want[3].data() : nullptr, clip ? want[4].data() : nullptr);
+    const char *what[] = {"dq", "dk", "dv", "drel_k", "drel_v"};
+    for (int i = 0; i < outputs; ++i) {
+      double largest = 0;
+      for (float x : want[i])
+        largest = std::max(largest, double(std::fabs(x)));
+      for (size_t e = 0; e < want[i].size(); ++e)
+        ASSERT_NEAR(mine[i][e], want[i][e], 1e-5 * (1 + largest))
+            << "clip " << clip << " " << what[i] << " element " << e << " (entry " << e / (kRows * kModel)
+            << ", pattern " << e / (kRows * kModel) % kPatterns << ")";
     }
   }
 }

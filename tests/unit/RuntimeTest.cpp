@@ -1126,6 +1126,13 @@ TEST(WorkspaceCache, ReusesAndTrimsLargestFirst) {
   void *g = _mlir_memref_to_llvm_aligned_alloc(64, MB);
   EXPECT_EQ(allocations(), before + 2) << "only the largest cached block should have been handed back";
   for (void *p : {e, f, g})
-    _mlir_memref_to_llvm_free(p);
+    _mlir_memref_to_llvm_free(p); // cached: 5, 3 and 1 MB
+  // Released: the cached bytes come back to the system, and the same requests allocate again.
+  EXPECT_EQ(lm_rt_workspace_release(), 9 * MB);
+  EXPECT_EQ(lm_rt_workspace_release(), 0u);
+  before = allocations();
+  void *h = _mlir_memref_to_llvm_aligned_alloc(64, 3 * MB);
+  EXPECT_EQ(allocations(), before + 1);
+  _mlir_memref_to_llvm_free(h);
   lm_set_workspace_limit(previous);
 }
