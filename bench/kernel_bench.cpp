@@ -14,8 +14,10 @@
 //   - attention_rel/<mask>: the same with Shaw relative positions clipped at 16 (FLOPs counted as the plain one's),
 //   - attention_grad_rel/<mask>, attention_grad_rt_rel/<mask>: the backwards below with those relative positions,
 //   - attention_grad/<mask>: lm.attention_grad as compiled training runs it (its generated vector form), 1 thread,
-//   - attention_grad_rt/<mask>: the runtime's C++ backward (lm_rt_attention_grad, liblmrt: relative positions,
-//     directional masks and head sizes off the vector form), 1 thread.
+//   - attention_grad_rt/<mask>: the runtime's C++ backward (lm_rt_attention_grad, liblmrt: head sizes off the
+//     vector form), 1 thread.
+// Mask `directional` is the Diformer's: per-row directions and hidden keys drawn as its `directional` objective
+// draws them (DirectionalRows).
 // Counters: GFLOPs (GFLOP/s), GBs (GB/s) and peak_frac (of the 1-thread peak measured at
 // start-up). Run: build/bench/kernel_bench --benchmark_min_time=0.2
 //
@@ -64,8 +66,10 @@ const std::vector<Shape> kShapes = {
 const std::vector<std::pair<lm::MaskKind, const char *>> kMasks = {{lm::MaskKind::none, "none"},
                                                                    {lm::MaskKind::causal, "causal"},
                                                                    {lm::MaskKind::anticausal, "anticausal"},
-                                                                   {lm::MaskKind::diagonal, "diagonal"}};
+                                                                   {lm::MaskKind::diagonal, "diagonal"},
+                                                                   {lm::MaskKind::directional, "directional"}};
 constexpr int64_t kHeads = 8, kModel = 512;
+constexpr int64_t kRowWords = 1 + 128 / 32; ///< directional rows: direction, hidden-key bits for n <= 128
 constexpr int64_t kClip = 16; ///< Shaw relative positions of attention_rel (the diformer's clip)
 
 template <int R> struct MemRef {
@@ -83,6 +87,15 @@ using RelativeAttentionFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemR
                                      MemRef<3> *);
 using AttentionGradFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<1> *, MemRef<3> *,
                                 MemRef<3> *, MemRef<3> *);
+// The directional kernels: the rows [B, N, kRowWords] (i32, passed as a MemRef<3>) after the lengths.
+using DirectionalFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<1> *, MemRef<3> *, MemRef<3> *);
+using DirectionalRelativeFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<1> *, MemRef<3> *, MemRef<2> *,
+                                       MemRef<2> *, MemRef<3> *);
+using DirectionalGradFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<1> *, MemRef<3> *,
+                                   MemRef<3> *, MemRef<3> *, MemRef<3> *);
+using DirectionalRelativeGradFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<1> *,
+                                           MemRef<3> *, MemRef<2> *, MemRef<2> *, MemRef<3> *, MemRef<3> *,
+                                           MemRef<3> *, MemRef<2> *, MemRef<2> *);
 void *g_library = nullptr;
 // This host's vector width as lmcc sees it (codegen/Emit/Object.h) picks both the peak loops below and the
 // register tile lmcc compiles for it (5 x 64 with AVX-512, 6 x 16 with AVX2).
@@ -112,12 +125,14 @@ void buildLibrary() {
   };
   using lmcc::codegen::buildAttentionGradModule, lmcc::codegen::buildAttentionModule;
   for (auto [mask, name] : kMasks) {
-    absorb(buildAttentionModule(context, mask, kHeads, kModel), "attention_kernel", std::string("attention_") + name);
-    absorb(buildAttentionModule(context, mask, kHeads, kModel, kClip), "attention_kernel",
+    const int64_t words = mask == lm::MaskKind::directional ? kRowWords : 0;
+    absorb(buildAttentionModule(context, mask, kHeads, kModel, 0, words), "attention_kernel",
+           std::string("attention_") + name);
+    absorb(buildAttentionModule(context, mask, kHeads, kModel, kClip, words), "attention_kernel",
            std::string("attention_rel_") + name);
-    absorb(buildAttentionGradModule(context, mask, kHeads, kModel), "attention_grad_kernel",
+    absorb(buildAttentionGradModule(context, mask, kHeads, kModel, 0, words), "attention_grad_kernel",
            std::string("attention_grad_") + name);
-    absorb(buildAttentionGradModule(context, mask, kHeads, kModel, kClip), "attention_grad_kernel",
+    absorb(buildAttentionGradModule(context, mask, kHeads, kModel, kClip, words), "attention_grad_kernel",
            std::string("attention_grad_rel_") + name);
   }
   if (mlir::failed(lmcc::codegen::lowerToLLVMDialect(*module))) {
@@ -352,24 +367,73 @@ void BM_OpenBLAS(benchmark::State &state, Shape s) {
 }
 #endif
 
-/// Whether query i sees key j under `mask` (the spot checks' reference).
-bool sees(lm::MaskKind mask, int64_t i, int64_t j) {
-  return mask == lm::MaskKind::causal ? j <= i : mask == lm::MaskKind::anticausal ? j >= i
-         : mask == lm::MaskKind::diagonal ? j != i : true;
-}
-
-/// Query-key pairs lm.attention visits per head and sentence of length n under `mask`.
-double visiblePairs(lm::MaskKind mask, int64_t n) {
-  switch (mask) {
-  case lm::MaskKind::causal:
-  case lm::MaskKind::anticausal:
-    return double(n) * (n + 1) / 2;
-  case lm::MaskKind::diagonal:
-    return double(n) * (n - 1);
-  default:
-    return double(n) * n;
+/// A benchmark's mask over `batch` sentences of n tokens: a kind, and for the directional one the rows
+/// [batch, n, kRowWords] as the Diformer's `directional` objective draws them (runtime/reference/Diformer.h: row 0
+/// R, row n - 1 L, the others uniform over R, L, S; an S row hides c ~ U{0..n-3} of the other content positions).
+struct BenchMask {
+  lm::MaskKind kind;
+  int64_t n;
+  std::vector<int32_t> rows;
+  BenchMask(lm::MaskKind kind, int64_t batch, int64_t n) : kind(kind), n(n) {
+    if (kind != lm::MaskKind::directional)
+      return;
+    rows.assign(batch * n * kRowWords, 0);
+    std::mt19937 rng(11);
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t i = 0; i < n; ++i) {
+        int32_t *row = &rows[(b * n + i) * kRowWords];
+        row[0] = i == 0 ? 0 : i == n - 1 ? 1 : int32_t(rng() % 3);
+        if (row[0] != 2 || n < 3)
+          continue;
+        std::vector<int64_t> others;
+        for (int64_t j = 1; j < n - 1; ++j)
+          if (j != i)
+            others.push_back(j);
+        std::shuffle(others.begin(), others.end(), rng);
+        others.resize(rng() % (n - 2));
+        for (int64_t j : others)
+          row[1 + j / 32] |= int32_t(1u << (j % 32));
+      }
   }
-}
+  /// Whether query i of sentence b sees key j (the spot checks' reference).
+  bool sees(int64_t b, int64_t i, int64_t j) const {
+    switch (kind) {
+    case lm::MaskKind::causal: return j <= i;
+    case lm::MaskKind::anticausal: return j >= i;
+    case lm::MaskKind::diagonal: return j != i;
+    case lm::MaskKind::directional: {
+      const int32_t *row = &rows[(b * n + i) * kRowWords];
+      return row[0] == 0   ? j <= i
+             : row[0] == 1 ? j >= i
+             : row[0] == 2 ? j != i && !((uint32_t(row[1 + j / 32]) >> (j % 32)) & 1)
+                           : false;
+    }
+    default: return true;
+    }
+  }
+  /// Query-key pairs lm.attention visits per head over the batch.
+  double visiblePairs(int64_t batch) const {
+    switch (kind) {
+    case lm::MaskKind::causal:
+    case lm::MaskKind::anticausal: return double(batch) * n * (n + 1) / 2;
+    case lm::MaskKind::diagonal: return double(batch) * n * (n - 1);
+    case lm::MaskKind::directional: {
+      double pairs = 0;
+      for (int64_t b = 0; b < batch; ++b)
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t j = 0; j < n; ++j)
+            pairs += sees(b, i, j);
+      return pairs;
+    }
+    default: return double(batch) * n * n;
+    }
+  }
+  MemRef<3> view() {
+    float *p = reinterpret_cast<float *>(rows.data());
+    const int64_t batch = int64_t(rows.size()) / (n * kRowWords);
+    return {p, p, 0, {batch, n, kRowWords}, {n * kRowWords, kRowWords, 1}};
+  }
+};
 
 /// lm.attention over [batch, n, 512] queries/keys/values, 8 heads: 4 * d_model FLOPs per visible pair
 /// (q.k and p*v), the exponentials not counted. With `relative`, Shaw relative positions clipped at kClip
@@ -377,8 +441,13 @@ double visiblePairs(lm::MaskKind mask, int64_t n) {
 /// table rows, the per-row sums and the table's product) is overhead on the plain attention's FLOPs.
 void BM_Attention(benchmark::State &state, lm::MaskKind mask, std::string name, bool relative) {
   int64_t n = state.range(0), batch = state.range(1);
-  auto attention = relative ? nullptr : symbol<AttentionFn>("attention_" + name);
-  auto relativeAttention = relative ? symbol<RelativeAttentionFn>("attention_rel_" + name) : nullptr;
+  BenchMask visible(mask, batch, n);
+  const bool directional = mask == lm::MaskKind::directional;
+  MemRef<3> rows = directional ? visible.view() : MemRef<3>{};
+  auto attention = relative || directional ? nullptr : symbol<AttentionFn>("attention_" + name);
+  auto relativeAttention = relative && !directional ? symbol<RelativeAttentionFn>("attention_rel_" + name) : nullptr;
+  auto directionalAttention = !relative && directional ? symbol<DirectionalFn>("attention_" + name) : nullptr;
+  auto directionalRelative = relative && directional ? symbol<DirectionalRelativeFn>("attention_rel_" + name) : nullptr;
   const int64_t T = 2 * kClip + 1, dh = kModel / kHeads;
   std::vector<float> relK = randomVector(T * dh, 4), relV = randomVector(T * dh, 5);
   MemRef<2> relKm = view(relK.data(), T, dh), relVm = view(relV.data(), T, dh);
@@ -390,20 +459,25 @@ void BM_Attention(benchmark::State &state, lm::MaskKind mask, std::string name, 
   MemRef<3> qm = view3(qa.data), km = view3(ka.data), vm = view3(va.data), om = view3(out.data);
   MemRef<1> lm_ = {reinterpret_cast<float *>(lengths.data()), reinterpret_cast<float *>(lengths.data()), 0, {batch}, {1}};
   for (auto _ : state) {
-    if (relative)
+    if (directionalRelative)
+      directionalRelative(&qm, &km, &vm, &lm_, &rows, &relKm, &relVm, &om);
+    else if (directionalAttention)
+      directionalAttention(&qm, &km, &vm, &lm_, &rows, &om);
+    else if (relative)
       relativeAttention(&qm, &km, &vm, &lm_, &relKm, &relVm, &om);
     else
       attention(&qm, &km, &vm, &lm_, &om);
     benchmark::ClobberMemory();
   }
-  // Spot check: the last row of head 0 against a direct softmax(q (k + rel_k)^T / 8) (v + rel_v).
-  int64_t i = n - 1;
+  // Spot check: the last row (directional: the middle one; the last is L and sees itself alone) of head 0 against a
+  // direct softmax(q (k + rel_k)^T / 8) (v + rel_v).
+  int64_t i = directional ? n / 2 : n - 1;
   auto rel = [&](int64_t j) { return relative ? std::clamp<int64_t>(j - i, -kClip, kClip) + kClip : -1; };
   const float *qi = &q[((batch - 1) * n + i) * kModel];
   std::vector<double> p(n, -INFINITY);
   double mx = -INFINITY, sum = 0;
   for (int64_t j = 0; j < n; ++j) {
-    if (!sees(mask, i, j))
+    if (!visible.sees(batch - 1, i, j))
       continue;
     double d = 0;
     for (int64_t e = 0; e < dh; ++e)
@@ -421,7 +495,7 @@ void BM_Attention(benchmark::State &state, lm::MaskKind mask, std::string name, 
   ref = sum > 0 ? ref / sum : 0;
   if (std::abs(ref - out[((batch - 1) * n + i) * kModel]) > 1e-4 * (1 + std::abs(ref)))
     state.SkipWithError("generated attention differs from a direct softmax(q k^T) v");
-  double flops = 4.0 * kModel * visiblePairs(mask, n) * batch * state.iterations();
+  double flops = 4.0 * kModel * visible.visiblePairs(batch) * state.iterations();
   state.counters["GFLOPs"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsRate);
   state.counters["peak_frac"] = benchmark::Counter(flops / 1e9 / g_peak, benchmark::Counter::kIsRate);
 }
@@ -432,10 +506,14 @@ void BM_Attention(benchmark::State &state, lm::MaskKind mask, std::string name, 
 /// counted the same (as attention_rel).
 void BM_AttentionGrad(benchmark::State &state, lm::MaskKind mask, std::string name, bool generated, bool relative) {
   int64_t n = state.range(0), batch = state.range(1);
-  const int32_t kind = mask == lm::MaskKind::causal       ? LMRT_MASK_CAUSAL
-                       : mask == lm::MaskKind::anticausal ? LMRT_MASK_ANTICAUSAL
-                       : mask == lm::MaskKind::diagonal   ? LMRT_MASK_DIAGONAL
-                                                          : LMRT_MASK_NONE;
+  const int32_t kind = mask == lm::MaskKind::causal        ? LMRT_MASK_CAUSAL
+                       : mask == lm::MaskKind::anticausal  ? LMRT_MASK_ANTICAUSAL
+                       : mask == lm::MaskKind::diagonal    ? LMRT_MASK_DIAGONAL
+                       : mask == lm::MaskKind::directional ? LMRT_MASK_DIRECTIONAL
+                                                           : LMRT_MASK_NONE;
+  BenchMask visible(mask, batch, n);
+  const bool directional = mask == lm::MaskKind::directional;
+  MemRef<3> rows = directional ? visible.view() : MemRef<3>{};
   const int64_t size = batch * n * kModel;
   std::vector<float> q = randomVector(size, 1), k = randomVector(size, 2), v = randomVector(size, 3),
                      dO = randomVector(size, 4), zeros(size);
@@ -451,15 +529,25 @@ void BM_AttentionGrad(benchmark::State &state, lm::MaskKind mask, std::string na
   std::vector<float> relK = randomVector(T * dh, 5), relV = randomVector(T * dh, 6), dRelK(T * dh), dRelV(T * dh);
   MemRef<2> rkm = view(relK.data(), T, dh), rvm = view(relV.data(), T, dh), drkm = view(dRelK.data(), T, dh),
             drvm = view(dRelV.data(), T, dh);
-  auto kernel = generated && !relative ? symbol<AttentionGradFn>("attention_grad_" + name) : nullptr;
-  auto relativeKernel = generated && relative ? symbol<RelativeGradFn>("attention_grad_rel_" + name) : nullptr;
+  const bool plain = generated && !directional;
+  auto kernel = plain && !relative ? symbol<AttentionGradFn>("attention_grad_" + name) : nullptr;
+  auto relativeKernel = plain && relative ? symbol<RelativeGradFn>("attention_grad_rel_" + name) : nullptr;
+  auto directionalKernel =
+      generated && directional && !relative ? symbol<DirectionalGradFn>("attention_grad_" + name) : nullptr;
+  auto directionalRelative =
+      generated && directional && relative ? symbol<DirectionalRelativeGradFn>("attention_grad_rel_" + name) : nullptr;
   for (auto _ : state) {
     if (kernel)
       kernel(&dOm, &qm, &km, &vm, &lm_, &dqm, &dkm, &dvm);
     else if (relativeKernel)
       relativeKernel(&dOm, &qm, &km, &vm, &lm_, &rkm, &rvm, &dqm, &dkm, &dvm, &drkm, &drvm);
+    else if (directionalKernel)
+      directionalKernel(&dOm, &qm, &km, &vm, &lm_, &rows, &dqm, &dkm, &dvm);
+    else if (directionalRelative)
+      directionalRelative(&dOm, &qm, &km, &vm, &lm_, &rows, &rkm, &rvm, &dqm, &dkm, &dvm, &drkm, &drvm);
     else
-      lm_rt_attention_grad(dOa.data, qa.data, ka.data, va.data, lengths.data(), nullptr, nullptr, 0,
+      lm_rt_attention_grad(dOa.data, qa.data, ka.data, va.data, lengths.data(), nullptr,
+                           directional ? visible.rows.data() : nullptr, directional ? kRowWords : 0,
                            relative ? relK.data() : nullptr, relative ? relV.data() : nullptr, relative ? kClip : 0,
                            batch, n, n, kModel, kHeads, kind, scale, dq.data, dk.data, dv.data,
                            relative ? dRelK.data() : nullptr, relative ? dRelV.data() : nullptr);
@@ -469,7 +557,7 @@ void BM_AttentionGrad(benchmark::State &state, lm::MaskKind mask, std::string na
   const int64_t b = batch - 1, j = n - 1;
   double ref = 0;
   for (int64_t i = 0; i < n; ++i) {
-    auto seen = [&](int64_t jj) { return sees(mask, i, jj); };
+    auto seen = [&](int64_t jj) { return visible.sees(b, i, jj); };
     if (!seen(j))
       continue;
     std::vector<double> s(n, -INFINITY);
@@ -490,7 +578,7 @@ void BM_AttentionGrad(benchmark::State &state, lm::MaskKind mask, std::string na
   }
   if (std::abs(ref - dv[(b * n + j) * kModel]) > 1e-4 * (1 + std::abs(ref)))
     state.SkipWithError("the backward's dv differs from a direct sum_i p_ij dO_i");
-  double flops = 10.0 * kModel * visiblePairs(mask, n) * batch * state.iterations();
+  double flops = 10.0 * kModel * visible.visiblePairs(batch) * state.iterations();
   state.counters["GFLOPs"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsRate);
   state.counters["peak_frac"] = benchmark::Counter(flops / 1e9 / g_peak, benchmark::Counter::kIsRate);
 }

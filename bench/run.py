@@ -582,8 +582,9 @@ def write_report(ws, date, quick, limits, kernels, points, lmcc, peer, out_dir, 
         md.append("| " + " | ".join(row) + " |")
     md += ["", "## Attention kernels (8 heads, d 512, 1 thread)", "",
            "`forward`: lm.attention, generated; `backward`: lm.attention_grad, generated (its vector form, what "
-           "compiled training runs here); `backward (C++)`: the runtime's lm_rt_attention_grad (directional rows, head "
-           "sizes off multiples of 16). `+ relative`: with Shaw relative positions clipped at 16. FLOPs: 4 d "
+           "compiled training runs here); `backward (C++)`: the runtime's lm_rt_attention_grad (head sizes off "
+           "multiples of 16). `+ relative`: with Shaw relative positions clipped at 16. Mask `directional`: the "
+           "Diformer's per-row directions and hidden keys as its `directional` objective draws them. FLOPs: 4 d "
            "(forward) and 10 d (backward) per visible query-key pair, the relative terms' work not counted.", "",
            "| kernel | mask | n | batch | ms | GFLOP/s | of peak |", "|---|---|---|---|---|---|---|"]
     kinds = {"attention": "forward", "attention_grad": "backward", "attention_grad_rt": "backward (C++)",
