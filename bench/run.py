@@ -471,10 +471,19 @@ def command_line(flags):
     return " ".join(["bench/run.py"] + sys.argv[1:])
 
 
+def free_stem(out_dir, stem):
+    """`stem`, or the first of stem-b, stem-c, ... whose report is not in out_dir yet: a second run on one day
+    keeps the first's report and plots (they were overwritten once, 2026-11-28)."""
+    for suffix in [""] + ["-" + c for c in "bcdefghijklmnopqrstuvwxyz"]:
+        if not (out_dir / (stem + suffix + ".md")).exists():
+            return stem + suffix
+    raise SystemExit("bench: %s has reports %s through %s-z already" % (out_dir, stem, stem))
+
+
 def write_report(ws, date, quick, limits, kernels, points, lmcc, peer, out_dir, versions, wall, machine, only=None,
                  command=None):
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = date + ("-quick" if quick else "") + ("-only" if only else "")
+    stem = free_stem(out_dir, date + ("-quick" if quick else "") + ("-only" if only else ""))
     flags = flags_of(quick, only)
     md = ["# lmcc benchmarks, %s%s" % (date, " (%s)" % flags.strip() if flags else ""), "",
           "Command: `%s` (%.0f s wall). %s" % (command or command_line(flags), wall, versions), "",
