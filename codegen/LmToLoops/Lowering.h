@@ -278,8 +278,8 @@ private:
 /// The canonical weight names behind a GEMM weight operand (an lm.weight, or an lm.concat of them), or none.
 std::vector<std::string> weightNames(mlir::Value weight);
 
-/// Whether lm.attention_grad has the vector form (AttentionGrad.cpp): the forward's (no per-row mask data, head
-/// size a multiple of 16) with a mask of none, causal, anticausal or diagonal.
+/// Whether lm.attention_grad has the vector form (AttentionGrad.cpp): the forward's (head size a multiple of 16),
+/// any mask kind but explicit (directional rows included).
 bool hasVectorAttentionGrad(lm::AttentionGradOp op);
 /// lm.attention_grad in the vector form (generated, register-tiled; split over threads by (entry, head) items).
 mlir::LogicalResult lowerVectorAttentionGrad(lm::AttentionGradOp op, Loops &L);
