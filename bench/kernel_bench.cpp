@@ -24,6 +24,7 @@
 //===----------------------------------------------------------------------===//
 #include "codegen/Emit/Object.h"
 #include "codegen/LmToLoops/Gemm.h"
+#include "codegen/LmToLoops/KernelAbi.h"
 #include "codegen/LmToLoops/Lowering.h"
 #include "runtime/lib/TrainKernels.h"
 #include "runtime/lib/lmrt.h"
@@ -72,30 +73,7 @@ constexpr int64_t kHeads = 8, kModel = 512;
 constexpr int64_t kRowWords = 1 + 128 / 32; ///< directional rows: direction, hidden-key bits for n <= 128
 constexpr int64_t kClip = 16; ///< Shaw relative positions of attention_rel (the diformer's clip)
 
-template <int R> struct MemRef {
-  float *allocated, *aligned;
-  int64_t offset, sizes[R], strides[R];
-};
-MemRef<2> view(float *p, int64_t rows, int64_t cols) { return {p, p, 0, {rows, cols}, {cols, 1}}; }
-
-using PackFn = void (*)(MemRef<2> *, MemRef<2> *);
-using GemmFn = void (*)(MemRef<2> *, MemRef<2> *, MemRef<2> *);
-using AttentionFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<1> *, MemRef<3> *);
-using RelativeGradFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<1> *, MemRef<2> *,
-                                MemRef<2> *, MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<2> *, MemRef<2> *);
-using RelativeAttentionFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<1> *, MemRef<2> *, MemRef<2> *,
-                                     MemRef<3> *);
-using AttentionGradFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<1> *, MemRef<3> *,
-                                MemRef<3> *, MemRef<3> *);
-// The directional kernels: the rows [B, N, kRowWords] (i32, passed as a MemRef<3>) after the lengths.
-using DirectionalFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<1> *, MemRef<3> *, MemRef<3> *);
-using DirectionalRelativeFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<1> *, MemRef<3> *, MemRef<2> *,
-                                       MemRef<2> *, MemRef<3> *);
-using DirectionalGradFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<1> *, MemRef<3> *,
-                                   MemRef<3> *, MemRef<3> *, MemRef<3> *);
-using DirectionalRelativeGradFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<1> *,
-                                           MemRef<3> *, MemRef<2> *, MemRef<2> *, MemRef<3> *, MemRef<3> *,
-                                           MemRef<3> *, MemRef<2> *, MemRef<2> *);
+using namespace lmcc::codegen::abi;
 void *g_library = nullptr;
 // This host's vector width as lmcc sees it (codegen/Emit/Object.h) picks both the peak loops below and the
 // register tile lmcc compiles for it (5 x 64 with AVX-512, 6 x 16 with AVX2).

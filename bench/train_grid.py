@@ -178,12 +178,9 @@ def main(argv):
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
     # A second run on one day keeps the first's report: <date>-train-b.md and so on.
+    from run import free_stem  # bench/run.py, beside this script
     out = Path(a.out)
-    for suffix in ["-" + c for c in "bcdefghijklmnopqrstuvwxyz"]:
-        if not out.exists():
-            break
-        out = Path(a.out).with_name(Path(a.out).stem + suffix + ".md")
-    a.out = str(out)
+    a.out = str(out.with_name(free_stem(out.parent, out.stem) + out.suffix))
     raw_path = Path(a.out).with_suffix(".jsonl")
     raw_path.write_text("")
     import torch  # the peer's version, for the report

@@ -269,7 +269,8 @@ struct VectorKernel {
       Value at = add(r0, L.idx(r));
       t.row.push_back(b.create<arith::MinSIOp>(loc, at, lastRow));
       t.pos.push_back(queryPositions ? L.toIndex(L.load(queryPositions, bi)) : t.row[r]);
-      Value causalHi = b.create<arith::MinSIOp>(loc, len, add(t.pos[r], L.idx(1)));
+      const bool endsAtRow = mask == lm::MaskKind::causal || mask == lm::MaskKind::directional; // R rows: [0, i]
+      Value causalHi = endsAtRow ? Value(b.create<arith::MinSIOp>(loc, len, add(t.pos[r], L.idx(1)))) : Value();
       Value lo = mask == lm::MaskKind::anticausal ? t.pos[r] : L.idx(0);
       Value hi = mask == lm::MaskKind::causal ? causalHi : len;
       if (mask == lm::MaskKind::directional) {

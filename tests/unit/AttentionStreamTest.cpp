@@ -6,6 +6,7 @@
 // takes plain stores and gives the same bits. Sharp scores take the softmax's exponential over its whole range.
 // Relative positions and the Diformer's directional rows (per-row directions and hidden keys) the same way, their
 // backwards also against the runtime's C++ kernel.
+#include "codegen/LmToLoops/KernelAbi.h"
 #include "codegen/LmToLoops/Lowering.h"
 #include "runtime/lib/TrainKernels.h"
 #include "runtime/lib/lmrt.h"
@@ -27,25 +28,7 @@ namespace {
 
 namespace lm = lmcc::lm;
 
-template <int R> struct MemRef {
-  float *allocated, *aligned;
-  int64_t offset, sizes[R], strides[R];
-};
-using AttentionFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<1> *, MemRef<3> *);
-using RelativeGradFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<1> *, MemRef<2> *,
-                                MemRef<2> *, MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<2> *, MemRef<2> *);
-using RelativeFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<1> *, MemRef<2> *, MemRef<2> *, MemRef<3> *);
-using GradFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<1> *, MemRef<3> *, MemRef<3> *,
-                        MemRef<3> *);
-/// Directional kernels (rows after the lengths) without and with relative positions.
-using DirectionalFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<1> *, MemRef<3> *, MemRef<3> *);
-using DirectionalRelativeFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<1> *, MemRef<3> *, MemRef<2> *,
-                                       MemRef<2> *, MemRef<3> *);
-using DirectionalGradFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<1> *, MemRef<3> *,
-                                   MemRef<3> *, MemRef<3> *, MemRef<3> *);
-using DirectionalRelativeGradFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<1> *,
-                                           MemRef<3> *, MemRef<2> *, MemRef<2> *, MemRef<3> *, MemRef<3> *,
-                                           MemRef<3> *, MemRef<2> *, MemRef<2> *);
+using namespace lmcc::codegen::abi;
 
 constexpr int64_t kHeads = 8, kModel = 512, kRows = 37, kBatch = 64;
 /// Relative-position clips: rows near either end and rows far from both (5), no clamping within a length (40).
@@ -312,7 +295,7 @@ TEST_F(AttentionStreamRelativeTest, RelativePositionsMatchDirectSoftmax) {
     MemRef<2> rkm = {relK.get(), relK.get(), 0, {T, dh}, {dh, 1}}, rvm = {relV.get(), relV.get(), 0, {T, dh}, {dh, 1}};
     const Relative rel{clip, relK.get(), relV.get()};
     for (auto [mask, name] : kMasks) {
-      auto attention = symbol<RelativeFn>("attention_rel" + std::to_string(clip) + "_" + name);
+      auto attention = symbol<RelativeAttentionFn>("attention_rel" + std::to_string(clip) + "_" + name);
       ASSERT_TRUE(attention) << name;
       Buffer out = buffer(size, nullptr), one = buffer(entry, nullptr);
       MemRef<3> qm = view(q.get(), kBatch), km = view(k.get(), kBatch), vm = view(v.get(), kBatch),
@@ -377,7 +360,7 @@ TEST_F(AttentionStreamTest, BackwardMatchesCachedPathBitForBit) {
     return p;
   };
   for (auto [mask, name] : kMasks) {
-    auto grad = symbol<GradFn>(std::string("attention_grad_") + name);
+    auto grad = symbol<AttentionGradFn>(std::string("attention_grad_") + name);
     ASSERT_TRUE(grad) << name;
     Buffer dq = filled(size, NAN), dk = filled(size, NAN), dv = filled(size, NAN);
     Buffer dq1 = filled(entry, -1), dk1 = filled(entry, -1), dv1 = filled(entry, -1);

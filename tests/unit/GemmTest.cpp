@@ -2,6 +2,7 @@
 // panel, every M from 1 to 70, weights packed once, in both register tiles (bit-identical to each other).
 #include "codegen/Emit/Object.h"
 #include "codegen/LmToLoops/Gemm.h"
+#include "codegen/LmToLoops/KernelAbi.h"
 #include "tests/unit/Bf16.h"
 #include "tests/unit/KernelLibrary.h"
 
@@ -19,13 +20,7 @@
 
 namespace {
 
-template <int R> struct MemRef {
-  float *allocated, *aligned;
-  int64_t offset, sizes[R], strides[R];
-};
-MemRef<2> view(float *p, int64_t rows, int64_t cols) { return {p, p, 0, {rows, cols}, {cols, 1}}; }
-using PackFn = void (*)(MemRef<2> *, MemRef<2> *);
-using GemmFn = void (*)(MemRef<2> *, MemRef<2> *, MemRef<2> *);
+using namespace lmcc::codegen::abi;
 
 // (N, K): the panel edge cases and the shapes of the tiny test models. Odd shapes, then every (N, K) of the bundled
 // models (T-TA/biLM/uniLM paper size: projections, stacked K/V, FFN, vocabulary; BERT-base). Shapes packing to more
