@@ -3,12 +3,12 @@
 // The weights of every linear layer are constants: the runtime packs them once at load time into panels of 64 output
 // features, zero-padded, each panel stored as contiguous K x c slices of the tile's width c, so the kernel streams B
 // sequentially and never re-packs. The microkernel keeps a tile of C in vector registers across a chunk of the K loop
-// (scf.for iter_args), sized to the target: on AVX-512, 12 x 32 in 24 vector<16xf32>, 2 loads of B and 12 broadcasts
-// of A per k step for 24 FMAs; on AVX2, 6 x 16 in 12 vector<8xf32>, 2 loads and 6 broadcasts for 12 FMAs (the classic
-// 16-register tile). Rows come in blocks that keep A in L2; depths over 128 are cut into chunks whose slice of B stays
-// in L1 across the block's tiles; a block is cut into tiles of balanced heights; the last partial panel is written
-// with masked stores. Every output element is one FMA chain over k in order, whatever the tile, block or chunk, so
-// the choice never changes a result. DESIGN.md records the recipe.
+// (scf.for iter_args), sized to the target: on AVX-512, 12 x 32 in 24 vector<16xf32>, 2 loads of B and 12 broadcasts of
+// A per k step for 24 FMAs; on AVX2, 6 x 16 in 12 vector<8xf32>, 2 loads and 6 broadcasts for 12 FMAs (the classic
+// 16-register tile). Rows come in blocks that keep A in L2; depths over 512 are cut into chunks of 128 whose slice of B
+// stays in L1 across the block's tiles; a block is cut into tiles of balanced heights; the last partial panel is
+// written with masked stores. Every output element is one FMA chain over k in order, whatever the tile, block or chunk,
+// so the choice never changes a result. DESIGN.md records the recipe.
 //
 //===----------------------------------------------------------------------===//
 #include "codegen/LmToLoops/Gemm.h"
@@ -154,7 +154,7 @@ static void emitGemmBody(OpBuilder &b, Location loc, const GemmBody &op, GemmTil
   // slice (kChunk x W floats, 16 KB at W = 32) stays in L1 while the block's tiles pass over it, the tiles' partial
   // sums waiting in `partial` between chunks (exact: each element is still one FMA chain over k in order). Without
   // chunks a tile streamed the whole K x W slice from L2, and K >= 2048 ran at 28-53% of peak on a core with two FMA
-  // ports (80-83% with them); a slice of depth 512 or less streams fast enough (the 16384-row FFN of K 512 ran 20%
+  // ports (80-83% with chunks); a slice of depth 512 or less streams fast enough (the 16384-row FFN of K 512 ran 20%
   // faster unchunked). The rows of a block (about kBlockBytes of A, all of K) stay in L2 across the slices; a larger
   // block streams the weight from memory fewer times (bench/results/2026-11-28-chunks.md).
   constexpr int64_t kChunk = 128, kMaxUnchunked = 512, kBlockBytes = 512 << 10, kMaxBlockRows = 256;
@@ -179,7 +179,8 @@ static void emitGemmBody(OpBuilder &b, Location loc, const GemmBody &op, GemmTil
   Value A2 = dot ? Value(b.create<memref::AllocaOp>(
                        loc, MemRefType::get({staticBlockRows, packedDepth(k, bf16)}, f32)))
                  : Value();
-  Value partial = chunked ? Value(b.create<memref::AllocaOp>(loc, MemRefType::get({staticBlockRows, W}, f32))) : Value();
+  Value partial =
+      chunked ? Value(b.create<memref::AllocaOp>(loc, MemRefType::get({staticBlockRows, W}, f32))) : Value();
   auto bf16Vec = VectorType::get({2 * L}, b.getBF16Type());
   auto i32Vec = VectorType::get({L}, b.getI32Type());
   Value highHalf = b.create<arith::ConstantOp>(loc, i32Vec, DenseElementsAttr::get(i32Vec, int32_t(0xffff0000u)));
