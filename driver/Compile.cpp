@@ -336,7 +336,11 @@ std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options,
                                 // liblmrt by path (its SONAME goes into DT_NEEDED), no -L into the build directory:
                                 // -lm must find the system's libm even when the model is named m.
                                 " -lm -Wl,-soname," + quote((absOut / lib).string()) +
-                                " '-Wl,-rpath,$ORIGIN' -Wl,--no-undefined",
+                                " '-Wl,-rpath,$ORIGIN' -Wl,--no-undefined"
+                                // The library's calls to its own kernels (fold_0, lm_gemm_*, ...: the same names in
+                                // every model library) bind inside it: without this, two models in one process ran
+                                // the first-loaded library's constant folds and kernels (tests/cli/compile.test).
+                                " -Wl,-Bsymbolic",
                             log);
       !err.empty())
     return err;
