@@ -76,7 +76,7 @@ constexpr int64_t kClip = 16; ///< Shaw relative positions of attention_rel (the
 using namespace lmcc::codegen::abi;
 void *g_library = nullptr;
 // This host's vector width as lmcc sees it (codegen/Emit/Object.h) picks both the peak loops below and the
-// register tile lmcc compiles for it (5 x 64 with AVX-512, 6 x 16 with AVX2).
+// register tile lmcc compiles for it (12 x 32 with AVX-512, 6 x 16 with AVX2).
 const bool g_avx512 = lmcc::codegen::targetVectorBits("") >= 512;
 const lmcc::codegen::GemmTile g_tile = lmcc::codegen::GemmTile::forVectorBits(g_avx512 ? 512 : 256);
 

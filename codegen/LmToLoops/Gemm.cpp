@@ -2,12 +2,13 @@
 //
 // The weights of every linear layer are constants: the runtime packs them once at load time into panels of 64 output
 // features, zero-padded, each panel stored as contiguous K x c slices of the tile's width c, so the kernel streams B
-// sequentially and never re-packs. The microkernel keeps a tile of C in vector registers across the whole K loop
-// (scf.for iter_args), sized to the target: on AVX-512, 5 x 64 in 20 vector<16xf32>, 4 loads of B and 5 broadcasts
-// of A per k step for 20 FMAs; on AVX2, 6 x 16 in 12 vector<8xf32>, 2 loads and 6 broadcasts for 12 FMAs (the classic
-// 16-register tile). Rows come in blocks that keep A in L2; a block is cut into tiles of balanced heights; the last
-// partial panel is written with masked stores. Every output element is one FMA chain over k in order, whatever the
-// tile or block, so the choice never changes a result. DESIGN.md records the recipe.
+// sequentially and never re-packs. The microkernel keeps a tile of C in vector registers across a chunk of the K loop
+// (scf.for iter_args), sized to the target: on AVX-512, 12 x 32 in 24 vector<16xf32>, 2 loads of B and 12 broadcasts of
+// A per k step for 24 FMAs; on AVX2, 6 x 16 in 12 vector<8xf32>, 2 loads and 6 broadcasts for 12 FMAs (the classic
+// 16-register tile). Rows come in blocks that keep A in L2; depths over 512 are cut into chunks of 128 whose slice of B
+// stays in L1 across the block's tiles; a block is cut into tiles of balanced heights; the last partial panel is
+// written with masked stores. Every output element is one FMA chain over k in order, whatever the tile, block or chunk,
+// so the choice never changes a result. DESIGN.md records the recipe.
 //
 //===----------------------------------------------------------------------===//
 #include "codegen/LmToLoops/Gemm.h"
@@ -149,17 +150,37 @@ static void emitGemmBody(OpBuilder &b, Location loc, const GemmBody &op, GemmTil
   assert((!dot || L == 16) && "bf16 dot products take 16 f32 lanes");
   Value lastFloat = b.create<arith::SubIOp>(
       loc, b.create<arith::MulIOp>(loc, b.create<memref::DimOp>(loc, P, 0), cidx(kPanel)), cidx(1));
+  // Depth chunks: a depth over kMaxUnchunked packed rows is cut into chunks of kChunk, so that a chunk of a column
+  // slice (kChunk x W floats, 16 KB at W = 32) stays in L1 while the block's tiles pass over it, the tiles' partial
+  // sums waiting in `partial` between chunks (exact: each element is still one FMA chain over k in order). Without
+  // chunks a tile streamed the whole K x W slice from L2, and K >= 2048 ran at 28-53% of peak on a core with two FMA
+  // ports (80-83% with chunks); a slice of depth 512 or less streams fast enough (the 16384-row FFN of K 512 ran 20%
+  // faster unchunked). The rows of a block (about kBlockBytes of A, all of K) stay in L2 across the slices; a larger
+  // block streams the weight from memory fewer times (bench/results/2026-11-28-chunks.md).
+  constexpr int64_t kChunk = 128, kMaxUnchunked = 512, kBlockBytes = 512 << 10, kMaxBlockRows = 256;
+  const bool chunked = dynamicK || packedDepth(k, bf16) > kMaxUnchunked;
+  // The bf16 dot kernel keeps its block of A as pairs on the stack: 128 KB of A (a 64 KB buffer) there.
+  const int64_t blockBytes = chunked && !dot ? kBlockBytes : 128 << 10, maxRows = std::max(R, kMaxBlockRows / R * R);
   // Bf16Dot: the block's rows of A as bf16 pairs (the activations rounded like the weights), [block row, pair].
-  const int64_t staticBlockRows = dynamicK ? 0 : std::max(R, (int64_t(128) << 10) / (4 * k) / R * R);
-  Value blockRows = dynamicK ? b.create<arith::MaxSIOp>(
-                                   loc, cidx(R),
-                                   b.create<arith::MulIOp>(
-                                       loc, b.create<arith::DivUIOp>(loc, b.create<arith::DivUIOp>(loc, cidx(32 << 10), b.create<arith::MaxSIOp>(loc, depth, cidx(1))), cidx(R)),
-                                       cidx(R)))
+  const int64_t staticBlockRows = dynamicK ? maxRows : std::clamp(blockBytes / (4 * k) / R * R, R, maxRows);
+  Value blockRows = dynamicK ? b.create<arith::MinSIOp>(
+                                   loc, cidx(maxRows),
+                                   b.create<arith::MaxSIOp>(
+                                       loc, cidx(R),
+                                       b.create<arith::MulIOp>(
+                                           loc,
+                                           b.create<arith::DivUIOp>(
+                                               loc,
+                                               b.create<arith::DivUIOp>(loc, cidx(blockBytes / 4),
+                                                                        b.create<arith::MaxSIOp>(loc, depth, cidx(1))),
+                                               cidx(R)),
+                                           cidx(R))))
                              : cidx(staticBlockRows);
   Value A2 = dot ? Value(b.create<memref::AllocaOp>(
                        loc, MemRefType::get({staticBlockRows, packedDepth(k, bf16)}, f32)))
                  : Value();
+  Value partial =
+      chunked ? Value(b.create<memref::AllocaOp>(loc, MemRefType::get({staticBlockRows, W}, f32))) : Value();
   auto bf16Vec = VectorType::get({2 * L}, b.getBF16Type());
   auto i32Vec = VectorType::get({L}, b.getI32Type());
   Value highHalf = b.create<arith::ConstantOp>(loc, i32Vec, DenseElementsAttr::get(i32Vec, int32_t(0xffff0000u)));
@@ -167,10 +188,25 @@ static void emitGemmBody(OpBuilder &b, Location loc, const GemmBody &op, GemmTil
   // One r x W tile at rows [m0, m0 + r) (row m0 - mb of the block) of the column slice starting at `slice` (panel p,
   // group g). `aheads` are lines of the next slice, prefetched at the same k (the second only when `fewTiles`).
   auto tileAt = [&](int64_t r, Value m0, Value mb, Value p, Value g, Value slice, ArrayRef<Value> aheads,
-                    Value fewTiles) {
-    SmallVector<Value> init(r * V, zeroVec);
+                    Value fewTiles, Value kBegin, Value kEnd, Value firstChunk, Value lastChunk) {
     Value g0 = b.create<arith::MulIOp>(loc, g, cidx(W));
-    auto loop = b.create<scf::ForOp>(loc, cidx(0), depth, cidx(1), init);
+    Value blockRow = b.create<arith::SubIOp>(loc, m0, mb);
+    SmallVector<Value> init(r * V, zeroVec);
+    if (chunked) { // the first chunk starts from zero, the others from the partial sums the previous one left
+      auto start = b.create<scf::IfOp>(loc, TypeRange(SmallVector<Type>(r * V, vec)), firstChunk, true);
+      OpBuilder::InsertionGuard guard(b);
+      b.setInsertionPointToStart(start.thenBlock());
+      b.create<scf::YieldOp>(loc, init);
+      b.setInsertionPointToStart(start.elseBlock());
+      SmallVector<Value> loaded;
+      for (int64_t i = 0; i < r; ++i)
+        for (int64_t j = 0; j < V; ++j)
+          loaded.push_back(b.create<vector::LoadOp>(
+              loc, vec, partial, ValueRange{b.create<arith::AddIOp>(loc, blockRow, cidx(i)), cidx(L * j)}));
+      b.create<scf::YieldOp>(loc, loaded);
+      init.assign(start.getResults().begin(), start.getResults().end());
+    }
+    auto loop = b.create<scf::ForOp>(loc, kBegin, kEnd, cidx(1), init);
     {
       OpBuilder::InsertionGuard guard(b);
       b.setInsertionPointToStart(loop.getBody());
@@ -213,9 +249,8 @@ static void emitGemmBody(OpBuilder &b, Location loc, const GemmBody &op, GemmTil
         // acc += A2[row, kv].lo * B[2kv] + A2[row, kv].hi * B[2kv + 1] per lane: one vdpbf16ps.
         for (int64_t j = 0; j < V; ++j)
           bv[j] = b.create<vector::BitCastOp>(loc, bf16Vec, bv[j]);
-        Value first = b.create<arith::SubIOp>(loc, m0, mb);
         for (int64_t i = 0; i < r; ++i) {
-          Value a = b.create<memref::LoadOp>(loc, A2, ValueRange{b.create<arith::AddIOp>(loc, first, cidx(i)), kv});
+          Value a = b.create<memref::LoadOp>(loc, A2, ValueRange{b.create<arith::AddIOp>(loc, blockRow, cidx(i)), kv});
           Value av = b.create<vector::BitCastOp>(loc, bf16Vec, b.create<vector::BroadcastOp>(loc, vec, a));
           for (int64_t j = 0; j < V; ++j)
             next.push_back(b.create<LLVM::CallIntrinsicOp>(
@@ -244,6 +279,16 @@ static void emitGemmBody(OpBuilder &b, Location loc, const GemmBody &op, GemmTil
         }
       }
       b.create<scf::YieldOp>(loc, next);
+    }
+    OpBuilder::InsertionGuard guard(b);
+    if (chunked) { // all but the last chunk leave their sums in `partial`
+      auto last = b.create<scf::IfOp>(loc, lastChunk, /*withElse=*/true);
+      b.setInsertionPointToStart(last.elseBlock());
+      for (int64_t i = 0; i < r; ++i)
+        for (int64_t j = 0; j < V; ++j)
+          b.create<vector::StoreOp>(loc, loop.getResult(i * V + j), partial,
+                                    ValueRange{b.create<arith::AddIOp>(loc, blockRow, cidx(i)), cidx(L * j)});
+      b.setInsertionPointToStart(last.thenBlock());
     }
     Value colW = b.create<arith::AddIOp>(loc, b.create<arith::MulIOp>(loc, p, cidx(kPanel)), g0);
     Value colC = b.create<arith::AddIOp>(
@@ -289,42 +334,60 @@ static void emitGemmBody(OpBuilder &b, Location loc, const GemmBody &op, GemmTil
       b.create<memref::StoreOp>(loc, loadBf16Pair(b, loc, A, row, kv, k), A2, ValueRange{i, kv});
     }
     Value T = b.create<arith::DivUIOp>(loc, b.create<arith::AddIOp>(loc, Mb, cidx(R - 1)), cidx(R));
-    Value fewTiles = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ule, T, cidx(2)); // prefetch below
+    // A k row of the slice is W floats: `lines` cache lines (prefetch below).
+    const int64_t lines = std::max<int64_t>(1, W / 16);
+    Value fewTiles = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ule, T, cidx(lines / 2));
     auto panels = b.create<scf::ForOp>(loc, pBegin, pEnd, cidx(1));
     b.setInsertionPointToStart(panels.getBody());
     Value p = panels.getInductionVar();
     auto slices = b.create<scf::ForOp>(loc, cidx(0), cidx(groups), cidx(1));
     b.setInsertionPointToStart(slices.getBody());
     Value g = slices.getInductionVar();
-    // Slice q = p*groups + g prefetches slice q + 1.
     Value q = b.create<arith::AddIOp>(loc, b.create<arith::MulIOp>(loc, p, cidx(groups)), g);
     Value slice = b.create<arith::MulIOp>(loc, q, sliceFloats);
-    Value ahead = b.create<arith::AddIOp>(loc, slice, sliceFloats);
-    auto tiles = b.create<scf::ForOp>(loc, cidx(0), T, cidx(1));
-    b.setInsertionPointToStart(tiles.getBody());
-    // Tile t covers rows [t*Mb/T, (t+1)*Mb/T) of the block: floor(Mb/T) or ceil(Mb/T) of them, never more than R.
-    Value t = tiles.getInductionVar();
-    Value first = b.create<arith::DivUIOp>(loc, b.create<arith::MulIOp>(loc, t, Mb), T);
-    Value next =
-        b.create<arith::DivUIOp>(loc, b.create<arith::MulIOp>(loc, b.create<arith::AddIOp>(loc, t, cidx(1)), Mb), T);
-    Value height = b.create<arith::SubIOp>(loc, next, first);
-    Value m0 = b.create<arith::AddIOp>(loc, mb, first);
-    // A k row of the slice is W floats (W / 16 cache lines); tile t prefetches line t mod (W / 16) of each row of
-    // slice q + 1, and when the block has two tiles or fewer (the vocabulary projection of a sentence of 6 to 10
-    // rows) also line t + 2, so that the slice's tiles bring all of the next one (a second line a k step for
-    // every tile made 20-row sentences 4-6% slower; one line and two tiles left half of it to demand misses).
-    const int64_t lines = std::max<int64_t>(1, W / 16);
-    SmallVector<Value> tileAheads;
-    for (int64_t i = 0; i < std::min<int64_t>(lines, 2); ++i) {
-      Value line = b.create<arith::RemUIOp>(loc, i ? b.create<arith::AddIOp>(loc, t, cidx(2)) : t, cidx(lines));
-      tileAheads.push_back(b.create<arith::AddIOp>(loc, ahead, b.create<arith::MulIOp>(loc, line, cidx(16))));
-    }
-    for (int64_t r = R; r >= 1; --r) {
-      Value isR = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, height, cidx(r));
-      auto branch = b.create<scf::IfOp>(loc, isR, /*withElse=*/false);
-      OpBuilder::InsertionGuard inner(b);
-      b.setInsertionPointToStart(branch.thenBlock());
-      tileAt(r, m0, mb, p, g, slice, tileAheads, fewTiles);
+    // The block's tiles over packed rows [kBegin, kEnd) of the slice. `distance`: how far ahead (in floats) the tiles
+    // prefetch: the next slice, or the next chunk (slices are contiguous, so past the slice's last chunk that is the
+    // next slice's first).
+    auto tilesOver = [&](Value kBegin, Value kEnd, Value firstChunk, Value lastChunk, Value distance) {
+      Value ahead = b.create<arith::AddIOp>(loc, slice, distance);
+      auto tiles = b.create<scf::ForOp>(loc, cidx(0), T, cidx(1));
+      OpBuilder::InsertionGuard guard(b);
+      b.setInsertionPointToStart(tiles.getBody());
+      // Tile t covers rows [t*Mb/T, (t+1)*Mb/T) of the block: floor(Mb/T) or ceil(Mb/T) of them, never more than R.
+      Value t = tiles.getInductionVar();
+      Value first = b.create<arith::DivUIOp>(loc, b.create<arith::MulIOp>(loc, t, Mb), T);
+      Value next =
+          b.create<arith::DivUIOp>(loc, b.create<arith::MulIOp>(loc, b.create<arith::AddIOp>(loc, t, cidx(1)), Mb), T);
+      Value height = b.create<arith::SubIOp>(loc, next, first);
+      Value m0 = b.create<arith::AddIOp>(loc, mb, first);
+      // Tile t prefetches line t mod lines of each row ahead, and when the block has at most lines / 2 tiles (the
+      // vocabulary projection of a short sentence) also line t + lines / 2, so that the tiles bring all of it (a
+      // second line a k step for every tile made 20-row sentences 4-6% slower; one line a tile left half of the
+      // lines to demand misses).
+      SmallVector<Value> tileAheads;
+      for (int64_t i = 0; i < std::min<int64_t>(lines, 2); ++i) {
+        Value line =
+            b.create<arith::RemUIOp>(loc, i ? b.create<arith::AddIOp>(loc, t, cidx(lines / 2)) : t, cidx(lines));
+        tileAheads.push_back(b.create<arith::AddIOp>(loc, ahead, b.create<arith::MulIOp>(loc, line, cidx(16))));
+      }
+      for (int64_t r = R; r >= 1; --r) {
+        Value isR = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, height, cidx(r));
+        auto branch = b.create<scf::IfOp>(loc, isR, /*withElse=*/false);
+        OpBuilder::InsertionGuard inner(b);
+        b.setInsertionPointToStart(branch.thenBlock());
+        tileAt(r, m0, mb, p, g, slice, tileAheads, fewTiles, kBegin, kEnd, firstChunk, lastChunk);
+      }
+    };
+    if (!chunked) {
+      tilesOver(cidx(0), depth, Value(), Value(), sliceFloats);
+    } else {
+      // At least one chunk: a zero depth still writes C (zeros, the bias, or C's old values).
+      auto chunks = b.create<scf::ForOp>(loc, cidx(0), b.create<arith::MaxSIOp>(loc, depth, cidx(1)), cidx(kChunk));
+      b.setInsertionPointToStart(chunks.getBody());
+      Value kBegin = chunks.getInductionVar();
+      Value kEnd = b.create<arith::MinSIOp>(loc, b.create<arith::AddIOp>(loc, kBegin, cidx(kChunk)), depth);
+      tilesOver(kBegin, kEnd, b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, kBegin, cidx(0)),
+                b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, kEnd, depth), cidx(kChunk * W));
     }
   }
 }

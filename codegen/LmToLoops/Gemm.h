@@ -29,8 +29,10 @@ struct GemmTile {
   bool bf16() const { return weights != Weights::F32; }
   /// "<rows>x<cols>" and "_bf16dot" / "_bf16" for bf16 weights: the suffix of the kernels' symbols.
   std::string name() const;
-  /// 512-bit registers (AVX-512, 32 of them): 5 x 64 in 20 zmm. 256-bit (AVX2, 16): 6 x 16 in 12 ymm.
-  static GemmTile forVectorBits(int64_t bits) { return bits >= 512 ? GemmTile{5, 4, 16} : GemmTile{6, 2, 8}; }
+  /// 512-bit registers (AVX-512, 32 of them): 12 x 32 in 24 zmm (2 loads of B and 12 broadcasts of A per k step
+  /// for 24 FMAs: half the B traffic per FMA of a 5 x 64 tile, which a core with two FMA ports needs from L1/L2;
+  /// BLIS's SKX sgemm tile has the same shape). 256-bit (AVX2, 16): 6 x 16 in 12 ymm.
+  static GemmTile forVectorBits(int64_t bits) { return bits >= 512 ? GemmTile{12, 2, 16} : GemmTile{6, 2, 8}; }
   /// The tile for a target: `bf16` weights use dot products when the target has AVX512_BF16 (512-bit tiles).
   static GemmTile forTarget(int64_t bits, bool bf16, bool hasBf16Dot) {
     GemmTile t = forVectorBits(bits);

@@ -20,7 +20,7 @@
 // The packed weight: ceil(16 / 64) panels of K = 8 rows of 64.
 // GEN: memref.reinterpret_cast %arg0 to offset: [{{[0-9]+}}], sizes: [8, 64], strides: [64, 1]
 
-// AVX512: func.func private @lm_gemm_16x8_bias_5x64
+// AVX512: func.func private @lm_gemm_16x8_bias_12x32
 
 // EIGEN-LABEL: func.func @m_embed_kernel
 // EIGEN: call @lm_rt_sgemm_nt
@@ -32,7 +32,7 @@
 // weights-dtype=bf16: W packed as bf16 pairs in 32-bit words (ceil(8 / 2) = 4 rows of 64 per panel). With
 // bf16-dot the block of A is rounded to pairs once and every pair is one vdpbf16ps; without, the pairs are
 // widened to f32 (word << 16, word & 0xffff0000) for two FMAs.
-// DOT: func.func private @lm_gemm_16x8_bias_5x64_bf16dot
+// DOT: func.func private @lm_gemm_16x8_bias_12x32_bf16dot
 // DOT: memref.alloca() : memref<{{[0-9]+}}x4xf32>
 // DOT: llvm.call_intrinsic "llvm.x86.avx512bf16.dpbf16ps.512"({{.*}}) : (vector<16xf32>, vector<32xbf16>, vector<32xbf16>) -> vector<16xf32>
 // DOT-LABEL: func.func @m_init_kernel

@@ -24,10 +24,11 @@ using namespace lmcc::codegen::abi;
 
 // (N, K): the panel edge cases and the shapes of the tiny test models. Odd shapes, then every (N, K) of the bundled
 // models (T-TA/biLM/uniLM paper size: projections, stacked K/V, FFN, vocabulary; BERT-base). Shapes packing to more
-// than 1 MiB take the prefetching kernel.
+// than 1 MiB take the prefetching kernel; depths over 512 run in chunks of 128 (601: four and a partial one; 3072
+// at M >= 47: two blocks of rows).
 const std::vector<std::pair<int64_t, int64_t>> kShapes = {
     {1, 5},      {16, 7},      {63, 33},   {64, 8},     {65, 19},    {67, 30},    {130, 17},
-    {30, 46},    {120, 30},    {4133, 71}, {512, 512},  {1536, 512}, {3072, 512}, {2048, 512},
+    {30, 46},    {120, 30},    {4133, 71}, {100, 601}, {512, 512},  {1536, 512}, {3072, 512}, {2048, 512},
     {512, 2048}, {30522, 512}, {768, 768}, {2304, 768}, {3072, 768}, {768, 3072}, {30522, 768}};
 
 // Both register tiles run on any x86-64 with AVX2 (512-bit vectors are split in two there).
@@ -171,7 +172,7 @@ TEST_F(GemmTest, TrainGemmIsTheOrderedFmaChain) {
 TEST(GemmBf16, MatchesTheRoundedProduct) {
   using lmcc::codegen::GemmTile;
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 5},   {16, 7},    {63, 33},   {65, 19},
-                                                           {67, 30}, {130, 17},  {512, 512}, {768, 3072}};
+                                                           {67, 30}, {130, 17},  {40, 1101}, {512, 512}, {768, 3072}};
   std::vector<GemmTile> tiles = {GemmTile::forVectorBits(512), GemmTile::forTarget(512, true, false),
                                  GemmTile::forVectorBits(256), GemmTile::forTarget(256, true, false)};
   const bool dot = lmcc::codegen::targetHasBf16Dot("");
@@ -230,7 +231,7 @@ TEST(GemmTile, FollowsTheTargetsVectorWidth) {
   EXPECT_EQ(lmcc::codegen::targetVectorBits("znver4"), 512);
   EXPECT_EQ(lmcc::codegen::targetVectorBits("znver3"), 256);
   EXPECT_EQ(lmcc::codegen::targetVectorBits("haswell"), 256);
-  EXPECT_EQ(lmcc::codegen::GemmTile::forVectorBits(512).cols(), 64);
+  EXPECT_EQ(lmcc::codegen::GemmTile::forVectorBits(512).cols(), 32);
   EXPECT_EQ(lmcc::codegen::GemmTile::forVectorBits(256).cols(), 16);
 }
 
