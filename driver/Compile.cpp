@@ -305,6 +305,7 @@ std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options,
     return "cannot lower the kernels to the LLVM dialect:\n" + diagnostics;
   dump(options.dumpDir, "91-llvm.mlir", *lm);
   fs::path kernels = work / "kernels.o";
+  objectOptions.exportPrefix = "_mlir_ciface_" + spec.name + "_"; // what the glue calls
   if (std::string err = codegen::emitObject(*lm, kernels.string(), objectOptions); !err.empty())
     return err;
 
@@ -337,9 +338,9 @@ std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options,
                                 // -lm must find the system's libm even when the model is named m.
                                 " -lm -Wl,-soname," + quote((absOut / lib).string()) +
                                 " '-Wl,-rpath,$ORIGIN' -Wl,--no-undefined"
-                                // The library's calls to its own kernels (fold_0, lm_gemm_*, ...: the same names in
-                                // every model library) bind inside it: without this, two models in one process ran
-                                // the first-loaded library's constant folds and kernels (tests/cli/compile.test).
+                                // The library's calls to its own exported functions bind inside it (its kernels
+                                // are internal: ObjectOptions::exportPrefix); before both, two models in one process
+                                // ran the first-loaded library's constant folds (tests/cli/compile.test).
                                 " -Wl,-Bsymbolic",
                             log);
       !err.empty())

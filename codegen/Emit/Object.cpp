@@ -124,6 +124,20 @@ std::string emitObject(ModuleOp module, const std::string &path, const ObjectOpt
   llvmModule->setDataLayout(machine->createDataLayout());
   llvmModule->setTargetTriple(triple);
 
+  // Two models' objects define the same kernel names; internal ones cannot collide (two static archives link into
+  // one program) nor be interposed (two shared libraries in one process each run their own), and O3 may inline or
+  // drop them.
+  if (!options.exportPrefix.empty()) {
+    auto internalize = [&](llvm::GlobalValue &value) {
+      if (!value.isDeclaration() && !value.getName().starts_with(options.exportPrefix))
+        value.setLinkage(llvm::GlobalValue::InternalLinkage);
+    };
+    for (llvm::Function &fn : *llvmModule)
+      internalize(fn);
+    for (llvm::GlobalVariable &global : llvmModule->globals())
+      internalize(global);
+  }
+
   if (!options.embeddedWeightsFile.empty()) {
     // The weights go into .rodata straight from the file: no 100 MB constant
     // ever passes through LLVM's optimizer.

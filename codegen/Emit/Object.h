@@ -11,6 +11,9 @@ struct ObjectOptions {
   std::string cpu;                 ///< target CPU; empty = the host's (with its features, AVX-512 where present)
   std::string embeddedWeightsFile; ///< when set, the object defines `embeddedSymbol` with this file's bytes
   std::string embeddedSymbol;
+  /// When set, only the functions and globals whose names start with it leave the object: every other definition
+  /// (fold_0, lm_gemm_*, ...: the same names in every model's object) gets internal linkage.
+  std::string exportPrefix;
 };
 
 /// Lowers scf/memref/arith/math/func IR to the LLVM dialect (math functions
