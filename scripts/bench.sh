@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The benchmark suite: lmcc's generated libraries vs PyTorch and ONNX Runtime, against the machine's
 # measured peak and bandwidth. Writes bench/results/<date>.md and PNG plots (bench/run.py says how).
-#   scripts/bench.sh            the full grid (n 10..128, batch 1 and 32, 1 and 2 threads; about 40 min)
+#   scripts/bench.sh            the full grid (n 10..128, batch 1 and 32, 1 and 2 threads; 50-62 min), then the
+#                               training grid (scripts/bench-train.sh, about 15 min)
 #   scripts/bench.sh --quick    n = 20, batch 1, 1 thread (under 3 minutes once built)
 #   scripts/bench.sh --only RE  the grid's entries whose name matches RE (e.g. 'tta/opt/score/n:10/batch:1/'),
 #                               machine limits only: bench/results/<date>-only.md
+#   scripts/bench.sh --no-train the full grid without the training grid that follows it (about 15 min less)
 # Needs nothing the tests install: OpenBLAS (scripts/bench-deps.sh) and a virtual environment with the
 # PyPI wheels of torch (CPU), onnxruntime, onnx, onnxscript and matplotlib ($LMCC_BENCH_VENV,
 # default ~/.cache/lmcc-bench/venv), made here on first use.
@@ -12,9 +14,13 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/bench-deps.sh"
 venv=$("$root/scripts/bench-venv.sh" torch onnxruntime onnx onnxscript numpy matplotlib)
-LMCC_BENCH_SCRIPT=1 "$venv/bin/python" "$root/bench/run.py" "$@"
+args=() train=1
+for arg in "$@"; do
+  if [ "$arg" = --no-train ]; then train=0; else args+=("$arg"); fi
+done
+LMCC_BENCH_SCRIPT=1 "$venv/bin/python" "$root/bench/run.py" "${args[@]}"
 # The full grid also times training (issue 14): bench/results/<date>-train.md (scripts/bench-train.sh).
-case " $* " in
+case " ${args[*]} " in
   *" --quick "* | *" --only "* | *" --only="*) ;;
-  *) "$root/scripts/bench-train.sh" --steps 5 ;;
+  *) [ "$train" = 0 ] || "$root/scripts/bench-train.sh" --steps 5 ;;
 esac
