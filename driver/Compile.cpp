@@ -305,7 +305,10 @@ std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options,
     return "cannot lower the kernels to the LLVM dialect:\n" + diagnostics;
   dump(options.dumpDir, "91-llvm.mlir", *lm);
   fs::path kernels = work / "kernels.o";
-  objectOptions.exportPrefix = "_mlir_ciface_" + spec.name + "_"; // what the glue calls
+  // Only what the glue calls leaves the object: the kernels' names (fold_0, lm_gemm_*) are the same in every model,
+  // and exported ones made a second model in one process run the first-loaded one's constant folds, and two models'
+  // static archives fail to link together (tests/cli/compile.test).
+  objectOptions.exportPrefix = "_mlir_ciface_" + spec.name + "_";
   if (std::string err = codegen::emitObject(*lm, kernels.string(), objectOptions); !err.empty())
     return err;
 
@@ -337,11 +340,7 @@ std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options,
                                 // liblmrt by path (its SONAME goes into DT_NEEDED), no -L into the build directory:
                                 // -lm must find the system's libm even when the model is named m.
                                 " -lm -Wl,-soname," + quote((absOut / lib).string()) +
-                                " '-Wl,-rpath,$ORIGIN' -Wl,--no-undefined"
-                                // The library's calls to its own exported functions bind inside it (its kernels
-                                // are internal: ObjectOptions::exportPrefix); before both, two models in one process
-                                // ran the first-loaded library's constant folds (tests/cli/compile.test).
-                                " -Wl,-Bsymbolic",
+                                " '-Wl,-rpath,$ORIGIN' -Wl,--no-undefined",
                             log);
       !err.empty())
     return err;
