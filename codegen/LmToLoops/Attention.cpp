@@ -143,6 +143,11 @@ void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Val
   }
   Value rows = queryPositions ? L.idx(1) : Value(b.create<memref::DimOp>(loc, q, 1));
   Value tiles = b.create<arith::DivUIOp>(loc, K.add(rows, L.idx(R - 1)), L.idx(R));
+  // Directional mask: tiles of rows of one direction (VectorKernel::directionOrder).
+  Value order = a.getMask() == lm::MaskKind::directional && !queryPositions
+                    ? Value(b.create<memref::AllocOp>(loc, MemRefType::get({ShapedType::kDynamic}, L.i32()),
+                                                      ValueRange{K.add(rows, L.idx(1))}, b.getI64IntegerAttr(64)))
+                    : Value();
 
   Value items = b.create<arith::MulIOp>(loc, ops.entries, L.idx(H));
   Value streams = streamsOperands(L, ops.entries, rows, M, D, /*q, out*/ 2, /*k, v*/ 2);
@@ -151,6 +156,8 @@ void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Val
     Value bi = b.create<arith::DivUIOp>(loc, item, L.idx(H));
     Value base = b.create<arith::MulIOp>(loc, b.create<arith::RemUIOp>(loc, item, L.idx(H)), L.idx(dh));
     K.transpose(k, bi, base, M, M16, kt);
+    if (order)
+      K.directionOrder(bi, rows, order);
 
     Value len = L.lengthOf(bi);
     Value lastRow = b.create<arith::SubIOp>(loc, rows, L.idx(1));
@@ -167,7 +174,7 @@ void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Val
         K.prefetchNext(hasNext, nextEntry, nextBase, t[0], tiles, r0, R, part, parts, rows, M, {q}, {k, v});
       };
       prefetch(0);
-      Tile tile = K.tileRows(bi, r0, R, lastRow, len, queryPositions, Value());
+      Tile tile = K.tileRows(bi, r0, R, lastRow, len, queryPositions, Value(), order);
       if (relative)
         K.relativeProducts(q, bi, base, tile.row, relKt, clip, M16, PQ);
       K.products(q, bi, base, tile, kt, [&](Value jb, ArrayRef<Value> dots) {

@@ -262,12 +262,15 @@ struct VectorKernel {
   /// (R as causal, L as anticausal, S [0, len) less its own and the hidden keys (storeScores), skip none: [i, i)).
   /// With `rowLimit` (the backward) rows from rowLimit on are repeats that see no key (an empty range at row 0's
   /// start, so that the union stays the real rows').
-  Tile tileRows(Value bi, Value r0, int64_t R, Value lastRow, Value len, Value queryPositions, Value rowLimit) {
+  /// With `order` (directional mask, directionOrder's), tile slot s holds row order[s] instead of row s.
+  Tile tileRows(Value bi, Value r0, int64_t R, Value lastRow, Value len, Value queryPositions, Value rowLimit,
+                Value order = Value()) {
     Tile t;
     t.entry = bi;
     for (int64_t r = 0; r < R; ++r) {
       Value at = add(r0, L.idx(r));
-      t.row.push_back(b.create<arith::MinSIOp>(loc, at, lastRow));
+      Value slot = b.create<arith::MinSIOp>(loc, at, lastRow);
+      t.row.push_back(order ? L.toIndex(L.load(order, slot)) : slot);
       t.pos.push_back(queryPositions ? L.toIndex(L.load(queryPositions, bi)) : t.row[r]);
       const bool endsAtRow = mask == lm::MaskKind::causal || mask == lm::MaskKind::directional; // R rows: [0, i]
       Value causalHi = endsAtRow ? Value(b.create<arith::MinSIOp>(loc, len, add(t.pos[r], L.idx(1)))) : Value();
@@ -299,6 +302,23 @@ struct VectorKernel {
       t.allHi = b.create<arith::MinSIOp>(loc, t.allHi, t.hi[r]);
     }
     return t;
+  }
+
+  /// order[0..rows) = the rows of entry bi grouped by direction under the directional mask: R rows, then L, then S,
+  /// then the rest, each group in row order (a stable counting sort; `order` has rows + 1 slots, the last one
+  /// scratch). Tiles of one direction visit about half the keys (an R tile the keys up to its last row, an L tile
+  /// from its first), where tiles of mixed rows visited them all; a row's result does not depend on its tile.
+  void directionOrder(Value bi, Value rows, Value order) {
+    Value count = L.idx(0);
+    for (int64_t code = 0; code < 4; ++code) {
+      count = loop(L.idx(0), rows, 1, {count}, [&](Value i, ValueRange acc) {
+                Value dir = L.load(maskRows, {bi, i, L.idx(0)});
+                Value match = code < 3 ? L.cmp(arith::CmpIPredicate::eq, dir, L.i32c(code))
+                                       : L.cmp(arith::CmpIPredicate::ugt, dir, L.i32c(2));
+                b.create<memref::StoreOp>(loc, b.create<arith::IndexCastOp>(loc, L.i32(), i), order, acc[0]);
+                return SmallVector<Value>{L.select(match, add(acc[0], L.idx(1)), acc[0])};
+              }).getResult(0);
+    }
   }
 
   /// The union of the key ranges of rows first..first+count of the tile.

@@ -498,6 +498,24 @@ TEST_F(AttentionStreamDirectionalTest, ForwardMatchesDirectSoftmax) {
                                                   k.get(), v.get(), lengths[b], nullptr, rel, &rows))
           << "clip " << clip << " pattern " << b % kPatterns;
     }
+    // A row's bits do not depend on the rows it shares a tile with (the kernel groups rows by direction): every
+    // row of the first entries of each pattern alone (the entry's other rows skipped) gives the bits it gave
+    // among them.
+    for (int64_t b = 0; b < 2 * kPatterns; ++b)
+      for (int64_t i = 0; i < lengths[b]; ++i) {
+        std::vector<int32_t> alone(kRows * kRowWords, 0);
+        for (int64_t r = 0; r < kRows; ++r)
+          alone[r * kRowWords] = 3;
+        std::copy_n(&rows.data[(b * kRows + i) * kRowWords], kRowWords, &alone[i * kRowWords]);
+        float *ap = reinterpret_cast<float *>(alone.data());
+        MemRef<3> q1 = view(q.get() + b * entry, 1), k1 = view(k.get() + b * entry, 1),
+                  v1 = view(v.get() + b * entry, 1), o1 = view(one.get(), 1),
+                  r1 = {ap, ap, 0, {1, kRows, kRowWords}, {kRows * kRowWords, kRowWords, 1}};
+        MemRef<1> l1 = lengthsView(&lengths[b], 1);
+        attention(&q1, &k1, &v1, &l1, &r1, &o1);
+        ASSERT_EQ(0, std::memcmp(out.get() + b * entry + i * kModel, one.get() + i * kModel, kModel * sizeof(float)))
+            << "clip " << clip << " entry " << b << " row " << i << ": alone it differs from among its entry's rows";
+      }
   }
 }
 
