@@ -24,7 +24,8 @@ struct GradOperands {
 
 /// lm.attention_grad in the vector form (the forward's conditions: head size a multiple of 16), per (entry, head)
 /// item [begin, end): n = min(query length, rows) differentiated rows, m = min(length,
-/// keys) keys; dq of rows n.. zeroed; keys and values transposed (kt, vt); then per tile of R = 8 rows (rows past
+/// keys) keys; dq of rows n.. zeroed; keys and values transposed (kt, vt); then per tile of R = 8 rows (under the
+/// directional mask the rows [0, n) grouped by direction: VectorKernel::directionOrder; rows past
 /// n repeat row n - 1 and see no key):
 ///   P   = the forward's probabilities, recomputed as it computes them (scores, exp, 1 / l),
 ///   dP  = dO_r . v_j as the scores (one vt vector load per R FMAs),
@@ -79,6 +80,11 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
   }
   Value rows = b.create<memref::DimOp>(loc, ops.q, 1);
   Value items = b.create<arith::MulIOp>(loc, ops.entries, L.idx(H));
+  // Directional mask: tiles of rows of one direction, as in the forward (VectorKernel::directionOrder).
+  Value order = a.getMask() == lm::MaskKind::directional
+                    ? Value(b.create<memref::AllocOp>(loc, MemRefType::get({ShapedType::kDynamic}, L.i32()),
+                                                      ValueRange{K.add(rows, L.idx(1))}, b.getI64IntegerAttr(64)))
+                    : Value();
   Value streams = streamsOperands(L, ops.entries, rows, M, D, /*q, dO, dq*/ 3, /*k, v, dk, dv*/ 4);
   Value nontemporal = K.nontemporalRows(streams, ops.dq);
   Value nontemporalDk = K.nontemporalRows(streams, ops.dk);
@@ -118,6 +124,8 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
     });
     K.transpose(ops.k, bi, base, M, M16, kt);
     K.transpose(ops.v, bi, base, M, M16, vt);
+    if (order) // the differentiated rows [0, n) only
+      K.directionOrder(bi, n, order);
     Value tiles = b.create<arith::DivUIOp>(loc, K.add(n, L.idx(R - 1)), L.idx(R));
     Value lastRow = b.create<arith::SubIOp>(loc, n, L.idx(1));
     // An item without tiles (an empty entry) has zero table gradients.
@@ -150,7 +158,7 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
                        {ops.k, ops.v});
       };
       prefetch(0);
-      Tile tile = K.tileRows(bi, r0, R, lastRow, m, Value(), n);
+      Tile tile = K.tileRows(bi, r0, R, lastRow, m, Value(), n, order);
       if (relative) {
         K.relativeProducts(ops.q, bi, base, tile.row, relKt, clip, M16, PQ);
         K.relativeProducts(ops.dO, bi, base, tile.row, relVt, clip, M16, GQ);
