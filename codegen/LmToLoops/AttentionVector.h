@@ -370,6 +370,30 @@ struct VectorKernel {
       }
       use(jb, s);
     };
+    // Blocks jb and jb + 16 (chains == 1).
+    auto blockPair = [&](Value jb) {
+      SmallVector<Value> zeros(2 * R, zeroV);
+      Value jb2 = add(jb, L.idx(kLanes));
+      auto dot = loop(L.idx(0), L.idx(dh), 4, zeros, [&](Value e0, ValueRange acc) {
+        SmallVector<Value> next(acc.begin(), acc.end());
+        for (int64_t u = 0; u < 4; ++u) {
+          Value e = add(e0, L.idx(u));
+          Value k0 = load(t, ValueRange{e, jb}), k1 = load(t, ValueRange{e, jb2});
+          for (int64_t r = 0; r < R; ++r) {
+            Value qe = bcast(L.load(a, {bi, row[r], add(base, e)}));
+            next[2 * r] = b.create<vector::FMAOp>(loc, qe, k0, next[2 * r]);
+            next[2 * r + 1] = b.create<vector::FMAOp>(loc, qe, k1, next[2 * r + 1]);
+          }
+        }
+        return next;
+      });
+      for (int64_t h = 0; h < 2; ++h) {
+        SmallVector<Value> s(R);
+        for (int64_t r = 0; r < R; ++r)
+          s[r] = dot.getResult(2 * r + h);
+        use(h ? jb2 : jb, s);
+      }
+    };
     const int64_t half = kLanes / 2;
     // The first block's lower half unseen: its upper half alone, the full blocks from the next.
     Value headHalf = L.andI(L.ge(b.create<arith::SubIOp>(loc, tile.from, tile.from16), L.idx(half)),
@@ -382,10 +406,21 @@ struct VectorKernel {
     Value rest = b.create<arith::SubIOp>(loc, add(first, span), fullEnd);
     Value tailHalf = L.andI(L.lt(L.idx(0), rest), L.le(rest, L.idx(half)));
     Value end = L.select(L.lt(L.idx(half), rest), add(fullEnd, L.idx(kLanes)), fullEnd);
-    loop(first, end, kLanes, {}, [&](Value jb, ValueRange) {
-      block(jb, kLanes, 0);
-      return SmallVector<Value>{};
-    });
+    if (chains == 1) {
+      // Two full blocks at a time: one broadcast of q feeds 2 FMAs (2 key loads + R broadcasts per 2 R FMAs; a
+      // single block's R + 1 loads for R FMAs kept the loop at the load ports). Each score is the same FMA chain.
+      Value pairsEnd = add(first, roundDown(b.create<arith::SubIOp>(loc, end, first), 2 * kLanes));
+      loop(first, pairsEnd, 2 * kLanes, {}, [&](Value jb, ValueRange) {
+        blockPair(jb);
+        return SmallVector<Value>{};
+      });
+      L.when(L.lt(pairsEnd, end), [&] { block(pairsEnd, kLanes, 0); });
+    } else {
+      loop(first, end, kLanes, {}, [&](Value jb, ValueRange) {
+        block(jb, kLanes, 0);
+        return SmallVector<Value>{};
+      });
+    }
     L.when(tailHalf, [&] { block(fullEnd, half, 0); });
   }
 
