@@ -332,8 +332,8 @@ struct VectorKernel {
   }
 
   /// For each 16-key block jb of the tile's key range [from16, to): the row vectors
-  /// sum_e a[bi, row_r, base + e] * t[e, jb..jb+16) (R accumulators, 4 partial chains per row when R = 1), handed
-  /// to use(jb, products). A block whose lower (upper) half no row sees (the first block of an anticausal tile,
+  /// sum_e a[bi, row_r, base + e] * t[e, jb..jb+16) (R accumulators, 4 partial chains per row when R = 1; full
+  /// blocks two at a time when R >= 4, 2R accumulators), handed to use(jb, products) in block order. A block whose lower (upper) half no row sees (the first block of an anticausal tile,
   /// the last of a causal one: 16-key blocks over 8-row tiles) is computed 8 lanes wide, its other half 0.
   void products(Value a, Value bi, Value base, const Tile &tile, Value t,
                 const std::function<void(Value, ArrayRef<Value>)> &use) {
