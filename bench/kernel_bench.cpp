@@ -20,6 +20,8 @@
 // draws them (DirectionalRows).
 // Counters: GFLOPs (GFLOP/s), GBs (GB/s) and peak_frac (of the 1-thread peak measured at
 // start-up). Run: build/bench/kernel_bench --benchmark_min_time=0.2
+// The kernels' library is deleted once loaded (its mapping stays); with LMCC_KERNEL_BENCH_KEEP set it stays in its
+// temporary directory (printed), e.g. for `perf annotate`.
 //
 //===----------------------------------------------------------------------===//
 #include "codegen/Emit/Object.h"
@@ -130,6 +132,12 @@ void buildLibrary() {
   if (std::system(link.c_str()) != 0 || !(g_library = ::dlopen(library.c_str(), RTLD_NOW))) {
     std::fprintf(stderr, "kernel_bench: cannot link or load %s\n", library.c_str());
     std::exit(1);
+  }
+  if (std::getenv("LMCC_KERNEL_BENCH_KEEP")) {
+    std::fprintf(stderr, "kernel_bench: kernels kept in %s\n", library.c_str());
+  } else { // every run used to leave its 2.6 MB directory behind
+    std::error_code ignored;
+    std::filesystem::remove_all(dir, ignored);
   }
 }
 
