@@ -16,6 +16,11 @@
 // results and turns the JSON report into bench/results/. Run by hand:
 //   build/bench/model_bench --plan PLAN --benchmark_min_time=0.5 --benchmark_format=json
 //
+// --perf-ctl FIFO writes "enable" to FIFO once a benchmark's model is loaded and warmed
+// up, before its timed calls: under `perf record -D -1 --control fifo:FIFO` the profile
+// holds the timed calls only, not the loading of the weights (bench/run.py profiles the
+// report's gap entries this way).
+//
 //===----------------------------------------------------------------------===//
 #include "lmrt.h"
 
@@ -32,6 +37,8 @@
 #include <vector>
 
 namespace {
+
+std::string perfControl; ///< --perf-ctl: perf's control FIFO, or empty
 
 struct Plan {
   std::string name, library, model, weights, entry, ids, output;
@@ -182,6 +189,11 @@ void BM_Entry(benchmark::State &state, Plan p) {
     }
     std::fclose(out);
   }
+  if (!perfControl.empty()) { // every benchmark run enables it: enabling twice is harmless
+    std::FILE *ctl = std::fopen(perfControl.c_str(), "w");
+    if (!ctl || std::fputs("enable\n", ctl) < 0 || std::fclose(ctl) != 0)
+      fail("cannot write to the perf control FIFO " + perfControl);
+  }
   for (auto _ : state)
     if (call() != LM_OK) {
       state.SkipWithError((std::string("call failed: ") + lib.lastError()).c_str());
@@ -201,11 +213,15 @@ int main(int argc, char **argv) {
       planPath = arg.substr(7);
     else if (arg == "--plan" && i + 1 < argc)
       planPath = argv[++i];
+    else if (arg.rfind("--perf-ctl=", 0) == 0)
+      perfControl = arg.substr(11);
+    else if (arg == "--perf-ctl" && i + 1 < argc)
+      perfControl = argv[++i];
     else
       rest.push_back(argv[i]);
   }
   if (planPath.empty())
-    fail("usage: model_bench --plan FILE [benchmark flags]");
+    fail("usage: model_bench --plan FILE [--perf-ctl FIFO] [benchmark flags]");
   for (const Plan &p : readPlan(planPath))
     benchmark::RegisterBenchmark(p.name.c_str(), BM_Entry, p)->UseRealTime()->Unit(benchmark::kMillisecond);
   int restCount = int(rest.size());

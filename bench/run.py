@@ -10,7 +10,9 @@ Run through scripts/bench.sh [--quick] (it builds the programs and the Python en
      the first call's results.
   4. bench/peers.py: PyTorch and ONNX Runtime on the same weights and ids, each checked against
      lmcc's results before it is timed (a peer that disagrees is reported, not timed).
-  5. bench/results/<date>.md (medians, spread, roofline bounds, speedups) and PNG plots.
+  5. `perf record` of every gap entry (behind a peer, far from its bound, or not scaling to 2 threads)
+     alone: where its time goes, for the report's gaps section.
+  6. bench/results/<date>.md (medians, spread, roofline bounds, speedups, gaps) and PNG plots.
 
 Roofline bound of a call: max(FLOPs / peak, weight bytes / read bandwidth), with the FLOPs of that
 call's own pipeline (`lmcc compile --stats`, times the batch), the peak and bandwidth measured in
@@ -233,6 +235,12 @@ def combine_limits(start, end):
     return {k: max(start[k], end[k]) for k in start}
 
 
+def plan_line(ws, p, out):
+    """model_bench's plan line for point p, its first call's results going to `out` ('-': nowhere)."""
+    return " ".join(map(str, [p.name, ws.library(p.model, p.variant), ws.spec(p.model)["name"], ws.weights(p.model),
+                              p.entry, ws.ids(p.model, p.n, p.batch), p.threads, out]))
+
+
 def run_model_bench(ws, points, limits, quick, est_limit):
     """Times every point (skipping those whose estimated call exceeds est_limit seconds);
     returns {point name: result} with result["output"] = the first call's results file."""
@@ -253,9 +261,7 @@ def run_model_bench(ws, points, limits, quick, est_limit):
         for p in group:
             out = ws.work / "out" / (p.name.replace("/", "_") + ".txt")
             out.parent.mkdir(parents=True, exist_ok=True)
-            lines.append(" ".join(map(str, [p.name, ws.library(p.model, p.variant), ws.spec(p.model)["name"],
-                                            ws.weights(p.model), p.entry, ws.ids(p.model, p.n, p.batch),
-                                            p.threads, out])))
+            lines.append(plan_line(ws, p, out))
         plan.write_text("\n".join(lines) + "\n")
         log("model_bench: %d entry points, %d repetitions" % (len(group), reps))
         out_json = ws.work / "model_bench.json"
@@ -407,50 +413,168 @@ def weight_bytes(ws, model, entry):
     return total
 
 
-def gaps_section(points, lmcc, speedups, bound):
+def roofline(ws, limits, p):
+    """(the roofline bound of point p's call in seconds, its FLOPs): max(FLOPs / peak, weight bytes / bandwidth)."""
+    flops = ws.flops(p.model, p.variant, p.entry, p.n) * p.batch
+    return max(flops / limits[("peak", p.threads)], weight_bytes(ws, p.model, p.entry) / limits[("bw", p.threads)]), flops
+
+
+def best_peer(p, peer):
+    """(every peer result of point p by peer name, the fastest timed one as (name, result) or None)."""
+    peer_rs = {k.split("/" + p.name)[0]: v for k, v in peer.items() if k.endswith("/" + p.name)}
+    timed = {k: v for k, v in peer_rs.items() if "median" in v}
+    return peer_rs, (min(timed.items(), key=lambda kv: kv[1]["median"]) if timed else None)
+
+
+def find_gaps(ws, limits, points, lmcc, peer):
     """Every entry where lmcc is not ahead of the best peer, or (batch >= 8) more than 1.3x its roofline bound,
-    or whose two-thread time misses 1.15x half its one-thread time (batch >= 8 or n >= 40), with the numbers that
-    locate the cause: the distance to the bound and, for 2-thread entries, the speedup over the same entry at 1
-    thread (2.00x ideal)."""
-    by_point = {p.name: sp for p, _, sp in speedups}
-    peer_of = {p.name: name for p, name, _ in speedups}
-    rows = []
+    or whose two-thread time misses 1.15x half its one-thread time (batch >= 8 or n >= 40): one dict per entry
+    with the numbers that locate the cause (the distance to the bound and, for 2-thread entries, the speedup over
+    the same entry at 1 thread, 2.00x ideal)."""
+    gaps = []
     for p in points:
         r = lmcc.get(p.name)
         if p.variant != "opt" or r is None or "median" not in r:
             continue
-        b, _ = bound(p)
+        b, flops = roofline(ws, limits, p)
         xb = r["median"] / b
-        sp = by_point.get(p.name)
+        _, best = best_peer(p, peer)
+        sp = best[1]["median"] / r["median"] if best else None
         behind = sp is not None and sp < 1.0
         far = p.batch >= 8 and xb > 1.3
-        scaling, ratio = "-", None
+        ratio = None
         if p.threads == 2:
             one = lmcc.get(Point(p.model, p.variant, p.entry, p.n, p.batch, 1).name, {})
             if "median" in one:
                 ratio = one["median"] / r["median"]
-                scaling = "%.2fx" % ratio
         # Issue 20: two threads within 1.15x of half the one-thread time (batch >= 8, or n >= 40 at batch 1).
         unscaled = ratio is not None and (p.batch >= 8 or p.n >= 40) and ratio < 2 / 1.15
-        if not (behind or far or unscaled):
+        if behind or far or unscaled:
+            gaps.append({"point": p, "peer": best[0] if best else "-", "speedup": sp, "xb": xb, "ratio": ratio,
+                         "unscaled_only": unscaled and not (behind or far), "flops": flops,
+                         "seconds": r["median"], "peak": limits[("peak", p.threads)]})
+    return gaps
+
+
+def kernel_category(dso, sym):
+    """What a profiled symbol of a generated library's call is: (category, GEMM shape N x K or None)."""
+    m = re.match(r"lm_(?:train_)?gemm(?:_task)?_(\d+)x(\d+)", sym)
+    if m:
+        return "GEMM", "%sx%s" % (m.group(1), m.group(2))
+    for prefix, what in (("lm_attention", "attention"), ("lm_logprob", "log-softmax"),
+                         ("lm_rows_", "norms/activations")):
+        if sym.startswith(prefix):
+            return what, None
+    if dso == "[kernel.kallsyms]":
+        return "kernel (page faults, scheduling)", None
+    if dso.startswith("lib") and dso.endswith(".so") and sym.endswith("_kernel"):
+        return "entry body (embeddings, copies, small ops)", None
+    if dso.startswith("liblmrt") or "tbb" in dso:
+        return "runtime (threads, buffers)", None
+    if dso.startswith(("libc.", "libm.", "libstdc++")):
+        return "libc/libm", None
+    return "other", None
+
+
+def profile_gaps(ws, gaps, seconds=2.0):
+    """`perf record` (cpu-clock) of each gap entry's timed calls (model_bench --perf-ctl enables it after the
+    weights are loaded): {point name: {"categories": [[category, share], ...], "gemms": [[N x K, share], ...],
+    "samples": n}} or {point name: {"error": why}}. Shares are of all samples of the timed calls (both threads'
+    for a 2-thread entry)."""
+    import shutil
+    import tempfile
+    out = {}
+    if not shutil.which("perf"):
+        return {g["point"].name: {"error": "perf is not installed"} for g in gaps}
+    for g in gaps:
+        p = g["point"]
+        with tempfile.TemporaryDirectory(prefix="lmcc-bench-perf-") as tmp:
+            tmp = Path(tmp)
+            (tmp / "plan.txt").write_text(plan_line(ws, p, "-") + "\n")
+            os.mkfifo(tmp / "ctl")
+            log("profiling %s" % p.name)
+            rec = subprocess.run(["perf", "record", "-q", "-e", "cpu-clock", "-F", "999", "-D", "-1",
+                                  "--control", "fifo:%s" % (tmp / "ctl"), "-o", str(tmp / "perf.data"), "--",
+                                  str(BUILD / "bench" / "model_bench"), "--plan", str(tmp / "plan.txt"),
+                                  "--perf-ctl", str(tmp / "ctl"), "--benchmark_min_time=%s" % seconds],
+                                 text=True, capture_output=True)
+            if rec.returncode != 0:
+                out[p.name] = {"error": "perf record failed: %s" % (rec.stderr.strip().splitlines() or ["?"])[-1]}
+                continue
+            rep = subprocess.run(["perf", "report", "-i", str(tmp / "perf.data"), "--no-children", "--sort",
+                                  "dso,sym", "--stdio", "--percent-limit", "0"], text=True, capture_output=True)
+        cats, gemms, samples = {}, {}, 0
+        for line in rep.stdout.splitlines():
+            m = re.match(r"#\s*Samples:\s*(\d+)", line)
+            if m:
+                samples = int(m.group(1))
+            m = re.match(r"\s*([\d.]+)%\s+(\S+)\s+\[.\]\s+(\S+)", line)
+            if not m:
+                continue
+            share, dso, sym = float(m.group(1)) / 100, m.group(2), m.group(3)
+            cat, shape = kernel_category(dso, sym)
+            cats[cat] = cats.get(cat, 0) + share
+            if shape:
+                gemms[shape] = gemms.get(shape, 0) + share
+        if not cats:
+            out[p.name] = {"error": "perf report gave no samples: %s" % rep.stderr.strip()[-200:]}
             continue
-        if unscaled and not (behind or far):
-            cause = "thread scaling only (%s, under the 1.74x line; ahead of the peers)" % scaling
-        elif ratio is not None and ratio < 1.6:
-            cause = "thread scaling (%s of the ideal 2x)" % scaling
-        elif xb <= 1.15:
-            cause = "at the roofline bound: the peer is as close to it"
-        elif p.n <= 20 and p.batch >= 8:
-            cause = "short rows: attention and per-row work (norms, softmax) at %.2fx the bound" % xb
-        else:
-            cause = "kernel efficiency: %.2fx the bound" % xb
+        out[p.name] = {"categories": sorted(([k, v] for k, v in cats.items()), key=lambda kv: -kv[1]),
+                       "gemms": sorted(([k, v] for k, v in gemms.items()), key=lambda kv: -kv[1]), "samples": samples}
+    return out
+
+
+def measured_cause(g, profile):
+    """The cause column of a gap: the thread scaling or the distance to the bound, and where the call's time went
+    (its profile): the categories over 1% of the samples, the largest GEMMs, and the rate of the kernels that do
+    the counted FLOPs (GEMM and attention), i.e. FLOPs / (time x their share)."""
+    parts = []
+    if g["unscaled_only"]:
+        parts.append("thread scaling only (%.2fx, under the 1.74x line; ahead of the peers)" % g["ratio"])
+    elif g["ratio"] is not None and g["ratio"] < 1.6:
+        parts.append("thread scaling (%.2fx of the ideal 2x)" % g["ratio"])
+    elif g["xb"] <= 1.15:
+        parts.append("at the roofline bound: the peer is as close to it")
+    else:
+        parts.append("%.2fx the bound" % g["xb"])
+    if profile is None:
+        parts.append("not profiled")
+    elif "error" in profile:
+        parts.append("not profiled (%s)" % profile["error"])
+    else:
+        shares = dict(profile["categories"])
+        cats = []
+        for cat, share in profile["categories"]:
+            if share < 0.01:
+                continue
+            text = "%s %.0f%%" % (cat, 100 * share)
+            if cat == "GEMM" and profile["gemms"]:
+                text += " (%s)" % ", ".join("%s %.0f%%" % (k, 100 * v) for k, v in profile["gemms"][:3])
+            cats.append(text)
+        parts.append("profile: " + ", ".join(cats))
+        products = shares.get("GEMM", 0) + shares.get("attention", 0)
+        if products > 0:
+            rate = g["flops"] / (g["seconds"] * products)
+            parts.append("GEMM + attention at %.0f GFLOP/s (%.0f%% of peak)" % (rate / 1e9, 100 * rate / g["peak"]))
+    return "; ".join(parts)
+
+
+def gaps_section(gaps, profiles):
+    rows = []
+    for g in gaps:
+        p = g["point"]
         rows.append("| %s | %s | %d | %d | %d | %s | %s | %.2f | %s | %s |" % (
-            p.model, p.entry, p.n, p.batch, p.threads, peer_of.get(p.name, "-"), "%.2fx" % sp if sp else "-", xb,
-            scaling, cause))
+            p.model, p.entry, p.n, p.batch, p.threads, g["peer"], "%.2fx" % g["speedup"] if g["speedup"] else "-",
+            g["xb"], "%.2fx" % g["ratio"] if g["ratio"] is not None else "-",
+            measured_cause(g, profiles.get(p.name))))
     md = ["## Gaps", "",
           "Entries where lmcc is not ahead of the best peer, or (batch >= 8) above 1.3x its roofline bound, or "
           "(two threads, batch >= 8 or n >= 40) slower than 1.15x half the one-thread time. "
-          "`2-thread scaling` = the same entry's 1-thread time / its 2-thread time (2.00x ideal; 1.74x the line).",
+          "`2-thread scaling` = the same entry's 1-thread time / its 2-thread time (2.00x ideal; 1.74x the line). "
+          "`measured cause`: the distance to the bound or the thread scaling, then where the call's time went: "
+          "`perf record -e cpu-clock` of the entry's timed calls alone (model_bench --perf-ctl, after the weights "
+          "are loaded), the share of the samples per kind of kernel and for the three largest GEMMs (N x K), and "
+          "the rate of the kernels that do the counted FLOPs: FLOPs / (median time x the GEMM and attention share).",
           ""]
     if not rows:
         return md + ["None in this run.", ""]
@@ -481,7 +605,7 @@ def free_stem(out_dir, stem):
 
 
 def write_report(ws, date, quick, limits, kernels, points, lmcc, peer, out_dir, versions, wall, machine, only=None,
-                 command=None):
+                 command=None, profiles=None):
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = free_stem(out_dir, date + ("-quick" if quick else "") + ("-only" if only else ""))
     flags = flags_of(quick, only)
@@ -495,14 +619,12 @@ def write_report(ws, date, quick, limits, kernels, points, lmcc, peer, out_dir, 
           "against lmcc's results on the same ids before being timed (max abs difference in the last column).", ""]
 
     def bound(p):
-        flops = ws.flops(p.model, p.variant, p.entry, p.n) * p.batch
-        return max(flops / limits[("peak", p.threads)], weight_bytes(ws, p.model, p.entry) / limits[("bw", p.threads)]), flops
+        return roofline(ws, limits, p)
 
     # Entry points vs peers
     md += ["## Entry points: lmcc (optimized) vs PyTorch and ONNX Runtime", "",
            "| model | entry | n | batch | threads | lmcc ms | bound ms | x bound | GFLOP/s | best peer | peer ms | "
            "lmcc speedup | peers (ms) | max diff |", "|" + "---|" * 14]
-    speedups = []
     for p in points:
         if p.variant != "opt":
             continue
@@ -510,16 +632,12 @@ def write_report(ws, date, quick, limits, kernels, points, lmcc, peer, out_dir, 
         if r is None:
             continue
         b, flops = bound(p)
-        peer_rs = {k.split("/" + p.name)[0]: v for k, v in peer.items() if k.endswith("/" + p.name)}
-        timed = {k: v for k, v in peer_rs.items() if "median" in v}
-        best = min(timed.items(), key=lambda kv: kv[1]["median"]) if timed else None
+        peer_rs, best = best_peer(p, peer)
         cells = ", ".join("%s %s" % (k, fmt_ms(v) if "median" in v else ("skipped" if "skipped" in v else "failed"))
                           for k, v in sorted(peer_rs.items()))
         diffs = [v["max_diff"] for v in peer_rs.values() if "max_diff" in v]
         if "median" in r:
             sp = best[1]["median"] / r["median"] if best else None
-            if sp:
-                speedups.append((p, best[0], sp))
             md.append("| %s | %s | %d | %d | %d | %s | %.2f | %.2f | %.1f | %s | %s | %s | %s | %s |" % (
                 p.model, p.entry, p.n, p.batch, p.threads, fmt_ms(r), b * 1e3, r["median"] / b, flops / r["median"] / 1e9,
                 best[0] if best else "-", fmt_ms(best[1]) if best else "-", "%.2fx" % sp if sp else "-", cells or "-",
@@ -528,7 +646,7 @@ def write_report(ws, date, quick, limits, kernels, points, lmcc, peer, out_dir, 
             md.append("| %s | %s | %d | %d | %d | %s | %.2f | - | - | - | - | - | %s | - |" % (
                 p.model, p.entry, p.n, p.batch, p.threads, r.get("skipped", r.get("error", "?")), b * 1e3, cells or "-"))
     md.append("")
-    md += gaps_section(points, lmcc, speedups, bound)
+    md += gaps_section(find_gaps(ws, limits, points, lmcc, peer), profiles or {})
     failed = {k: v for k, v in peer.items() if "error" in v}
     if failed:
         md += ["Peers that did not run or disagreed:", ""] + ["- `%s`: %s" % (k, v["error"]) for k, v in
@@ -723,7 +841,8 @@ def report_from(args):
     ws = Workspace(args.work)
     path = write_report(ws, meta["date"], meta["quick"], limits, raw["kernels"], make_plan(meta["quick"]), raw["lmcc"],
                         raw["peers"], Path(args.out), meta["versions"], meta["wall"],
-                        machine_text(limits, start, end, note), command=meta.get("command"))
+                        machine_text(limits, start, end, note), command=meta.get("command"),
+                        profiles=raw.get("profiles"))
     log("wrote %s" % path)
 
 
@@ -771,16 +890,18 @@ def main():
         peer = run_peers(ws, points, lmcc, args.quick, est_limit)
     log("kernel_bench (machine limits again, at the end)")
     end = machine_limits(run_kernel_bench(args.quick, ws.work / "kernel_bench-end.json", machine_only=True))
+    used = combine_limits(limits, end)
+    # Where the time of every gap entry goes: each one profiled alone, after all timing.
+    profiles = profile_gaps(ws, find_gaps(ws, used, points, lmcc, peer))
     wall = time.time() - start
     command = command_line(flags_of(args.quick, args.only))
     (ws.work / "raw.json").write_text(json.dumps({
         "limits": {"%s/%d" % k: v for k, v in limits.items()}, "limits_end": {"%s/%d" % k: v for k, v in end.items()},
-        "kernels": kernels, "lmcc": lmcc, "peers": peer,
+        "kernels": kernels, "lmcc": lmcc, "peers": peer, "profiles": profiles,
         "meta": {"date": date, "quick": args.quick, "versions": versions, "wall": wall, "command": command}},
         default=str, indent=1))
-    used = combine_limits(limits, end)
-    path = write_report(ws, date, args.quick, used, kernels, points, lmcc, peer,
-                        Path(args.out), versions, wall, machine_text(used, limits, end), args.only, command)
+    path = write_report(ws, date, args.quick, used, kernels, points, lmcc, peer, Path(args.out), versions, wall,
+                        machine_text(used, limits, end), args.only, command, profiles)
     log("wrote %s (%.0f s)" % (path, time.time() - start))
 
 
