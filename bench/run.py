@@ -458,7 +458,9 @@ def find_gaps(ws, limits, points, lmcc, peer):
 
 def kernel_category(dso, sym):
     """What a profiled symbol of a generated library's call is: (category, GEMM shape N x K or None)."""
-    m = re.match(r"lm_(?:train_)?gemm(?:_task)?_(\d+)x(\d+)", sym)
+    if sym.startswith("lm_train_gemm_"):  # the trainer's GEMM: its shapes come at run time
+        return "GEMM", "runtime shape"
+    m = re.match(r"lm_gemm(?:_task)?_(\d+)x(\d+)", sym)
     if m:
         return "GEMM", "%sx%s" % (m.group(1), m.group(2))
     for prefix, what in (("lm_attention", "attention"), ("lm_logprob", "log-softmax"),
