@@ -144,10 +144,7 @@ void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Val
   Value rows = queryPositions ? L.idx(1) : Value(b.create<memref::DimOp>(loc, q, 1));
   Value tiles = b.create<arith::DivUIOp>(loc, K.add(rows, L.idx(R - 1)), L.idx(R));
   // Directional mask: tiles of rows of one direction (VectorKernel::directionOrder).
-  Value order = a.getMask() == lm::MaskKind::directional && !queryPositions
-                    ? Value(b.create<memref::AllocOp>(loc, MemRefType::get({ShapedType::kDynamic}, L.i32()),
-                                                      ValueRange{K.add(rows, L.idx(1))}, b.getI64IntegerAttr(64)))
-                    : Value();
+  Value order = queryPositions ? Value() : K.orderScratch(a.getMask(), rows);
 
   Value items = b.create<arith::MulIOp>(loc, ops.entries, L.idx(H));
   Value streams = streamsOperands(L, ops.entries, rows, M, D, /*q, out*/ 2, /*k, v*/ 2);

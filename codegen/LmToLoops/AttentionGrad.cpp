@@ -81,10 +81,7 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
   Value rows = b.create<memref::DimOp>(loc, ops.q, 1);
   Value items = b.create<arith::MulIOp>(loc, ops.entries, L.idx(H));
   // Directional mask: tiles of rows of one direction, as in the forward (VectorKernel::directionOrder).
-  Value order = a.getMask() == lm::MaskKind::directional
-                    ? Value(b.create<memref::AllocOp>(loc, MemRefType::get({ShapedType::kDynamic}, L.i32()),
-                                                      ValueRange{K.add(rows, L.idx(1))}, b.getI64IntegerAttr(64)))
-                    : Value();
+  Value order = K.orderScratch(a.getMask(), rows);
   Value streams = streamsOperands(L, ops.entries, rows, M, D, /*q, dO, dq*/ 3, /*k, v, dk, dv*/ 4);
   Value nontemporal = K.nontemporalRows(streams, ops.dq);
   Value nontemporalDk = K.nontemporalRows(streams, ops.dk);

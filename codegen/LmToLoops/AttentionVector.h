@@ -304,6 +304,15 @@ struct VectorKernel {
     return t;
   }
 
+  /// directionOrder's scratch for `rows` rows when `mask` is directional (rows + 1 i32 slots), else null: no order,
+  /// tile slot s holds row s.
+  Value orderScratch(lm::MaskKind mask, Value rows) {
+    if (mask != lm::MaskKind::directional)
+      return Value();
+    return b.create<memref::AllocOp>(loc, MemRefType::get({ShapedType::kDynamic}, L.i32()),
+                                     ValueRange{add(rows, L.idx(1))}, b.getI64IntegerAttr(64));
+  }
+
   /// order[0..rows) = the rows of entry bi grouped by direction under the directional mask: R rows, then L, then S,
   /// then the rest, each group in row order (a stable counting sort; `order` has rows + 1 slots, the last one
   /// scratch). Tiles of one direction visit about half the keys (an R tile the keys up to its last row, an L tile
@@ -332,73 +341,59 @@ struct VectorKernel {
   }
 
   /// For each 16-key block jb of the tile's key range [from16, to): the row vectors
-  /// sum_e a[bi, row_r, base + e] * t[e, jb..jb+16) (R accumulators, 4 partial chains per row when R = 1; full
-  /// blocks two at a time when R >= 4, 2R accumulators), handed to use(jb, products) in block order. A block whose lower (upper) half no row sees (the first block of an anticausal tile,
-  /// the last of a causal one: 16-key blocks over 8-row tiles) is computed 8 lanes wide, its other half 0.
+  /// sum_e a[bi, row_r, base + e] * t[e, jb..jb+16) (R accumulators, 4 partial chains per row when R < 4; full
+  /// blocks two at a time when R >= 4, 2R accumulators), handed to use(jb, products) in block order. A block whose
+  /// lower (upper) half no row sees (the first block of an anticausal tile, the last of a causal one: 16-key blocks
+  /// over 8-row tiles) is computed 8 lanes wide, its other half 0.
   void products(Value a, Value bi, Value base, const Tile &tile, Value t,
                 const std::function<void(Value, ArrayRef<Value>)> &use) {
     ArrayRef<Value> row = tile.row;
     const int64_t R = row.size(), chains = R >= 4 ? 1 : 4;
-    auto block = [&](Value jb, int64_t width, int64_t offset) {
+    // `blocks` consecutive 16-key blocks from jb (2 for a pair of full blocks, chains == 1): one broadcast of q
+    // feeds an FMA per block; each score is the same FMA chain over the features in order whatever the count.
+    auto block = [&](Value jb, int64_t width, int64_t offset, int64_t blocks) {
       auto type = VectorType::get({width}, L.f32());
       Value zero = b.create<vector::BroadcastOp>(loc, type, L.f32c(0));
       Value from = add(jb, L.idx(offset));
-      SmallVector<Value> zeros(R * chains, zero);
+      SmallVector<Value> zeros(R * blocks * chains, zero);
       auto dot = loop(L.idx(0), L.idx(dh), 4, zeros, [&](Value e0, ValueRange acc) {
         SmallVector<Value> next(acc.begin(), acc.end());
         for (int64_t u = 0; u < 4; ++u) {
           Value e = add(e0, L.idx(u));
-          Value kv = b.create<vector::LoadOp>(loc, type, t, ValueRange{e, from});
+          SmallVector<Value> kv;
+          for (int64_t h = 0; h < blocks; ++h)
+            kv.push_back(b.create<vector::LoadOp>(loc, type, t, ValueRange{e, add(from, L.idx(h * kLanes))}));
           for (int64_t r = 0; r < R; ++r) {
             Value qe = b.create<vector::BroadcastOp>(loc, type, L.load(a, {bi, row[r], add(base, e)}));
-            int64_t slot = r * chains + u % chains;
-            next[slot] = b.create<vector::FMAOp>(loc, qe, kv, next[slot]);
+            for (int64_t h = 0; h < blocks; ++h) {
+              int64_t slot = (r * blocks + h) * chains + u % chains;
+              next[slot] = b.create<vector::FMAOp>(loc, qe, kv[h], next[slot]);
+            }
           }
         }
         return next;
       });
-      SmallVector<Value> s(R);
-      for (int64_t r = 0; r < R; ++r) {
-        s[r] = dot.getResult(r * chains);
-        if (chains == 4)
-          s[r] = b.create<arith::AddFOp>(
-              loc, b.create<arith::AddFOp>(loc, s[r], dot.getResult(r * chains + 1)),
-              b.create<arith::AddFOp>(loc, dot.getResult(r * chains + 2), dot.getResult(r * chains + 3)));
-        if (width < kLanes)
-          s[r] = b.create<vector::InsertStridedSliceOp>(loc, s[r], zeroV, ArrayRef<int64_t>{offset},
-                                                        ArrayRef<int64_t>{1});
-      }
-      use(jb, s);
-    };
-    // Blocks jb and jb + 16 (chains == 1).
-    auto blockPair = [&](Value jb) {
-      SmallVector<Value> zeros(2 * R, zeroV);
-      Value jb2 = add(jb, L.idx(kLanes));
-      auto dot = loop(L.idx(0), L.idx(dh), 4, zeros, [&](Value e0, ValueRange acc) {
-        SmallVector<Value> next(acc.begin(), acc.end());
-        for (int64_t u = 0; u < 4; ++u) {
-          Value e = add(e0, L.idx(u));
-          Value k0 = load(t, ValueRange{e, jb}), k1 = load(t, ValueRange{e, jb2});
-          for (int64_t r = 0; r < R; ++r) {
-            Value qe = bcast(L.load(a, {bi, row[r], add(base, e)}));
-            next[2 * r] = b.create<vector::FMAOp>(loc, qe, k0, next[2 * r]);
-            next[2 * r + 1] = b.create<vector::FMAOp>(loc, qe, k1, next[2 * r + 1]);
-          }
-        }
-        return next;
-      });
-      for (int64_t h = 0; h < 2; ++h) {
+      for (int64_t h = 0; h < blocks; ++h) {
         SmallVector<Value> s(R);
-        for (int64_t r = 0; r < R; ++r)
-          s[r] = dot.getResult(2 * r + h);
-        use(h ? jb2 : jb, s);
+        for (int64_t r = 0; r < R; ++r) {
+          int64_t slot = (r * blocks + h) * chains;
+          s[r] = dot.getResult(slot);
+          if (chains == 4)
+            s[r] = b.create<arith::AddFOp>(
+                loc, b.create<arith::AddFOp>(loc, s[r], dot.getResult(slot + 1)),
+                b.create<arith::AddFOp>(loc, dot.getResult(slot + 2), dot.getResult(slot + 3)));
+          if (width < kLanes)
+            s[r] = b.create<vector::InsertStridedSliceOp>(loc, s[r], zeroV, ArrayRef<int64_t>{offset},
+                                                          ArrayRef<int64_t>{1});
+        }
+        use(h ? add(jb, L.idx(h * kLanes)) : jb, s);
       }
     };
     const int64_t half = kLanes / 2;
     // The first block's lower half unseen: its upper half alone, the full blocks from the next.
     Value headHalf = L.andI(L.ge(b.create<arith::SubIOp>(loc, tile.from, tile.from16), L.idx(half)),
                             L.lt(tile.from, tile.to));
-    L.when(headHalf, [&] { block(tile.from16, half, half); });
+    L.when(headHalf, [&] { block(tile.from16, half, half, 1); });
     Value first = L.select(headHalf, add(tile.from16, L.idx(kLanes)), tile.from16);
     // The last block's upper half unseen (1..8 keys past the full blocks): its lower half alone.
     Value span = b.create<arith::MaxSIOp>(loc, b.create<arith::SubIOp>(loc, tile.to, first), L.idx(0));
@@ -411,17 +406,17 @@ struct VectorKernel {
       // single block's R + 1 loads for R FMAs kept the loop at the load ports). Each score is the same FMA chain.
       Value pairsEnd = add(first, roundDown(b.create<arith::SubIOp>(loc, end, first), 2 * kLanes));
       loop(first, pairsEnd, 2 * kLanes, {}, [&](Value jb, ValueRange) {
-        blockPair(jb);
+        block(jb, kLanes, 0, 2);
         return SmallVector<Value>{};
       });
-      L.when(L.lt(pairsEnd, end), [&] { block(pairsEnd, kLanes, 0); });
+      L.when(L.lt(pairsEnd, end), [&] { block(pairsEnd, kLanes, 0, 1); });
     } else {
       loop(first, end, kLanes, {}, [&](Value jb, ValueRange) {
-        block(jb, kLanes, 0);
+        block(jb, kLanes, 0, 1);
         return SmallVector<Value>{};
       });
     }
-    L.when(tailHalf, [&] { block(fullEnd, half, 0); });
+    L.when(tailHalf, [&] { block(fullEnd, half, 0, 1); });
   }
 
   /// S[r, jb..jb+16) = s[r], -inf in the lanes row r cannot see (outside its range, its own key under the
