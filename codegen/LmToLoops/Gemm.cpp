@@ -176,6 +176,14 @@ static void emitGemmBody(OpBuilder &b, Location loc, const GemmBody &op, GemmTil
                                                cidx(R)),
                                            cidx(R))))
                              : cidx(staticBlockRows);
+  // An unchunked weight read from beyond L2 (`prefetch`): when all of A fits in two blocks of kBlockBytes, those
+  // (one or two passes over the weight, where 128 KB blocks made up to nine: the vocabulary projection of 320 rows,
+  // T-TA / uniLM scoring of 10-token sentences at batch 32, ran 6-11% faster). Larger A keeps the 128 KB blocks:
+  // kernel_bench's 16384x512x2048 ran 8% slower with 512 KB ones (bench/results/2026-11-29-gemm-blocks.md).
+  if (const int64_t wideRows = std::clamp(kBlockBytes / (4 * k) / R * R, R, maxRows);
+      prefetch && !chunked && !dot && wideRows > staticBlockRows)
+    blockRows = b.create<arith::SelectOp>(
+        loc, b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ule, M, cidx(2 * wideRows)), cidx(wideRows), blockRows);
   Value A2 = dot ? Value(b.create<memref::AllocaOp>(
                        loc, MemRefType::get({staticBlockRows, packedDepth(k, bf16)}, f32)))
                  : Value();
@@ -312,11 +320,21 @@ static void emitGemmBody(OpBuilder &b, Location loc, const GemmBody &op, GemmTil
     }
   };
 
-  // Blocks of rows outermost, so that a block of A (about 128 KB) stays in L2 while every column slice of B passes over
-  // it (the batched PLL has 16384 rows: A alone is 32 MB). Then column slices (panel p, group g), then row tiles: a
-  // slice of B stays in L1/L2 while the tiles of the block pass over it. A block of Mb rows is cut into ceil(Mb / R)
-  // tiles of balanced heights (20 rows: 5, 5, 5, 5 rather than 6, 6, 6, 2), since a short tile has too few accumulators
-  // to hide the FMA latency.
+  // Blocks of rows outermost, so that a block of A (128-512 KB) stays in L2 while every column slice of B passes over
+  // it (the batched PLL has 16384 rows: A alone is 32 MB). The M rows are cut into ceil(M / blockRows) blocks of equal
+  // height rounded up to R (320 rows at a 252-row limit: 168 + 152, not 252 + 68), since each block streams all of
+  // B. Then column slices (panel p, group g), then row tiles: a slice of B stays in L1/L2 while the tiles of the
+  // block pass over it. A block of Mb rows is cut into ceil(Mb / R) tiles of balanced heights (20 rows: 5, 5, 5, 5
+  // rather than 6, 6, 6, 2), since a short tile has too few accumulators to hide the FMA latency.
+  {
+    auto ceilDiv = [&](Value x, Value y) {
+      Value up = b.create<arith::AddIOp>(loc, x, b.create<arith::SubIOp>(loc, y, cidx(1)));
+      return b.create<arith::DivUIOp>(loc, up, y);
+    };
+    Value count = b.create<arith::MaxSIOp>(loc, ceilDiv(M, blockRows), cidx(1));
+    Value height = b.create<arith::MulIOp>(loc, ceilDiv(ceilDiv(M, count), cidx(R)), cidx(R));
+    blockRows = b.create<arith::MaxSIOp>(loc, height, cidx(R)); // <= the limit, a multiple of R
+  }
   auto blocks = b.create<scf::ForOp>(loc, cidx(0), M, blockRows);
   {
     OpBuilder::InsertionGuard guard(b);

@@ -1,5 +1,6 @@
 // The generated GEMM (codegen/LmToLoops/Gemm.cpp) against a naive loop: odd shapes, N not a multiple of the 64-wide
-// panel, every M from 1 to 70, weights packed once, in both register tiles (bit-identical to each other).
+// panel, every M from 1 to 70 (and row counts that cut into several row blocks), weights packed once, in both register
+// tiles (bit-identical to each other).
 #include "codegen/Emit/Object.h"
 #include "codegen/LmToLoops/Gemm.h"
 #include "codegen/LmToLoops/KernelAbi.h"
@@ -74,7 +75,14 @@ TEST_F(GemmTest, MatchesNaiveProductForEveryRowCount) {
       gemms.push_back(gemm);
     }
     bool large = n * k > 100000;
-    for (int64_t m = 1; m <= 70; m += large ? 23 : 1) {
+    std::vector<int64_t> rowCounts;
+    for (int64_t m = 1; m <= 70; m += large ? 23 : 1)
+      rowCounts.push_back(m);
+    // A weight streamed from beyond L2 at depth 512: up to 504 rows in one or two equal blocks of up to 252 (253: 132 +
+    // 121), more in 60-row ones (505: 8 x 60 + 25).
+    if (n == 1536 && k == 512)
+      rowCounts.insert(rowCounts.end(), {253, 505});
+    for (int64_t m : rowCounts) {
       std::vector<float> a(m * k);
       for (float &x : a)
         x = u(rng);
