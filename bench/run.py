@@ -507,9 +507,9 @@ def profile_gaps(ws, gaps, seconds=2.0):
                                   "dso,sym", "--stdio", "--percent-limit", "0"], text=True, capture_output=True)
         cats, gemms, samples = {}, {}, 0
         for line in rep.stdout.splitlines():
-            m = re.match(r"#\s*Samples:\s*(\d+)", line)
+            m = re.match(r"#\s*Samples:\s*([\d.]+)([KM]?)", line)  # e.g. "# Samples: 5K of event 'cpu-clock'"
             if m:
-                samples = int(m.group(1))
+                samples = int(float(m.group(1)) * {"": 1, "K": 1e3, "M": 1e6}[m.group(2)])
             m = re.match(r"\s*([\d.]+)%\s+(\S+)\s+\[.\]\s+(\S+)", line)
             if not m:
                 continue
