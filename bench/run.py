@@ -620,9 +620,6 @@ def write_report(ws, date, quick, limits, kernels, points, lmcc, peer, out_dir, 
           "and this run's peak and bandwidth for the same thread count. `x bound` = time / bound. Peers were checked "
           "against lmcc's results on the same ids before being timed (max abs difference in the last column).", ""]
 
-    def bound(p):
-        return roofline(ws, limits, p)
-
     # Entry points vs peers
     md += ["## Entry points: lmcc (optimized) vs PyTorch and ONNX Runtime", "",
            "| model | entry | n | batch | threads | lmcc ms | bound ms | x bound | GFLOP/s | best peer | peer ms | "
@@ -633,7 +630,7 @@ def write_report(ws, date, quick, limits, kernels, points, lmcc, peer, out_dir, 
         r = lmcc.get(p.name)
         if r is None:
             continue
-        b, flops = bound(p)
+        b, flops = roofline(ws, limits, p)
         peer_rs, best = best_peer(p, peer)
         cells = ", ".join("%s %s" % (k, fmt_ms(v) if "median" in v else ("skipped" if "skipped" in v else "failed"))
                           for k, v in sorted(peer_rs.items()))
@@ -726,14 +723,14 @@ def write_report(ws, date, quick, limits, kernels, points, lmcc, peer, out_dir, 
                                                                         parts[3][6:], r["median"] * 1e3,
                                                                         r["GFLOPs"], 100 * r["GFLOPs"] / peak1))
     md.append("")
-    plots = make_plots(ws, points, lmcc, peer, limits, out_dir, stem, bound)
+    plots = make_plots(ws, points, lmcc, peer, limits, out_dir, stem)
     md += ["## Plots", ""] + ["![%s](%s)" % (p.stem, p.name) for p in plots] + [""]
     path = out_dir / (stem + ".md")
     path.write_text("\n".join(md))
     return path
 
 
-def make_plots(ws, points, lmcc, peer, limits, out_dir, stem, bound):
+def make_plots(ws, points, lmcc, peer, limits, out_dir, stem):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -751,7 +748,7 @@ def make_plots(ws, points, lmcc, peer, limits, out_dir, stem, bound):
             if "median" in r:
                 series.setdefault("lmcc " + p.variant, []).append((p.n, r["median"] * 1e3))
             if p.variant == "opt":
-                series.setdefault("roofline bound", []).append((p.n, bound(p)[0] * 1e3))
+                series.setdefault("roofline bound", []).append((p.n, roofline(ws, limits, p)[0] * 1e3))
                 for k, v in peer.items():
                     if k.endswith("/" + p.name) and "median" in v:
                         series.setdefault(k.split("/" + p.name)[0], []).append((p.n, v["median"] * 1e3))
@@ -809,7 +806,7 @@ def make_plots(ws, points, lmcc, peer, limits, out_dir, stem, bound):
         if p.variant != "opt" or "median" not in r:
             continue
         labels.append("%s %s n%d b%d t%d" % (p.model, p.entry, p.n, p.batch, p.threads))
-        fracs.append(bound(p)[0] / r["median"])
+        fracs.append(roofline(ws, limits, p)[0] / r["median"])
         colors.append({"tta": "C0", "bilm": "C1", "unilm": "C2", "bert": "C3"}[p.model])
     if labels:
         fig, ax = plt.subplots(figsize=(max(8, 0.18 * len(labels)), 4.5))
