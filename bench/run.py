@@ -21,7 +21,6 @@ this run for the same thread count, and the weight bytes the model reads at leas
 import argparse
 import datetime
 import json
-import math
 import os
 import platform
 import random
@@ -47,6 +46,8 @@ MODELS = {  # key: (spec, what it is)
 PEER_METHODS = {("tta", "score"): ["tta-score"], ("tta", "embed"): ["tta-embed"],
                 ("bilm", "score"): ["pll-naive", "pll-batched"], ("bert", "score"): ["pll-naive", "pll-batched"],
                 ("unilm", "score"): ["causal"]}
+ROUNDS = 4  # alternating rounds of an entry with peers (2 for calls over 2 s, 1 with --quick)
+ROUND_SECONDS = 0.25  # each contender's calls per round
 
 
 def log(msg):
@@ -241,14 +242,29 @@ def plan_line(ws, p, out):
                               p.entry, ws.ids(p.model, p.n, p.batch), p.threads, out]))
 
 
+def has_peers(p):
+    return p.variant == "opt" and (p.model, p.entry) in PEER_METHODS
+
+
+def estimate(ws, p, limits):
+    """(a call's estimated seconds at half the measured peak, its FLOPs)."""
+    flops = ws.flops(p.model, p.variant, p.entry, p.n) * p.batch
+    return flops / (0.5 * limits[("peak", p.threads)]), flops
+
+
+def output_path(ws, p):
+    out = ws.work / "out" / (p.name.replace("/", "_") + ".txt")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return out
+
+
 def run_model_bench(ws, points, limits, quick, est_limit):
-    """Times every point (skipping those whose estimated call exceeds est_limit seconds);
-    returns {point name: result} with result["output"] = the first call's results file."""
+    """Times every point without peers in one model_bench process (skipping those whose estimated call
+    exceeds est_limit seconds); returns {point name: result} with result["output"] = the first call's results."""
     results = {}
     fast, slow = [], []
     for p in points:
-        flops = ws.flops(p.model, p.variant, p.entry, p.n) * p.batch
-        est = flops / (0.5 * limits[("peak", p.threads)])
+        est, flops = estimate(ws, p, limits)
         if est > est_limit:
             results[p.name] = {"skipped": "estimated %.0f s per call (%.1f TFLOP)" % (est, flops / 1e12)}
             continue
@@ -257,12 +273,7 @@ def run_model_bench(ws, points, limits, quick, est_limit):
         if not group:
             continue
         plan = ws.work / "plan.txt"
-        lines = []
-        for p in group:
-            out = ws.work / "out" / (p.name.replace("/", "_") + ".txt")
-            out.parent.mkdir(parents=True, exist_ok=True)
-            lines.append(plan_line(ws, p, out))
-        plan.write_text("\n".join(lines) + "\n")
+        plan.write_text("".join(plan_line(ws, p, output_path(ws, p)) + "\n" for p in group))
         log("model_bench: %d entry points, %d repetitions" % (len(group), reps))
         out_json = ws.work / "model_bench.json"
         subprocess.run([str(BUILD / "bench" / "model_bench"), "--plan", str(plan), "--benchmark_format=console",
@@ -272,9 +283,156 @@ def run_model_bench(ws, points, limits, quick, est_limit):
         got = gbench_results(json.loads(out_json.read_text()))
         for p in group:
             r = got.get(p.name + "/real_time", got.get(p.name, {"error": "no result"}))
-            r["output"] = ws.work / "out" / (p.name.replace("/", "_") + ".txt")
+            r["output"] = output_path(ws, p)
             results[p.name] = r
     return results
+
+
+def lmcc_round(ws, p, out, seconds):
+    """One model_bench process on point p alone: load, a warm-up call (its results to `out`, '-': nowhere),
+    then calls for `seconds` (at least one). Returns the mean seconds per call, or {"error": ...}."""
+    plan = ws.work / "plan-round.txt"
+    plan.write_text(plan_line(ws, p, out) + "\n")
+    out_json = ws.work / "model_bench-round.json"
+    proc = subprocess.run([str(BUILD / "bench" / "model_bench"), "--plan", str(plan), "--benchmark_out=%s" % out_json,
+                           "--benchmark_out_format=json", "--benchmark_min_time=%s" % seconds],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if proc.returncode != 0:  # the context header goes to stderr on every run: shown only with a failure
+        raise RuntimeError("model_bench on %s exited with %d: %s" % (p.name, proc.returncode, proc.stderr[-2000:]))
+    r = gbench_results(json.loads(out_json.read_text())).get(p.name + "/real_time", {"error": "no result"})
+    return r["median"] if "median" in r else r
+
+
+def peer_round(peer, ids, seconds):
+    """A peer's calls on ids for `seconds` (at least one): the mean seconds per call."""
+    calls, start = 0, time.perf_counter()
+    while calls == 0 or time.perf_counter() - start < seconds:
+        peer(ids)
+        calls += 1
+    return (time.perf_counter() - start) / calls
+
+
+def summary(times):
+    med = statistics.median(times)
+    return dict(median=med, cv=statistics.pstdev(times) / med if len(times) > 1 else 0.0,
+                samples=len(times), times=times)
+
+
+def run_rounds(ws, points, lmcc, limits, quick, est_limit):
+    """The points with peers: lmcc's optimized library, its naive one (when the plan has that point) and each
+    peer, timed in alternating rounds on the same ids. A slow spell of the machine (common on shared hosts)
+    then falls on every contender of an entry alike, instead of on whichever was timed in that minute.
+    Each peer is checked against lmcc's results before it is timed (one that disagrees is reported, not
+    timed). Fills lmcc's results of these points and returns the peers'. The peers of one (model, entry,
+    threads) are built once and serve every n and batch of it."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import peers
+    out, groups = {}, {}
+    naive = {p.name: p for p in points if p.variant == "naive"}
+    for p in points:
+        est, flops = estimate(ws, p, limits)
+        if est > est_limit:
+            lmcc[p.name] = {"skipped": "estimated %.0f s per call (%.1f TFLOP)" % (est, flops / 1e12)}
+        elif has_peers(p):
+            groups.setdefault((p.model, p.entry, p.threads), []).append(p)
+    for (model, entry, threads), group in groups.items():
+        spec, weights = peers.load(str(ROOT / MODELS[model][0]), str(ws.weights(model)))
+        made = {}
+        for method in PEER_METHODS[(model, entry)]:
+            for system in ("torch", "onnx"):
+                key = "%s/%s" % (system, method)
+                workdir = ws.work / "peers" / ("%s-%s-%s" % (system, method, model))
+                workdir.mkdir(parents=True, exist_ok=True)
+                try:
+                    made[key] = peers.make_peer(system, method, spec, weights, threads, str(workdir))
+                except Exception as e:  # a peer that cannot be built is reported, the suite goes on
+                    for p in group:
+                        out["%s/%s" % (key, p.name)] = {"error": "%s: %s" % (type(e).__name__, e)}
+                    log("peer %s (%s) failed: %s" % (key, model, e))
+        slow = set()  # peers that took over est_limit / 4 per call at a smaller n of this batch
+        for p in sorted(group, key=lambda p: (p.batch, p.n)):
+            q = naive.get(p.name.replace("/opt/", "/naive/"))
+            if q is not None and q.name in lmcc:
+                q = None  # skipped above
+            time_point(ws, p, q, made, slow, lmcc, out, quick, est_limit)
+            if p.n == max(r.n for r in group if r.batch == p.batch):
+                slow.clear()
+        del made
+    return out
+
+
+def time_point(ws, p, naive, made, slow, lmcc, out, quick, est_limit):
+    """Point p in rounds: round 1 runs lmcc first (its results are what the peers are checked against: each
+    peer's first call is its check), later rounds alternate the order. A round gives every contender one
+    sample: its mean time per call over ROUND_SECONDS (at least one call). 4 rounds, 2 for calls over 2 s,
+    1 with --quick; a peer call over est_limit / 4 gets no more than its checking call."""
+    import numpy as np
+    result = lmcc_round(ws, p, output_path(ws, p), ROUND_SECONDS)
+    if isinstance(result, dict):
+        lmcc[p.name] = result
+        return
+    ref = load_output(output_path(ws, p), p.entry)
+    ids = read_ids(ws.ids(p.model, p.n, p.batch))
+    samples = {p.name: [result]}
+    contenders = {p.name: lambda: lmcc_round(ws, p, "-", ROUND_SECONDS)}
+    if naive is not None:
+        samples[naive.name] = []
+        contenders[naive.name] = lambda: lmcc_round(ws, naive, output_path(ws, naive), ROUND_SECONDS)
+    checked = {}
+    longest = result
+    for key, peer in made.items():
+        name = "%s/%s" % (key, p.name)
+        if key in slow:
+            out[name] = {"skipped": "a smaller n took over %.0f s per call" % (est_limit / 4)}
+            continue
+        try:
+            t0 = time.perf_counter()
+            got = np.asarray(peer(ids), dtype=np.float64)
+            first = time.perf_counter() - t0
+        except Exception as e:
+            out[name] = {"error": "%s: %s" % (type(e).__name__, e)}
+            continue
+        diff = float(np.max(np.abs(got.reshape(ref.shape) - ref)))
+        tol = 2e-3 + 1e-5 * float(np.max(np.abs(ref)))
+        if not np.isfinite(diff) or diff > tol:
+            out[name] = {"error": "results differ from lmcc by %.3g (tolerance %.3g): not timed" % (diff, tol),
+                         "max_diff": diff}
+            continue
+        checked[name] = diff
+        longest = max(longest, first)
+        if first > est_limit / 4:  # calls grow at least linearly in n: larger ones would exceed the limit
+            slow.add(key)
+            samples[name] = [first]
+            continue
+        # A long first call counts as round 1's sample (a warm-up is noise next to it); short ones get a round.
+        samples[name] = [first] if first > 2.0 else [peer_round(peer, ids, ROUND_SECONDS)]
+        contenders[name] = (lambda peer=peer: peer_round(peer, ids, ROUND_SECONDS))
+    if naive is not None:  # round 1's naive sample
+        t = contenders[naive.name]()
+        if isinstance(t, dict):
+            lmcc[naive.name] = t
+            del samples[naive.name], contenders[naive.name]
+        else:
+            samples[naive.name].append(t)
+            longest = max(longest, t)
+    rounds = 1 if quick else (2 if longest > 2.0 else ROUNDS)
+    order = list(contenders)
+    for r in range(1, rounds):
+        for name in (reversed(order) if r % 2 else order):
+            t = contenders[name]()
+            if isinstance(t, dict):  # it ran in round 1: a failure now is not the benchmark's to hide
+                raise RuntimeError("%s failed in round %d: %s" % (name, r + 1, t["error"]))
+            samples[name].append(t)
+    for name, times in samples.items():
+        r = summary(times)
+        if name == p.name or (naive is not None and name == naive.name):
+            r["output"] = output_path(ws, p if name == p.name else naive)
+            lmcc[name] = r
+        else:
+            r["max_diff"] = checked[name]
+            out[name] = r
+            log("peer %s: %s (diff %.2g)" % (name, "%.2f ms" % (r["median"] * 1e3) if "median" in r else r, r["max_diff"]))
+    log("%s: %s" % (p.name, "%.2f ms" % (lmcc[p.name]["median"] * 1e3) if "median" in lmcc[p.name] else lmcc[p.name]))
 
 
 def load_output(path, entry):
@@ -283,76 +441,6 @@ def load_output(path, entry):
     a = np.array(rows, dtype=np.float64)
     return a[:, 0] if entry == "score" else a
 
-
-def run_peers(ws, points, lmcc_results, quick, est_limit):
-    """Each peer on the points lmcc's optimized pipeline ran: verified on the same ids, then timed.
-    One peer model exists at a time; it serves every n and batch of its (model, entry, threads)."""
-    import numpy as np
-    sys.path.insert(0, str(ROOT / "bench"))
-    import peers
-    out = {}
-    groups = {}
-    for p in points:
-        if p.variant == "opt" and (p.model, p.entry) in PEER_METHODS and "median" in lmcc_results.get(p.name, {}):
-            groups.setdefault((p.model, p.entry, p.threads), []).append(p)
-    for (model, entry, threads), group in groups.items():
-        spec, weights = peers.load(str(ROOT / MODELS[model][0]), str(ws.weights(model)))
-        for method in PEER_METHODS[(model, entry)]:
-            for system in ("torch", "onnx"):
-                workdir = ws.work / "peers" / ("%s-%s-%s" % (system, method, model))
-                workdir.mkdir(parents=True, exist_ok=True)
-                try:
-                    peer = peers.make_peer(system, method, spec, weights, threads, str(workdir))
-                except Exception as e:  # a peer that cannot be built is reported, the suite goes on
-                    for p in group:
-                        out["%s/%s/%s" % (system, method, p.name)] = {"error": "%s: %s" % (type(e).__name__, e)}
-                    log("peer %s/%s (%s) failed: %s" % (system, method, model, e))
-                    continue
-                slow = False
-                for p in sorted(group, key=lambda p: (p.batch, p.n)):
-                    key = "%s/%s/%s" % (system, method, p.name)
-                    if slow:
-                        out[key] = {"skipped": "a smaller n took over %.0f s per call" % (est_limit / 4)}
-                        continue
-                    out[key] = time_peer(peer, ws, p, lmcc_results[p.name], quick, est_limit)
-                    r = out[key]
-                    log("peer %s: %s" % (key, ("%.2f ms (diff %.2g)" % (r["median"] * 1e3, r["max_diff"]))
-                                          if "median" in r else r.get("error", r.get("skipped"))))
-                    # Calls grow at least linearly in n: stop before one would exceed the limit.
-                    slow = "median" in r and r["median"] > est_limit / 4
-                    if p.n == max(q.n for q in group if q.batch == p.batch):
-                        slow = False
-                del peer
-    return out
-
-
-def time_peer(peer, ws, p, mine, quick, est_limit):
-    import numpy as np
-    ref = load_output(mine["output"], p.entry)
-    ids = read_ids(ws.ids(p.model, p.n, p.batch))
-    try:
-        t0 = time.perf_counter()
-        got = np.asarray(peer(ids), dtype=np.float64)
-        first = time.perf_counter() - t0
-    except Exception as e:
-        return {"error": "%s: %s" % (type(e).__name__, e)}
-    got = got.reshape(ref.shape)
-    diff = float(np.max(np.abs(got - ref)))
-    tol = 2e-3 + 1e-5 * float(np.max(np.abs(ref)))
-    if not np.isfinite(diff) or diff > tol:
-        return {"error": "results differ from lmcc by %.3g (tolerance %.3g): not timed" % (diff, tol), "max_diff": diff}
-    # Long calls: the first call counts as a sample (one more above 2 s, none more above est_limit / 4).
-    times = [first] if first > 2.0 else []
-    budget, least = (0.2, 1) if quick else (0.5, 5)
-    start = time.perf_counter()
-    while first <= est_limit / 4 and len(times) < (2 if first > 2.0 else 10 ** 6) and (
-            len(times) < least or time.perf_counter() - start < budget):
-        t0 = time.perf_counter()
-        peer(ids)
-        times.append(time.perf_counter() - t0)
-    med = statistics.median(times)
-    return {"median": med, "cv": statistics.pstdev(times) / med if len(times) > 1 else 0.0, "samples": len(times),
-            "max_diff": diff}
 
 
 # ----------------------------------------------------------------------------
@@ -606,8 +694,20 @@ def free_stem(out_dir, stem):
     raise SystemExit("bench: %s has reports %s through %s-z already" % (out_dir, stem, stem))
 
 
+def timing_text(rounds):
+    """How the run timed its entries; rounds = (rounds, seconds per contender and round), None for a run from
+    before the rounds (one model_bench process for lmcc's entries, the peers minutes later)."""
+    if not rounds:
+        return ""
+    return ("An entry with peers is timed in alternating rounds (%d; 2 for calls over 2 s, 1 with --quick): lmcc's "
+            "library in a model_bench process of its own, the naive library of the same entry likewise, and every "
+            "peer, each for %.2f s (at least one call) per round, lmcc first in round 1 and the order reversed in "
+            "every other round; a sample is one round's mean time per call. Other entries (dropped passes) are "
+            "timed in one model_bench process. " % tuple(rounds))
+
+
 def write_report(ws, date, quick, limits, kernels, points, lmcc, peer, out_dir, versions, wall, machine, only=None,
-                 command=None, profiles=None):
+                 command=None, profiles=None, rounds=None):
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = free_stem(out_dir, date + ("-quick" if quick else "") + ("-only" if only else ""))
     flags = flags_of(quick, only)
@@ -615,10 +715,11 @@ def write_report(ws, date, quick, limits, kernels, points, lmcc, peer, out_dir, 
           "Command: `%s` (%.0f s wall). %s" % (command or command_line(flags), wall, versions), "",
           "Machine: " + machine, "",
           "Times are medians in milliseconds per call (± the spread: population standard deviation over the samples "
-          "as a percentage of the median; `(1)` = one sample). `bound` is the roofline bound of that call: "
-          "max(FLOPs / peak, weight bytes / read bandwidth) with the call's own pipeline FLOPs (`lmcc compile --stats`) "
-          "and this run's peak and bandwidth for the same thread count. `x bound` = time / bound. Peers were checked "
-          "against lmcc's results on the same ids before being timed (max abs difference in the last column).", ""]
+          "as a percentage of the median; `(1)` = one sample). " + timing_text(rounds) + "`bound` is the roofline "
+          "bound of that call: max(FLOPs / peak, weight bytes / read bandwidth) with the call's own pipeline FLOPs "
+          "(`lmcc compile --stats`) and this run's peak and bandwidth for the same thread count. `x bound` = time / "
+          "bound. Peers were checked against lmcc's results on the same ids before being timed (max abs difference "
+          "in the last column).", ""]
 
     # Entry points vs peers
     md += ["## Entry points: lmcc (optimized) vs PyTorch and ONNX Runtime", "",
@@ -841,7 +942,7 @@ def report_from(args):
     path = write_report(ws, meta["date"], meta["quick"], limits, raw["kernels"], make_plan(meta["quick"]), raw["lmcc"],
                         raw["peers"], Path(args.out), meta["versions"], meta["wall"],
                         machine_text(limits, start, end, note), command=meta.get("command"),
-                        profiles=raw.get("profiles"))
+                        profiles=raw.get("profiles"), rounds=meta.get("rounds"))
     log("wrote %s" % path)
 
 
@@ -878,29 +979,36 @@ def main():
     for p in points:  # weights and libraries first, so that compiling does not overlap timing
         ws.weights(p.model)
         ws.library(p.model, p.variant)
-    lmcc = run_model_bench(ws, points, limits, args.quick, est_limit)
-    (ws.work / "raw-lmcc.json").write_text(json.dumps(lmcc, default=str, indent=1))
+    # Entries with peers are timed in rounds with them (and with their naive variant); the rest in one process.
+    paired = [] if args.no_peers else [p for p in points if has_peers(p)]
+    naive = {p.name.replace("/opt/", "/naive/") for p in paired}
+    lmcc = run_model_bench(ws, [p for p in points if p not in paired and p.name not in naive], limits, args.quick,
+                           est_limit)
     versions = "lmcc %s" % run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"]).strip()
     peer = {}
-    if not args.no_peers:
+    if paired:
         import onnxruntime
         import torch
         versions += ", PyTorch %s (PyPI wheel, CPU)" % torch.__version__ + ", ONNX Runtime %s (PyPI)" % onnxruntime.__version__
-        peer = run_peers(ws, points, lmcc, args.quick, est_limit)
+        peer = run_rounds(ws, [p for p in points if p in paired or p.name in naive], lmcc, limits, args.quick,
+                          est_limit)
+    (ws.work / "raw-lmcc.json").write_text(json.dumps(lmcc, default=str, indent=1))
     log("kernel_bench (machine limits again, at the end)")
     end = machine_limits(run_kernel_bench(args.quick, ws.work / "kernel_bench-end.json", machine_only=True))
     used = combine_limits(limits, end)
     # Where the time of every gap entry goes: each one profiled alone, after all timing.
     profiles = profile_gaps(ws, find_gaps(ws, used, points, lmcc, peer))
     wall = time.time() - start
+    rounds = [ROUNDS, ROUND_SECONDS] if paired else None
     command = command_line(flags_of(args.quick, args.only))
     (ws.work / "raw.json").write_text(json.dumps({
         "limits": {"%s/%d" % k: v for k, v in limits.items()}, "limits_end": {"%s/%d" % k: v for k, v in end.items()},
         "kernels": kernels, "lmcc": lmcc, "peers": peer, "profiles": profiles,
-        "meta": {"date": date, "quick": args.quick, "versions": versions, "wall": wall, "command": command}},
+        "meta": {"date": date, "quick": args.quick, "versions": versions, "wall": wall, "command": command,
+                 "rounds": rounds}},
         default=str, indent=1))
     path = write_report(ws, date, args.quick, used, kernels, points, lmcc, peer, Path(args.out), versions, wall,
-                        machine_text(used, limits, end), args.only, command, profiles)
+                        machine_text(used, limits, end), args.only, command, profiles, rounds)
     log("wrote %s (%.0f s)" % (path, time.time() - start))
 
 
