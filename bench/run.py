@@ -46,7 +46,10 @@ MODELS = {  # key: (spec, what it is)
 PEER_METHODS = {("tta", "score"): ["tta-score"], ("tta", "embed"): ["tta-embed"],
                 ("bilm", "score"): ["pll-naive", "pll-batched"], ("bert", "score"): ["pll-naive", "pll-batched"],
                 ("unilm", "score"): ["causal"]}
-ROUNDS = 4  # alternating rounds of an entry with peers (2 for calls over 2 s, 1 with --quick)
+# Alternating rounds of an entry with peers, by its longest call in round 1: (up to seconds, rounds); 1 with --quick.
+# On a shared host the same call moves by 2x within seconds: 8 rounds of short calls, each pairing lmcc with its
+# peers a few seconds apart, are what make a 10-20% verdict repeatable.
+ROUNDS = ((0.5, 8), (2.0, 4), (None, 2))
 ROUND_SECONDS = 0.25  # each contender's calls per round
 
 
@@ -313,9 +316,20 @@ def peer_round(peer, ids, seconds):
 
 
 def summary(times):
+    """A contender's samples: one per round, in round order (speedup() pairs them by round)."""
     med = statistics.median(times)
     return dict(median=med, cv=statistics.pstdev(times) / med if len(times) > 1 else 0.0,
-                samples=len(times), times=times)
+                samples=len(times), times=times, paired=True)
+
+
+def speedup(mine, other):
+    """How many times faster lmcc's result `mine` is than `other`: the median over rounds of the two samples taken
+    in the same round (a slow spell of the machine slows both of a round), or the ratio of the medians where the two
+    were not timed in the same rounds (a peer with only its first call, a run from before the rounds)."""
+    a, b = mine.get("times", []), other.get("times", [])
+    if mine.get("paired") and other.get("paired") and len(a) == len(b) > 1:
+        return statistics.median(y / x for x, y in zip(a, b))
+    return other["median"] / mine["median"]
 
 
 def run_rounds(ws, points, lmcc, limits, quick, est_limit):
@@ -415,7 +429,7 @@ def time_point(ws, p, naive, made, slow, lmcc, out, quick, est_limit):
         else:
             samples[naive.name].append(t)
             longest = max(longest, t)
-    rounds = 1 if quick else (2 if longest > 2.0 else ROUNDS)
+    rounds = 1 if quick else next(k for limit, k in ROUNDS if limit is None or longest <= limit)
     order = list(contenders)
     for r in range(1, rounds):
         for name in (reversed(order) if r % 2 else order):
@@ -527,7 +541,7 @@ def find_gaps(ws, limits, points, lmcc, peer):
         b, flops = roofline(ws, limits, p)
         xb = r["median"] / b
         _, best = best_peer(p, peer)
-        sp = best[1]["median"] / r["median"] if best else None
+        sp = speedup(r, best[1]) if best else None
         behind = sp is not None and sp < 1.0
         far = p.batch >= 8 and xb > 1.3
         ratio = None
@@ -695,15 +709,18 @@ def free_stem(out_dir, stem):
 
 
 def timing_text(rounds):
-    """How the run timed its entries; rounds = (rounds, seconds per contender and round), None for a run from
-    before the rounds (one model_bench process for lmcc's entries, the peers minutes later)."""
+    """How the run timed its entries: rounds = {"rounds": ROUNDS, "seconds": ROUND_SECONDS} as it ran, None for a run
+    from before the rounds (one model_bench process for lmcc's entries, the peers minutes later)."""
     if not rounds:
         return ""
-    return ("An entry with peers is timed in alternating rounds (%d; 2 for calls over 2 s, 1 with --quick): lmcc's "
-            "library in a model_bench process of its own, the naive library of the same entry likewise, and every "
-            "peer, each for %.2f s (at least one call) per round, lmcc first in round 1 and the order reversed in "
-            "every other round; a sample is one round's mean time per call. Other entries (dropped passes) are "
-            "timed in one model_bench process. " % tuple(rounds))
+    table = ", ".join(("%d for calls up to %.1f s" % (k, limit)) if limit is not None else "%d above" % k
+                      for limit, k in rounds["rounds"])
+    return ("An entry with peers is timed in alternating rounds (%s; 1 with --quick): lmcc's library in a model_bench "
+            "process of its own, the naive library of the same entry likewise, and every peer, each for %.2f s (at "
+            "least one call) per round, lmcc first in round 1 and the order reversed in every other round; a sample "
+            "is one round's mean time per call. `lmcc speedup` is the median over rounds of the best peer's sample / "
+            "lmcc's sample of the same round (the ratio of the medians where a peer has only its first call). Other "
+            "entries (dropped passes) are timed in one model_bench process. " % (table, rounds["seconds"]))
 
 
 def write_report(ws, date, quick, limits, kernels, points, lmcc, peer, out_dir, versions, wall, machine, only=None,
@@ -737,7 +754,7 @@ def write_report(ws, date, quick, limits, kernels, points, lmcc, peer, out_dir, 
                           for k, v in sorted(peer_rs.items()))
         diffs = [v["max_diff"] for v in peer_rs.values() if "max_diff" in v]
         if "median" in r:
-            sp = best[1]["median"] / r["median"] if best else None
+            sp = speedup(r, best[1]) if best else None
             md.append("| %s | %s | %d | %d | %d | %s | %.2f | %.2f | %.1f | %s | %s | %s | %s | %s |" % (
                 p.model, p.entry, p.n, p.batch, p.threads, fmt_ms(r), b * 1e3, r["median"] / b, flops / r["median"] / 1e9,
                 best[0] if best else "-", fmt_ms(best[1]) if best else "-", "%.2fx" % sp if sp else "-", cells or "-",
@@ -882,7 +899,7 @@ def make_plots(ws, points, lmcc, peer, limits, out_dir, stem):
             continue
         labels.append("%s %s\nn%d b%d" % (p.model, p.entry, p.n, p.batch))
         for k, v in ps.items():
-            bars.setdefault(k, {})[len(labels) - 1] = v["median"] / r["median"]
+            bars.setdefault(k, {})[len(labels) - 1] = speedup(r, v)
     if labels:
         fig, ax = plt.subplots(figsize=(max(8, 0.55 * len(labels) * max(1, len(bars)) / 2), 4.5))
         width = 0.8 / max(1, len(bars))
@@ -999,7 +1016,7 @@ def main():
     # Where the time of every gap entry goes: each one profiled alone, after all timing.
     profiles = profile_gaps(ws, find_gaps(ws, used, points, lmcc, peer))
     wall = time.time() - start
-    rounds = [ROUNDS, ROUND_SECONDS] if paired else None
+    rounds = {"rounds": ROUNDS, "seconds": ROUND_SECONDS} if paired else None
     command = command_line(flags_of(args.quick, args.only))
     (ws.work / "raw.json").write_text(json.dumps({
         "limits": {"%s/%d" % k: v for k, v in limits.items()}, "limits_end": {"%s/%d" % k: v for k, v in end.items()},
