@@ -956,9 +956,10 @@ def report_from(args):
     limits = combine_limits(start, end)
     meta = raw["meta"]
     ws = Workspace(args.work)
-    path = write_report(ws, meta["date"], meta["quick"], limits, raw["kernels"], make_plan(meta["quick"]), raw["lmcc"],
+    points = [p for p in make_plan(meta["quick"]) if not meta.get("only") or re.search(meta["only"], p.name)]
+    path = write_report(ws, meta["date"], meta["quick"], limits, raw["kernels"], points, raw["lmcc"],
                         raw["peers"], Path(args.out), meta["versions"], meta["wall"],
-                        machine_text(limits, start, end, note), command=meta.get("command"),
+                        machine_text(limits, start, end, note), meta.get("only"), command=meta.get("command"),
                         profiles=raw.get("profiles"), rounds=meta.get("rounds"))
     log("wrote %s" % path)
 
@@ -1021,8 +1022,8 @@ def main():
     (ws.work / "raw.json").write_text(json.dumps({
         "limits": {"%s/%d" % k: v for k, v in limits.items()}, "limits_end": {"%s/%d" % k: v for k, v in end.items()},
         "kernels": kernels, "lmcc": lmcc, "peers": peer, "profiles": profiles,
-        "meta": {"date": date, "quick": args.quick, "versions": versions, "wall": wall, "command": command,
-                 "rounds": rounds}},
+        "meta": {"date": date, "quick": args.quick, "only": args.only, "versions": versions, "wall": wall,
+                 "command": command, "rounds": rounds}},
         default=str, indent=1))
     path = write_report(ws, date, args.quick, used, kernels, points, lmcc, peer, Path(args.out), versions, wall,
                         machine_text(used, limits, end), args.only, command, profiles, rounds)
