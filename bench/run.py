@@ -6,10 +6,11 @@ Run through scripts/bench.sh [--quick] (it builds the programs and the Python en
      (generated, Eigen, OpenBLAS) and the generated attention per mask kind.
   2. `lmcc init` random weights and `lmcc compile` libraries for every variant (optimized, --naive,
      --no-<pass>) of the bundled paper-size models; `lmcc compile --stats` gives each pipeline's FLOPs.
-  3. model_bench times every entry point on the same token ids (one file per n and batch) and writes
-     the first call's results.
-  4. bench/peers.py: PyTorch and ONNX Runtime on the same weights and ids, each checked against
-     lmcc's results before it is timed (a peer that disagrees is reported, not timed).
+  3. model_bench times the entry points without peers (dropped passes) on the same token ids (one file
+     per n and batch) and writes the first call's results.
+  4. Every entry with peers (bench/peers.py: PyTorch and ONNX Runtime on the same weights and ids) in
+     alternating rounds: lmcc's library and its naive one in a model_bench process per round, each peer
+     checked against lmcc's results before it is timed (a peer that disagrees is reported, not timed).
   5. `perf record` of every gap entry (behind a peer, far from its bound, or not scaling to 2 threads)
      alone: where its time goes, for the report's gaps section.
   6. bench/results/<date>.md (medians, spread, roofline bounds, speedups, gaps) and PNG plots.
