@@ -379,8 +379,9 @@ def run_rounds(ws, points, lmcc, limits, quick, est_limit):
 def time_point(ws, p, naive, made, slow, lmcc, out, quick, est_limit):
     """Point p in rounds: round 1 runs lmcc first (its results are what the peers are checked against: each
     peer's first call is its check), later rounds alternate the order. A round gives every contender one
-    sample: its mean time per call over ROUND_SECONDS (at least one call). 4 rounds, 2 for calls over 2 s,
-    1 with --quick; a peer call over est_limit / 4 gets no more than its checking call."""
+    sample: its mean time per call over ROUND_SECONDS (at least one call). The number of rounds follows
+    ROUNDS by round 1's longest call (1 with --quick); a peer call over est_limit / 4 gets no more than its
+    checking call."""
     import numpy as np
     result = lmcc_round(ws, p, output_path(ws, p), ROUND_SECONDS)
     if isinstance(result, dict):
@@ -392,7 +393,7 @@ def time_point(ws, p, naive, made, slow, lmcc, out, quick, est_limit):
     contenders = {p.name: lambda: lmcc_round(ws, p, "-", ROUND_SECONDS)}
     if naive is not None:
         samples[naive.name] = []
-        contenders[naive.name] = lambda: lmcc_round(ws, naive, output_path(ws, naive), ROUND_SECONDS)
+        contenders[naive.name] = lambda: lmcc_round(ws, naive, "-", ROUND_SECONDS)
     checked = {}
     longest = result
     for key, peer in made.items():
@@ -422,8 +423,8 @@ def time_point(ws, p, naive, made, slow, lmcc, out, quick, est_limit):
         # A long first call counts as round 1's sample (a warm-up is noise next to it); short ones get a round.
         samples[name] = [first] if first > 2.0 else [peer_round(peer, ids, ROUND_SECONDS)]
         contenders[name] = (lambda peer=peer: peer_round(peer, ids, ROUND_SECONDS))
-    if naive is not None:  # round 1's naive sample
-        t = contenders[naive.name]()
+    if naive is not None:  # round 1's naive sample, writing its results
+        t = lmcc_round(ws, naive, output_path(ws, naive), ROUND_SECONDS)
         if isinstance(t, dict):
             lmcc[naive.name] = t
             del samples[naive.name], contenders[naive.name]
@@ -446,8 +447,8 @@ def time_point(ws, p, naive, made, slow, lmcc, out, quick, est_limit):
         else:
             r["max_diff"] = checked[name]
             out[name] = r
-            log("peer %s: %s (diff %.2g)" % (name, "%.2f ms" % (r["median"] * 1e3) if "median" in r else r, r["max_diff"]))
-    log("%s: %s" % (p.name, "%.2f ms" % (lmcc[p.name]["median"] * 1e3) if "median" in lmcc[p.name] else lmcc[p.name]))
+            log("peer %s: %.2f ms (diff %.2g)" % (name, r["median"] * 1e3, r["max_diff"]))
+    log("%s: %.2f ms" % (p.name, lmcc[p.name]["median"] * 1e3))
 
 
 def load_output(path, entry):
