@@ -333,6 +333,16 @@ def speedup(mine, other):
     return other["median"] / mine["median"]
 
 
+def fmt_speedup(mine, other):
+    """speedup() as the report prints it, with the rounds lmcc won where the samples pair ("0.96x, 3/8": faster in
+    3 of 8 rounds; a verdict near 1.00x that is not 0/8 or 8/8 is within this machine's noise)."""
+    text = "%.2fx" % speedup(mine, other)
+    a, b = mine.get("times", []), other.get("times", [])
+    if mine.get("paired") and other.get("paired") and len(a) == len(b) > 1:
+        text += ", %d/%d" % (sum(x < y for x, y in zip(a, b)), len(a))
+    return text
+
+
 def run_rounds(ws, points, lmcc, limits, quick, est_limit):
     """The points with peers: lmcc's optimized library, its naive one (when the plan has that point) and each
     peer, timed in alternating rounds on the same ids. A slow spell of the machine (common on shared hosts)
@@ -555,6 +565,7 @@ def find_gaps(ws, limits, points, lmcc, peer):
         unscaled = ratio is not None and (p.batch >= 8 or p.n >= 40) and ratio < 2 / 1.15
         if behind or far or unscaled:
             gaps.append({"point": p, "peer": best[0] if best else "-", "speedup": sp, "xb": xb, "ratio": ratio,
+                         "speedup_text": fmt_speedup(r, best[1]) if best else "-",
                          "unscaled_only": unscaled and not (behind or far), "flops": flops,
                          "seconds": r["median"], "peak": limits[("peak", p.threads)]})
     return gaps
@@ -670,7 +681,7 @@ def gaps_section(gaps, profiles):
     for g in gaps:
         p = g["point"]
         rows.append("| %s | %s | %d | %d | %d | %s | %s | %.2f | %s | %s |" % (
-            p.model, p.entry, p.n, p.batch, p.threads, g["peer"], "%.2fx" % g["speedup"] if g["speedup"] else "-",
+            p.model, p.entry, p.n, p.batch, p.threads, g["peer"], g["speedup_text"],
             g["xb"], "%.2fx" % g["ratio"] if g["ratio"] is not None else "-",
             measured_cause(g, profiles.get(p.name))))
     md = ["## Gaps", "",
@@ -721,7 +732,8 @@ def timing_text(rounds):
             "process of its own, the naive library of the same entry likewise, and every peer, each for %.2f s (at "
             "least one call) per round, lmcc first in round 1 and the order reversed in every other round; a sample "
             "is one round's mean time per call. `lmcc speedup` is the median over rounds of the best peer's sample / "
-            "lmcc's sample of the same round (the ratio of the medians where a peer has only its first call). Other "
+            "lmcc's sample of the same round, then the rounds in which lmcc was faster (`0.96x, 3/8`; the ratio of "
+            "the medians alone where a peer has only its first call). Other "
             "entries (dropped passes) are timed in one model_bench process. " % (table, rounds["seconds"]))
 
 
@@ -756,11 +768,10 @@ def write_report(ws, date, quick, limits, kernels, points, lmcc, peer, out_dir, 
                           for k, v in sorted(peer_rs.items()))
         diffs = [v["max_diff"] for v in peer_rs.values() if "max_diff" in v]
         if "median" in r:
-            sp = speedup(r, best[1]) if best else None
             md.append("| %s | %s | %d | %d | %d | %s | %.2f | %.2f | %.1f | %s | %s | %s | %s | %s |" % (
                 p.model, p.entry, p.n, p.batch, p.threads, fmt_ms(r), b * 1e3, r["median"] / b, flops / r["median"] / 1e9,
-                best[0] if best else "-", fmt_ms(best[1]) if best else "-", "%.2fx" % sp if sp else "-", cells or "-",
-                "%.1e" % max(diffs) if diffs else "-"))
+                best[0] if best else "-", fmt_ms(best[1]) if best else "-", fmt_speedup(r, best[1]) if best else "-",
+                cells or "-", "%.1e" % max(diffs) if diffs else "-"))
         else:
             md.append("| %s | %s | %d | %d | %d | %s | %.2f | - | - | - | - | - | %s | - |" % (
                 p.model, p.entry, p.n, p.batch, p.threads, r.get("skipped", r.get("error", "?")), b * 1e3, cells or "-"))
