@@ -88,7 +88,8 @@ def variant_flags(variant):
     return ["--" + variant]  # no-<pass>
 
 
-def make_plan(quick):
+def make_plan(quick, only=None):
+    """The grid's points; with `only`, those whose name matches that regular expression."""
     pts = []
     if quick:
         ns, batches, threads = [20], [1], [1]
@@ -105,7 +106,7 @@ def make_plan(quick):
         for n in (10, 20, 40):
             for t in (1, 2):
                 pts += [Point("bert", "opt", "score", n, 1, t), Point("bert", "naive", "score", n, 1, t)]
-    return pts
+    return [p for p in pts if not only or re.search(only, p.name)]
 
 
 # ----------------------------------------------------------------------------
@@ -323,24 +324,26 @@ def summary(times):
                 samples=len(times), times=times, paired=True)
 
 
+def round_pairs(mine, other):
+    """lmcc's and another contender's samples paired by round, or None where they were not timed in the same
+    rounds (a peer with only its first call, a run from before the rounds)."""
+    a, b = mine.get("times", []), other.get("times", [])
+    return list(zip(a, b)) if mine.get("paired") and other.get("paired") and len(a) == len(b) > 1 else None
+
+
 def speedup(mine, other):
     """How many times faster lmcc's result `mine` is than `other`: the median over rounds of the two samples taken
-    in the same round (a slow spell of the machine slows both of a round), or the ratio of the medians where the two
-    were not timed in the same rounds (a peer with only its first call, a run from before the rounds)."""
-    a, b = mine.get("times", []), other.get("times", [])
-    if mine.get("paired") and other.get("paired") and len(a) == len(b) > 1:
-        return statistics.median(y / x for x, y in zip(a, b))
-    return other["median"] / mine["median"]
+    in the same round (a slow spell of the machine slows both of a round), or the ratio of the medians where the
+    samples do not pair."""
+    pairs = round_pairs(mine, other)
+    return statistics.median(y / x for x, y in pairs) if pairs else other["median"] / mine["median"]
 
 
 def fmt_speedup(mine, other):
     """speedup() as the report prints it, with the rounds lmcc won where the samples pair ("0.96x, 3/8": faster in
     3 of 8 rounds; a verdict near 1.00x that is not 0/8 or 8/8 is within this machine's noise)."""
-    text = "%.2fx" % speedup(mine, other)
-    a, b = mine.get("times", []), other.get("times", [])
-    if mine.get("paired") and other.get("paired") and len(a) == len(b) > 1:
-        text += ", %d/%d" % (sum(x < y for x, y in zip(a, b)), len(a))
-    return text
+    pairs = round_pairs(mine, other)
+    return "%.2fx" % speedup(mine, other) + (", %d/%d" % (sum(x < y for x, y in pairs), len(pairs)) if pairs else "")
 
 
 def run_rounds(ws, points, lmcc, limits, quick, est_limit):
@@ -969,7 +972,7 @@ def report_from(args):
     limits = combine_limits(start, end)
     meta = raw["meta"]
     ws = Workspace(args.work)
-    points = [p for p in make_plan(meta["quick"]) if not meta.get("only") or re.search(meta["only"], p.name)]
+    points = make_plan(meta["quick"], meta.get("only"))
     path = write_report(ws, meta["date"], meta["quick"], limits, raw["kernels"], points, raw["lmcc"],
                         raw["peers"], Path(args.out), meta["versions"], meta["wall"],
                         machine_text(limits, start, end, note), meta.get("only"), command=meta.get("command"),
@@ -1002,11 +1005,9 @@ def main():
     kernels = run_kernel_bench(args.quick, ws.work / "kernel_bench.json", machine_only=bool(args.only))
     limits = machine_limits(kernels)
     log(machine_text(limits))
-    points = make_plan(args.quick)
-    if args.only:
-        points = [p for p in points if re.search(args.only, p.name)]
-        if not points:
-            sys.exit("run.py: no entry matches --only %s" % args.only)
+    points = make_plan(args.quick, args.only)
+    if not points:
+        sys.exit("run.py: no entry matches --only %s" % args.only)
     for p in points:  # weights and libraries first, so that compiling does not overlap timing
         ws.weights(p.model)
         ws.library(p.model, p.variant)
