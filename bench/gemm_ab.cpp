@@ -1,0 +1,256 @@
+//===- gemm_ab.cpp - Paired A/B timing of two builds of the generated GEMM ---===//
+//
+// On a shared host the same GEMM measures 2x apart in processes a minute apart (bench/results/2026-11-29-rounds.md),
+// so a 5% change to the GEMM's code generation cannot be judged by two kernel_bench runs. This tool times two
+// builds of the generated GEMM in one process, alternately, and compares them round by round:
+//
+//   gemm_ab build OUT.so [--tile RxC] M K N [M K N ...]
+//       compiles this build's generated GEMM (codegen/LmToLoops/Gemm.cpp) for each shape's (N, K), in the register
+//       tile lmcc picks for this host or RxC (rows x columns, e.g. 6x64), into the shared library OUT.so;
+//   gemm_ab compare A.so B.so [--rounds R] M K N [M K N ...]
+//       loads both libraries, packs one random weight per shape with each library's own packer (as at model load),
+//       checks that both compute bit-identical C (every element is the same ordered FMA chain whatever the tile,
+//       block or chunk: Gemm.h), then times R rounds (default 20), each calling A and B for about 15 ms, the order
+//       reversed every other round, and prints per shape: B's speedup over A as the median over rounds of
+//       A's time / B's time, the rounds B won, and each one's best and median GFLOP/s.
+//
+// To judge a code generation change: `build` with the old tree's gemm_ab (a git worktree) and with the new one,
+// then `compare old.so new.so` with either. A verdict near 1.00x that B won in neither nearly all nor nearly none of
+// the rounds is inside the host's noise (two builds of the same code: 0.99-1.05x, 4-7 rounds of 10).
+//
+//===----------------------------------------------------------------------===//
+#include "codegen/Emit/Object.h"
+#include "codegen/LmToLoops/Gemm.h"
+#include "codegen/LmToLoops/KernelAbi.h"
+#include "codegen/LmToLoops/Lowering.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/MLIRContext.h"
+
+#include <dlfcn.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace lmcc::codegen::abi;
+
+struct Shape {
+  int64_t m, k, n;
+  std::string name() const { return std::to_string(m) + "x" + std::to_string(k) + "x" + std::to_string(n); }
+};
+
+[[noreturn]] void fail(const std::string &message) {
+  std::fprintf(stderr, "gemm_ab: %s\n", message.c_str());
+  std::exit(2);
+}
+
+[[noreturn]] void usage() {
+  fail("usage: gemm_ab build OUT.so [--tile RxC] M K N [M K N ...]\n"
+       "       gemm_ab compare A.so B.so [--rounds R] M K N [M K N ...]");
+}
+
+int64_t positive(const std::string &text, const char *what) {
+  char *end = nullptr;
+  errno = 0;
+  long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end || errno || v < 1 || v > (int64_t(1) << 24))
+    fail(std::string(what) + " '" + text + "' is not an integer in [1, 16777216]");
+  return v;
+}
+
+std::vector<Shape> shapesOf(const std::vector<std::string> &args) {
+  if (args.empty() || args.size() % 3)
+    fail("shapes come as M K N triples (got " + std::to_string(args.size()) + " numbers)");
+  std::vector<Shape> shapes;
+  for (size_t i = 0; i < args.size(); i += 3)
+    shapes.push_back({positive(args[i], "M"), positive(args[i + 1], "K"), positive(args[i + 2], "N")});
+  return shapes;
+}
+
+// The library's functions per (N, K): ab_pack_<N>x<K> (W [N, K] -> packed) and ab_gemm_<N>x<K> (A, packed, C).
+std::string suffix(const Shape &s) { return std::to_string(s.n) + "x" + std::to_string(s.k); }
+
+void build(const std::string &out, lmcc::codegen::GemmTile tile, const std::vector<Shape> &shapes) {
+  std::vector<std::pair<int64_t, int64_t>> nk;
+  for (const Shape &s : shapes)
+    if (std::find(nk.begin(), nk.end(), std::make_pair(s.n, s.k)) == nk.end())
+      nk.push_back({s.n, s.k});
+  mlir::MLIRContext context;
+  auto module = lmcc::codegen::buildGemmModule(context, nk, {tile});
+  for (auto [n, k] : nk) { // tile-independent names, so that libraries of different tiles compare
+    std::string from = std::to_string(n) + "x" + std::to_string(k) + "_" + tile.name();
+    std::string to = std::to_string(n) + "x" + std::to_string(k);
+    module->lookupSymbol<mlir::func::FuncOp>("lm_bench_pack_" + from).setSymName("ab_pack_" + to);
+    module->lookupSymbol<mlir::func::FuncOp>("lm_bench_gemm_" + from).setSymName("ab_gemm_" + to);
+  }
+  if (mlir::failed(lmcc::codegen::lowerToLLVMDialect(*module)))
+    fail("lowering the GEMM module failed");
+  std::string object = out + ".o";
+  if (std::string err = lmcc::codegen::emitObject(*module, object, {}); !err.empty())
+    fail(err);
+  std::string link = "cc -shared -o '" + out + ".tmp' '" + object + "' -lm";
+  const bool linked = std::system(link.c_str()) == 0;
+  std::filesystem::remove(object);
+  if (!linked)
+    fail("cannot link " + out);
+  std::filesystem::rename(out + ".tmp", out);
+  std::printf("%s: %zu GEMM shapes, tile %s\n", out.c_str(), nk.size(), tile.name().c_str());
+}
+
+/// 2 MB-aligned, advised as huge pages, zeroed: as liblmrt holds weights and activations.
+struct Buffer {
+  float *data = nullptr;
+  explicit Buffer(size_t floats) {
+    const size_t huge = size_t(2) << 20, bytes = std::max<size_t>(huge, (floats * 4 + huge - 1) / huge * huge);
+    data = static_cast<float *>(std::aligned_alloc(huge, bytes));
+    if (!data)
+      fail("out of memory");
+    ::madvise(data, bytes, MADV_HUGEPAGE);
+    std::memset(data, 0, bytes);
+  }
+  Buffer(const Buffer &) = delete;
+  Buffer &operator=(const Buffer &) = delete;
+  ~Buffer() { std::free(data); }
+};
+
+struct Library {
+  void *handle;
+  std::string path;
+  explicit Library(const std::string &file) : path(file) {
+    // dlopen needs a path with a slash to skip the search path.
+    std::string p = file.find('/') == std::string::npos ? "./" + file : file;
+    if (!(handle = ::dlopen(p.c_str(), RTLD_NOW | RTLD_LOCAL)))
+      fail("cannot load " + file + ": " + ::dlerror());
+  }
+  template <typename Fn> Fn symbol(const std::string &name) const {
+    auto fn = reinterpret_cast<Fn>(::dlsym(handle, ("_mlir_ciface_" + name).c_str()));
+    if (!fn)
+      fail(path + " has no " + name + " (build it with the same shapes)");
+    return fn;
+  }
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
+}
+
+void compare(const Library &a, const Library &b, int rounds, const std::vector<Shape> &shapes) {
+  for (const Shape &s : shapes) // every function present before any timing
+    for (const Library *l : {&a, &b})
+      l->symbol<PackFn>("ab_pack_" + suffix(s)), l->symbol<GemmFn>("ab_gemm_" + suffix(s));
+  std::printf("B = %s over A = %s, %d rounds\n", b.path.c_str(), a.path.c_str(), rounds);
+  std::printf("%-18s %-9s %-9s %-8s %-11s %-11s %-11s %-11s\n", "M x K x N", "identical", "speedup", "B won",
+              "A best", "A median", "B best", "B median");
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (const Shape &s : shapes) {
+    const int64_t rows = lmcc::codegen::packedRows(s.n, s.k);
+    std::vector<float> w(size_t(s.n) * s.k);
+    for (float &x : w)
+      x = u(rng);
+    Buffer in(size_t(s.m) * s.k), packedA(rows * lmcc::codegen::kPanel), packedB(rows * lmcc::codegen::kPanel),
+        outA(size_t(s.m) * s.n), outB(size_t(s.m) * s.n);
+    for (int64_t i = 0; i < s.m * s.k; ++i)
+      in.data[i] = u(rng);
+    MemRef<2> wm = view(w.data(), s.n, s.k), am = view(in.data, s.m, s.k);
+    MemRef<2> pa = view(packedA.data, rows, lmcc::codegen::kPanel), pb = view(packedB.data, rows, lmcc::codegen::kPanel);
+    MemRef<2> ca = view(outA.data, s.m, s.n), cb = view(outB.data, s.m, s.n);
+    a.symbol<PackFn>("ab_pack_" + suffix(s))(&wm, &pa);
+    b.symbol<PackFn>("ab_pack_" + suffix(s))(&wm, &pb);
+    auto gemmA = a.symbol<GemmFn>("ab_gemm_" + suffix(s)), gemmB = b.symbol<GemmFn>("ab_gemm_" + suffix(s));
+    gemmA(&am, &pa, &ca);
+    gemmB(&am, &pb, &cb);
+    const bool identical = std::memcmp(outA.data, outB.data, size_t(s.m) * s.n * 4) == 0;
+    // Where both pack alike (the same tile), both read the same packed weight and write the same C: the pages under
+    // a buffer (huge or not, their cache sets) then cannot favour one side (two processes' paired ratios of one
+    // shape differed by up to 7% with a buffer per side).
+    if (std::memcmp(packedA.data, packedB.data, size_t(rows) * lmcc::codegen::kPanel * 4) == 0)
+      pb = pa, cb = ca;
+    const double flops = 2.0 * s.m * s.k * s.n;
+    const int reps = std::max(1, int(2e9 / flops)); // about 15 ms at 130 GFLOP/s
+    auto seconds = [&](GemmFn gemm, MemRef<2> *p, MemRef<2> *c) {
+      auto start = std::chrono::steady_clock::now();
+      for (int r = 0; r < reps; ++r)
+        gemm(&am, p, c);
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / reps;
+    };
+    std::vector<double> ta, tb, ratios;
+    int won = 0;
+    for (int r = 0; r < rounds; ++r) {
+      double x, y;
+      if (r % 2) {
+        y = seconds(gemmB, &pb, &cb);
+        x = seconds(gemmA, &pa, &ca);
+      } else {
+        x = seconds(gemmA, &pa, &ca);
+        y = seconds(gemmB, &pb, &cb);
+      }
+      ta.push_back(x), tb.push_back(y), ratios.push_back(x / y);
+      won += y < x;
+    }
+    auto rate = [&](double t) { return flops / t / 1e9; };
+    std::printf("%-18s %-9s %-9s %-8s %-11.1f %-11.1f %-11.1f %-11.1f\n", s.name().c_str(), identical ? "yes" : "NO",
+                (std::to_string(median(ratios)).substr(0, 5) + "x").c_str(),
+                (std::to_string(won) + "/" + std::to_string(rounds)).c_str(),
+                rate(*std::min_element(ta.begin(), ta.end())), rate(median(ta)),
+                rate(*std::min_element(tb.begin(), tb.end())), rate(median(tb)));
+    std::fflush(stdout);
+    if (!identical)
+      fail(s.name() + ": the two builds' results differ (a change of the FMA order is not exact)");
+  }
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.size() < 2)
+    usage();
+  const std::string mode = args[0];
+  if (mode == "build") {
+    const std::string out = args[1];
+    auto tile = lmcc::codegen::GemmTile::forVectorBits(lmcc::codegen::targetVectorBits(""));
+    std::vector<std::string> rest(args.begin() + 2, args.end());
+    if (rest.size() >= 2 && rest[0] == "--tile") {
+      const std::string t = rest[1];
+      const size_t x = t.find('x');
+      if (x == std::string::npos)
+        fail("--tile '" + t + "' is not RxC (rows x columns, e.g. 12x32)");
+      const int64_t r = positive(t.substr(0, x), "--tile rows"), c = positive(t.substr(x + 1), "--tile columns");
+      if (c % tile.lanes || lmcc::codegen::kPanel % c || r * (c / tile.lanes) > 28)
+        fail("--tile " + t + ": columns must be a multiple of " + std::to_string(tile.lanes) + " dividing " +
+             std::to_string(lmcc::codegen::kPanel) + ", and rows x vectors at most 28 accumulators");
+      tile.rows = r, tile.vectors = c / tile.lanes;
+      rest.erase(rest.begin(), rest.begin() + 2);
+    }
+    build(out, tile, shapesOf(rest));
+  } else if (mode == "compare") {
+    if (args.size() < 3)
+      usage();
+    Library a(args[1]), b(args[2]);
+    std::vector<std::string> rest(args.begin() + 3, args.end());
+    int rounds = 20;
+    if (rest.size() >= 2 && rest[0] == "--rounds") {
+      rounds = int(std::min<int64_t>(positive(rest[1], "--rounds"), 1000));
+      rest.erase(rest.begin(), rest.begin() + 2);
+    }
+    compare(a, b, rounds, shapesOf(rest));
+  } else {
+    usage();
+  }
+  return 0;
+}
