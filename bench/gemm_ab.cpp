@@ -38,6 +38,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <new>
 #include <random>
 #include <string>
 #include <vector>
@@ -216,8 +217,17 @@ void compare(const Library &a, const Library &b, int rounds, const std::vector<S
 
 } // namespace
 
+int run(const std::vector<std::string> &args);
+
 int main(int argc, char **argv) {
-  std::vector<std::string> args(argv + 1, argv + argc);
+  try {
+    return run(std::vector<std::string>(argv + 1, argv + argc));
+  } catch (const std::bad_alloc &) {
+    fail("out of memory for these shapes");
+  }
+}
+
+int run(const std::vector<std::string> &args) {
   if (args.size() < 2)
     usage();
   const std::string mode = args[0];
