@@ -22,7 +22,6 @@
 #include "codegen/Emit/Object.h"
 #include "codegen/LmToLoops/Gemm.h"
 #include "codegen/LmToLoops/KernelAbi.h"
-#include "codegen/LmToLoops/Lowering.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/MLIRContext.h"
@@ -96,17 +95,8 @@ void build(const std::string &out, lmcc::codegen::GemmTile tile, const std::vect
     module->lookupSymbol<mlir::func::FuncOp>("lm_bench_pack_" + from).setSymName("ab_pack_" + to);
     module->lookupSymbol<mlir::func::FuncOp>("lm_bench_gemm_" + from).setSymName("ab_gemm_" + to);
   }
-  if (mlir::failed(lmcc::codegen::lowerToLLVMDialect(*module)))
-    fail("lowering the GEMM module failed");
-  std::string object = out + ".o";
-  if (std::string err = lmcc::codegen::emitObject(*module, object, {}); !err.empty())
+  if (std::string err = lmcc::codegen::emitKernelLibrary(*module, out); !err.empty())
     fail(err);
-  std::string link = "cc -shared -o '" + out + ".tmp' '" + object + "' -lm";
-  const bool linked = std::system(link.c_str()) == 0;
-  std::filesystem::remove(object);
-  if (!linked)
-    fail("cannot link " + out);
-  std::filesystem::rename(out + ".tmp", out);
   std::printf("%s: %zu GEMM shapes, tile %s\n", out.c_str(), nk.size(), tile.name().c_str());
 }
 

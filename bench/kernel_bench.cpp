@@ -118,20 +118,15 @@ void buildLibrary() {
     absorb(buildAttentionGradModule(context, mask, kHeads, kModel, kClip, words), "attention_grad_kernel",
            std::string("attention_grad_rel_") + name);
   }
-  if (mlir::failed(lmcc::codegen::lowerToLLVMDialect(*module))) {
-    std::fprintf(stderr, "kernel_bench: lowering failed\n");
-    std::exit(1);
-  }
   auto dir = std::filesystem::temp_directory_path() / ("lmcc-kernel-bench-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
-  std::string object = (dir / "kernels.o").string(), library = (dir / "libkernels.so").string();
-  if (std::string err = lmcc::codegen::emitObject(*module, object, {}); !err.empty()) {
+  std::string library = (dir / "libkernels.so").string();
+  if (std::string err = lmcc::codegen::emitKernelLibrary(*module, library); !err.empty()) {
     std::fprintf(stderr, "kernel_bench: %s\n", err.c_str());
     std::exit(1);
   }
-  std::string link = "cc -shared -o " + library + " " + object + " -lm";
-  if (std::system(link.c_str()) != 0 || !(g_library = ::dlopen(library.c_str(), RTLD_NOW))) {
-    std::fprintf(stderr, "kernel_bench: cannot link or load %s\n", library.c_str());
+  if (!(g_library = ::dlopen(library.c_str(), RTLD_NOW))) {
+    std::fprintf(stderr, "kernel_bench: cannot load %s: %s\n", library.c_str(), ::dlerror());
     std::exit(1);
   }
   if (std::getenv("LMCC_KERNEL_BENCH_KEEP")) {

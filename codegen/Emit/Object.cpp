@@ -24,6 +24,8 @@
 #include "llvm/Target/TargetOptions.h"
 #include "llvm/TargetParser/Host.h"
 
+#include <cstdlib>
+#include <filesystem>
 #include <optional>
 
 using namespace mlir;
@@ -170,6 +172,31 @@ std::string emitObject(ModuleOp module, const std::string &path, const ObjectOpt
   codegen.run(*llvmModule);
   out.flush();
   return "";
+}
+
+std::string emitKernelLibrary(ModuleOp module, const std::string &path) {
+  if (failed(lowerToLLVMDialect(module)))
+    return "lowering the kernel module to the LLVM dialect failed";
+  const std::string object = path + ".o", partial = path + ".tmp";
+  if (std::string err = emitObject(module, object, {}); !err.empty())
+    return err;
+  auto quote = [](const std::string &s) {
+    std::string q = "'";
+    for (char c : s)
+      q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return q + "'";
+  };
+  const char *ccEnv = std::getenv("CC");
+  const std::string cc = ccEnv && *ccEnv ? ccEnv : "cc";
+  const int status = std::system((cc + " -shared -o " + quote(partial) + " " + quote(object) + " -lm").c_str());
+  std::error_code ec;
+  std::filesystem::remove(object, ec);
+  if (status != 0) {
+    std::filesystem::remove(partial, ec);
+    return "cannot link " + path + " (" + cc + " -shared failed)";
+  }
+  std::filesystem::rename(partial, path, ec);
+  return ec ? path + ": " + ec.message() : "";
 }
 
 } // namespace lmcc::codegen

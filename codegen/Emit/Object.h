@@ -30,4 +30,10 @@ bool targetHasBf16Dot(const std::string &cpu);
 /// and writes a position-independent object file to `path`. Returns "" or an error.
 std::string emitObject(mlir::ModuleOp module, const std::string &path, const ObjectOptions &options);
 
+/// A module of kernels (loop-level IR) as a shared library at `path` for this host: lowered to the LLVM dialect,
+/// emitted (emitObject, default options) and linked with `$CC -shared ... -lm` (cc by default; the library written
+/// to a temporary name and renamed, the object removed). For the kernel benchmarks and tests, which dlopen it.
+/// Returns "" or an error.
+std::string emitKernelLibrary(mlir::ModuleOp module, const std::string &path);
+
 } // namespace lmcc::codegen

@@ -28,12 +28,10 @@ struct KernelLibrary {
 
   /// Lowers `module` and loads it as lib<name>.so (gtest assertions: call under ASSERT_NO_FATAL_FAILURE).
   void build(mlir::ModuleOp module, const std::string &name) {
-    ASSERT_TRUE(mlir::succeeded(lmcc::codegen::lowerToLLVMDialect(module)));
     dir = std::filesystem::temp_directory_path() / ("lmcc-" + name + "-test-" + std::to_string(::getpid()));
     std::filesystem::create_directories(dir);
-    std::string object = (dir / (name + ".o")).string(), library = (dir / ("lib" + name + ".so")).string();
-    ASSERT_EQ(lmcc::codegen::emitObject(module, object, {}), "");
-    ASSERT_EQ(std::system(("cc -shared -o " + library + " " + object + " -lm").c_str()), 0);
+    std::string library = (dir / ("lib" + name + ".so")).string();
+    ASSERT_EQ(lmcc::codegen::emitKernelLibrary(module, library), "");
     handle = ::dlopen(library.c_str(), RTLD_NOW);
     ASSERT_NE(handle, nullptr) << ::dlerror();
   }
