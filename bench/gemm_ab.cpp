@@ -90,8 +90,7 @@ void build(const std::string &out, lmcc::codegen::GemmTile tile, const std::vect
   mlir::MLIRContext context;
   auto module = lmcc::codegen::buildGemmModule(context, nk, {tile});
   for (auto [n, k] : nk) { // tile-independent names, so that libraries of different tiles compare
-    std::string from = std::to_string(n) + "x" + std::to_string(k) + "_" + tile.name();
-    std::string to = std::to_string(n) + "x" + std::to_string(k);
+    const std::string to = suffix({0, k, n}), from = to + "_" + tile.name();
     module->lookupSymbol<mlir::func::FuncOp>("lm_bench_pack_" + from).setSymName("ab_pack_" + to);
     module->lookupSymbol<mlir::func::FuncOp>("lm_bench_gemm_" + from).setSymName("ab_gemm_" + to);
   }
