@@ -3,7 +3,7 @@
 autocast on CPU), side by side in one run, and the error of the bf16 scores on every bundled model.
 
 Run through scripts/bench-bf16.sh (the bench environment: PyTorch). Steps:
-  1. The machine's FP32 FMA peak and bandwidth (kernel_bench), and whether the CPU has AVX512_BF16.
+  1. The machine's FP32 FMA peak and bandwidth (kernel_bench), and which bf16 kernel the CPU gets (AMX, AVX512_BF16 or widening).
   2. model_bench times the fp32 and bf16 libraries of the paper-size models (T-TA, uniLM, biLM PLL, BERT-base
      PLL) on the same ids; PyTorch fp32 and PyTorch with bf16 autocast compute the same entry on the same ids.
   3. Accuracy: `lmcc score` with and without --weights-dtype bf16 on every bundled model (random weights,
@@ -33,9 +33,18 @@ PEER_METHOD = {"tta": "tta-score", "unilm": "causal", "bilm": "pll-batched", "be
 ACCURACY_MODELS = ["tta_base", "tta_mask_base", "unilm_base", "bilm_base", "bert_base", "ngram_clm"]
 
 
-def has_bf16_dot():
-    flags = Path("/proc/cpuinfo").read_text().split()
-    return "avx512_bf16" in flags and "avx512f" in flags
+def cpu_flags():
+    return set(Path("/proc/cpuinfo").read_text().split())
+
+
+def bf16_kernel():
+    """What lmcc's bf16 GEMM uses on this CPU (the driver's choice: AMX, else AVX512_BF16, else widening)."""
+    flags = cpu_flags()
+    if "avx512f" in flags and {"amx_tile", "amx_bf16"} <= flags:
+        return "AMX tile dot products (tdpbf16ps)"
+    if "avx512f" in flags and "avx512_bf16" in flags:
+        return "vdpbf16ps dot products"
+    return "bf16 weights widened to f32 in the kernel"
 
 
 def time_torch(ws, model, n, batch, system, threads, budget=1.0):
@@ -127,9 +136,10 @@ def main():
     version = suite.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"]).strip()
     md = ["# bf16 weights, %s" % date, "",
           "Command: `scripts/bench-bf16.sh` (%.0f s wall). lmcc %s, PyTorch %s (PyPI wheel, CPU). %s threads. "
-          "AVX512_BF16 on this CPU: %s (lmcc uses %s)." % (
-              time.time() - start_wall, version, torch.__version__, args.threads, "yes" if has_bf16_dot() else "no",
-              "vdpbf16ps dot products" if has_bf16_dot() else "bf16 weights widened to f32 in the kernel"), "",
+          "AVX512_BF16 on this CPU: %s, AMX-BF16: %s (lmcc uses %s)." % (
+              time.time() - start_wall, version, torch.__version__, args.threads,
+              "yes" if "avx512_bf16" in cpu_flags() else "no", "yes" if "amx_bf16" in cpu_flags() else "no",
+              bf16_kernel()), "",
           "Machine: " + suite.machine_text(limits), "",
           "## Speed (same weights and ids; medians in ms per call)", "",
           "`lmcc bf16` = `lmcc compile --weights-dtype bf16`: the GEMM weights (linear layers, vocabulary "

@@ -25,11 +25,12 @@ def LmToLoops : Pass<"lm-to-loops", "::mlir::ModuleOp"> {
     Option<"weightsDtype", "weights-dtype", "std::string", "\"f32\"",
            "element type of the packed GEMM weights: f32, or bf16 (pairs of bf16 in 32-bit words)">,
     Option<"bf16Dot", "bf16-dot", "std::string", "\"host\"",
-           "with bf16 weights: yes = AVX512_BF16 dot products, no = widen to f32 in the kernel, host = as this CPU">
+           "with bf16 weights: amx = AMX tile dot products, yes = AVX512_BF16 dot products, no = widen to f32 in the "
+           "kernel, host = as this CPU (amx where it has AMX-BF16, else yes where it has AVX512_BF16)">
   ];
   let dependentDialects = ["::mlir::arith::ArithDialect", "::mlir::func::FuncDialect", "::mlir::math::MathDialect",
                            "::mlir::memref::MemRefDialect", "::mlir::scf::SCFDialect", "::mlir::vector::VectorDialect",
-                           "::mlir::LLVM::LLVMDialect"];
+                           "::mlir::LLVM::LLVMDialect", "::mlir::amx::AMXDialect"];
 }
 
 #endif // LMCC_CODEGEN_PASSES_TD

@@ -295,7 +295,9 @@ std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options,
   lowering.gemm = options.gemm;
   lowering.vectorBits = codegen::targetVectorBits(options.cpu);
   lowering.weightsDtype = options.weightsDtype;
-  lowering.bf16Dot = codegen::targetHasBf16Dot(options.cpu) ? "yes" : "no";
+  const bool amx = codegen::targetHasAmx(options.cpu);
+  lowering.bf16Dot = amx ? "amx" : codegen::targetHasBf16Dot(options.cpu) ? "yes" : "no";
+  facts->amx = bf16 && amx; // the loader asks the OS for AMX tile state
   mlir::PassManager pm(&context);
   pm.addPass(createLmToLoops(lowering, layout));
   if (mlir::failed(pm.run(*lm)))

@@ -178,7 +178,8 @@ std::string generateGlue(const ModelFacts &spec, const std::vector<LayoutTensor>
   else
     os << "    NULL, NULL, NULL, NULL, /* pair_encode, pair_token_kv, pair_decode, pair_step */\n";
   os << "    " << spec.kvWidth << ", /* kv_width */\n";
-  os << "    " << spec.unk << ", " << spec.mask << " /* unk_id, mask_id */\n";
+  os << "    " << spec.unk << ", " << spec.mask << ", /* unk_id, mask_id */\n";
+  os << "    " << (spec.amx ? 1 : 0) << " /* amx */\n";
   os << "};\n\n";
 
 

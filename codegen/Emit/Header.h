@@ -41,6 +41,7 @@ struct ModelFacts {
   int64_t kvWidth = 0;     ///< Diformer: features of a token's cached decoder keys/values (token_kv's result)
   bool hasEmbed = true;    ///< false for the Diformer (no embed entry: <name>_embed returns an error)
   double lengthLoss = 0;   ///< the Diformer's length-loss weight (lm.length_loss of its pair loss)
+  bool amx = false;        ///< the kernels use AMX tiles (bf16 weights on a CPU with AMX-BF16)
   /// Memory model of the entry points (codegen/Stats.h memoryModel), index n = 0..maxLen; empty: none.
   std::vector<int64_t> scoreSentenceBytes, scoreCopyBytes, embedSentenceBytes, embedCopyBytes;
 };

@@ -6,6 +6,7 @@
 #include "mlir/Dialect/Math/Transforms/Passes.h"
 #include "mlir/Dialect/MemRef/Transforms/Passes.h"
 #include "mlir/Pass/PassManager.h"
+#include "mlir/Target/LLVMIR/Dialect/AMX/AMXToLLVMIRTranslation.h"
 #include "mlir/Target/LLVMIR/Dialect/Builtin/BuiltinToLLVMIRTranslation.h"
 #include "mlir/Target/LLVMIR/Dialect/LLVMIR/LLVMToLLVMIRTranslation.h"
 #include "mlir/Target/LLVMIR/Export.h"
@@ -44,7 +45,9 @@ LogicalResult lowerToLLVMDialect(ModuleOp module) {
   pm.addPass(createConvertSCFToCFPass());
   pm.addPass(createConvertMathToLLVMPass());
   pm.addPass(createConvertMathToLibmPass());
-  pm.addPass(createConvertVectorToLLVMPass());
+  ConvertVectorToLLVMPassOptions vectorOptions;
+  vectorOptions.amx = true; // the bf16 GEMM's AMX tiles (Gemm.cpp); nothing else uses the AMX dialect
+  pm.addPass(createConvertVectorToLLVMPass(vectorOptions));
   pm.addPass(memref::createExpandStridedMetadataPass());
   pm.addPass(createLowerAffinePass()); // collapse_shape/reinterpret_cast index math
   // Temporaries come from the runtime's per-thread workspace cache (lmrt.h), not malloc.
@@ -94,12 +97,15 @@ int64_t targetVectorBits(const std::string &cpu) { return targetHas(cpu, {"avx51
 
 bool targetHasBf16Dot(const std::string &cpu) { return targetHas(cpu, {"avx512f", "avx512bf16"}); }
 
+bool targetHasAmx(const std::string &cpu) { return targetHas(cpu, {"avx512f", "avx512bf16", "amx-tile", "amx-bf16"}); }
+
 std::string emitObject(ModuleOp module, const std::string &path, const ObjectOptions &options) {
   llvm::InitializeNativeTarget();
   llvm::InitializeNativeTargetAsmPrinter();
   llvm::InitializeNativeTargetAsmParser();
   registerBuiltinDialectTranslation(*module.getContext());
   registerLLVMDialectTranslation(*module.getContext());
+  registerAMXDialectTranslation(*module.getContext());
 
   llvm::LLVMContext llvmContext;
   std::unique_ptr<llvm::Module> llvmModule = translateModuleToLLVMIR(module, llvmContext);

@@ -25,6 +25,9 @@ mlir::LogicalResult lowerToLLVMDialect(mlir::ModuleOp module);
 int64_t targetVectorBits(const std::string &cpu);
 /// Whether the target CPU (empty = this host) has AVX512_BF16 dot products (vdpbf16ps) with AVX-512.
 bool targetHasBf16Dot(const std::string &cpu);
+/// Whether the target CPU (empty = this host) has AMX tiles with bf16 tile dot products (tdpbf16ps), AVX-512 and
+/// AVX512_BF16 (the AMX GEMM rounds its activations with vcvtneps2bf16).
+bool targetHasAmx(const std::string &cpu);
 
 /// Translates an LLVM-dialect module to LLVM IR, optimizes it at O3 for the target
 /// and writes a position-independent object file to `path`. Returns "" or an error.

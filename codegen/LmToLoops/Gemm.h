@@ -22,20 +22,24 @@ namespace lmcc::codegen {
 struct GemmTile {
   int64_t rows, vectors, lanes;
   /// The packed weights' element type and how the kernel multiplies them: fp32 FMAs; bf16 pairs by AVX512_BF16
-  /// dot products (vdpbf16ps: the activations rounded to bf16 pairs too, f32 accumulation); or bf16 pairs widened
-  /// to f32 in the kernel (CPUs without AVX512_BF16: fp32 activations, two FMAs per pair).
-  enum class Weights { F32, Bf16Dot, Bf16Widen } weights = Weights::F32;
+  /// dot products (vdpbf16ps: the activations rounded to bf16 pairs too, f32 accumulation); bf16 pairs by AMX tile
+  /// dot products (tdpbf16ps on 16 x 16 tiles of C, the same rounding of the activations, f32 accumulation); or
+  /// bf16 pairs widened to f32 in the kernel (CPUs without AVX512_BF16: fp32 activations, two FMAs per pair).
+  enum class Weights { F32, Bf16Dot, Bf16Amx, Bf16Widen } weights = Weights::F32;
   int64_t cols() const { return vectors * lanes; }
   bool bf16() const { return weights != Weights::F32; }
-  /// "<rows>x<cols>" and "_bf16dot" / "_bf16" for bf16 weights: the suffix of the kernels' symbols.
+  /// "<rows>x<cols>" and "_bf16dot" / "_bf16amx" / "_bf16" for bf16 weights: the suffix of the kernels' symbols.
   std::string name() const;
   /// 512-bit registers (AVX-512, 32 of them): 12 x 32 in 24 zmm (2 loads of B and 12 broadcasts of A per k step
   /// for 24 FMAs: half the B traffic per FMA of a 5 x 64 tile, which a core with two FMA ports needs from L1/L2;
   /// BLIS's SKX sgemm tile has the same shape). 256-bit (AVX2, 16): 6 x 16 in 12 ymm.
   static GemmTile forVectorBits(int64_t bits) { return bits >= 512 ? GemmTile{12, 2, 16} : GemmTile{6, 2, 8}; }
-  /// The tile for a target: `bf16` weights use dot products when the target has AVX512_BF16 (512-bit tiles).
-  static GemmTile forTarget(int64_t bits, bool bf16, bool hasBf16Dot) {
+  /// The tile for a target: `bf16` weights use AMX tiles when the target has AMX-BF16 (2 x 2 tiles of 16 x 16: 32
+  /// rows x 32 columns, the packing of the 12 x 32 tile), else dot products when it has AVX512_BF16 (512-bit tiles).
+  static GemmTile forTarget(int64_t bits, bool bf16, bool hasBf16Dot, bool hasAmx = false) {
     GemmTile t = forVectorBits(bits);
+    if (bf16 && hasAmx && bits >= 512)
+      return GemmTile{32, 2, 16, Weights::Bf16Amx};
     if (bf16)
       t.weights = hasBf16Dot && bits >= 512 ? Weights::Bf16Dot : Weights::Bf16Widen;
     return t;

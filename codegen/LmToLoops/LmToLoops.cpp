@@ -182,8 +182,8 @@ struct LmToLoopsPass : lmcc::impl::LmToLoopsBase<LmToLoopsPass> {
       module.emitError("lm-to-loops: gemm must be generated or eigen, got ") << gemm;
       return signalPassFailure();
     }
-    if ((weightsDtype != "f32" && weightsDtype != "bf16") || (bf16Dot != "yes" && bf16Dot != "no" && bf16Dot != "host")) {
-      module.emitError("lm-to-loops: weights-dtype must be f32 or bf16 and bf16-dot yes, no or host");
+    if ((weightsDtype != "f32" && weightsDtype != "bf16") || (bf16Dot != "amx" && bf16Dot != "yes" && bf16Dot != "no" && bf16Dot != "host")) {
+      module.emitError("lm-to-loops: weights-dtype must be f32 or bf16 and bf16-dot amx, yes, no or host");
       return signalPassFailure();
     }
     bool bf16 = weightsDtype == "bf16";
@@ -201,8 +201,9 @@ struct LmToLoopsPass : lmcc::impl::LmToLoopsBase<LmToLoopsPass> {
     LoweringContext context;
     context.layout = givenLayout ? givenLayout : &computed;
     context.generatedGemm = gemm == "generated";
+    const bool host = bf16Dot == "host", amx = host ? targetHasAmx("") : bf16Dot == "amx";
     context.tile = GemmTile::forTarget(vectorBits ? vectorBits : targetVectorBits(""), bf16,
-                                       bf16Dot == "host" ? targetHasBf16Dot("") : bf16Dot == "yes");
+                                       amx || (host ? targetHasBf16Dot("") : bf16Dot == "yes"), amx);
     context.maxLen = model.getMaxLen();
 
     // Only the entry points (score, embed, the Diformer's decoding entries and, when built, the training entries)

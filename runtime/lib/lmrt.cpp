@@ -34,9 +34,11 @@
 #include <tbb/task_arena.h>
 
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -287,10 +289,26 @@ void loadFile(const lm_model_desc *desc, const std::string &path, float *buffer)
     std::memset(buffer + cursor, 0, static_cast<size_t>(desc->total_floats - cursor) * sizeof(float));
 }
 
+void requestAmx() {
+#if defined(__linux__) && defined(__x86_64__)
+  constexpr long kReqXcompPerm = 0x1023, kXfeatureXtileData = 18; // asm/prctl.h, the XTILEDATA state component
+  if (syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtileData) == 0)
+    return;
+  const std::string reason = std::strerror(errno);
+#else
+  const std::string reason = "AMX needs Linux on x86-64";
+#endif
+  argumentError("the kernels use AMX tiles (bf16 weights compiled for a CPU with AMX-BF16), but this process cannot "
+                "have AMX tile state (" + reason + "): run the library on a CPU and kernel with AMX, or compile it "
+                "for this CPU");
+}
+
 void loadImpl(const lm_model_desc *desc, const char *path, lm_model **out) {
   checkDescriptor(desc);
   if (!out)
     argumentError("out is NULL");
+  if (desc->amx)
+    requestAmx();
   auto model = std::make_unique<lm_model>();
   model->desc = desc;
   if (!path) {
@@ -883,6 +901,8 @@ extern "C" {
 int lm_rt_load(const lm_model_desc *desc, const char *weights_path, lm_model **out) {
   return guarded([&] { loadImpl(desc, weights_path, out); });
 }
+
+int lm_rt_request_amx(void) { return guarded([] { requestAmx(); }); }
 
 int lm_rt_score(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride,
                 float *token_logprobs, float *scores) {

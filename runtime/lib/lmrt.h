@@ -18,7 +18,7 @@ extern "C" {
 #endif
 
 #ifndef LM_ABI_VERSION
-#define LM_ABI_VERSION 6
+#define LM_ABI_VERSION 7
 #endif
 /* Every tensor of the flat weight buffer, and the buffer itself, starts at a multiple of this many bytes
  * (lmcc's weight layout, codegen/Layout/WeightLayout.h, and the runtime's loader both use it). */
@@ -167,6 +167,9 @@ typedef struct {
   lm_pair_step_kernel pair_step;
   int64_t kv_width; /* features of a token's cached decoder keys/values (2 x decoder layers x d_model) */
   int32_t unk_id, mask_id;
+  /* ABI 7: nonzero when the kernels use AMX tiles (bf16 weights compiled for a CPU with AMX-BF16): lm_rt_load asks
+   * the operating system for AMX tile state first (lm_rt_request_amx). */
+  int32_t amx;
 } lm_model_desc;
 
 typedef struct lm_model lm_model;
@@ -174,6 +177,10 @@ typedef struct lm_model lm_model;
 /* Loads weights (canonical names, F32/F16/BF16 safetensors; NULL path = embedded weights),
  * checks every tensor's presence, shape and finiteness against desc. */
 LM_API int lm_rt_load(const lm_model_desc *desc, const char *weights_path, lm_model **out);
+/* Asks Linux for AMX tile state for this process (arch_prctl ARCH_REQ_XCOMP_PERM, XTILEDATA), which the kernels of a
+ * library with desc->amx need before their first tile instruction (lm_rt_load does it for them). LM_OK, or
+ * LM_ERR_ARGUMENT with the reason when the CPU or the kernel has no AMX. Idempotent. */
+LM_API int lm_rt_request_amx(void);
 /* Validates all arguments first (nothing is written on error), then scores in chunks across the
  * runtime's oneTBB arena. token_logprobs may be NULL; entries past a sentence's length are untouched. */
 /* Thread safety: a loaded model is read-only and every call works in buffers of its own, so calls on

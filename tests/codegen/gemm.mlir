@@ -4,6 +4,8 @@
 // RUN: not lmcc-opt --lm-to-loops="gemm=blas" %s 2>&1 | FileCheck %s --check-prefix=BAD
 // RUN: lmcc-opt --lm-to-loops="vector-bits=512 weights-dtype=bf16 bf16-dot=yes" %s | FileCheck %s --check-prefix=DOT
 // RUN: lmcc-opt --lm-to-loops="vector-bits=256 weights-dtype=bf16 bf16-dot=no" %s | FileCheck %s --check-prefix=WIDEN
+// RUN: lmcc-opt --lm-to-loops="vector-bits=512 weights-dtype=bf16 bf16-dot=amx" %s | FileCheck %s --check-prefix=AMX
+// RUN: not lmcc-opt --lm-to-loops="weights-dtype=bf16 bf16-dot=sometimes" %s 2>&1 | FileCheck %s --check-prefix=BADDOT
 // RUN: not lmcc-opt --lm-to-loops="gemm=eigen weights-dtype=bf16" %s 2>&1 | FileCheck %s --check-prefix=BF16EIGEN
 // lm.linear: the generated GEMM over the load-time packed weight, split over threads by 64-wide panels
 // (lm_rt_parallel_for of a task), with the register tile of the target; or the runtime's Eigen GEMM.
@@ -43,6 +45,25 @@
 // WIDEN-COUNT-2: vector.fma
 // WIDEN-NOT: dpbf16ps
 // BF16EIGEN: lm-to-loops: bf16 weights need the generated GEMM
+// bf16-dot=amx: the same packing (32-column slices of pairs); a block of A's rows rounded to pairs (vcvtneps2bf16,
+// a masked load past the depth of 8), zero up to one 16-pair step; B's last 4 pair-rows copied into a zeroed 16 x 32
+// tile; the C tiles start from the bias; 2 x 2 C tiles of 16 x 16, stored straight into C when whole.
+// AMX: func.func private @lm_gemm_16x8_bias_32x32_bf16amx
+// AMX: memref.alloc() {alignment = 64 : i64} : memref<512x16xf32>
+// AMX: memref.alloca() : memref<32x32xf32>
+// AMX: memref.alloca() : memref<16x32xf32>
+// AMX: memref.alloca() : memref<16x32xf32>
+// AMX: vector.maskedload
+// AMX: arith.truncf {{.*}} : vector<32xf32> to vector<32xbf16>
+// AMX: amx.tile_load {{.*}} into vector<16x16xf32>
+// AMX-COUNT-4: amx.tile_mulf {{.*}} : vector<16x32xbf16>, vector<16x32xbf16>, vector<16x16xf32>
+// AMX: scf.if
+// AMX-COUNT-4: amx.tile_store %arg3
+// AMX: memref.dealloc
+// AMX-NOT: dpbf16ps
+// AMX-LABEL: func.func @m_init_kernel
+// AMX: memref.reinterpret_cast %arg0 to offset: [{{[0-9]+}}], sizes: [4, 64], strides: [64, 1]
+// BADDOT: lm-to-loops: weights-dtype must be f32 or bf16 and bf16-dot amx, yes, no or host
 module @m attributes {lm.model = #lm.model<name = "m", vocab = 11, max_len = 6, d_model = 8, heads = 2, d_ff = 16,
                                            layers = 1, pad = 0, eos = 1, unk = 2, bos = 3, mask = 4>} {
   func.func @embed(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> tensor<?x16xf32> {

@@ -426,9 +426,15 @@ void loadLibrary(const ModelSpec &spec, const std::string &cpu, const std::strin
 TEST_P(CompiledBf16, AgreesWithFp32) {
   const ModelSpec &spec = std::get<0>(GetParam()).spec;
   const Bf16Target target = std::get<1>(GetParam());
-  if (std::string(target.cpu) == "skylake-avx512" && codegen::targetVectorBits("") < 512)
+  const std::string cpu = target.cpu;
+  if (cpu == "skylake-avx512" && codegen::targetVectorBits("") < 512)
     GTEST_SKIP() << "this host cannot run AVX-512 code";
-  const bool dot = std::string(target.cpu).empty() && codegen::targetHasBf16Dot("");
+  if (cpu == "cooperlake" && !codegen::targetHasBf16Dot(""))
+    GTEST_SKIP() << "this host has no AVX512_BF16 to run the dot-product kernel";
+  if (cpu == "sapphirerapids" && !codegen::targetHasAmx(""))
+    GTEST_SKIP() << "this host has no AMX-BF16 to run the AMX kernel";
+  // The dot-product and AMX kernels round the activations to bf16 too; the widening ones do not.
+  const bool dot = cpu == "cooperlake" || cpu == "sapphirerapids" || (cpu.empty() && codegen::targetHasBf16Dot(""));
   fs::path dir = fs::temp_directory_path() /
                  ("lmcc-compiled-bf16-" + spec.name + "-" + target.name + "-" + std::to_string(::getpid()));
   fs::create_directories(dir);
@@ -494,6 +500,8 @@ INSTANTIATE_TEST_SUITE_P(Families, CompiledBf16,
                          ::testing::Combine(::testing::ValuesIn(bf16Cases()),
                                             ::testing::Values(Bf16Target{"host", ""},
                                                               Bf16Target{"avx512_widen", "skylake-avx512"},
+                                                              Bf16Target{"avx512_dot", "cooperlake"},
+                                                              Bf16Target{"amx", "sapphirerapids"},
                                                               Bf16Target{"avx2_widen", "znver3"})),
                          [](const ::testing::TestParamInfo<std::tuple<Case, Bf16Target>> &info) {
                            return std::string(std::get<0>(info.param).name) + "_" + std::get<1>(info.param).name;

@@ -4,6 +4,7 @@
 #include "codegen/Emit/Object.h"
 #include "codegen/LmToLoops/Gemm.h"
 #include "codegen/LmToLoops/KernelAbi.h"
+#include "runtime/lib/lmrt.h"
 #include "tests/unit/Bf16.h"
 #include "tests/unit/KernelLibrary.h"
 
@@ -15,6 +16,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -176,16 +178,24 @@ TEST_F(GemmTest, TrainGemmIsTheOrderedFmaChain) {
 // --weights-dtype bf16 (Gemm.h): W packed as bf16 pairs. On weights that are bf16 numbers already the packing is
 // lossless: the widening kernels (any x86-64) run the fp32 kernel's FMA chain and give its result bit for bit; the
 // AVX512_BF16 dot-product kernel (when this host has it) also rounds A to bf16, and equals the exact product of the
-// rounded operands up to f32 accumulation. Odd K (the last pair half padding), N past a panel, every M to 23.
+// rounded operands up to f32 accumulation; so does the AMX tile kernel (when this host has AMX-BF16). Odd K (the last
+// pair half padding, and for AMX a depth that is not a multiple of 32), N past a panel, every M to 23, and for AMX also
+// M past one 32-row tile and one block of rows.
 TEST(GemmBf16, MatchesTheRoundedProduct) {
   using lmcc::codegen::GemmTile;
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 5},   {16, 7},    {63, 33},   {65, 19},
                                                            {67, 30}, {130, 17},  {40, 1101}, {512, 512}, {768, 3072}};
   std::vector<GemmTile> tiles = {GemmTile::forVectorBits(512), GemmTile::forTarget(512, true, false),
                                  GemmTile::forVectorBits(256), GemmTile::forTarget(256, true, false)};
-  const bool dot = lmcc::codegen::targetHasBf16Dot("");
+  const bool dot = lmcc::codegen::targetHasBf16Dot(""), amx = lmcc::codegen::targetHasAmx("");
   if (dot)
     tiles.push_back(GemmTile::forTarget(512, true, true));
+  if (amx) {
+    ASSERT_EQ(lm_rt_request_amx(), LM_OK) << lm_rt_last_error();
+    tiles.push_back(GemmTile::forTarget(512, true, true, true));
+  }
+  if (!amx)
+    std::printf("GemmBf16: this host has no AMX-BF16: the AMX kernel is not run here\n");
   mlir::MLIRContext context;
   auto module = lmcc::codegen::buildGemmModule(context, shapes, tiles);
   lmcc::test::KernelLibrary library;
@@ -198,7 +208,13 @@ TEST(GemmBf16, MatchesTheRoundedProduct) {
     std::vector<float> w(n * k);
     for (float &x : w)
       x = lmcc::test::roundToBf16(u(rng));
-    for (int64_t m = 1; m <= 23; m += n * k > 100000 ? 11 : 1) {
+    std::vector<int64_t> ms;
+    for (int64_t m = 1; m <= 23; m += n * k > 100000 ? 11 : 1)
+      ms.push_back(m);
+    for (int64_t m : {33, 70, 300})
+      if (m < 300 || n * k <= 100000)
+        ms.push_back(m); // past a 32-row AMX tile; blocks of rows: 256 at small depths, 32 at 3072
+    for (int64_t m : ms) {
       std::vector<float> a(m * k);
       for (float &x : a)
         x = u(rng);
@@ -215,20 +231,20 @@ TEST(GemmBf16, MatchesTheRoundedProduct) {
         MemRef<2> am = view(a.data(), m, k), cm = view(c.back().data(), m, n);
         gemm(&am, &pm, &cm);
       }
-      // tiles: 0 = fp32 512, 1 = bf16 widen 512, 2 = fp32 256, 3 = bf16 widen 256, 4 = bf16 dot.
+      // tiles: 0 = fp32 512, 1 = bf16 widen 512, 2 = fp32 256, 3 = bf16 widen 256, 4 = bf16 dot, then AMX.
       ASSERT_EQ(0, std::memcmp(c[0].data(), c[1].data(), c[0].size() * sizeof(float))) << shape << " m=" << m;
       ASSERT_EQ(0, std::memcmp(c[2].data(), c[3].data(), c[0].size() * sizeof(float))) << shape << " m=" << m;
-      if (!dot)
-        continue;
-      for (int64_t i = 0; i < m; ++i)
-        for (int64_t j = 0; j < n; ++j) {
-          double ref = 0, size = 0;
-          for (int64_t kk = 0; kk < k; ++kk) {
-            double term = double(lmcc::test::roundToBf16(a[i * k + kk])) * w[j * k + kk];
-            ref += term, size += std::fabs(term);
+      for (size_t t = 4; t < tiles.size(); ++t)
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < n; ++j) {
+            double ref = 0, size = 0;
+            for (int64_t kk = 0; kk < k; ++kk) {
+              double term = double(lmcc::test::roundToBf16(a[i * k + kk])) * w[j * k + kk];
+              ref += term, size += std::fabs(term);
+            }
+            ASSERT_NEAR(c[t][i * n + j], ref, 1e-5 * (1 + size))
+                << tiles[t].name() << " " << shape << " m=" << m << " [" << i << "," << j << "]";
           }
-          ASSERT_NEAR(c[4][i * n + j], ref, 1e-5 * (1 + size)) << shape << " m=" << m << " [" << i << "," << j << "]";
-        }
     }
   }
 }
