@@ -4,9 +4,11 @@
 // so a 5% change to the GEMM's code generation cannot be judged by two kernel_bench runs. This tool times two
 // builds of the generated GEMM in one process, alternately, and compares them round by round:
 //
-//   gemm_ab build OUT.so [--tile RxC] M K N [M K N ...]
+//   gemm_ab build OUT.so [--tile RxC|amx] M K N [M K N ...]
 //       compiles this build's generated GEMM (codegen/LmToLoops/Gemm.cpp) for each shape's (N, K), in the register
-//       tile lmcc picks for this host or RxC (rows x columns, e.g. 6x64), into the shared library OUT.so;
+//       tile lmcc picks for this host or RxC (rows x columns, e.g. 6x64), or the bf16 AMX kernel (`amx`: weights
+//       packed as bf16 pairs; only against another AMX build, on a host with AMX-BF16), into the shared library
+//       OUT.so;
 //   gemm_ab compare A.so B.so [--rounds R] M K N [M K N ...]
 //       loads both libraries, packs one random weight per shape with each library's own packer (as at model load),
 //       checks that both compute bit-identical C (every element is the same ordered FMA chain whatever the tile,
@@ -22,6 +24,7 @@
 #include "codegen/Emit/Object.h"
 #include "codegen/LmToLoops/Gemm.h"
 #include "codegen/LmToLoops/KernelAbi.h"
+#include "runtime/lib/lmrt.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/MLIRContext.h"
@@ -57,7 +60,7 @@ struct Shape {
 }
 
 [[noreturn]] void usage() {
-  fail("usage: gemm_ab build OUT.so [--tile RxC] M K N [M K N ...]\n"
+  fail("usage: gemm_ab build OUT.so [--tile RxC|amx] M K N [M K N ...]\n"
        "       gemm_ab compare A.so B.so [--rounds R] M K N [M K N ...]");
 }
 
@@ -224,7 +227,12 @@ int run(const std::vector<std::string> &args) {
     const std::string out = args[1];
     auto tile = lmcc::codegen::GemmTile::forVectorBits(lmcc::codegen::targetVectorBits(""));
     std::vector<std::string> rest(args.begin() + 2, args.end());
-    if (rest.size() >= 2 && rest[0] == "--tile") {
+    if (rest.size() >= 2 && rest[0] == "--tile" && rest[1] == "amx") {
+      if (!lmcc::codegen::targetHasAmx(""))
+        fail("--tile amx: this host has no AMX-BF16");
+      tile = lmcc::codegen::GemmTile::forTarget(512, /*bf16=*/true, /*hasBf16Dot=*/true, /*hasAmx=*/true);
+      rest.erase(rest.begin(), rest.begin() + 2);
+    } else if (rest.size() >= 2 && rest[0] == "--tile") {
       const std::string t = rest[1];
       const size_t x = t.find('x');
       if (x == std::string::npos)
@@ -241,6 +249,7 @@ int run(const std::vector<std::string> &args) {
     if (args.size() < 3)
       usage();
     Library a(args[1]), b(args[2]);
+    lm_rt_request_amx(); // AMX builds need the tile state; harmless without them
     std::vector<std::string> rest(args.begin() + 3, args.end());
     int rounds = 20;
     if (rest.size() >= 2 && rest[0] == "--rounds") {

@@ -21,3 +21,12 @@ shared_data = os.path.join(config.lmcc_src_dir, "..", "shared", "data")
 if os.path.isdir(os.path.join(shared_data, "stsb")) and os.path.isdir(os.path.join(shared_data, "blimp")):
     config.available_features.add("shared-data")
 config.substitutions.append(("%shared", shared_data))
+# A CPU with AMX-BF16 (and Linux, which reports it): tests of the bf16 AMX kernel on real tiles (cli/gemm_ab-amx.test)
+# say REQUIRES: amx and are reported UNSUPPORTED elsewhere.
+try:
+    with open("/proc/cpuinfo") as cpuinfo:
+        flags = set(cpuinfo.read().split())
+    if {"amx_tile", "amx_bf16", "avx512_bf16", "avx512f"} <= flags:
+        config.available_features.add("amx")
+except OSError:
+    pass

@@ -565,8 +565,10 @@ static void emitAmxGemmBody(OpBuilder &b, Location loc, const GemmBody &op) {
             for (int64_t c = 0; c < 4; ++c)
               acc.push_back(b.create<amx::TileLoadOp>(loc, accTile, Bt, ValueRange{cidx(0), cidx(cOffsets[c][1])}));
           } else {
-            Value zero = b.create<amx::TileZeroOp>(loc, accTile);
-            acc.assign(4, zero);
+            // One tilezero per accumulator: one zero tile used four times became three copies through the stack
+            // (tilestored, then tileloadd of the same lines, which stalls).
+            for (int64_t c = 0; c < 4; ++c)
+              acc.push_back(b.create<amx::TileZeroOp>(loc, accTile));
           }
           // Up to kStraight steps in straight-line code (the tiles stay in registers); a deeper K in chunks of
           // kUnroll steps with the tiles in Cs between them.
