@@ -76,8 +76,9 @@ mlir::func::FuncOp getOrCreateGemmTask(mlir::ModuleOp module, int64_t n, int64_t
 
 namespace lmcc::codegen {
 
-/// A module exporting, for every (N, K) and tile, `lm_bench_pack_<N>x<K>_<tile.name()>(W memref<NxK>, P memref<?x64>)`
-/// and `lm_bench_gemm_<N>x<K>_<tile.name()>(A memref<?xK>, P memref<?x64>, C memref<?x?>)` (C interface), and for
+/// A module exporting, for every (N, K) and tile, `lm_bench_pack_<N>x<K>_<tile.name()>(W memref<NxK>, P memref<?x64>)`,
+/// `lm_bench_gemm_<N>x<K>_<tile.name()>(A memref<?xK>, P memref<?x64>, C memref<?x?>)` and
+/// for bf16 tiles `lm_bench_gemm_bias_<N>x<K>_<tile.name()>(A, P, bias memref<N>, C)` (C interface), and for
 /// every fp32 tile the training GEMM `lm_train_gemm_<tile.name()>` (public, lm_rt_gemm_fn), for benchmarks and tests
 /// of the generated GEMM outside a model.
 mlir::OwningOpRef<mlir::ModuleOp> buildGemmModule(mlir::MLIRContext &context,

@@ -22,9 +22,10 @@ template <int R> struct MemRef {
 /// A row-major [rows, cols] view of p.
 inline MemRef<2> view(float *p, int64_t rows, int64_t cols) { return {p, p, 0, {rows, cols}, {cols, 1}}; }
 
-// buildGemmModule: pack(W [N, K], panels), gemm(A [M, K], panels, C [M, N]).
+// buildGemmModule: pack(W [N, K], panels), gemm(A [M, K], panels, C [M, N]), gemm_bias(A, panels, bias [N], C).
 using PackFn = void (*)(MemRef<2> *, MemRef<2> *);
 using GemmFn = void (*)(MemRef<2> *, MemRef<2> *, MemRef<2> *);
+using BiasGemmFn = void (*)(MemRef<2> *, MemRef<2> *, MemRef<1> *, MemRef<2> *);
 
 // buildAttentionModule: (q, k, v, lengths[, rows][, rel_k, rel_v], out).
 using AttentionFn = void (*)(MemRef<3> *, MemRef<3> *, MemRef<3> *, MemRef<1> *, MemRef<3> *);

@@ -218,23 +218,33 @@ TEST(GemmBf16, MatchesTheRoundedProduct) {
       std::vector<float> a(m * k);
       for (float &x : a)
         x = u(rng);
-      std::vector<std::vector<float>> c;
+      std::vector<float> bias(n);
+      for (float &x : bias)
+        x = u(rng);
+      std::vector<std::vector<float>> c, cb; // without and with the bias
       for (const GemmTile &tile : tiles) {
         auto pack = reinterpret_cast<PackFn>(symbol("lm_bench_pack_" + shape + "_" + tile.name()));
         auto gemm = reinterpret_cast<GemmFn>(symbol("lm_bench_gemm_" + shape + "_" + tile.name()));
-        ASSERT_TRUE(pack && gemm) << shape << " " << tile.name();
+        auto gemmBias = reinterpret_cast<BiasGemmFn>(symbol("lm_bench_gemm_bias_" + shape + "_" + tile.name()));
+        ASSERT_TRUE(pack && gemm && (gemmBias || !tile.bf16())) << shape << " " << tile.name();
         int64_t rows = lmcc::codegen::packedRows(n, k, tile.bf16());
         std::vector<float> packed(rows * lmcc::codegen::kPanel, 7.0f);
         MemRef<2> wm = view(w.data(), n, k), pm = view(packed.data(), rows, lmcc::codegen::kPanel);
         pack(&wm, &pm);
-        c.emplace_back(m * n, 0.0f);
-        MemRef<2> am = view(a.data(), m, k), cm = view(c.back().data(), m, n);
+        c.emplace_back(m * n, 0.0f), cb.emplace_back(m * n, 0.0f);
+        MemRef<2> am = view(a.data(), m, k), cm = view(c.back().data(), m, n), cbm = view(cb.back().data(), m, n);
+        MemRef<1> bm = {bias.data(), bias.data(), 0, {n}, {1}};
         gemm(&am, &pm, &cm);
+        if (gemmBias)
+          gemmBias(&am, &pm, &bm, &cbm);
       }
       // tiles: 0 = fp32 512, 1 = bf16 widen 512, 2 = fp32 256, 3 = bf16 widen 256, 4 = bf16 dot, then AMX.
       ASSERT_EQ(0, std::memcmp(c[0].data(), c[1].data(), c[0].size() * sizeof(float))) << shape << " m=" << m;
       ASSERT_EQ(0, std::memcmp(c[2].data(), c[3].data(), c[0].size() * sizeof(float))) << shape << " m=" << m;
-      for (size_t t = 4; t < tiles.size(); ++t)
+      for (size_t t : {1, 3}) // the widening kernels (and the fp32 ones: the same epilogue) add it to the finished sum
+        for (int64_t i = 0; i < m * n; ++i)
+          ASSERT_EQ(cb[t][i], c[t][i] + bias[i % n]) << tiles[t].name() << " " << shape << " m=" << m << " bias";
+      for (size_t t = 4; t < tiles.size(); ++t) // the dot kernel adds it at the end too, AMX starts from it
         for (int64_t i = 0; i < m; ++i)
           for (int64_t j = 0; j < n; ++j) {
             double ref = 0, size = 0;
@@ -242,8 +252,10 @@ TEST(GemmBf16, MatchesTheRoundedProduct) {
               double term = double(lmcc::test::roundToBf16(a[i * k + kk])) * w[j * k + kk];
               ref += term, size += std::fabs(term);
             }
-            ASSERT_NEAR(c[t][i * n + j], ref, 1e-5 * (1 + size))
-                << tiles[t].name() << " " << shape << " m=" << m << " [" << i << "," << j << "]";
+            const std::string where = tiles[t].name() + " " + shape + " m=" + std::to_string(m) + " [" +
+                                      std::to_string(i) + "," + std::to_string(j) + "]";
+            ASSERT_NEAR(c[t][i * n + j], ref, 1e-5 * (1 + size)) << where;
+            ASSERT_NEAR(cb[t][i * n + j], ref + bias[j], 1e-5 * (1 + size + std::fabs(bias[j]))) << where << " bias";
           }
     }
   }
