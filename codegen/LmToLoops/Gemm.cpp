@@ -414,10 +414,48 @@ static void emitGemmBody(OpBuilder &b, Location loc, const GemmBody &op, GemmTil
   }
 }
 
+void emitRoundToPairs(OpBuilder &b, Location loc, Value A, Value pairs, int64_t k) {
+  // 32 floats at a time: vcvtneps2bf16 (round to nearest even, like the weights; a denormal becomes zero, which
+  // tdpbf16ps makes of a denormal bf16 anyway), the pairs stored as 16 words; a masked load past k.
+  Type f32 = b.getF32Type();
+  auto cidx = [&](int64_t v) -> Value { return b.create<arith::ConstantIndexOp>(loc, v); };
+  auto vec = VectorType::get({16}, f32), wideVec = VectorType::get({32}, f32);
+  auto bf16Wide = VectorType::get({32}, b.getBF16Type());
+  Value zeroVec = b.create<arith::ConstantOp>(loc, vec, DenseElementsAttr::get(vec, 0.0f));
+  Value wideZero = b.create<arith::ConstantOp>(loc, wideVec, DenseElementsAttr::get(wideVec, 0.0f));
+  Value M = b.create<memref::DimOp>(loc, A, 0);
+  auto rowsLoop = b.create<scf::ForOp>(loc, cidx(0), b.create<memref::DimOp>(loc, pairs, 0), cidx(1));
+  OpBuilder::InsertionGuard guard(b);
+  b.setInsertionPointToStart(rowsLoop.getBody());
+  Value i = rowsLoop.getInductionVar();
+  auto branch = b.create<scf::IfOp>(loc, b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::slt, i, M), true);
+  b.setInsertionPointToStart(branch.thenBlock());
+  auto convert = [&](Value c, Value mask) {
+    Value x = mask ? Value(b.create<vector::MaskedLoadOp>(loc, wideVec, A, ValueRange{i, c}, mask, wideZero))
+                   : Value(b.create<vector::LoadOp>(loc, wideVec, A, ValueRange{i, c}));
+    Value words = b.create<vector::BitCastOp>(loc, vec, b.create<arith::TruncFOp>(loc, bf16Wide, x));
+    b.create<vector::StoreOp>(loc, words, pairs, ValueRange{i, b.create<arith::DivUIOp>(loc, c, cidx(2))});
+  };
+  if (k >= 32) {
+    auto chunks = b.create<scf::ForOp>(loc, cidx(0), cidx(k / 32 * 32), cidx(32));
+    OpBuilder::InsertionGuard inner(b);
+    b.setInsertionPointToStart(chunks.getBody());
+    convert(chunks.getInductionVar(), Value());
+  }
+  if (k % 32)
+    convert(cidx(k / 32 * 32),
+            b.create<vector::CreateMaskOp>(loc, VectorType::get({32}, b.getI1Type()), ValueRange{cidx(k % 32)}));
+  b.setInsertionPointToStart(branch.elseBlock());
+  auto zeros = b.create<scf::ForOp>(loc, cidx(0), cidx(amxInputPairs(k)), cidx(16));
+  b.setInsertionPointToStart(zeros.getBody());
+  b.create<vector::StoreOp>(loc, zeroVec, pairs, ValueRange{i, zeros.getInductionVar()});
+}
+
 /// The AMX body of getOrCreateGemm (static depth, bf16 weights packed as for the 12 x 32 tile). AMX multiplies tiles
 /// of up to 16 rows x 64 bytes: C[16 x 16 f32] += A[16 x 16 bf16 pairs] B[16 pairs x 16 f32 columns] is one tdpbf16ps
-/// (16 pair-rows of depth, 32 k). A block of up to 1 MB of A's rows is rounded to bf16 pairs once (A2, from the
-/// runtime's workspace; zero past M's last 32-row tile and past the depth), then every 32-column slice of the packed
+/// (16 pair-rows of depth, 32 k). A arrives rounded to bf16 pairs (emitRoundToPairs, once per lm op before the threads
+/// split the panels; zero past the depth and past M's last 32-row tile); for each block of up to 1 MB of its rows,
+/// every 32-column slice of the packed
 /// weight (its pair-row kv is 32 words, 128 bytes: the 16-column B tiles are its two halves at a stride of 128 bytes)
 /// passes over the block's 32-row tiles: four C tiles of 16 x 16 starting from the bias, two A and two B tiles per 16
 /// pair-rows. LLVM cannot carry AMX tiles around a loop (its x86_amx values do not pass through phis), so the steps are
@@ -434,16 +472,16 @@ static void emitAmxGemmBody(OpBuilder &b, Location loc, const GemmBody &op) {
   assert(k != dyn && !op.accumulate && "the AMX body takes a static depth");
   Type f32 = b.getF32Type();
   auto cidx = [&](int64_t v) -> Value { return b.create<arith::ConstantIndexOp>(loc, v); };
-  constexpr int64_t kUnroll = 16, kStraight = 128, kTileRows = 32, kBlockBytes = 1 << 20, kMaxBlockRows = 512, W = 32;
+  constexpr int64_t kUnroll = 16, kStraight = 128, kTileRows = kAmxRows, kBlockBytes = 1 << 20, kMaxBlockRows = 512,
+                    W = 32;
   const int64_t pairs = packedDepth(k, true), steps = pairs / 16, rem = pairs % 16;
-  const int64_t totalSteps = steps + (rem ? 1 : 0), paddedPairs = totalSteps * 16, groups = kPanel / W;
+  const int64_t totalSteps = steps + (rem ? 1 : 0), paddedPairs = amxInputPairs(k), groups = kPanel / W;
+  assert(paddedPairs == totalSteps * 16);
   const int64_t blockRows = std::clamp(kBlockBytes / (4 * paddedPairs) / kTileRows * kTileRows, kTileRows, kMaxBlockRows);
   auto pairTile = VectorType::get({16, 32}, b.getBF16Type());
   auto accTile = VectorType::get({16, 16}, f32);
   auto vec = VectorType::get({16}, f32);
   Value zeroVec = b.create<arith::ConstantOp>(loc, vec, DenseElementsAttr::get(vec, 0.0f));
-  auto wideVec = VectorType::get({32}, f32), bf16Wide = VectorType::get({32}, b.getBF16Type());
-  Value wideZero = b.create<arith::ConstantOp>(loc, wideVec, DenseElementsAttr::get(wideVec, 0.0f));
   Value M = b.create<memref::DimOp>(loc, op.A, 0);
 
   // The packed weight as rows of 32 words: slice q (panel p, group g) is rows [q * pairs, (q + 1) * pairs).
@@ -452,9 +490,9 @@ static void emitAmxGemmBody(OpBuilder &b, Location loc, const GemmBody &op) {
   auto rowsType = MemRefType::get({dyn, W}, f32, StridedLayoutAttr::get(ctx, dyn, {W, 1}));
   Value Pv = b.create<memref::ReinterpretCastOp>(loc, rowsType, meta.getBaseBuffer(), meta.getOffset(),
                                                  ValueRange{sliceRows, cidx(W)}, ValueRange{cidx(W), cidx(1)});
-  // A2 from the runtime's per-thread workspace (up to 1 MB: half the L2 of the AMX CPUs, so that a block of rows
-  // stays there while the whole weight streams past it once).
-  Value A2 = b.create<memref::AllocOp>(loc, MemRefType::get({blockRows, paddedPairs}, f32), b.getI64IntegerAttr(64));
+  // A's rows as bf16 pairs (emitRoundToPairs: zero past the depth and past M up to a multiple of 32 rows). Blocks of
+  // up to 1 MB of them (half the L2 of the AMX CPUs) stay in L2 while the whole weight streams past once.
+  Value A2 = op.A;
   Value Cs = b.create<memref::AllocaOp>(loc, MemRefType::get({kTileRows, W}, f32));
   Value Bt = op.withBias ? Value(b.create<memref::AllocaOp>(loc, MemRefType::get({16, W}, f32))) : Value();
   Value Bs = rem ? Value(b.create<memref::AllocaOp>(loc, MemRefType::get({16, W}, f32))) : Value();
@@ -473,31 +511,6 @@ static void emitAmxGemmBody(OpBuilder &b, Location loc, const GemmBody &op) {
   forLoop(cidx(0), M, blockRows, [&](Value mb) {
     Value Mb = b.create<arith::MinSIOp>(loc, b.create<arith::SubIOp>(loc, M, mb), cidx(blockRows));
     Value tiles = b.create<arith::DivUIOp>(loc, b.create<arith::AddIOp>(loc, Mb, cidx(kTileRows - 1)), cidx(kTileRows));
-    // The block's rows as bf16 pairs, 32 floats at a time (vcvtneps2bf16: round to nearest even, like the weights;
-    // a denormal becomes zero, which tdpbf16ps makes of a denormal bf16 anyway); zero past the depth and in the rows
-    // of the last tile past M.
-    forLoop(cidx(0), b.create<arith::MulIOp>(loc, tiles, cidx(kTileRows)), 1, [&](Value i) {
-      Value inside = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::slt, i, Mb);
-      auto branch = b.create<scf::IfOp>(loc, inside, /*withElse=*/true);
-      OpBuilder::InsertionGuard guard(b);
-      b.setInsertionPointToStart(branch.thenBlock());
-      Value row = b.create<arith::AddIOp>(loc, mb, i);
-      auto convert = [&](Value c, Value mask) {
-        Value x = mask ? Value(b.create<vector::MaskedLoadOp>(loc, wideVec, op.A, ValueRange{row, c}, mask, wideZero))
-                       : Value(b.create<vector::LoadOp>(loc, wideVec, op.A, ValueRange{row, c}));
-        Value pairsVec = b.create<vector::BitCastOp>(loc, vec, b.create<arith::TruncFOp>(loc, bf16Wide, x));
-        b.create<vector::StoreOp>(loc, pairsVec, A2,
-                                  ValueRange{i, b.create<arith::DivUIOp>(loc, c, cidx(2))});
-      };
-      if (k >= 32)
-        forLoop(cidx(0), cidx(k / 32 * 32), 32, [&](Value c) { convert(c, Value()); });
-      if (k % 32)
-        convert(cidx(k / 32 * 32),
-                b.create<vector::CreateMaskOp>(loc, VectorType::get({32}, b.getI1Type()), ValueRange{cidx(k % 32)}));
-      b.setInsertionPointToStart(branch.elseBlock());
-      forLoop(cidx(0), cidx(paddedPairs), 16,
-              [&](Value kv) { b.create<vector::StoreOp>(loc, zeroVec, A2, ValueRange{i, kv}); });
-    });
     forLoop(op.pBegin, op.pEnd, 1, [&](Value p) {
       forLoop(cidx(0), cidx(groups), 1, [&](Value g) {
         Value q = b.create<arith::AddIOp>(loc, b.create<arith::MulIOp>(loc, p, cidx(groups)), g);
@@ -528,7 +541,8 @@ static void emitAmxGemmBody(OpBuilder &b, Location loc, const GemmBody &op) {
         Value wholeSlice = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::sle,
                                                    b.create<arith::AddIOp>(loc, colW, cidx(W)), op.N);
         forLoop(cidx(0), tiles, 1, [&](Value t) {
-          Value m0 = b.create<arith::MulIOp>(loc, t, cidx(kTileRows));
+          Value m0 = b.create<arith::MulIOp>(loc, t, cidx(kTileRows)); // in the block
+          Value row0 = b.create<arith::AddIOp>(loc, mb, m0);             // in A and C
           // `count` steps from pair-row `first`: the last, when `padded`, reads B from Bs.
           auto run = [&](SmallVector<Value> acc, Value first, int64_t count, bool padded) {
             for (int64_t s = 0; s < count; ++s) {
@@ -537,7 +551,7 @@ static void emitAmxGemmBody(OpBuilder &b, Location loc, const GemmBody &op) {
               Value a[2], w[2];
               for (int64_t h = 0; h < 2; ++h) {
                 a[h] = b.create<amx::TileLoadOp>(loc, pairTile, A2,
-                                                 ValueRange{b.create<arith::AddIOp>(loc, m0, cidx(16 * h)), kv});
+                                                 ValueRange{b.create<arith::AddIOp>(loc, row0, cidx(16 * h)), kv});
                 w[h] = fromBs ? b.create<amx::TileLoadOp>(loc, pairTile, Bs, ValueRange{cidx(0), cidx(16 * h)})
                               : b.create<amx::TileLoadOp>(loc, pairTile, Pv,
                                                           ValueRange{b.create<arith::AddIOp>(loc, slice, kv), cidx(16 * h)});
@@ -586,7 +600,6 @@ static void emitAmxGemmBody(OpBuilder &b, Location loc, const GemmBody &op) {
           }
           // A whole 32 x 32 tile inside C goes there straight; a partial one through Cs, rows < M and columns < N.
           Value rowsHere = b.create<arith::MinSIOp>(loc, b.create<arith::SubIOp>(loc, Mb, m0), cidx(kTileRows));
-          Value row0 = b.create<arith::AddIOp>(loc, mb, m0);
           Value whole = b.create<arith::AndIOp>(
               loc, wholeSlice, b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, rowsHere, cidx(kTileRows)));
           auto branch = b.create<scf::IfOp>(loc, whole, /*withElse=*/true);
@@ -607,7 +620,6 @@ static void emitAmxGemmBody(OpBuilder &b, Location loc, const GemmBody &op) {
       });
     });
   });
-  b.create<memref::DeallocOp>(loc, A2);
 }
 
 /// A private function `name` of `inputs` -> () at the end of `module`, `b` at the start of its entry block.
@@ -629,7 +641,8 @@ func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBia
   Location loc = b.getUnknownLoc();
   int64_t dyn = ShapedType::kDynamic;
   Type f32 = b.getF32Type(), index = b.getIndexType();
-  auto aType = MemRefType::get({dyn, k}, f32);
+  const bool amx = tile.weights == GemmTile::Weights::Bf16Amx;
+  auto aType = MemRefType::get({dyn, amx ? amxInputPairs(k) : k}, f32);
   auto pType = MemRefType::get({dyn, kPanel}, f32, StridedLayoutAttr::get(ctx, dyn, {kPanel, 1}));
   auto biasType = MemRefType::get({dyn}, f32, StridedLayoutAttr::get(ctx, dyn, {1}));
   auto cType = MemRefType::get({dyn, dyn}, f32);
@@ -643,7 +656,7 @@ func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBia
   op.N = b.create<arith::ConstantIndexOp>(loc, n);
   // Software prefetch pays off when the packed weight does not fit in the L2 cache.
   op.prefetch = packedRows(n, k, tile.bf16()) * kPanel * 4 > (int64_t(1) << 20);
-  if (tile.weights == GemmTile::Weights::Bf16Amx)
+  if (amx)
     emitAmxGemmBody(b, loc, op);
   else
     emitGemmBody(b, loc, op, tile);
@@ -706,7 +719,8 @@ func::FuncOp getOrCreateGemmTask(ModuleOp module, int64_t n, int64_t k, bool wit
   };
   auto types = gemm.getArgumentTypes();
   Value M = slot(1), cols = slot(6);
-  Value A = descriptor(slot(0), {M, c64(k)}, {c64(k), c64(1)}, types[0]);
+  const int64_t aCols = llvm::cast<MemRefType>(types[0]).getDimSize(1); // k, or the AMX kernel's pairs
+  Value A = descriptor(slot(0), {M, c64(aCols)}, {c64(aCols), c64(1)}, types[0]);
   Value P = descriptor(slot(2), {slot(3), c64(kPanel)}, {c64(kPanel), c64(1)}, types[1]);
   Value bias = descriptor(slot(4), {c64(n)}, {c64(1)}, types[2]);
   Value C = descriptor(slot(5), {M, cols}, {cols, c64(1)}, types[3]);
@@ -763,7 +777,25 @@ OwningOpRef<ModuleOp> buildGemmModule(MLIRContext &context, const std::vector<st
             withBias ? run.getArgument(2) : Value(b.create<memref::AllocaOp>(loc, MemRefType::get({1}, f32))));
         Value zero = b.create<arith::ConstantIndexOp>(loc, 0);
         Value panels = b.create<arith::ConstantIndexOp>(loc, (n + kPanel - 1) / kPanel);
-        b.create<func::CallOp>(loc, gemm, ValueRange{run.getArgument(0), p, bias, run.getArguments().back(), zero, panels, zero});
+        Value a = run.getArgument(0), pairs;
+        if (tile.weights == GemmTile::Weights::Bf16Amx) { // as Loops::gemmInput: A rounded to pairs first
+          Value M = b.create<memref::DimOp>(loc, a, 0);
+          Value padded = b.create<arith::MulIOp>(
+              loc, b.create<arith::DivUIOp>(
+                       loc, b.create<arith::AddIOp>(loc, M, b.create<arith::ConstantIndexOp>(loc, kAmxRows - 1)),
+                       b.create<arith::ConstantIndexOp>(loc, kAmxRows)),
+              b.create<arith::ConstantIndexOp>(loc, kAmxRows));
+          auto pairsType = llvm::cast<MemRefType>(gemm.getArgumentTypes()[0]);
+          pairs = b.create<memref::AllocOp>(loc, pairsType, ValueRange{padded}, b.getI64IntegerAttr(64));
+          emitRoundToPairs(b, loc, a, pairs, k);
+          const int64_t width = pairsType.getDimSize(1);
+          auto c = [&](int64_t v) -> Value { return b.create<arith::ConstantIndexOp>(loc, v); };
+          a = b.create<memref::ReinterpretCastOp>(loc, pairsType, pairs, c(0), ValueRange{M, c(width)},
+                                                  ValueRange{c(width), c(1)});
+        }
+        b.create<func::CallOp>(loc, gemm, ValueRange{a, p, bias, run.getArguments().back(), zero, panels, zero});
+        if (pairs)
+          b.create<memref::DeallocOp>(loc, pairs);
         b.create<func::ReturnOp>(loc);
       }
     }
@@ -790,8 +822,10 @@ struct LinearLowering : LmLowering<lm::LinearOp> {
     for (size_t i = 0; i + 1 < sizes.size(); ++i)
       rows = b.create<arith::MulIOp>(loc, rows, sizes[i]);
     if (L.isPacked(l.getWeight())) {
-      L.parallelGemm(l.getWeight(), n, k, L.address(L.in(l.getInput())), rows, l.getBias(), L.address(out), L.i64c(n),
-                     L.idx(0), L.idx((n + kPanel - 1) / kPanel));
+      Loops::GemmInput input = L.gemmInput(L.address(L.in(l.getInput())), rows, k);
+      L.parallelGemm(l.getWeight(), n, k, input.address, rows, l.getBias(), L.address(out), L.i64c(n), L.idx(0),
+                     L.idx((n + kPanel - 1) / kPanel));
+      L.release(input);
       return L.set(l, out);
     }
     Value m = b.create<arith::IndexCastOp>(loc, b.getI64Type(), rows);

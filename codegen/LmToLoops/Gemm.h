@@ -46,6 +46,14 @@ struct GemmTile {
   }
 };
 
+/// The AMX kernel's input: A's rows rounded to bf16 pairs (as the weights: round to nearest even), each row
+/// amxInputPairs(k) words (ceil(k / 32) steps of 16 pairs, zero past k), rows padded with zeros to a multiple of
+/// kAmxRows (the kernel's row tile reads them; its C rows past M are never written).
+constexpr int64_t kAmxRows = 32;
+inline int64_t amxInputPairs(int64_t k) { return (k + 31) / 32 * 16; }
+/// Emits loops that fill `pairs` [>= roundup(M, kAmxRows), amxInputPairs(k)] from A [M, k] (rows past M zero).
+void emitRoundToPairs(mlir::OpBuilder &b, mlir::Location loc, mlir::Value A, mlir::Value pairs, int64_t k);
+
 /// Emits, at the builder's point, loops that pack `weight` [N, K] into `packed` for `tile`.
 void emitPack(mlir::OpBuilder &b, mlir::Location loc, mlir::Value weight, mlir::Value packed, int64_t n, int64_t k,
               GemmTile tile);
@@ -56,7 +64,8 @@ void emitPack(mlir::OpBuilder &b, mlir::Location loc, mlir::Value weight, mlir::
 /// blocks of about 128 KB of A, each cut into tiles of balanced heights; partial panels by masked stores. Every
 /// element is the same ordered FMA chain over k whatever the tile, so results do not depend on it. Created once per
 /// shape and tile. Arguments: (A memref<?xKxf32>, P memref<?x64xf32, strided<[64,1], offset:?>>, bias memref<?xf32,
-/// strided<[1], offset:?>> (ignored when !withBias), C memref<?x?xf32>, pBegin, pEnd, cBase: index).
+/// strided<[1], offset:?>> (ignored when !withBias), C memref<?x?xf32>, pBegin, pEnd, cBase: index). The AMX kernel
+/// takes A already rounded (memref<?x amxInputPairs(K) x f32>, emitRoundToPairs; M = its size, rows padded past it).
 mlir::func::FuncOp getOrCreateGemm(mlir::ModuleOp module, int64_t n, int64_t k, bool withBias, GemmTile tile);
 
 /// The training GEMM, callable from the runtime (lmrt.h's lm_rt_gemm_fn): `(A: !llvm.ptr, lda, M, K: i64, P: !llvm.ptr,

@@ -64,6 +64,8 @@ struct TokenLogprobLowering : LmLowering<lm::TokenLogprobOp> {
     auto offsetPtr = [&](Value p, Value elements) {
       return b.create<LLVM::GEPOp>(loc, ptrType, L.f32(), p, ValueRange{elements});
     };
+    // The AMX kernel's rounded rows, once for every vocabulary tile.
+    Loops::GemmInput hIn = packedWeight ? L.gemmInput(L.address(h), rows, D) : Loops::GemmInput{};
     L.nest({L.idx((V + kVocabTile - 1) / kVocabTile)}, [&](ValueRange tile) {
       Value vt = b.create<arith::MulIOp>(loc, tile[0], L.idx(kVocabTile));
       Value tv = b.create<arith::MinSIOp>(loc, L.idx(kVocabTile), b.create<arith::SubIOp>(loc, L.idx(V), vt));
@@ -75,7 +77,7 @@ struct TokenLogprobLowering : LmLowering<lm::TokenLogprobOp> {
         Value pBegin = b.create<arith::MulIOp>(loc, tile[0], L.idx(kVocabTile / kPanel));
         Value pEnd = b.create<arith::MinSIOp>(loc, b.create<arith::AddIOp>(loc, pBegin, L.idx(kVocabTile / kPanel)),
                                               L.idx((V + kPanel - 1) / kPanel));
-        L.parallelGemm(t.getWeight(), V, D, L.address(h), rows, t.getBias(), L.address(logits), L.i64c(kVocabTile),
+        L.parallelGemm(t.getWeight(), V, D, hIn.address, rows, t.getBias(), L.address(logits), L.i64c(kVocabTile),
                        pBegin, b.create<arith::SubIOp>(loc, pEnd, pBegin));
       } else {
         b.create<func::CallOp>(loc, "lm_rt_sgemm_nt", TypeRange{},
@@ -140,6 +142,7 @@ struct TokenLogprobLowering : LmLowering<lm::TokenLogprobOp> {
                   rowStep(v[0], v[1], v[2], v[3], v[4], x[0], x[1], x[2], r);
                 });
     });
+    L.release(hIn);
     L.nest({R0, R1}, [&](ValueRange iv) {
       Value valid = L.andI(L.andI(L.ge(iv[1], L.idx(shift)), L.lt(iv[1], L.lengthOf(iv[0]))),
                            L.cmp(arith::CmpIPredicate::sge, L.load(ids, {iv[0], iv[1]}), L.i32c(0)));

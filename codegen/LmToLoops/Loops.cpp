@@ -265,6 +265,21 @@ void Loops::parallelGemm(Value weight, int64_t n, int64_t k, Value inputAddress,
                i64c(packedRowCount), biasAddress, outAddress, cols, i64(first)});
 }
 
+Loops::GemmInput Loops::gemmInput(Value inputAddress, Value rows, int64_t k) {
+  if (context.tile.weights != GemmTile::Weights::Bf16Amx)
+    return {inputAddress, Value()};
+  const int64_t dyn = ShapedType::kDynamic;
+  Value padded = b.create<arith::MulIOp>(
+      loc, b.create<arith::DivUIOp>(loc, b.create<arith::AddIOp>(loc, rows, idx(kAmxRows - 1)), idx(kAmxRows)),
+      idx(kAmxRows));
+  Value pairs = b.create<memref::AllocOp>(loc, MemRefType::get({dyn, amxInputPairs(k)}, f32()), ValueRange{padded},
+                                          b.getI64IntegerAttr(64));
+  Value rows64 = b.create<arith::IndexCastOp>(loc, b.getI64Type(), rows);
+  Value A = memrefAt(b, loc, inputAddress, {rows64, i64c(k)}, {i64c(k), i64c(1)}, MemRefType::get({dyn, k}, f32()));
+  emitRoundToPairs(b, loc, A, pairs, k);
+  return {address(pairs), pairs};
+}
+
 void Loops::parallelFor(func::FuncOp task, Value count, ArrayRef<Value> fields, Value serial) {
   Value ctx = b.create<memref::AllocaOp>(loc, MemRefType::get({int64_t(fields.size())}, b.getI64Type()));
   for (auto [i, field] : llvm::enumerate(fields))

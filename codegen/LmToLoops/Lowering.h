@@ -229,6 +229,17 @@ public:
   /// task rebuilds its operands from the 8 addresses and sizes of a ctx array.
   void parallelGemm(mlir::Value weight, int64_t n, int64_t k, mlir::Value inputAddress, mlir::Value rows,
                     mlir::Value bias, mlir::Value outAddress, mlir::Value cols, mlir::Value first, mlir::Value panels);
+  /// What parallelGemm reads for the input [rows, k] (row-major f32 at `inputAddress`): that address, or for the AMX
+  /// kernel a fresh buffer of the rows rounded to bf16 pairs (emitRoundToPairs), made once before the threads split
+  /// the panels (each of them rounded all of A before: 8 times at 2 threads). `release` frees it after the GEMMs.
+  struct GemmInput {
+    mlir::Value address, buffer;
+  };
+  GemmInput gemmInput(mlir::Value inputAddress, mlir::Value rows, int64_t k);
+  void release(const GemmInput &input) {
+    if (input.buffer)
+      b.create<mlir::memref::DeallocOp>(loc, input.buffer);
+  }
   /// The address of `fn` as an !llvm.ptr (a function pointer for the runtime).
   mlir::Value functionPointer(mlir::func::FuncOp fn);
   /// The arguments (lm_rt_gemm_fn, column-slice width) that hand the runtime's training kernels the library's

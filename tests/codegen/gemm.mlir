@@ -45,22 +45,26 @@
 // WIDEN-COUNT-2: vector.fma
 // WIDEN-NOT: dpbf16ps
 // BF16EIGEN: lm-to-loops: bf16 weights need the generated GEMM
-// bf16-dot=amx: the same packing (32-column slices of pairs); a block of A's rows rounded to pairs (vcvtneps2bf16,
-// a masked load past the depth of 8), zero up to one 16-pair step; B's last 4 pair-rows copied into a zeroed 16 x 32
-// tile; the C tiles start from the bias; 2 x 2 C tiles of 16 x 16, stored straight into C when whole.
-// AMX: func.func private @lm_gemm_16x8_bias_32x32_bf16amx
-// AMX: memref.alloc() {alignment = 64 : i64} : memref<512x16xf32>
+// bf16-dot=amx: the same packing (32-column slices of pairs). The caller rounds the input's rows to bf16 pairs once
+// (vcvtneps2bf16, a masked load past the depth of 8, one 16-pair step per row, rows padded to 32) before the threads
+// split the panels, and frees them after; the kernel's C tiles start from the bias, B's last 4 pair-rows come from a
+// zeroed 16 x 32 copy, 2 x 2 C tiles of 16 x 16 go straight into C when whole.
+// AMX-LABEL: func.func @m_embed_kernel
+// AMX: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<?x16xf32>
+// AMX: vector.maskedload
+// AMX: arith.truncf {{.*}} : vector<32xf32> to vector<32xbf16>
+// AMX: call @lm_rt_parallel_for
+// AMX-NEXT: memref.dealloc {{.*}} : memref<?x16xf32>
+// AMX: func.func private @lm_gemm_16x8_bias_32x32_bf16amx(%arg0: memref<?x16xf32>
+// AMX-NOT: memref.alloc(
 // AMX: memref.alloca() : memref<32x32xf32>
 // AMX: memref.alloca() : memref<16x32xf32>
 // AMX: memref.alloca() : memref<16x32xf32>
-// AMX: vector.maskedload
-// AMX: arith.truncf {{.*}} : vector<32xf32> to vector<32xbf16>
 // AMX: amx.tile_load {{.*}} into vector<16x16xf32>
 // AMX-COUNT-4: amx.tile_mulf {{.*}} : vector<16x32xbf16>, vector<16x32xbf16>, vector<16x16xf32>
 // AMX: scf.if
 // AMX-COUNT-4: amx.tile_store %arg3
-// AMX: memref.dealloc
-// AMX-NOT: dpbf16ps
+// AMX-LABEL: func.func private @lm_gemm_task_16x8_bias_32x32_bf16amx
 // AMX-LABEL: func.func @m_init_kernel
 // AMX: memref.reinterpret_cast %arg0 to offset: [{{[0-9]+}}], sizes: [4, 64], strides: [64, 1]
 // BADDOT: lm-to-loops: weights-dtype must be f32 or bf16 and bf16-dot amx, yes, no or host

@@ -180,7 +180,7 @@ TEST_F(GemmTest, TrainGemmIsTheOrderedFmaChain) {
 // AVX512_BF16 dot-product kernel (when this host has it) also rounds A to bf16, and equals the exact product of the
 // rounded operands up to f32 accumulation; so does the AMX tile kernel (when this host has AMX-BF16). Odd K (the last
 // pair half padding, and for AMX a depth that is not a multiple of 32), N past a panel, every M to 23, and for AMX also
-// M past one 32-row tile and one block of rows.
+// M past one 32-row tile and past one block of rows (1 MB of rounded rows, at most 512).
 TEST(GemmBf16, MatchesTheRoundedProduct) {
   using lmcc::codegen::GemmTile;
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 5},   {16, 7},    {63, 33},   {65, 19},
@@ -211,9 +211,9 @@ TEST(GemmBf16, MatchesTheRoundedProduct) {
     std::vector<int64_t> ms;
     for (int64_t m = 1; m <= 23; m += n * k > 100000 ? 11 : 1)
       ms.push_back(m);
-    for (int64_t m : {33, 70, 300})
-      if (m < 300 || n * k <= 100000)
-        ms.push_back(m); // past a 32-row AMX tile; blocks of rows: 256 at small depths, 32 at 3072
+    for (int64_t m : {33, 70, 300, 600})
+      if (m < 300 || n * k <= (m == 300 ? 100000 : 5000))
+        ms.push_back(m); // past a 32-row AMX tile; 600: past the AMX kernel's 512-row blocks at small depths
     for (int64_t m : ms) {
       std::vector<float> a(m * k);
       for (float &x : a)
