@@ -414,18 +414,24 @@ static void emitGemmBody(OpBuilder &b, Location loc, const GemmBody &op, GemmTil
   }
 }
 
-void emitRoundToPairs(OpBuilder &b, Location loc, Value A, Value pairs, int64_t k) {
+Value emitRoundToPairs(OpBuilder &b, Location loc, Value A, int64_t k) {
   // 32 floats at a time: vcvtneps2bf16 (round to nearest even, like the weights; a denormal becomes zero, which
   // tdpbf16ps makes of a denormal bf16 anyway), the pairs stored as 16 words; a masked load past k.
   Type f32 = b.getF32Type();
   auto cidx = [&](int64_t v) -> Value { return b.create<arith::ConstantIndexOp>(loc, v); };
+  Value rows = b.create<memref::DimOp>(loc, A, 0);
+  Value padded = b.create<arith::MulIOp>(
+      loc, b.create<arith::DivUIOp>(loc, b.create<arith::AddIOp>(loc, rows, cidx(kAmxRows - 1)), cidx(kAmxRows)),
+      cidx(kAmxRows));
+  Value pairs = b.create<memref::AllocOp>(loc, MemRefType::get({ShapedType::kDynamic, amxInputPairs(k)}, f32),
+                                          ValueRange{padded}, b.getI64IntegerAttr(64));
   auto vec = VectorType::get({16}, f32), wideVec = VectorType::get({32}, f32);
   auto bf16Wide = VectorType::get({32}, b.getBF16Type());
   Value zeroVec = b.create<arith::ConstantOp>(loc, vec, DenseElementsAttr::get(vec, 0.0f));
   Value wideZero = b.create<arith::ConstantOp>(loc, wideVec, DenseElementsAttr::get(wideVec, 0.0f));
-  Value M = b.create<memref::DimOp>(loc, A, 0);
-  auto rowsLoop = b.create<scf::ForOp>(loc, cidx(0), b.create<memref::DimOp>(loc, pairs, 0), cidx(1));
+  Value M = rows;
   OpBuilder::InsertionGuard guard(b);
+  auto rowsLoop = b.create<scf::ForOp>(loc, cidx(0), padded, cidx(1));
   b.setInsertionPointToStart(rowsLoop.getBody());
   Value i = rowsLoop.getInductionVar();
   auto branch = b.create<scf::IfOp>(loc, b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::slt, i, M), true);
@@ -449,6 +455,7 @@ void emitRoundToPairs(OpBuilder &b, Location loc, Value A, Value pairs, int64_t 
   auto zeros = b.create<scf::ForOp>(loc, cidx(0), cidx(amxInputPairs(k)), cidx(16));
   b.setInsertionPointToStart(zeros.getBody());
   b.create<vector::StoreOp>(loc, zeroVec, pairs, ValueRange{i, zeros.getInductionVar()});
+  return pairs;
 }
 
 /// The AMX body of getOrCreateGemm (static depth, bf16 weights packed as for the 12 x 32 tile). AMX multiplies tiles
@@ -462,7 +469,7 @@ void emitRoundToPairs(OpBuilder &b, Location loc, Value A, Value pairs, int64_t 
 /// straight-line code up to kStraight of them (K <= 4096); a deeper K passes the tiles through memory (`Cs`) every
 /// kUnroll steps. A whole tile is stored straight into C; a partial one (rows past M, columns past N) through Cs with
 /// masked stores. A depth that is not a multiple of 32 ends with a step whose B tile comes from a zero-padded copy of
-/// the slice's last pair-rows (`Bs`), A2 being zero there. Every C element is one sequence of tile products over k in
+/// the slice's last pair-rows (`Bs`), A being zero there. Every C element is one sequence of tile products over k in
 /// order, so results do not depend on how M or the panels are split (the thread count). Zeroing the accumulators
 /// through memory first (tilestored, then tileloadd of the same lines) cost 45% of the FFN GEMM's time: they start in
 /// registers.
@@ -490,9 +497,8 @@ static void emitAmxGemmBody(OpBuilder &b, Location loc, const GemmBody &op) {
   auto rowsType = MemRefType::get({dyn, W}, f32, StridedLayoutAttr::get(ctx, dyn, {W, 1}));
   Value Pv = b.create<memref::ReinterpretCastOp>(loc, rowsType, meta.getBaseBuffer(), meta.getOffset(),
                                                  ValueRange{sliceRows, cidx(W)}, ValueRange{cidx(W), cidx(1)});
-  // A's rows as bf16 pairs (emitRoundToPairs: zero past the depth and past M up to a multiple of 32 rows). Blocks of
-  // up to 1 MB of them (half the L2 of the AMX CPUs) stay in L2 while the whole weight streams past once.
-  Value A2 = op.A;
+  // op.A: A's rows as bf16 pairs (emitRoundToPairs: zero past the depth and past M up to a multiple of 32 rows).
+  // Blocks of up to 1 MB of them (half the L2 of the AMX CPUs) stay in L2 while the whole weight streams past once.
   Value Cs = b.create<memref::AllocaOp>(loc, MemRefType::get({kTileRows, W}, f32));
   Value Bt = op.withBias ? Value(b.create<memref::AllocaOp>(loc, MemRefType::get({16, W}, f32))) : Value();
   Value Bs = rem ? Value(b.create<memref::AllocaOp>(loc, MemRefType::get({16, W}, f32))) : Value();
@@ -550,7 +556,7 @@ static void emitAmxGemmBody(OpBuilder &b, Location loc, const GemmBody &op) {
               bool fromBs = padded && s + 1 == count;
               Value a[2], w[2];
               for (int64_t h = 0; h < 2; ++h) {
-                a[h] = b.create<amx::TileLoadOp>(loc, pairTile, A2,
+                a[h] = b.create<amx::TileLoadOp>(loc, pairTile, op.A,
                                                  ValueRange{b.create<arith::AddIOp>(loc, row0, cidx(16 * h)), kv});
                 w[h] = fromBs ? b.create<amx::TileLoadOp>(loc, pairTile, Bs, ValueRange{cidx(0), cidx(16 * h)})
                               : b.create<amx::TileLoadOp>(loc, pairTile, Pv,
@@ -780,14 +786,8 @@ OwningOpRef<ModuleOp> buildGemmModule(MLIRContext &context, const std::vector<st
         Value a = run.getArgument(0), pairs;
         if (tile.weights == GemmTile::Weights::Bf16Amx) { // as Loops::gemmInput: A rounded to pairs first
           Value M = b.create<memref::DimOp>(loc, a, 0);
-          Value padded = b.create<arith::MulIOp>(
-              loc, b.create<arith::DivUIOp>(
-                       loc, b.create<arith::AddIOp>(loc, M, b.create<arith::ConstantIndexOp>(loc, kAmxRows - 1)),
-                       b.create<arith::ConstantIndexOp>(loc, kAmxRows)),
-              b.create<arith::ConstantIndexOp>(loc, kAmxRows));
           auto pairsType = llvm::cast<MemRefType>(gemm.getArgumentTypes()[0]);
-          pairs = b.create<memref::AllocOp>(loc, pairsType, ValueRange{padded}, b.getI64IntegerAttr(64));
-          emitRoundToPairs(b, loc, a, pairs, k);
+          pairs = emitRoundToPairs(b, loc, a, k);
           const int64_t width = pairsType.getDimSize(1);
           auto c = [&](int64_t v) -> Value { return b.create<arith::ConstantIndexOp>(loc, v); };
           a = b.create<memref::ReinterpretCastOp>(loc, pairsType, pairs, c(0), ValueRange{M, c(width)},

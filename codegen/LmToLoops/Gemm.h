@@ -51,8 +51,9 @@ struct GemmTile {
 /// kAmxRows (the kernel's row tile reads them; its C rows past M are never written).
 constexpr int64_t kAmxRows = 32;
 inline int64_t amxInputPairs(int64_t k) { return (k + 31) / 32 * 16; }
-/// Emits loops that fill `pairs` [>= roundup(M, kAmxRows), amxInputPairs(k)] from A [M, k] (rows past M zero).
-void emitRoundToPairs(mlir::OpBuilder &b, mlir::Location loc, mlir::Value A, mlir::Value pairs, int64_t k);
+/// Emits a fresh buffer [roundup(M, kAmxRows), amxInputPairs(k)] (memref.alloc: the caller frees it) and loops that
+/// fill it from A [M, k] (rows past M zero); returns the buffer.
+mlir::Value emitRoundToPairs(mlir::OpBuilder &b, mlir::Location loc, mlir::Value A, int64_t k);
 
 /// Emits, at the builder's point, loops that pack `weight` [N, K] into `packed` for `tile`.
 void emitPack(mlir::OpBuilder &b, mlir::Location loc, mlir::Value weight, mlir::Value packed, int64_t n, int64_t k,

@@ -268,15 +268,10 @@ void Loops::parallelGemm(Value weight, int64_t n, int64_t k, Value inputAddress,
 Loops::GemmInput Loops::gemmInput(Value inputAddress, Value rows, int64_t k) {
   if (context.tile.weights != GemmTile::Weights::Bf16Amx)
     return {inputAddress, Value()};
-  const int64_t dyn = ShapedType::kDynamic;
-  Value padded = b.create<arith::MulIOp>(
-      loc, b.create<arith::DivUIOp>(loc, b.create<arith::AddIOp>(loc, rows, idx(kAmxRows - 1)), idx(kAmxRows)),
-      idx(kAmxRows));
-  Value pairs = b.create<memref::AllocOp>(loc, MemRefType::get({dyn, amxInputPairs(k)}, f32()), ValueRange{padded},
-                                          b.getI64IntegerAttr(64));
   Value rows64 = b.create<arith::IndexCastOp>(loc, b.getI64Type(), rows);
-  Value A = memrefAt(b, loc, inputAddress, {rows64, i64c(k)}, {i64c(k), i64c(1)}, MemRefType::get({dyn, k}, f32()));
-  emitRoundToPairs(b, loc, A, pairs, k);
+  Value A = memrefAt(b, loc, inputAddress, {rows64, i64c(k)}, {i64c(k), i64c(1)},
+                     MemRefType::get({ShapedType::kDynamic, k}, f32()));
+  Value pairs = emitRoundToPairs(b, loc, A, k);
   return {address(pairs), pairs};
 }
 
