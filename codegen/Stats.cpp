@@ -1,5 +1,6 @@
 //===- Stats.cpp - FLOP and temporary-memory counts read off lm IR ----------===//
 #include "codegen/Stats.h"
+#include "codegen/LmToLoops/Gemm.h"
 
 #include "dialect/LmDialect.h"
 
@@ -154,10 +155,29 @@ Wide byteSize(Type type, Sizes z) {
   return bytes * product(resolvedShape(type, z));
 }
 
+/// Bytes the lowering of `op` allocates for itself while it runs, beyond its results: with `amxCopies`, the AMX
+/// GEMM's copy of its input rounded to bf16 pairs (Loops::gemmInput: rows padded to kAmxRows, amxInputPairs(K)
+/// 4-byte words per row), counted for every lm.linear and lm.token_logprob (an upper bound: an unpacked weight's
+/// product makes no copy).
+Wide opScratch(Operation *op, Sizes z, bool amxCopies) {
+  if (!amxCopies)
+    return 0;
+  Value input;
+  int64_t k = 0;
+  if (auto linear = llvm::dyn_cast<lm::LinearOp>(op))
+    input = linear.getInput(), k = linear.getWeight().getType().getDimSize(1);
+  else if (auto tl = llvm::dyn_cast<lm::TokenLogprobOp>(op))
+    input = tl.getHidden(), k = tl.getWeight().getType().getDimSize(1);
+  else
+    return 0;
+  const Wide r = rows(input, z);
+  return (r + kAmxRows - 1) / kAmxRows * kAmxRows * amxInputPairs(k) * 4;
+}
+
 /// Peak bytes of the temporaries of `block`, simulated in program order. `argsAreTemps`:
 /// the block's arguments are allocated by the enclosing op (a mask_and_predict body's
-/// masked ids) rather than given (a function's inputs).
-Wide blockPeak(Block &block, Sizes z, bool argsAreTemps) {
+/// masked ids) rather than given (a function's inputs). `amxCopies`: count opScratch.
+Wide blockPeak(Block &block, Sizes z, bool argsAreTemps, bool amxCopies = false) {
   llvm::DenseMap<Operation *, int64_t> index;
   int64_t count = 0;
   for (Operation &op : block)
@@ -214,8 +234,8 @@ Wide blockPeak(Block &block, Sizes z, bool argsAreTemps) {
     Wide nested = 0;
     for (Region &region : op.getRegions())
       for (Block &inner : region)
-        nested = std::max(nested, blockPeak(inner, regionSizes(&op, z), /*argsAreTemps=*/true));
-    peak = std::max(peak, live + nested);
+        nested = std::max(nested, blockPeak(inner, regionSizes(&op, z), /*argsAreTemps=*/true, amxCopies));
+    peak = std::max(peak, live + nested + opScratch(&op, z, amxCopies));
     live -= freedAfter[i];
   }
   return peak;
@@ -240,7 +260,7 @@ int64_t tensorBytes(Type type, int64_t n) { return narrow(byteSize(type, Sizes{1
 
 int64_t opFlops(Operation *op, int64_t n) { return narrow(flopsIn(op, Sizes{1, n, n}), "FLOPs"); }
 
-MemoryModel memoryModel(ModuleOp lmModule, llvm::StringRef entry, int64_t maxLen) {
+MemoryModel memoryModel(ModuleOp lmModule, llvm::StringRef entry, int64_t maxLen, bool amxCopies) {
   MemoryModel model;
   auto fn = lmModule.lookupSymbol<func::FuncOp>(entry);
   if (!fn || fn.isExternal())
@@ -252,10 +272,11 @@ MemoryModel memoryModel(ModuleOp lmModule, llvm::StringRef entry, int64_t maxLen
       // Every temporary is batch- or copies-major, so its bytes are linear in one of them: the peak of a
       // call, a maximum over program points of such sums, is at most B * (peak at B = 1, C = 0) + C * (peak
       // at B = 0, C = 1). (Tensors of static shape, if any, are counted in both.)
-      model.perSentence[n] =
-          std::max(model.perSentence[n], narrow(blockPeak(block, Sizes{1, n, 0}, /*argsAreTemps=*/false), "bytes"));
-      model.perCopy[n] =
-          std::max(model.perCopy[n], narrow(blockPeak(block, Sizes{0, n, 1}, /*argsAreTemps=*/false), "bytes"));
+      // (The AMX copies' rows padded to 32 are no more than the sum of the two terms' paddings.)
+      model.perSentence[n] = std::max(
+          model.perSentence[n], narrow(blockPeak(block, Sizes{1, n, 0}, /*argsAreTemps=*/false, amxCopies), "bytes"));
+      model.perCopy[n] = std::max(
+          model.perCopy[n], narrow(blockPeak(block, Sizes{0, n, 1}, /*argsAreTemps=*/false, amxCopies), "bytes"));
     }
   return model;
 }

@@ -42,16 +42,11 @@ namespace fs = std::filesystem;
 namespace lmcc::driver {
 namespace {
 
-std::string quote(const std::string &s) {
-  std::string out = "'";
-  for (char c : s)
-    out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
+using codegen::shellQuote;
 
 /// Runs a shell command; returns "" or its failure with the captured output.
 std::string run(const std::string &command, const fs::path &logFile) {
-  int status = std::system((command + " > " + quote(logFile.string()) + " 2>&1").c_str());
+  int status = std::system((command + " > " + shellQuote(logFile.string()) + " 2>&1").c_str());
   if (status == 0)
     return "";
   std::ifstream log(logFile);
@@ -249,10 +244,12 @@ std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options,
     return "internal error: the lm IR does not describe the model\n" + diagnostics;
   const std::vector<codegen::LayoutTensor> tensors = layout.loadedTensors();
   const std::vector<int64_t> offsets = layout.loadedOffsets();
+  // The target's bf16 GEMM: AMX tiles where it has them (their rounded input copies count in the memory model).
+  const bool amx = codegen::targetHasAmx(options.cpu);
   // (The Diformer's pair scoring runs in fixed chunks of pairs: no memory model, no windows.)
   codegen::MemoryModel scoreMemory =
-      diformer ? codegen::MemoryModel() : codegen::memoryModel(*lm, "score", spec.dims.maxLen);
-  codegen::MemoryModel embedMemory = codegen::memoryModel(*lm, "embed", spec.dims.maxLen);
+      diformer ? codegen::MemoryModel() : codegen::memoryModel(*lm, "score", spec.dims.maxLen, bf16 && amx);
+  codegen::MemoryModel embedMemory = codegen::memoryModel(*lm, "embed", spec.dims.maxLen, bf16 && amx);
   facts->scoreSentenceBytes = std::move(scoreMemory.perSentence), facts->scoreCopyBytes = std::move(scoreMemory.perCopy);
   facts->embedSentenceBytes = std::move(embedMemory.perSentence), facts->embedCopyBytes = std::move(embedMemory.perCopy);
   if (options.train) {
@@ -295,7 +292,6 @@ std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options,
   lowering.gemm = options.gemm;
   lowering.vectorBits = codegen::targetVectorBits(options.cpu);
   lowering.weightsDtype = options.weightsDtype;
-  const bool amx = codegen::targetHasAmx(options.cpu);
   lowering.bf16Dot = amx ? "amx" : codegen::targetHasBf16Dot(options.cpu) ? "yes" : "no";
   facts->amx = bf16 && amx; // the loader asks the OS for AMX tile state
   mlir::PassManager pm(&context);
@@ -327,30 +323,29 @@ std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options,
   fs::path glue = work / "glue.c";
   if (!writeFile(glue, codegen::generateGlue(*facts, tensors, offsets, layout.totalFloats, options.embedWeights)))
     return glue.string() + ": cannot write";
-  const char *ccEnv = std::getenv("CC");
-  std::string cc = ccEnv && *ccEnv ? ccEnv : "cc";
+  const std::string cc = codegen::cCompiler();
   fs::path glueObj = work / "glue.o", log = work / "log.txt";
-  if (std::string err = run(cc + " -std=c99 -O2 -fPIC -c " + quote(glue.string()) + " -I " + quote(work.string()) +
-                                " -o " + quote(glueObj.string()),
+  if (std::string err = run(cc + " -std=c99 -O2 -fPIC -c " + shellQuote(glue.string()) + " -I " +
+                                shellQuote(work.string()) + " -o " + shellQuote(glueObj.string()),
                             log);
       !err.empty())
     return err;
   const std::string lib = "lib" + spec.name + ".so", header = spec.name + ".h";
   const fs::path absOut = fs::absolute(out).lexically_normal();
-  if (std::string err = run(cc + " -shared -o " + quote((work / lib).string()) + " " + quote(kernels.string()) + " " +
-                                quote(glueObj.string()) + " " + quote((work / "liblmrt.so").string()) +
-                                // liblmrt by path (its SONAME goes into DT_NEEDED), no -L into the build directory:
-                                // -lm must find the system's libm even when the model is named m.
-                                " -lm -Wl,-soname," + quote((absOut / lib).string()) +
-                                " '-Wl,-rpath,$ORIGIN' -Wl,--no-undefined",
-                            log);
+  if (std::string err = run(
+          cc + " -shared -o " + shellQuote((work / lib).string()) + " " + shellQuote(kernels.string()) + " " +
+              shellQuote(glueObj.string()) + " " + shellQuote((work / "liblmrt.so").string()) +
+              // liblmrt by path (its SONAME goes into DT_NEEDED), no -L into the build directory:
+              // -lm must find the system's libm even when the model is named m.
+              " -lm -Wl,-soname," + shellQuote((absOut / lib).string()) + " '-Wl,-rpath,$ORIGIN' -Wl,--no-undefined",
+          log);
       !err.empty())
     return err;
   std::vector<std::string> files = {"liblmrt.so"}; // moved into DIR in this order, the header last
   if (options.staticArchive) {
     std::string archive = "lib" + spec.name + ".a";
-    if (std::string err = run("ar rcs " + quote((work / archive).string()) + " " + quote(kernels.string()) + " " +
-                                  quote(glueObj.string()),
+    if (std::string err = run("ar rcs " + shellQuote((work / archive).string()) + " " + shellQuote(kernels.string()) +
+                                  " " + shellQuote(glueObj.string()),
                               log);
         !err.empty())
       return err;

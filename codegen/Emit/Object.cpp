@@ -180,21 +180,27 @@ std::string emitObject(ModuleOp module, const std::string &path, const ObjectOpt
   return "";
 }
 
+std::string shellQuote(const std::string &s) {
+  std::string q = "'";
+  for (char c : s)
+    q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+std::string cCompiler() {
+  const char *cc = std::getenv("CC");
+  return cc && *cc ? cc : "cc";
+}
+
 std::string emitKernelLibrary(ModuleOp module, const std::string &path) {
   if (failed(lowerToLLVMDialect(module)))
     return "lowering the kernel module to the LLVM dialect failed";
   const std::string object = path + ".o", partial = path + ".tmp";
   if (std::string err = emitObject(module, object, {}); !err.empty())
     return err;
-  auto quote = [](const std::string &s) {
-    std::string q = "'";
-    for (char c : s)
-      q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-    return q + "'";
-  };
-  const char *ccEnv = std::getenv("CC");
-  const std::string cc = ccEnv && *ccEnv ? ccEnv : "cc";
-  const int status = std::system((cc + " -shared -o " + quote(partial) + " " + quote(object) + " -lm").c_str());
+  const std::string cc = cCompiler();
+  const int status =
+      std::system((cc + " -shared -o " + shellQuote(partial) + " " + shellQuote(object) + " -lm").c_str());
   std::error_code ec;
   std::filesystem::remove(object, ec);
   if (status != 0) {

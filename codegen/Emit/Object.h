@@ -33,6 +33,11 @@ bool targetHasAmx(const std::string &cpu);
 /// and writes a position-independent object file to `path`. Returns "" or an error.
 std::string emitObject(mlir::ModuleOp module, const std::string &path, const ObjectOptions &options);
 
+/// `s` as one word for /bin/sh: single-quoted, each ' written as '\''.
+std::string shellQuote(const std::string &s);
+/// The C compiler that links objects into libraries: $CC when set and not empty, else `cc`.
+std::string cCompiler();
+
 /// A module of kernels (loop-level IR) as a shared library at `path` for this host: lowered to the LLVM dialect,
 /// emitted (emitObject, default options) and linked with `$CC -shared ... -lm` (cc by default; the library written
 /// to a temporary name and renamed, the object removed). For the kernel benchmarks and tests, which dlopen it.

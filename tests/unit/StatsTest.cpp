@@ -307,6 +307,40 @@ func.func @pll(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> tensor<?x8xf32> {
   EXPECT_EQ(stats[2].tempBytes, 32 * n + 64 * n);
 }
 
+// The runtime's memory model of a library whose GEMMs run on AMX tiles counts each product's input rounded to bf16
+// pairs while the product runs: rows padded to 32, ceil(K / 32) * 16 four-byte words per row.
+TEST(StatsTest, MemoryModelCountsAmxInputCopies) {
+  mlir::MLIRContext ctx;
+  auto module = parse(ctx, R"mlir(
+func.func @chain(%x: tensor<?x?x8xf32>) -> tensor<?x?x8xf32> {
+  %W = lm.weight "w" : tensor<8x8xf32>
+  %a = lm.linear %x, %W : (tensor<?x?x8xf32>, tensor<8x8xf32>) -> tensor<?x?x8xf32>
+  %b = lm.gelu %a : tensor<?x?x8xf32>
+  %c = lm.linear %b, %W : (tensor<?x?x8xf32>, tensor<8x8xf32>) -> tensor<?x?x8xf32>
+  return %c : tensor<?x?x8xf32>
+}
+func.func @logprob(%h: tensor<?x?x40xf32>, %ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> tensor<?x?xf32> {
+  %E = lm.weight "e" : tensor<11x40xf32>
+  %t = lm.token_logprob %h, %E, %ids, %len : (tensor<?x?x40xf32>, tensor<11x40xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32>
+  return %t : tensor<?x?xf32>
+}
+)mlir");
+  ASSERT_TRUE(module);
+  for (int64_t n : {5, 40}) {
+    const int64_t paddedRows = n <= 32 ? 32 : 64;
+    auto plain = codegen::memoryModel(*module, "chain", n), amx = codegen::memoryModel(*module, "chain", n, true);
+    ASSERT_EQ(amx.perSentence.size(), size_t(n + 1));
+    // Without copies: %a and %b live together at the gelu. With them: at either linear, one [n, 8] temporary
+    // (%a, or %b) and the copy of its input (K = 8: 16 words, 64 bytes a row).
+    EXPECT_EQ(plain.perSentence[n], 2 * 32 * n);
+    EXPECT_EQ(amx.perSentence[n], std::max(2 * 32 * n, 32 * n + paddedRows * 64)) << "n " << n;
+    EXPECT_EQ(amx.perCopy[n], 0) << "no masked batch: nothing per copy";
+    // token_logprob: no temporary of its own; the copy of the hidden states (K = 40: 2 steps of 16 words).
+    EXPECT_EQ(codegen::memoryModel(*module, "logprob", n).perSentence[n], 0);
+    EXPECT_EQ(codegen::memoryModel(*module, "logprob", n, true).perSentence[n], paddedRows * 32 * 4) << "n " << n;
+  }
+}
+
 TEST(StatsTest, DynamicDimsRule) {
   mlir::MLIRContext ctx;
   loadLmDialects(ctx);
