@@ -15,10 +15,19 @@
 
 #include <gtest/gtest.h>
 
+#if defined(__linux__)
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#endif
+
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cmath>
+#include <cstddef>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -437,6 +446,62 @@ TEST_F(RuntimeTest, BadDescriptorsAreInternalErrors) {
   EXPECT_EQ(lm_rt_load(&d, path("w.safetensors").c_str(), &m), LM_ERR_INTERNAL);
   EXPECT_NE(std::string(lm_last_error()).find("pad_id"), std::string::npos) << lm_last_error();
   EXPECT_EQ(m, nullptr);
+}
+
+bool cpuinfoHasFlag(const std::string &flag) {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("flags", 0) == 0)
+      return (line + " ").find(" " + flag + " ") != std::string::npos;
+  return false;
+}
+
+#if defined(__linux__) && defined(__x86_64__)
+/// In a death-test child: fails every arch_prctl with EPERM (seccomp), loads `d`, prints the result and exits 0 when
+/// the load was refused with LM_ERR_ARGUMENT and no model.
+[[noreturn]] void loadWithArchPrctlDenied(const lm_model_desc &d, const std::string &weights) {
+  sock_filter filter[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_arch_prctl, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  sock_fprog program{static_cast<unsigned short>(sizeof(filter) / sizeof(filter[0])), filter};
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) != 0) {
+    std::fprintf(stderr, "cannot install the seccomp filter: %s\n", std::strerror(errno));
+    std::_Exit(2);
+  }
+  lm_model *m = nullptr;
+  const int rc = lm_rt_load(&d, weights.c_str(), &m);
+  std::fprintf(stderr, "rc %d: %s\n", rc, lm_last_error());
+  std::_Exit(rc == LM_ERR_ARGUMENT && m == nullptr ? 0 : 1);
+}
+#endif
+
+// A library with AMX kernels (desc.amx: bf16 weights compiled for a CPU with AMX-BF16) asks Linux for AMX tile state
+// when it loads. Where the OS refuses, the load is an LM_ERR_ARGUMENT naming the reason, not a SIGILL at the first
+// tile instruction: shown on this host as it is (granted where /proc/cpuinfo lists amx_tile, refused elsewhere) and
+// in a child process whose seccomp filter fails arch_prctl with EPERM (a kernel that denies the permission).
+TEST_F(RuntimeTest, AmxLibraryLoadsOnlyWhereTheOsGrantsTileState) {
+#if !(defined(__linux__) && defined(__x86_64__))
+  GTEST_SKIP() << "AMX tile state is requested with Linux's arch_prctl on x86-64";
+#else
+  lm_model_desc d = fakeDesc();
+  d.amx = 1;
+  const std::string weights = path("w.safetensors");
+  lm_model *m = nullptr;
+  if (cpuinfoHasFlag("amx_tile")) {
+    ASSERT_EQ(lm_rt_load(&d, weights.c_str(), &m), LM_OK) << lm_last_error();
+    lm_rt_free(m);
+  } else {
+    EXPECT_EQ(lm_rt_load(&d, weights.c_str(), &m), LM_ERR_ARGUMENT);
+    EXPECT_NE(std::string(lm_last_error()).find("cannot have AMX tile state"), std::string::npos) << lm_last_error();
+    EXPECT_EQ(m, nullptr);
+  }
+  GTEST_FLAG_SET(death_test_style, "threadsafe"); // the child re-runs this test alone: no runtime threads forked
+  EXPECT_EXIT(loadWithArchPrctlDenied(d, weights), ::testing::ExitedWithCode(0),
+              "rc -?[0-9]+: .*cannot have AMX tile state \\(Operation not permitted\\)");
+#endif
 }
 
 TEST_F(RuntimeTest, EmbeddedWeightsAlignedAndUnaligned) {
