@@ -9,12 +9,14 @@
 //       tile lmcc picks for this host or RxC (rows x columns, e.g. 6x64), or the bf16 AMX kernel (`amx`: weights
 //       packed as bf16 pairs; only against another AMX build, on a host with AMX-BF16), into the shared library
 //       OUT.so;
-//   gemm_ab compare A.so B.so [--rounds R] M K N [M K N ...]
+//   gemm_ab compare A.so B.so [--rounds R] [--cold] M K N [M K N ...]
 //       loads both libraries, packs one random weight per shape with each library's own packer (as at model load),
 //       checks that both compute bit-identical C (every element is the same ordered FMA chain whatever the tile,
 //       block or chunk: Gemm.h), then times R rounds (default 20), each calling A and B for about 15 ms, the order
 //       reversed every other round, and prints per shape: B's speedup over A as the median over rounds of
-//       A's time / B's time, the rounds B won, and each one's best and median GFLOP/s.
+//       A's time / B's time, the rounds B won, and each one's best and median GFLOP/s. --cold: the packed weight is
+//       flushed from every cache level (clflushopt, untimed) before each call, as in a model call, where the other
+//       layers' weights have evicted it (a repeated GEMM otherwise reads its weight from L2/L3).
 //
 // To judge a code generation change: `build` with the old tree's gemm_ab (a git worktree) and with the new one,
 // then `compare old.so new.so` with either. A verdict near 1.00x that B won in neither nearly all nor nearly none of
@@ -30,6 +32,7 @@
 #include "mlir/IR/MLIRContext.h"
 
 #include <dlfcn.h>
+#include <immintrin.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -61,7 +64,7 @@ struct Shape {
 
 [[noreturn]] void usage() {
   fail("usage: gemm_ab build OUT.so [--tile RxC|amx] M K N [M K N ...]\n"
-       "       gemm_ab compare A.so B.so [--rounds R] M K N [M K N ...]");
+       "       gemm_ab compare A.so B.so [--rounds R] [--cold] M K N [M K N ...]");
 }
 
 int64_t positive(const std::string &text, const char *what) {
@@ -141,7 +144,15 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
 }
 
-void compare(const Library &a, const Library &b, int rounds, const std::vector<Shape> &shapes) {
+/// Evicts [p, p + bytes) from every cache level.
+__attribute__((target("clflushopt"))) void flush(const void *p, size_t bytes) {
+  const char *c = static_cast<const char *>(p);
+  for (size_t i = 0; i < bytes; i += 64)
+    _mm_clflushopt(const_cast<char *>(c + i));
+  _mm_sfence();
+}
+
+void compare(const Library &a, const Library &b, int rounds, bool cold, const std::vector<Shape> &shapes) {
   for (const Shape &s : shapes) // every function present before any timing
     for (const Library *l : {&a, &b})
       l->symbol<PackFn>("ab_pack_" + suffix(s)), l->symbol<GemmFn>("ab_gemm_" + suffix(s));
@@ -175,11 +186,22 @@ void compare(const Library &a, const Library &b, int rounds, const std::vector<S
       pb = pa, cb = ca;
     const double flops = 2.0 * s.m * s.k * s.n;
     const int reps = std::max(1, int(2e9 / flops)); // about 15 ms at 130 GFLOP/s
+    const size_t packedBytes = size_t(rows) * lmcc::codegen::kPanel * 4;
     auto seconds = [&](GemmFn gemm, MemRef<2> *p, MemRef<2> *c) {
-      auto start = std::chrono::steady_clock::now();
-      for (int r = 0; r < reps; ++r)
+      if (!cold) {
+        auto start = std::chrono::steady_clock::now();
+        for (int r = 0; r < reps; ++r)
+          gemm(&am, p, c);
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / reps;
+      }
+      double total = 0;
+      for (int r = 0; r < reps; ++r) {
+        flush(p->aligned, packedBytes);
+        auto start = std::chrono::steady_clock::now();
         gemm(&am, p, c);
-      return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / reps;
+        total += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      }
+      return total / reps;
     };
     std::vector<double> ta, tb, ratios;
     int won = 0;
@@ -252,11 +274,18 @@ int run(const std::vector<std::string> &args) {
     lm_rt_request_amx(); // AMX builds need the tile state; harmless without them
     std::vector<std::string> rest(args.begin() + 3, args.end());
     int rounds = 20;
-    if (rest.size() >= 2 && rest[0] == "--rounds") {
-      rounds = int(std::min<int64_t>(positive(rest[1], "--rounds"), 1000));
-      rest.erase(rest.begin(), rest.begin() + 2);
+    bool cold = false;
+    for (bool more = true; more;) {
+      more = false;
+      if (rest.size() >= 2 && rest[0] == "--rounds") {
+        rounds = int(std::min<int64_t>(positive(rest[1], "--rounds"), 1000));
+        rest.erase(rest.begin(), rest.begin() + 2), more = true;
+      } else if (!rest.empty() && rest[0] == "--cold") {
+        cold = true;
+        rest.erase(rest.begin()), more = true;
+      }
     }
-    compare(a, b, rounds, shapesOf(rest));
+    compare(a, b, rounds, cold, shapesOf(rest));
   } else {
     usage();
   }
