@@ -15,7 +15,7 @@
 //       block or chunk: Gemm.h), then times R rounds (default 20), each calling A and B for about 15 ms, the order
 //       reversed every other round, and prints per shape: B's speedup over A as the median over rounds of
 //       A's time / B's time, the rounds B won, and each one's best and median GFLOP/s. --cold: the packed weight is
-//       flushed from every cache level (clflushopt, untimed) before each call, as in a model call, where the other
+//       flushed from every cache level (clflush, untimed) before each call, as in a model call, where the other
 //       layers' weights have evicted it (a repeated GEMM otherwise reads its weight from L2/L3).
 //
 // To judge a code generation change: `build` with the old tree's gemm_ab (a git worktree) and with the new one,
@@ -144,19 +144,21 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
 }
 
-/// Evicts [p, p + bytes) from every cache level.
-__attribute__((target("clflushopt"))) void flush(const void *p, size_t bytes) {
+/// Evicts [p, p + bytes) from every cache level (clflush: every x86-64 CPU has it; clflushopt would SIGILL on
+/// the older ones, and the flush is not timed).
+void flush(const void *p, size_t bytes) {
   const char *c = static_cast<const char *>(p);
   for (size_t i = 0; i < bytes; i += 64)
-    _mm_clflushopt(const_cast<char *>(c + i));
-  _mm_sfence();
+    _mm_clflush(c + i);
+  _mm_mfence();
 }
 
 void compare(const Library &a, const Library &b, int rounds, bool cold, const std::vector<Shape> &shapes) {
   for (const Shape &s : shapes) // every function present before any timing
     for (const Library *l : {&a, &b})
       l->symbol<PackFn>("ab_pack_" + suffix(s)), l->symbol<GemmFn>("ab_gemm_" + suffix(s));
-  std::printf("B = %s over A = %s, %d rounds\n", b.path.c_str(), a.path.c_str(), rounds);
+  std::printf("B = %s over A = %s, %d rounds%s\n", b.path.c_str(), a.path.c_str(), rounds,
+              cold ? ", the weight flushed from the caches before each call" : "");
   std::printf("%-18s %-9s %-9s %-8s %-11s %-11s %-11s %-11s\n", "M x K x N", "identical", "speedup", "B won",
               "A best", "A median", "B best", "B median");
   std::mt19937 rng(1);
