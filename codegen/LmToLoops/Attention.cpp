@@ -4,6 +4,7 @@
 // that are multiples of 16 (its pieces in AttentionVector.h, its VJP in AttentionGrad.cpp).
 //
 //===----------------------------------------------------------------------===//
+#include "codegen/Emit/Object.h"
 #include "codegen/LmToLoops/AttentionVector.h"
 
 #include "llvm/Support/FormatVariadic.h"
@@ -166,7 +167,8 @@ void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Val
       Value r0 = b.create<arith::MulIOp>(loc, t[0], L.idx(R));
       // The next item's q, k and v lines in parts: before the scores, the softmax and each p.v row group (its
       // output rows need none: stored nontemporally when streaming, into the runtime's 64-byte aligned buffers).
-      const int64_t parts = 2 + (R + kPvRows - 1) / kPvRows;
+      const int64_t pvRows = K.geo.pvRows, pvChunks = K.geo.pvChunks;
+      const int64_t parts = 2 + (R + pvRows - 1) / pvRows;
       auto prefetch = [&](int64_t part) {
         K.prefetchNext(hasNext, nextEntry, nextBase, t[0], tiles, r0, R, part, parts, rows, M, {q}, {k, v});
       };
@@ -174,30 +176,31 @@ void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Val
       Tile tile = K.tileRows(bi, r0, R, lastRow, len, queryPositions, Value(), order);
       if (relative)
         K.relativeProducts(q, bi, base, tile.row, relKt, clip, M16, PQ);
-      K.products(q, bi, base, tile, kt, [&](Value jb, ArrayRef<Value> dots) {
+      K.products(q, bi, base, tile, kt, [&](Value jb, int64_t first, ArrayRef<Value> dots) {
         SmallVector<Value> s;
         for (int64_t r = 0; r < int64_t(dots.size()); ++r) {
           Value d = dots[r];
           if (relative)
-            d = b.create<arith::AddFOp>(loc, d, K.relativeBlock(PQ, r, tile.pos[r], jb, clip, M16));
+            d = b.create<arith::AddFOp>(loc, d,
+                                        K.relativeBlock(PQ, first + r, tile.pos[first + r], jb, clip, M16));
           s.push_back(b.create<arith::MulFOp>(loc, d, scale));
         }
-        K.storeScores(S, jb, s, tile);
+        K.storeScores(S, jb, first, s, tile);
       });
       prefetch(1);
       SmallVector<Value> sums = K.exponentiate(S, R, tile.from16, tile.to);
       if (relative)
         K.relativeWeights(S, tile.pos, tile.from16, K.roundDown(K.add(tile.to, L.idx(kLanes - 1))), clip, PT);
-      // p.v in tiles of kPvRows rows x kPvChunks feature vectors over the group's key range.
-      for (int64_t r0g = 0; r0g < R; r0g += kPvRows) {
-        prefetch(2 + r0g / kPvRows);
-        int64_t nr = std::min(kPvRows, R - r0g);
+      // p.v in tiles of pvRows rows x pvChunks feature vectors over the group's key range.
+      for (int64_t r0g = 0; r0g < R; r0g += pvRows) {
+        prefetch(2 + r0g / pvRows);
+        int64_t nr = std::min(pvRows, R - r0g);
         auto [gLo, gHi] = K.unionRange(tile, r0g, nr);
         SmallVector<Value> inv(nr);
         for (int64_t r = 0; r < nr; ++r)
           inv[r] = K.inverse(sums[r0g + r]);
-        for (int64_t c0 = 0; c0 < chunks; c0 += kPvChunks) {
-          int64_t nc = std::min(kPvChunks, chunks - c0);
+        for (int64_t c0 = 0; c0 < chunks; c0 += pvChunks) {
+          int64_t nc = std::min(pvChunks, chunks - c0);
           SmallVector<Value> acc(K.weightedRows(S, r0g, nr, v, bi, base, c0, nc, gLo, gHi).getResults());
           if (relative)
             acc = K.relativeRows(PT, r0g, nr, ops.relV, clip, c0, nc, acc);
@@ -395,18 +398,20 @@ void populateAttentionPatterns(TypeConverter &converter, RewritePatternSet &patt
 
 namespace {
 
-/// Lowers the kernel module's lm ops by `populate`'s patterns alone (the argument casts fold away); the kernel
-/// writes its output arguments directly (in a model the next op reads the buffer; a copy would be benchmark
-/// overhead): each copy's source buffer becomes its argument.
+/// Lowers the kernel module's lm ops by `populate`'s patterns alone, for `vectorBits` (0: the host's; the argument
+/// casts fold away); the kernel writes its output arguments directly (in a model the next op reads the buffer; a
+/// copy would be benchmark overhead): each copy's source buffer becomes its argument.
 OwningOpRef<ModuleOp> lowerKernelModule(MLIRContext &context, OwningOpRef<ModuleOp> module,
                                         void (*populate)(TypeConverter &, RewritePatternSet &,
-                                                         const LoweringContext &)) {
+                                                         const LoweringContext &),
+                                        int64_t vectorBits) {
   TypeConverter converter;
   ConversionTarget target(context);
   configureLowering(converter, target);
   const WeightLayout noWeights;
   LoweringContext lowering;
   lowering.layout = &noWeights;
+  lowering.tile = GemmTile::forVectorBits(vectorBits ? vectorBits : targetVectorBits(""));
   RewritePatternSet patterns(&context);
   populate(converter, patterns, lowering);
   if (failed(applyPartialConversion(*module, target, std::move(patterns))))
@@ -440,7 +445,7 @@ OwningOpRef<ModuleOp> kernelModule(MLIRContext &context, OpBuilder &b) {
 } // namespace
 
 OwningOpRef<ModuleOp> buildAttentionModule(MLIRContext &context, lm::MaskKind mask, int64_t heads, int64_t dModel,
-                                           int64_t clip, int64_t rowWords) {
+                                           int64_t clip, int64_t rowWords, int64_t vectorBits) {
   OpBuilder b(&context);
   Location loc = b.getUnknownLoc();
   OwningOpRef<ModuleOp> module = kernelModule(context, b);
@@ -473,11 +478,11 @@ OwningOpRef<ModuleOp> buildAttentionModule(MLIRContext &context, lm::MaskKind ma
   Value result = b.create<UnrealizedConversionCastOp>(loc, m3, attention.getResult()).getResult(0);
   b.create<memref::CopyOp>(loc, result, entry->getArgument(args.size() - 1));
   b.create<func::ReturnOp>(loc);
-  return lowerKernelModule(context, std::move(module), populateAttentionPatterns);
+  return lowerKernelModule(context, std::move(module), populateAttentionPatterns, vectorBits);
 }
 
 OwningOpRef<ModuleOp> buildAttentionGradModule(MLIRContext &context, lm::MaskKind mask, int64_t heads, int64_t dModel,
-                                               int64_t clip, int64_t rowWords) {
+                                               int64_t clip, int64_t rowWords, int64_t vectorBits) {
   OpBuilder b(&context);
   Location loc = b.getUnknownLoc();
   OwningOpRef<ModuleOp> module = kernelModule(context, b);
@@ -520,7 +525,7 @@ OwningOpRef<ModuleOp> buildAttentionGradModule(MLIRContext &context, lm::MaskKin
         loc, b.create<UnrealizedConversionCastOp>(loc, i < 3 ? m3 : m2, grad->getResult(i)).getResult(0),
         arg(first + i));
   b.create<func::ReturnOp>(loc);
-  return lowerKernelModule(context, std::move(module), populateBackwardPatterns);
+  return lowerKernelModule(context, std::move(module), populateBackwardPatterns, vectorBits);
 }
 
 } // namespace lmcc::codegen

@@ -160,43 +160,47 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
         K.relativeProducts(ops.q, bi, base, tile.row, relKt, clip, M16, PQ);
         K.relativeProducts(ops.dO, bi, base, tile.row, relVt, clip, M16, GQ);
       }
-      K.products(ops.q, bi, base, tile, kt, [&](Value jb, ArrayRef<Value> dots) {
+      K.products(ops.q, bi, base, tile, kt, [&](Value jb, int64_t first, ArrayRef<Value> dots) {
         SmallVector<Value> s;
-        for (int64_t r = 0; r < R; ++r) {
+        for (int64_t r = 0; r < int64_t(dots.size()); ++r) {
           Value d = dots[r];
           if (relative)
-            d = b.create<arith::AddFOp>(loc, d, K.relativeBlock(PQ, r, tile.pos[r], jb, clip, M16));
+            d = b.create<arith::AddFOp>(loc, d,
+                                        K.relativeBlock(PQ, first + r, tile.pos[first + r], jb, clip, M16));
           s.push_back(b.create<arith::MulFOp>(loc, d, scale));
         }
-        K.storeScores(S, jb, s, tile);
+        K.storeScores(S, jb, first, s, tile);
       });
       SmallVector<Value> sums = K.exponentiate(S, R, tile.from16, tile.to);
       SmallVector<Value> inv;
       for (int64_t r = 0; r < R; ++r)
         inv.push_back(K.inverse(sums[r]));
       prefetch(1);
-      K.products(ops.dO, bi, base, tile, vt, [&](Value jb, ArrayRef<Value> dp) {
-        for (int64_t r = 0; r < R; ++r) {
+      K.products(ops.dO, bi, base, tile, vt, [&](Value jb, int64_t first, ArrayRef<Value> dp) {
+        for (int64_t r = 0; r < int64_t(dp.size()); ++r) {
           Value d = dp[r];
           if (relative)
-            d = b.create<arith::AddFOp>(loc, d, K.relativeBlock(GQ, r, tile.pos[r], jb, clip, M16));
-          K.store(d, G, ValueRange{L.idx(r), jb});
+            d = b.create<arith::AddFOp>(loc, d,
+                                        K.relativeBlock(GQ, first + r, tile.pos[first + r], jb, clip, M16));
+          K.store(d, G, ValueRange{L.idx(first + r), jb});
         }
       });
-      // P = p / l in place, and D_r = sum_j P_rj dP_rj.
-      SmallVector<Value> zerosR(R, K.zeroV);
-      auto dots = K.loop(tile.from16, tile.to, kLanes, zerosR, [&](Value jb, ValueRange acc) {
-        SmallVector<Value> next;
-        for (int64_t r = 0; r < R; ++r) {
-          Value p = b.create<arith::MulFOp>(loc, K.load(S, ValueRange{L.idx(r), jb}), inv[r]);
-          K.store(p, S, ValueRange{L.idx(r), jb});
-          next.push_back(b.create<vector::FMAOp>(loc, p, K.load(G, ValueRange{L.idx(r), jb}), acc[r]));
-        }
-        return next;
-      });
+      // P = p / l in place, and D_r = sum_j P_rj dP_rj (rows in groups of geo.scoreRows).
       SmallVector<Value> Dr;
-      for (int64_t r = 0; r < R; ++r)
-        Dr.push_back(K.allLanes(dots.getResult(r), /*sum=*/true));
+      K.rowGroups(R, K.geo.scoreRows, [&](int64_t r0, int64_t n) {
+        SmallVector<Value> zeros(n, K.zeroV);
+        auto dots = K.loop(tile.from16, tile.to, kLanes, zeros, [&](Value jb, ValueRange acc) {
+          SmallVector<Value> next;
+          for (int64_t r = r0; r < r0 + n; ++r) {
+            Value p = b.create<arith::MulFOp>(loc, K.load(S, ValueRange{L.idx(r), jb}), inv[r]);
+            K.store(p, S, ValueRange{L.idx(r), jb});
+            next.push_back(b.create<vector::FMAOp>(loc, p, K.load(G, ValueRange{L.idx(r), jb}), acc[r - r0]));
+          }
+          return next;
+        });
+        for (int64_t r = 0; r < n; ++r)
+          Dr.push_back(K.allLanes(dots.getResult(r), /*sum=*/true));
+      });
       // dS = P (dP - D) scale in place of dP.
       K.loop(tile.from16, tile.to, kLanes, {}, [&](Value jb, ValueRange) {
         for (int64_t r = 0; r < R; ++r) {
@@ -212,20 +216,21 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
         K.relativeWeights(S, tile.pos, tile.from16, to16, clip, PT);
         K.relativeWeights(G, tile.pos, tile.from16, to16, clip, GT);
       }
-      // dq of the real rows, in tiles of kPvRows rows x kPvChunks feature vectors (nontemporal when streaming).
+      // dq of the real rows, in tiles of pvRows rows x pvChunks feature vectors (nontemporal when streaming).
       prefetch(2);
-      for (int64_t r0g = 0; r0g < R; r0g += kPvRows) {
-        auto [gLo, gHi] = K.unionRange(tile, r0g, kPvRows);
-        for (int64_t c0 = 0; c0 < chunks; c0 += kPvChunks) {
-          int64_t nc = std::min(kPvChunks, chunks - c0);
-          SmallVector<Value> acc(K.weightedRows(G, r0g, kPvRows, ops.k, bi, base, c0, nc, gLo, gHi).getResults());
+      const int64_t pvRows = K.geo.pvRows, pvChunks = K.geo.pvChunks;
+      for (int64_t r0g = 0; r0g < R; r0g += pvRows) {
+        auto [gLo, gHi] = K.unionRange(tile, r0g, pvRows);
+        for (int64_t c0 = 0; c0 < chunks; c0 += pvChunks) {
+          int64_t nc = std::min(pvChunks, chunks - c0);
+          SmallVector<Value> acc(K.weightedRows(G, r0g, pvRows, ops.k, bi, base, c0, nc, gLo, gHi).getResults());
           if (relative)
-            acc = K.relativeRows(GT, r0g, kPvRows, ops.relK, clip, c0, nc, acc);
+            acc = K.relativeRows(GT, r0g, pvRows, ops.relK, clip, c0, nc, acc);
           SmallVector<Value> cols;
           for (int64_t c = 0; c < nc; ++c)
             cols.push_back(K.chunk(base, c0 + c));
           K.storeStreaming(nontemporal, [&](bool nt) {
-            for (int64_t r = 0; r < kPvRows; ++r) {
+            for (int64_t r = 0; r < pvRows; ++r) {
               auto write = [&] {
                 for (int64_t c = 0; c < nc; ++c)
                   K.store(acc[r * nc + c], ops.dq, ValueRange{bi, tile.row[r0g + r], cols[c]}, nt);
@@ -240,7 +245,7 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
       }
       prefetch(3);
       // From the tile's first key rounded down to 4 (the keys before it get nothing: 0 in P and dS).
-      Value keysFrom = K.roundDown(tile.from, kGradKeys);
+      Value keysFrom = K.roundDown(tile.from, K.geo.gradKeys);
       if (a.getMask() == lm::MaskKind::directional) // keys [touched, keysFrom) no tile sees so far: 0
         K.loop(touched, keysFrom, 1, {}, [&](Value j, ValueRange) {
           for (Value scratch : {dkItems, dvItems})

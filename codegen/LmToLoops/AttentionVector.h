@@ -16,11 +16,27 @@ namespace lmcc::codegen::attention {
 
 using namespace mlir;
 
-constexpr int64_t kLanes = 16;   ///< f32 lanes of a 512-bit vector
-constexpr int64_t kTileRows = 8; ///< query rows per score tile (one key vector load feeds kTileRows FMAs)
-constexpr int64_t kPvRows = 4;   ///< query rows per p.v tile (kPvRows x 4 feature vectors of accumulators)
-constexpr int64_t kPvChunks = 4; ///< feature vectors (of 16) per p.v tile
-constexpr int64_t kGradKeys = 4; ///< keys per dK / dV tile of the backward (kGradKeys x 4 feature vectors)
+constexpr int64_t kLanes = 16;   ///< f32 lanes of the kernels' vectors (one 512-bit register, two 256-bit ones)
+constexpr int64_t kTileRows = 8; ///< query rows per tile (the rows whose scores, softmax and p.v go together)
+
+/// The register tiles of the vector forms, sized to the target's vector registers. The kernels compute on
+/// vector<16xf32> everywhere (so the lanes, blocks and sums, and with them every result, are the same on every
+/// target); AVX2 holds such a vector in two of its 16 ymm registers, where AVX-512 holds it in one of 32 zmm, so
+/// the tiles that keep accumulators in registers are smaller there. None of these sizes changes a result: each
+/// score, softmax sum and output element is the same chain of operations whatever the grouping.
+struct Geometry {
+  int64_t scoreRows;   ///< query rows whose score accumulators are in registers at once (of a tile's kTileRows)
+  int64_t scoreBlocks; ///< 16-key blocks per score step (2: one broadcast of q feeds 2 FMAs)
+  int64_t pvRows;      ///< query rows per p.v tile
+  int64_t pvChunks;    ///< feature vectors (of 16) per p.v and dK / dV tile
+  int64_t gradKeys;    ///< keys per dK / dV tile of the backward
+  /// 512-bit (32 registers): 8 rows x 2 blocks of scores (16 accumulators), p.v 4 rows x 4 vectors (16), dK / dV
+  /// 4 keys x 4 vectors (16). 256-bit (16 registers, two per vector): 4 rows x 1 block, 4 rows x 1 vector, 4 keys
+  /// x 1 vector (8 registers of accumulators each, the 8 independent FMA chains two ports of latency 4 need).
+  static Geometry forVectorBits(int64_t bits) {
+    return bits >= 512 ? Geometry{8, 2, 4, 4, 4} : Geometry{4, 1, 4, 1, 4};
+  }
+};
 
 /// vector.shuffle masks interleaving the low (high) halves of two 16-lane vectors.
 inline SmallVector<int64_t> interleaveMask(bool high) {
@@ -54,12 +70,13 @@ struct VectorKernel {
   int64_t dh, chunks;
   lm::MaskKind mask;
   Value maskRows; ///< the directional mask's rows [entries, N, 1 + W] (lm.mask_fill states them), else null
+  Geometry geo;   ///< the register tiles of the target (its GEMM tile's vector width)
   VectorType vt, it;
   Value negInf, negInfV, zeroV, iota;
 
   VectorKernel(Loops &L, int64_t dh, lm::MaskKind mask, Value maskRows = Value())
       : L(L), b(L.b), loc(L.loc), dh(dh), chunks(dh / kLanes), mask(mask), maskRows(maskRows),
-        vt(VectorType::get({kLanes}, L.f32())), it(VectorType::get({kLanes}, L.b.getIndexType())) {
+        geo(Geometry::forVectorBits(L.context.tile.lanes * 32)), vt(VectorType::get({kLanes}, L.f32())), it(VectorType::get({kLanes}, L.b.getIndexType())) {
     negInf = L.f32c(-INFINITY), negInfV = bcast(negInf), zeroV = bcast(L.f32c(0));
     SmallVector<int64_t> lanes(kLanes);
     for (int64_t l = 0; l < kLanes; ++l)
@@ -340,60 +357,25 @@ struct VectorKernel {
     return {l, h};
   }
 
-  /// For each 16-key block jb of the tile's key range [from16, to): the row vectors
-  /// sum_e a[bi, row_r, base + e] * t[e, jb..jb+16) (R accumulators, 4 partial chains per row when R < 4; full
-  /// blocks two at a time when R >= 4, 2R accumulators), handed to use(jb, products) in block order. A block whose
-  /// lower (upper) half no row sees (the first block of an anticausal tile, the last of a causal one: 16-key blocks
-  /// over 8-row tiles) is computed 8 lanes wide, its other half 0.
+  /// fn(first, count) for the tile's rows in groups of at most `size`, in order.
+  void rowGroups(int64_t R, int64_t size, const std::function<void(int64_t, int64_t)> &fn) {
+    for (int64_t first = 0; first < R; first += size)
+      fn(first, std::min(size, R - first));
+  }
+
+  /// For each group of geo.scoreRows rows of the tile and each 16-key block jb of the tile's key range
+  /// [from16, to): the group's row vectors sum_e a[bi, row_r, base + e] * t[e, jb..jb+16) (one accumulator per
+  /// row, 4 partial chains per row when the tile has fewer than 4 rows; full blocks geo.scoreBlocks at a time when
+  /// it has 4 or more), handed to use(jb, first, products) (first: the group's first row) in block order. A block
+  /// whose lower (upper) half no row sees (the first block of an anticausal tile, the last of a causal one: 16-key
+  /// blocks over 8-row tiles) is computed 8 lanes wide, its other half 0.
   void products(Value a, Value bi, Value base, const Tile &tile, Value t,
-                const std::function<void(Value, ArrayRef<Value>)> &use) {
-    ArrayRef<Value> row = tile.row;
-    const int64_t R = row.size(), chains = R >= 4 ? 1 : 4;
-    // `blocks` consecutive 16-key blocks from jb (2 for a pair of full blocks, chains == 1): one broadcast of q
-    // feeds an FMA per block; each score is the same FMA chain over the features in order whatever the count.
-    auto block = [&](Value jb, int64_t width, int64_t offset, int64_t blocks) {
-      auto type = VectorType::get({width}, L.f32());
-      Value zero = b.create<vector::BroadcastOp>(loc, type, L.f32c(0));
-      Value from = add(jb, L.idx(offset));
-      SmallVector<Value> zeros(R * blocks * chains, zero);
-      auto dot = loop(L.idx(0), L.idx(dh), 4, zeros, [&](Value e0, ValueRange acc) {
-        SmallVector<Value> next(acc.begin(), acc.end());
-        for (int64_t u = 0; u < 4; ++u) {
-          Value e = add(e0, L.idx(u));
-          SmallVector<Value> kv;
-          for (int64_t h = 0; h < blocks; ++h)
-            kv.push_back(b.create<vector::LoadOp>(loc, type, t, ValueRange{e, add(from, L.idx(h * kLanes))}));
-          for (int64_t r = 0; r < R; ++r) {
-            Value qe = b.create<vector::BroadcastOp>(loc, type, L.load(a, {bi, row[r], add(base, e)}));
-            for (int64_t h = 0; h < blocks; ++h) {
-              int64_t slot = (r * blocks + h) * chains + u % chains;
-              next[slot] = b.create<vector::FMAOp>(loc, qe, kv[h], next[slot]);
-            }
-          }
-        }
-        return next;
-      });
-      for (int64_t h = 0; h < blocks; ++h) {
-        SmallVector<Value> s(R);
-        for (int64_t r = 0; r < R; ++r) {
-          int64_t slot = (r * blocks + h) * chains;
-          s[r] = dot.getResult(slot);
-          if (chains == 4)
-            s[r] = b.create<arith::AddFOp>(
-                loc, b.create<arith::AddFOp>(loc, s[r], dot.getResult(slot + 1)),
-                b.create<arith::AddFOp>(loc, dot.getResult(slot + 2), dot.getResult(slot + 3)));
-          if (width < kLanes)
-            s[r] = b.create<vector::InsertStridedSliceOp>(loc, s[r], zeroV, ArrayRef<int64_t>{offset},
-                                                          ArrayRef<int64_t>{1});
-        }
-        use(h ? add(jb, L.idx(h * kLanes)) : jb, s);
-      }
-    };
+                const std::function<void(Value, int64_t, ArrayRef<Value>)> &use) {
+    const int64_t chains = tile.row.size() >= 4 ? 1 : 4;
     const int64_t half = kLanes / 2;
     // The first block's lower half unseen: its upper half alone, the full blocks from the next.
     Value headHalf = L.andI(L.ge(b.create<arith::SubIOp>(loc, tile.from, tile.from16), L.idx(half)),
                             L.lt(tile.from, tile.to));
-    L.when(headHalf, [&] { block(tile.from16, half, half, 1); });
     Value first = L.select(headHalf, add(tile.from16, L.idx(kLanes)), tile.from16);
     // The last block's upper half unseen (1..8 keys past the full blocks): its lower half alone.
     Value span = b.create<arith::MaxSIOp>(loc, b.create<arith::SubIOp>(loc, tile.to, first), L.idx(0));
@@ -401,33 +383,81 @@ struct VectorKernel {
     Value rest = b.create<arith::SubIOp>(loc, add(first, span), fullEnd);
     Value tailHalf = L.andI(L.lt(L.idx(0), rest), L.le(rest, L.idx(half)));
     Value end = L.select(L.lt(L.idx(half), rest), add(fullEnd, L.idx(kLanes)), fullEnd);
-    if (chains == 1) {
-      // Two full blocks at a time: one broadcast of q feeds 2 FMAs (2 key loads + R broadcasts per 2 R FMAs; a
-      // single block's R + 1 loads for R FMAs kept the loop at the load ports). Each score is the same FMA chain.
-      Value pairsEnd = add(first, roundDown(b.create<arith::SubIOp>(loc, end, first), 2 * kLanes));
-      loop(first, pairsEnd, 2 * kLanes, {}, [&](Value jb, ValueRange) {
-        block(jb, kLanes, 0, 2);
-        return SmallVector<Value>{};
-      });
-      L.when(L.lt(pairsEnd, end), [&] { block(pairsEnd, kLanes, 0, 1); });
-    } else {
-      loop(first, end, kLanes, {}, [&](Value jb, ValueRange) {
-        block(jb, kLanes, 0, 1);
-        return SmallVector<Value>{};
-      });
-    }
-    L.when(tailHalf, [&] { block(fullEnd, half, 0, 1); });
+    rowGroups(tile.row.size(), geo.scoreRows, [&](int64_t r0, int64_t R) {
+      ArrayRef<Value> row = ArrayRef<Value>(tile.row).slice(r0, R);
+      // `blocks` consecutive 16-key blocks from jb (several full blocks, chains == 1): one broadcast of q feeds
+      // an FMA per block; each score is the same FMA chain over the features in order whatever the count.
+      auto block = [&](Value jb, int64_t width, int64_t offset, int64_t blocks) {
+        auto type = VectorType::get({width}, L.f32());
+        Value zero = b.create<vector::BroadcastOp>(loc, type, L.f32c(0));
+        Value from = add(jb, L.idx(offset));
+        SmallVector<Value> zeros(R * blocks * chains, zero);
+        auto dot = loop(L.idx(0), L.idx(dh), 4, zeros, [&](Value e0, ValueRange acc) {
+          SmallVector<Value> next(acc.begin(), acc.end());
+          for (int64_t u = 0; u < 4; ++u) {
+            Value e = add(e0, L.idx(u));
+            SmallVector<Value> kv;
+            for (int64_t h = 0; h < blocks; ++h)
+              kv.push_back(b.create<vector::LoadOp>(loc, type, t, ValueRange{e, add(from, L.idx(h * kLanes))}));
+            for (int64_t r = 0; r < R; ++r) {
+              Value qe = b.create<vector::BroadcastOp>(loc, type, L.load(a, {bi, row[r], add(base, e)}));
+              for (int64_t h = 0; h < blocks; ++h) {
+                int64_t slot = (r * blocks + h) * chains + u % chains;
+                next[slot] = b.create<vector::FMAOp>(loc, qe, kv[h], next[slot]);
+              }
+            }
+          }
+          return next;
+        });
+        for (int64_t h = 0; h < blocks; ++h) {
+          SmallVector<Value> s(R);
+          for (int64_t r = 0; r < R; ++r) {
+            int64_t slot = (r * blocks + h) * chains;
+            s[r] = dot.getResult(slot);
+            if (chains == 4)
+              s[r] = b.create<arith::AddFOp>(
+                  loc, b.create<arith::AddFOp>(loc, s[r], dot.getResult(slot + 1)),
+                  b.create<arith::AddFOp>(loc, dot.getResult(slot + 2), dot.getResult(slot + 3)));
+            if (width < kLanes)
+              s[r] = b.create<vector::InsertStridedSliceOp>(loc, s[r], zeroV, ArrayRef<int64_t>{offset},
+                                                            ArrayRef<int64_t>{1});
+          }
+          use(h ? add(jb, L.idx(h * kLanes)) : jb, r0, s);
+        }
+      };
+      L.when(headHalf, [&] { block(tile.from16, half, half, 1); });
+      const int64_t blocks = chains == 1 ? geo.scoreBlocks : 1;
+      if (blocks > 1) {
+        // Full blocks `blocks` at a time: one broadcast of q feeds `blocks` FMAs (a single block's R + 1 loads for
+        // R FMAs kept the loop at the load ports of the two-FMA-port AVX-512 core).
+        Value groupsEnd = add(first, roundDown(b.create<arith::SubIOp>(loc, end, first), blocks * kLanes));
+        loop(first, groupsEnd, blocks * kLanes, {}, [&](Value jb, ValueRange) {
+          block(jb, kLanes, 0, blocks);
+          return SmallVector<Value>{};
+        });
+        loop(groupsEnd, end, kLanes, {}, [&](Value jb, ValueRange) {
+          block(jb, kLanes, 0, 1);
+          return SmallVector<Value>{};
+        });
+      } else {
+        loop(first, end, kLanes, {}, [&](Value jb, ValueRange) {
+          block(jb, kLanes, 0, 1);
+          return SmallVector<Value>{};
+        });
+      }
+      L.when(tailHalf, [&] { block(fullEnd, half, 0, 1); });
+    });
   }
 
-  /// S[r, jb..jb+16) = s[r], -inf in the lanes row r cannot see (outside its range, its own key under the
-  /// diagonal mask, an S row's own and hidden keys under the directional one), tested only when the block is not
-  /// fully visible to every row of the tile.
-  void storeScores(Value S, Value jb, ArrayRef<Value> s, const Tile &t) {
+  /// S[first + r, jb..jb+16) = s[r] for the rows of s, -inf in the lanes row first + r cannot see (outside its
+  /// range, its own key under the diagonal mask, an S row's own and hidden keys under the directional one), tested
+  /// only when the block is not fully visible to every row of the tile.
+  void storeScores(Value S, Value jb, int64_t first, ArrayRef<Value> s, const Tile &t) {
     const int64_t R = s.size();
     Value jEnd = add(jb, L.idx(kLanes));
     Value full = L.andI(L.ge(jb, t.allLo), L.le(jEnd, t.allHi));
-    if (mask == lm::MaskKind::diagonal) // rows' own keys pos[0]..pos[R-1] (contiguous) miss the block
-      full = L.andI(full, L.orI(L.ge(t.pos[0], jEnd), L.lt(t.pos[R - 1], jb)));
+    if (mask == lm::MaskKind::diagonal) // the rows' own keys (contiguous) miss the block
+      full = L.andI(full, L.orI(L.ge(t.pos[first], jEnd), L.lt(t.pos[first + R - 1], jb)));
     // Directional: an S row's hidden-key bits of the block (bits jb mod 32.. of word 1 + jb / 32; 0 for other
     // rows), and whether its own key is in the block.
     SmallVector<Value> hidden;
@@ -435,11 +465,11 @@ struct VectorKernel {
       Value word = add(L.idx(1), b.create<arith::DivUIOp>(loc, jb, L.idx(32)));
       Value shift = b.create<arith::IndexCastOp>(loc, L.i32(), b.create<arith::RemUIOp>(loc, jb, L.idx(32)));
       for (int64_t r = 0; r < R; ++r) {
-        Value selective = L.ge(t.ownKey[r], L.idx(0));
+        Value selective = L.ge(t.ownKey[first + r], L.idx(0));
         Value bits = b.create<arith::AndIOp>(
-            loc, b.create<arith::ShRUIOp>(loc, L.load(maskRows, {t.entry, t.pos[r], word}), shift), L.i32c(0xFFFF));
+            loc, b.create<arith::ShRUIOp>(loc, L.load(maskRows, {t.entry, t.pos[first + r], word}), shift), L.i32c(0xFFFF));
         hidden.push_back(L.select(selective, bits, L.i32c(0)));
-        Value ownOutside = L.orI(L.lt(t.ownKey[r], jb), L.ge(t.ownKey[r], jEnd));
+        Value ownOutside = L.orI(L.lt(t.ownKey[first + r], jb), L.ge(t.ownKey[first + r], jEnd));
         full = L.andI(full, L.andI(L.eqI(hidden[r], L.i32c(0)), ownOutside));
       }
     }
@@ -447,14 +477,14 @@ struct VectorKernel {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(test.thenBlock());
     for (int64_t r = 0; r < R; ++r)
-      store(s[r], S, ValueRange{L.idx(r), jb});
+      store(s[r], S, ValueRange{L.idx(first + r), jb});
     b.setInsertionPointToStart(test.elseBlock());
     Value j = add(bcast(jb), iota);
     for (int64_t r = 0; r < R; ++r) {
-      Value visible = L.andI(b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::sge, j, bcast(t.lo[r])),
-                             b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::slt, j, bcast(t.hi[r])));
+      Value visible = L.andI(b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::sge, j, bcast(t.lo[first + r])),
+                             b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::slt, j, bcast(t.hi[first + r])));
       if (mask == lm::MaskKind::diagonal)
-        visible = L.andI(visible, b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ne, j, bcast(t.pos[r])));
+        visible = L.andI(visible, b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ne, j, bcast(t.pos[first + r])));
       if (mask == lm::MaskKind::directional) {
         auto i32v = VectorType::get({kLanes}, L.i32());
         Value lanes = b.create<arith::IndexCastOp>(loc, i32v, iota);
@@ -464,9 +494,9 @@ struct VectorKernel {
         Value shown = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, bit,
                                               b.create<vector::BroadcastOp>(loc, i32v, L.i32c(0)));
         visible = L.andI(L.andI(visible, shown),
-                         b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ne, j, bcast(t.ownKey[r])));
+                         b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ne, j, bcast(t.ownKey[first + r])));
       }
-      store(L.select(visible, s[r], negInfV), S, ValueRange{L.idx(r), jb});
+      store(L.select(visible, s[r], negInfV), S, ValueRange{L.idx(first + r), jb});
     }
   }
 
@@ -517,32 +547,36 @@ struct VectorKernel {
 
   /// Softmax numerators in place over S's blocks [from16, to): m_r = max_j S[r, j], p = e^(S - m_r) (0 where
   /// -inf; m = 0 for a row that sees no key); returns the R lane-wise sums of p (lanes by j mod 16, blocks in
-  /// order).
+  /// order). Rows go in groups of geo.scoreRows (each row's max and sum are its own).
   SmallVector<Value> exponentiate(Value S, int64_t R, Value from16, Value to) {
-    SmallVector<Value> ninf(R, negInfV);
-    auto maxima = loop(from16, to, kLanes, ninf, [&](Value jb, ValueRange mx) {
-      SmallVector<Value> next;
-      for (int64_t r = 0; r < R; ++r)
-        next.push_back(greater(mx[r], load(S, ValueRange{L.idx(r), jb})));
-      return next;
-    });
-    SmallVector<Value> mV(R);
-    for (int64_t r = 0; r < R; ++r) {
-      Value m = allLanes(maxima.getResult(r), /*sum=*/false);
-      mV[r] = b.create<arith::SelectOp>(loc, b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGT, m, negInfV), m,
-                                        zeroV);
-    }
-    SmallVector<Value> zerosR(R, zeroV);
-    auto sums = loop(from16, to, kLanes, zerosR, [&](Value jb, ValueRange acc) {
-      SmallVector<Value> next;
-      for (int64_t r = 0; r < R; ++r) {
-        Value p = expOf(b.create<arith::SubFOp>(loc, load(S, ValueRange{L.idx(r), jb}), mV[r]));
-        store(p, S, ValueRange{L.idx(r), jb});
-        next.push_back(b.create<arith::AddFOp>(loc, acc[r], p));
+    SmallVector<Value> sums;
+    rowGroups(R, geo.scoreRows, [&](int64_t r0, int64_t n) {
+      SmallVector<Value> ninf(n, negInfV);
+      auto maxima = loop(from16, to, kLanes, ninf, [&](Value jb, ValueRange mx) {
+        SmallVector<Value> next;
+        for (int64_t r = 0; r < n; ++r)
+          next.push_back(greater(mx[r], load(S, ValueRange{L.idx(r0 + r), jb})));
+        return next;
+      });
+      SmallVector<Value> mV(n);
+      for (int64_t r = 0; r < n; ++r) {
+        Value m = allLanes(maxima.getResult(r), /*sum=*/false);
+        mV[r] = b.create<arith::SelectOp>(loc, b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGT, m, negInfV),
+                                          m, zeroV);
       }
-      return next;
+      SmallVector<Value> zeros(n, zeroV);
+      auto group = loop(from16, to, kLanes, zeros, [&](Value jb, ValueRange acc) {
+        SmallVector<Value> next;
+        for (int64_t r = 0; r < n; ++r) {
+          Value p = expOf(b.create<arith::SubFOp>(loc, load(S, ValueRange{L.idx(r0 + r), jb}), mV[r]));
+          store(p, S, ValueRange{L.idx(r0 + r), jb});
+          next.push_back(b.create<arith::AddFOp>(loc, acc[r], p));
+        }
+        return next;
+      });
+      sums.append(group.getResults().begin(), group.getResults().end());
     });
-    return SmallVector<Value>(sums.getResults());
+    return sums;
   }
 
   /// 1 / l for the lane-wise sums l of a row's numerators (0 when the row saw no key), broadcast.
@@ -606,16 +640,19 @@ struct VectorKernel {
     auto [first, last] = tableRows(clip);
     SmallVector<SmallVector<Value>> blocks; // [block][row]
     for (int64_t t0 = first; t0 <= last; t0 += kLanes) {
-      SmallVector<Value> zeros(R, zeroV);
-      auto dot = loop(L.idx(0), L.idx(dh), 1, zeros, [&](Value e, ValueRange acc) {
-        Value kv = load(relT, ValueRange{e, L.idx(t0)});
-        SmallVector<Value> next;
-        for (int64_t r = 0; r < R; ++r)
-          next.push_back(
-              b.create<vector::FMAOp>(loc, bcast(L.load(a, {bi, row[r], add(base, e)})), kv, acc[r]));
-        return next;
+      blocks.emplace_back();
+      rowGroups(R, geo.scoreRows, [&](int64_t r0, int64_t n) {
+        SmallVector<Value> zeros(n, zeroV);
+        auto dot = loop(L.idx(0), L.idx(dh), 1, zeros, [&](Value e, ValueRange acc) {
+          Value kv = load(relT, ValueRange{e, L.idx(t0)});
+          SmallVector<Value> next;
+          for (int64_t r = 0; r < n; ++r)
+            next.push_back(
+                b.create<vector::FMAOp>(loc, bcast(L.load(a, {bi, row[r0 + r], add(base, e)})), kv, acc[r]));
+          return next;
+        });
+        blocks.back().append(dot.getResults().begin(), dot.getResults().end());
       });
-      blocks.push_back(SmallVector<Value>(dot.getResults()));
     }
     const int64_t lastBlock = (last - first) / kLanes, lastLane = (last - first) % kLanes;
     for (int64_t r = 0; r < R; ++r) {
@@ -709,13 +746,13 @@ struct VectorKernel {
 
   /// dst[slot, j] (+)= sum_r W[r, j] * src[bi, row_r] over the head's features (dst: [2, keys, dh] scratch) for
   /// keys j of [lo, hi): added to below `fresh`, stored from it (keys no earlier tile touched: no zeroing pass
-  /// over dst); tiles of kGradKeys keys (then single keys) x 4 feature vectors, the tile's rows in order.
+  /// over dst); tiles of geo.gradKeys keys (then single keys) x geo.pvChunks feature vectors, the tile's rows in order.
   void keyUpdates(Value W, Value src, ArrayRef<Value> row, Value dst, Value slot, Value bi, Value base, Value lo,
                   Value hi, Value fresh) {
     const int64_t R = row.size();
     auto update = [&](Value j, int64_t keys, bool accumulate) {
-      for (int64_t c0 = 0; c0 < chunks; c0 += kPvChunks) {
-        int64_t nc = std::min(kPvChunks, chunks - c0);
+      for (int64_t c0 = 0; c0 < chunks; c0 += geo.pvChunks) {
+        int64_t nc = std::min(geo.pvChunks, chunks - c0);
         SmallVector<Value> acc(keys * nc, zeroV);
         for (int64_t r = 0; r < R; ++r) {
           SmallVector<Value> x;
@@ -736,9 +773,9 @@ struct VectorKernel {
       }
     };
     auto range = [&](Value from, Value to, bool accumulate) {
-      Value tiled = add(from, roundDown(b.create<arith::SubIOp>(loc, to, from), kGradKeys));
-      loop(from, tiled, kGradKeys, {}, [&](Value j, ValueRange) {
-        update(j, kGradKeys, accumulate);
+      Value tiled = add(from, roundDown(b.create<arith::SubIOp>(loc, to, from), geo.gradKeys));
+      loop(from, tiled, geo.gradKeys, {}, [&](Value j, ValueRange) {
+        update(j, geo.gradKeys, accumulate);
         return SmallVector<Value>{};
       });
       loop(tiled, to, 1, {}, [&](Value j, ValueRange) {

@@ -112,17 +112,19 @@ void deallocateAfterLastUse(mlir::ModuleOp module);
 /// (C interface): lm.attention with `mask` lowered by the model's pattern; with `clip` > 0, Shaw relative
 /// positions: `attention_kernel(q, k, v, lengths, rel_k, rel_v [2 clip + 1, d_head], out)`; with `rowWords` > 0
 /// (mask directional) the directional rows [B, N, rowWords] i32 (lm.mask_fill states them) follow the lengths.
-/// For kernel benchmarks (bench/kernel_bench.cpp) and tests.
+/// Lowered for `vectorBits` (the register tiles of AttentionVector.h's Geometry; 0: the host's). For kernel
+/// benchmarks (bench/kernel_bench.cpp) and tests.
 mlir::OwningOpRef<mlir::ModuleOp> buildAttentionModule(mlir::MLIRContext &context, lm::MaskKind mask, int64_t heads,
-                                                       int64_t dModel, int64_t clip = 0, int64_t rowWords = 0);
+                                                       int64_t dModel, int64_t clip = 0, int64_t rowWords = 0,
+                                                       int64_t vectorBits = 0);
 /// A module with the single kernel `attention_grad_kernel(dO, q, k, v [B, N, d_model], lengths [B], dq, dk, dv)`
 /// (C interface): lm.attention_grad with `mask` lowered by the model's pattern (its vector form); with `clip` > 0,
 /// Shaw relative positions: `attention_grad_kernel(dO, q, k, v, lengths, rel_k, rel_v, dq, dk, dv, drel_k, drel_v)`;
-/// with `rowWords` > 0 the directional rows follow the lengths, as in buildAttentionModule. For kernel benchmarks
-/// and tests.
+/// with `rowWords` > 0 the directional rows follow the lengths, as in buildAttentionModule. Lowered for `vectorBits`
+/// (0: the host's). For kernel benchmarks and tests.
 mlir::OwningOpRef<mlir::ModuleOp> buildAttentionGradModule(mlir::MLIRContext &context, lm::MaskKind mask,
                                                            int64_t heads, int64_t dModel, int64_t clip = 0,
-                                                           int64_t rowWords = 0);
+                                                           int64_t rowWords = 0, int64_t vectorBits = 0);
 
 /// Builder helpers for one op's lowering: constants, loop nests, loads and stores, comparisons, and the
 /// op's converted operands (`in`). B and N are read off the converted operands (see the file comment).

@@ -1,11 +1,14 @@
 // RUN: lmcc-opt --lm-to-loops="vector-bits=256" %s | FileCheck %s
 // RUN: lmcc-opt --lm-to-loops="vector-bits=256" %s | FileCheck %s --check-prefix=STREAM
-// lm.attention: head size 16 takes the vector form, register-tiled (per (entry, head) item the head's keys
-// transposed in 16 x 16 register blocks, query rows in tiles of 8 sharing each key vector load, the next item's
-// q, k, v prefetched and its output rows stored nontemporally when the call's operands exceed the threads' L2, scores masked by lane only in blocks not fully visible, vector exp), in a task function that
-// lm_rt_parallel_for splits by items over the runtime's threads (called directly below 2^16 multiply-adds); head
-// size 8 the scalar key-tiled online softmax (32-key tiles, running max and sum rescaled by e^(m - m')). The causal
-// mask shrinks the key range instead of testing every key; the diagonal mask knocks out key i by a select.
+// RUN: lmcc-opt --lm-to-loops="vector-bits=512" %s | FileCheck %s --check-prefix=WIDE
+// lm.attention: head size 16 takes the vector form, register-tiled (per (entry, head) item the head's keys transposed
+// in 16 x 16 register blocks, query rows in tiles of 8 sharing each key vector load, their score accumulators in
+// registers 4 rows at a time at 256 bits (two ymm a vector<16xf32>) and all 8 at 512, the next item's q, k, v
+// prefetched and its output rows stored nontemporally when the call's operands exceed the threads' L2, scores masked
+// by lane only in blocks not fully visible, vector exp), in a task function that lm_rt_parallel_for splits by items
+// over the runtime's threads (called directly below 2^16 multiply-adds); head size 8 the scalar key-tiled online
+// softmax (32-key tiles, running max and sum rescaled by e^(m - m')). The causal mask shrinks the key range instead
+// of testing every key; the diagonal mask knocks out key i by a select.
 
 // CHECK-LABEL: func.func @m_score_kernel
 // vector form, causal: the items (entries x 2 heads) split over threads unless the call is small
@@ -44,8 +47,10 @@
 // CHECK: memref.prefetch {{.*}} read, locality<2>, data
 // rows clamped to the last, the causal key range [0, min(len, i + 1))
 // CHECK: arith.minsi
-// CHECK: scf.for {{.*}} step %c4{{(_[0-9]+)?}} iter_args(%arg{{[0-9]+}} = {{%[0-9]+(, %arg[0-9]+ = %[0-9]+){7}[)]}}
-// CHECK-COUNT-8: vector.fma {{.*}} : vector<16xf32>
+// CHECK: scf.for {{.*}} step %c4{{(_[0-9]+)?}} iter_args(%arg{{[0-9]+}} = {{%[0-9]+(, %arg[0-9]+ = %[0-9]+){3}[)]}}
+// CHECK-COUNT-4: vector.fma {{.*}} : vector<16xf32>
+// WIDE: scf.for {{.*}} step %c4{{(_[0-9]+)?}} iter_args(%arg{{[0-9]+}} = {{%[0-9]+(, %arg[0-9]+ = %[0-9]+){7}[)]}}
+// WIDE-COUNT-8: vector.fma {{.*}} : vector<16xf32>
 // CHECK: scf.if
 // CHECK: arith.select {{.*}} : vector<16xi1>, vector<16xf32>
 // row maxima by a butterfly of lane swaps (every lane gets the max), e^(s - m) inline (2^n from n's bits), the

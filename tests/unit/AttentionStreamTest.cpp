@@ -5,7 +5,7 @@
 // backward with an empty entry and every output element written). An output argument that is not 64-byte aligned
 // takes plain stores and gives the same bits. Sharp scores take the softmax's exponential over its whole range.
 // Relative positions and the Diformer's directional rows (per-row directions and hidden keys) the same way, their
-// backwards also against the runtime's C++ kernel.
+// backwards also against the runtime's C++ kernel. The register tiles of 256- and 512-bit targets give the same bits.
 #include "codegen/LmToLoops/KernelAbi.h"
 #include "codegen/LmToLoops/Lowering.h"
 #include "runtime/lib/TrainKernels.h"
@@ -14,6 +14,7 @@
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/MLIRContext.h"
+#include "mlir/IR/SymbolTable.h"
 
 #include <gtest/gtest.h>
 
@@ -39,6 +40,8 @@ constexpr int64_t kCompared = 12;
 constexpr int64_t kRowWords = 1 + (kRows + 31) / 32;
 /// The relative-position clip of the directional kernels' second set.
 constexpr int64_t kDirectionalClip = 5;
+/// The vector widths whose register tiles (AttentionVector.h's Geometry) AttentionStreamWidthTest compares.
+constexpr int64_t kWidths[] = {256, 512};
 /// Row patterns of the directional tests (DirectionalRows), and the entries of their backward compared with the
 /// runtime's C++ kernel: every pattern twice.
 constexpr int64_t kPatterns = 7, kDirectionalCompared = 2 * kPatterns;
@@ -167,16 +170,25 @@ protected:
   /// Which kernels a test calls: the plain forward and backward, or with relative positions at each of kClips
   /// the forward or the backward. Each set is a library of its own (compiling it is most of a test's time, and
   /// each test runs in its own process).
-  enum Kernels { Plain, RelativeForward, RelativeBackward, Directional };
+  enum Kernels { Plain, RelativeForward, RelativeBackward, Directional, Widths };
   static void build(Kernels kernels) {
     lmcc::test::KernelLibrary &into = libraries[kernels];
     if (into.handle)
       return;
     mlir::MLIRContext context;
     mlir::OwningOpRef<mlir::ModuleOp> module;
-    auto absorb = [&](mlir::OwningOpRef<mlir::ModuleOp> kernels, const std::string &kernel, const std::string &as) {
+    // `tag` (if any) is appended to the names of the kernels' task functions: kernels lowered for another width
+    // have task functions of their own (one module holds a model's tasks for one target; here both widths').
+    auto absorb = [&](mlir::OwningOpRef<mlir::ModuleOp> kernels, const std::string &kernel, const std::string &as,
+                      const std::string &tag = "") {
       ASSERT_TRUE(kernels) << as;
       kernels->lookupSymbol<mlir::func::FuncOp>(kernel).setSymName(as);
+      if (!tag.empty()) {
+        mlir::SymbolTable symbols(*kernels);
+        for (auto fn : llvm::to_vector(kernels->getOps<mlir::func::FuncOp>()))
+          if (!fn.isExternal() && fn.getSymName() != as)
+            ASSERT_TRUE(mlir::succeeded(symbols.rename(fn, (fn.getSymName() + tag).str()))) << as;
+      }
       if (!module) {
         module = std::move(kernels);
         return;
@@ -185,6 +197,23 @@ protected:
         if (!module->lookupSymbol(fn.getSymName()))
           fn->moveBefore(module->getBody(), module->getBody()->end());
     };
+    if (kernels == Widths) {
+      for (int64_t bits : kWidths) {
+        const std::string suffix = "_w" + std::to_string(bits);
+        for (auto [mask, name] : kMasks) {
+          absorb(lmcc::codegen::buildAttentionModule(context, mask, kHeads, kModel, 0, 0, bits), "attention_kernel",
+                 std::string("attention_") + name + suffix, suffix);
+          absorb(lmcc::codegen::buildAttentionGradModule(context, mask, kHeads, kModel, 0, 0, bits),
+                 "attention_grad_kernel", std::string("attention_grad_") + name + suffix, suffix);
+        }
+        const lm::MaskKind mask = lm::MaskKind::directional;
+        absorb(lmcc::codegen::buildAttentionModule(context, mask, kHeads, kModel, kDirectionalClip, kRowWords, bits),
+               "attention_kernel", "attention_directional" + suffix, suffix);
+        absorb(
+            lmcc::codegen::buildAttentionGradModule(context, mask, kHeads, kModel, kDirectionalClip, kRowWords, bits),
+            "attention_grad_kernel", "attention_grad_directional" + suffix, suffix);
+      }
+    }
     if (kernels == Directional) {
       const lm::MaskKind mask = lm::MaskKind::directional;
       for (int64_t clip : {int64_t(0), kDirectionalClip}) {
@@ -196,7 +225,7 @@ protected:
       }
     }
     for (auto [mask, name] : kMasks) {
-      if (kernels == Directional)
+      if (kernels == Directional || kernels == Widths)
         break;
       if (kernels == Plain) {
         absorb(lmcc::codegen::buildAttentionModule(context, mask, kHeads, kModel), "attention_kernel",
@@ -216,7 +245,7 @@ protected:
       }
     }
     const char *names[] = {"attention-stream", "attention-stream-relative", "attention-stream-relative-grad",
-                           "attention-stream-directional"};
+                           "attention-stream-directional", "attention-stream-widths"};
     ASSERT_NO_FATAL_FAILURE(into.build(*module, names[kernels]));
   }
   static void TearDownTestSuite() {
@@ -235,7 +264,7 @@ protected:
     for (int64_t b = 0; b < kBatch; ++b)
       lengths[b] = b == 0 || b == kBatch - 1 ? int32_t(kRows) : int32_t(1 + (b * 7) % kRows);
   }
-  static inline lmcc::test::KernelLibrary libraries[4];
+  static inline lmcc::test::KernelLibrary libraries[5];
   int32_t lengths[kBatch];
 };
 
@@ -251,6 +280,10 @@ protected:
 class AttentionStreamDirectionalTest : public AttentionStreamTest {
 protected:
   Kernels kernels() const override { return Directional; }
+};
+class AttentionStreamWidthTest : public AttentionStreamTest {
+protected:
+  Kernels kernels() const override { return Widths; }
 };
 
 TEST_F(AttentionStreamTest, ForwardMatchesDirectSoftmaxAndCachedPathBitForBit) {
@@ -593,6 +626,70 @@ TEST_F(AttentionStreamDirectionalTest, BackwardMatchesRuntimeKernel) {
         ASSERT_NEAR(mine[i][e], want[i][e], 1e-5 * (1 + largest))
             << "clip " << clip << " " << what[i] << " element " << e << " (entry " << e / (kRows * kModel)
             << ", pattern " << e / (kRows * kModel) % kPatterns << ")";
+    }
+  }
+}
+
+} // namespace
+
+namespace {
+
+// The register tiles of 256- and 512-bit targets (AttentionVector.h's Geometry: score accumulators of 4 or 8 rows,
+// p.v and dK / dV tiles of 1 or 4 feature vectors) give the same bits, forward and backward, for every mask kind
+// and for the directional mask with relative positions: the tiles group accumulators, never a sum's order. Both
+// widths' kernels run on this host (vector<16xf32> is two ymm or one zmm), on the streaming batch with an empty
+// entry.
+TEST_F(AttentionStreamWidthTest, RegisterTilesOfEveryWidthGiveTheSameBits) {
+  const int64_t size = kBatch * kRows * kModel, dh = kModel / kHeads, T = 2 * kDirectionalClip + 1;
+  std::mt19937 rng(10);
+  Buffer dO = buffer(size, &rng), q = buffer(size, &rng), k = buffer(size, &rng), v = buffer(size, &rng);
+  DirectionalRows rows(kBatch, rng);
+  Buffer relK = buffer(T * dh, &rng), relV = buffer(T * dh, &rng);
+  MemRef<2> rkm = {relK.get(), relK.get(), 0, {T, dh}, {dh, 1}}, rvm = {relV.get(), relV.get(), 0, {T, dh}, {dh, 1}};
+  lengths[5] = 0;
+  // out, dq, dk, dv (and drel_k, drel_v: directional) of the kernels `name` at `bits`.
+  auto outputs = [&](const std::string &name, int64_t bits) {
+    const bool directional = name == "directional";
+    const std::string suffix = "_" + name + "_w" + std::to_string(bits);
+    std::vector<Buffer> o;
+    for (int i = 0; i < (directional ? 6 : 4); ++i) {
+      const int64_t floats = i < 4 ? size : T * dh;
+      o.push_back(buffer(floats, nullptr));
+      std::fill(o.back().get(), o.back().get() + floats, NAN);
+    }
+    MemRef<3> dOm = view(dO.get(), kBatch), qm = view(q.get(), kBatch), km = view(k.get(), kBatch),
+              vm = view(v.get(), kBatch), om = view(o[0].get(), kBatch), dqm = view(o[1].get(), kBatch),
+              dkm = view(o[2].get(), kBatch), dvm = view(o[3].get(), kBatch), rm = rows.view(0, kBatch);
+    MemRef<1> lm = lengthsView(lengths, kBatch);
+    if (directional) {
+      auto forward = symbol<DirectionalRelativeFn>("attention" + suffix);
+      auto grad = symbol<DirectionalRelativeGradFn>("attention_grad" + suffix);
+      EXPECT_TRUE(forward && grad) << suffix;
+      MemRef<2> drk = {o[4].get(), o[4].get(), 0, {T, dh}, {dh, 1}}, drv = {o[5].get(), o[5].get(), 0, {T, dh}, {dh, 1}};
+      forward(&qm, &km, &vm, &lm, &rm, &rkm, &rvm, &om);
+      grad(&dOm, &qm, &km, &vm, &lm, &rm, &rkm, &rvm, &dqm, &dkm, &dvm, &drk, &drv);
+    } else {
+      auto forward = symbol<AttentionFn>("attention" + suffix);
+      auto grad = symbol<AttentionGradFn>("attention_grad" + suffix);
+      EXPECT_TRUE(forward && grad) << suffix;
+      forward(&qm, &km, &vm, &lm, &om);
+      grad(&dOm, &qm, &km, &vm, &lm, &dqm, &dkm, &dvm);
+    }
+    return o;
+  };
+  std::vector<std::string> names{"directional"};
+  for (auto [mask, name] : kMasks)
+    names.push_back(name);
+  const char *what[] = {"out", "dq", "dk", "dv", "drel_k", "drel_v"};
+  for (const std::string &name : names) {
+    std::vector<Buffer> narrow = outputs(name, kWidths[0]), wide = outputs(name, kWidths[1]);
+    ASSERT_FALSE(HasFailure());
+    for (size_t i = 0; i < narrow.size(); ++i) {
+      const int64_t floats = i < 4 ? size : T * dh;
+      ASSERT_TRUE(std::none_of(narrow[i].get(), narrow[i].get() + floats, [](float x) { return std::isnan(x); }))
+          << name << " " << what[i] << ": elements left unwritten (or NaN)";
+      ASSERT_EQ(0, std::memcmp(narrow[i].get(), wide[i].get(), floats * sizeof(float)))
+          << name << " " << what[i] << ": the 256-bit tiles' bits differ from the 512-bit tiles'";
     }
   }
 }
