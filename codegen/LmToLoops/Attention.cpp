@@ -176,17 +176,7 @@ void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Val
       Tile tile = K.tileRows(bi, r0, R, lastRow, len, queryPositions, Value(), order);
       if (relative)
         K.relativeProducts(q, bi, base, tile.row, relKt, clip, M16, PQ);
-      K.products(q, bi, base, tile, kt, [&](Value jb, int64_t first, ArrayRef<Value> dots) {
-        SmallVector<Value> s;
-        for (int64_t r = 0; r < int64_t(dots.size()); ++r) {
-          Value d = dots[r];
-          if (relative)
-            d = b.create<arith::AddFOp>(loc, d,
-                                        K.relativeBlock(PQ, first + r, tile.pos[first + r], jb, clip, M16));
-          s.push_back(b.create<arith::MulFOp>(loc, d, scale));
-        }
-        K.storeScores(S, jb, first, s, tile);
-      });
+      K.scores(q, bi, base, tile, kt, scale, PQ, clip, M16, S);
       prefetch(1);
       SmallVector<Value> sums = K.exponentiate(S, R, tile.from16, tile.to);
       if (relative)

@@ -160,17 +160,7 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
         K.relativeProducts(ops.q, bi, base, tile.row, relKt, clip, M16, PQ);
         K.relativeProducts(ops.dO, bi, base, tile.row, relVt, clip, M16, GQ);
       }
-      K.products(ops.q, bi, base, tile, kt, [&](Value jb, int64_t first, ArrayRef<Value> dots) {
-        SmallVector<Value> s;
-        for (int64_t r = 0; r < int64_t(dots.size()); ++r) {
-          Value d = dots[r];
-          if (relative)
-            d = b.create<arith::AddFOp>(loc, d,
-                                        K.relativeBlock(PQ, first + r, tile.pos[first + r], jb, clip, M16));
-          s.push_back(b.create<arith::MulFOp>(loc, d, scale));
-        }
-        K.storeScores(S, jb, first, s, tile);
-      });
+      K.scores(ops.q, bi, base, tile, kt, scale, PQ, clip, M16, S);
       SmallVector<Value> sums = K.exponentiate(S, R, tile.from16, tile.to);
       SmallVector<Value> inv;
       for (int64_t r = 0; r < R; ++r)

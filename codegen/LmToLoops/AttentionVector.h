@@ -449,6 +449,22 @@ struct VectorKernel {
     });
   }
 
+  /// The tile's scores into S: (a_r . t[:, j] [+ the relative term of PQ (relativeProducts), clip c]) * scale, the
+  /// lanes a row cannot see -inf (storeScores); a = q and t = k^T for the scores of either form.
+  void scores(Value a, Value bi, Value base, const Tile &tile, Value t, Value scale, Value PQ, int64_t clip, Value M16,
+              Value S) {
+    products(a, bi, base, tile, t, [&](Value jb, int64_t first, ArrayRef<Value> dots) {
+      SmallVector<Value> s;
+      for (int64_t r = 0; r < int64_t(dots.size()); ++r) {
+        Value d = dots[r];
+        if (PQ)
+          d = b.create<arith::AddFOp>(loc, d, relativeBlock(PQ, first + r, tile.pos[first + r], jb, clip, M16));
+        s.push_back(b.create<arith::MulFOp>(loc, d, scale));
+      }
+      storeScores(S, jb, first, s, tile);
+    });
+  }
+
   /// S[first + r, jb..jb+16) = s[r] for the rows of s, -inf in the lanes row first + r cannot see (outside its
   /// range, its own key under the diagonal mask, an S row's own and hidden keys under the directional one), tested
   /// only when the block is not fully visible to every row of the tile.
