@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The benchmark suite: lmcc's generated libraries vs PyTorch and ONNX Runtime, against the machine's
 # measured peak and bandwidth. Writes bench/results/<date>.md and PNG plots (bench/run.py says how).
-#   scripts/bench.sh            the full grid (n 10..128, batch 1 and 32, 1 and 2 threads; 50-75 min: 74 on the 2026-11-29 Xeon), then the
-#                               training grid (scripts/bench-train.sh, about 15 min)
+#   scripts/bench.sh            the full grid (n 10..128, batch 1 and 32, 1 and 2 threads; 50-75 min: 74 on the
+#                               2026-11-29 Xeon), then the training grid (scripts/bench-train.sh, about 15 min)
 #   scripts/bench.sh --quick    n = 20, batch 1, 1 thread (under 3 minutes once built)
 #   scripts/bench.sh --only RE  the grid's entries whose name matches RE (e.g. 'tta/opt/score/n:10/batch:1/'),
 #                               machine limits only: bench/results/<date>-only.md

@@ -76,7 +76,8 @@ struct VectorKernel {
 
   VectorKernel(Loops &L, int64_t dh, lm::MaskKind mask, Value maskRows = Value())
       : L(L), b(L.b), loc(L.loc), dh(dh), chunks(dh / kLanes), mask(mask), maskRows(maskRows),
-        geo(Geometry::forVectorBits(L.context.tile.lanes * 32)), vt(VectorType::get({kLanes}, L.f32())), it(VectorType::get({kLanes}, L.b.getIndexType())) {
+        geo(Geometry::forVectorBits(L.context.tile.lanes * 32)), vt(VectorType::get({kLanes}, L.f32())),
+        it(VectorType::get({kLanes}, L.b.getIndexType())) {
     negInf = L.f32c(-INFINITY), negInfV = bcast(negInf), zeroV = bcast(L.f32c(0));
     SmallVector<int64_t> lanes(kLanes);
     for (int64_t l = 0; l < kLanes; ++l)
@@ -483,7 +484,8 @@ struct VectorKernel {
       for (int64_t r = 0; r < R; ++r) {
         Value selective = L.ge(t.ownKey[first + r], L.idx(0));
         Value bits = b.create<arith::AndIOp>(
-            loc, b.create<arith::ShRUIOp>(loc, L.load(maskRows, {t.entry, t.pos[first + r], word}), shift), L.i32c(0xFFFF));
+            loc, b.create<arith::ShRUIOp>(loc, L.load(maskRows, {t.entry, t.pos[first + r], word}), shift),
+            L.i32c(0xFFFF));
         hidden.push_back(L.select(selective, bits, L.i32c(0)));
         Value ownOutside = L.orI(L.lt(t.ownKey[first + r], jb), L.ge(t.ownKey[first + r], jEnd));
         full = L.andI(full, L.andI(L.eqI(hidden[r], L.i32c(0)), ownOutside));

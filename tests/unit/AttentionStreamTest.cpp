@@ -665,7 +665,8 @@ TEST_F(AttentionStreamWidthTest, RegisterTilesOfEveryWidthGiveTheSameBits) {
       auto forward = symbol<DirectionalRelativeFn>("attention" + suffix);
       auto grad = symbol<DirectionalRelativeGradFn>("attention_grad" + suffix);
       EXPECT_TRUE(forward && grad) << suffix;
-      MemRef<2> drk = {o[4].get(), o[4].get(), 0, {T, dh}, {dh, 1}}, drv = {o[5].get(), o[5].get(), 0, {T, dh}, {dh, 1}};
+      MemRef<2> drk = {o[4].get(), o[4].get(), 0, {T, dh}, {dh, 1}},
+                drv = {o[5].get(), o[5].get(), 0, {T, dh}, {dh, 1}};
       forward(&qm, &km, &vm, &lm, &rm, &rkm, &rvm, &om);
       grad(&dOm, &qm, &km, &vm, &lm, &rm, &rkm, &rvm, &dqm, &dkm, &dvm, &drk, &drv);
     } else {
