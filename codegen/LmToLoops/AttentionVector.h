@@ -33,10 +33,14 @@ struct Geometry {
   /// 512-bit (32 registers): 8 rows x 2 blocks of scores (16 accumulators), p.v 4 rows x 4 vectors (16), dK / dV
   /// 4 keys x 4 vectors (16). 256-bit (16 registers, two per vector): 4 rows x 1 block, 4 rows x 1 vector, 4 keys
   /// x 1 vector (8 registers of accumulators each, the 8 independent FMA chains two ports of latency 4 need).
-  static Geometry forVectorBits(int64_t bits) {
-    return bits >= 512 ? Geometry{8, 2, 4, 4, 4} : Geometry{4, 1, 4, 1, 4};
-  }
+  static Geometry forVectorBits(int64_t bits);
 };
+constexpr Geometry kWideGeometry{8, 2, 4, 4, 4}, kNarrowGeometry{4, 1, 4, 1, 4};
+// The backward's dq tiles (AttentionGrad.cpp) take pvRows rows at a time and the score groups scoreRows: both
+// split a tile's rows evenly.
+static_assert(kTileRows % kWideGeometry.pvRows == 0 && kTileRows % kNarrowGeometry.pvRows == 0 &&
+              kTileRows % kWideGeometry.scoreRows == 0 && kTileRows % kNarrowGeometry.scoreRows == 0);
+inline Geometry Geometry::forVectorBits(int64_t bits) { return bits >= 512 ? kWideGeometry : kNarrowGeometry; }
 
 /// vector.shuffle masks interleaving the low (high) halves of two 16-lane vectors.
 inline SmallVector<int64_t> interleaveMask(bool high) {
