@@ -101,20 +101,21 @@ struct VectorOperands {
 
 /// lm.attention with vectors (head size a multiple of 16), register-tiled like the GEMM.
 /// Work items are the (entry, head) pairs, entry-major; items [begin, end) run here. Per item the head's keys
-/// are transposed into kt [dh, M16] (M keys rounded up to 16, zero tail). Query rows go in tiles of R = 8 rows
-/// (R = 1 for single-query entries, lm-prune-rows), the last tile repeating the last row; a tile visits the
-/// union of its rows' key ranges [lo, hi) (each row's range as in the scalar form below):
-///   scores  S[r, j..j+16) = (sum_e q_re * kt[e, j..j+16)) * scale: one key vector load per R FMAs; lanes a row
+/// are transposed into kt (16-key blocks of [dh, 16], M keys rounded up to 16, zero tail) and its values packed
+/// per feature vector (VectorKernel::packRows). Query rows go in tiles of R = 8 rows (R = 1 for single-query
+/// entries, lm-prune-rows), the last tile repeating the last row; a tile visits the union of its rows' key ranges
+/// [lo, hi) (each row's range as in the scalar form below):
+///   scores  S[r, j..j+16) = (sum_e q_re * k_(j..j+16),e) * scale: one key vector load per 4-8 FMAs; lanes a row
 ///           cannot see are -inf, tested only in blocks that are not fully visible to every row of the tile (under
 ///           the directional mask each row's range follows its direction, and a block with an S row's own key or
 ///           one of its hidden keys, 16 bits of one word, is tested);
 ///   softmax m_r = max_j S[r, j], p = e^(S - m_r) (vector exp; 0 where -inf), l_r = sum_j p (lanes by j mod 16,
 ///           blocks in order: the zero blocks outside a row's range change nothing, so a row's result does not
 ///           depend on its tile);
-///   p.v     out_r = (sum_j p_rj v_j) / l_r over the tile's rows in groups of 4 x 64 features, one value
-///           vector load per 4 FMAs (p_rj = 0 adds exactly nothing); zero when a row sees no key. When the
-///           operands exceed the threads' L2 the rows are stored nontemporally (no read for ownership) and the
-///           next item's q, k, v lines are prefetched over the tiles.
+///   p.v     out_r = (sum_j p_rj v_j) / l_r over the tile's rows in groups of 4 x 64 (4 x 16 on 256-bit
+///           targets) features, one value vector load per 4 FMAs (p_rj = 0 adds exactly nothing); zero when a row
+///           sees no key. When the operands exceed the threads' L2 the rows are stored nontemporally (no read
+///           for ownership) and the next item's q, k, v lines are prefetched over the tiles.
 /// With Shaw relative positions (clip c, T = 2c + 1) a tile also computes its rows' T products q_r . rel_k[t]
 /// (relativeProducts) and adds each score's one (S = (q.k + q.rel_k[t(i, j)]) scale); after the softmax the
 /// numerators are summed per table row (relativeWeights: P_t) and out_r gains sum_t P_rt rel_v[t] before the
@@ -130,7 +131,8 @@ void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Val
   Value M16 = K.roundDown(K.add(M, L.idx(kLanes - 1)));
   Value queryPositions = ops.queryPositions;
   const int64_t R = queryPositions ? 1 : kTileRows;
-  Value kt = K.scratch({dh, ShapedType::kDynamic}, M16), S = K.scratch({R, ShapedType::kDynamic}, M16);
+  Value kt = K.transposedScratch(M16), S = K.scratch({R, ShapedType::kDynamic}, M16);
+  Value vp = K.scratch({ShapedType::kDynamic, kLanes}, Value(b.create<arith::MulIOp>(loc, M16, L.idx(chunks))));
   const bool relative = bool(ops.relK);
   const int64_t clip = a.getClip(), T = 2 * clip + 1, T16 = (T + kLanes - 1) / kLanes * kLanes;
   Value relKt, PQ, PT;
@@ -154,6 +156,7 @@ void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Val
     Value bi = b.create<arith::DivUIOp>(loc, item, L.idx(H));
     Value base = b.create<arith::MulIOp>(loc, b.create<arith::RemUIOp>(loc, item, L.idx(H)), L.idx(dh));
     K.transpose(k, bi, base, M, M16, kt);
+    K.packRows(v, bi, base, M, M16, vp);
     if (order)
       K.directionOrder(bi, rows, order);
 
@@ -181,25 +184,28 @@ void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Val
       SmallVector<Value> sums = K.exponentiate(S, R, tile.from16, tile.to);
       if (relative)
         K.relativeWeights(S, tile.pos, tile.from16, K.roundDown(K.add(tile.to, L.idx(kLanes - 1))), clip, PT);
-      // p.v in tiles of pvRows rows x pvChunks feature vectors over the group's key range.
-      for (int64_t r0g = 0; r0g < R; r0g += pvRows) {
-        prefetch(2 + r0g / pvRows);
-        int64_t nr = std::min(pvRows, R - r0g);
-        auto [gLo, gHi] = K.unionRange(tile, r0g, nr);
-        SmallVector<Value> inv(nr);
-        for (int64_t r = 0; r < nr; ++r)
-          inv[r] = K.inverse(sums[r0g + r]);
-        for (int64_t c0 = 0; c0 < chunks; c0 += pvChunks) {
-          int64_t nc = std::min(pvChunks, chunks - c0);
-          SmallVector<Value> acc(K.weightedRows(S, r0g, nr, v, bi, base, c0, nc, gLo, gHi).getResults());
+      // p.v in tiles of pvRows rows x pvChunks feature vectors over the group's key range, feature vectors outer
+      // (each one's packed rows stay in the L1 for every row group).
+      SmallVector<Value> inv;
+      for (int64_t r = 0; r < R; ++r)
+        inv.push_back(K.inverse(sums[r]));
+      for (int64_t c0 = 0; c0 < chunks; c0 += pvChunks) {
+        int64_t nc = std::min(pvChunks, chunks - c0);
+        SmallVector<Value> cols;
+        for (int64_t c = 0; c < nc; ++c)
+          cols.push_back(K.chunk(base, c0 + c));
+        for (int64_t r0g = 0; r0g < R; r0g += pvRows) {
+          if (c0 == 0)
+            prefetch(2 + r0g / pvRows);
+          int64_t nr = std::min(pvRows, R - r0g);
+          auto [gLo, gHi] = K.unionRange(tile, r0g, nr);
+          SmallVector<Value> acc(K.weightedRows(S, r0g, nr, vp, M16, c0, nc, gLo, gHi).getResults());
           if (relative)
             acc = K.relativeRows(PT, r0g, nr, ops.relV, clip, c0, nc, acc);
-          SmallVector<Value> rowsOut, cols;
+          SmallVector<Value> rowsOut;
           for (int64_t r = 0; r < nr; ++r)
             for (int64_t c = 0; c < nc; ++c)
-              rowsOut.push_back(b.create<arith::MulFOp>(loc, acc[r * nc + c], inv[r]));
-          for (int64_t c = 0; c < nc; ++c)
-            cols.push_back(K.chunk(base, c0 + c));
+              rowsOut.push_back(b.create<arith::MulFOp>(loc, acc[r * nc + c], inv[r0g + r]));
           // Streaming (the operands exceed the threads' L2): past the caches, the lines are not read first.
           K.storeStreaming(nontemporal, [&](bool nt) {
             for (int64_t r = 0; r < nr; ++r)

@@ -59,7 +59,8 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
   Value M16 = K.roundDown(K.add(M, L.idx(kLanes - 1)));
   const int64_t R = kTileRows;
   int64_t dyn = ShapedType::kDynamic;
-  Value kt = K.scratch({dh, dyn}, M16), vt = K.scratch({dh, dyn}, M16);
+  Value kt = K.transposedScratch(M16), vt = K.transposedScratch(M16);
+  Value kp = K.scratch({dyn, kLanes}, Value(b.create<arith::MulIOp>(loc, M16, L.idx(chunks))));
   Value S = K.scratch({R, dyn}, M16), G = K.scratch({R, dyn}, M16);
   // dk and dv of the item (slot item mod 2) accumulated over its tiles, and of the item before (the other slot),
   // written out over this item's tiles.
@@ -121,6 +122,7 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
     });
     K.transpose(ops.k, bi, base, M, M16, kt);
     K.transpose(ops.v, bi, base, M, M16, vt);
+    K.packRows(ops.k, bi, base, M, M16, kp);
     if (order) // the differentiated rows [0, n) only
       K.directionOrder(bi, n, order);
     Value tiles = b.create<arith::DivUIOp>(loc, K.add(n, L.idx(R - 1)), L.idx(R));
@@ -209,16 +211,16 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
       // dq of the real rows, in tiles of pvRows rows x pvChunks feature vectors (nontemporal when streaming).
       prefetch(2);
       const int64_t pvRows = K.geo.pvRows, pvChunks = K.geo.pvChunks;
-      for (int64_t r0g = 0; r0g < R; r0g += pvRows) {
-        auto [gLo, gHi] = K.unionRange(tile, r0g, pvRows);
-        for (int64_t c0 = 0; c0 < chunks; c0 += pvChunks) {
-          int64_t nc = std::min(pvChunks, chunks - c0);
-          SmallVector<Value> acc(K.weightedRows(G, r0g, pvRows, ops.k, bi, base, c0, nc, gLo, gHi).getResults());
+      for (int64_t c0 = 0; c0 < chunks; c0 += pvChunks) { // feature vectors outer: their packed rows stay in the L1
+        int64_t nc = std::min(pvChunks, chunks - c0);
+        SmallVector<Value> cols;
+        for (int64_t c = 0; c < nc; ++c)
+          cols.push_back(K.chunk(base, c0 + c));
+        for (int64_t r0g = 0; r0g < R; r0g += pvRows) {
+          auto [gLo, gHi] = K.unionRange(tile, r0g, pvRows);
+          SmallVector<Value> acc(K.weightedRows(G, r0g, pvRows, kp, M16, c0, nc, gLo, gHi).getResults());
           if (relative)
             acc = K.relativeRows(GT, r0g, pvRows, ops.relK, clip, c0, nc, acc);
-          SmallVector<Value> cols;
-          for (int64_t c = 0; c < nc; ++c)
-            cols.push_back(K.chunk(base, c0 + c));
           K.storeStreaming(nontemporal, [&](bool nt) {
             for (int64_t r = 0; r < pvRows; ++r) {
               auto write = [&] {

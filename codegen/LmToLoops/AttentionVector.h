@@ -170,8 +170,19 @@ struct VectorKernel {
     return f;
   }
 
-  /// t [dh, M16] = features base..base+dh of src[bi, 0..M) transposed, zeros from M: full blocks of 16 rows x 16
-  /// features transposed in registers by four rounds of interleaves, the rest element by element.
+  /// The transposed keys t [M16 / 16 * dh, 16] of transpose: row (j / 16) dh + e holds feature e of keys
+  /// j..j+16 of a 16-key block, so that a block's dh rows are consecutive lines (the score loop's reads; in a
+  /// [dh, M16] layout they were M16 floats apart, a few L1 sets for all of them).
+  Value transposedRow(Value jb, Value e) {
+    return add(b.create<arith::MulIOp>(loc, b.create<arith::DivUIOp>(loc, jb, L.idx(kLanes)), L.idx(dh)), e);
+  }
+  Value transposedScratch(Value M16) {
+    return scratch({ShapedType::kDynamic, kLanes},
+                   Value(b.create<arith::MulIOp>(loc, b.create<arith::DivUIOp>(loc, M16, L.idx(kLanes)), L.idx(dh))));
+  }
+
+  /// t (transposedScratch) = features base..base+dh of src[bi, 0..M) transposed, zeros from M: full blocks of 16
+  /// rows x 16 features transposed in registers by four rounds of interleaves, the rest element by element.
   void transpose(Value src, Value bi, Value base, Value M, Value M16, Value t) {
     SmallVector<int64_t> lowMask = interleaveMask(false), highMask = interleaveMask(true);
     Value fullKeys = roundDown(M);
@@ -188,18 +199,20 @@ struct VectorKernel {
           }
           rowsV = next;
         }
+        Value row0 = transposedRow(j0, e0);
         for (int64_t e = 0; e < kLanes; ++e)
-          store(rowsV[e], t, ValueRange{add(e0, L.idx(e)), j0});
+          store(rowsV[e], t, ValueRange{add(row0, L.idx(e)), L.idx(0)});
         return SmallVector<Value>{};
       });
       return SmallVector<Value>{};
     });
     loop(fullKeys, M16, 1, {}, [&](Value j, ValueRange) {
       Value real = L.lt(j, M);
+      Value lane = b.create<arith::RemUIOp>(loc, j, L.idx(kLanes));
       L.nest({L.idx(dh)}, [&](ValueRange e) {
         Value x = L.choose(real, L.f32(), [&] { return L.load(src, {bi, j, add(base, e[0])}); },
                            [&] { return L.f32c(0); });
-        L.store(x, t, {e[0], j});
+        L.store(x, t, {transposedRow(j, e[0]), lane});
       });
       return SmallVector<Value>{};
     });
@@ -369,7 +382,7 @@ struct VectorKernel {
   }
 
   /// For each group of geo.scoreRows rows of the tile and each 16-key block jb of the tile's key range
-  /// [from16, to): the group's row vectors sum_e a[bi, row_r, base + e] * t[e, jb..jb+16) (one accumulator per
+  /// [from16, to): the group's row vectors sum_e a[bi, row_r, base + e] * t(e, jb..jb+16) (one accumulator per
   /// row, 4 partial chains per row when the tile has fewer than 4 rows; full blocks geo.scoreBlocks at a time when
   /// it has 4 or more), handed to use(jb, first, products) (first: the group's first row) in block order. A block
   /// whose lower (upper) half no row sees (the first block of an anticausal tile, the last of a causal one: 16-key
@@ -395,7 +408,7 @@ struct VectorKernel {
       auto block = [&](Value jb, int64_t width, int64_t offset, int64_t blocks) {
         auto type = VectorType::get({width}, L.f32());
         Value zero = b.create<vector::BroadcastOp>(loc, type, L.f32c(0));
-        Value from = add(jb, L.idx(offset));
+        Value rows = transposedRow(jb, L.idx(0)), lane = L.idx(offset);
         SmallVector<Value> zeros(R * blocks * chains, zero);
         auto dot = loop(L.idx(0), L.idx(dh), 4, zeros, [&](Value e0, ValueRange acc) {
           SmallVector<Value> next(acc.begin(), acc.end());
@@ -403,7 +416,7 @@ struct VectorKernel {
             Value e = add(e0, L.idx(u));
             SmallVector<Value> kv;
             for (int64_t h = 0; h < blocks; ++h)
-              kv.push_back(b.create<vector::LoadOp>(loc, type, t, ValueRange{e, add(from, L.idx(h * kLanes))}));
+              kv.push_back(b.create<vector::LoadOp>(loc, type, t, ValueRange{add(rows, add(e, L.idx(h * dh))), lane}));
             for (int64_t r = 0; r < R; ++r) {
               Value qe = b.create<vector::BroadcastOp>(loc, type, L.load(a, {bi, row[r], add(base, e)}));
               for (int64_t h = 0; h < blocks; ++h) {
@@ -608,16 +621,32 @@ struct VectorKernel {
     return b.create<arith::SelectOp>(loc, seen, b.create<arith::DivFOp>(loc, bcast(L.f32c(1)), l), zeroV);
   }
 
-  /// acc[r * nc + c] = sum_{j in [lo, hi)} W[r0 + r, j] * src[bi, j, base + (c0 + c) 16] for nr rows and nc
-  /// feature vectors: one src vector load per nr FMAs (W = 0 adds exactly nothing).
-  scf::ForOp weightedRows(Value W, int64_t r0, int64_t nr, Value src, Value bi, Value base, int64_t c0, int64_t nc,
-                          Value lo, Value hi) {
+  /// packed [chunks M16, 16]: row c M16 + j = feature vector c of src[bi, j, base..base+dh) for the keys j < M,
+  /// so that a pass over the keys of one feature vector (weightedRows) reads consecutive lines: in src they are a
+  /// row (D floats, 2 KB at D = 512) apart, and every key's line of a vector falls in the same two sets of the L1.
+  void packRows(Value src, Value bi, Value base, Value M, Value M16, Value packed) {
+    loop(L.idx(0), M, 1, {}, [&](Value j, ValueRange) {
+      for (int64_t c = 0; c < chunks; ++c)
+        store(load(src, ValueRange{bi, j, chunk(base, c)}), packed,
+              ValueRange{add(b.create<arith::MulIOp>(loc, M16, L.idx(c)), j), L.idx(0)});
+      return SmallVector<Value>{};
+    });
+  }
+
+  /// acc[r * nc + c] = sum_{j in [lo, hi)} W[r0 + r, j] * row j's feature vector c0 + c of `packed` (packRows,
+  /// M16 keys a vector) for nr rows and nc feature vectors: one row vector load per nr FMAs (W = 0 adds exactly
+  /// nothing).
+  scf::ForOp weightedRows(Value W, int64_t r0, int64_t nr, Value packed, Value M16, int64_t c0, int64_t nc, Value lo,
+                          Value hi) {
     SmallVector<Value> zeros(nr * nc, zeroV);
+    SmallVector<Value> firstRows;
+    for (int64_t c = 0; c < nc; ++c)
+      firstRows.push_back(b.create<arith::MulIOp>(loc, M16, L.idx(c0 + c)));
     return loop(lo, hi, 1, zeros, [&](Value j, ValueRange a) {
       SmallVector<Value> next(a.begin(), a.end());
       SmallVector<Value> vj;
       for (int64_t c = 0; c < nc; ++c)
-        vj.push_back(load(src, ValueRange{bi, j, chunk(base, c0 + c)}));
+        vj.push_back(load(packed, ValueRange{add(firstRows[c], j), L.idx(0)}));
       for (int64_t r = 0; r < nr; ++r) {
         Value p = bcast(L.load(W, {L.idx(r0 + r), j}));
         for (int64_t c = 0; c < nc; ++c)

@@ -42,9 +42,11 @@ module @m attributes {lm.model = #lm.model<name = "m", vocab = 11, max_len = 9, 
 // CHECK: call @lm_rt_attention_grad({{.*}}, %c4_i64, %c3_i32,
 // CHECK-NOT: lm.attention_grad
 // CHECK-LABEL: func.func private @lm_attention_grad_task_causal_h2_d32_s0x3e800000(
-// kt, vt [head size, M16] and the tile's P and dP / dS [8, M16]
-// CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<16x?xf32>
-// CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<16x?xf32>
+// kt, vt [M16 / 16 x head size, 16] (16-key blocks), the keys packed [M16 x head size / 16, 16] and the tile's P
+// and dP / dS [8, M16]
+// CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<?x16xf32>
+// CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<?x16xf32>
+// CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<?x16xf32>
 // CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<8x?xf32>
 // CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<8x?xf32>
 // and dk, dv of two items: [2, M16, head size]

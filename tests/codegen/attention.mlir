@@ -2,8 +2,9 @@
 // RUN: lmcc-opt --lm-to-loops="vector-bits=256" %s | FileCheck %s --check-prefix=STREAM
 // RUN: lmcc-opt --lm-to-loops="vector-bits=512" %s | FileCheck %s --check-prefix=WIDE
 // lm.attention: head size 16 takes the vector form, register-tiled (per (entry, head) item the head's keys transposed
-// in 16 x 16 register blocks, query rows in tiles of 8 sharing each key vector load, their score accumulators in
-// registers 4 rows at a time at 256 bits (two ymm a vector<16xf32>) and all 8 at 512, the next item's q, k, v
+// in 16 x 16 register blocks into 16-key blocks, its values packed per feature vector, query rows in tiles of 8
+// sharing each key vector load, their score accumulators in registers 4 rows at a time at 256 bits (two ymm a
+// vector<16xf32>) and all 8 at 512, the next item's q, k, v
 // prefetched and its output rows stored nontemporally when the call's operands exceed the threads' L2, scores masked
 // by lane only in blocks not fully visible, vector exp), in a task function that lm_rt_parallel_for splits by items
 // over the runtime's threads (called directly below 2^16 multiply-adds); head size 8 the scalar key-tiled online
@@ -27,11 +28,13 @@
 // CHECK: arith.select {{.*}} : f32
 // CHECK: math.exp
 // CHECK-NOT: lm.attention
-// the task: operands rebuilt from ctx, kt [head size, M16], scores of 8 rows
+// the task: operands rebuilt from ctx, kt [M16 / 16 x head size, 16] (16-key blocks), scores of 8 rows, the values
+// packed [M16 x head size / 16, 16]
 // CHECK-LABEL: func.func private @lm_attention_task_causal_h2_d32_s0x3e800000(%arg0: !llvm.ptr, %arg1: i64, %arg2: i64)
 // CHECK: llvm.load
-// CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<16x?xf32>
+// CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<?x16xf32>
 // CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<8x?xf32>
+// CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<?x16xf32>
 // prefetching only when the call's q, out, k, v bytes (rows x 2 + keys x 2, x 32 x 4) exceed the threads' L2
 // CHECK: %[[BYTES:.*]] = arith.muli %{{.*}}, %c128 : index
 // CHECK: %[[CACHE:.*]] = call @lm_rt_private_cache_bytes() : () -> i64
