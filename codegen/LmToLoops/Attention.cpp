@@ -132,7 +132,7 @@ void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Val
   Value queryPositions = ops.queryPositions;
   const int64_t R = queryPositions ? 1 : kTileRows;
   Value kt = K.transposedScratch(M16), S = K.scratch({R, ShapedType::kDynamic}, M16);
-  Value vp = K.scratch({ShapedType::kDynamic, kLanes}, Value(b.create<arith::MulIOp>(loc, M16, L.idx(chunks))));
+  Value vp = K.packedScratch(M16);
   const bool relative = bool(ops.relK);
   const int64_t clip = a.getClip(), T = 2 * clip + 1, T16 = (T + kLanes - 1) / kLanes * kLanes;
   Value relKt, PQ, PT;

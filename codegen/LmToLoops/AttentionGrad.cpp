@@ -60,7 +60,7 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
   const int64_t R = kTileRows;
   int64_t dyn = ShapedType::kDynamic;
   Value kt = K.transposedScratch(M16), vt = K.transposedScratch(M16);
-  Value kp = K.scratch({dyn, kLanes}, Value(b.create<arith::MulIOp>(loc, M16, L.idx(chunks))));
+  Value kp = K.packedScratch(M16);
   Value S = K.scratch({R, dyn}, M16), G = K.scratch({R, dyn}, M16);
   // dk and dv of the item (slot item mod 2) accumulated over its tiles, and of the item before (the other slot),
   // written out over this item's tiles.

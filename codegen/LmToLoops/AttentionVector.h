@@ -625,12 +625,22 @@ struct VectorKernel {
   /// so that a pass over the keys of one feature vector (weightedRows) reads consecutive lines: in src they are a
   /// row (D floats, 2 KB at D = 512) apart, and every key's line of a vector falls in the same two sets of the L1.
   void packRows(Value src, Value bi, Value base, Value M, Value M16, Value packed) {
+    SmallVector<Value> firstRows = packedFirstRows(M16, 0, chunks);
     loop(L.idx(0), M, 1, {}, [&](Value j, ValueRange) {
       for (int64_t c = 0; c < chunks; ++c)
-        store(load(src, ValueRange{bi, j, chunk(base, c)}), packed,
-              ValueRange{add(b.create<arith::MulIOp>(loc, M16, L.idx(c)), j), L.idx(0)});
+        store(load(src, ValueRange{bi, j, chunk(base, c)}), packed, ValueRange{add(firstRows[c], j), L.idx(0)});
       return SmallVector<Value>{};
     });
+  }
+  Value packedScratch(Value M16) {
+    return scratch({ShapedType::kDynamic, kLanes}, Value(b.create<arith::MulIOp>(loc, M16, L.idx(chunks))));
+  }
+  /// The packed rows of keys 0 of feature vectors c0..c0+n.
+  SmallVector<Value> packedFirstRows(Value M16, int64_t c0, int64_t n) {
+    SmallVector<Value> rows;
+    for (int64_t c = c0; c < c0 + n; ++c)
+      rows.push_back(b.create<arith::MulIOp>(loc, M16, L.idx(c)));
+    return rows;
   }
 
   /// acc[r * nc + c] = sum_{j in [lo, hi)} W[r0 + r, j] * row j's feature vector c0 + c of `packed` (packRows,
@@ -639,9 +649,7 @@ struct VectorKernel {
   scf::ForOp weightedRows(Value W, int64_t r0, int64_t nr, Value packed, Value M16, int64_t c0, int64_t nc, Value lo,
                           Value hi) {
     SmallVector<Value> zeros(nr * nc, zeroV);
-    SmallVector<Value> firstRows;
-    for (int64_t c = 0; c < nc; ++c)
-      firstRows.push_back(b.create<arith::MulIOp>(loc, M16, L.idx(c0 + c)));
+    SmallVector<Value> firstRows = packedFirstRows(M16, c0, nc);
     return loop(lo, hi, 1, zeros, [&](Value j, ValueRange a) {
       SmallVector<Value> next(a.begin(), a.end());
       SmallVector<Value> vj;
