@@ -1,8 +1,9 @@
 //===- kernel_bench.cpp - The machine's limits, GEMM and attention kernels ---===//
 //
 // Builds the generated GEMM (codegen/LmToLoops/Gemm.cpp) for the model shapes and the
-// generated attention kernel (codegen/LmToLoops/Attention.cpp, the lm-to-loops pattern) for each mask kind into
-// one shared library at start-up, then times:
+// generated attention kernel (codegen/LmToLoops/Attention.cpp, the lm-to-loops pattern) for each mask kind, each
+// into its own shared library when the first benchmark that times it starts (a filtered run compiles only what it
+// times), then times:
 //   - machine/peak: the FP32 FMA peak (a loop of independent AVX-512 or AVX2 FMAs), 1 and 2 threads,
 //   - machine/read_bw: memory read bandwidth (a 1 GiB buffer, far past L3), 1 and 2 threads,
 //   - gemm/generated: C[M, N] = A[M, K] W[N, K]^T over W packed once (as at model load), in the tile
@@ -20,8 +21,8 @@
 // draws them (DirectionalRows).
 // Counters: GFLOPs (GFLOP/s), GBs (GB/s) and peak_frac (of the 1-thread peak measured at
 // start-up). Run: build/bench/kernel_bench --benchmark_min_time=0.2
-// The kernels' library is deleted once loaded (its mapping stays); with LMCC_KERNEL_BENCH_KEEP set it stays in its
-// temporary directory (printed), e.g. for `perf annotate`.
+// A kernel's library (lib<kernel>.so) is deleted once loaded (its mapping stays); with LMCC_KERNEL_BENCH_KEEP set
+// it stays in its temporary directory (printed), e.g. for `perf annotate`.
 //
 //===----------------------------------------------------------------------===//
 #include "codegen/Emit/Object.h"
@@ -49,6 +50,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <random>
 #include <string>
 #include <thread>
@@ -79,66 +81,87 @@ constexpr int64_t kRowWords = 1 + 128 / 32; ///< directional rows: direction, hi
 constexpr int64_t kClip = 16; ///< Shaw relative positions of attention_rel (the diformer's clip)
 
 using namespace lmcc::codegen::abi;
-void *g_library = nullptr;
 // This host's vector width as lmcc sees it (codegen/Emit/Object.h) picks both the peak loops below and the
 // register tile lmcc compiles for it (12 x 32 with AVX-512, 6 x 16 with AVX2).
 const bool g_avx512 = lmcc::codegen::targetVectorBits("") >= 512;
 const lmcc::codegen::GemmTile g_tile = lmcc::codegen::GemmTile::forVectorBits(g_avx512 ? 512 : 256);
 
-/// Compiles the generated GEMM for every (N, K) of kShapes and the attention kernel for
-/// every mask kind (functions attention_<mask>) into a temporary shared library.
-void buildLibrary() {
-  std::vector<std::pair<int64_t, int64_t>> nk;
-  for (const Shape &s : kShapes)
-    if (std::find(nk.begin(), nk.end(), std::make_pair(s.n, s.k)) == nk.end())
-      nk.push_back({s.n, s.k});
-  mlir::MLIRContext context;
-  auto module = lmcc::codegen::buildGemmModule(context, nk, {g_tile});
-  // A kernel module's function `kernel` renamed `as`, moved with its tasks into the library's module (runtime
-  // functions are declared once).
-  auto absorb = [&](mlir::OwningOpRef<mlir::ModuleOp> kernels, const char *kernel, const std::string &as) {
-    if (!kernels) {
-      std::fprintf(stderr, "kernel_bench: cannot build %s\n", as.c_str());
-      std::exit(1);
-    }
-    kernels->lookupSymbol<mlir::func::FuncOp>(kernel).setSymName(as);
-    for (auto fn : llvm::make_early_inc_range(kernels->getOps<mlir::func::FuncOp>()))
-      if (!module->lookupSymbol(fn.getSymName()))
-        fn->moveBefore(module->getBody(), module->getBody()->end());
-  };
+/// The kernels are compiled on first use, in the set-up of the first benchmark that times them (outside its timed
+/// loop): one shared library per kernel, so a run filtered to a few benchmarks compiles only their kernels. Each
+/// library is deleted once loaded (its mapping stays) unless LMCC_KERNEL_BENCH_KEEP is set.
+std::filesystem::path g_libraryDir;
+std::map<std::string, void *> g_libraries; // kernel function name -> its loaded library
+
+/// A kernel module's function `kernel` renamed `as` (its tasks and runtime declarations keep their names).
+mlir::OwningOpRef<mlir::ModuleOp> renamed(mlir::OwningOpRef<mlir::ModuleOp> module, const char *kernel,
+                                          const std::string &as) {
+  if (module)
+    module->lookupSymbol<mlir::func::FuncOp>(kernel).setSymName(as);
+  return module;
+}
+
+/// Builds the module holding `name` (a GEMM pair lm_bench_pack_/lm_bench_gemm_<N>x<K>_<tile>, or attention[_grad]
+/// [_rel]_<mask>), or a null module for a name no benchmark uses.
+mlir::OwningOpRef<mlir::ModuleOp> buildKernel(mlir::MLIRContext &context, const std::string &name) {
   using lmcc::codegen::buildAttentionGradModule, lmcc::codegen::buildAttentionModule;
-  for (auto [mask, name] : kMasks) {
-    const int64_t words = mask == lm::MaskKind::directional ? kRowWords : 0;
-    absorb(buildAttentionModule(context, mask, kHeads, kModel, 0, words), "attention_kernel",
-           std::string("attention_") + name);
-    absorb(buildAttentionModule(context, mask, kHeads, kModel, kClip, words), "attention_kernel",
-           std::string("attention_rel_") + name);
-    absorb(buildAttentionGradModule(context, mask, kHeads, kModel, 0, words), "attention_grad_kernel",
-           std::string("attention_grad_") + name);
-    absorb(buildAttentionGradModule(context, mask, kHeads, kModel, kClip, words), "attention_grad_kernel",
-           std::string("attention_grad_rel_") + name);
+  for (const Shape &s : kShapes) {
+    const std::string suffix = std::to_string(s.n) + "x" + std::to_string(s.k) + "_" + std::to_string(g_tile.rows) +
+                               "x" + std::to_string(g_tile.cols());
+    if (name == "lm_bench_pack_" + suffix || name == "lm_bench_gemm_" + suffix)
+      return lmcc::codegen::buildGemmModule(context, {{s.n, s.k}}, {g_tile});
   }
-  auto dir = std::filesystem::temp_directory_path() / ("lmcc-kernel-bench-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  std::string library = (dir / "libkernels.so").string();
+  for (auto [mask, maskName] : kMasks) {
+    const int64_t words = mask == lm::MaskKind::directional ? kRowWords : 0;
+    for (int64_t clip : {int64_t(0), kClip}) {
+      const std::string infix = clip ? "_rel_" : "_";
+      if (name == "attention" + infix + maskName)
+        return renamed(buildAttentionModule(context, mask, kHeads, kModel, clip, words), "attention_kernel", name);
+      if (name == "attention_grad" + infix + maskName)
+        return renamed(buildAttentionGradModule(context, mask, kHeads, kModel, clip, words), "attention_grad_kernel",
+                       name);
+    }
+  }
+  return nullptr;
+}
+
+/// The library holding kernel `name`, compiled and loaded on first use.
+void *kernelLibrary(const std::string &name) {
+  if (auto it = g_libraries.find(name); it != g_libraries.end())
+    return it->second;
+  mlir::MLIRContext context;
+  auto module = buildKernel(context, name);
+  if (!module) {
+    std::fprintf(stderr, "kernel_bench: cannot build %s\n", name.c_str());
+    std::exit(1);
+  }
+  if (g_libraryDir.empty()) {
+    g_libraryDir = std::filesystem::temp_directory_path() / ("lmcc-kernel-bench-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(g_libraryDir);
+  }
+  const std::string library = (g_libraryDir / ("lib" + name + ".so")).string();
   if (std::string err = lmcc::codegen::emitKernelLibrary(*module, library); !err.empty()) {
     std::fprintf(stderr, "kernel_bench: %s\n", err.c_str());
     std::exit(1);
   }
-  if (!(g_library = ::dlopen(library.c_str(), RTLD_NOW))) {
+  void *handle = ::dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!handle) {
     std::fprintf(stderr, "kernel_bench: cannot load %s: %s\n", library.c_str(), ::dlerror());
     std::exit(1);
   }
-  if (std::getenv("LMCC_KERNEL_BENCH_KEEP")) {
-    std::fprintf(stderr, "kernel_bench: kernels kept in %s\n", library.c_str());
-  } else { // every run used to leave its 2.6 MB directory behind
-    std::error_code ignored;
-    std::filesystem::remove_all(dir, ignored);
-  }
+  if (std::getenv("LMCC_KERNEL_BENCH_KEEP"))
+    std::fprintf(stderr, "kernel_bench: %s kept in %s\n", name.c_str(), library.c_str());
+  else
+    std::filesystem::remove(library);
+  // A GEMM's pack and product come from one module: both names resolve to its library.
+  for (auto fn : module->getOps<mlir::func::FuncOp>())
+    if (!fn.isExternal())
+      g_libraries.emplace(fn.getSymName().str(), handle);
+  g_libraries.emplace(name, handle);
+  return handle;
 }
 
 template <typename Fn> Fn symbol(const std::string &name) {
-  auto fn = reinterpret_cast<Fn>(::dlsym(g_library, ("_mlir_ciface_" + name).c_str()));
+  auto fn = reinterpret_cast<Fn>(::dlsym(kernelLibrary(name), ("_mlir_ciface_" + name).c_str()));
   if (!fn) {
     std::fprintf(stderr, "kernel_bench: %s missing\n", name.c_str());
     std::exit(1);
@@ -570,7 +593,6 @@ void BM_AttentionGrad(benchmark::State &state, lm::MaskKind mask, std::string na
 } // namespace
 
 int main(int argc, char **argv) {
-  buildLibrary();
   g_peak = measurePeak();
   for (int i = 0; i < 2; ++i) // the best of three runs of 1.3 G FMAs
     g_peak = std::max(g_peak, measurePeak());
@@ -607,5 +629,9 @@ int main(int argc, char **argv) {
             ->ArgsProduct({relative ? std::vector<int64_t>{80, 128} : std::vector<int64_t>{20, 80, 128}, {1, 32}});
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
+  if (!g_libraryDir.empty() && !std::getenv("LMCC_KERNEL_BENCH_KEEP")) { // the loaded libraries are deleted already
+    std::error_code ignored;
+    std::filesystem::remove_all(g_libraryDir, ignored);
+  }
   return 0;
 }
