@@ -94,6 +94,8 @@ LogicalResult LinearOp::verify() {
     if (failed(expectRank(*this, "bias", b, 1)) ||
         failed(expectDim(*this, "bias size vs weight dim 0 (out)", tensorOf(b).getDimSize(0), w.getDimSize(0))))
       return failure();
+  if (auto act = getActivation(); act && *act != "gelu" && *act != "gelu_tanh" && *act != "relu")
+    return emitOpError("activation must be \"gelu\", \"gelu_tanh\" or \"relu\", got \"") << *act << "\"";
   return success();
 }
 

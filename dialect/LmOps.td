@@ -86,14 +86,23 @@ def Lm_FillIdsOp : Lm_Op<"fill_ids", [Pure, SameOperandsAndResultType]> {
 //===----------------------------------------------------------------------===//
 
 def Lm_LinearOp : Lm_Op<"linear", [Pure]> {
-  let summary = "affine map over the last axis: y = x W^T + b, W stored [out, in]";
+  let summary = "affine map over the last axis: y = x W^T + b, W stored [out, in]; then an activation if named";
   let description = [{
     ```mlir
     %q = lm.linear %h, %Wq, %bq : (tensor<?x?x512xf32>, tensor<512x512xf32>, tensor<512xf32>) -> tensor<?x?x512xf32>
+    %u = lm.linear %h, %W1, %b1 {activation = "gelu"} : (tensor<?x?x512xf32>, tensor<2048x512xf32>, tensor<2048xf32>) -> tensor<?x?x2048xf32>
     ```
+    `activation` ("gelu", "gelu_tanh" or "relu": lm.gelu, lm.gelu {approximate}, lm.relu) is applied to every
+    element of x W^T + b: the op equals that activation op over the plain linear, bit for bit (lm-fuse-activation
+    makes it; the generated GEMM applies it to its register tile before storing it).
   }];
-  let arguments = (ins Lm_F32Tensor:$input, Lm_F32Tensor:$weight, Optional<Lm_F32Tensor>:$bias);
+  let arguments = (ins Lm_F32Tensor:$input, Lm_F32Tensor:$weight, Optional<Lm_F32Tensor>:$bias,
+                       OptionalAttr<StrAttr>:$activation);
   let results = (outs Lm_F32Tensor:$result);
+  let builders = [OpBuilder<(ins "::mlir::Type":$result, "::mlir::Value":$input, "::mlir::Value":$weight,
+                                 "::mlir::Value":$bias), [{
+    build($_builder, $_state, result, input, weight, bias, ::mlir::StringAttr());
+  }]>];
   let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
 }

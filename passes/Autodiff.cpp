@@ -361,6 +361,21 @@ struct LmAutodiff : lmcc::impl::LmAutodiffBase<LmAutodiff> {
       copy.setSymName((loss.getSymName() + "_grad").str());
       method.setAttr(copy, b.getStringAttr(pairs ? "pair_loss_grad" : "loss_grad"));
       copy.walk([&](lm::DropoutOp d) { d.setTraining(true); }); // the gradient entry trains; `loss` evaluates
+      // lm-fuse-activation's lm.linear {activation} split back: the activation's VJP reads the pre-activation.
+      copy.walk([](lm::LinearOp l) {
+        std::optional<StringRef> kind = l.getActivation();
+        if (!kind)
+          return;
+        OpBuilder ob(l->getContext());
+        ob.setInsertionPointAfter(l);
+        l.removeActivationAttr();
+        Value y = l.getResult();
+        Operation *act = *kind == "relu" ? ob.create<lm::ReluOp>(l.getLoc(), y).getOperation()
+                                         : ob.create<lm::GeluOp>(l.getLoc(), y,
+                                                                 *kind == "gelu_tanh" ? ob.getUnitAttr() : UnitAttr())
+                                               .getOperation();
+        y.replaceAllUsesExcept(act->getResult(0), act);
+      });
       if (failed(Differentiator(copy, pairs).run()))
         return signalPassFailure();
       eraseDeadOps(copy.getBody().front());

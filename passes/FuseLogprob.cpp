@@ -28,8 +28,8 @@ struct FuseLogprobPattern : OpRewritePattern<lm::GatherOp> {
     if (!logSoftmax || !logSoftmax->hasOneUse())
       return rewriter.notifyMatchFailure(gather, "log-probabilities are not a single-use log_softmax");
     auto linear = logSoftmax.getInput().getDefiningOp<lm::LinearOp>();
-    if (!linear || !linear->hasOneUse() || linear.getType().getRank() != 3)
-      return rewriter.notifyMatchFailure(gather, "logits are not a single-use [B, N, V] linear");
+    if (!linear || !linear->hasOneUse() || linear.getType().getRank() != 3 || linear.getActivation())
+      return rewriter.notifyMatchFailure(gather, "logits are not a single-use [B, N, V] linear without an activation");
     rewriter.replaceOpWithNewOp<lm::TokenLogprobOp>(gather, gather.getType(), linear.getInput(), linear.getWeight(),
                                                     linear.getBias(), gather.getTargets(), gather.getLengths(),
                                                     gather.getShiftAttr());
@@ -46,8 +46,8 @@ struct FuseLossPattern : OpRewritePattern<lm::CrossEntropyOp> {
     if (!logSoftmax || !logSoftmax->hasOneUse())
       return rewriter.notifyMatchFailure(ce, "log-probabilities are not a single-use log_softmax");
     auto linear = logSoftmax.getInput().getDefiningOp<lm::LinearOp>();
-    if (!linear || !linear->hasOneUse() || linear.getType().getRank() != 3)
-      return rewriter.notifyMatchFailure(ce, "logits are not a single-use [B, N, V] linear");
+    if (!linear || !linear->hasOneUse() || linear.getType().getRank() != 3 || linear.getActivation())
+      return rewriter.notifyMatchFailure(ce, "logits are not a single-use [B, N, V] linear without an activation");
     auto loss = rewriter.create<lm::TokenLossOp>(ce.getLoc(), TypeRange{ce.getType(), ce.getType()}, linear.getInput(),
                                                  linear.getWeight(), linear.getBias(), ce.getTargets(),
                                                  ce.getLengths(), ce.getSmoothingAttr(), ce.getPerLengthAttr());

@@ -47,7 +47,7 @@ struct LmHoistIsolatedKV : lmcc::impl::LmHoistIsolatedKVBase<LmHoistIsolatedKV> 
           groups[linear.getInput()].push_back(linear);
     for (auto &[input, linears] : groups) {
       bool withBias = bool(linears.front().getBias());
-      llvm::erase_if(linears, [&](lm::LinearOp l) { return bool(l.getBias()) != withBias; });
+      llvm::erase_if(linears, [&](lm::LinearOp l) { return bool(l.getBias()) != withBias || l.getActivation(); });
       if (linears.size() < 2)
         continue;
       stack(input, linears, withBias);

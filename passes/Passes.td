@@ -92,6 +92,18 @@ def LmFoldConstants : Pass<"lm-fold-constants", "::mlir::ModuleOp"> {
   let dependentDialects = ["::lmcc::lm::LmDialect", "::mlir::func::FuncDialect"];
 }
 
+def LmFuseActivation : Pass<"lm-fuse-activation", "::mlir::ModuleOp"> {
+  let summary = "Fold an activation into the linear that feeds it: lm.linear {activation}";
+  let description = [{
+    `gelu(linear(x, W, b))` (and `gelu {approximate}`, `relu`) where the linear's result has no other use becomes
+    `linear(x, W, b) {activation = "gelu"}` ("gelu_tanh", "relu"). The generated GEMM applies the activation to
+    its register tile before the store, so the FFN's [rows, d_ff] pre-activation is neither read back nor kept:
+    one buffer and one pass over it less per layer. Exact: the same operations on the same values, bit for bit.
+    Runs last, so the passes before it see plain linears (lm-autodiff splits a fused one back).
+  }];
+  let dependentDialects = ["::lmcc::lm::LmDialect"];
+}
+
 def LmAutodiff : Pass<"lm-autodiff", "::mlir::ModuleOp"> {
   let summary = "Reverse-mode differentiation of the training loss: a `loss_grad` entry with the VJP of every lm op";
   let description = [{

@@ -125,26 +125,11 @@ std::string scaleKey(lm::ScaleOp s) { return "scale_" + bitsOf(s.getFactor().con
 std::string geluKey(lm::GeluOp g) { return g.getApproximate() ? "gelu_tanh" : "gelu_erf"; }
 std::string reluKey(lm::ReluOp) { return "relu"; }
 
-/// gelu(x) = x * 0.5 * (1 + erf(x / sqrt 2)); tanh form 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3))).
 Value geluOf(Loops &L, lm::GeluOp g, Value x) {
-  auto &b = L.b;
-  Location loc = L.loc;
-  if (!g.getApproximate()) {
-    Value e = b.create<math::ErfOp>(loc, b.create<arith::DivFOp>(loc, x, L.f32c(std::sqrt(2.0f))));
-    Value half = b.create<arith::MulFOp>(loc, x, L.f32c(0.5));
-    return b.create<arith::MulFOp>(loc, half, b.create<arith::AddFOp>(loc, L.f32c(1), e));
-  }
-  Value x3 = b.create<arith::MulFOp>(loc, b.create<arith::MulFOp>(loc, x, x), x);
-  Value inner = b.create<arith::AddFOp>(loc, x, b.create<arith::MulFOp>(loc, L.f32c(0.044715f), x3));
-  Value t = b.create<math::TanhOp>(loc, b.create<arith::MulFOp>(loc, L.f32c(std::sqrt(2.0f / float(M_PI))), inner));
-  Value half = b.create<arith::MulFOp>(loc, L.f32c(0.5), x);
-  return b.create<arith::MulFOp>(loc, half, b.create<arith::AddFOp>(loc, L.f32c(1), t));
+  return emitActivation(L.b, L.loc, g.getApproximate() ? "gelu_tanh" : "gelu", x);
 }
 
-Value reluOf(Loops &L, lm::ReluOp, Value x) {
-  Value zero = L.f32c(0);
-  return L.select(L.b.create<arith::CmpFOp>(L.loc, arith::CmpFPredicate::OGT, x, zero), x, zero);
-}
+Value reluOf(Loops &L, lm::ReluOp, Value x) { return emitActivation(L.b, L.loc, "relu", x); }
 
 struct AddLowering : LmLowering<lm::AddOp> {
   using LmLowering::LmLowering;
@@ -459,6 +444,38 @@ void populateElementwisePatterns(TypeConverter &converter, RewritePatternSet &pa
                SplitHeadsLowering, MergeHeadsLowering, MatmulLowering, MaskFillLowering, SoftmaxLowering,
                LogSoftmaxLowering, RelativeScoresLowering, RelativeValuesLowering, SliceFeaturesLowering>(
       converter, patterns.getContext(), context);
+}
+
+void emitActivationInPlace(Loops &L, StringRef kind, Value buffer) {
+  int64_t C = llvm::cast<ShapedType>(buffer.getType()).getShape().back();
+  auto apply = [&](Value m, ValueRange iv) { L.store(emitActivation(L.b, L.loc, kind, L.load(m, iv)), m, iv); };
+  if (!L.forRows(rowTaskName(("inplace_" + kind).str(), buffer), {buffer}, {}, kind == "relu" ? 1 : 24,
+                 [&](ArrayRef<Value> m, ArrayRef<Value>, Value r) {
+                   L.nest({L.idx(C)}, [&](ValueRange c) { apply(m[0], {r, c[0]}); });
+                 }))
+    L.nest(L.dims(buffer), [&](ValueRange iv) { apply(buffer, iv); });
+}
+
+Value emitActivation(OpBuilder &b, Location loc, StringRef kind, Value x) {
+  Type type = x.getType();
+  auto c = [&](float v) -> Value {
+    if (auto vec = llvm::dyn_cast<VectorType>(type))
+      return b.create<arith::ConstantOp>(loc, vec, DenseElementsAttr::get(vec, v));
+    return b.create<arith::ConstantOp>(loc, b.getF32FloatAttr(v));
+  };
+  if (kind == "relu")
+    return b.create<arith::SelectOp>(loc, b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGT, x, c(0)), x, c(0));
+  if (kind == "gelu") {
+    Value e = b.create<math::ErfOp>(loc, b.create<arith::DivFOp>(loc, x, c(std::sqrt(2.0f))));
+    Value half = b.create<arith::MulFOp>(loc, x, c(0.5));
+    return b.create<arith::MulFOp>(loc, half, b.create<arith::AddFOp>(loc, c(1), e));
+  }
+  assert(kind == "gelu_tanh" && "an activation lm.linear's verifier accepts");
+  Value x3 = b.create<arith::MulFOp>(loc, b.create<arith::MulFOp>(loc, x, x), x);
+  Value inner = b.create<arith::AddFOp>(loc, x, b.create<arith::MulFOp>(loc, c(0.044715f), x3));
+  Value t = b.create<math::TanhOp>(loc, b.create<arith::MulFOp>(loc, c(std::sqrt(2.0f / float(M_PI))), inner));
+  Value half = b.create<arith::MulFOp>(loc, c(0.5), x);
+  return b.create<arith::MulFOp>(loc, half, b.create<arith::AddFOp>(loc, c(1), t));
 }
 
 } // namespace lmcc::codegen

@@ -113,19 +113,23 @@ std::string GemmTile::name() const {
   return std::to_string(rows) + "x" + std::to_string(cols()) + format;
 }
 
-static std::string gemmName(const char *prefix, int64_t n, int64_t k, bool withBias, GemmTile tile) {
-  return prefix + std::to_string(n) + "x" + std::to_string(k) + (withBias ? "_bias_" : "_") + tile.name();
+static std::string gemmName(const char *prefix, int64_t n, int64_t k, bool withBias, GemmTile tile,
+                            StringRef activation = {}) {
+  return prefix + std::to_string(n) + "x" + std::to_string(k) + (withBias ? "_bias_" : "_") + tile.name() +
+         (activation.empty() ? "" : "_" + activation.str());
 }
 
 namespace {
 
 /// The operands of one generated GEMM body (getOrCreateGemm, getOrCreateTrainGemm). `k` is the static depth, or
 /// ShapedType::kDynamic with `K` its runtime value (fp32 only). `N` bounds the columns; `accumulate` (an i1, or null)
-/// adds C's old values to the products.
+/// adds C's old values to the products; `activation` (emitActivation's kind, or empty) is applied to each element
+/// of the product plus the bias before it is stored.
 struct GemmBody {
   Value A, P, bias, C, pBegin, pEnd, cBase, N, K, accumulate;
   int64_t n, k;
   bool withBias, prefetch;
+  StringRef activation;
 };
 
 } // namespace
@@ -315,6 +319,8 @@ static void emitGemmBody(OpBuilder &b, Location loc, const GemmBody &op, GemmTil
       for (int64_t i = 0; i < r; ++i) {
         Value row = b.create<arith::AddIOp>(loc, m0, cidx(i));
         Value v = b.create<arith::AddFOp>(loc, loop.getResult(i * V + j), biasVec);
+        if (!op.activation.empty())
+          v = emitActivation(b, loc, op.activation, v);
         if (op.accumulate) {
           Value old = b.create<vector::MaskedLoadOp>(loc, vec, C, ValueRange{row, outCol}, mask, zeroVec);
           v = b.create<arith::AddFOp>(loc, v, b.create<arith::SelectOp>(loc, op.accumulate, old, zeroVec));
@@ -637,9 +643,12 @@ static func::FuncOp newPrivateFunction(OpBuilder &b, ModuleOp module, StringRef 
   return fn;
 }
 
-func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBias, GemmTile tile) {
+func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBias, GemmTile tile,
+                             StringRef activation) {
   assert(kPanel % tile.cols() == 0 && "a tile's columns divide the panel");
-  std::string name = gemmName("lm_gemm_", n, k, withBias, tile);
+  const bool amx = tile.weights == GemmTile::Weights::Bf16Amx;
+  assert((activation.empty() || !amx) && "the AMX kernel stores its tiles without an epilogue");
+  std::string name = gemmName("lm_gemm_", n, k, withBias, tile, activation);
   if (auto existing = module.lookupSymbol<func::FuncOp>(name))
     return existing;
   MLIRContext *ctx = module.getContext();
@@ -647,7 +656,6 @@ func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBia
   Location loc = b.getUnknownLoc();
   int64_t dyn = ShapedType::kDynamic;
   Type f32 = b.getF32Type(), index = b.getIndexType();
-  const bool amx = tile.weights == GemmTile::Weights::Bf16Amx;
   auto aType = MemRefType::get({dyn, amx ? amxInputPairs(k) : k}, f32);
   auto pType = MemRefType::get({dyn, kPanel}, f32, StridedLayoutAttr::get(ctx, dyn, {kPanel, 1}));
   auto biasType = MemRefType::get({dyn}, f32, StridedLayoutAttr::get(ctx, dyn, {1}));
@@ -658,7 +666,7 @@ func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBia
   op.A = entry->getArgument(0), op.P = entry->getArgument(1), op.bias = entry->getArgument(2);
   op.C = entry->getArgument(3), op.pBegin = entry->getArgument(4), op.pEnd = entry->getArgument(5);
   op.cBase = entry->getArgument(6);
-  op.n = n, op.k = k, op.withBias = withBias;
+  op.n = n, op.k = k, op.withBias = withBias, op.activation = activation;
   op.N = b.create<arith::ConstantIndexOp>(loc, n);
   // Software prefetch pays off when the packed weight does not fit in the L2 cache.
   op.prefetch = packedRows(n, k, tile.bf16()) * kPanel * 4 > (int64_t(1) << 20);
@@ -707,11 +715,12 @@ func::FuncOp getOrCreateTrainGemm(ModuleOp module, GemmTile tile) {
   return fn;
 }
 
-func::FuncOp getOrCreateGemmTask(ModuleOp module, int64_t n, int64_t k, bool withBias, GemmTile tile) {
-  std::string name = gemmName("lm_gemm_task_", n, k, withBias, tile);
+func::FuncOp getOrCreateGemmTask(ModuleOp module, int64_t n, int64_t k, bool withBias, GemmTile tile,
+                                 StringRef activation) {
+  std::string name = gemmName("lm_gemm_task_", n, k, withBias, tile, activation);
   if (auto existing = module.lookupSymbol<func::FuncOp>(name))
     return existing;
-  func::FuncOp gemm = getOrCreateGemm(module, n, k, withBias, tile);
+  func::FuncOp gemm = getOrCreateGemm(module, n, k, withBias, tile, activation);
   OpBuilder b(module.getContext());
   func::FuncOp fn = createTask(b, module, name);
   Block *entry = &fn.getBody().front();
@@ -808,7 +817,8 @@ OwningOpRef<ModuleOp> buildGemmModule(MLIRContext &context, const std::vector<st
 namespace {
 
 /// y[rows, out] = x[rows, in] W[out, in]^T + bias: the generated GEMM over the load-time packed weight
-/// (split over the runtime's threads by panels), or the runtime's Eigen GEMM (--gemm=eigen).
+/// (split over the runtime's threads by panels), or the runtime's Eigen GEMM (--gemm=eigen). An `activation` is
+/// the generated GEMM's epilogue, or a pass over y in place where the product has none (AMX, Eigen).
 struct LinearLowering : LmLowering<lm::LinearOp> {
   using LmLowering::LmLowering;
   LogicalResult lower(lm::LinearOp l, Loops &L) const override {
@@ -821,11 +831,15 @@ struct LinearLowering : LmLowering<lm::LinearOp> {
     Value rows = L.idx(1); // every dim but the features
     for (size_t i = 0; i + 1 < sizes.size(); ++i)
       rows = b.create<arith::MulIOp>(loc, rows, sizes[i]);
+    const StringRef activation = l.getActivation().value_or("");
     if (L.isPacked(l.getWeight())) {
       Loops::GemmInput input = L.gemmInput(L.address(L.in(l.getInput())), rows, k);
+      const bool epilogue = L.context.tile.weights != GemmTile::Weights::Bf16Amx;
       L.parallelGemm(l.getWeight(), n, k, input.address, rows, l.getBias(), L.address(out), L.i64c(n), L.idx(0),
-                     L.idx((n + kPanel - 1) / kPanel));
+                     L.idx((n + kPanel - 1) / kPanel), epilogue ? activation : StringRef());
       L.release(input);
+      if (!epilogue && !activation.empty())
+        emitActivationInPlace(L, activation, out);
       return L.set(l, out);
     }
     Value m = b.create<arith::IndexCastOp>(loc, b.getI64Type(), rows);
@@ -834,6 +848,8 @@ struct LinearLowering : LmLowering<lm::LinearOp> {
     b.create<func::CallOp>(loc, "lm_rt_sgemm_nt", TypeRange{},
                            ValueRange{m, L.i64c(n), L.i64c(k), L.pointer(L.in(l.getInput())), L.i64c(k),
                                       L.pointer(L.in(l.getWeight())), L.i64c(k), bias, L.pointer(out), L.i64c(n)});
+    if (!activation.empty())
+      emitActivationInPlace(L, activation, out);
     return L.set(l, out);
   }
 };

@@ -67,7 +67,10 @@ void emitPack(mlir::OpBuilder &b, mlir::Location loc, mlir::Value weight, mlir::
 /// shape and tile. Arguments: (A memref<?xKxf32>, P memref<?x64xf32, strided<[64,1], offset:?>>, bias memref<?xf32,
 /// strided<[1], offset:?>> (ignored when !withBias), C memref<?x?xf32>, pBegin, pEnd, cBase: index). The AMX kernel
 /// takes A already rounded (memref<?x amxInputPairs(K) x f32>, emitRoundToPairs; M = its size, rows padded past it).
-mlir::func::FuncOp getOrCreateGemm(mlir::ModuleOp module, int64_t n, int64_t k, bool withBias, GemmTile tile);
+/// With an `activation` (emitActivation's kind; not for the AMX kernel) each element of the product plus the bias
+/// goes through it in registers before the store: lm.linear {activation} without a second pass over C.
+mlir::func::FuncOp getOrCreateGemm(mlir::ModuleOp module, int64_t n, int64_t k, bool withBias, GemmTile tile,
+                                   llvm::StringRef activation = {});
 
 /// The training GEMM, callable from the runtime (lmrt.h's lm_rt_gemm_fn): `(A: !llvm.ptr, lda, M, K: i64, P: !llvm.ptr,
 /// C: !llvm.ptr, ldc, N, pBegin, pEnd, accumulate: i64)` computes, for panels p in [pBegin, pEnd) and columns
@@ -80,7 +83,8 @@ mlir::func::FuncOp getOrCreateTrainGemm(mlir::ModuleOp module, GemmTile tile);
 /// begin, first + end), panel `first` being C's column 0. ctx holds 8 i64 slots: A address, M, packed-weight address,
 /// packed rows, bias address (0 without bias), C address, C columns, first. Splitting panels never re-packs and never
 /// changes a result.
-mlir::func::FuncOp getOrCreateGemmTask(mlir::ModuleOp module, int64_t n, int64_t k, bool withBias, GemmTile tile);
+mlir::func::FuncOp getOrCreateGemmTask(mlir::ModuleOp module, int64_t n, int64_t k, bool withBias, GemmTile tile,
+                                       llvm::StringRef activation = {});
 
 } // namespace lmcc::codegen
 

@@ -259,8 +259,10 @@ struct LmToLoopsPass : lmcc::impl::LmToLoopsBase<LmToLoopsPass> {
       return;
     module.walk([&](Operation *op) {
       Value weight, bias;
+      StringRef activation;
       if (auto l = dyn_cast<lm::LinearOp>(op))
-        weight = l.getWeight(), bias = l.getBias();
+        weight = l.getWeight(), bias = l.getBias(),
+        activation = context.tile.weights == GemmTile::Weights::Bf16Amx ? "" : l.getActivation().value_or("");
       else if (auto t = dyn_cast<lm::TokenLogprobOp>(op))
         weight = t.getWeight(), bias = t.getBias();
       else
@@ -269,7 +271,7 @@ struct LmToLoopsPass : lmcc::impl::LmToLoopsBase<LmToLoopsPass> {
       if (names.empty() || !context.layout->find(packKey(names)))
         return;
       auto type = llvm::cast<ShapedType>(weight.getType());
-      getOrCreateGemmTask(module, type.getDimSize(0), type.getDimSize(1), bool(bias), context.tile);
+      getOrCreateGemmTask(module, type.getDimSize(0), type.getDimSize(1), bool(bias), context.tile, activation);
     });
   }
 };

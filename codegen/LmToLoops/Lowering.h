@@ -84,6 +84,12 @@ void declareTrainingRuntime(mlir::OpBuilder &b, mlir::Location loc);
 mlir::LogicalResult buildInitKernel(mlir::ModuleOp module, const LoweringContext &context, llvm::StringRef name,
                                     int64_t padId);
 
+/// The activation `kind` of x, an f32 or a vector of f32: "gelu" (lm.gelu: x * 0.5 * (1 + erf(x / sqrt 2))),
+/// "gelu_tanh" (lm.gelu {approximate}: 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3)))) or "relu" (lm.relu). The
+/// same operations lane by lane whatever the type (no contraction, the same math approximations), so the GEMM's
+/// fused epilogue (lm.linear {activation}) and the activation op's row loop give the same bits.
+mlir::Value emitActivation(mlir::OpBuilder &b, mlir::Location loc, llvm::StringRef kind, mlir::Value x);
+
 /// Task functions for lm_rt_parallel_for have the signature `(ctx: !llvm.ptr, begin: i64, end: i64)` and read
 /// their operands from i64 fields of ctx (addresses and sizes). The task's entry block argument 0 is ctx.
 mlir::func::FuncOp createTask(mlir::OpBuilder &b, mlir::ModuleOp module, llvm::StringRef name);
@@ -228,9 +234,11 @@ public:
   bool isPacked(mlir::Value weight) const { return packed(weight) != nullptr; }
   /// The generated GEMM of the packed `weight` [n, k] on panels [first, first + panels), split over the
   /// runtime's threads (lm_rt_parallel_for): out[rows, cols] gets columns first*64... of the product. The
-  /// task rebuilds its operands from the 8 addresses and sizes of a ctx array.
+  /// task rebuilds its operands from the 8 addresses and sizes of a ctx array. `activation`: the GEMM's epilogue
+  /// (getOrCreateGemm; not with the AMX tile).
   void parallelGemm(mlir::Value weight, int64_t n, int64_t k, mlir::Value inputAddress, mlir::Value rows,
-                    mlir::Value bias, mlir::Value outAddress, mlir::Value cols, mlir::Value first, mlir::Value panels);
+                    mlir::Value bias, mlir::Value outAddress, mlir::Value cols, mlir::Value first, mlir::Value panels,
+                    llvm::StringRef activation = {});
   /// What parallelGemm reads for the input [rows, k] (row-major f32 at `inputAddress`): that address, or for the AMX
   /// kernel a fresh buffer of the rows rounded to bf16 pairs (emitRoundToPairs), made once before the threads split
   /// the panels (each of them rounded all of A before: 8 times at 2 threads). `release` frees it after the GEMMs.
@@ -287,6 +295,10 @@ private:
   mlir::Operation *op;
   mlir::ValueRange operands;
 };
+
+/// buffer = emitActivation(kind, buffer) elementwise, in place (a row task where the layout allows): lm.linear
+/// {activation} where its product has no epilogue (the AMX tile, --gemm=eigen).
+void emitActivationInPlace(Loops &L, llvm::StringRef kind, mlir::Value buffer);
 
 /// The canonical weight names behind a GEMM weight operand (an lm.weight, or an lm.concat of them), or none.
 std::vector<std::string> weightNames(mlir::Value weight);

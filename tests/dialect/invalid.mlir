@@ -49,6 +49,14 @@ func.func @linear_bias(%x: tensor<?x?x8xf32>, %w: tensor<4x8xf32>, %b: tensor<5x
 
 // -----
 
+func.func @linear_activation(%x: tensor<?x?x8xf32>, %w: tensor<4x8xf32>) {
+  // expected-error @+1 {{activation must be "gelu", "gelu_tanh" or "relu", got "tanh"}}
+  %y = lm.linear %x, %w {activation = "tanh"} : (tensor<?x?x8xf32>, tensor<4x8xf32>) -> tensor<?x?x4xf32>
+  return
+}
+
+// -----
+
 func.func @norm_gamma(%x: tensor<?x?x8xf32>, %g: tensor<7xf32>, %b: tensor<8xf32>) {
   // expected-error @+1 {{gamma size vs the normalized axis: expected 8, got 7}}
   %y = lm.layer_norm %x, %g, %b {epsilon = 1.0e-12 : f64} : (tensor<?x?x8xf32>, tensor<7xf32>, tensor<8xf32>) -> tensor<?x?x8xf32>

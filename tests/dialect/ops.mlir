@@ -21,6 +21,8 @@ func.func @layer(%ids: tensor<?x?xi32>, %len: tensor<?xi32>, %rows: tensor<?x?x2
   %W = lm.weight "layers.0.attn.q.weight" : tensor<8x8xf32>
   %q = lm.linear %n, %W, %b : (tensor<?x?x8xf32>, tensor<8x8xf32>, tensor<8xf32>) -> tensor<?x?x8xf32>
   %q2 = lm.linear %n, %W : (tensor<?x?x8xf32>, tensor<8x8xf32>) -> tensor<?x?x8xf32>
+  // CHECK: lm.linear {{.*}} {activation = "gelu_tanh"} : (tensor<?x?x8xf32>, tensor<8x8xf32>, tensor<8xf32>)
+  %q3 = lm.linear %n, %W, %b {activation = "gelu_tanh"} : (tensor<?x?x8xf32>, tensor<8x8xf32>, tensor<8xf32>) -> tensor<?x?x8xf32>
   // CHECK: lm.split_heads
   %qh = lm.split_heads %q : (tensor<?x?x8xf32>) -> tensor<?x2x?x4xf32>
   // CHECK: lm.matmul {{.*}} {transpose_rhs}

@@ -11,6 +11,8 @@
 #include "tests/unit/RandomWeights.h"
 #include "tests/unit/Bf16.h"
 
+#include "mlir/IR/MLIRContext.h"
+
 #include <gtest/gtest.h>
 
 #include <dlfcn.h>
@@ -506,5 +508,107 @@ INSTANTIATE_TEST_SUITE_P(Families, CompiledBf16,
                          [](const ::testing::TestParamInfo<std::tuple<Case, Bf16Target>> &info) {
                            return std::string(std::get<0>(info.param).name) + "_" + std::get<1>(info.param).name;
                          });
+
+// lm-fuse-activation: the FFN's activation applied by the generated GEMM to its register tile (or, with --gemm=eigen,
+// in place after the product) gives the activation op's numbers bit for bit, for every kind (gelu, gelu_tanh, relu),
+// in every entry (scoring, embedding), at 1 and 2 threads; --weights-dtype bf16 (the widening or dot kernel's epilogue).
+struct FuseCase {
+  const char *name, *family, *gemm, *dtype;
+};
+
+class FusedActivation : public ::testing::TestWithParam<FuseCase> {};
+
+TEST_P(FusedActivation, BitIdenticalToTheActivationOp) {
+  const FuseCase c = GetParam();
+  ModelSpec spec;
+  for (Case k : cases())
+    if (std::string(k.name) == c.family)
+      spec = k.spec;
+  ASSERT_FALSE(spec.name.empty()) << c.family;
+  spec.dims.dFF = 47; // an FFN width that is not a multiple of the tile's columns: masked stores past it
+  fs::path dir = fs::temp_directory_path() / ("lmcc-fused-activation-" + std::string(c.name) + "-" +
+                                              std::to_string(::getpid()));
+  WeightSet weights = randomWeights(spec, 5);
+  if (std::string(c.dtype) == "bf16")
+    for (auto &[name, tensor] : weights.tensors)
+      for (float &x : tensor.data)
+        x = test::roundToBf16(x);
+  fs::create_directories(dir);
+  std::string weightsPath = (dir / "w.safetensors").string();
+  writeSafetensors(weightsPath, weights);
+  auto sentences = randomSentences(spec, 3, 11);
+  int32_t batch = int32_t(sentences.size()), stride = int32_t(spec.dims.maxLen);
+  std::vector<int32_t> ids(size_t(batch) * stride, 0), lengths;
+  for (int32_t b = 0; b < batch; ++b) {
+    std::copy(sentences[b].begin(), sentences[b].end(), ids.begin() + size_t(b) * stride);
+    lengths.push_back(int32_t(sentences[b].size()));
+  }
+  struct Outputs {
+    std::vector<float> lp, scores, emb;
+  };
+  auto run = [&](bool fused, int threads, Outputs &out) {
+    driver::LibraryOptions options;
+    options.gemm = c.gemm;
+    options.weightsDtype = c.dtype;
+    options.outputDir = (dir / (fused ? "fused" : "unfused")).string();
+    options.runtimeDir = runtimeDir().string();
+    if (!fused)
+      options.disabledPasses = {"lm-fuse-activation"};
+    const fs::path library = fs::path(options.outputDir) / ("lib" + spec.name + ".so");
+    if (!fs::exists(library))
+      ASSERT_EQ(driver::compileLibrary(spec, options), "");
+    Loaded loaded;
+    loaded.handle = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+    ASSERT_NE(loaded.handle, nullptr) << dlerror();
+    auto descriptor =
+        reinterpret_cast<const lm_model_desc *(*)()>(dlsym(loaded.handle, (spec.name + "_descriptor").c_str()));
+    ASSERT_NE(descriptor, nullptr);
+    ASSERT_EQ(lm_rt_load(descriptor(), weightsPath.c_str(), &loaded.model), LM_OK) << lm_last_error();
+    ASSERT_GE(lm_set_num_threads(threads), 1);
+    out.lp.assign(ids.size(), 0.0f), out.scores.assign(batch, 0.0f);
+    ASSERT_EQ(lm_rt_score(loaded.model, ids.data(), lengths.data(), batch, stride, out.lp.data(), out.scores.data()),
+              LM_OK)
+        << lm_last_error();
+    out.emb.assign(size_t(batch) * spec.dims.dModel, 0.0f);
+    ASSERT_EQ(lm_rt_embed(loaded.model, ids.data(), lengths.data(), batch, stride, out.emb.data()), LM_OK)
+        << lm_last_error();
+  };
+  for (int threads : {1, 2}) {
+    Outputs fused, unfused;
+    ASSERT_NO_FATAL_FAILURE(run(true, threads, fused));
+    ASSERT_NO_FATAL_FAILURE(run(false, threads, unfused));
+    for (int32_t b = 0; b < batch; ++b)
+      for (int32_t t = 0; t < lengths[b]; ++t)
+        ASSERT_EQ(fused.lp[size_t(b) * stride + t], unfused.lp[size_t(b) * stride + t])
+            << c.name << ", " << threads << " threads: sentence " << b << " position " << t;
+    EXPECT_EQ(fused.scores, unfused.scores) << threads << " threads";
+    EXPECT_EQ(fused.emb, unfused.emb) << threads << " threads";
+  }
+  // The fused library really has the epilogue: its IR has no activation op left.
+  mlir::MLIRContext context;
+  driver::LibraryOptions options;
+  std::string error;
+  auto module = driver::buildOptimizedModule(context, spec, options, &error);
+  ASSERT_TRUE(module) << error;
+  int64_t fusedLinears = 0, activations = 0;
+  module->walk([&](mlir::Operation *op) {
+    if (auto l = llvm::dyn_cast<lm::LinearOp>(op); l && l.getActivation())
+      ++fusedLinears;
+    if (llvm::isa<lm::GeluOp, lm::ReluOp>(op))
+      ++activations;
+  });
+  EXPECT_GT(fusedLinears, 0);
+  EXPECT_EQ(activations, 0);
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, FusedActivation,
+                         ::testing::Values(FuseCase{"gelu", "bilm_mp", "generated", "f32"},
+                                           FuseCase{"gelu_tanh", "unilm_pre_untied", "generated", "f32"},
+                                           FuseCase{"relu", "bilm_relu_relpos", "generated", "f32"},
+                                           FuseCase{"gelu_tta", "tta_maskpos_pre", "generated", "f32"},
+                                           FuseCase{"gelu_eigen", "tta_position", "eigen", "f32"},
+                                           FuseCase{"gelu_bf16", "unilm_vec16", "generated", "bf16"}),
+                         [](const ::testing::TestParamInfo<FuseCase> &info) { return std::string(info.param.name); });
 
 } // namespace
