@@ -409,15 +409,15 @@ struct Loaded {
   }
 };
 
-void loadLibrary(const ModelSpec &spec, const std::string &cpu, const std::string &dtype, const fs::path &dir,
+/// Compiles `spec` with `options` (its outputDir and runtimeDir set here; compiled once per outputDir) and loads it.
+void loadLibrary(const ModelSpec &spec, driver::LibraryOptions options, const fs::path &outputDir,
                  const std::string &weightsPath, Loaded &out) {
-  driver::LibraryOptions options;
-  options.weightsDtype = dtype;
-  options.cpu = cpu;
-  options.outputDir = (dir / dtype).string();
+  options.outputDir = outputDir.string();
   options.runtimeDir = runtimeDir().string();
-  ASSERT_EQ(driver::compileLibrary(spec, options), "");
-  out.handle = dlopen((dir / dtype / ("lib" + spec.name + ".so")).c_str(), RTLD_NOW | RTLD_LOCAL);
+  const fs::path library = outputDir / ("lib" + spec.name + ".so");
+  if (!fs::exists(library))
+    ASSERT_EQ(driver::compileLibrary(spec, options), "");
+  out.handle = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
   ASSERT_NE(out.handle, nullptr) << dlerror();
   auto descriptor =
       reinterpret_cast<const lm_model_desc *(*)()>(dlsym(out.handle, (spec.name + "_descriptor").c_str()));
@@ -447,8 +447,11 @@ TEST_P(CompiledBf16, AgreesWithFp32) {
   std::string weightsPath = (dir / "w.safetensors").string();
   writeSafetensors(weightsPath, weights);
   Loaded fp32, bf16;
-  ASSERT_NO_FATAL_FAILURE(loadLibrary(spec, target.cpu, "f32", dir, weightsPath, fp32));
-  ASSERT_NO_FATAL_FAILURE(loadLibrary(spec, target.cpu, "bf16", dir, weightsPath, bf16));
+  driver::LibraryOptions options;
+  options.cpu = target.cpu;
+  ASSERT_NO_FATAL_FAILURE(loadLibrary(spec, options, dir / "f32", weightsPath, fp32));
+  options.weightsDtype = "bf16";
+  ASSERT_NO_FATAL_FAILURE(loadLibrary(spec, options, dir / "bf16", weightsPath, bf16));
 
   auto sentences = randomSentences(spec, 11, 9);
   int32_t batch = int32_t(sentences.size()), stride = int32_t(spec.dims.maxLen);
@@ -550,20 +553,10 @@ TEST_P(FusedActivation, BitIdenticalToTheActivationOp) {
     driver::LibraryOptions options;
     options.gemm = c.gemm;
     options.weightsDtype = c.dtype;
-    options.outputDir = (dir / (fused ? "fused" : "unfused")).string();
-    options.runtimeDir = runtimeDir().string();
     if (!fused)
       options.disabledPasses = {"lm-fuse-activation"};
-    const fs::path library = fs::path(options.outputDir) / ("lib" + spec.name + ".so");
-    if (!fs::exists(library))
-      ASSERT_EQ(driver::compileLibrary(spec, options), "");
     Loaded loaded;
-    loaded.handle = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
-    ASSERT_NE(loaded.handle, nullptr) << dlerror();
-    auto descriptor =
-        reinterpret_cast<const lm_model_desc *(*)()>(dlsym(loaded.handle, (spec.name + "_descriptor").c_str()));
-    ASSERT_NE(descriptor, nullptr);
-    ASSERT_EQ(lm_rt_load(descriptor(), weightsPath.c_str(), &loaded.model), LM_OK) << lm_last_error();
+    ASSERT_NO_FATAL_FAILURE(loadLibrary(spec, options, dir / (fused ? "fused" : "unfused"), weightsPath, loaded));
     ASSERT_GE(lm_set_num_threads(threads), 1);
     out.lp.assign(ids.size(), 0.0f), out.scores.assign(batch, 0.0f);
     ASSERT_EQ(lm_rt_score(loaded.model, ids.data(), lengths.data(), batch, stride, out.lp.data(), out.scores.data()),
