@@ -144,6 +144,20 @@ std::vector<std::vector<int32_t>> randomSentences(const ModelSpec &spec, uint64_
   return out;
 }
 
+/// The sentences as the C API takes them: rows of `stride` ids (0 past a sentence) and the lengths.
+struct Packed {
+  std::vector<int32_t> ids, lengths;
+};
+Packed pack(const std::vector<std::vector<int32_t>> &sentences, int32_t stride) {
+  Packed p;
+  p.ids.assign(sentences.size() * size_t(stride), 0);
+  for (size_t b = 0; b < sentences.size(); ++b) {
+    std::copy(sentences[b].begin(), sentences[b].end(), p.ids.begin() + b * stride);
+    p.lengths.push_back(int32_t(sentences[b].size()));
+  }
+  return p;
+}
+
 fs::path runtimeDir() { return fs::path(LMCC_BINARY_DIR) / "lib"; }
 
 struct Pipeline {
@@ -185,11 +199,8 @@ TEST_P(Compiled, MatchesReference) {
 
   auto sentences = randomSentences(spec, 11, 13);
   int32_t batch = int32_t(sentences.size()), stride = int32_t(spec.dims.maxLen) + 3;
-  std::vector<int32_t> ids(size_t(batch) * stride, 0), lengths;
-  for (int32_t b = 0; b < batch; ++b) {
-    std::copy(sentences[b].begin(), sentences[b].end(), ids.begin() + size_t(b) * stride);
-    lengths.push_back(int32_t(sentences[b].size()));
-  }
+  Packed packed = pack(sentences, stride);
+  std::vector<int32_t> &ids = packed.ids, &lengths = packed.lengths;
   const float sentinel = 12345.0f;
   std::vector<float> lp(ids.size(), sentinel), scores(batch);
   std::vector<int32_t> nScored(batch);
@@ -455,11 +466,8 @@ TEST_P(CompiledBf16, AgreesWithFp32) {
 
   auto sentences = randomSentences(spec, 11, 9);
   int32_t batch = int32_t(sentences.size()), stride = int32_t(spec.dims.maxLen);
-  std::vector<int32_t> ids(size_t(batch) * stride, 0), lengths;
-  for (int32_t b = 0; b < batch; ++b) {
-    std::copy(sentences[b].begin(), sentences[b].end(), ids.begin() + size_t(b) * stride);
-    lengths.push_back(int32_t(sentences[b].size()));
-  }
+  Packed packed = pack(sentences, stride);
+  std::vector<int32_t> &ids = packed.ids, &lengths = packed.lengths;
   auto score = [&](lm_model *model, std::vector<float> &lp) {
     std::vector<float> scores(batch);
     lp.assign(ids.size(), 0.0f);
@@ -541,11 +549,8 @@ TEST_P(FusedActivation, BitIdenticalToTheActivationOp) {
   writeSafetensors(weightsPath, weights);
   auto sentences = randomSentences(spec, 3, 11);
   int32_t batch = int32_t(sentences.size()), stride = int32_t(spec.dims.maxLen);
-  std::vector<int32_t> ids(size_t(batch) * stride, 0), lengths;
-  for (int32_t b = 0; b < batch; ++b) {
-    std::copy(sentences[b].begin(), sentences[b].end(), ids.begin() + size_t(b) * stride);
-    lengths.push_back(int32_t(sentences[b].size()));
-  }
+  Packed packed = pack(sentences, stride);
+  std::vector<int32_t> &ids = packed.ids, &lengths = packed.lengths;
   struct Outputs {
     std::vector<float> lp, scores, emb;
   };
