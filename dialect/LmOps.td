@@ -94,7 +94,7 @@ def Lm_LinearOp : Lm_Op<"linear", [Pure]> {
     ```
     `activation` ("gelu", "gelu_tanh" or "relu": lm.gelu, lm.gelu {approximate}, lm.relu) is applied to every
     element of x W^T + b: the op equals that activation op over the plain linear, bit for bit (lm-fuse-activation
-    makes it; the generated GEMM applies it to its register tile before storing it).
+    makes it; the generated GEMM applies it to each panel it has just finished, while it is in cache).
   }];
   let arguments = (ins Lm_F32Tensor:$input, Lm_F32Tensor:$weight, Optional<Lm_F32Tensor>:$bias,
                        OptionalAttr<StrAttr>:$activation);

@@ -124,7 +124,7 @@ namespace {
 /// The operands of one generated GEMM body (getOrCreateGemm, getOrCreateTrainGemm). `k` is the static depth, or
 /// ShapedType::kDynamic with `K` its runtime value (fp32 only). `N` bounds the columns; `accumulate` (an i1, or null)
 /// adds C's old values to the products; `activation` (emitActivation's kind, or empty) is applied to each element
-/// of the product plus the bias before it is stored.
+/// of the product plus the bias, over each panel of a row block once the panel is done.
 struct GemmBody {
   Value A, P, bias, C, pBegin, pEnd, cBase, N, K, accumulate;
   int64_t n, k;

@@ -68,7 +68,8 @@ void emitPack(mlir::OpBuilder &b, mlir::Location loc, mlir::Value weight, mlir::
 /// strided<[1], offset:?>> (ignored when !withBias), C memref<?x?xf32>, pBegin, pEnd, cBase: index). The AMX kernel
 /// takes A already rounded (memref<?x amxInputPairs(K) x f32>, emitRoundToPairs; M = its size, rows padded past it).
 /// With an `activation` (emitActivation's kind; not for the AMX kernel) each element of the product plus the bias
-/// goes through it in registers before the store: lm.linear {activation} without a second pass over C.
+/// goes through it, a panel of the row block at a time once the panel is done (in L1/L2): lm.linear {activation}
+/// without a second pass over C in memory.
 mlir::func::FuncOp getOrCreateGemm(mlir::ModuleOp module, int64_t n, int64_t k, bool withBias, GemmTile tile,
                                    llvm::StringRef activation = {});
 
