@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build"
 LMCC = BUILD / "bin" / "lmcc"
 PASSES = ["fuse-attention", "fuse-logprob", "batch-mask-predict", "share-first-layer", "prune-rows",
-          "hoist-isolated-kv", "fold-constants"]
+          "hoist-isolated-kv", "fold-constants", "fuse-activation"]
 MODELS = {  # key: (spec, what it is)
     "tta": ("models/tta_base.toml", "T-TA (3 layers, d 512, 8 heads, FFN 2048, vocab 30522)"),
     "bilm": ("models/bilm_base.toml", "biLM of the same size, PLL by mask-and-predict"),
