@@ -86,6 +86,9 @@ using namespace lmcc::codegen::abi;
 const bool g_avx512 = lmcc::codegen::targetVectorBits("") >= 512;
 const lmcc::codegen::GemmTile g_tile = lmcc::codegen::GemmTile::forVectorBits(g_avx512 ? 512 : 256);
 
+/// "<N>x<K>_<tile>": the suffix of buildGemmModule's lm_bench_pack_ / lm_bench_gemm_ functions for `s`.
+std::string gemmSuffix(const Shape &s) { return std::to_string(s.n) + "x" + std::to_string(s.k) + "_" + g_tile.name(); }
+
 /// The kernels are compiled on first use, in the set-up of the first benchmark that times them (outside its timed
 /// loop): one shared library per kernel, so a run filtered to a few benchmarks compiles only their kernels. Each
 /// library is deleted once loaded (its mapping stays) unless LMCC_KERNEL_BENCH_KEEP is set.
@@ -105,8 +108,7 @@ mlir::OwningOpRef<mlir::ModuleOp> renamed(mlir::OwningOpRef<mlir::ModuleOp> modu
 mlir::OwningOpRef<mlir::ModuleOp> buildKernel(mlir::MLIRContext &context, const std::string &name) {
   using lmcc::codegen::buildAttentionGradModule, lmcc::codegen::buildAttentionModule;
   for (const Shape &s : kShapes) {
-    const std::string suffix = std::to_string(s.n) + "x" + std::to_string(s.k) + "_" + std::to_string(g_tile.rows) +
-                               "x" + std::to_string(g_tile.cols());
+    const std::string suffix = gemmSuffix(s);
     if (name == "lm_bench_pack_" + suffix || name == "lm_bench_gemm_" + suffix)
       return lmcc::codegen::buildGemmModule(context, {{s.n, s.k}}, {g_tile});
   }
@@ -329,8 +331,7 @@ struct Activation {
 };
 
 void BM_Generated(benchmark::State &state, Shape s) {
-  std::string suffix = std::to_string(s.n) + "x" + std::to_string(s.k) + "_" + std::to_string(g_tile.rows) + "x" +
-                       std::to_string(g_tile.cols());
+  const std::string suffix = gemmSuffix(s);
   auto pack = symbol<PackFn>("lm_bench_pack_" + suffix);
   auto gemm = symbol<GemmFn>("lm_bench_gemm_" + suffix);
   std::vector<float> a = randomVector(s.m * s.k, 1), w = randomVector(s.n * s.k, 2), c(s.m * s.n);

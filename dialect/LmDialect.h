@@ -22,3 +22,13 @@
 
 #define GET_OP_CLASSES
 #include "dialect/LmOps.h.inc"
+
+namespace lmcc::lm {
+
+/// The kind an activation op folds into as lm.linear {activation}: "gelu" (lm.gelu), "gelu_tanh" (lm.gelu
+/// {approximate}), "relu" (lm.relu); "" for any other op.
+llvm::StringRef activationKind(mlir::Operation *op);
+/// The activation op of `kind` (activationKind's inverse) over x.
+mlir::Value createActivation(mlir::OpBuilder &b, mlir::Location loc, llvm::StringRef kind, mlir::Value x);
+
+} // namespace lmcc::lm

@@ -782,3 +782,16 @@ LogicalResult DropoutOp::verify() {
 LogicalResult DropoutGradOp::verify() {
   return verifyDropout(*this, getGrad(), getRate().convertToDouble(), getSite());
 }
+
+StringRef lmcc::lm::activationKind(Operation *op) {
+  if (auto gelu = dyn_cast<GeluOp>(op))
+    return gelu.getApproximate() ? "gelu_tanh" : "gelu";
+  return isa<ReluOp>(op) ? "relu" : "";
+}
+
+Value lmcc::lm::createActivation(OpBuilder &b, Location loc, StringRef kind, Value x) {
+  if (kind == "relu")
+    return b.create<ReluOp>(loc, x);
+  assert((kind == "gelu" || kind == "gelu_tanh") && "an activation kind");
+  return b.create<GeluOp>(loc, x, kind == "gelu_tanh" ? b.getUnitAttr() : UnitAttr());
+}

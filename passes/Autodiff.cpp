@@ -369,12 +369,8 @@ struct LmAutodiff : lmcc::impl::LmAutodiffBase<LmAutodiff> {
         OpBuilder ob(l->getContext());
         ob.setInsertionPointAfter(l);
         l.removeActivationAttr();
-        Value y = l.getResult();
-        Operation *act = *kind == "relu" ? ob.create<lm::ReluOp>(l.getLoc(), y).getOperation()
-                                         : ob.create<lm::GeluOp>(l.getLoc(), y,
-                                                                 *kind == "gelu_tanh" ? ob.getUnitAttr() : UnitAttr())
-                                               .getOperation();
-        y.replaceAllUsesExcept(act->getResult(0), act);
+        Value y = l.getResult(), act = lm::createActivation(ob, l.getLoc(), *kind, y);
+        y.replaceAllUsesExcept(act, act.getDefiningOp());
       });
       if (failed(Differentiator(copy, pairs).run()))
         return signalPassFailure();

@@ -20,18 +20,11 @@ using namespace lmcc;
 
 namespace {
 
-/// The activation kind lm.linear {activation} names for `op`, or "" when it is not an activation.
-StringRef activationOf(Operation *op) {
-  if (auto gelu = dyn_cast<lm::GeluOp>(op))
-    return gelu.getApproximate() ? "gelu_tanh" : "gelu";
-  return isa<lm::ReluOp>(op) ? "relu" : "";
-}
-
 struct FuseActivationPattern : RewritePattern {
   FuseActivationPattern(MLIRContext *ctx) : RewritePattern(MatchAnyOpTypeTag(), /*benefit=*/1, ctx) {}
 
   LogicalResult matchAndRewrite(Operation *op, PatternRewriter &rewriter) const override {
-    StringRef kind = activationOf(op);
+    StringRef kind = lm::activationKind(op);
     if (kind.empty())
       return failure();
     auto linear = op->getOperand(0).getDefiningOp<lm::LinearOp>();

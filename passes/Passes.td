@@ -98,8 +98,8 @@ def LmFuseActivation : Pass<"lm-fuse-activation", "::mlir::ModuleOp"> {
     `gelu(linear(x, W, b))` (and `gelu {approximate}`, `relu`) where the linear's result has no other use becomes
     `linear(x, W, b) {activation = "gelu"}` ("gelu_tanh", "relu"). The generated GEMM applies the activation to
     each panel of a row block as soon as it has finished it (still in L1/L2), so the FFN's [rows, d_ff]
-    pre-activation is neither read back from memory nor kept: one buffer and one pass over memory less per layer. Exact: the same operations on the same values, bit for bit.
-    Runs last, so the passes before it see plain linears (lm-autodiff splits a fused one back).
+    pre-activation is neither read back from memory nor kept: one buffer and one pass over memory less per layer.
+    Exact: the same operations on the same values, bit for bit. Runs last, so the passes before it see plain linears (lm-autodiff splits a fused one back).
   }];
   let dependentDialects = ["::lmcc::lm::LmDialect"];
 }

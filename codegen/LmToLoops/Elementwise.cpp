@@ -125,11 +125,8 @@ std::string scaleKey(lm::ScaleOp s) { return "scale_" + bitsOf(s.getFactor().con
 std::string geluKey(lm::GeluOp g) { return g.getApproximate() ? "gelu_tanh" : "gelu_erf"; }
 std::string reluKey(lm::ReluOp) { return "relu"; }
 
-Value geluOf(Loops &L, lm::GeluOp g, Value x) {
-  return emitActivation(L.b, L.loc, g.getApproximate() ? "gelu_tanh" : "gelu", x);
-}
-
-Value reluOf(Loops &L, lm::ReluOp, Value x) { return emitActivation(L.b, L.loc, "relu", x); }
+Value geluOf(Loops &L, lm::GeluOp g, Value x) { return emitActivation(L.b, L.loc, lm::activationKind(g), x); }
+Value reluOf(Loops &L, lm::ReluOp r, Value x) { return emitActivation(L.b, L.loc, lm::activationKind(r), x); }
 
 struct AddLowering : LmLowering<lm::AddOp> {
   using LmLowering::LmLowering;

@@ -876,11 +876,11 @@ struct LinearLowering : LmLowering<lm::LinearOp> {
     const StringRef activation = l.getActivation().value_or("");
     if (L.isPacked(l.getWeight())) {
       Loops::GemmInput input = L.gemmInput(L.address(L.in(l.getInput())), rows, k);
-      const bool epilogue = L.context.tile.weights != GemmTile::Weights::Bf16Amx;
+      const StringRef inKernel = kernelActivation(L.context.tile, activation);
       L.parallelGemm(l.getWeight(), n, k, input.address, rows, l.getBias(), L.address(out), L.i64c(n), L.idx(0),
-                     L.idx((n + kPanel - 1) / kPanel), epilogue ? activation : StringRef());
+                     L.idx((n + kPanel - 1) / kPanel), inKernel);
       L.release(input);
-      if (!epilogue && !activation.empty())
+      if (inKernel != activation)
         emitActivationInPlace(L, activation, out);
       return L.set(l, out);
     }

@@ -72,6 +72,11 @@ void emitPack(mlir::OpBuilder &b, mlir::Location loc, mlir::Value weight, mlir::
 /// without a second pass over C in memory.
 mlir::func::FuncOp getOrCreateGemm(mlir::ModuleOp module, int64_t n, int64_t k, bool withBias, GemmTile tile,
                                    llvm::StringRef activation = {});
+/// The part of lm.linear's `activation` that `tile`'s kernel applies itself: all of it, or none for the AMX kernel
+/// (the lowering then runs emitActivationInPlace after the product).
+inline llvm::StringRef kernelActivation(GemmTile tile, llvm::StringRef activation) {
+  return tile.weights == GemmTile::Weights::Bf16Amx ? llvm::StringRef() : activation;
+}
 
 /// The training GEMM, callable from the runtime (lmrt.h's lm_rt_gemm_fn): `(A: !llvm.ptr, lda, M, K: i64, P: !llvm.ptr,
 /// C: !llvm.ptr, ldc, N, pBegin, pEnd, accumulate: i64)` computes, for panels p in [pBegin, pEnd) and columns

@@ -262,7 +262,7 @@ struct LmToLoopsPass : lmcc::impl::LmToLoopsBase<LmToLoopsPass> {
       StringRef activation;
       if (auto l = dyn_cast<lm::LinearOp>(op))
         weight = l.getWeight(), bias = l.getBias(),
-        activation = context.tile.weights == GemmTile::Weights::Bf16Amx ? "" : l.getActivation().value_or("");
+        activation = kernelActivation(context.tile, l.getActivation().value_or(""));
       else if (auto t = dyn_cast<lm::TokenLogprobOp>(op))
         weight = t.getWeight(), bias = t.getBias();
       else
