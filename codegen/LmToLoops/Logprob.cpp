@@ -6,18 +6,25 @@
 //===----------------------------------------------------------------------===//
 #include "codegen/LmToLoops/Lowering.h"
 
+#include "llvm/Support/FormatVariadic.h"
+
 using namespace mlir;
 
 namespace lmcc::codegen {
 namespace {
 
-constexpr int64_t kLanes = 16; ///< f32 lanes of a 512-bit vector
+constexpr int64_t kLanes = 16;     ///< f32 lanes of a 512-bit vector
+constexpr int64_t kChunk = 512;    ///< vocabulary columns per work item (8 GEMM panels)
+constexpr int64_t kChunkRows = 128; ///< rows per work item
 
-/// Fused vocabulary projection + log-softmax + gather, streamed over vocabulary
-/// tiles of kVocabTile columns: each tile's logits come from the GEMM into
-/// a [rows, kVocabTile] buffer; per row a running max m and sum s (in double,
-/// rescaled as the max grows) and the target's logit are kept, and
-/// out[b, t] = logit[b, t - shift, ids[b, t]] - (m + log s). The [rows, V] logits never exist.
+/// Fused vocabulary projection + log-softmax + gather over work items of (up to kChunkRows rows, kChunk vocabulary
+/// columns), the items split over the runtime's threads in one dispatch (one synchronization of the threads per
+/// call): an item's logits come from the GEMM into a [rows, kChunk] scratch of its thread (at most 256 KB, in its
+/// L2), and per row the item keeps its chunk's max M_c, the sum of its exponentials relative to it
+/// S_c = sum_j e^(x_j - M_c) (16 f32 lanes, then double) and, in the chunk that holds it, the target's logit. A last
+/// pass per row combines the chunks in order: m = max_c M_c, s = sum_c S_c e^(M_c - m) (double),
+/// out[b, t] = logit[b, t - shift, ids[b, t]] - (m + log s). The items are fixed by the shapes alone, so a row's
+/// result does not depend on the thread count; the [rows, V] logits never exist.
 struct TokenLogprobLowering : LmLowering<lm::TokenLogprobOp> {
   using LmLowering::LmLowering;
   LogicalResult lower(lm::TokenLogprobOp t, Loops &L) const override {
@@ -25,27 +32,21 @@ struct TokenLogprobLowering : LmLowering<lm::TokenLogprobOp> {
     Location loc = L.loc;
     L.lengths = L.in(t.getLengths());
 
-    constexpr int64_t kVocabTile = 2048;
     auto ht = L.typeOf(t.getHidden());
     int64_t D = ht.getDimSize(2), V = L.typeOf(t.getWeight()).getDimSize(0), shift = t.getShift();
+    const int64_t chunks = (V + kChunk - 1) / kChunk;
     Value h = L.in(t.getHidden()), ids = L.in(t.getTargets()), out = L.alloc(t.getType());
     // Rows are (entry, position) pairs of the hidden states: [R0, R1, D] (R1 is L.N, or 1 when pruned).
     auto hs = L.sizes(ht);
     Value R0 = hs[0], R1 = hs[1];
     Value rows = b.create<arith::MulIOp>(loc, R0, R1);
-    Value logits = b.create<memref::AllocOp>(loc, MemRefType::get({ShapedType::kDynamic, kVocabTile}, L.f32()),
-                                             ValueRange{rows}, b.getI64IntegerAttr(64));
-    auto rowBuffer = [&](Type elem) {
-      Value m = b.create<memref::AllocOp>(loc, MemRefType::get({ShapedType::kDynamic}, elem), ValueRange{rows},
-                                          b.getI64IntegerAttr(64));
-      return m;
+    auto alloc = [&](ArrayRef<int64_t> shape, Type elem, ValueRange dynamic) {
+      return b.create<memref::AllocOp>(loc, MemRefType::get(shape, elem), dynamic, b.getI64IntegerAttr(64));
     };
-    Value maxBuf = rowBuffer(L.f64()), sumBuf = rowBuffer(L.f64()), targetBuf = rowBuffer(L.f32());
-    L.nest({rows}, [&](ValueRange r) {
-      L.store(L.f64c(-INFINITY), maxBuf, r);
-      L.store(L.f64c(0), sumBuf, r);
-      L.store(L.f32c(0), targetBuf, r);
-    });
+    Value maxes = alloc({ShapedType::kDynamic, chunks}, L.f32(), rows);
+    Value sums = alloc({ShapedType::kDynamic, chunks}, L.f64(), rows);
+    Value targets = alloc({ShapedType::kDynamic}, L.f32(), rows);
+    L.nest({rows}, [&](ValueRange r) { L.store(L.f32c(0), targets, r); });
     // Row r = (b, p) holds hidden position p; its target is ids[b, p + shift] when that exists.
     auto targetOf = [&](Value ids, Value R1, Value r) {
       Value bi = b.create<arith::DivUIOp>(loc, r, R1), p = b.create<arith::RemUIOp>(loc, r, R1);
@@ -55,94 +56,150 @@ struct TokenLogprobLowering : LmLowering<lm::TokenLogprobOp> {
       Value id = b.create<arith::IndexCastOp>(loc, b.getIndexType(), L.load(ids, {bi, safe}));
       return std::pair<Value, Value>{exists, id};
     };
-    bool packedWeight = L.isPacked(t.getWeight());
-    Value hPtr = L.pointer(h), wPtr = L.pointer(L.in(t.getWeight()));
-    Value biasPtr = t.getBias() ? L.pointer(L.in(t.getBias())) : Value();
-    Value logitsPtr = L.pointer(logits);
-    Value m64 = b.create<arith::IndexCastOp>(loc, b.getI64Type(), rows);
-    auto ptrType = LLVM::LLVMPointerType::get(b.getContext());
-    auto offsetPtr = [&](Value p, Value elements) {
-      return b.create<LLVM::GEPOp>(loc, ptrType, L.f32(), p, ValueRange{elements});
-    };
-    // The AMX kernel's rounded rows, once for every vocabulary tile.
-    Loops::GemmInput hIn = packedWeight ? L.gemmInput(L.address(h), rows, D) : Loops::GemmInput{};
-    L.nest({L.idx((V + kVocabTile - 1) / kVocabTile)}, [&](ValueRange tile) {
-      Value vt = b.create<arith::MulIOp>(loc, tile[0], L.idx(kVocabTile));
-      Value tv = b.create<arith::MinSIOp>(loc, L.idx(kVocabTile), b.create<arith::SubIOp>(loc, L.idx(V), vt));
-      Value vt64 = b.create<arith::IndexCastOp>(loc, b.getI64Type(), vt);
-      Value tv64 = b.create<arith::IndexCastOp>(loc, b.getI64Type(), tv);
-      Value wTile = offsetPtr(wPtr, b.create<arith::MulIOp>(loc, vt64, L.i64c(D)));
-      Value biasTile = biasPtr ? Value(offsetPtr(biasPtr, vt64)) : Value(b.create<LLVM::ZeroOp>(loc, ptrType));
-      if (packedWeight) {
-        Value pBegin = b.create<arith::MulIOp>(loc, tile[0], L.idx(kVocabTile / kPanel));
-        Value pEnd = b.create<arith::MinSIOp>(loc, b.create<arith::AddIOp>(loc, pBegin, L.idx(kVocabTile / kPanel)),
-                                              L.idx((V + kPanel - 1) / kPanel));
-        L.parallelGemm(t.getWeight(), V, D, hIn.address, rows, t.getBias(), L.address(logits), L.i64c(kVocabTile),
-                       pBegin, b.create<arith::SubIOp>(loc, pEnd, pBegin));
-      } else {
-        b.create<func::CallOp>(loc, "lm_rt_sgemm_nt", TypeRange{},
-                               ValueRange{m64, tv64, L.i64c(D), hPtr, L.i64c(D), wTile, L.i64c(D), biasTile, logitsPtr,
-                                          L.i64c(kVocabTile)});
-      }
-      // Per row: the tile's max, its exponentials' sum and the target's logit, in a row task (the rows split
-      // over the threads when the tile is large enough; every row computed the same way whatever the split).
-      auto rowStep = [&](Value logits, Value maxBuf, Value sumBuf, Value targetBuf, Value ids, Value vt, Value tv,
-                         Value R1, Value r) {
-        // 16 columns at a time, then the tile's last tv % 16 columns one by one. The max is
-        // exact in f32; the exponentials of one tile are summed in 16 f32 lanes (at most 128
-        // terms each), the tiles in double.
-        auto vec = VectorType::get({kLanes}, L.f32());
-        Value tv16 = b.create<arith::MulIOp>(loc, b.create<arith::DivUIOp>(loc, tv, L.idx(kLanes)), L.idx(kLanes));
-        auto vectorLoop = [&](Value init, const std::function<Value(Value, Value)> &step) {
-          auto loop = b.create<scf::ForOp>(loc, L.idx(0), tv16, L.idx(kLanes), ValueRange{init});
-          OpBuilder::InsertionGuard guard(b);
-          b.setInsertionPointToStart(loop.getBody());
-          Value x = b.create<vector::LoadOp>(loc, vec, logits, ValueRange{r, loop.getInductionVar()});
-          b.create<scf::YieldOp>(loc, step(x, loop.getRegionIterArgs()[0]));
-          return loop.getResult(0);
-        };
-        Value vmax = vectorLoop(b.create<vector::BroadcastOp>(loc, vec, L.f32c(-INFINITY)),
-                                [&](Value x, Value mx) { return b.create<arith::MaximumFOp>(loc, mx, x); });
-        Value tileMax =
-            L.reduce(tv16, tv, L.toF64(b.create<vector::ReductionOp>(loc, vector::CombiningKind::MAXIMUMF, vmax)),
-                     [&](Value c, Value mx) {
-                       return b.create<arith::MaximumFOp>(loc, mx, L.toF64(L.load(logits, {r, c})));
-                     });
-        Value m = L.load(maxBuf, r), mNew = b.create<arith::MaximumFOp>(loc, m, tileMax);
-        Value mNewV = b.create<vector::BroadcastOp>(loc, vec, b.create<arith::TruncFOp>(loc, L.f32(), mNew));
-        Value vsum = vectorLoop(b.create<vector::BroadcastOp>(loc, vec, L.f32c(0)), [&](Value x, Value acc) {
-          return b.create<arith::AddFOp>(loc, acc, b.create<math::ExpOp>(loc, b.create<arith::SubFOp>(loc, x, mNewV)));
-        });
-        Value sum = L.reduce(
-            tv16, tv, L.toF64(b.create<vector::ReductionOp>(loc, vector::CombiningKind::ADD, vsum)),
-            [&](Value c, Value acc) {
-              return b.create<arith::AddFOp>(
-                  loc, acc,
-                  b.create<math::ExpOp>(loc, b.create<arith::SubFOp>(loc, L.toF64(L.load(logits, {r, c})), mNew)));
-            });
-        Value corr = b.create<math::ExpOp>(loc, b.create<arith::SubFOp>(loc, m, mNew));
-        L.store(b.create<arith::AddFOp>(loc, b.create<arith::MulFOp>(loc, L.load(sumBuf, r), corr), sum), sumBuf, r);
-        L.store(mNew, maxBuf, r);
-        auto [exists, id] = targetOf(ids, R1, r);
-        Value inTile = L.andI(exists, L.andI(L.ge(id, vt), L.lt(id, b.create<arith::AddIOp>(loc, vt, tv))));
-        L.when(inTile, [&] { L.store(L.load(logits, {r, b.create<arith::SubIOp>(loc, id, vt)}), targetBuf, r); });
+    // Row r's partials of chunk c from row i of its logits C (the chunk's `cols` columns): the max exactly (f32),
+    // the exponentials 16 columns at a time in f32 lanes (at most kChunk / 16 terms each) and the last cols % 16
+    // one by one, summed in double; the target's logit when the chunk holds it.
+    auto partials = [&](Value C, Value i, Value r, Value c, Value cols, Value maxes, Value sums, Value targets,
+                        Value ids, Value R1) {
+      auto vec = VectorType::get({kLanes}, L.f32());
+      Value cols16 = b.create<arith::MulIOp>(loc, b.create<arith::DivUIOp>(loc, cols, L.idx(kLanes)), L.idx(kLanes));
+      auto vectorLoop = [&](Value init, const std::function<Value(Value, Value)> &step) {
+        auto loop = b.create<scf::ForOp>(loc, L.idx(0), cols16, L.idx(kLanes), ValueRange{init});
+        OpBuilder::InsertionGuard guard(b);
+        b.setInsertionPointToStart(loop.getBody());
+        Value x = b.create<vector::LoadOp>(loc, vec, C, ValueRange{i, loop.getInductionVar()});
+        b.create<scf::YieldOp>(loc, step(x, loop.getRegionIterArgs()[0]));
+        return loop.getResult(0);
       };
+      Value vmax = vectorLoop(b.create<vector::BroadcastOp>(loc, vec, L.f32c(-INFINITY)),
+                              [&](Value x, Value mx) { return b.create<arith::MaximumFOp>(loc, mx, x); });
+      Value m = L.reduce(cols16, cols, b.create<vector::ReductionOp>(loc, vector::CombiningKind::MAXIMUMF, vmax),
+                         [&](Value j, Value mx) { return b.create<arith::MaximumFOp>(loc, mx, L.load(C, {i, j})); });
+      Value mV = b.create<vector::BroadcastOp>(loc, vec, m);
+      Value vsum = vectorLoop(b.create<vector::BroadcastOp>(loc, vec, L.f32c(0)), [&](Value x, Value acc) {
+        return b.create<arith::AddFOp>(loc, acc, b.create<math::ExpOp>(loc, b.create<arith::SubFOp>(loc, x, mV)));
+      });
+      Value m64 = L.toF64(m);
+      Value sum = L.reduce(
+          cols16, cols, L.toF64(b.create<vector::ReductionOp>(loc, vector::CombiningKind::ADD, vsum)),
+          [&](Value j, Value acc) {
+            return b.create<arith::AddFOp>(
+                loc, acc, b.create<math::ExpOp>(loc, b.create<arith::SubFOp>(loc, L.toF64(L.load(C, {i, j})), m64)));
+          });
+      L.store(m, maxes, {r, c});
+      L.store(sum, sums, {r, c});
+      auto [exists, id] = targetOf(ids, R1, r);
+      Value first = b.create<arith::MulIOp>(loc, c, L.idx(kChunk));
+      Value inChunk = L.andI(exists, L.andI(L.ge(id, first), L.lt(id, b.create<arith::AddIOp>(loc, first, cols))));
+      L.when(inChunk, [&] { L.store(L.load(C, {i, b.create<arith::SubIOp>(loc, id, first)}), targets, {r}); });
+    };
+    auto chunkCols = [&](Value c) {
+      Value left = b.create<arith::SubIOp>(loc, L.idx(V), b.create<arith::MulIOp>(loc, c, L.idx(kChunk)));
+      return b.create<arith::MinSIOp>(loc, L.idx(kChunk), left);
+    };
+    if (L.isPacked(t.getWeight())) {
+      // The generated GEMM through its task function (getOrCreateGemmTask, the one every linear's product runs),
+      // called by address from the task's ctx: inlined into the items' task, LLVM scheduled its loops differently
+      // and the vocabulary projection ran 3-5% slower (perf shares against the other GEMMs, T-TA n = 40).
+      // The AMX kernel reads the rows rounded to bf16 pairs: made once, before the items.
+      Loops::GemmInput hIn = L.gemmInput(L.address(h), rows, D);
+      auto module = t->getParentOfType<ModuleOp>();
+      func::FuncOp gemmTask = getOrCreateGemmTask(module, V, D, bool(t.getBias()), L.context.tile);
+      const int64_t aCols = llvm::cast<MemRefType>(
+                                getOrCreateGemm(module, V, D, bool(t.getBias()), L.context.tile).getArgumentTypes()[0])
+                                .getDimSize(1);
+      const int64_t packedRowCount = packedRows(V, D, L.context.tile.bf16());
+      const int64_t panelsPerChunk = kChunk / kPanel, panels = (V + kPanel - 1) / kPanel;
+      Value blocks = b.create<arith::DivUIOp>(loc, b.create<arith::AddIOp>(loc, rows, L.idx(kChunkRows - 1)),
+                                              L.idx(kChunkRows));
+      auto index = [&](Value i64) -> Value { return b.create<arith::IndexCastOp>(loc, b.getIndexType(), i64); };
+      SmallVector<Value> scalars{
+          rows, R1, blocks, index(hIn.address),
+          index(L.address(L.weightView(L.packed(t.getWeight())->offset, {packedRowCount, kPanel}))),
+          index(t.getBias() ? L.address(L.in(t.getBias())) : L.i64c(0)),
+          index(b.create<LLVM::PtrToIntOp>(loc, b.getI64Type(), L.functionPointer(gemmTask)))};
+      // Item = chunk * blocks + block: the items of one chunk (its weights) follow each other.
+      auto item = [&](ArrayRef<Value> v, ArrayRef<Value> x, Value it) {
+        Value ids = v[0], maxes = v[1], sums = v[2], targets = v[3];
+        Value rows = x[0], R1 = x[1], blocks = x[2];
+        auto i64 = [&](Value index) -> Value { return b.create<arith::IndexCastOp>(loc, b.getI64Type(), index); };
+        Value c = b.create<arith::DivUIOp>(loc, it, blocks);
+        Value r0 = b.create<arith::MulIOp>(loc, b.create<arith::RemUIOp>(loc, it, blocks), L.idx(kChunkRows));
+        Value nb = b.create<arith::MinSIOp>(loc, L.idx(kChunkRows), b.create<arith::SubIOp>(loc, rows, r0));
+        Value pBegin = b.create<arith::MulIOp>(loc, c, L.idx(panelsPerChunk));
+        Value pEnd = b.create<arith::MinSIOp>(loc, b.create<arith::AddIOp>(loc, pBegin, L.idx(panelsPerChunk)),
+                                              L.idx(panels));
+        Value logits = alloc({ShapedType::kDynamic, kChunk}, L.f32(), nb);
+        // The GEMM task's ctx (Gemm.h): A (rows r0..), M, packed weight, its rows, bias, C, C's columns, first panel.
+        Value aAddress =
+            b.create<arith::AddIOp>(loc, i64(x[3]), b.create<arith::MulIOp>(loc, i64(r0), L.i64c(aCols * 4)));
+        SmallVector<Value> fields{aAddress, i64(nb), i64(x[4]), L.i64c(packedRowCount), i64(x[5]), L.address(logits),
+                                  L.i64c(kChunk), i64(pBegin)};
+        Value ctx = b.create<memref::AllocaOp>(loc, MemRefType::get({int64_t(fields.size())}, b.getI64Type()));
+        for (auto [k, field] : llvm::enumerate(fields))
+          L.store(field, ctx, L.idx(k));
+        auto ptr = LLVM::LLVMPointerType::get(b.getContext());
+        auto taskType =
+            LLVM::LLVMFunctionType::get(LLVM::LLVMVoidType::get(b.getContext()), {ptr, b.getI64Type(), b.getI64Type()});
+        b.create<LLVM::CallOp>(loc, taskType,
+                               ValueRange{b.create<LLVM::IntToPtrOp>(loc, ptr, i64(x[6])),
+                                          b.create<LLVM::IntToPtrOp>(loc, ptr, L.address(ctx)), L.i64c(0),
+                                          i64(b.create<arith::SubIOp>(loc, pEnd, pBegin))});
+        Value cols = chunkCols(c);
+        L.nest({nb}, [&](ValueRange i) {
+          partials(logits, i[0], b.create<arith::AddIOp>(loc, r0, i[0]), c, cols, maxes, sums, targets, ids, R1);
+        });
+        b.create<memref::DeallocOp>(loc, logits);
+      };
+      Value items = b.create<arith::MulIOp>(loc, blocks, L.idx(chunks));
       SmallVector<Loops::TaskView> views;
-      for (Value m : {logits, maxBuf, sumBuf, targetBuf, ids})
+      for (Value m : {ids, maxes, sums, targets})
         if (std::optional<Loops::TaskView> v = L.taskView(m))
           views.push_back(*v);
-      if (views.size() < 5) { // ids a strided view: the rows on this thread
-        L.nest({rows}, [&](ValueRange r) { rowStep(logits, maxBuf, sumBuf, targetBuf, ids, vt, tv, R1, r[0]); });
-        return;
-      }
-      Value work = b.create<arith::MulIOp>(loc, rows, b.create<arith::MulIOp>(loc, tv, L.idx(8)));
-      L.rowTask(("lm_logprob_rows_shift" + Twine(shift) + "_v" + Twine(kVocabTile)).str(),
-                views, {vt, tv, R1}, rows,
-                work, [&](ArrayRef<Value> v, ArrayRef<Value> x, Value r) {
-                  rowStep(v[0], v[1], v[2], v[3], v[4], x[0], x[1], x[2], r);
-                });
-    });
-    L.release(hIn);
+      if (views.size() < 4) // ids a strided view: the items on this thread
+        L.nest({items}, [&](ValueRange it) { item({ids, maxes, sums, targets}, scalars, it[0]); });
+      else
+        L.rowTask(llvm::formatv("lm_logprob_items_{0}x{1}{2}_shift{3}_{4}", V, D, t.getBias() ? "_bias" : "", shift,
+                                L.context.tile.name())
+                      .str(),
+                  views, scalars, items, b.create<arith::MulIOp>(loc, rows, L.idx(V * D)), item);
+      L.release(hIn);
+    } else {
+      // The runtime's GEMM (--gemm eigen) per chunk into one [rows, kChunk] buffer, then the chunk's rows in a row
+      // task (the same partials, so the same numbers from the same logits).
+      Value hPtr = L.pointer(h), wPtr = L.pointer(L.in(t.getWeight()));
+      Value biasPtr = t.getBias() ? L.pointer(L.in(t.getBias())) : Value();
+      Value logits = alloc({ShapedType::kDynamic, kChunk}, L.f32(), rows);
+      Value logitsPtr = L.pointer(logits);
+      Value m64 = b.create<arith::IndexCastOp>(loc, b.getI64Type(), rows);
+      auto ptrType = LLVM::LLVMPointerType::get(b.getContext());
+      auto offsetPtr = [&](Value p, Value elements) {
+        return b.create<LLVM::GEPOp>(loc, ptrType, L.f32(), p, ValueRange{elements});
+      };
+      SmallVector<Loops::TaskView> views;
+      for (Value m : {logits, ids, maxes, sums, targets})
+        if (std::optional<Loops::TaskView> v = L.taskView(m))
+          views.push_back(*v);
+      L.nest({L.idx(chunks)}, [&](ValueRange c) {
+        Value cols = chunkCols(c[0]);
+        Value first64 =
+            b.create<arith::IndexCastOp>(loc, b.getI64Type(), b.create<arith::MulIOp>(loc, c[0], L.idx(kChunk)));
+        Value wTile = offsetPtr(wPtr, b.create<arith::MulIOp>(loc, first64, L.i64c(D)));
+        Value biasTile = biasPtr ? Value(offsetPtr(biasPtr, first64)) : Value(b.create<LLVM::ZeroOp>(loc, ptrType));
+        b.create<func::CallOp>(loc, "lm_rt_sgemm_nt", TypeRange{},
+                               ValueRange{m64, b.create<arith::IndexCastOp>(loc, b.getI64Type(), cols), L.i64c(D), hPtr,
+                                          L.i64c(D), wTile, L.i64c(D), biasTile, logitsPtr, L.i64c(kChunk)});
+        auto row = [&](ArrayRef<Value> v, ArrayRef<Value> x, Value r) {
+          partials(v[0], r, r, x[0], x[1], v[2], v[3], v[4], v[1], x[2]);
+        };
+        if (views.size() < 5) // ids a strided view: the rows on this thread
+          L.nest({rows}, [&](ValueRange r) { row({logits, ids, maxes, sums, targets}, {c[0], cols, R1}, r[0]); });
+        else
+          L.rowTask(("lm_logprob_rows_shift" + Twine(shift) + "_c" + Twine(kChunk)).str(), views, {c[0], cols, R1},
+                    rows, b.create<arith::MulIOp>(loc, rows, b.create<arith::MulIOp>(loc, cols, L.idx(8))), row);
+      });
+      b.create<memref::DeallocOp>(loc, logits);
+    }
     L.nest({R0, R1}, [&](ValueRange iv) {
       Value valid = L.andI(L.andI(L.ge(iv[1], L.idx(shift)), L.lt(iv[1], L.lengthOf(iv[0]))),
                            L.cmp(arith::CmpIPredicate::sge, L.load(ids, {iv[0], iv[1]}), L.i32c(0)));
@@ -151,12 +208,21 @@ struct TokenLogprobLowering : LmLowering<lm::TokenLogprobOp> {
           [&] {
             Value r = b.create<arith::AddIOp>(loc, b.create<arith::MulIOp>(loc, iv[0], R1),
                                               b.create<arith::SubIOp>(loc, iv[1], L.idx(shift)));
-            Value lse = b.create<arith::AddFOp>(loc, L.load(maxBuf, r), b.create<math::LogOp>(loc, L.load(sumBuf, r)));
-            return L.toF32(b.create<arith::SubFOp>(loc, L.toF64(L.load(targetBuf, r)), lse));
+            Value m = L.reduce(L.idx(0), L.idx(chunks), L.f64c(-INFINITY), [&](Value c, Value mx) {
+              return b.create<arith::MaximumFOp>(loc, mx, L.toF64(L.load(maxes, {r, c})));
+            });
+            Value s = L.reduce(L.idx(0), L.idx(chunks), L.f64c(0), [&](Value c, Value acc) {
+              Value scale = b.create<math::ExpOp>(loc, b.create<arith::SubFOp>(loc, L.toF64(L.load(maxes, {r, c})), m));
+              return b.create<arith::AddFOp>(loc, acc, b.create<arith::MulFOp>(loc, L.load(sums, {r, c}), scale));
+            });
+            Value lse = b.create<arith::AddFOp>(loc, m, b.create<math::LogOp>(loc, s));
+            return L.toF32(b.create<arith::SubFOp>(loc, L.toF64(L.load(targets, r)), lse));
           },
           [&] { return L.f32c(0); });
       L.store(v, out, iv);
     });
+    for (Value m : {maxes, sums, targets})
+      b.create<memref::DeallocOp>(loc, m);
     return L.set(t, out);
   }
 };

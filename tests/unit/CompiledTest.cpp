@@ -52,8 +52,9 @@ std::vector<Case> cases() {
     out.push_back({"unilm_pre_untied", s});
   }
   {
-    // Two vocabulary tiles of the fused log-probability head (2048 columns, then 52: a partial GEMM panel and a
-    // tail past the 16-lane vectors): the running max and sum rescaled from one tile to the next.
+    // Five 512-column vocabulary chunks of the fused log-probability head (the last one 52 columns: a partial GEMM
+    // panel and a tail past the 16-lane vectors), the rows' maxima in the last one (the weights below), and more
+    // rows than one 128-row item (13 x 19): the chunks' sums rescaled to the row's max when they are combined.
     ModelSpec s = base("unilm_vocab2100", Family::UniLM);
     s.dims.vocab = 2100;
     out.push_back({"unilm_vocab2100", s});
@@ -194,8 +195,8 @@ TEST_P(Compiled, MatchesReference) {
   ASSERT_TRUE(fs::exists(dir / (spec.name + ".h")));
 
   WeightSet weights = randomWeights(spec, 7);
-  // Past the first vocabulary tile (2048 columns) the vocabulary rows 4x larger: the rows' maxima there, so that
-  // the head's running sums must be rescaled from one tile to the next.
+  // Past the first 2048 vocabulary columns the vocabulary rows 4x larger: the rows' maxima there, so that the
+  // head's per-chunk sums must be rescaled to them.
   for (auto &[name, tensor] : weights.tensors)
     if (tensor.shape.size() == 2 && tensor.shape[0] == spec.dims.vocab && spec.dims.vocab > 2048)
       for (size_t i = size_t(2048) * tensor.shape[1]; i < tensor.data.size(); ++i)
