@@ -195,7 +195,8 @@ struct TokenLogprobLowering : LmLowering<lm::TokenLogprobOp> {
         if (views.size() < 5) // ids a strided view: the rows on this thread
           L.nest({rows}, [&](ValueRange r) { row({logits, ids, maxes, sums, targets}, {c[0], cols, R1}, r[0]); });
         else
-          L.rowTask(("lm_logprob_rows_shift" + Twine(shift) + "_c" + Twine(kChunk)).str(), views, {c[0], cols, R1},
+          L.rowTask(("lm_logprob_rows_shift" + Twine(shift) + "_c" + Twine(kChunk) + "x" + Twine(chunks)).str(), views,
+                    {c[0], cols, R1},
                     rows, b.create<arith::MulIOp>(loc, rows, b.create<arith::MulIOp>(loc, cols, L.idx(8))), row);
       });
       b.create<memref::DeallocOp>(loc, logits);

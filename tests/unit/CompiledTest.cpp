@@ -623,4 +623,51 @@ INSTANTIATE_TEST_SUITE_P(Kinds, FusedActivation,
                                            FuseCase{"gelu_bf16", "unilm_vec16", "generated", "bf16"}),
                          [](const ::testing::TestParamInfo<FuseCase> &info) { return std::string(info.param.name); });
 
+// The log-probability head's scalar fallback (--gemm eigen: the runtime's GEMM per 512-column chunk, then the
+// chunk's rows as a row task) over five chunks with the rows' maxima in the last one: the reference executor's
+// numbers, and the same bits at 1 and 2 threads.
+TEST(LogprobHead, EigenChunksMatchReference) {
+  ModelSpec spec;
+  for (Case k : cases())
+    if (std::string(k.name) == "unilm_vocab2100")
+      spec = k.spec;
+  ASSERT_FALSE(spec.name.empty());
+  fs::path dir = fs::temp_directory_path() / ("lmcc-logprob-eigen-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  WeightSet weights = randomWeights(spec, 9);
+  for (auto &[name, tensor] : weights.tensors)
+    if (tensor.shape.size() == 2 && tensor.shape[0] == spec.dims.vocab)
+      for (size_t i = size_t(2048) * tensor.shape[1]; i < tensor.data.size(); ++i)
+        tensor.data[i] *= 4.0f;
+  std::string weightsPath = (dir / "w.safetensors").string();
+  writeSafetensors(weightsPath, weights);
+  driver::LibraryOptions options;
+  options.gemm = "eigen";
+  Loaded loaded;
+  ASSERT_NO_FATAL_FAILURE(loadLibrary(spec, options, dir / "eigen", weightsPath, loaded));
+  auto sentences = randomSentences(spec, 4, 13);
+  int32_t batch = int32_t(sentences.size()), stride = int32_t(spec.dims.maxLen);
+  Packed packed = pack(sentences, stride);
+  auto expected = reference::score(spec, weights, sentences, 2);
+  std::vector<float> first;
+  for (int threads : {1, 2}) {
+    ASSERT_GE(lm_set_num_threads(threads), 1);
+    std::vector<float> lp(packed.ids.size(), 0.0f), scores(batch);
+    ASSERT_EQ(lm_rt_score(loaded.model, packed.ids.data(), packed.lengths.data(), batch, stride, lp.data(),
+                          scores.data()),
+              LM_OK)
+        << lm_last_error();
+    for (int32_t b = 0; b < batch; ++b)
+      for (int32_t t = 0; t < packed.lengths[b]; ++t)
+        EXPECT_NEAR(lp[size_t(b) * stride + t], expected[b].tokenLogprobs[t], 1e-4)
+            << threads << " threads: sentence " << b << " position " << t;
+    if (threads == 1)
+      first = lp;
+    else
+      EXPECT_EQ(lp, first) << "2 threads changed a token log-probability";
+  }
+  lm_set_num_threads(1);
+  fs::remove_all(dir);
+}
+
 } // namespace
