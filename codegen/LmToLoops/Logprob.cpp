@@ -135,7 +135,14 @@ struct TokenLogprobLowering : LmLowering<lm::TokenLogprobOp> {
             b.create<arith::AddIOp>(loc, i64(x[3]), b.create<arith::MulIOp>(loc, i64(r0), L.i64c(aCols * 4)));
         SmallVector<Value> fields{aAddress, i64(nb), i64(x[4]), L.i64c(packedRowCount), i64(x[5]), L.address(logits),
                                   L.i64c(kChunk), i64(pBegin)};
-        Value ctx = b.create<memref::AllocaOp>(loc, MemRefType::get({int64_t(fields.size())}, b.getI64Type()));
+        // One stack slot for every item of the loop around this body (an alloca inside the loop would grow the
+        // stack by a ctx per item: thousands of items at large batches).
+        Value ctx;
+        {
+          OpBuilder::InsertionGuard guard(b);
+          b.setInsertionPoint(b.getInsertionBlock()->getParentOp());
+          ctx = b.create<memref::AllocaOp>(loc, MemRefType::get({int64_t(fields.size())}, b.getI64Type()));
+        }
         for (auto [k, field] : llvm::enumerate(fields))
           L.store(field, ctx, L.idx(k));
         auto ptr = LLVM::LLVMPointerType::get(b.getContext());
