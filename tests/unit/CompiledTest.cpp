@@ -137,6 +137,25 @@ std::vector<Case> relativeCases() {
 
 using lmcc::test::randomWeights;
 
+/// The case named `name` of cases() (an empty spec when there is none).
+ModelSpec caseSpec(const std::string &name) {
+  for (const Case &k : cases())
+    if (name == k.name)
+      return k.spec;
+  return {};
+}
+
+/// randomWeights with the vocabulary rows past the first 2048 4x larger (vocabularies above 2048): the rows' maxima
+/// fall in the head's last chunks, so its per-chunk sums must be rescaled to them when they are combined.
+WeightSet headHeavyWeights(const ModelSpec &spec, uint64_t seed) {
+  WeightSet weights = randomWeights(spec, seed);
+  for (auto &[name, tensor] : weights.tensors)
+    if (tensor.shape.size() == 2 && tensor.shape[0] == spec.dims.vocab && spec.dims.vocab > 2048)
+      for (size_t i = size_t(2048) * tensor.shape[1]; i < tensor.data.size(); ++i)
+        tensor.data[i] *= 4.0f;
+  return weights;
+}
+
 std::vector<std::vector<int32_t>> randomSentences(const ModelSpec &spec, uint64_t seed, int count) {
   std::mt19937_64 rng(seed);
   std::vector<std::vector<int32_t>> out;
@@ -194,13 +213,7 @@ TEST_P(Compiled, MatchesReference) {
   ASSERT_TRUE(fs::exists(dir / ("lib" + spec.name + ".so")));
   ASSERT_TRUE(fs::exists(dir / (spec.name + ".h")));
 
-  WeightSet weights = randomWeights(spec, 7);
-  // Past the first 2048 vocabulary columns the vocabulary rows 4x larger: the rows' maxima there, so that the
-  // head's per-chunk sums must be rescaled to them.
-  for (auto &[name, tensor] : weights.tensors)
-    if (tensor.shape.size() == 2 && tensor.shape[0] == spec.dims.vocab && spec.dims.vocab > 2048)
-      for (size_t i = size_t(2048) * tensor.shape[1]; i < tensor.data.size(); ++i)
-        tensor.data[i] *= 4.0f;
+  WeightSet weights = headHeavyWeights(spec, 7);
   std::string weightsPath = (dir / "w.safetensors").string();
   writeSafetensors(weightsPath, weights);
 
@@ -545,10 +558,7 @@ class FusedActivation : public ::testing::TestWithParam<FuseCase> {};
 
 TEST_P(FusedActivation, BitIdenticalToTheActivationOp) {
   const FuseCase c = GetParam();
-  ModelSpec spec;
-  for (Case k : cases())
-    if (std::string(k.name) == c.family)
-      spec = k.spec;
+  ModelSpec spec = caseSpec(c.family);
   ASSERT_FALSE(spec.name.empty()) << c.family;
   spec.dims.dFF = 47; // an FFN width that is not a multiple of the tile's columns: masked stores past it
   fs::path dir = fs::temp_directory_path() / ("lmcc-fused-activation-" + std::string(c.name) + "-" +
@@ -627,18 +637,11 @@ INSTANTIATE_TEST_SUITE_P(Kinds, FusedActivation,
 // chunk's rows as a row task) over five chunks with the rows' maxima in the last one: the reference executor's
 // numbers, and the same bits at 1 and 2 threads.
 TEST(LogprobHead, EigenChunksMatchReference) {
-  ModelSpec spec;
-  for (Case k : cases())
-    if (std::string(k.name) == "unilm_vocab2100")
-      spec = k.spec;
+  ModelSpec spec = caseSpec("unilm_vocab2100");
   ASSERT_FALSE(spec.name.empty());
   fs::path dir = fs::temp_directory_path() / ("lmcc-logprob-eigen-" + std::to_string(::getpid()));
   fs::create_directories(dir);
-  WeightSet weights = randomWeights(spec, 9);
-  for (auto &[name, tensor] : weights.tensors)
-    if (tensor.shape.size() == 2 && tensor.shape[0] == spec.dims.vocab)
-      for (size_t i = size_t(2048) * tensor.shape[1]; i < tensor.data.size(); ++i)
-        tensor.data[i] *= 4.0f;
+  WeightSet weights = headHeavyWeights(spec, 9);
   std::string weightsPath = (dir / "w.safetensors").string();
   writeSafetensors(weightsPath, weights);
   driver::LibraryOptions options;
