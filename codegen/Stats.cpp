@@ -1,6 +1,7 @@
 //===- Stats.cpp - FLOP and temporary-memory counts read off lm IR ----------===//
 #include "codegen/Stats.h"
 #include "codegen/LmToLoops/Gemm.h"
+#include "codegen/LmToLoops/Scratch.h"
 
 #include "dialect/LmDialect.h"
 
@@ -155,29 +156,53 @@ Wide byteSize(Type type, Sizes z) {
   return bytes * product(resolvedShape(type, z));
 }
 
-/// Bytes the lowering of `op` allocates for itself while it runs, beyond its results: with `amxCopies`, the AMX
-/// GEMM's copy of its input rounded to bf16 pairs (Loops::gemmInput: rows padded to kAmxRows, amxInputPairs(K)
-/// 4-byte words per row), counted for every lm.linear and lm.token_logprob (an upper bound: an unpacked weight's
-/// product makes no copy).
-Wide opScratch(Operation *op, Sizes z, bool amxCopies) {
-  if (!amxCopies)
+/// What blockPeak counts: the IR's tensors (`lmcc compile --stats`), or what the kernels allocate (the runtime's
+/// memory model): each tensor as its allocation (allocationBytes), the ops' own scratch (Scratch.h) and,
+/// with `amxCopies`, the AMX GEMM's copies of its inputs.
+struct Counting {
+  bool allocations = false, amxCopies = false;
+};
+
+/// Bytes the lowering of `op` allocates for itself while it runs, beyond its results (LmToLoops/Scratch.h):
+/// lm.token_logprob's partials and logits, lm.attention's transposed keys, packed values and scores, and with
+/// `amxCopies` the AMX GEMM's copy of its input rounded to bf16 pairs (Loops::gemmInput: rows padded to kAmxRows,
+/// amxInputPairs(K) 4-byte words per row), counted for every lm.linear and lm.token_logprob (an upper bound: an
+/// unpacked weight's product makes no copy).
+Wide opScratch(Operation *op, Sizes z, Counting counting) {
+  if (!counting.allocations)
     return 0;
+  Wide own = 0;
+  if (auto a = llvm::dyn_cast<lm::AttentionOp>(op)) {
+    SmallVector<int64_t> q = resolvedShape(a.getQuery().getType(), z), k = resolvedShape(a.getKey().getType(), z);
+    if (q[0] == 0) // no entries at these sizes (a sentence's attention in the per-copy term): nothing runs
+      return 0;
+    const int64_t dh = a.getType().getDimSize(2) / a.getHeads();
+    return attention::scratchBytes(dh, k[1], q[1], bool(a.getQueryPositions()), a.getRelKey() ? a.getClip() : 0,
+                                   a.getMask() == lm::MaskKind::directional);
+  }
   Value input;
   int64_t k = 0;
-  if (auto linear = llvm::dyn_cast<lm::LinearOp>(op))
+  if (auto linear = llvm::dyn_cast<lm::LinearOp>(op)) {
     input = linear.getInput(), k = linear.getWeight().getType().getDimSize(1);
-  else if (auto tl = llvm::dyn_cast<lm::TokenLogprobOp>(op))
+  } else if (auto tl = llvm::dyn_cast<lm::TokenLogprobOp>(op)) {
     input = tl.getHidden(), k = tl.getWeight().getType().getDimSize(1);
-  else
+    own = logprob::scratchBytes(tl.getWeight().getType().getDimSize(0), narrow(rows(input, z), "rows"));
+  } else {
     return 0;
+  }
+  if (!counting.amxCopies)
+    return own;
   const Wide r = rows(input, z);
-  return (r + kAmxRows - 1) / kAmxRows * kAmxRows * amxInputPairs(k) * 4;
+  return own + allocationBytes(narrow((r + kAmxRows - 1) / kAmxRows * kAmxRows * amxInputPairs(k) * 4, "bytes"));
 }
 
-/// Peak bytes of the temporaries of `block`, simulated in program order. `argsAreTemps`:
-/// the block's arguments are allocated by the enclosing op (a mask_and_predict body's
-/// masked ids) rather than given (a function's inputs). `amxCopies`: count opScratch.
-Wide blockPeak(Block &block, Sizes z, bool argsAreTemps, bool amxCopies = false) {
+/// The arguments of a block: given (a function's inputs), or allocated by the enclosing op (a mask_and_predict
+/// body's masked ids, freed after their last use), or allocated by it and held until it ends (a masked_batch
+/// body's copies: its lowering reads their positions and owners after the body, to scatter the rows).
+enum class Args { Given, Temps, Held };
+
+/// Peak bytes of the temporaries of `block`, simulated in program order.
+Wide blockPeak(Block &block, Sizes z, Args args, Counting counting = {}) {
   llvm::DenseMap<Operation *, int64_t> index;
   int64_t count = 0;
   for (Operation &op : block)
@@ -199,12 +224,18 @@ Wide blockPeak(Block &block, Sizes z, bool argsAreTemps, bool amxCopies = false)
     return last;
   };
 
+  // A tensor's bytes, or its allocation's (Scratch.h's allocationBytes; none for a tensor that is empty at these
+  // sizes: it belongs to the other term of the memory model).
+  auto tensorAllocation = [&](Type type) {
+    Wide bytes = byteSize(type, z);
+    return counting.allocations && bytes > 0 ? bytes + kAllocationAlignment : bytes;
+  };
   std::vector<Wide> freedAfter(count, 0);
   Wide live = 0, unusedArgs = 0;
-  if (argsAreTemps)
+  if (args != Args::Given)
     for (BlockArgument arg : block.getArguments()) {
-      Wide bytes = byteSize(arg.getType(), z);
-      int64_t last = lastUse(arg);
+      Wide bytes = tensorAllocation(arg.getType());
+      int64_t last = args == Args::Held ? count - 1 : lastUse(arg);
       if (last >= 0)
         live += bytes, freedAfter[last] += bytes;
       else
@@ -223,7 +254,7 @@ Wide blockPeak(Block &block, Sizes z, bool argsAreTemps, bool amxCopies = false)
       for (Value result : op.getResults()) {
         if (outputs.contains(result))
           continue;
-        Wide bytes = byteSize(result.getType(), z);
+        Wide bytes = tensorAllocation(result.getType());
         live += bytes;
         freedAfter[std::max(lastUse(result), i)] += bytes; // unused results die at once
       }
@@ -234,8 +265,10 @@ Wide blockPeak(Block &block, Sizes z, bool argsAreTemps, bool amxCopies = false)
     Wide nested = 0;
     for (Region &region : op.getRegions())
       for (Block &inner : region)
-        nested = std::max(nested, blockPeak(inner, regionSizes(&op, z), /*argsAreTemps=*/true, amxCopies));
-    peak = std::max(peak, live + nested + opScratch(&op, z, amxCopies));
+        nested = std::max(nested, blockPeak(inner, regionSizes(&op, z),
+                                            counting.allocations && isMaskedBatch(&op) ? Args::Held : Args::Temps,
+                                            counting));
+    peak = std::max(peak, live + nested + opScratch(&op, z, counting));
     live -= freedAfter[i];
   }
   return peak;
@@ -272,11 +305,14 @@ MemoryModel memoryModel(ModuleOp lmModule, llvm::StringRef entry, int64_t maxLen
       // Every temporary is batch- or copies-major, so its bytes are linear in one of them: the peak of a
       // call, a maximum over program points of such sums, is at most B * (peak at B = 1, C = 0) + C * (peak
       // at B = 0, C = 1). (Tensors of static shape, if any, are counted in both.)
-      // (The AMX copies' rows padded to 32 are no more than the sum of the two terms' paddings.)
+      // (The AMX copies' rows padded to 32 are no more than the sum of the two terms' paddings, and an
+      // allocation's alignment is counted in both; the attention's scratch, which does not grow with its entries, is
+      // counted in the term of the entries it runs on.)
+      const Counting counting{/*allocations=*/true, amxCopies};
       model.perSentence[n] = std::max(
-          model.perSentence[n], narrow(blockPeak(block, Sizes{1, n, 0}, /*argsAreTemps=*/false, amxCopies), "bytes"));
+          model.perSentence[n], narrow(blockPeak(block, Sizes{1, n, 0}, Args::Given, counting), "bytes"));
       model.perCopy[n] = std::max(
-          model.perCopy[n], narrow(blockPeak(block, Sizes{0, n, 1}, /*argsAreTemps=*/false, amxCopies), "bytes"));
+          model.perCopy[n], narrow(blockPeak(block, Sizes{0, n, 1}, Args::Given, counting), "bytes"));
     }
   return model;
 }
@@ -289,7 +325,7 @@ std::vector<EntryStats> countStats(ModuleOp lmModule, int64_t n) {
       s.flops = narrow(flopsIn(fn, Sizes{1, n, n}), "FLOPs");
       for (Block &block : fn.getBody())
         s.tempBytes =
-            std::max(s.tempBytes, narrow(blockPeak(block, Sizes{1, n, n}, /*argsAreTemps=*/false), "bytes"));
+            std::max(s.tempBytes, narrow(blockPeak(block, Sizes{1, n, n}, Args::Given), "bytes"));
     }
     stats.push_back(std::move(s));
   }

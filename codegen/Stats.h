@@ -54,9 +54,11 @@ std::vector<EntryStats> countStats(mlir::ModuleOp lmModule, int64_t n);
 /// Upper bounds on the temporaries of one call of an entry point, per sentence length n (index 0..maxLen):
 /// B sentences padded to n with C masked copies (lm.masked_batch) need at most B * perSentence[n] +
 /// C * perCopy[n] bytes (perCopy is 0 without a masked batch). The runtime cuts calls to fit a workspace
-/// limit with these tables. Empty when the module has no such entry. `amxCopies`: the library's GEMMs are the AMX
-/// kernel's (bf16 weights on an AMX target), which round each product's input to a bf16 copy (rows padded to 32)
-/// that lives while the product runs; counted for every lm.linear and lm.token_logprob.
+/// limit with these tables; unlike tempBytes they count what the kernels allocate: each tensor with the 64 bytes
+/// its aligned allocation adds, and the ops' own scratch while they run (LmToLoops/Scratch.h: lm.token_logprob's partials and logits,
+/// lm.attention's keys, values and scores). Empty when the module has no such entry. `amxCopies`: the library's
+/// GEMMs are the AMX kernel's (bf16 weights on an AMX target), which round each product's input to a bf16 copy
+/// (rows padded to 32) that lives while the product runs; counted for every lm.linear and lm.token_logprob.
 struct MemoryModel {
   std::vector<int64_t> perSentence, perCopy;
 };

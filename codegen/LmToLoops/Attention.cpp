@@ -6,6 +6,7 @@
 //===----------------------------------------------------------------------===//
 #include "codegen/Emit/Object.h"
 #include "codegen/LmToLoops/AttentionVector.h"
+#include "codegen/LmToLoops/Scratch.h"
 
 #include "llvm/Support/FormatVariadic.h"
 
@@ -280,7 +281,7 @@ LogicalResult lowerScalar(lm::AttentionOp a, Loops &L) {
   Location loc = L.loc;
   L.lengths = L.in(a.getLengths());
 
-  constexpr int64_t kKeyTile = 32;
+  using attention::kKeyTile;
   Value q = L.in(a.getQuery()), k = L.in(a.getKey()), v = L.in(a.getValue()), out = L.alloc(a.getType());
   Value relK = a.getRelKey() ? L.in(a.getRelKey()) : Value(), relV = a.getRelValue() ? L.in(a.getRelValue()) : Value();
   int64_t D = a.getType().getDimSize(2), H = a.getHeads(), dh = D / H, clip = a.getClip();

@@ -9,6 +9,7 @@
 #define LMCC_CODEGEN_LMTOLOOPS_ATTENTIONVECTOR_H
 
 #include "codegen/LmToLoops/Lowering.h"
+#include "codegen/LmToLoops/Scratch.h"
 
 #include <functional>
 
@@ -16,8 +17,7 @@ namespace lmcc::codegen::attention {
 
 using namespace mlir;
 
-constexpr int64_t kLanes = 16;   ///< f32 lanes of the kernels' vectors (one 512-bit register, two 256-bit ones)
-constexpr int64_t kTileRows = 8; ///< query rows per tile (the rows whose scores, softmax and p.v go together)
+constexpr int64_t kLanes = 16; ///< f32 lanes of the kernels' vectors (one 512-bit register, two 256-bit ones)
 
 /// The register tiles of the vector forms, sized to the target's vector registers. The kernels compute on
 /// vector<16xf32> everywhere (so the lanes, blocks and sums, and with them every result, are the same on every

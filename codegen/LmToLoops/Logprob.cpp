@@ -5,6 +5,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "codegen/LmToLoops/Lowering.h"
+#include "codegen/LmToLoops/Scratch.h"
 
 #include "llvm/Support/FormatVariadic.h"
 
@@ -13,14 +14,13 @@ using namespace mlir;
 namespace lmcc::codegen {
 namespace {
 
-constexpr int64_t kLanes = 16;     ///< f32 lanes of a 512-bit vector
-constexpr int64_t kChunk = 512;    ///< vocabulary columns per work item (8 GEMM panels)
-constexpr int64_t kChunkRows = 128; ///< rows per work item
+constexpr int64_t kLanes = 16; ///< f32 lanes of a 512-bit vector
+using logprob::kChunk, logprob::kChunkRows;
 
 /// Fused vocabulary projection + log-softmax + gather over work items of (up to kChunkRows rows, kChunk vocabulary
 /// columns), the items split over the runtime's threads in one dispatch (one synchronization of the threads per
-/// call): an item's logits come from the GEMM into a [rows, kChunk] scratch of its thread (at most 256 KB, in its
-/// L2), and per row the item keeps its chunk's max M_c, the sum of its exponentials relative to it
+/// call): an item's logits come from the GEMM into a [rows, logprob::scratchWidth] scratch of its thread (at most
+/// 256 KB, in its L2), and per row the item keeps its chunk's max M_c, the sum of its exponentials relative to it
 /// S_c = sum_j e^(x_j - M_c) (16 f32 lanes, then double) and, in the chunk that holds it, the target's logit. A last
 /// pass per row combines the chunks in order: m = max_c M_c, s = sum_c S_c e^(M_c - m) (double),
 /// out[b, t] = logit[b, t - shift, ids[b, t]] - (m + log s). The items are fixed by the shapes alone, so a row's
@@ -34,7 +34,7 @@ struct TokenLogprobLowering : LmLowering<lm::TokenLogprobOp> {
 
     auto ht = L.typeOf(t.getHidden());
     int64_t D = ht.getDimSize(2), V = L.typeOf(t.getWeight()).getDimSize(0), shift = t.getShift();
-    const int64_t chunks = (V + kChunk - 1) / kChunk;
+    const int64_t chunks = logprob::chunks(V), width = logprob::scratchWidth(V);
     Value h = L.in(t.getHidden()), ids = L.in(t.getTargets()), out = L.alloc(t.getType());
     // Rows are (entry, position) pairs of the hidden states: [R0, R1, D] (R1 is L.N, or 1 when pruned).
     auto hs = L.sizes(ht);
@@ -129,12 +129,12 @@ struct TokenLogprobLowering : LmLowering<lm::TokenLogprobOp> {
         Value pBegin = b.create<arith::MulIOp>(loc, c, L.idx(panelsPerChunk));
         Value pEnd = b.create<arith::MinSIOp>(loc, b.create<arith::AddIOp>(loc, pBegin, L.idx(panelsPerChunk)),
                                               L.idx(panels));
-        Value logits = alloc({ShapedType::kDynamic, kChunk}, L.f32(), nb);
+        Value logits = alloc({ShapedType::kDynamic, width}, L.f32(), nb);
         // The GEMM task's ctx (Gemm.h): A (rows r0..), M, packed weight, its rows, bias, C, C's columns, first panel.
         Value aAddress =
             b.create<arith::AddIOp>(loc, i64(x[3]), b.create<arith::MulIOp>(loc, i64(r0), L.i64c(aCols * 4)));
         SmallVector<Value> fields{aAddress, i64(nb), i64(x[4]), L.i64c(packedRowCount), i64(x[5]), L.address(logits),
-                                  L.i64c(kChunk), i64(pBegin)};
+                                  L.i64c(width), i64(pBegin)};
         // One stack slot for every item of the loop around this body (an alloca inside the loop would grow the
         // stack by a ctx per item: thousands of items at large batches).
         Value ctx;
@@ -172,11 +172,11 @@ struct TokenLogprobLowering : LmLowering<lm::TokenLogprobOp> {
                   views, scalars, items, b.create<arith::MulIOp>(loc, rows, L.idx(V * D)), item);
       L.release(hIn);
     } else {
-      // The runtime's GEMM (--gemm eigen) per chunk into one [rows, kChunk] buffer, then the chunk's rows in a row
+      // The runtime's GEMM (--gemm eigen) per chunk into one [rows, width] buffer, then the chunk's rows in a row
       // task (the same partials, so the same numbers from the same logits).
       Value hPtr = L.pointer(h), wPtr = L.pointer(L.in(t.getWeight()));
       Value biasPtr = t.getBias() ? L.pointer(L.in(t.getBias())) : Value();
-      Value logits = alloc({ShapedType::kDynamic, kChunk}, L.f32(), rows);
+      Value logits = alloc({ShapedType::kDynamic, width}, L.f32(), rows);
       Value logitsPtr = L.pointer(logits);
       Value m64 = b.create<arith::IndexCastOp>(loc, b.getI64Type(), rows);
       auto ptrType = LLVM::LLVMPointerType::get(b.getContext());
@@ -195,14 +195,14 @@ struct TokenLogprobLowering : LmLowering<lm::TokenLogprobOp> {
         Value biasTile = biasPtr ? Value(offsetPtr(biasPtr, first64)) : Value(b.create<LLVM::ZeroOp>(loc, ptrType));
         b.create<func::CallOp>(loc, "lm_rt_sgemm_nt", TypeRange{},
                                ValueRange{m64, b.create<arith::IndexCastOp>(loc, b.getI64Type(), cols), L.i64c(D), hPtr,
-                                          L.i64c(D), wTile, L.i64c(D), biasTile, logitsPtr, L.i64c(kChunk)});
+                                          L.i64c(D), wTile, L.i64c(D), biasTile, logitsPtr, L.i64c(width)});
         auto row = [&](ArrayRef<Value> v, ArrayRef<Value> x, Value r) {
           partials(v[0], r, r, x[0], x[1], v[2], v[3], v[4], v[1], x[2]);
         };
         if (views.size() < 5) // ids a strided view: the rows on this thread
           L.nest({rows}, [&](ValueRange r) { row({logits, ids, maxes, sums, targets}, {c[0], cols, R1}, r[0]); });
         else
-          L.rowTask(("lm_logprob_rows_shift" + Twine(shift) + "_c" + Twine(kChunk) + "x" + Twine(chunks)).str(), views,
+          L.rowTask(("lm_logprob_rows_shift" + Twine(shift) + "_c" + Twine(width) + "x" + Twine(chunks)).str(), views,
                     {c[0], cols, R1},
                     rows, b.create<arith::MulIOp>(loc, rows, b.create<arith::MulIOp>(loc, cols, L.idx(8))), row);
       });

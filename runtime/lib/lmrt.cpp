@@ -1052,7 +1052,8 @@ void lm_rt_sgemm_nt(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda
 
 namespace {
 
-/// Bytes of kernel temporaries in use by every thread, and their peak (lm_rt_workspace_peak_bytes).
+/// Bytes of kernel temporaries in use by every thread (as the kernels asked for them, not the capacity of the
+/// blocks that hold them), and their peak (lm_rt_workspace_peak_bytes): what the memory model bounds.
 std::atomic<uint64_t> g_liveBytes{0}, g_peakBytes{0};
 
 /// A thread's cache of freed kernel temporaries. Every block has a 64-byte header in front that records its
@@ -1066,8 +1067,10 @@ std::atomic<uint64_t> g_liveBytes{0}, g_peakBytes{0};
 struct WorkspaceCache {
   struct Header {
     uint64_t capacity, mapped; ///< mapped: the mapping's length (0: from aligned_alloc)
+    uint64_t requested;        ///< the size the kernel asked for, while the block is in use
   };
   static constexpr uint64_t kHeader = 64, kMapFrom = uint64_t(1) << 20;
+  static_assert(sizeof(Header) <= kHeader);
   static uint64_t share() { return uint64_t(workspaceLimit() / effectiveThreads()); }
   std::multimap<uint64_t, char *> blocks; ///< cached blocks by capacity
   uint64_t cachedBytes = 0, liveBytes = 0, systemAllocations = 0;
@@ -1103,11 +1106,12 @@ struct WorkspaceCache {
           return nullptr;
       }
       ++systemAllocations;
-      *reinterpret_cast<Header *>(block) = {total - kHeader, mapped};
+      *reinterpret_cast<Header *>(block) = {total - kHeader, mapped, 0};
     }
-    const uint64_t capacity = reinterpret_cast<Header *>(block)->capacity;
-    liveBytes += capacity;
-    const uint64_t live = g_liveBytes.fetch_add(capacity, std::memory_order_relaxed) + capacity;
+    Header *header = reinterpret_cast<Header *>(block);
+    header->requested = size;
+    liveBytes += header->capacity;
+    const uint64_t live = g_liveBytes.fetch_add(size, std::memory_order_relaxed) + size;
     uint64_t peak = g_peakBytes.load(std::memory_order_relaxed);
     while (live > peak && !g_peakBytes.compare_exchange_weak(peak, live, std::memory_order_relaxed)) {
     }
@@ -1118,9 +1122,10 @@ struct WorkspaceCache {
     if (!ptr)
       return;
     char *block = static_cast<char *>(ptr) - kHeader;
-    const uint64_t capacity = reinterpret_cast<Header *>(block)->capacity;
+    const Header *header = reinterpret_cast<Header *>(block);
+    const uint64_t capacity = header->capacity;
     liveBytes -= std::min(liveBytes, capacity); // a block may be freed by another thread than its allocator
-    g_liveBytes.fetch_sub(capacity, std::memory_order_relaxed);
+    g_liveBytes.fetch_sub(header->requested, std::memory_order_relaxed);
     if (liveBytes + cachedBytes + capacity > share()) {
       drop(block);
       return;

@@ -391,8 +391,9 @@ LM_API uint64_t lm_rt_workspace_system_allocations(void);
 /* Gives the calling thread's cached (freed) kernel temporaries back to the system; returns their bytes. The next
  * call allocates them again. Blocks in use and other threads' caches are untouched. */
 LM_API uint64_t lm_rt_workspace_release(void);
-/* The most bytes of kernel temporaries in use at once (all threads) since the last reset; reset != 0 starts a
- * new measurement (tests, benchmarks, lmcc score --timing). */
+/* The most bytes of kernel temporaries in use at once (all threads; the sizes the kernels asked for, which the
+ * model's memory model bounds, not the capacity of the cached blocks holding them) since the last reset; reset != 0
+ * starts a new measurement (tests, benchmarks, lmcc score --timing). */
 LM_API uint64_t lm_rt_workspace_peak_bytes(int reset);
 
 /* --- Text: BERT WordPiece tokenization (Hugging Face BertTokenizerFast-exact) --------------------

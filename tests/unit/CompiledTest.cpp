@@ -17,9 +17,11 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <numeric>
 #include <random>
 #include <set>
 
@@ -246,7 +248,18 @@ TEST_P(Compiled, MatchesReference) {
   }
 
   std::vector<float> emb(size_t(batch) * spec.dims.dModel);
+  lm_rt_workspace_peak_bytes(/*reset=*/1);
   ASSERT_EQ(lm_rt_embed(model, ids.data(), lengths.data(), batch, stride, emb.data()), LM_OK) << lm_last_error();
+  {
+    // The whole batch at 1 thread: at most B * embed_sentence_bytes[n] + C * embed_copy_bytes[n] (n the longest
+    // sentence, C the positions) of kernel temporaries.
+    const lm_model_desc *d = descriptor();
+    const int32_t n = *std::max_element(lengths.begin(), lengths.end());
+    const int64_t copies = std::accumulate(lengths.begin(), lengths.end(), int64_t(0));
+    const int64_t bound =
+        batch * d->embed_sentence_bytes[n] + (d->embed_copy_bytes ? copies * d->embed_copy_bytes[n] : 0);
+    EXPECT_LE(int64_t(lm_rt_workspace_peak_bytes(0)), bound) << "embed, the whole batch at 1 thread";
+  }
   auto expectedEmb = reference::embed(spec, weights, sentences, 2);
   for (int32_t b = 0; b < batch; ++b)
     for (int64_t c = 0; c < spec.dims.dModel; ++c)
@@ -268,7 +281,17 @@ TEST_P(Compiled, MatchesReference) {
     for (int32_t b = 0; b < batch; b += 3) {
       float alone[64];
       float score = 0;
+      lm_rt_workspace_peak_bytes(/*reset=*/1);
       ASSERT_EQ(lm_rt_score(model, ids.data() + size_t(b) * stride, &lengths[b], 1, stride, alone, &score), LM_OK);
+      if (threads == 1) {
+        // The memory model (lmrt.h: a call on B sentences of n tokens with C masked copies needs at most
+        // B * sentence_bytes[n] + C * copy_bytes[n]) bounds what the kernel allocated; a mask-and-predict
+        // sentence scores a copy per position.
+        const lm_model_desc *d = descriptor();
+        const int32_t len = lengths[b];
+        const int64_t bound = d->score_sentence_bytes[len] + (d->score_copy_bytes ? len * d->score_copy_bytes[len] : 0);
+        EXPECT_LE(int64_t(lm_rt_workspace_peak_bytes(0)), bound) << "sentence " << b << " (" << len << " tokens)";
+      }
       std::vector<float> got(alone, alone + lengths[b]);
       got.push_back(score);
       if (threads == 1)

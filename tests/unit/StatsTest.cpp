@@ -312,7 +312,8 @@ func.func @pll(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> tensor<?x8xf32> {
 }
 
 // The runtime's memory model of a library whose GEMMs run on AMX tiles counts each product's input rounded to bf16
-// pairs while the product runs: rows padded to 32, ceil(K / 32) * 16 four-byte words per row.
+// pairs while the product runs: rows padded to 32, ceil(K / 32) * 16 four-byte words per row. lm.token_logprob's
+// own temporaries (its per-row partials and logits scratch) count with any GEMM.
 TEST(StatsTest, MemoryModelCountsAmxInputCopies) {
   mlir::MLIRContext ctx;
   auto module = parse(ctx, (kChain + R"mlir(
@@ -323,18 +324,24 @@ func.func @logprob(%h: tensor<?x?x40xf32>, %ids: tensor<?x?xi32>, %len: tensor<?
 }
 )mlir").c_str());
   ASSERT_TRUE(module);
+  // Every allocation asks for its bytes and 64 more (the pointer aligned to 64 within them).
+  auto up = [](int64_t bytes) { return bytes + 64; };
   for (int64_t n : {5, 40}) {
     const int64_t paddedRows = n <= 32 ? 32 : 64;
     auto plain = codegen::memoryModel(*module, "chain", n), amx = codegen::memoryModel(*module, "chain", n, true);
     ASSERT_EQ(amx.perSentence.size(), size_t(n + 1));
     // Without copies: %a and %b live together at the gelu. With them: at either linear, one [n, 8] temporary
     // (%a, or %b) and the copy of its input (K = 8: 16 words, 64 bytes a row).
-    EXPECT_EQ(plain.perSentence[n], 2 * 32 * n);
-    EXPECT_EQ(amx.perSentence[n], std::max(2 * 32 * n, 32 * n + paddedRows * 64)) << "n " << n;
+    EXPECT_EQ(plain.perSentence[n], 2 * up(32 * n));
+    EXPECT_EQ(amx.perSentence[n], std::max(2 * up(32 * n), up(32 * n) + up(paddedRows * 64))) << "n " << n;
     EXPECT_EQ(amx.perCopy[n], 0) << "no masked batch: nothing per copy";
-    // token_logprob: no temporary of its own; the copy of the hidden states (K = 40: 2 steps of 16 words).
-    EXPECT_EQ(codegen::memoryModel(*module, "logprob", n).perSentence[n], 0);
-    EXPECT_EQ(codegen::memoryModel(*module, "logprob", n, true).perSentence[n], paddedRows * 32 * 4) << "n " << n;
+    // token_logprob: its own temporaries (V = 11: per row one chunk's max, f32, and exponential sum, f64, the
+    // target's logit, f32, and a row of logits 16 wide) and the copy of the hidden states (K = 40: 2 steps of 16
+    // words).
+    const int64_t own = up(4 * n) + up(8 * n) + up(4 * n) + up(16 * 4 * n);
+    EXPECT_EQ(codegen::memoryModel(*module, "logprob", n).perSentence[n], own);
+    EXPECT_EQ(codegen::memoryModel(*module, "logprob", n, true).perSentence[n], own + up(paddedRows * 32 * 4))
+        << "n " << n;
   }
 }
 
