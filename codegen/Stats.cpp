@@ -171,7 +171,6 @@ struct Counting {
 Wide opScratch(Operation *op, Sizes z, Counting counting) {
   if (!counting.allocations)
     return 0;
-  Wide own = 0;
   if (auto a = llvm::dyn_cast<lm::AttentionOp>(op)) {
     SmallVector<int64_t> q = resolvedShape(a.getQuery().getType(), z), k = resolvedShape(a.getKey().getType(), z);
     if (q[0] == 0) // no entries at these sizes (a sentence's attention in the per-copy term): nothing runs
@@ -181,19 +180,18 @@ Wide opScratch(Operation *op, Sizes z, Counting counting) {
                                    a.getMask() == lm::MaskKind::directional);
   }
   Value input;
-  int64_t k = 0;
-  if (auto linear = llvm::dyn_cast<lm::LinearOp>(op)) {
+  int64_t k = 0, vocab = 0;
+  if (auto linear = llvm::dyn_cast<lm::LinearOp>(op))
     input = linear.getInput(), k = linear.getWeight().getType().getDimSize(1);
-  } else if (auto tl = llvm::dyn_cast<lm::TokenLogprobOp>(op)) {
-    input = tl.getHidden(), k = tl.getWeight().getType().getDimSize(1);
-    own = logprob::scratchBytes(tl.getWeight().getType().getDimSize(0), narrow(rows(input, z), "rows"));
-  } else {
+  else if (auto tl = llvm::dyn_cast<lm::TokenLogprobOp>(op))
+    input = tl.getHidden(), k = tl.getWeight().getType().getDimSize(1), vocab = tl.getWeight().getType().getDimSize(0);
+  else
     return 0;
-  }
-  if (!counting.amxCopies)
-    return own;
   const Wide r = rows(input, z);
-  return own + allocationBytes(narrow((r + kAmxRows - 1) / kAmxRows * kAmxRows * amxInputPairs(k) * 4, "bytes"));
+  Wide bytes = vocab ? logprob::scratchBytes(vocab, narrow(r, "rows")) : 0;
+  if (counting.amxCopies)
+    bytes += allocationBytes(narrow((r + kAmxRows - 1) / kAmxRows * kAmxRows * amxInputPairs(k) * 4, "bytes"));
+  return bytes;
 }
 
 /// The arguments of a block: given (a function's inputs), or allocated by the enclosing op (a mask_and_predict

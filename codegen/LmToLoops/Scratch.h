@@ -49,8 +49,8 @@ constexpr int64_t kKeyTile = 32; ///< keys per tile of the scalar form (head siz
 /// query rows: the vector form (dh a multiple of 16) transposes a head's keys and packs its values, M16 = keys
 /// rounded up to 16, into [M16, dh] each, and keeps a tile's scores [R, M16] (R = kTileRows query rows, 1 with
 /// query positions); with relative positions (`clip` > 0) a block of dh x (T16 + 16) + R x (T16 + 16) + R x (2 M16 +
-/// T16 + 16) floats (T16 = 2 clip + 1 rounded up to 16); with the directional mask the rows' order (rows + 1
-/// int32). The scalar form keeps one key tile's scores and a row's accumulator.
+/// T16 + 16) floats (T16 = 2 clip + 1 rounded up to 16); with the directional mask over whole rows (no query
+/// positions) the rows' order (rows + 1 int32). The scalar form keeps one key tile's scores and a row's accumulator.
 inline int64_t scratchBytes(int64_t dh, int64_t keys, int64_t rows, bool queryPositions, int64_t clip,
                             bool directional) {
   if (dh % 16)
@@ -61,7 +61,7 @@ inline int64_t scratchBytes(int64_t dh, int64_t keys, int64_t rows, bool queryPo
     const int64_t T16 = (2 * clip + 1 + 15) / 16 * 16;
     bytes += allocationBytes((dh * (T16 + 16) + R * (T16 + 16) + R * (2 * M16 + T16 + 16)) * 4);
   }
-  if (directional)
+  if (directional && !queryPositions)
     bytes += allocationBytes((rows + 1) * 4);
   return bytes;
 }
