@@ -272,6 +272,26 @@ Wide blockPeak(Block &block, Sizes z, Args args, Counting counting = {}) {
   return peak;
 }
 
+/// Bytes one more thread running `block`'s parallel work at once allocates beyond blockPeak's one-thread count:
+/// the most any one work item holds (Scratch.h) -- an lm.attention task's scratch (each task of (entry, head)
+/// items allocates its own), and with the generated GEMM an lm.token_logprob item's logits (at most kChunkRows rows;
+/// with the runtime's GEMM the logits are one buffer of the op, counted by blockPeak, and its row tasks allocate
+/// nothing). No other lowering allocates inside a task.
+Wide threadPeak(Block &block, Sizes z, bool generatedGemm) {
+  Wide peak = 0;
+  for (Operation &op : block) {
+    for (Region &region : op.getRegions())
+      for (Block &inner : region)
+        peak = std::max(peak, threadPeak(inner, regionSizes(&op, z), generatedGemm));
+    if (llvm::isa<lm::AttentionOp>(op))
+      peak = std::max(peak, opScratch(&op, z, Counting{/*allocations=*/true}));
+    else if (auto tl = llvm::dyn_cast<lm::TokenLogprobOp>(op); tl && generatedGemm)
+      peak = std::max<Wide>(
+          peak, allocationBytes(logprob::kChunkRows * logprob::scratchWidth(tl.getWeight().getType().getDimSize(0)) * 4));
+  }
+  return peak;
+}
+
 Wide flopsIn(Operation *op, Sizes z) {
   Wide nested = 0;
   for (Region &region : op->getRegions())
@@ -291,14 +311,20 @@ int64_t tensorBytes(Type type, int64_t n) { return narrow(byteSize(type, Sizes{1
 
 int64_t opFlops(Operation *op, int64_t n) { return narrow(flopsIn(op, Sizes{1, n, n}), "FLOPs"); }
 
-MemoryModel memoryModel(ModuleOp lmModule, llvm::StringRef entry, int64_t maxLen, bool amxCopies) {
+MemoryModel memoryModel(ModuleOp lmModule, llvm::StringRef entry, int64_t maxLen, bool amxCopies, bool generatedGemm) {
   MemoryModel model;
   auto fn = lmModule.lookupSymbol<func::FuncOp>(entry);
   if (!fn || fn.isExternal())
     return model;
   model.perSentence.assign(maxLen + 1, 0);
   model.perCopy.assign(maxLen + 1, 0);
-  for (int64_t n = 1; n <= maxLen; ++n)
+  model.perThread.assign(maxLen + 1, 0);
+  for (int64_t n = 1; n <= maxLen; ++n) {
+    // Sentences of at most n tokens: the largest item of any length up to n (an attention task's scratch grows
+    // with its keys; the runtime reads the entry of a call's longest sentence).
+    model.perThread[n] = model.perThread[n - 1];
+    for (Block &block : fn.getBody())
+      model.perThread[n] = std::max(model.perThread[n], narrow(threadPeak(block, Sizes{1, n, 1}, generatedGemm), "bytes"));
     for (Block &block : fn.getBody()) {
       // Every temporary is batch- or copies-major, so its bytes are linear in one of them: the peak of a
       // call, a maximum over program points of such sums, is at most B * (peak at B = 1, C = 0) + C * (peak
@@ -312,6 +338,7 @@ MemoryModel memoryModel(ModuleOp lmModule, llvm::StringRef entry, int64_t maxLen
       model.perCopy[n] = std::max(
           model.perCopy[n], narrow(blockPeak(block, Sizes{0, n, 1}, Args::Given, counting), "bytes"));
     }
+  }
   return model;
 }
 

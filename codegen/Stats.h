@@ -59,10 +59,15 @@ std::vector<EntryStats> countStats(mlir::ModuleOp lmModule, int64_t n);
 /// lm.attention's keys, values and scores). Empty when the module has no such entry. `amxCopies`: the library's
 /// GEMMs are the AMX kernel's (bf16 weights on an AMX target), which round each product's input to a bf16 copy
 /// (rows padded to 32) that lives while the product runs; counted for every lm.linear and lm.token_logprob.
+/// These two terms bound a call on one thread. With T threads a kernel runs up to T of its work items at once, each
+/// with its own scratch: perThread[n] bounds what one more thread's item holds for sentences of at most n tokens
+/// (an lm.attention task's keys, values and scores; with `generatedGemm` an lm.token_logprob item's logits), so a
+/// call on T threads needs at most B * perSentence[n] + C * perCopy[n] + (T - 1) * perThread[n].
 struct MemoryModel {
-  std::vector<int64_t> perSentence, perCopy;
+  std::vector<int64_t> perSentence, perCopy, perThread;
 };
-MemoryModel memoryModel(mlir::ModuleOp lmModule, llvm::StringRef entry, int64_t maxLen, bool amxCopies = false);
+MemoryModel memoryModel(mlir::ModuleOp lmModule, llvm::StringRef entry, int64_t maxLen, bool amxCopies = false,
+                        bool generatedGemm = true);
 
 /// Bytes of a tensor type with B = 1 and every further dynamic dim = n (0 for a
 /// non-tensor type).

@@ -247,11 +247,14 @@ std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options,
   // The target's bf16 GEMM: AMX tiles where it has them (their rounded input copies count in the memory model).
   const bool amx = codegen::targetHasAmx(options.cpu);
   // (The Diformer's pair scoring runs in fixed chunks of pairs: no memory model, no windows.)
-  codegen::MemoryModel scoreMemory =
-      diformer ? codegen::MemoryModel() : codegen::memoryModel(*lm, "score", spec.dims.maxLen, bf16 && amx);
-  codegen::MemoryModel embedMemory = codegen::memoryModel(*lm, "embed", spec.dims.maxLen, bf16 && amx);
+  const bool generatedGemm = options.gemm == "generated";
+  codegen::MemoryModel scoreMemory = diformer ? codegen::MemoryModel()
+                                              : codegen::memoryModel(*lm, "score", spec.dims.maxLen, bf16 && amx,
+                                                                     generatedGemm);
+  codegen::MemoryModel embedMemory = codegen::memoryModel(*lm, "embed", spec.dims.maxLen, bf16 && amx, generatedGemm);
   facts->scoreSentenceBytes = std::move(scoreMemory.perSentence), facts->scoreCopyBytes = std::move(scoreMemory.perCopy);
   facts->embedSentenceBytes = std::move(embedMemory.perSentence), facts->embedCopyBytes = std::move(embedMemory.perCopy);
+  facts->scoreThreadBytes = std::move(scoreMemory.perThread), facts->embedThreadBytes = std::move(embedMemory.perThread);
   if (options.train) {
     const TrainOptions &t = spec.train;
     codegen::ModelFacts::Train train;

@@ -129,7 +129,9 @@ std::string generateGlue(const ModelFacts &spec, const std::vector<LayoutTensor>
   const std::string scoreSentence = table("score_sentence_bytes", spec.scoreSentenceBytes),
                     scoreCopy = table("score_copy_bytes", spec.scoreCopyBytes),
                     embedSentence = table("embed_sentence_bytes", spec.embedSentenceBytes),
-                    embedCopy = table("embed_copy_bytes", spec.embedCopyBytes);
+                    embedCopy = table("embed_copy_bytes", spec.embedCopyBytes),
+                    scoreThread = table("score_thread_bytes", spec.scoreThreadBytes),
+                    embedThread = table("embed_thread_bytes", spec.embedThreadBytes);
   os << "\n";
   const std::string scoreKernel = "_mlir_ciface_" + name + "_score_kernel";
   os << "static const lm_model_desc " << name << "_desc = {\n"
@@ -179,7 +181,8 @@ std::string generateGlue(const ModelFacts &spec, const std::vector<LayoutTensor>
     os << "    NULL, NULL, NULL, NULL, /* pair_encode, pair_token_kv, pair_decode, pair_step */\n";
   os << "    " << spec.kvWidth << ", /* kv_width */\n";
   os << "    " << spec.unk << ", " << spec.mask << ", /* unk_id, mask_id */\n";
-  os << "    " << (spec.amx ? 1 : 0) << " /* amx */\n";
+  os << "    " << (spec.amx ? 1 : 0) << ", /* amx */\n";
+  os << "    " << scoreThread << ", " << embedThread << " /* memory model: per thread */\n";
   os << "};\n\n";
 
 

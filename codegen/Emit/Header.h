@@ -44,6 +44,7 @@ struct ModelFacts {
   bool amx = false;        ///< the kernels use AMX tiles (bf16 weights on a CPU with AMX-BF16)
   /// Memory model of the entry points (codegen/Stats.h memoryModel), index n = 0..maxLen; empty: none.
   std::vector<int64_t> scoreSentenceBytes, scoreCopyBytes, embedSentenceBytes, embedCopyBytes;
+  std::vector<int64_t> scoreThreadBytes, embedThreadBytes; ///< the memory model's per-thread term (ABI 8)
 };
 
 /// The public C header `<name>.h` (C99 and C++17, extern "C"): dimension macros,

@@ -32,7 +32,8 @@ inline int64_t scratchWidth(int64_t vocab) { return std::min(kChunk, (vocab + 15
 /// and exponential sums (f64), its target's logit (f32), and the rows' logits of one chunk (f32, scratchWidth
 /// columns). The logits are one [rows, width] buffer with the runtime's GEMM (`--gemm eigen`); with the generated
 /// GEMM each work item has its own of at most kChunkRows rows, so the count is exact for up to kChunkRows rows on
-/// one thread and an upper bound of one thread's for more (with T threads, up to T items' logits are live).
+/// one thread and an upper bound of one thread's for more (with T threads up to T items' logits are live: the memory
+/// model's thread term, Stats.h, counts the others).
 inline int64_t scratchBytes(int64_t vocab, int64_t rows) {
   return allocationBytes(rows * chunks(vocab) * 4) + allocationBytes(rows * chunks(vocab) * 8) +
          allocationBytes(rows * 4) + allocationBytes(rows * scratchWidth(vocab) * 4);

@@ -370,6 +370,28 @@ int effectiveThreads() {
   return std::min({g_threads.load(std::memory_order_relaxed), kMaxArenaThreads, available});
 }
 
+/// A cap on the threads of the kernels' parallel loops (lm_rt_parallel_for) called from this thread, 0: none. A
+/// call whose pieces fit the workspace limit only without the other threads' work items (their scratch, the memory
+/// model's thread_bytes) runs its pieces on the calling thread under a cap of 1 (KernelThreadCap).
+thread_local int t_kernelThreadCap = 0;
+
+class KernelThreadCap {
+public:
+  explicit KernelThreadCap(int cap) : previous_(t_kernelThreadCap) { t_kernelThreadCap = cap; }
+  ~KernelThreadCap() { t_kernelThreadCap = previous_; }
+  KernelThreadCap(const KernelThreadCap &) = delete;
+  KernelThreadCap &operator=(const KernelThreadCap &) = delete;
+
+private:
+  int previous_;
+};
+
+/// The threads of a kernel's parallel loop on this thread: the call's, under this thread's cap.
+int kernelThreads() {
+  const int threads = effectiveThreads();
+  return t_kernelThreadCap > 0 ? std::min(threads, t_kernelThreadCap) : threads;
+}
+
 /// Calls run(i) for i in [0, count), in parallel when more than one thread is configured. Exceptions thrown
 /// by a piece reach the caller.
 template <typename F> void forEachPiece(int64_t count, int threads, F &&run) {
@@ -422,25 +444,31 @@ std::string megabytes(double bytes) {
   return text;
 }
 
-/// The pieces of a call and the threads that run them (fewer than configured when only one piece at a time
-/// fits the workspace limit).
+/// The pieces of a call, the threads that run them side by side (fewer than configured when only one piece at a
+/// time fits the workspace limit) and the threads of the kernels' parallel loops (1 when even one piece at a time
+/// fits only without the other threads' work items).
 struct Plan {
   std::vector<Piece> pieces;
-  int threads;
+  int threads, kernelThreads;
 };
 
 /// Cuts a call into pieces whose temporaries (the descriptor's memory model: rows * sentence[n] + copies *
-/// copy[n]) fit the workspace limit shared by `threads` running pieces at once: the fixed chunks of
+/// copy[n]) fit the workspace limit shared by `threads` running pieces at once, less what the work items of
+/// `kernelThreads` threads hold beyond one thread's (kernelThreads - 1) * thread[n], n the call's longest sentence:
+/// at most kernelThreads items run at once, and each piece's term counts one. The fixed chunks of
 /// kChunkRows sentences; a chunk over the limit or over kPieceBytes sentence by sentence; a sentence over the
 /// limit (`splitCopies`:
 /// mask-and-predict scoring) in windows of its positions' masked copies. Results do not depend on the cut:
 /// every kernel computes each sentence, row and copy on its own (the generated GEMM's rows, attention per
 /// sentence or copy). A piece that does not fit even alone is an LM_ERR_MEMORY naming what it needs.
 std::vector<Piece> planPieces(const int32_t *lengths, int32_t batch, const int64_t *sentence, const int64_t *copy,
-                              bool splitCopies, const char *entry, int64_t threads) {
+                              const int64_t *thread, bool splitCopies, const char *entry, int64_t threads,
+                              int64_t kernelThreads) {
   std::vector<Piece> pieces;
   const int64_t limit = workspaceLimit();
-  const double budget = double(limit) / double(threads);
+  const int32_t longest = batch > 0 ? *std::max_element(lengths, lengths + batch) : 0;
+  const double items = thread ? double(kernelThreads - 1) * double(thread[longest]) : 0.0;
+  const double budget = (double(limit) - items) / double(threads);
   auto bytes = [&](int64_t rows, int64_t n, int64_t copies) {
     return double(rows) * double(sentence[n]) + (copy ? double(copies) * double(copy[n]) : 0.0);
   };
@@ -470,6 +498,9 @@ std::vector<Piece> planPieces(const int32_t *lengths, int32_t batch, const int64
                           (threads > 1 ? " per thread (" + megabytes(double(limit)) + " for " +
                                              std::to_string(threads) + " threads)"
                                        : std::string()) +
+                          (items > 0 ? " less " + megabytes(items) + " for the work items of " +
+                                           std::to_string(kernelThreads) + " threads"
+                                     : std::string()) +
                           "; raise it (lm_set_workspace_limit, lmcc --max-memory)"};
       for (int64_t first = 0; first < len; first += window)
         pieces.push_back({b, 1, int32_t(first), int32_t(std::min<int64_t>(len, first + window))});
@@ -493,20 +524,31 @@ std::vector<Piece> spreadCopies(const std::vector<Piece> &pieces, const int32_t 
   return out;
 }
 
-Plan plan(const int32_t *lengths, int32_t batch, const int64_t *sentence, const int64_t *copy, bool splitCopies,
-          const char *entry) {
+/// The pieces of a call: side by side on every thread; else one at a time, the kernels on every thread; else (the
+/// other threads' work items are what does not fit) one at a time with the kernels on the calling thread alone.
+/// The last plan's LM_ERR_MEMORY is the call's.
+Plan plan(const int32_t *lengths, int32_t batch, const int64_t *sentence, const int64_t *copy, const int64_t *thread,
+          bool splitCopies, const char *entry) {
   const int threads = effectiveThreads();
-  Plan cut;
-  try {
-    cut = {planPieces(lengths, batch, sentence, copy, splitCopies, entry, threads), threads};
-  } catch (const Failure &f) {
-    if (f.code != LM_ERR_MEMORY || threads == 1)
-      throw;
-    return {planPieces(lengths, batch, sentence, copy, splitCopies, entry, 1), 1}; // one piece at a time fits
+  std::vector<std::pair<int, int>> tries{{threads, threads}}; // (pieces side by side, kernel threads)
+  if (threads > 1) {
+    tries.push_back({1, threads});
+    if (thread)
+      tries.push_back({1, 1});
   }
-  if (splitCopies && threads > 1 && int64_t(cut.pieces.size()) < threads)
-    cut.pieces = spreadCopies(cut.pieces, lengths, threads);
-  return cut;
+  for (size_t i = 0;; ++i) {
+    const auto [sideBySide, kernel] = tries[i];
+    try {
+      Plan cut{planPieces(lengths, batch, sentence, copy, thread, splitCopies, entry, sideBySide, kernel), sideBySide,
+               kernel};
+      if (splitCopies && sideBySide > 1 && int64_t(cut.pieces.size()) < sideBySide)
+        cut.pieces = spreadCopies(cut.pieces, lengths, sideBySide);
+      return cut;
+    } catch (const Failure &f) {
+      if (f.code != LM_ERR_MEMORY || i + 1 == tries.size())
+        throw;
+    }
+  }
 }
 
 // --- Per-chunk buffers ----------------------------------------------------------
@@ -752,7 +794,9 @@ void scoreImpl(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t 
     argumentError("model " + quoted(d->name) + " does not score by mask-and-predict: spans do not apply");
   checkSpans(spans, lengths, batch, stride);
   const bool withSpans = d->span_score != nullptr;
-  const Plan cut = plan(lengths, batch, d->score_sentence_bytes, d->score_copy_bytes, withSpans, "score");
+  const Plan cut =
+      plan(lengths, batch, d->score_sentence_bytes, d->score_copy_bytes, d->score_thread_bytes, withSpans, "score");
+  const KernelThreadCap cap(cut.kernelThreads);
   const std::vector<Piece> &pieces = cut.pieces;
   // Mask-and-predict pieces may cover part of a sentence's positions: their token log-probabilities are
   // collected here and every score is summed from them afterwards, in the order the kernel's sum uses (in
@@ -874,7 +918,9 @@ void embedImpl(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t 
     argumentError("model " + quoted(d->name) + " is a Diformer: it has no embed entry point (lm_rt_score_pairs)");
   if (!d->embed)
     internalError("model " + quoted(d->name) + " has no embed kernel");
-  const Plan cut = plan(lengths, batch, d->embed_sentence_bytes, d->embed_copy_bytes, /*splitCopies=*/false, "embed");
+  const Plan cut = plan(lengths, batch, d->embed_sentence_bytes, d->embed_copy_bytes, d->embed_thread_bytes,
+                        /*splitCopies=*/false, "embed");
+  const KernelThreadCap cap(cut.kernelThreads);
   const std::vector<Piece> &pieces = cut.pieces;
   lm_memref1f weights = memref1(m->weights, d->total_floats);
   forEachPiece(int64_t(pieces.size()), cut.threads, [&](int64_t p) {
@@ -1212,7 +1258,7 @@ extern "C" int64_t lm_rt_private_cache_bytes(void) {
 }
 
 extern "C" void lm_rt_parallel_for(int64_t n, lm_task_fn fn, void *ctx) {
-  const int threads = effectiveThreads();
+  const int threads = kernelThreads();
   if (threads <= 1 || n <= 1) {
     fn(ctx, 0, n);
     return;

@@ -18,7 +18,7 @@ extern "C" {
 #endif
 
 #ifndef LM_ABI_VERSION
-#define LM_ABI_VERSION 7
+#define LM_ABI_VERSION 8
 #endif
 /* Every tensor of the flat weight buffer, and the buffer itself, starts at a multiple of this many bytes
  * (lmcc's weight layout, codegen/Layout/WeightLayout.h, and the runtime's loader both use it). */
@@ -151,7 +151,8 @@ typedef struct {
   const lm_train_desc *train;
   /* ABI 4: mask-and-predict scoring takes spans (then `score` is NULL), and the memory model of the entry
    * points (codegen/Stats.h): a call on B sentences padded to n with C masked copies needs at most
-   * B * sentence_bytes[n] + C * copy_bytes[n] bytes of temporaries. Arrays of max_len + 1; NULL: unknown. */
+   * B * sentence_bytes[n] + C * copy_bytes[n] bytes of temporaries on one thread (more threads: ABI 8's
+   * thread_bytes). Arrays of max_len + 1; NULL: unknown. */
   lm_span_score_kernel span_score;
   const int64_t *score_sentence_bytes, *score_copy_bytes, *embed_sentence_bytes, *embed_copy_bytes;
   /* ABI 5: the Diformer's source/target scoring (then score, span_score and embed are NULL). */
@@ -170,6 +171,10 @@ typedef struct {
   /* ABI 7: nonzero when the kernels use AMX tiles (bf16 weights compiled for a CPU with AMX-BF16): lm_rt_load asks
    * the operating system for AMX tile state first (lm_rt_request_amx). */
   int32_t amx;
+  /* ABI 8: the memory model's term per thread: a call on T threads needs at most (T - 1) * thread_bytes[n] bytes
+   * more than the one-thread bound above (each thread's work item -- an attention task, a log-probability chunk --
+   * holds scratch of its own), n the call's longest sentence. Arrays of max_len + 1; NULL: unknown. */
+  const int64_t *score_thread_bytes, *embed_thread_bytes;
 } lm_model_desc;
 
 typedef struct lm_model lm_model;

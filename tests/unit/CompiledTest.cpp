@@ -274,23 +274,51 @@ TEST_P(Compiled, MatchesReference) {
     ASSERT_GE(lm_set_num_threads(threads), 1);
     if (threads == 2) {
       std::vector<float> lp2(ids.size(), sentinel), scores2(batch);
+      lm_rt_workspace_peak_bytes(/*reset=*/1);
       ASSERT_EQ(lm_rt_score(model, ids.data(), lengths.data(), batch, stride, lp2.data(), scores2.data()), LM_OK);
       EXPECT_EQ(lp2, lp) << "2 threads changed a token log-probability of the batch";
       EXPECT_EQ(scores2, scores) << "2 threads changed a score of the batch";
+      // One piece (the whole batch; mask-and-predict models instead score each sentence's copies in windows side
+      // by side, bounded by the workspace limit below) whose kernels run on 2 threads: at most the one-thread
+      // bound plus one thread_bytes[n] (the second thread's work item), n the longest sentence.
+      const lm_model_desc *d = descriptor();
+      const int32_t n = *std::max_element(lengths.begin(), lengths.end());
+      ASSERT_NE(d->score_thread_bytes, nullptr);
+      ASSERT_NE(d->embed_thread_bytes, nullptr);
+      if (!d->span_score) {
+        const int64_t oneThread = batch * d->score_sentence_bytes[n];
+        EXPECT_LE(int64_t(lm_rt_workspace_peak_bytes(0)), oneThread + d->score_thread_bytes[n])
+            << "score, the whole batch at 2 threads (the one-thread bound " << oneThread << ")";
+      }
+      std::vector<float> emb2(emb.size());
+      lm_rt_workspace_peak_bytes(/*reset=*/1);
+      ASSERT_EQ(lm_rt_embed(model, ids.data(), lengths.data(), batch, stride, emb2.data()), LM_OK);
+      EXPECT_EQ(emb2, emb) << "2 threads changed an embedding";
+      const int64_t copies = std::accumulate(lengths.begin(), lengths.end(), int64_t(0));
+      const int64_t oneThread =
+          batch * d->embed_sentence_bytes[n] + (d->embed_copy_bytes ? copies * d->embed_copy_bytes[n] : 0);
+      EXPECT_LE(int64_t(lm_rt_workspace_peak_bytes(0)), oneThread + d->embed_thread_bytes[n])
+          << "embed, the whole batch at 2 threads (the one-thread bound " << oneThread << ")";
     }
     for (int32_t b = 0; b < batch; b += 3) {
       float alone[64];
       float score = 0;
       lm_rt_workspace_peak_bytes(/*reset=*/1);
       ASSERT_EQ(lm_rt_score(model, ids.data() + size_t(b) * stride, &lengths[b], 1, stride, alone, &score), LM_OK);
-      if (threads == 1) {
+      {
         // The memory model (lmrt.h: a call on B sentences of n tokens with C masked copies needs at most
-        // B * sentence_bytes[n] + C * copy_bytes[n]) bounds what the kernel allocated; a mask-and-predict
-        // sentence scores a copy per position.
+        // B * sentence_bytes[n] + C * copy_bytes[n] on one thread, and (T - 1) * thread_bytes[n] more on T) bounds
+        // what the kernel allocated; a mask-and-predict sentence scores a copy per position, at 2 threads in two
+        // windows side by side (each piece its sentence term, and then no thread is left for the other's items;
+        // the thread term still counted: one window may end first).
         const lm_model_desc *d = descriptor();
         const int32_t len = lengths[b];
-        const int64_t bound = d->score_sentence_bytes[len] + (d->score_copy_bytes ? len * d->score_copy_bytes[len] : 0);
-        EXPECT_LE(int64_t(lm_rt_workspace_peak_bytes(0)), bound) << "sentence " << b << " (" << len << " tokens)";
+        const int64_t copies = d->score_copy_bytes ? len * d->score_copy_bytes[len] : 0;
+        const int64_t bound = threads == 1        ? d->score_sentence_bytes[len] + copies
+                              : d->span_score ? 2 * d->score_sentence_bytes[len] + copies + d->score_thread_bytes[len]
+                                              : d->score_sentence_bytes[len] + copies + d->score_thread_bytes[len];
+        EXPECT_LE(int64_t(lm_rt_workspace_peak_bytes(0)), bound)
+            << "sentence " << b << " (" << len << " tokens) at " << threads << " threads";
       }
       std::vector<float> got(alone, alone + lengths[b]);
       got.push_back(score);
@@ -359,13 +387,18 @@ TEST_P(Compiled, MatchesReference) {
         << "copies cost memory in a masked batch only";
     for (int threads : {1, 2}) {
       lm_set_num_threads(threads);
-      ASSERT_GE(lm_set_workspace_limit(threads * (d->score_sentence_bytes[n] + 2 * perCopy)), 0);
+      // Pieces of one sentence or two masked copies side by side, and the other thread's work item.
+      const int64_t scoreLimit = threads * (d->score_sentence_bytes[n] + 2 * perCopy) +
+                                 (threads - 1) * d->score_thread_bytes[n];
+      ASSERT_GE(lm_set_workspace_limit(scoreLimit), 0);
+      lm_rt_workspace_peak_bytes(/*reset=*/1);
       std::vector<float> cutLp(ids.size(), sentinel), cutScores(batch);
       std::vector<int32_t> cutScored(batch);
       ASSERT_EQ(lm_rt_score_ex(model, ids.data(), lengths.data(), batch, stride, cutLp.data(), cutScores.data(),
                                cutScored.data()),
                 LM_OK)
           << lm_last_error();
+      EXPECT_LE(int64_t(lm_rt_workspace_peak_bytes(0)), scoreLimit) << "score under a limit at " << threads << " threads";
       for (int32_t b = 0; b < batch; ++b) {
         for (int32_t t = 0; t < lengths[b]; ++t)
           ASSERT_EQ(cutLp[size_t(b) * stride + t], lp[size_t(b) * stride + t])
@@ -382,11 +415,14 @@ TEST_P(Compiled, MatchesReference) {
           ASSERT_EQ(cutSpanScores[b], spanScores[b]) << "word-l2r in pieces, sentence " << b;
       }
       std::vector<float> cutEmb(emb.size());
-      ASSERT_GE(lm_set_workspace_limit(threads * std::max(d->embed_sentence_bytes[n] +
-                                                              n * (d->embed_copy_bytes ? d->embed_copy_bytes[n] : 0),
-                                                          int64_t(1))),
-                0);
+      const int64_t embedLimit =
+          threads * std::max(d->embed_sentence_bytes[n] + n * (d->embed_copy_bytes ? d->embed_copy_bytes[n] : 0),
+                             int64_t(1)) +
+          (threads - 1) * d->embed_thread_bytes[n];
+      ASSERT_GE(lm_set_workspace_limit(embedLimit), 0);
+      lm_rt_workspace_peak_bytes(/*reset=*/1);
       ASSERT_EQ(lm_rt_embed(model, ids.data(), lengths.data(), batch, stride, cutEmb.data()), LM_OK) << lm_last_error();
+      EXPECT_LE(int64_t(lm_rt_workspace_peak_bytes(0)), embedLimit) << "embed under a limit at " << threads << " threads";
       EXPECT_EQ(cutEmb, emb) << "embed one sentence at a time";
     }
     ASSERT_GE(lm_set_workspace_limit(std::max<int64_t>(1, d->score_sentence_bytes[n] / 2)), 0);

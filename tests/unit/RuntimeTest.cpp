@@ -367,6 +367,66 @@ TEST_F(RuntimeTest, LoadsAndRuns) {
   EXPECT_EQ(emb, eEmb);
 }
 
+/// A score kernel whose work runs in a kernel parallel loop of 64 items (lm_rt_parallel_for), counting the
+/// loop's calls of its task: 1 when the loop runs on the calling thread alone.
+std::atomic<int> g_taskCalls{0};
+void fakeScoreInParallel(lm_memref1f *w, lm_memref2i *ids, lm_memref1i *lengths, lm_memref2f *lp, lm_memref1f *scores,
+                         lm_memref1i *nScored) {
+  lm_rt_parallel_for(64, [](void *, int64_t, int64_t) { ++g_taskCalls; }, nullptr);
+  fakeScore(w, ids, lengths, lp, scores, nScored);
+}
+
+// The memory model's thread term (ABI 8): a call on T threads plans for (T - 1) * thread_bytes[n] of the other
+// threads' work items. A call that fits only without them runs one piece at a time with its kernels' parallel loops
+// on the calling thread (same numbers); one that does not fit even so is an LM_ERR_MEMORY.
+TEST_F(RuntimeTest, WorkspaceLimitCountsTheOtherThreadsWorkItems) {
+  static const std::vector<int64_t> sentence(kMaxLen + 1, 1000), thread(kMaxLen + 1, 600);
+  lm_model_desc d = fakeDesc();
+  d.score = fakeScoreInParallel;
+  d.score_sentence_bytes = sentence.data();
+  d.score_thread_bytes = thread.data();
+  ASSERT_EQ(lm_rt_load(&d, path("w.safetensors").c_str(), &model_), LM_OK) << lm_last_error();
+  Batch b = randomBatch(1, 9, 2);
+  std::vector<float> eLp, eScores, eEmb;
+  std::vector<int32_t> eN;
+  expected(b, eLp, eScores, eN, eEmb);
+  if (std::thread::hardware_concurrency() < 2)
+    GTEST_SKIP() << "needs 2 hardware threads (the runtime uses at most what the machine offers)";
+  lm_set_num_threads(2);
+  const int64_t previous = lm_set_workspace_limit(1 << 20);
+  struct Case {
+    int64_t limit;
+    int status, taskCalls; // taskCalls: 1 = the kernel's loop on one thread, 0 = split (more than one call)
+  };
+  // 1000 + 600 fit 1 MB and 1600 bytes (the loop on both threads); 1599 and 1000 only with the loop on one
+  // thread; 999 not at all.
+  for (Case c : {Case{1 << 20, LM_OK, 0}, Case{1600, LM_OK, 0}, Case{1599, LM_OK, 1}, Case{1000, LM_OK, 1},
+                 Case{999, LM_ERR_MEMORY, -1}}) {
+    lm_set_workspace_limit(c.limit);
+    g_taskCalls = 0;
+    std::vector<float> lp(b.ids.size(), kSentinel), scores(1, kSentinel);
+    ASSERT_EQ(lm_rt_score(model_, b.ids.data(), b.lengths.data(), 1, b.stride, lp.data(), scores.data()), c.status)
+        << "limit " << c.limit << ": " << lm_last_error();
+    if (c.status != LM_OK) {
+      EXPECT_NE(std::string(lm_last_error()).find("over the workspace limit"), std::string::npos) << lm_last_error();
+      continue;
+    }
+    EXPECT_EQ(lp, eLp) << "limit " << c.limit;
+    EXPECT_EQ(scores, eScores) << "limit " << c.limit;
+    if (c.taskCalls == 1)
+      EXPECT_EQ(g_taskCalls.load(), 1) << "limit " << c.limit << ": the kernel's loop should stay on one thread";
+    else
+      EXPECT_GT(g_taskCalls.load(), 1) << "limit " << c.limit << ": the kernel's loop should be split";
+  }
+  // The cap is the call's: the next call (no limit) splits its loop again.
+  lm_set_workspace_limit(0);
+  g_taskCalls = 0;
+  std::vector<float> lp(b.ids.size(), kSentinel), scores(1, kSentinel);
+  ASSERT_EQ(lm_rt_score(model_, b.ids.data(), b.lengths.data(), 1, b.stride, lp.data(), scores.data()), LM_OK);
+  EXPECT_GT(g_taskCalls.load(), 1);
+  lm_set_workspace_limit(previous);
+}
+
 TEST_F(RuntimeTest, MissingTensorIsNamed) {
   WeightSet w = weights_;
   w.tensors.erase("bias");

@@ -345,6 +345,36 @@ func.func @logprob(%h: tensor<?x?x40xf32>, %ids: tensor<?x?xi32>, %len: tensor<?
   }
 }
 
+// The memory model's thread term: what one more thread's work item holds at once, for sentences of at most n tokens
+// -- an lm.attention task's scratch (head size 16: keys transposed and values packed, [M16, 16] each, and a tile's
+// scores [8, M16]; M16 = n rounded up to 16), an lm.token_logprob item's logits with the generated GEMM ([128, 16]
+// here: V = 11 rounded up to 16); nothing for products and element-wise ops.
+TEST(StatsTest, MemoryModelThreadTerm) {
+  mlir::MLIRContext ctx;
+  auto module = parse(ctx, (kChain + R"mlir(
+func.func @both(%h: tensor<?x?x32xf32>, %ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> tensor<?x?xf32> {
+  %a = lm.attention %h, %h, %h, %len {heads = 2 : i64, mask = #lm.mask<none>, scale = 2.500000e-01 : f32} : tensor<?x?x32xf32>, tensor<?x?x32xf32>, tensor<?x?x32xf32>, tensor<?xi32> -> tensor<?x?x32xf32>
+  %E = lm.weight "e" : tensor<11x32xf32>
+  %t = lm.token_logprob %a, %E, %ids, %len : (tensor<?x?x32xf32>, tensor<11x32xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?xf32>
+  return %t : tensor<?x?xf32>
+}
+)mlir").c_str());
+  ASSERT_TRUE(module);
+  auto up = [](int64_t bytes) { return bytes + 64; };
+  const int64_t maxLen = 40;
+  auto chain = codegen::memoryModel(*module, "chain", maxLen);
+  ASSERT_EQ(chain.perThread.size(), size_t(maxLen + 1));
+  EXPECT_EQ(*std::max_element(chain.perThread.begin(), chain.perThread.end()), 0);
+  auto generated = codegen::memoryModel(*module, "both", maxLen);
+  auto eigen = codegen::memoryModel(*module, "both", maxLen, /*amxCopies=*/false, /*generatedGemm=*/false);
+  const int64_t logits = up(128 * 16 * 4);
+  for (int64_t n = 1; n <= maxLen; ++n) {
+    const int64_t M16 = (n + 15) / 16 * 16, attention = 2 * up(M16 * 16 * 4) + up(8 * M16 * 4);
+    EXPECT_EQ(generated.perThread[n], std::max(attention, logits)) << "n " << n;
+    EXPECT_EQ(eigen.perThread[n], attention) << "n " << n << ": the runtime's GEMM writes one buffer of the op";
+  }
+}
+
 TEST(StatsTest, DynamicDimsRule) {
   mlir::MLIRContext ctx;
   loadLmDialects(ctx);

@@ -385,7 +385,8 @@ int runStats(const Options &o, const lmcc::ModelSpec &spec) {
   // on an AMX target, the GEMMs' rounded input copies included (as compileLibrary builds it).
   const bool amxCopies = o.weightsDtype == "bf16" && lmcc::codegen::targetHasAmx(o.cpu);
   for (const char *entry : {"score", "embed"}) {
-    lmcc::codegen::MemoryModel mm = lmcc::codegen::memoryModel(*module, entry, o.statsN, amxCopies);
+    lmcc::codegen::MemoryModel mm =
+        lmcc::codegen::memoryModel(*module, entry, o.statsN, amxCopies, o.gemm == "generated");
     if (mm.perSentence.empty())
       continue;
     const int64_t n = o.statsN, sentence = mm.perSentence[n], copy = mm.perCopy[n];
@@ -403,7 +404,9 @@ int runStats(const Options &o, const lmcc::ModelSpec &spec) {
         std::cout << " limit_bytes=" << limit << " copies_per_call=" << copies
                   << " peak_bytes=" << sentence + copies * copy;
     }
-    std::cout << "\n";
+    // What each thread past the first adds (its work items' scratch): the call above on T threads needs
+    // (T - 1) * thread_bytes more.
+    std::cout << " thread_bytes=" << mm.perThread[n] << "\n";
   }
   return kExitOk;
 }
