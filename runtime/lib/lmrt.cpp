@@ -498,9 +498,6 @@ std::vector<Piece> planPieces(const int32_t *lengths, int32_t batch, const int64
                           (threads > 1 ? " per thread (" + megabytes(double(limit)) + " for " +
                                              std::to_string(threads) + " threads)"
                                        : std::string()) +
-                          (items > 0 ? " less " + megabytes(items) + " for the work items of " +
-                                           std::to_string(kernelThreads) + " threads"
-                                     : std::string()) +
                           "; raise it (lm_set_workspace_limit, lmcc --max-memory)"};
       for (int64_t first = 0; first < len; first += window)
         pieces.push_back({b, 1, int32_t(first), int32_t(std::min<int64_t>(len, first + window))});
