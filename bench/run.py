@@ -58,7 +58,33 @@ def log(msg):
     print("[bench %s] %s" % (time.strftime("%H:%M:%S"), msg), flush=True)
 
 
+# The build a run measures: the tools it calls, stamped when it starts. Libraries are compiled lazily with
+# build/bin/lmcc and build/bench/* run entry by entry, so a rebuild during a run would mix two builds in one report
+# (or stop it half way with an obscure error): a changed stamp stops the run saying so.
+BUILD_TOOLS = (LMCC, BUILD / "bench" / "model_bench", BUILD / "bench" / "kernel_bench", BUILD / "lib" / "liblmrt.so")
+_build_stamp = None
+
+
+def check_build():
+    global _build_stamp
+    stamp = tuple(p.stat().st_mtime_ns if p.exists() else None for p in BUILD_TOOLS)
+    if _build_stamp is None:
+        _build_stamp = stamp
+    elif stamp != _build_stamp:
+        changed = [os.path.relpath(p, ROOT) for p, a, b in zip(BUILD_TOOLS, _build_stamp, stamp) if a != b]
+        raise SystemExit("bench: %s changed since the run started: its results would mix two builds; run a grid "
+                         "meant to last from a clone of its own (git clone . DIR && DIR/scripts/bench.sh)"
+                         % ", ".join(changed))
+
+
+def bench_binary(name):
+    """build/bench/<name>, the build unchanged since the run started."""
+    check_build()
+    return str(BUILD / "bench" / name)
+
+
 def run(cmd, **kw):
+    check_build()
     return subprocess.run([str(c) for c in cmd], check=True, text=True, capture_output=True, **kw).stdout
 
 
@@ -214,7 +240,7 @@ def gbench_results(data):
 
 
 def run_kernel_bench(quick, out_json, machine_only=False):
-    args = [BUILD / "bench" / "kernel_bench", "--benchmark_format=json", "--benchmark_out=%s" % out_json,
+    args = [bench_binary("kernel_bench"), "--benchmark_format=json", "--benchmark_out=%s" % out_json,
             "--benchmark_out_format=json"]
     if machine_only:
         args += ["--benchmark_min_time=0.3", "--benchmark_repetitions=3", "--benchmark_filter=machine"]
@@ -281,7 +307,7 @@ def run_model_bench(ws, points, limits, quick, est_limit):
         plan.write_text("".join(plan_line(ws, p, output_path(ws, p)) + "\n" for p in group))
         log("model_bench: %d entry points, %d repetitions" % (len(group), reps))
         out_json = ws.work / "model_bench.json"
-        subprocess.run([str(BUILD / "bench" / "model_bench"), "--plan", str(plan), "--benchmark_format=console",
+        subprocess.run([bench_binary("model_bench"), "--plan", str(plan), "--benchmark_format=console",
                         "--benchmark_out=%s" % out_json, "--benchmark_out_format=json",
                         "--benchmark_min_time=%s" % ("0.2" if quick else "0.5"),
                         "--benchmark_repetitions=%d" % reps], check=True)
@@ -299,7 +325,7 @@ def lmcc_round(ws, p, out, seconds):
     plan = ws.work / "plan-round.txt"
     plan.write_text(plan_line(ws, p, out) + "\n")
     out_json = ws.work / "model_bench-round.json"
-    proc = subprocess.run([str(BUILD / "bench" / "model_bench"), "--plan", str(plan), "--benchmark_out=%s" % out_json,
+    proc = subprocess.run([bench_binary("model_bench"), "--plan", str(plan), "--benchmark_out=%s" % out_json,
                            "--benchmark_out_format=json", "--benchmark_min_time=%s" % seconds],
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if proc.returncode != 0:  # the context header goes to stderr on every run: shown only with a failure
@@ -615,7 +641,7 @@ def profile_gaps(ws, gaps, seconds=2.0):
             log("profiling %s" % p.name)
             rec = subprocess.run(["perf", "record", "-q", "-e", "cpu-clock", "-F", "999", "-D", "-1",
                                   "--control", "fifo:%s" % (tmp / "ctl"), "-o", str(tmp / "perf.data"), "--",
-                                  str(BUILD / "bench" / "model_bench"), "--plan", str(tmp / "plan.txt"),
+                                  bench_binary("model_bench"), "--plan", str(tmp / "plan.txt"),
                                   "--perf-ctl", str(tmp / "ctl"), "--benchmark_min_time=%s" % seconds],
                                  text=True, capture_output=True)
             if rec.returncode != 0:
@@ -995,6 +1021,7 @@ def main():
     ap.add_argument("--report-from", metavar="RAW_JSON",
                     help="only write the report of an earlier run from its raw.json (in --work)")
     args = ap.parse_args()
+    check_build()  # the build's stamp: the run measures this one
     if args.report_from:
         return report_from(args)
     start = time.time()
