@@ -286,8 +286,7 @@ Wide threadPeak(Block &block, Sizes z, bool generatedGemm) {
     if (llvm::isa<lm::AttentionOp>(op))
       peak = std::max(peak, opScratch(&op, z, Counting{/*allocations=*/true}));
     else if (auto tl = llvm::dyn_cast<lm::TokenLogprobOp>(op); tl && generatedGemm)
-      peak = std::max<Wide>(
-          peak, allocationBytes(logprob::kChunkRows * logprob::scratchWidth(tl.getWeight().getType().getDimSize(0)) * 4));
+      peak = std::max<Wide>(peak, logprob::logitsBytes(tl.getWeight().getType().getDimSize(0), logprob::kChunkRows));
   }
   return peak;
 }
@@ -323,9 +322,9 @@ MemoryModel memoryModel(ModuleOp lmModule, llvm::StringRef entry, int64_t maxLen
     // Sentences of at most n tokens: the largest item of any length up to n (an attention task's scratch grows
     // with its keys; the runtime reads the entry of a call's longest sentence).
     model.perThread[n] = model.perThread[n - 1];
-    for (Block &block : fn.getBody())
-      model.perThread[n] = std::max(model.perThread[n], narrow(threadPeak(block, Sizes{1, n, 1}, generatedGemm), "bytes"));
     for (Block &block : fn.getBody()) {
+      model.perThread[n] =
+          std::max(model.perThread[n], narrow(threadPeak(block, Sizes{1, n, 1}, generatedGemm), "bytes"));
       // Every temporary is batch- or copies-major, so its bytes are linear in one of them: the peak of a
       // call, a maximum over program points of such sums, is at most B * (peak at B = 1, C = 0) + C * (peak
       // at B = 0, C = 1). (Tensors of static shape, if any, are counted in both.)

@@ -28,6 +28,8 @@ constexpr int64_t kChunkRows = 128; ///< rows per work item
 inline int64_t chunks(int64_t vocab) { return (vocab + kChunk - 1) / kChunk; }
 /// Columns of a row of the logits scratch: a chunk, or the whole vocabulary rounded up to 16 when it is smaller.
 inline int64_t scratchWidth(int64_t vocab) { return std::min(kChunk, (vocab + 15) / 16 * 16); }
+/// Bytes of a logits scratch of `rows` rows (a work item's, or with the runtime's GEMM the op's).
+inline int64_t logitsBytes(int64_t vocab, int64_t rows) { return allocationBytes(rows * scratchWidth(vocab) * 4); }
 /// Bytes lm.token_logprob allocates while it runs over `rows` rows of hidden states: each row's chunk maxima (f32)
 /// and exponential sums (f64), its target's logit (f32), and the rows' logits of one chunk (f32, scratchWidth
 /// columns). The logits are one [rows, width] buffer with the runtime's GEMM (`--gemm eigen`); with the generated
@@ -36,7 +38,7 @@ inline int64_t scratchWidth(int64_t vocab) { return std::min(kChunk, (vocab + 15
 /// model's thread term, Stats.h, counts the others).
 inline int64_t scratchBytes(int64_t vocab, int64_t rows) {
   return allocationBytes(rows * chunks(vocab) * 4) + allocationBytes(rows * chunks(vocab) * 8) +
-         allocationBytes(rows * 4) + allocationBytes(rows * scratchWidth(vocab) * 4);
+         allocationBytes(rows * 4) + logitsBytes(vocab, rows);
 }
 
 } // namespace logprob
