@@ -209,7 +209,8 @@ LMCC_EXPORT void @name@_free(@name@_model *m);
 const lm_model_desc *@name@_descriptor(void) { return &@name@_desc; }
 
 int @name@_load(const char *weights_path, @name@_model **out) {
-  return lm_rt_load(&@name@_desc, weights_path, (lm_model **)out);
+  int status = lm_rt_check_abi(LM_ABI_VERSION);
+  return status != LM_OK ? status : lm_rt_load(&@name@_desc, weights_path, (lm_model **)out);
 }
 
 int @name@_score(@name@_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride,
@@ -280,7 +281,8 @@ LMCC_EXPORT int @name@_loss_and_grad(@name@_model *m, const int32_t *inputs, con
   return lm_rt_loss_and_grad((lm_model *)m, inputs, targets, lengths, batch, stride, loss, grad);
 }
 LMCC_EXPORT int @name@_param_info(int32_t index, const char **name, int64_t *offset, int64_t *count) {
-  return lm_rt_param_info(&@name@_desc, index, name, offset, count);
+  int status = lm_rt_check_abi(LM_ABI_VERSION);
+  return status != LM_OK ? status : lm_rt_param_info(&@name@_desc, index, name, offset, count);
 }
 LMCC_EXPORT int @name@_trainer_new(@name@_model *m, @name@_trainer **out) {
   return lm_rt_trainer_new((lm_model *)m, (lm_trainer **)out);

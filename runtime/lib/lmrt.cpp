@@ -42,6 +42,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -940,6 +941,18 @@ void embedImpl(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t 
 // --- The C ABI ----------------------------------------------------------------------
 
 extern "C" {
+
+int lm_rt_check_abi(int version) {
+  if (version == LM_ABI_VERSION)
+    return LM_OK;
+  char message[320];
+  std::snprintf(message, sizeof message,
+                "this model library was generated for runtime ABI %d, but the liblmrt.so loaded in this process "
+                "implements ABI %d (a process loads one liblmrt.so: libraries compiled by different lmcc versions "
+                "cannot be used together; recompile them with one lmcc)",
+                version, LM_ABI_VERSION);
+  return fail(LM_ERR_ARGUMENT, message);
+}
 
 int lm_rt_load(const lm_model_desc *desc, const char *weights_path, lm_model **out) {
   return guarded([&] { loadImpl(desc, weights_path, out); });

@@ -18,7 +18,7 @@ extern "C" {
 #endif
 
 #ifndef LM_ABI_VERSION
-#define LM_ABI_VERSION 8
+#define LM_ABI_VERSION 9
 #endif
 /* Every tensor of the flat weight buffer, and the buffer itself, starts at a multiple of this many bytes
  * (lmcc's weight layout, codegen/Layout/WeightLayout.h, and the runtime's loader both use it). */
@@ -179,6 +179,12 @@ typedef struct {
 
 typedef struct lm_model lm_model;
 
+/* LM_OK when `version` is this runtime's LM_ABI_VERSION; else LM_ERR_ARGUMENT, the message naming both. Every
+ * generated library calls it with the version it was generated for before it hands its lm_model_desc to the
+ * runtime (<name>_load, <name>_param_info): a process has one liblmrt.so, the first one loaded, so the libraries
+ * of two lmcc versions in one program share it, and a descriptor of another layout would be misread. (ABI 9;
+ * a library of ABI <= 8 does not call it.) */
+LM_API int lm_rt_check_abi(int version);
 /* Loads weights (canonical names, F32/F16/BF16 safetensors; NULL path = embedded weights),
  * checks every tensor's presence, shape and finiteness against desc. */
 LM_API int lm_rt_load(const lm_model_desc *desc, const char *weights_path, lm_model **out);

@@ -489,6 +489,19 @@ TEST_F(RuntimeTest, LoadArgumentErrors) {
   EXPECT_EQ(m, nullptr);
 }
 
+// The version handshake of a generated library with the one liblmrt.so of its process.
+TEST_F(RuntimeTest, CheckAbiNamesBothVersions) {
+  EXPECT_EQ(lm_rt_check_abi(LM_ABI_VERSION), LM_OK);
+  for (int other : {LM_ABI_VERSION - 1, LM_ABI_VERSION + 1, 0}) {
+    EXPECT_EQ(lm_rt_check_abi(other), LM_ERR_ARGUMENT);
+    EXPECT_NE(std::string(lm_last_error()).find("generated for runtime ABI " + std::to_string(other) +
+                                                ", but the liblmrt.so loaded in this process implements ABI " +
+                                                std::to_string(LM_ABI_VERSION)),
+              std::string::npos)
+        << lm_last_error();
+  }
+}
+
 TEST_F(RuntimeTest, BadDescriptorsAreInternalErrors) {
   std::vector<lm_tensor_desc> table = fakeTable();
   lm_model_desc d = fakeDesc();
@@ -1193,6 +1206,28 @@ TEST_F(GeneratedTest, EndToEndLibraryRunsTheExamples) {
   write("bad_ids.txt", "1 2 40\n");
   EXPECT_NE(sh(d + "/score_c " + path("weights.safetensors") + " " + path("bad_ids.txt")), 0);
   EXPECT_NE(output_.find("outside the vocabulary"), std::string::npos) << output_;
+
+  // The same library as an lmcc of the previous ABI generated it (its glue built with that LM_ABI_VERSION), run
+  // with this liblmrt.so, as when two lmcc versions' libraries share a process: refused at load, naming both.
+  fs::create_directories(dir_ / "old");
+  fs::copy_file(LMRT_LIBRARY_DIR "/liblmrt.so", dir_ / "old" / "liblmrt.so");
+  const std::string old = d + "/old";
+  ASSERT_EQ(sh("cc -std=c99 -O1 -fPIC -shared -fvisibility=hidden -DLM_ABI_VERSION=" +
+               std::to_string(LM_ABI_VERSION - 1) + " -I " LMCC_SOURCE_DIR "/runtime/lib " + d + "/glue.c " + d +
+               "/kernels.c -o " + old + "/libexample_model.so -L " + old +
+               " -llmrt -Wl,-soname,libexample_model.so '-Wl,-rpath,$ORIGIN' -Wl,--no-undefined"),
+            0)
+      << output_;
+  ASSERT_EQ(sh("cc -std=c99 -Wall -Wextra -Werror " LMCC_SOURCE_DIR "/examples/score.c -I " + d + " -L " + old +
+               " -lexample_model -Wl,-rpath," + old + " -o " + old + "/score_c"),
+            0)
+      << output_;
+  EXPECT_NE(sh(old + "/score_c " + path("weights.safetensors") + " " + path("ids.txt")), 0);
+  EXPECT_NE(output_.find("generated for runtime ABI " + std::to_string(LM_ABI_VERSION - 1) +
+                         ", but the liblmrt.so loaded in this process implements ABI " +
+                         std::to_string(LM_ABI_VERSION)),
+            std::string::npos)
+      << output_;
 
   // Text through the C API (examples/score_text.c): tokenizer functions come from the model library too.
   ASSERT_EQ(sh("cc -std=c99 -Wall -Wextra -Werror " LMCC_SOURCE_DIR "/examples/score_text.c -I " + d + " -L " + d +
