@@ -1181,22 +1181,22 @@ TEST_F(GeneratedTest, EndToEndLibraryRunsTheExamples) {
   write("kernels.c", kFakeKernelsC);
   fs::copy_file(LMRT_LIBRARY_DIR "/liblmrt.so", dir_ / "liblmrt.so");
   const std::string d = dir_.string();
-  ASSERT_EQ(sh("cc -std=c99 -O1 -fPIC -shared -fvisibility=hidden -I " LMCC_SOURCE_DIR "/runtime/lib " + d +
-               "/glue.c " + d + "/kernels.c -o " + d + "/libexample_model.so -L " + d +
-               " -llmrt -Wl,-soname,libexample_model.so '-Wl,-rpath,$ORIGIN' -Wl,--no-undefined"),
-            0)
-      << output_;
+  // The library from glue.c + kernels.c into `out` (beside its liblmrt.so), and examples/score.c linked to it.
+  auto buildLibraryAndScoreC = [&](const std::string &out, const std::string &flags) {
+    return sh("cc -std=c99 -O1 -fPIC -shared -fvisibility=hidden " + flags + " -I " LMCC_SOURCE_DIR "/runtime/lib " +
+              d + "/glue.c " + d + "/kernels.c -o " + out + "/libexample_model.so -L " + out +
+              " -llmrt -Wl,-soname,libexample_model.so '-Wl,-rpath,$ORIGIN' -Wl,--no-undefined") == 0 &&
+           sh("cc -std=c99 -Wall -Wextra -Werror " LMCC_SOURCE_DIR "/examples/score.c -I " + d + " -L " + out +
+              " -lexample_model -Wl,-rpath," + out + " -o " + out + "/score_c") == 0;
+  };
+  ASSERT_TRUE(buildLibraryAndScoreC(d, "")) << output_;
   WeightSet w = initWeights(spec, 1);
   writeSafetensors(path("weights.safetensors"), w);
   write("ids.txt", "3 7 9\n\n5 1\n39 0 2 4 6 8 10 12 14 16 18 20\n");
   const std::string expected = "{\"token_logprobs\":[-0.5,-1,-1.25],\"score\":-2.75}\n"
                                "{\"token_logprobs\":[-0.75,-0.25],\"score\":-1}\n";
 
-  // C: linked with -lexample_model alone (lm_last_error comes from the model library).
-  ASSERT_EQ(sh("cc -std=c99 -Wall -Wextra -Werror " LMCC_SOURCE_DIR "/examples/score.c -I " + d + " -L " + d +
-               " -lexample_model -Wl,-rpath," + d + " -o " + d + "/score_c"),
-            0)
-      << output_;
+  // C: score_c is linked with -lexample_model alone (lm_last_error comes from the model library).
   ASSERT_EQ(sh(d + "/score_c " + path("weights.safetensors") + " " + path("ids.txt")), 0) << output_;
   EXPECT_EQ(output_.substr(0, expected.size()), expected) << output_;
   EXPECT_EQ(std::count(output_.begin(), output_.end(), '\n'), 3) << output_;
@@ -1212,16 +1212,7 @@ TEST_F(GeneratedTest, EndToEndLibraryRunsTheExamples) {
   fs::create_directories(dir_ / "old");
   fs::copy_file(LMRT_LIBRARY_DIR "/liblmrt.so", dir_ / "old" / "liblmrt.so");
   const std::string old = d + "/old";
-  ASSERT_EQ(sh("cc -std=c99 -O1 -fPIC -shared -fvisibility=hidden -DLM_ABI_VERSION=" +
-               std::to_string(LM_ABI_VERSION - 1) + " -I " LMCC_SOURCE_DIR "/runtime/lib " + d + "/glue.c " + d +
-               "/kernels.c -o " + old + "/libexample_model.so -L " + old +
-               " -llmrt -Wl,-soname,libexample_model.so '-Wl,-rpath,$ORIGIN' -Wl,--no-undefined"),
-            0)
-      << output_;
-  ASSERT_EQ(sh("cc -std=c99 -Wall -Wextra -Werror " LMCC_SOURCE_DIR "/examples/score.c -I " + d + " -L " + old +
-               " -lexample_model -Wl,-rpath," + old + " -o " + old + "/score_c"),
-            0)
-      << output_;
+  ASSERT_TRUE(buildLibraryAndScoreC(old, "-DLM_ABI_VERSION=" + std::to_string(LM_ABI_VERSION - 1))) << output_;
   EXPECT_NE(sh(old + "/score_c " + path("weights.safetensors") + " " + path("ids.txt")), 0);
   EXPECT_NE(output_.find("generated for runtime ABI " + std::to_string(LM_ABI_VERSION - 1) +
                          ", but the liblmrt.so loaded in this process implements ABI " +
