@@ -372,13 +372,13 @@ def fmt_speedup(mine, other):
     return "%.2fx" % speedup(mine, other) + (", %d/%d" % (sum(x < y for x, y in pairs), len(pairs)) if pairs else "")
 
 
-def run_rounds(ws, points, lmcc, limits, quick, est_limit):
+def run_rounds(ws, points, lmcc, limits, quick, est_limit, checkpoint=lambda peer: None):
     """The points with peers: lmcc's optimized library, its naive one (when the plan has that point) and each
     peer, timed in alternating rounds on the same ids. A slow spell of the machine (common on shared hosts)
     then falls on every contender of an entry alike, instead of on whichever was timed in that minute.
     Each peer is checked against lmcc's results before it is timed (one that disagrees is reported, not
     timed). Fills lmcc's results of these points and returns the peers'. The peers of one (model, entry,
-    threads) are built once and serve every n and batch of it."""
+    threads) are built once and serve every n and batch of it. checkpoint(peers so far) runs after each entry."""
     sys.path.insert(0, str(ROOT / "bench"))
     import peers
     out, groups = {}, {}
@@ -409,6 +409,7 @@ def run_rounds(ws, points, lmcc, limits, quick, est_limit):
             if q is not None and q.name in lmcc:
                 q = None  # skipped above
             time_point(ws, p, q, made, slow, lmcc, out, quick, est_limit)
+            checkpoint(out)
             if p.n == max(r.n for r in group if r.batch == p.batch):
                 slow.clear()
         del made
@@ -767,9 +768,10 @@ def timing_text(rounds):
 
 
 def write_report(ws, date, quick, limits, kernels, points, lmcc, peer, out_dir, versions, wall, machine, only=None,
-                 command=None, profiles=None, rounds=None):
+                 command=None, profiles=None, rounds=None, partial=False):
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = free_stem(out_dir, date + ("-quick" if quick else "") + ("-only" if only else ""))
+    stem = free_stem(out_dir, date + ("-quick" if quick else "") + ("-only" if only else "") +
+                     ("-partial" if partial else ""))
     flags = flags_of(quick, only)
     md = ["# lmcc benchmarks, %s%s" % (date, " (%s)" % flags.strip() if flags else ""), "",
           "Command: `%s` (%.0f s wall). %s" % (command or command_line(flags), wall, versions), "",
@@ -780,6 +782,11 @@ def write_report(ws, date, quick, limits, kernels, points, lmcc, peer, out_dir, 
           "(`lmcc compile --stats`) and this run's peak and bandwidth for the same thread count. `x bound` = time / "
           "bound. Peers were checked against lmcc's results on the same ids before being timed (max abs difference "
           "in the last column).", ""]
+    if partial:
+        done = sum(1 for p in points if p.name in lmcc)
+        md += ["**A partial run**: written with `--report-from` from the results the run had saved when it stopped: "
+               "%d of the grid's %d entries; the others are missing from the tables, and no gap was profiled."
+               % (done, len(points)), ""]
 
     # Entry points vs peers
     md += ["## Entry points: lmcc (optimized) vs PyTorch and ONNX Runtime", "",
@@ -1002,7 +1009,7 @@ def report_from(args):
     path = write_report(ws, meta["date"], meta["quick"], limits, raw["kernels"], points, raw["lmcc"],
                         raw["peers"], Path(args.out), meta["versions"], meta["wall"],
                         machine_text(limits, start, end, note), meta.get("only"), command=meta.get("command"),
-                        profiles=raw.get("profiles"), rounds=meta.get("rounds"))
+                        profiles=raw.get("profiles"), rounds=meta.get("rounds"), partial=raw.get("partial", False))
     log("wrote %s" % path)
 
 
@@ -1028,8 +1035,10 @@ def main():
     est_limit = args.max_call or (5.0 if args.quick else 60.0)
     ws = Workspace(args.work)
     date = datetime.date.today().isoformat()
+    # Files per kind of run, so that a --quick or --only run does not replace a full grid's raw results.
+    tag = "-quick" if args.quick else "-only" if args.only else ""
     log("kernel_bench (machine limits, GEMM, attention)")
-    kernels = run_kernel_bench(args.quick, ws.work / "kernel_bench.json", machine_only=bool(args.only))
+    kernels = run_kernel_bench(args.quick, ws.work / ("kernel_bench%s.json" % tag), machine_only=bool(args.only))
     limits = machine_limits(kernels)
     log(machine_text(limits))
     points = make_plan(args.quick, args.only)
@@ -1041,31 +1050,42 @@ def main():
     # Entries with peers are timed in rounds with them (and with their naive variant); the rest in one process.
     paired = [] if args.no_peers else [p for p in points if has_peers(p)]
     naive = {p.name.replace("/opt/", "/naive/") for p in paired}
+    versions = "lmcc %s" % run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"]).strip()
+    command = command_line(flags_of(args.quick, args.only))
+    raw_path = ws.work / ("raw%s.json" % tag)
+
+    def save_raw(lmcc, peer, partial, **more):
+        """raw<tag>.json, written to a temporary name and renamed: after every entry (`partial`: a stopped run's
+        report can still be written from it with --report-from) and at the end."""
+        meta = {"date": date, "quick": args.quick, "only": args.only, "versions": versions,
+                "wall": time.time() - start, "command": command,
+                "rounds": {"rounds": ROUNDS, "seconds": ROUND_SECONDS} if paired else None}
+        data = {"limits": {"%s/%d" % k: v for k, v in limits.items()}, "kernels": kernels, "lmcc": lmcc,
+                "peers": peer, "meta": meta, "partial": partial}
+        data.update(more)
+        tmp = raw_path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(data, default=str, indent=1))
+        os.replace(tmp, raw_path)
+
     lmcc = run_model_bench(ws, [p for p in points if p not in paired and p.name not in naive], limits, args.quick,
                            est_limit)
-    versions = "lmcc %s" % run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"]).strip()
+    save_raw(lmcc, {}, True)
     peer = {}
     if paired:
         import onnxruntime
         import torch
         versions += ", PyTorch %s (PyPI wheel, CPU)" % torch.__version__ + ", ONNX Runtime %s (PyPI)" % onnxruntime.__version__
         peer = run_rounds(ws, [p for p in points if p in paired or p.name in naive], lmcc, limits, args.quick,
-                          est_limit)
-    (ws.work / "raw-lmcc.json").write_text(json.dumps(lmcc, default=str, indent=1))
+                          est_limit, checkpoint=lambda so_far: save_raw(lmcc, so_far, True))
     log("kernel_bench (machine limits again, at the end)")
-    end = machine_limits(run_kernel_bench(args.quick, ws.work / "kernel_bench-end.json", machine_only=True))
+    end = machine_limits(run_kernel_bench(args.quick, ws.work / ("kernel_bench-end%s.json" % tag),
+                                          machine_only=True))
     used = combine_limits(limits, end)
     # Where the time of every gap entry goes: each one profiled alone, after all timing.
     profiles = profile_gaps(ws, find_gaps(ws, used, points, lmcc, peer))
     wall = time.time() - start
     rounds = {"rounds": ROUNDS, "seconds": ROUND_SECONDS} if paired else None
-    command = command_line(flags_of(args.quick, args.only))
-    (ws.work / "raw.json").write_text(json.dumps({
-        "limits": {"%s/%d" % k: v for k, v in limits.items()}, "limits_end": {"%s/%d" % k: v for k, v in end.items()},
-        "kernels": kernels, "lmcc": lmcc, "peers": peer, "profiles": profiles,
-        "meta": {"date": date, "quick": args.quick, "only": args.only, "versions": versions, "wall": wall,
-                 "command": command, "rounds": rounds}},
-        default=str, indent=1))
+    save_raw(lmcc, peer, False, limits_end={"%s/%d" % k: v for k, v in end.items()}, profiles=profiles)
     path = write_report(ws, date, args.quick, used, kernels, points, lmcc, peer, Path(args.out), versions, wall,
                         machine_text(used, limits, end), args.only, command, profiles, rounds)
     log("wrote %s (%.0f s)" % (path, time.time() - start))
