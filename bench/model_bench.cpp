@@ -21,12 +21,28 @@
 // holds the timed calls only, not the loading of the weights (bench/run.py profiles the
 // report's gap entries this way).
 //
+// A/B mode: two libraries of one model (two lmcc builds, or two sets of flags), or one
+// library at two thread counts, called alternately in one process:
+//   build/bench/model_bench --ab LIB_A LIB_B MODEL WEIGHTS score|embed IDS THREADS_A THREADS_B [ROUNDS]
+// says whether both give bit-identical results (one pipeline at two thread counts or built
+// by two lmcc versions should; --naive and the optimized pipeline round differently: then the
+// largest difference), then times ROUNDS rounds (default 16), each calling A and B for about
+// 0.2 s, the order reversed every other round, and prints B's speedup over A: the median of
+// the per-round ratios, with the rounds B won. On a shared host, model_bench processes a
+// minute apart differ by more than the few percent a change is worth (2026-11-30: a runtime
+// change read 1.03-1.13x faster in alternating processes, 0.99-1.01x alternating calls in
+// one). Both libraries run under the first one's liblmrt.so (a process loads one): their
+// runtime ABI must be the same (lm_rt_check_abi says so at load).
+//
 //===----------------------------------------------------------------------===//
 #include "lmrt.h"
 
 #include <benchmark/benchmark.h>
 #include <dlfcn.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -202,9 +218,97 @@ void BM_Entry(benchmark::State &state, Plan p) {
   state.counters["sentences"] = benchmark::Counter(double(rows) * state.iterations(), benchmark::Counter::kIsRate);
 }
 
+/// --ab: see the header. Both models stay loaded; every call's results are compared with its side's first.
+int runAb(const std::vector<std::string> &args) {
+  if (args.size() < 8 || args.size() > 9 || (args[4] != "score" && args[4] != "embed"))
+    fail("usage: model_bench --ab LIB_A LIB_B MODEL WEIGHTS score|embed IDS THREADS_A THREADS_B [ROUNDS]");
+  auto positive = [](const std::string &text, const char *what) {
+    char *end = nullptr;
+    const long v = std::strtol(text.c_str(), &end, 10);
+    if (text.empty() || *end || v < 1 || v > 4096)
+      fail(std::string(what) + " '" + text + "' is not an integer in [1, 4096]");
+    return int(v);
+  };
+  const int threads[2] = {positive(args[6], "THREADS_A"), positive(args[7], "THREADS_B")};
+  const int rounds = args.size() == 9 ? positive(args[8], "ROUNDS") : 16;
+  const bool score = args[4] == "score";
+  Plan plans[2];
+  Library *libs[2];
+  lm_model *models[2];
+  Batch batch = readIds(args[5]);
+  const auto rows = int32_t(batch.lengths.size());
+  std::vector<float> results[2];
+  for (int s = 0; s < 2; ++s) {
+    plans[s].library = args[s], plans[s].model = args[2], plans[s].weights = args[3];
+    libs[s] = &open(plans[s]);
+    if (libs[s]->load(libs[s]->desc, args[3].c_str(), &models[s]) != LM_OK)
+      fail(args[s] + ": cannot load " + args[3] + ": " + libs[s]->lastError());
+  }
+  std::vector<float> logprobs(size_t(rows) * batch.stride), out(score ? rows : size_t(rows) * libs[0]->desc->d_model);
+  auto call = [&](int s) {
+    libs[s]->setThreads(threads[s]);
+    const int status = score ? libs[s]->score(models[s], batch.ids.data(), batch.lengths.data(), rows, batch.stride,
+                                              logprobs.data(), out.data())
+                             : libs[s]->embed(models[s], batch.ids.data(), batch.lengths.data(), rows, batch.stride,
+                                              out.data());
+    if (status != LM_OK)
+      fail(args[s] + ": call failed: " + libs[s]->lastError());
+    if (score) // the token log-probabilities too
+      out.insert(out.end(), logprobs.begin(), logprobs.end());
+    if (results[s].empty())
+      results[s] = out;
+    else if (out != results[s])
+      fail(args[s] + ": two calls on the same ids gave different results");
+    out.resize(score ? rows : size_t(rows) * libs[0]->desc->d_model);
+  };
+  using Clock = std::chrono::steady_clock;
+  double first = 0;
+  for (int s = 0; s < 2; ++s) { // warm-up (the workspace cache fills), and how many calls make 0.2 s
+    auto start = Clock::now();
+    call(s);
+    first = std::max(first, std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  const bool identical = results[0] == results[1];
+  double diff = 0;
+  for (size_t i = 0; i < results[0].size(); ++i)
+    diff = std::max(diff, double(std::fabs(results[0][i] - results[1][i])));
+  const int calls = std::max(1, int(0.2 / std::max(first, 1e-6)));
+  std::vector<double> times[2], ratios;
+  int won = 0;
+  for (int r = 0; r < rounds; ++r) {
+    double t[2];
+    for (int k = 0; k < 2; ++k) {
+      const int s = r % 2 ? 1 - k : k;
+      auto start = Clock::now();
+      for (int c = 0; c < calls; ++c)
+        call(s);
+      t[s] = std::chrono::duration<double>(Clock::now() - start).count() / calls;
+      times[s].push_back(t[s]);
+    }
+    ratios.push_back(t[0] / t[1]);
+    won += t[1] < t[0];
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+  };
+  std::printf("B = %s (%d threads) over A = %s (%d threads): %s of %d sentences (%s), %d rounds of %d calls\n",
+              args[1].c_str(), threads[1], args[0].c_str(), threads[0], args[4].c_str(), rows, args[5].c_str(),
+              rounds, calls);
+  char same[64];
+  std::snprintf(same, sizeof same, identical ? "bit-identical" : "max |A - B| %.3g", diff);
+  std::printf("%s  speedup %.3fx  B won %d/%d  A median %.3f ms  B median %.3f ms\n", same, median(ratios), won,
+              rounds, median(times[0]) * 1e3, median(times[1]) * 1e3);
+  for (int s = 0; s < 2; ++s)
+    libs[s]->free(models[s]);
+  return 0;
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
+  if (argc > 1 && std::string(argv[1]) == "--ab")
+    return runAb(std::vector<std::string>(argv + 2, argv + argc));
   std::string planPath;
   std::vector<char *> rest;
   for (int i = 0; i < argc; ++i) {
