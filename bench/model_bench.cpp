@@ -244,6 +244,8 @@ int runAb(const std::vector<std::string> &args) {
     if (libs[s]->load(libs[s]->desc, args[3].c_str(), &models[s]) != LM_OK)
       fail(args[s] + ": cannot load " + args[3] + ": " + libs[s]->lastError());
   }
+  if (libs[0]->desc->d_model != libs[1]->desc->d_model || libs[0]->desc->vocab != libs[1]->desc->vocab)
+    fail(args[0] + " and " + args[1] + " are not libraries of one model (d_model or vocabulary differ)");
   std::vector<float> logprobs(size_t(rows) * batch.stride), out(score ? rows : size_t(rows) * libs[0]->desc->d_model);
   auto call = [&](int s) {
     libs[s]->setThreads(threads[s]);
