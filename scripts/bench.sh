@@ -7,6 +7,8 @@
 #   scripts/bench.sh --only RE  the grid's entries whose name matches RE (e.g. 'tta/opt/score/n:10/batch:1/'),
 #                               machine limits only: bench/results/<date>-only.md
 #   scripts/bench.sh --no-train the full grid without the training grid that follows it (about 15 min less)
+# A run stopped before its end leaves its results so far in ~/.cache/lmcc-bench/work/raw[-quick|-only].json:
+#   "$LMCC_BENCH_VENV"/bin/python bench/run.py --report-from ~/.cache/lmcc-bench/work/raw.json  (<date>-partial.md)
 # Needs nothing the tests install: OpenBLAS (scripts/bench-deps.sh) and a virtual environment with the
 # PyPI wheels of torch (CPU), onnxruntime, onnx, onnxscript and matplotlib ($LMCC_BENCH_VENV,
 # default ~/.cache/lmcc-bench/venv), made here on first use.
