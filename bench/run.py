@@ -1052,14 +1052,14 @@ def main():
     naive = {p.name.replace("/opt/", "/naive/") for p in paired}
     versions = "lmcc %s" % run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"]).strip()
     command = command_line(flags_of(args.quick, args.only))
+    rounds = {"rounds": ROUNDS, "seconds": ROUND_SECONDS} if paired else None
     raw_path = ws.work / ("raw%s.json" % tag)
 
     def save_raw(lmcc, peer, partial, **more):
         """raw<tag>.json, written to a temporary name and renamed: after every entry (`partial`: a stopped run's
         report can still be written from it with --report-from) and at the end."""
         meta = {"date": date, "quick": args.quick, "only": args.only, "versions": versions,
-                "wall": time.time() - start, "command": command,
-                "rounds": {"rounds": ROUNDS, "seconds": ROUND_SECONDS} if paired else None}
+                "wall": time.time() - start, "command": command, "rounds": rounds}
         data = {"limits": {"%s/%d" % k: v for k, v in limits.items()}, "kernels": kernels, "lmcc": lmcc,
                 "peers": peer, "meta": meta, "partial": partial}
         data.update(more)
@@ -1084,7 +1084,6 @@ def main():
     # Where the time of every gap entry goes: each one profiled alone, after all timing.
     profiles = profile_gaps(ws, find_gaps(ws, used, points, lmcc, peer))
     wall = time.time() - start
-    rounds = {"rounds": ROUNDS, "seconds": ROUND_SECONDS} if paired else None
     save_raw(lmcc, peer, False, limits_end={"%s/%d" % k: v for k, v in end.items()}, profiles=profiles)
     path = write_report(ws, date, args.quick, used, kernels, points, lmcc, peer, Path(args.out), versions, wall,
                         machine_text(used, limits, end), args.only, command, profiles, rounds)
