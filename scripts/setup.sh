@@ -3,6 +3,11 @@
 # lmcc into build/ with Ninja. Safe to run repeatedly: a warm tree rebuilds incrementally.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+# One setup of a tree at a time: a second one (scripts/bench-deps.sh runs this one, and so do demo.sh and test.sh)
+# waits here. Two at once raced in apt-get and in build/, and doubled the compilers: on a 24 GB machine the kernel
+# killed them (a compile of codegen/ reached 12 GB).
+exec 9<"$root/scripts/setup.sh"
+flock 9
 
 packages=(
   cmake ninja-build ccache g++ pkg-config python3
