@@ -6,7 +6,7 @@
 //
 //   gemm_ab build OUT.so [--tile RxC|amx] M K N [M K N ...]
 //       compiles this build's generated GEMM (codegen/LmToLoops/Gemm.cpp) for each shape's (N, K), in the register
-//       tile lmcc picks for this host or RxC (rows x columns, e.g. 6x64), or the bf16 AMX kernel (`amx`: weights
+//       tile lmcc picks for this host and that depth (GemmTile::forDepth) or RxC (rows x columns, e.g. 6x64), or the bf16 AMX kernel (`amx`: weights
 //       packed as bf16 pairs; only against another AMX build, on a host with AMX-BF16), into the shared library
 //       OUT.so;
 //   gemm_ab compare A.so B.so [--rounds R] [--cold] M K N [M K N ...]
@@ -43,6 +43,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <new>
 #include <random>
 #include <string>
@@ -88,21 +89,30 @@ std::vector<Shape> shapesOf(const std::vector<std::string> &args) {
 // The library's functions per (N, K): ab_pack_<N>x<K> (W [N, K] -> packed) and ab_gemm_<N>x<K> (A, packed, C).
 std::string suffix(const Shape &s) { return std::to_string(s.n) + "x" + std::to_string(s.k); }
 
-void build(const std::string &out, lmcc::codegen::GemmTile tile, const std::vector<Shape> &shapes) {
+/// `tileOf(k)`: the tile of a weight of depth k.
+void build(const std::string &out, const std::function<lmcc::codegen::GemmTile(int64_t)> &tileOf,
+           const std::vector<Shape> &shapes) {
   std::vector<std::pair<int64_t, int64_t>> nk;
-  for (const Shape &s : shapes)
+  std::vector<lmcc::codegen::GemmTile> tiles;
+  for (const Shape &s : shapes) {
     if (std::find(nk.begin(), nk.end(), std::make_pair(s.n, s.k)) == nk.end())
       nk.push_back({s.n, s.k});
+    const lmcc::codegen::GemmTile t = tileOf(s.k);
+    if (std::none_of(tiles.begin(), tiles.end(), [&](const auto &u) { return u.name() == t.name(); }))
+      tiles.push_back(t);
+  }
   mlir::MLIRContext context;
-  auto module = lmcc::codegen::buildGemmModule(context, nk, {tile});
+  auto module = lmcc::codegen::buildGemmModule(context, nk, tiles);
+  std::string names;
   for (auto [n, k] : nk) { // tile-independent names, so that libraries of different tiles compare
-    const std::string to = suffix({0, k, n}), from = to + "_" + tile.name();
+    const std::string tile = tileOf(k).name(), to = suffix({0, k, n}), from = to + "_" + tile;
     module->lookupSymbol<mlir::func::FuncOp>("lm_bench_pack_" + from).setSymName("ab_pack_" + to);
     module->lookupSymbol<mlir::func::FuncOp>("lm_bench_gemm_" + from).setSymName("ab_gemm_" + to);
+    names += " " + to + ":" + tile;
   }
   if (std::string err = lmcc::codegen::emitKernelLibrary(*module, out); !err.empty())
     fail(err);
-  std::printf("%s: %zu GEMM shapes, tile %s\n", out.c_str(), nk.size(), tile.name().c_str());
+  std::printf("%s: %zu GEMM shapes (N x K: tile):%s\n", out.c_str(), nk.size(), names.c_str());
 }
 
 /// 2 MB-aligned, advised as huge pages, zeroed: as liblmrt holds weights and activations.
@@ -250,11 +260,15 @@ int run(const std::vector<std::string> &args) {
   if (mode == "build") {
     const std::string out = args[1];
     auto tile = lmcc::codegen::GemmTile::forVectorBits(lmcc::codegen::targetVectorBits(""));
+    std::function<lmcc::codegen::GemmTile(int64_t)> tileOf = [tile](int64_t k) {
+      return lmcc::codegen::GemmTile::forDepth(tile, k, lmcc::codegen::hostL1Ways());
+    };
     std::vector<std::string> rest(args.begin() + 2, args.end());
     if (rest.size() >= 2 && rest[0] == "--tile" && rest[1] == "amx") {
       if (!lmcc::codegen::targetHasAmx(""))
         fail("--tile amx: this host has no AMX-BF16");
       tile = lmcc::codegen::GemmTile::forTarget(512, /*bf16=*/true, /*hasBf16Dot=*/true, /*hasAmx=*/true);
+      tileOf = [tile](int64_t) { return tile; };
       rest.erase(rest.begin(), rest.begin() + 2);
     } else if (rest.size() >= 2 && rest[0] == "--tile") {
       const std::string t = rest[1];
@@ -266,9 +280,10 @@ int run(const std::vector<std::string> &args) {
         fail("--tile " + t + ": columns must be a multiple of " + std::to_string(tile.lanes) + " dividing " +
              std::to_string(lmcc::codegen::kPanel) + ", and rows x vectors at most 28 accumulators");
       tile.rows = r, tile.vectors = c / tile.lanes;
+      tileOf = [tile](int64_t) { return tile; };
       rest.erase(rest.begin(), rest.begin() + 2);
     }
-    build(out, tile, shapesOf(rest));
+    build(out, tileOf, shapesOf(rest));
   } else if (mode == "compare") {
     if (args.size() < 3)
       usage();

@@ -86,8 +86,12 @@ using namespace lmcc::codegen::abi;
 const bool g_avx512 = lmcc::codegen::targetVectorBits("") >= 512;
 const lmcc::codegen::GemmTile g_tile = lmcc::codegen::GemmTile::forVectorBits(g_avx512 ? 512 : 256);
 
+/// The tile lmcc picks on this host for a weight of the shape's depth (GemmTile::forDepth).
+lmcc::codegen::GemmTile tileOf(const Shape &s) {
+  return lmcc::codegen::GemmTile::forDepth(g_tile, s.k, lmcc::codegen::hostL1Ways());
+}
 /// "<N>x<K>_<tile>": the suffix of buildGemmModule's lm_bench_pack_ / lm_bench_gemm_ functions for `s`.
-std::string gemmSuffix(const Shape &s) { return std::to_string(s.n) + "x" + std::to_string(s.k) + "_" + g_tile.name(); }
+std::string gemmSuffix(const Shape &s) { return std::to_string(s.n) + "x" + std::to_string(s.k) + "_" + tileOf(s).name(); }
 
 /// The kernels are compiled on first use, in the set-up of the first benchmark that times them (outside its timed
 /// loop): one shared library per kernel, so a run filtered to a few benchmarks compiles only their kernels. Each
@@ -110,7 +114,7 @@ mlir::OwningOpRef<mlir::ModuleOp> buildKernel(mlir::MLIRContext &context, const 
   for (const Shape &s : kShapes) {
     const std::string suffix = gemmSuffix(s);
     if (name == "lm_bench_pack_" + suffix || name == "lm_bench_gemm_" + suffix)
-      return lmcc::codegen::buildGemmModule(context, {{s.n, s.k}}, {g_tile});
+      return lmcc::codegen::buildGemmModule(context, {{s.n, s.k}}, {tileOf(s)});
   }
   for (auto [mask, maskName] : kMasks) {
     const int64_t words = mask == lm::MaskKind::directional ? kRowWords : 0;
@@ -597,8 +601,11 @@ int main(int argc, char **argv) {
   g_peak = measurePeak();
   for (int i = 0; i < 2; ++i) // the best of three runs of 1.3 G FMAs
     g_peak = std::max(g_peak, measurePeak());
-  std::printf("measured FP32 FMA peak: %.1f GFLOP/s (1 thread, %s); generated GEMM tile %lld x %lld\n", g_peak,
-              g_avx512 ? "AVX-512" : "AVX2", (long long)g_tile.rows, (long long)g_tile.cols());
+  const lmcc::codegen::GemmTile deep = lmcc::codegen::GemmTile::forDepth(g_tile, 1024, lmcc::codegen::hostL1Ways());
+  std::printf("measured FP32 FMA peak: %.1f GFLOP/s (1 thread, %s); generated GEMM tile %lld x %lld (%lld x %lld at "
+              "depths that are a multiple of 1024; L1D %lld-way)\n",
+              g_peak, g_avx512 ? "AVX-512" : "AVX2", (long long)g_tile.rows, (long long)g_tile.cols(),
+              (long long)deep.rows, (long long)deep.cols(), (long long)lmcc::codegen::hostL1Ways());
   benchmark::RegisterBenchmark("machine/peak", BM_Peak)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime();
   benchmark::RegisterBenchmark("machine/read_bw", BM_ReadBandwidth)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime();
   for (const Shape &s : kShapes) {

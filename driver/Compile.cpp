@@ -296,6 +296,8 @@ std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options,
   lowering.vectorBits = codegen::targetVectorBits(options.cpu);
   lowering.weightsDtype = options.weightsDtype;
   lowering.bf16Dot = amx ? "amx" : codegen::targetHasBf16Dot(options.cpu) ? "yes" : "no";
+  // A named CPU's L1 is unknown here unless stated: its tile for every weight.
+  lowering.l1Ways = options.l1Ways ? options.l1Ways : options.cpu.empty() ? 0 : -1;
   facts->amx = bf16 && amx; // the loader asks the OS for AMX tile state
   mlir::PassManager pm(&context);
   pm.addPass(createLmToLoops(lowering, layout));

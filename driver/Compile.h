@@ -23,6 +23,8 @@ struct LibraryOptions {
   bool embedWeights = false; ///< bake the weights into the library (`_load(NULL, ...)`)
   bool staticArchive = false;
   std::string cpu;           ///< empty = host
+  int64_t l1Ways = 0;        ///< ways of the target's L1 data cache (GemmTile::forDepth); 0: the host's for the host,
+                             ///< unknown for a named cpu (its tile for every weight)
   std::string runtimeDir;    ///< where liblmrt.so and lmrt.h are (build/lib or the install's lib)
   std::string dumpDir;       ///< when set, writes the IR after every pass and lowering step there
   bool naive = false;        ///< run no optimization pass

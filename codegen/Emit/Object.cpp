@@ -29,6 +29,8 @@
 #include <filesystem>
 #include <optional>
 
+#include <unistd.h>
+
 using namespace mlir;
 
 namespace lmcc::codegen {
@@ -98,6 +100,11 @@ int64_t targetVectorBits(const std::string &cpu) { return targetHas(cpu, {"avx51
 bool targetHasBf16Dot(const std::string &cpu) { return targetHas(cpu, {"avx512f", "avx512bf16"}); }
 
 bool targetHasAmx(const std::string &cpu) { return targetHas(cpu, {"avx512f", "avx512bf16", "amx-tile", "amx-bf16"}); }
+
+int64_t hostL1Ways() {
+  const long ways = ::sysconf(_SC_LEVEL1_DCACHE_ASSOC);
+  return ways > 0 ? ways : 0;
+}
 
 std::string emitObject(ModuleOp module, const std::string &path, const ObjectOptions &options) {
   llvm::InitializeNativeTarget();

@@ -28,6 +28,8 @@ bool targetHasBf16Dot(const std::string &cpu);
 /// Whether the target CPU (empty = this host) has AMX tiles with bf16 tile dot products (tdpbf16ps), AVX-512 and
 /// AVX512_BF16 (the AMX GEMM rounds its activations with vcvtneps2bf16).
 bool targetHasAmx(const std::string &cpu);
+/// The ways of this host's L1 data cache (sysconf), or 0 where the system does not say.
+int64_t hostL1Ways();
 
 /// Translates an LLVM-dialect module to LLVM IR, optimizes it at O3 for the target
 /// and writes a position-independent object file to `path`. Returns "" or an error.

@@ -44,6 +44,20 @@ struct GemmTile {
       t.weights = hasBf16Dot && bits >= 512 ? Weights::Bf16Dot : Weights::Bf16Widen;
     return t;
   }
+  /// The tile of a weight of depth `k` (A's rows k floats apart) on a target whose tile is `target` and whose L1
+  /// data cache has `l1Ways` ways (0: unknown): `target`, except the 5 x 64 fp32 tile (20 zmm, 4 loads of B and 5
+  /// broadcasts of A per k step) for depths that are a multiple of 1024 floats where the L1 has fewer ways than the
+  /// 12 x 32 tile has rows. Such a depth puts A's rows 4 KB (or a multiple) apart, so every row of a tile maps to
+  /// the same L1 sets: 12 rows' lines evict each other and the block's B chunk from 8 ways, 5 rows' do not.
+  /// Measured on a Zen 4 (8-way 32 KB L1; bench/results/2026-11-30-deep-tile.md): 1.06-1.09x on depths 2048 and
+  /// 3072 from 40 rows on (96% of the peak), level at 20 rows; at other depths 12 x 32 stays ahead (0.99x for 5 x 64
+  /// on 20 x 768 x 3072). Results do not depend on the tile (getOrCreateGemm).
+  static GemmTile forDepth(GemmTile target, int64_t k, int64_t l1Ways) {
+    const bool conflicting = k % 1024 == 0 && l1Ways > 0 && l1Ways < target.rows;
+    if (target.weights == Weights::F32 && target.lanes == 16 && conflicting)
+      return GemmTile{5, 4, 16};
+    return target;
+  }
 };
 
 /// The AMX kernel's input: A's rows rounded to bf16 pairs (as the weights: round to nearest even), each row

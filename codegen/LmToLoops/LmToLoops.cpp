@@ -186,6 +186,11 @@ struct LmToLoopsPass : lmcc::impl::LmToLoopsBase<LmToLoopsPass> {
       module.emitError("lm-to-loops: weights-dtype must be f32 or bf16 and bf16-dot amx, yes, no or host");
       return signalPassFailure();
     }
+    if (l1Ways < -1) {
+      module.emitError("lm-to-loops: l1-ways must be a number of ways, 0 (this host's) or -1 (unknown), got ")
+          << int64_t(l1Ways);
+      return signalPassFailure();
+    }
     bool bf16 = weightsDtype == "bf16";
     if (bf16 && gemm != "generated") {
       module.emitError("lm-to-loops: bf16 weights need the generated GEMM");
@@ -204,6 +209,7 @@ struct LmToLoopsPass : lmcc::impl::LmToLoopsBase<LmToLoopsPass> {
     const bool host = bf16Dot == "host", amx = host ? targetHasAmx("") : bf16Dot == "amx";
     context.tile = GemmTile::forTarget(vectorBits ? vectorBits : targetVectorBits(""), bf16,
                                        amx || (host ? targetHasBf16Dot("") : bf16Dot == "yes"), amx);
+    context.l1Ways = l1Ways == 0 ? hostL1Ways() : l1Ways == -1 ? 0 : int64_t(l1Ways);
     context.maxLen = model.getMaxLen();
 
     // Only the entry points (score, embed, the Diformer's decoding entries and, when built, the training entries)
@@ -271,7 +277,8 @@ struct LmToLoopsPass : lmcc::impl::LmToLoopsBase<LmToLoopsPass> {
       if (names.empty() || !context.layout->find(packKey(names)))
         return;
       auto type = llvm::cast<ShapedType>(weight.getType());
-      getOrCreateGemmTask(module, type.getDimSize(0), type.getDimSize(1), bool(bias), context.tile, activation);
+      getOrCreateGemmTask(module, type.getDimSize(0), type.getDimSize(1), bool(bias),
+                          context.tileFor(type.getDimSize(1)), activation);
     });
   }
 };

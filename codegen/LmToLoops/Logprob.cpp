@@ -104,11 +104,12 @@ struct TokenLogprobLowering : LmLowering<lm::TokenLogprobOp> {
       // The AMX kernel reads the rows rounded to bf16 pairs: made once, before the items.
       Loops::GemmInput hIn = L.gemmInput(L.address(h), rows, D);
       auto module = t->getParentOfType<ModuleOp>();
-      func::FuncOp gemmTask = getOrCreateGemmTask(module, V, D, bool(t.getBias()), L.context.tile);
-      const int64_t aCols = llvm::cast<MemRefType>(
-                                getOrCreateGemm(module, V, D, bool(t.getBias()), L.context.tile).getArgumentTypes()[0])
-                                .getDimSize(1);
-      const int64_t packedRowCount = packedRows(V, D, L.context.tile.bf16());
+      const GemmTile tile = L.context.tileFor(D);
+      func::FuncOp gemmTask = getOrCreateGemmTask(module, V, D, bool(t.getBias()), tile);
+      const int64_t aCols =
+          llvm::cast<MemRefType>(getOrCreateGemm(module, V, D, bool(t.getBias()), tile).getArgumentTypes()[0])
+              .getDimSize(1);
+      const int64_t packedRowCount = packedRows(V, D, tile.bf16());
       const int64_t panelsPerChunk = kChunk / kPanel, panels = (V + kPanel - 1) / kPanel;
       Value blocks = b.create<arith::DivUIOp>(loc, b.create<arith::AddIOp>(loc, rows, L.idx(kChunkRows - 1)),
                                               L.idx(kChunkRows));
@@ -167,7 +168,7 @@ struct TokenLogprobLowering : LmLowering<lm::TokenLogprobOp> {
         L.nest({items}, [&](ValueRange it) { item({ids, maxes, sums, targets}, scalars, it[0]); });
       else
         L.rowTask(llvm::formatv("lm_logprob_items_{0}x{1}{2}_shift{3}_{4}", V, D, t.getBias() ? "_bias" : "", shift,
-                                L.context.tile.name())
+                                tile.name())
                       .str(),
                   views, scalars, items, b.create<arith::MulIOp>(loc, rows, L.idx(V * D)), item);
       L.release(hIn);

@@ -256,10 +256,11 @@ const WeightLayout::Entry *Loops::packed(Value weight) const {
 void Loops::parallelGemm(Value weight, int64_t n, int64_t k, Value inputAddress, Value rows, Value bias,
                          Value outAddress, Value cols, Value first, Value panels, StringRef activation) {
   auto module = op->getParentOfType<ModuleOp>();
-  func::FuncOp task = getOrCreateGemmTask(module, n, k, bool(bias), context.tile, activation);
+  const GemmTile tile = context.tileFor(k);
+  func::FuncOp task = getOrCreateGemmTask(module, n, k, bool(bias), tile, activation);
   Value biasAddress = bias ? address(in(bias)) : i64c(0);
   auto i64 = [&](Value index) { return b.create<arith::IndexCastOp>(loc, b.getI64Type(), index); };
-  const int64_t packedRowCount = packedRows(n, k, context.tile.bf16());
+  const int64_t packedRowCount = packedRows(n, k, tile.bf16());
   parallelFor(task, panels,
               {inputAddress, i64(rows), address(weightView(packed(weight)->offset, {packedRowCount, kPanel})),
                i64c(packedRowCount), biasAddress, outAddress, cols, i64(first)});

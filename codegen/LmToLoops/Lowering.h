@@ -49,8 +49,11 @@ namespace lmcc::codegen {
 struct LoweringContext {
   const WeightLayout *layout = nullptr;
   bool generatedGemm = true; ///< false: --gemm=eigen (lm_rt_sgemm_nt)
-  GemmTile tile = GemmTile::forVectorBits(256);
+  GemmTile tile = GemmTile::forVectorBits(256); ///< the target's tile (tileFor: a weight's)
+  int64_t l1Ways = 0;        ///< ways of the target's L1 data cache (0: unknown)
   int64_t maxLen = 0;        ///< the model's max_len (folded tables)
+  /// The tile of the GEMM of a packed weight of depth k: its packing and its product (GemmTile::forDepth).
+  GemmTile tileFor(int64_t k) const { return GemmTile::forDepth(tile, k, l1Ways); }
 };
 
 /// tensor<...> -> memref<...>: identity layout for dynamic shapes, a view with a dynamic offset for static shapes.

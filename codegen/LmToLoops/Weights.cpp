@@ -96,8 +96,9 @@ LogicalResult buildInitKernel(ModuleOp module, const LoweringContext &context, S
     if (p.kind != WeightLayout::Kind::Packed)
       continue;
     const WeightLayout::Entry *src = context.layout->find(p.sources.front());
-    emitPack(b, loc, view(src->offset, {p.n, p.k}), view(p.offset, {packedRows(p.n, p.k, context.tile.bf16()), kPanel}), p.n, p.k,
-             context.tile);
+    const GemmTile tile = context.tileFor(p.k);
+    emitPack(b, loc, view(src->offset, {p.n, p.k}), view(p.offset, {packedRows(p.n, p.k, tile.bf16()), kPanel}), p.n,
+             p.k, tile);
   }
   // Every lowered lm.fold function, on one sentence of max_len pad ids: it writes its own table.
   auto *dialect = module.getContext()->getLoadedDialect<lm::LmDialect>();

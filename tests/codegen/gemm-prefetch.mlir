@@ -1,4 +1,4 @@
-// RUN: lmcc-opt --lm-to-loops="vector-bits=512" %s | FileCheck %s
+// RUN: lmcc-opt --lm-to-loops="vector-bits=512 l1-ways=12" %s | FileCheck %s
 // A packed weight over 1 MB (1024 x 512 floats) streams from memory: every k step of a tile prefetches into L2
 // (locality 2, prefetcht1) a cache line of the next 32-wide column slice (depth 512: one chunk, 512 x 32 floats
 // ahead), tile t the line t mod 2 of the slice's 32-float (2-line) rows, and when the block has one tile (T <= 1) also

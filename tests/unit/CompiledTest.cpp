@@ -21,8 +21,10 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <numeric>
 #include <random>
+#include <regex>
 #include <set>
 
 namespace fs = std::filesystem;
@@ -691,6 +693,70 @@ INSTANTIATE_TEST_SUITE_P(Kinds, FusedActivation,
                                            FuseCase{"gelu_eigen", "tta_position", "eigen", "f32"},
                                            FuseCase{"gelu_bf16", "unilm_vec16", "generated", "bf16"}),
                          [](const ::testing::TestParamInfo<FuseCase> &info) { return std::string(info.param.name); });
+
+// GemmTile::forDepth: on an L1 of 8 ways the FFN's output weight of depth 1024 takes the 5 x 64 tile (packed for it at
+// load time), on one of 12 the target's 12 x 32; the two libraries give the same bits in every entry (scoring,
+// embedding) at 1 and 2 threads, for each family.
+class DeepWeightTile : public ::testing::TestWithParam<const char *> {};
+
+TEST_P(DeepWeightTile, BitIdenticalToTheTargetsTile) {
+  if (codegen::targetVectorBits("") < 512)
+    GTEST_SKIP() << "this host cannot run AVX-512 code (the 5 x 64 tile is AVX-512's)";
+  ModelSpec spec = caseSpec(GetParam());
+  ASSERT_FALSE(spec.name.empty()) << GetParam();
+  spec.dims.dFF = 1024; // the FFN output's depth: A's rows 4 KB apart
+  fs::path dir = fs::temp_directory_path() / ("lmcc-deep-tile-" + std::string(GetParam()) + "-" +
+                                              std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::string weightsPath = (dir / "w.safetensors").string();
+  writeSafetensors(weightsPath, randomWeights(spec, 9));
+  auto sentences = randomSentences(spec, 5, 13);
+  int32_t batch = int32_t(sentences.size()), stride = int32_t(spec.dims.maxLen);
+  Packed packed = pack(sentences, stride);
+  std::vector<int32_t> &ids = packed.ids, &lengths = packed.lengths;
+  struct Outputs {
+    std::vector<float> lp, scores, emb;
+  };
+  auto run = [&](int64_t ways, int threads, Outputs &out) {
+    driver::LibraryOptions options;
+    options.l1Ways = ways;
+    options.dumpDir = (dir / ("ir" + std::to_string(ways))).string();
+    Loaded loaded;
+    ASSERT_NO_FATAL_FAILURE(loadLibrary(spec, options, dir / ("ways" + std::to_string(ways)), weightsPath, loaded));
+    ASSERT_GE(lm_set_num_threads(threads), 1);
+    out.lp.assign(ids.size(), 0.0f), out.scores.assign(batch, 0.0f);
+    ASSERT_EQ(lm_rt_score(loaded.model, ids.data(), lengths.data(), batch, stride, out.lp.data(), out.scores.data()),
+              LM_OK)
+        << lm_last_error();
+    out.emb.assign(size_t(batch) * spec.dims.dModel, 0.0f);
+    ASSERT_EQ(lm_rt_embed(loaded.model, ids.data(), lengths.data(), batch, stride, out.emb.data()), LM_OK)
+        << lm_last_error();
+  };
+  for (int threads : {1, 2}) {
+    Outputs narrow, wide;
+    ASSERT_NO_FATAL_FAILURE(run(8, threads, narrow));
+    ASSERT_NO_FATAL_FAILURE(run(12, threads, wide));
+    for (int32_t b = 0; b < batch; ++b)
+      for (int32_t t = 0; t < lengths[b]; ++t)
+        ASSERT_EQ(narrow.lp[size_t(b) * stride + t], wide.lp[size_t(b) * stride + t])
+            << GetParam() << ", " << threads << " threads: sentence " << b << " position " << t;
+    EXPECT_EQ(narrow.scores, wide.scores) << threads << " threads";
+    EXPECT_EQ(narrow.emb, wide.emb) << threads << " threads";
+  }
+  // The libraries really differ in the tile: the lowered IR names each GEMM's.
+  auto loops = [&](int64_t ways) {
+    std::ifstream in(dir / ("ir" + std::to_string(ways)) / "90-loops.mlir");
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string narrowIr = loops(8), wideIr = loops(12);
+  EXPECT_TRUE(std::regex_search(narrowIr, std::regex("@lm_gemm_[0-9]+x1024(_bias)?_5x64")));
+  EXPECT_EQ(wideIr.find("5x64"), std::string::npos);
+  EXPECT_TRUE(std::regex_search(wideIr, std::regex("@lm_gemm_[0-9]+x1024(_bias)?_12x32")));
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, DeepWeightTile, ::testing::Values("unilm_pre_untied", "bilm_mp", "tta_maskpos_pre"),
+                         [](const ::testing::TestParamInfo<const char *> &info) { return std::string(info.param); });
 
 // The log-probability head's scalar fallback (--gemm eigen: the runtime's GEMM per 512-column chunk, then the
 // chunk's rows as a row task) over five chunks with the rows' maxima in the last one: the reference executor's

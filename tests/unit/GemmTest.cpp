@@ -34,9 +34,11 @@ const std::vector<std::pair<int64_t, int64_t>> kShapes = {
     {30, 46},    {120, 30},    {4133, 71}, {100, 601}, {512, 512},  {1536, 512}, {3072, 512}, {2048, 512},
     {512, 2048}, {30522, 512}, {768, 768}, {2304, 768}, {3072, 768}, {768, 3072}, {30522, 768}};
 
-// Both register tiles run on any x86-64 with AVX2 (512-bit vectors are split in two there).
-const std::vector<lmcc::codegen::GemmTile> kTiles = {lmcc::codegen::GemmTile::forVectorBits(512),
-                                                     lmcc::codegen::GemmTile::forVectorBits(256)};
+// Every register tile runs on any x86-64 with AVX2 (512-bit vectors are split in two there): the AVX-512 and AVX2
+// tiles and AVX-512's tile of deep weights on an 8-way L1 (5 x 64, GemmTile::forDepth).
+const std::vector<lmcc::codegen::GemmTile> kTiles = {
+    lmcc::codegen::GemmTile::forVectorBits(512), lmcc::codegen::GemmTile::forVectorBits(256),
+    lmcc::codegen::GemmTile::forDepth(lmcc::codegen::GemmTile::forVectorBits(512), 1024, 8)};
 std::string tileSuffix(lmcc::codegen::GemmTile t) { return t.name(); }
 
 class GemmTest : public ::testing::Test {
@@ -269,6 +271,23 @@ TEST(GemmTile, FollowsTheTargetsVectorWidth) {
   EXPECT_EQ(lmcc::codegen::targetVectorBits("haswell"), 256);
   EXPECT_EQ(lmcc::codegen::GemmTile::forVectorBits(512).cols(), 32);
   EXPECT_EQ(lmcc::codegen::GemmTile::forVectorBits(256).cols(), 16);
+}
+
+// Deep weights (depth a multiple of 1024) take the 5 x 64 tile where the L1 has fewer ways than the 12 x 32 tile has
+// rows; other depths, wider or unknown (0) L1s, AVX2 and bf16 weights keep the target's tile.
+TEST(GemmTile, DeepWeightsOnNarrowL1sTakeFiveRows) {
+  using lmcc::codegen::GemmTile;
+  const GemmTile avx512 = GemmTile::forVectorBits(512);
+  for (int64_t k : {1024, 2048, 3072}) {
+    EXPECT_EQ(GemmTile::forDepth(avx512, k, 8).name(), "5x64") << k;
+    EXPECT_EQ(GemmTile::forDepth(avx512, k, 12).name(), "12x32") << k;
+    EXPECT_EQ(GemmTile::forDepth(avx512, k, 0).name(), "12x32") << k;
+    EXPECT_EQ(GemmTile::forDepth(GemmTile::forVectorBits(256), k, 4).name(), "6x16") << k;
+    EXPECT_EQ(GemmTile::forDepth(GemmTile::forTarget(512, true, true), k, 8).name(), "12x32_bf16dot") << k;
+    EXPECT_EQ(GemmTile::forDepth(GemmTile::forTarget(512, true, false), k, 8).name(), "12x32_bf16") << k;
+  }
+  for (int64_t k : {512, 768, 1536, 3000})
+    EXPECT_EQ(GemmTile::forDepth(avx512, k, 8).name(), "12x32") << k;
 }
 
 } // namespace

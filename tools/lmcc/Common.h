@@ -58,6 +58,7 @@ struct Options {
   int64_t vocabSize = 0;
   std::map<std::string, bool> noPass; // pass flag -> --no-<pass> given
   int64_t statsN = 0;
+  int64_t l1Ways = 0; ///< lmcc compile --l1-ways; 0 = the host's (a named --cpu: unknown)
   int threads = 1;
   uint64_t seed = 0;
   bool train = false;

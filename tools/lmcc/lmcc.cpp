@@ -442,6 +442,7 @@ int runCompile(const Options &o) {
   options.embedWeights = o.embedWeights;
   options.staticArchive = o.staticArchive;
   options.cpu = o.cpu;
+  options.l1Ways = o.l1Ways;
   options.dumpDir = o.dumpIR;
   options.runtimeDir = runtimeDir();
   options.statsN = o.stats ? o.statsN : 0;
@@ -897,6 +898,10 @@ int main(int argc, char **argv) {
   compile->add_flag("--static", o.staticArchive, "also write lib<name>.a (link it with liblmrt.so)");
   compile->add_option("--cpu", o.cpu, "target CPU (LLVM name, e.g. znver4, skylake-avx512); default: this host")
       ->check([](const std::string &v) { return v.empty() ? std::string("an empty CPU name") : std::string(); });
+  compile->add_option("--l1-ways", o.l1Ways,
+                      "ways of the target CPU's L1 data cache, which picks the GEMM tile of weights whose depth is a "
+                      "multiple of 1024; default: this host's (with --cpu: unknown, one tile for every weight)")
+      ->check(CLI::Range(int64_t(1), int64_t(64)));
   compile->add_option("--dump-ir", o.dumpIR, "write the IR after every pass and lowering step into this directory");
   // --reference runs no compiled pipeline: the pipeline flags cannot go with it.
   auto excludePipelineFlags = [&](CLI::App *cmd, CLI::Option *reference) {
