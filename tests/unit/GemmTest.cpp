@@ -182,11 +182,13 @@ TEST_F(GemmTest, TrainGemmIsTheOrderedFmaChain) {
 // AVX512_BF16 dot-product kernel (when this host has it) also rounds A to bf16, and equals the exact product of the
 // rounded operands up to f32 accumulation; so does the AMX tile kernel (when this host has AMX-BF16). Odd K (the last
 // pair half padding, and for AMX a depth that is not a multiple of 32), N past a panel, every M to 23, and for AMX also
-// M past one 32-row tile and past one block of rows (1 MB of rounded rows, at most 512).
+// M past one 32-row tile and past one block of rows (1 MB of rounded rows, at most 512). Depth 2048: the dot kernel's
+// rounded rows of A at a padded stride (1024 pairs and a line).
 TEST(GemmBf16, MatchesTheRoundedProduct) {
   using lmcc::codegen::GemmTile;
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 5},   {16, 7},    {63, 33},   {65, 19},
-                                                           {67, 30}, {130, 17},  {40, 1101}, {512, 512}, {768, 3072}};
+                                                           {67, 30}, {130, 17},  {40, 1101}, {512, 512}, {768, 3072},
+                                                           {70, 2048}};
   std::vector<GemmTile> tiles = {GemmTile::forVectorBits(512), GemmTile::forTarget(512, true, false),
                                  GemmTile::forVectorBits(256), GemmTile::forTarget(256, true, false)};
   const bool dot = lmcc::codegen::targetHasBf16Dot(""), amx = lmcc::codegen::targetHasAmx("");
