@@ -6,9 +6,9 @@
 //
 //   gemm_ab build OUT.so [--tile RxC|amx] M K N [M K N ...]
 //       compiles this build's generated GEMM (codegen/LmToLoops/Gemm.cpp) for each shape's (N, K), in the register
-//       tile lmcc picks for this host and that depth (GemmTile::forDepth) or RxC (rows x columns, e.g. 6x64), or the bf16 AMX kernel (`amx`: weights
-//       packed as bf16 pairs; only against another AMX build, on a host with AMX-BF16), into the shared library
-//       OUT.so;
+//       tile lmcc picks for this host and that depth (GemmTile::forDepth) or RxC (rows x columns, e.g. 6x64), or
+//       the bf16 AMX kernel (`amx`: weights packed as bf16 pairs; only against another AMX build, on a host with
+//       AMX-BF16), into the shared library OUT.so;
 //   gemm_ab compare A.so B.so [--rounds R] [--cold] M K N [M K N ...]
 //       loads both libraries, packs one random weight per shape with each library's own packer (as at model load),
 //       checks that both compute bit-identical C (every element is the same ordered FMA chain whatever the tile,

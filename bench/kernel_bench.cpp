@@ -91,7 +91,9 @@ lmcc::codegen::GemmTile tileOf(const Shape &s) {
   return lmcc::codegen::GemmTile::forDepth(g_tile, s.k, lmcc::codegen::hostL1Ways());
 }
 /// "<N>x<K>_<tile>": the suffix of buildGemmModule's lm_bench_pack_ / lm_bench_gemm_ functions for `s`.
-std::string gemmSuffix(const Shape &s) { return std::to_string(s.n) + "x" + std::to_string(s.k) + "_" + tileOf(s).name(); }
+std::string gemmSuffix(const Shape &s) {
+  return std::to_string(s.n) + "x" + std::to_string(s.k) + "_" + tileOf(s).name();
+}
 
 /// The kernels are compiled on first use, in the set-up of the first benchmark that times them (outside its timed
 /// loop): one shared library per kernel, so a run filtered to a few benchmarks compiles only their kernels. Each
