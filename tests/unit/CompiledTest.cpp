@@ -524,6 +524,37 @@ void loadLibrary(const ModelSpec &spec, driver::LibraryOptions options, const fs
   ASSERT_EQ(lm_rt_load(descriptor(), weightsPath.c_str(), &out.model), LM_OK) << lm_last_error();
 }
 
+/// A library's outputs on one batch: token log-probabilities, sentence scores and embeddings.
+struct Outputs {
+  std::vector<float> lp, scores, emb;
+};
+
+/// Compiles `spec` with `options` into outputDir (loadLibrary) and scores and embeds `packed` at `threads` threads.
+void scoreAndEmbed(const ModelSpec &spec, const driver::LibraryOptions &options, const fs::path &outputDir,
+                   const std::string &weightsPath, const Packed &packed, int threads, Outputs &out) {
+  Loaded loaded;
+  ASSERT_NO_FATAL_FAILURE(loadLibrary(spec, options, outputDir, weightsPath, loaded));
+  ASSERT_GE(lm_set_num_threads(threads), 1);
+  const int32_t batch = int32_t(packed.lengths.size()), stride = int32_t(spec.dims.maxLen);
+  out.lp.assign(packed.ids.size(), 0.0f), out.scores.assign(batch, 0.0f);
+  ASSERT_EQ(lm_rt_score(loaded.model, packed.ids.data(), packed.lengths.data(), batch, stride, out.lp.data(),
+                        out.scores.data()),
+            LM_OK)
+      << lm_last_error();
+  out.emb.assign(size_t(batch) * spec.dims.dModel, 0.0f);
+  ASSERT_EQ(lm_rt_embed(loaded.model, packed.ids.data(), packed.lengths.data(), batch, stride, out.emb.data()), LM_OK)
+      << lm_last_error();
+}
+
+/// a and b hold the same bits at every real token, in every score and in every embedding.
+void expectSameBits(const Outputs &a, const Outputs &b, const Packed &packed, int32_t stride, const std::string &what) {
+  for (size_t s = 0; s < packed.lengths.size(); ++s)
+    for (int32_t t = 0; t < packed.lengths[s]; ++t)
+      ASSERT_EQ(a.lp[s * stride + t], b.lp[s * stride + t]) << what << ": sentence " << s << " position " << t;
+  EXPECT_EQ(a.scores, b.scores) << what;
+  EXPECT_EQ(a.emb, b.emb) << what;
+}
+
 TEST_P(CompiledBf16, AgreesWithFp32) {
   const ModelSpec &spec = std::get<0>(GetParam()).spec;
   const Bf16Target target = std::get<1>(GetParam());
@@ -633,39 +664,22 @@ TEST_P(FusedActivation, BitIdenticalToTheActivationOp) {
   std::string weightsPath = (dir / "w.safetensors").string();
   writeSafetensors(weightsPath, weights);
   auto sentences = randomSentences(spec, 3, 11);
-  int32_t batch = int32_t(sentences.size()), stride = int32_t(spec.dims.maxLen);
-  Packed packed = pack(sentences, stride);
-  std::vector<int32_t> &ids = packed.ids, &lengths = packed.lengths;
-  struct Outputs {
-    std::vector<float> lp, scores, emb;
-  };
+  const int32_t stride = int32_t(spec.dims.maxLen);
+  const Packed packed = pack(sentences, stride);
   auto run = [&](bool fused, int threads, Outputs &out) {
     driver::LibraryOptions options;
     options.gemm = c.gemm;
     options.weightsDtype = c.dtype;
     if (!fused)
       options.disabledPasses = {"lm-fuse-activation"};
-    Loaded loaded;
-    ASSERT_NO_FATAL_FAILURE(loadLibrary(spec, options, dir / (fused ? "fused" : "unfused"), weightsPath, loaded));
-    ASSERT_GE(lm_set_num_threads(threads), 1);
-    out.lp.assign(ids.size(), 0.0f), out.scores.assign(batch, 0.0f);
-    ASSERT_EQ(lm_rt_score(loaded.model, ids.data(), lengths.data(), batch, stride, out.lp.data(), out.scores.data()),
-              LM_OK)
-        << lm_last_error();
-    out.emb.assign(size_t(batch) * spec.dims.dModel, 0.0f);
-    ASSERT_EQ(lm_rt_embed(loaded.model, ids.data(), lengths.data(), batch, stride, out.emb.data()), LM_OK)
-        << lm_last_error();
+    scoreAndEmbed(spec, options, dir / (fused ? "fused" : "unfused"), weightsPath, packed, threads, out);
   };
   for (int threads : {1, 2}) {
     Outputs fused, unfused;
     ASSERT_NO_FATAL_FAILURE(run(true, threads, fused));
     ASSERT_NO_FATAL_FAILURE(run(false, threads, unfused));
-    for (int32_t b = 0; b < batch; ++b)
-      for (int32_t t = 0; t < lengths[b]; ++t)
-        ASSERT_EQ(fused.lp[size_t(b) * stride + t], unfused.lp[size_t(b) * stride + t])
-            << c.name << ", " << threads << " threads: sentence " << b << " position " << t;
-    EXPECT_EQ(fused.scores, unfused.scores) << threads << " threads";
-    EXPECT_EQ(fused.emb, unfused.emb) << threads << " threads";
+    const std::string what = std::string(c.name) + ", " + std::to_string(threads) + " threads";
+    ASSERT_NO_FATAL_FAILURE(expectSameBits(fused, unfused, packed, stride, what));
   }
   // The fused library really has the epilogue: its IR has no activation op left.
   mlir::MLIRContext context;
@@ -711,37 +725,20 @@ TEST_P(DeepWeightTile, BitIdenticalToTheTargetsTile) {
   std::string weightsPath = (dir / "w.safetensors").string();
   writeSafetensors(weightsPath, randomWeights(spec, 9));
   auto sentences = randomSentences(spec, 5, 13);
-  int32_t batch = int32_t(sentences.size()), stride = int32_t(spec.dims.maxLen);
-  Packed packed = pack(sentences, stride);
-  std::vector<int32_t> &ids = packed.ids, &lengths = packed.lengths;
-  struct Outputs {
-    std::vector<float> lp, scores, emb;
-  };
+  const int32_t stride = int32_t(spec.dims.maxLen);
+  const Packed packed = pack(sentences, stride);
   auto run = [&](int64_t ways, int threads, Outputs &out) {
     driver::LibraryOptions options;
     options.l1Ways = ways;
     options.dumpDir = (dir / ("ir" + std::to_string(ways))).string();
-    Loaded loaded;
-    ASSERT_NO_FATAL_FAILURE(loadLibrary(spec, options, dir / ("ways" + std::to_string(ways)), weightsPath, loaded));
-    ASSERT_GE(lm_set_num_threads(threads), 1);
-    out.lp.assign(ids.size(), 0.0f), out.scores.assign(batch, 0.0f);
-    ASSERT_EQ(lm_rt_score(loaded.model, ids.data(), lengths.data(), batch, stride, out.lp.data(), out.scores.data()),
-              LM_OK)
-        << lm_last_error();
-    out.emb.assign(size_t(batch) * spec.dims.dModel, 0.0f);
-    ASSERT_EQ(lm_rt_embed(loaded.model, ids.data(), lengths.data(), batch, stride, out.emb.data()), LM_OK)
-        << lm_last_error();
+    scoreAndEmbed(spec, options, dir / ("ways" + std::to_string(ways)), weightsPath, packed, threads, out);
   };
   for (int threads : {1, 2}) {
     Outputs narrow, wide;
     ASSERT_NO_FATAL_FAILURE(run(8, threads, narrow));
     ASSERT_NO_FATAL_FAILURE(run(12, threads, wide));
-    for (int32_t b = 0; b < batch; ++b)
-      for (int32_t t = 0; t < lengths[b]; ++t)
-        ASSERT_EQ(narrow.lp[size_t(b) * stride + t], wide.lp[size_t(b) * stride + t])
-            << GetParam() << ", " << threads << " threads: sentence " << b << " position " << t;
-    EXPECT_EQ(narrow.scores, wide.scores) << threads << " threads";
-    EXPECT_EQ(narrow.emb, wide.emb) << threads << " threads";
+    const std::string what = std::string(GetParam()) + ", " + std::to_string(threads) + " threads";
+    ASSERT_NO_FATAL_FAILURE(expectSameBits(narrow, wide, packed, stride, what));
   }
   // The libraries really differ in the tile: the lowered IR names each GEMM's.
   auto loops = [&](int64_t ways) {
