@@ -110,6 +110,10 @@ void build(const std::string &out, const std::function<lmcc::codegen::GemmTile(i
     module->lookupSymbol<mlir::func::FuncOp>("lm_bench_gemm_" + from).setSymName("ab_gemm_" + to);
     names += " " + to + ":" + tile;
   }
+  // Every shape was built in every tile: only the chosen pairs are compiled.
+  for (auto fn : llvm::to_vector(module->getOps<mlir::func::FuncOp>()))
+    if (llvm::StringRef name = fn.getSymName(); name.starts_with("lm_bench_") || name.starts_with("lm_train_gemm_"))
+      fn.erase();
   if (std::string err = lmcc::codegen::emitKernelLibrary(*module, out); !err.empty())
     fail(err);
   std::printf("%s: %zu GEMM shapes (N x K: tile):%s\n", out.c_str(), nk.size(), names.c_str());

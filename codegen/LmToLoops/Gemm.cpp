@@ -194,7 +194,7 @@ static void emitGemmBody(OpBuilder &b, Location loc, const GemmBody &op, GemmTil
         loc, b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ule, M, cidx(2 * wideRows)), cidx(wideRows), blockRows);
   // Its rows are a line longer where a multiple of 1024 words would put them 4 KB apart: every row of a tile in the
   // same L1 sets, which 12 rows overflow on an 8-way L1 (GemmTile::forDepth; bench/results/2026-11-30-deep-tile.md).
-  const int64_t pairRow = packedDepth(k, bf16) + (dot && packedDepth(k, bf16) % 1024 == 0 ? 16 : 0);
+  const int64_t pairRow = packedDepth(k, bf16) + (dot && GemmTile::rowsShareL1Sets(packedDepth(k, bf16)) ? 16 : 0);
   Value A2 = dot ? Value(b.create<memref::AllocaOp>(loc, MemRefType::get({staticBlockRows, pairRow}, f32)))
                  : Value();
   Value partial =

@@ -53,11 +53,13 @@ struct GemmTile {
   /// 3072 from 40 rows on (96% of the peak), level at 20 rows; at other depths 12 x 32 stays ahead (0.99x for 5 x 64
   /// on 20 x 768 x 3072). Results do not depend on the tile (getOrCreateGemm).
   static GemmTile forDepth(GemmTile target, int64_t k, int64_t l1Ways) {
-    const bool conflicting = k % 1024 == 0 && l1Ways > 0 && l1Ways < target.rows;
+    const bool conflicting = rowsShareL1Sets(k) && l1Ways > 0 && l1Ways < target.rows;
     if (target.weights == Weights::F32 && target.lanes == 16 && conflicting)
       return GemmTile{5, 4, 16};
     return target;
   }
+  /// Whether rows of `words` 4-byte words put every row of a tile in the same L1 sets (a multiple of 4 KB apart).
+  static bool rowsShareL1Sets(int64_t words) { return words % 1024 == 0; }
 };
 
 /// The AMX kernel's input: A's rows rounded to bf16 pairs (as the weights: round to nearest even), each row
