@@ -18,7 +18,8 @@
 //   - attention_grad_rt/<mask>: the runtime's C++ backward (lm_rt_attention_grad, liblmrt: head sizes off the
 //     vector form), 1 thread.
 // Mask `directional` is the Diformer's: per-row directions and hidden keys drawn as its `directional` objective
-// draws them (DirectionalRows).
+// draws them (DirectionalRows); LMCC_KERNEL_BENCH_DIRECTION=R, L or S gives every row but the first (R) and the
+// last (L) that direction (S rows still hide their random keys), to time the directions apart.
 // Counters: GFLOPs (GFLOP/s), GBs (GB/s) and peak_frac (of the 1-thread peak measured at
 // start-up). Run: build/bench/kernel_bench --benchmark_min_time=0.2
 // A kernel's library (lib<kernel>.so) is deleted once loaded (its mapping stays); with LMCC_KERNEL_BENCH_KEEP set
@@ -381,6 +382,19 @@ void BM_OpenBLAS(benchmark::State &state, Shape s) {
 }
 #endif
 
+/// LMCC_KERNEL_BENCH_DIRECTION: the direction (0 R, 1 L, 2 S) of the directional mask's inner rows, or -1 (drawn).
+const int32_t g_direction = [] {
+  const char *d = std::getenv("LMCC_KERNEL_BENCH_DIRECTION");
+  if (!d)
+    return -1;
+  const std::string s = d;
+  if (s != "R" && s != "L" && s != "S") {
+    std::fprintf(stderr, "kernel_bench: LMCC_KERNEL_BENCH_DIRECTION is R, L or S, not '%s'\n", d);
+    std::exit(2);
+  }
+  return s == "R" ? 0 : s == "L" ? 1 : 2;
+}();
+
 /// A benchmark's mask over `batch` sentences of n tokens: a kind, and for the directional one the rows
 /// [batch, n, kRowWords] as the Diformer's `directional` objective draws them (runtime/reference/Diformer.h: row 0
 /// R, row n - 1 L, the others uniform over R, L, S; an S row hides c ~ U{0..n-3} of the other content positions).
@@ -397,6 +411,8 @@ struct BenchMask {
       for (int64_t i = 0; i < n; ++i) {
         int32_t *row = &rows[(b * n + i) * kRowWords];
         row[0] = i == 0 ? 0 : i == n - 1 ? 1 : int32_t(rng() % 3);
+        if (g_direction >= 0 && i > 0 && i < n - 1)
+          row[0] = g_direction;
         if (row[0] != 2 || n < 3)
           continue;
         std::vector<int64_t> others;

@@ -103,8 +103,9 @@ struct VectorOperands {
 /// lm.attention with vectors (head size a multiple of 16), register-tiled like the GEMM.
 /// Work items are the (entry, head) pairs, entry-major; items [begin, end) run here. Per item the head's keys
 /// are transposed into kt (16-key blocks of [dh, 16], M keys rounded up to 16, zero tail) and its values packed
-/// per feature vector (VectorKernel::packRows). Query rows go in tiles of R = 8 rows (R = 1 for single-query
-/// entries, lm-prune-rows), the last tile repeating the last row; a tile visits the union of its rows' key ranges
+/// per feature vector (VectorKernel::packRows). Query rows go in tiles of R = 8 rows (4 under the directional mask,
+/// 1 for single-query entries, lm-prune-rows: forwardTileRows), the last tile repeating the last row; a tile visits
+/// the union of its rows' key ranges
 /// [lo, hi) (each row's range as in the scalar form below):
 ///   scores  S[r, j..j+16) = (sum_e q_re * k_(j..j+16),e) * scale: one key vector load per 4-8 FMAs; lanes a row
 ///           cannot see are -inf, tested only in blocks that are not fully visible to every row of the tile (under
@@ -115,7 +116,8 @@ struct VectorOperands {
 ///           depend on its tile);
 ///   p.v     out_r = (sum_j p_rj v_j) / l_r over the tile's rows in groups of 4 x 64 (4 x 16 on 256-bit
 ///           targets) features, one value vector load per 4 FMAs (p_rj = 0 adds exactly nothing); zero when a row
-///           sees no key. When the operands exceed the threads' L2 the rows are stored nontemporally (no read
+///           sees no key. A directional tile of S rows goes row by row over the keys each row sees
+///           (visibleWeightedRow: the same chains less their zero terms). When the operands exceed the threads' L2 the rows are stored nontemporally (no read
 ///           for ownership) and the next item's q, k, v lines are prefetched over the tiles.
 /// With Shaw relative positions (clip c, T = 2c + 1) a tile also computes its rows' T products q_r . rel_k[t]
 /// (relativeProducts) and adds each score's one (S = (q.k + q.rel_k[t(i, j)]) scale); after the softmax the
@@ -131,7 +133,7 @@ void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Val
   Value M = b.create<memref::DimOp>(loc, k, 1);
   Value M16 = K.roundDown(K.add(M, L.idx(kLanes - 1)));
   Value queryPositions = ops.queryPositions;
-  const int64_t R = queryPositions ? 1 : kTileRows;
+  const int64_t R = forwardTileRows(bool(queryPositions), a.getMask() == lm::MaskKind::directional);
   Value kt = K.transposedScratch(M16), S = K.scratch({R, ShapedType::kDynamic}, M16);
   Value vp = K.packedScratch(M16);
   const bool relative = bool(ops.relK);
@@ -190,31 +192,61 @@ void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Val
       SmallVector<Value> inv;
       for (int64_t r = 0; r < R; ++r)
         inv.push_back(K.inverse(sums[r]));
-      for (int64_t c0 = 0; c0 < chunks; c0 += pvChunks) {
-        int64_t nc = std::min(pvChunks, chunks - c0);
-        SmallVector<Value> cols;
+      // out_r = acc_r / l_r (+ the relative values' share), stored.
+      auto finish = [&](SmallVector<Value> acc, int64_t r0g, int64_t nr, int64_t c0, int64_t nc) {
+        if (relative)
+          acc = K.relativeRows(PT, r0g, nr, ops.relV, clip, c0, nc, acc);
+        SmallVector<Value> rowsOut, cols;
         for (int64_t c = 0; c < nc; ++c)
           cols.push_back(K.chunk(base, c0 + c));
-        for (int64_t r0g = 0; r0g < R; r0g += pvRows) {
-          if (c0 == 0)
-            prefetch(2 + r0g / pvRows);
-          int64_t nr = std::min(pvRows, R - r0g);
-          auto [gLo, gHi] = K.unionRange(tile, r0g, nr);
-          SmallVector<Value> acc(K.weightedRows(S, r0g, nr, vp, M16, c0, nc, gLo, gHi).getResults());
-          if (relative)
-            acc = K.relativeRows(PT, r0g, nr, ops.relV, clip, c0, nc, acc);
-          SmallVector<Value> rowsOut;
+        for (int64_t r = 0; r < nr; ++r)
+          for (int64_t c = 0; c < nc; ++c)
+            rowsOut.push_back(b.create<arith::MulFOp>(loc, acc[r * nc + c], inv[r0g + r]));
+        // Streaming (the operands exceed the threads' L2): past the caches, the lines are not read first.
+        K.storeStreaming(nontemporal, [&](bool nt) {
           for (int64_t r = 0; r < nr; ++r)
             for (int64_t c = 0; c < nc; ++c)
-              rowsOut.push_back(b.create<arith::MulFOp>(loc, acc[r * nc + c], inv[r0g + r]));
-          // Streaming (the operands exceed the threads' L2): past the caches, the lines are not read first.
-          K.storeStreaming(nontemporal, [&](bool nt) {
-            for (int64_t r = 0; r < nr; ++r)
-              for (int64_t c = 0; c < nc; ++c)
-                K.store(rowsOut[r * nc + c], out, ValueRange{bi, tile.row[r0g + r], cols[c]}, nt);
-          });
+              K.store(rowsOut[r * nc + c], out, ValueRange{bi, tile.row[r0g + r], cols[c]}, nt);
+        });
+      };
+      // p.v in tiles of pvRows rows x pvChunks feature vectors over the group's key range, feature vectors outer
+      // (each one's packed rows stay in the L1 for every row group).
+      auto dense = [&] {
+        for (int64_t c0 = 0; c0 < chunks; c0 += pvChunks) {
+          int64_t nc = std::min(pvChunks, chunks - c0);
+          for (int64_t r0g = 0; r0g < R; r0g += pvRows) {
+            if (c0 == 0)
+              prefetch(2 + r0g / pvRows);
+            int64_t nr = std::min(pvRows, R - r0g);
+            auto [gLo, gHi] = K.unionRange(tile, r0g, nr);
+            finish(SmallVector<Value>(K.weightedRows(S, r0g, nr, vp, M16, c0, nc, gLo, gHi).getResults()), r0g, nr,
+                   c0, nc);
+          }
+        }
+      };
+      if (a.getMask() != lm::MaskKind::directional) {
+        dense();
+        return;
+      }
+      // Directional: a tile of S rows (each hides a random subset of the keys) row by row over the keys each row
+      // sees (visibleWeightedRow: the same bits), 4 feature vectors at a time (the 4 FMA chains a step).
+      Value selective = L.ge(tile.ownKey[0], L.idx(0));
+      for (int64_t r = 1; r < R; ++r)
+        selective = L.andI(selective, L.ge(tile.ownKey[r], L.idx(0)));
+      auto split = b.create<scf::IfOp>(loc, selective, /*withElse=*/true);
+      OpBuilder::InsertionGuard guard(b);
+      b.setInsertionPointToStart(split.thenBlock());
+      const int64_t sparseChunks = std::min<int64_t>(chunks, 4);
+      for (int64_t r = 0; r < R; ++r) {
+        if (r % pvRows == 0)
+          prefetch(2 + r / pvRows);
+        for (int64_t c0 = 0; c0 < chunks; c0 += sparseChunks) {
+          int64_t nc = std::min(sparseChunks, chunks - c0);
+          finish(K.visibleWeightedRow(S, r, bi, tile.pos[r], len, vp, M16, c0, nc), r, 1, c0, nc);
         }
       }
+      b.setInsertionPointToStart(split.elseBlock());
+      dense();
     });
     return SmallVector<Value>{};
   });

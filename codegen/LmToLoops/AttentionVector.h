@@ -444,7 +444,7 @@ struct VectorKernel {
         }
       };
       L.when(headHalf, [&] { block(tile.from16, half, half, 1); });
-      const int64_t blocks = chains == 1 ? geo.scoreBlocks : 1;
+      const int64_t blocks = chains == 1 ? geo.scoreBlocks * std::max<int64_t>(1, geo.scoreRows / R) : 1;
       if (blocks > 1) {
         // Full blocks `blocks` at a time: one broadcast of q feeds `blocks` FMAs (a single block's R + 1 loads for
         // R FMAs kept the loop at the load ports of the two-FMA-port AVX-512 core).
@@ -662,6 +662,61 @@ struct VectorKernel {
       }
       return next;
     });
+  }
+
+  /// weightedRows for one S row of the directional mask (entry bi, position pos, keys [0, len)): acc[c] = sum_j
+  /// W[r, j] * row j's feature vector c0 + c of `packed` over the keys the row sees alone, in key order, found 32
+  /// keys at a time from its hidden-key word (bits cleared from len on and at its own key) by counting trailing
+  /// zeros. The keys skipped have W = 0 exactly, so every lane is the same chain of FMAs as weightedRows' over all
+  /// of [0, len): the same bits, for the work of the visible keys alone (an S row hides a random subset).
+  SmallVector<Value> visibleWeightedRow(Value W, int64_t r, Value bi, Value pos, Value len, Value packed, Value M16,
+                                        int64_t c0, int64_t nc) {
+    SmallVector<Value> firstRows = packedFirstRows(M16, c0, nc);
+    Value words = b.create<arith::DivUIOp>(loc, add(len, L.idx(31)), L.idx(32));
+    Type i32 = L.i32();
+    auto word32 = [&](Value index) { return b.create<arith::IndexCastOp>(loc, i32, index).getResult(); };
+    Value allOnes = L.i32c(-1), zero32 = L.i32c(0), one32 = L.i32c(1);
+    auto sums = loop(L.idx(0), words, 1, SmallVector<Value>(nc, zeroV), [&](Value w, ValueRange acc) {
+      Value start = b.create<arith::MulIOp>(loc, w, L.idx(32));
+      // Keys from len on: bits from len - start on cleared (none when the word is below len - 32).
+      Value remaining = b.create<arith::SubIOp>(loc, len, start);
+      Value below = b.create<arith::SubIOp>(
+          loc, b.create<arith::ShLIOp>(loc, one32, word32(b.create<arith::MinSIOp>(loc, remaining, L.idx(31)))),
+          one32);
+      Value inLength = L.select(L.lt(remaining, L.idx(32)), below, allOnes);
+      // Its own key: bit pos - start when it falls in this word.
+      Value offset = b.create<arith::SubIOp>(loc, pos, start);
+      Value ownHere = L.andI(L.ge(offset, L.idx(0)), L.lt(offset, L.idx(32)));
+      Value own = L.select(ownHere, b.create<arith::ShLIOp>(loc, one32, word32(b.create<arith::MinSIOp>(
+                                                                             loc, b.create<arith::MaxSIOp>(
+                                                                                      loc, offset, L.idx(0)),
+                                                                             L.idx(31)))),
+                           zero32);
+      Value hidden = L.load(maskRows, {bi, pos, add(L.idx(1), w)});
+      Value shown = b.create<arith::AndIOp>(
+          loc, b.create<arith::XOrIOp>(loc, b.create<arith::OrIOp>(loc, hidden, own), allOnes), inLength);
+      SmallVector<Type> types{i32};
+      SmallVector<Value> init{shown};
+      for (Value a : acc)
+        types.push_back(a.getType()), init.push_back(a);
+      auto keys = b.create<scf::WhileOp>(
+          loc, types, init,
+          [&](OpBuilder &, Location, ValueRange args) {
+            b.create<scf::ConditionOp>(loc, L.cmp(arith::CmpIPredicate::ne, args[0], zero32), args);
+          },
+          [&](OpBuilder &, Location, ValueRange args) {
+            Value bits = args[0];
+            Value j = add(start, L.toIndex(b.create<math::CountTrailingZerosOp>(loc, bits)));
+            SmallVector<Value> next{b.create<arith::AndIOp>(loc, bits, b.create<arith::SubIOp>(loc, bits, one32))};
+            Value p = bcast(L.load(W, {L.idx(r), j}));
+            for (int64_t c = 0; c < nc; ++c)
+              next.push_back(b.create<vector::FMAOp>(
+                  loc, p, load(packed, ValueRange{add(firstRows[c], j), L.idx(0)}), args[1 + c]));
+            b.create<scf::YieldOp>(loc, next);
+          });
+      return SmallVector<Value>(keys.getResults().drop_front());
+    });
+    return SmallVector<Value>(sums.getResults());
   }
 
   // Shaw relative positions (clip c, T = 2c + 1 table rows, index t(i, j) = clamp(j - i, -c, c) + c) in the vector

@@ -46,19 +46,25 @@ inline int64_t scratchBytes(int64_t vocab, int64_t rows) {
 namespace attention {
 
 constexpr int64_t kTileRows = 8; ///< query rows per tile of the vector form (their scores, softmax and p.v together)
+/// Query rows per tile of the forward under the directional mask: its tiles gather rows of one direction from
+/// across the sentence, and the fewer rows share a tile's key range, the fewer keys a row visits past its own.
+constexpr int64_t kDirectionalTileRows = 4;
+/// Query rows per tile of lm.attention's vector form (1 with query positions: one row per entry).
+inline int64_t forwardTileRows(bool queryPositions, bool directional) {
+  return queryPositions ? 1 : directional ? kDirectionalTileRows : kTileRows;
+}
 constexpr int64_t kKeyTile = 32; ///< keys per tile of the scalar form (head sizes not a multiple of 16)
 
 /// Bytes lm.attention allocates while it runs on one thread, `dh` its head size, `keys` the key count, `rows` the
 /// query rows: the vector form (dh a multiple of 16) transposes a head's keys and packs its values, M16 = keys
-/// rounded up to 16, into [M16, dh] each, and keeps a tile's scores [R, M16] (R = kTileRows query rows, 1 with
-/// query positions); with relative positions (`clip` > 0) a block of dh x (T16 + 16) + R x (T16 + 16) + R x (2 M16 +
+/// rounded up to 16, into [M16, dh] each, and keeps a tile's scores [R, M16] (R = forwardTileRows); with relative positions (`clip` > 0) a block of dh x (T16 + 16) + R x (T16 + 16) + R x (2 M16 +
 /// T16 + 16) floats (T16 = 2 clip + 1 rounded up to 16); with the directional mask over whole rows (no query
 /// positions) the rows' order (rows + 1 int32). The scalar form keeps one key tile's scores and a row's accumulator.
 inline int64_t scratchBytes(int64_t dh, int64_t keys, int64_t rows, bool queryPositions, int64_t clip,
                             bool directional) {
   if (dh % 16)
     return allocationBytes(kKeyTile * 4) + allocationBytes(dh * 4);
-  const int64_t M16 = (keys + 15) / 16 * 16, R = queryPositions ? 1 : kTileRows;
+  const int64_t M16 = (keys + 15) / 16 * 16, R = forwardTileRows(queryPositions, directional);
   int64_t bytes = 2 * allocationBytes(M16 * dh * 4) + allocationBytes(R * M16 * 4);
   if (clip > 0) {
     const int64_t T16 = (2 * clip + 1 + 15) / 16 * 16;
