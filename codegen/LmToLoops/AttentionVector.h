@@ -668,7 +668,8 @@ struct VectorKernel {
   /// W[r, j] * row j's feature vector c0 + c of `packed` over the keys the row sees alone, in key order, found 32
   /// keys at a time from its hidden-key word (bits cleared from len on and at its own key) by counting trailing
   /// zeros. The keys skipped have W = 0 exactly, so every lane is the same chain of FMAs as weightedRows' over all
-  /// of [0, len): the same bits, for the work of the visible keys alone (an S row hides a random subset).
+  /// of [0, len): the same bits, for the work of the visible keys alone (an S row hides a random subset). (Values
+  /// are finite in a model; a non-finite value of a hidden key, which 0 * v turned into NaN, is not read.)
   SmallVector<Value> visibleWeightedRow(Value W, int64_t r, Value bi, Value pos, Value len, Value packed, Value M16,
                                         int64_t c0, int64_t nc) {
     SmallVector<Value> firstRows = packedFirstRows(M16, c0, nc);
