@@ -8,6 +8,7 @@
 
 #include "codegen/Emit/Header.h"
 #include "codegen/Emit/Text.h"
+#include "runtime/lib/lmrt.h"
 
 #include <sstream>
 
@@ -28,9 +29,11 @@ const char *kHeaderPrologue = R"(
 extern "C" {
 #endif
 
-/* Version of the runtime ABI the library was generated for (shared by all lmcc model headers). */
+/* Version of the runtime ABI (liblmrt.so) the library was generated for: @NAME@_ABI_VERSION; LM_ABI_VERSION is
+ * the first included lmcc header's (or lmrt.h's). <name>_load fails, naming both, under a runtime of another. */
+#define @NAME@_ABI_VERSION @ABI@
 #ifndef LM_ABI_VERSION
-#define LM_ABI_VERSION 1
+#define LM_ABI_VERSION @ABI@
 #endif
 /* Diformer: words of hidden-key bits per target row (see <name>_score_pairs). */
 #ifndef LM_HIDDEN_WORDS
@@ -345,7 +348,10 @@ std::string generateHeader(const ModelFacts &spec, bool embedWeights) {
      << "_free must not race with other calls on that model).\n"
      << " *    lm_set_num_threads is process-wide; lm_last_error() is per thread.\n"
      << " */";
-  os << expand(kHeaderPrologue, name, "");
+  std::string prologue = kHeaderPrologue;
+  for (size_t at; (at = prologue.find("@ABI@")) != std::string::npos;)
+    prologue.replace(at, 5, std::to_string(LM_ABI_VERSION));
+  os << expand(prologue, name, "");
   const std::pair<const char *, int64_t> dims[] = {
       {"VOCAB", spec.vocab},   {"MAX_LEN", spec.maxLen}, {"D_MODEL", spec.dModel},
       {"LAYERS", spec.layers}, {"HEADS", spec.heads},    {"D_FF", spec.dFF}};

@@ -1026,8 +1026,9 @@ protected:
 TEST_F(GeneratedTest, HeaderHasTheContractPrototypesAndMacros) {
   const ModelSpec spec = tinySpec("tiny_tta", Family::TTA);
   const std::string h = squeeze(codegen::generateHeader(facts(spec)));
-  for (const char *needle : {
-           "#include <stdint.h>", "extern \"C\" {", "#ifndef LM_ABI_VERSION #define LM_ABI_VERSION 1 #endif",
+  for (const std::string &needle : std::vector<std::string>{
+           "#include <stdint.h>", "extern \"C\" {", "#define TINY_TTA_ABI_VERSION " + std::to_string(LM_ABI_VERSION),
+           "#ifndef LM_ABI_VERSION #define LM_ABI_VERSION " + std::to_string(LM_ABI_VERSION) + " #endif",
            "#define TINY_TTA_VOCAB 40", "#define TINY_TTA_MAX_LEN 12", "#define TINY_TTA_D_MODEL 8",
            "#define TINY_TTA_LAYERS 1", "#define TINY_TTA_HEADS 2", "#define TINY_TTA_D_FF 16",
            "#define TINY_TTA_EMBEDDED_WEIGHTS 0", "typedef struct tiny_tta_model tiny_tta_model;",
