@@ -25,6 +25,17 @@
 // A kernel's library (lib<kernel>.so) is deleted once loaded (its mapping stays); with LMCC_KERNEL_BENCH_KEEP set
 // it stays in its temporary directory (printed), e.g. for `perf annotate`.
 //
+// Attention A/B (two builds' kernels in one process; separate processes differ by more than a few percent here):
+//   kernel_bench --build-attention DIR   this build's attention kernels (forward and generated backward, each mask,
+//                                        plain and relative) into DIR/lib<kernel>.so, the names the kept libraries
+//                                        of LMCC_KERNEL_BENCH_KEEP also have (so an older kernel_bench's kept
+//                                        directory serves as A);
+//   kernel_bench --attention-ab A B [benchmark flags]   the generated attention benchmarks of both sides, named A/...
+//                                        and B/..., each B run first required to give A's output bit for bit, 6
+//                                        repetitions each interleaved at random (--benchmark_repetitions=N and
+//                                        --benchmark_filter override), then per kernel B / A of the median peak
+//                                        fractions.
+//
 //===----------------------------------------------------------------------===//
 #include "codegen/Emit/Object.h"
 #include "codegen/LmToLoops/Gemm.h"
@@ -169,8 +180,24 @@ void *kernelLibrary(const std::string &name) {
   return handle;
 }
 
-template <typename Fn> Fn symbol(const std::string &name) {
-  auto fn = reinterpret_cast<Fn>(::dlsym(kernelLibrary(name), ("_mlir_ciface_" + name).c_str()));
+/// The library lib<name>.so of directory `dir` (--build-attention's), loaded on first use.
+void *prebuiltLibrary(const std::string &dir, const std::string &name) {
+  static std::map<std::string, void *> loaded;
+  const std::string path = dir + "/lib" + name + ".so";
+  if (auto it = loaded.find(path); it != loaded.end())
+    return it->second;
+  void *handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!handle) {
+    std::fprintf(stderr, "kernel_bench: cannot load %s: %s\n", path.c_str(), ::dlerror());
+    std::exit(1);
+  }
+  return loaded[path] = handle;
+}
+
+/// Kernel `name` (its C interface), compiled by this build or, with `dir`, from --build-attention's directory.
+template <typename Fn> Fn symbol(const std::string &name, const std::string &dir = "") {
+  void *library = dir.empty() ? kernelLibrary(name) : prebuiltLibrary(dir, name);
+  auto fn = reinterpret_cast<Fn>(::dlsym(library, ("_mlir_ciface_" + name).c_str()));
   if (!fn) {
     std::fprintf(stderr, "kernel_bench: %s missing\n", name.c_str());
     std::exit(1);
@@ -469,15 +496,34 @@ struct BenchMask {
 /// (q.k and p*v), the exponentials not counted. With `relative`, Shaw relative positions clipped at kClip
 /// (attention_rel/<mask>), counted the same: the relative terms' work (the rows' products with the 2 kClip + 1
 /// table rows, the per-row sums and the table's product) is overhead on the plain attention's FLOPs.
-void BM_Attention(benchmark::State &state, lm::MaskKind mask, std::string name, bool relative) {
+/// A/B runs (--attention-ab): the kernels come from `dir` (else this build's), and with `other` (side B) the
+/// output is first required to equal side A's kernel's (from `other`) bit for bit.
+struct Side {
+  std::string dir, other;
+};
+
+/// The forward kernel of one mask and relative setting (one of the four pointers is set).
+struct Forward {
+  AttentionFn plain = nullptr;
+  RelativeAttentionFn relative = nullptr;
+  DirectionalFn directional = nullptr;
+  DirectionalRelativeFn directionalRelative = nullptr;
+  Forward(const std::string &name, bool rel, bool dir, const std::string &from) {
+    const std::string kernel = (rel ? "attention_rel_" : "attention_") + name;
+    if (dir)
+      rel ? void(directionalRelative = symbol<DirectionalRelativeFn>(kernel, from))
+          : void(directional = symbol<DirectionalFn>(kernel, from));
+    else
+      rel ? void(relative = symbol<RelativeAttentionFn>(kernel, from)) : void(plain = symbol<AttentionFn>(kernel, from));
+  }
+};
+
+void BM_Attention(benchmark::State &state, lm::MaskKind mask, std::string name, bool relative, Side side) {
   int64_t n = state.range(0), batch = state.range(1);
   BenchMask visible(mask, batch, n);
   const bool directional = mask == lm::MaskKind::directional;
   MemRef<3> rows = directional ? visible.view() : MemRef<3>{};
-  auto attention = relative || directional ? nullptr : symbol<AttentionFn>("attention_" + name);
-  auto relativeAttention = relative && !directional ? symbol<RelativeAttentionFn>("attention_rel_" + name) : nullptr;
-  auto directionalAttention = !relative && directional ? symbol<DirectionalFn>("attention_" + name) : nullptr;
-  auto directionalRelative = relative && directional ? symbol<DirectionalRelativeFn>("attention_rel_" + name) : nullptr;
+  const Forward kernel(name, relative, directional, side.dir);
   const int64_t T = 2 * kClip + 1, dh = kModel / kHeads;
   std::vector<float> relK = randomVector(T * dh, 4), relV = randomVector(T * dh, 5);
   MemRef<2> relKm = view(relK.data(), T, dh), relVm = view(relV.data(), T, dh);
@@ -488,15 +534,27 @@ void BM_Attention(benchmark::State &state, lm::MaskKind mask, std::string name, 
   auto view3 = [&](float *p) { return MemRef<3>{p, p, 0, {batch, n, kModel}, {n * kModel, kModel, 1}}; };
   MemRef<3> qm = view3(qa.data), km = view3(ka.data), vm = view3(va.data), om = view3(out.data);
   MemRef<1> lm_ = {reinterpret_cast<float *>(lengths.data()), reinterpret_cast<float *>(lengths.data()), 0, {batch}, {1}};
-  for (auto _ : state) {
-    if (directionalRelative)
-      directionalRelative(&qm, &km, &vm, &lm_, &rows, &relKm, &relVm, &om);
-    else if (directionalAttention)
-      directionalAttention(&qm, &km, &vm, &lm_, &rows, &om);
-    else if (relative)
-      relativeAttention(&qm, &km, &vm, &lm_, &relKm, &relVm, &om);
+  auto run = [&](const Forward &f) {
+    if (f.directionalRelative)
+      f.directionalRelative(&qm, &km, &vm, &lm_, &rows, &relKm, &relVm, &om);
+    else if (f.directional)
+      f.directional(&qm, &km, &vm, &lm_, &rows, &om);
+    else if (f.relative)
+      f.relative(&qm, &km, &vm, &lm_, &relKm, &relVm, &om);
     else
-      attention(&qm, &km, &vm, &lm_, &om);
+      f.plain(&qm, &km, &vm, &lm_, &om);
+  };
+  if (!side.other.empty()) {
+    run(Forward(name, relative, directional, side.other));
+    const std::vector<float> a(out.data, out.data + batch * n * kModel);
+    run(kernel);
+    if (std::memcmp(a.data(), out.data, a.size() * sizeof(float))) {
+      state.SkipWithError("B's output differs from A's");
+      return;
+    }
+  }
+  for (auto _ : state) {
+    run(kernel);
     benchmark::ClobberMemory();
   }
   // Spot check: the last row (directional: the middle one; the last is L and sees itself alone) of head 0 against a
@@ -534,7 +592,27 @@ void BM_Attention(benchmark::State &state, lm::MaskKind mask, std::string name, 
 /// lm_rt_attention_grad: 10 * d_model FLOPs per visible pair (the scores q.k recomputed, dP = dO.v, dq, dk, dv),
 /// softmax not counted. With `relative`, Shaw relative positions clipped at kClip and the tables' gradients,
 /// counted the same (as attention_rel).
-void BM_AttentionGrad(benchmark::State &state, lm::MaskKind mask, std::string name, bool generated, bool relative) {
+/// The generated backward of one mask and relative setting (one of the four pointers is set), or none (`generated`
+/// false: the runtime's C++ kernel).
+struct Backward {
+  AttentionGradFn plain = nullptr;
+  RelativeGradFn relative = nullptr;
+  DirectionalGradFn directional = nullptr;
+  DirectionalRelativeGradFn directionalRelative = nullptr;
+  Backward(const std::string &name, bool generated, bool rel, bool dir, const std::string &from) {
+    const std::string kernel = (rel ? "attention_grad_rel_" : "attention_grad_") + name;
+    if (!generated)
+      return;
+    if (dir)
+      rel ? void(directionalRelative = symbol<DirectionalRelativeGradFn>(kernel, from))
+          : void(directional = symbol<DirectionalGradFn>(kernel, from));
+    else
+      rel ? void(relative = symbol<RelativeGradFn>(kernel, from)) : void(plain = symbol<AttentionGradFn>(kernel, from));
+  }
+};
+
+void BM_AttentionGrad(benchmark::State &state, lm::MaskKind mask, std::string name, bool generated, bool relative,
+                      Side side) {
   int64_t n = state.range(0), batch = state.range(1);
   const int32_t kind = mask == lm::MaskKind::causal        ? LMRT_MASK_CAUSAL
                        : mask == lm::MaskKind::anticausal  ? LMRT_MASK_ANTICAUSAL
@@ -559,28 +637,43 @@ void BM_AttentionGrad(benchmark::State &state, lm::MaskKind mask, std::string na
   std::vector<float> relK = randomVector(T * dh, 5), relV = randomVector(T * dh, 6), dRelK(T * dh), dRelV(T * dh);
   MemRef<2> rkm = view(relK.data(), T, dh), rvm = view(relV.data(), T, dh), drkm = view(dRelK.data(), T, dh),
             drvm = view(dRelV.data(), T, dh);
-  const bool plain = generated && !directional;
-  auto kernel = plain && !relative ? symbol<AttentionGradFn>("attention_grad_" + name) : nullptr;
-  auto relativeKernel = plain && relative ? symbol<RelativeGradFn>("attention_grad_rel_" + name) : nullptr;
-  auto directionalKernel =
-      generated && directional && !relative ? symbol<DirectionalGradFn>("attention_grad_" + name) : nullptr;
-  auto directionalRelative =
-      generated && directional && relative ? symbol<DirectionalRelativeGradFn>("attention_grad_rel_" + name) : nullptr;
-  for (auto _ : state) {
-    if (kernel)
-      kernel(&dOm, &qm, &km, &vm, &lm_, &dqm, &dkm, &dvm);
-    else if (relativeKernel)
-      relativeKernel(&dOm, &qm, &km, &vm, &lm_, &rkm, &rvm, &dqm, &dkm, &dvm, &drkm, &drvm);
-    else if (directionalKernel)
-      directionalKernel(&dOm, &qm, &km, &vm, &lm_, &rows, &dqm, &dkm, &dvm);
-    else if (directionalRelative)
-      directionalRelative(&dOm, &qm, &km, &vm, &lm_, &rows, &rkm, &rvm, &dqm, &dkm, &dvm, &drkm, &drvm);
+  const Backward kernel(name, generated, relative, directional, side.dir);
+  auto run = [&](const Backward &f) {
+    if (f.plain)
+      f.plain(&dOm, &qm, &km, &vm, &lm_, &dqm, &dkm, &dvm);
+    else if (f.relative)
+      f.relative(&dOm, &qm, &km, &vm, &lm_, &rkm, &rvm, &dqm, &dkm, &dvm, &drkm, &drvm);
+    else if (f.directional)
+      f.directional(&dOm, &qm, &km, &vm, &lm_, &rows, &dqm, &dkm, &dvm);
+    else if (f.directionalRelative)
+      f.directionalRelative(&dOm, &qm, &km, &vm, &lm_, &rows, &rkm, &rvm, &dqm, &dkm, &dvm, &drkm, &drvm);
     else
       lm_rt_attention_grad(dOa.data, qa.data, ka.data, va.data, lengths.data(), nullptr,
                            directional ? visible.rows.data() : nullptr, directional ? kRowWords : 0,
                            relative ? relK.data() : nullptr, relative ? relV.data() : nullptr, relative ? kClip : 0,
                            batch, n, n, kModel, kHeads, kind, scale, dq.data, dk.data, dv.data,
                            relative ? dRelK.data() : nullptr, relative ? dRelV.data() : nullptr);
+  };
+  if (!side.other.empty()) {
+    const size_t floats = size_t(size), tables = relative ? size_t(T * dh) : 0;
+    auto outputs = [&] {
+      std::vector<float> all(dq.data, dq.data + floats);
+      all.insert(all.end(), dk.data, dk.data + floats);
+      all.insert(all.end(), dv.data, dv.data + floats);
+      all.insert(all.end(), dRelK.begin(), dRelK.begin() + tables);
+      all.insert(all.end(), dRelV.begin(), dRelV.begin() + tables);
+      return all;
+    };
+    run(Backward(name, generated, relative, directional, side.other));
+    const std::vector<float> a = outputs();
+    run(kernel);
+    if (outputs() != a) {
+      state.SkipWithError("B's gradients differ from A's");
+      return;
+    }
+  }
+  for (auto _ : state) {
+    run(kernel);
     benchmark::ClobberMemory();
   }
   // Spot check: dv of the last key of head 0, feature 0, in the last sentence: sum_i p_ij dO_i.
@@ -613,9 +706,88 @@ void BM_AttentionGrad(benchmark::State &state, lm::MaskKind mask, std::string na
   state.counters["peak_frac"] = benchmark::Counter(flops / 1e9 / g_peak, benchmark::Counter::kIsRate);
 }
 
+/// The attention benchmarks (forward, relative forward, generated and runtime backwards) under `prefix`; with an
+/// A/B side, the generated kernels alone, from its directory.
+void registerAttention(const std::string &prefix, const Side &side) {
+  const bool ab = !side.dir.empty();
+  for (bool relative : {false, true})
+    for (auto [mask, name] : kMasks)
+      benchmark::RegisterBenchmark((prefix + (relative ? "attention_rel/" : "attention/") + name).c_str(),
+                                   BM_Attention, mask, std::string(name), relative, side)
+          ->ArgNames({"n", "batch"})
+          ->ArgsProduct({relative ? std::vector<int64_t>{80, 128} : std::vector<int64_t>{20, 80, 128}, {1, 32}});
+  for (bool relative : {false, true})
+    for (bool generated : {true, false})
+      for (auto [mask, name] : kMasks)
+        if (generated || !ab)
+          benchmark::RegisterBenchmark((prefix + (generated ? "attention_grad" : "attention_grad_rt") +
+                                        (relative ? "_rel/" : "/") + name)
+                                           .c_str(),
+                                       BM_AttentionGrad, mask, std::string(name), generated, relative, side)
+              ->ArgNames({"n", "batch"})
+              ->ArgsProduct({relative ? std::vector<int64_t>{80, 128} : std::vector<int64_t>{20, 80, 128}, {1, 32}});
+}
+
+/// --build-attention DIR: every attention kernel the benchmarks time (forward and backward, each mask, plain and
+/// relative), each into DIR/lib<kernel>.so, for a later --attention-ab.
+int buildAttention(const std::string &dir) {
+  std::filesystem::create_directories(dir);
+  int built = 0;
+  for (auto [mask, maskName] : kMasks)
+    for (const char *kind : {"attention_", "attention_rel_", "attention_grad_", "attention_grad_rel_"}) {
+      const std::string name = kind + std::string(maskName);
+      mlir::MLIRContext context;
+      auto module = buildKernel(context, name);
+      const std::string library = dir + "/lib" + name + ".so";
+      if (std::string err = module ? lmcc::codegen::emitKernelLibrary(*module, library) : "cannot build " + name;
+          !err.empty()) {
+        std::fprintf(stderr, "kernel_bench: %s\n", err.c_str());
+        return 1;
+      }
+      ++built;
+    }
+  std::printf("%s: %d attention kernels\n", dir.c_str(), built);
+  return 0;
+}
+
+/// The console report, then for --attention-ab each kernel's B / A ratio of the median peak fractions.
+class AbReporter : public benchmark::ConsoleReporter {
+public:
+  void ReportRuns(const std::vector<Run> &runs) override {
+    ConsoleReporter::ReportRuns(runs);
+    for (const Run &run : runs)
+      if (run.aggregate_name == "median" && run.counters.count("peak_frac"))
+        medians_[run.run_name.str()] = run.counters.at("peak_frac");
+  }
+  void Finalize() override {
+    ConsoleReporter::Finalize();
+    std::printf("\nB / A (median peak fraction of each side's repetitions, interleaved at random):\n");
+    for (const auto &[name, b] : medians_)
+      if (name.rfind("B/", 0) == 0)
+        if (auto a = medians_.find("A/" + name.substr(2)); a != medians_.end() && a->second > 0)
+          std::printf("  %-48s A %.3f  B %.3f  B/A %.3f\n", name.substr(2).c_str(), double(a->second), double(b),
+                      double(b) / a->second);
+  }
+
+private:
+  std::map<std::string, double> medians_;
+};
+
 } // namespace
 
 int main(int argc, char **argv) {
+  if (argc == 3 && std::string(argv[1]) == "--build-attention")
+    return buildAttention(argv[2]);
+  std::string dirA, dirB;
+  std::vector<char *> args(argv, argv + argc);
+  if (argc >= 4 && std::string(argv[1]) == "--attention-ab") {
+    dirA = argv[2], dirB = argv[3];
+    // Each side's repetitions interleaved at random with the other's, aggregates only; later flags override.
+    static char interleave[] = "--benchmark_enable_random_interleaving=true", reps[] = "--benchmark_repetitions=6",
+                aggregates[] = "--benchmark_report_aggregates_only=true", plain[] = "--benchmark_color=false";
+    args = {argv[0], interleave, reps, aggregates, plain};
+    args.insert(args.end(), argv + 4, argv + argc);
+  }
   g_peak = measurePeak();
   for (int i = 0; i < 2; ++i) // the best of three runs of 1.3 G FMAs
     g_peak = std::max(g_peak, measurePeak());
@@ -624,6 +796,15 @@ int main(int argc, char **argv) {
               "depths that are a multiple of 1024; L1D %lld-way)\n",
               g_peak, g_avx512 ? "AVX-512" : "AVX2", (long long)g_tile.rows, (long long)g_tile.cols(),
               (long long)deep.rows, (long long)deep.cols(), (long long)lmcc::codegen::hostL1Ways());
+  if (!dirA.empty()) {
+    registerAttention("A/", {dirA, ""});
+    registerAttention("B/", {dirB, dirA});
+    int count = int(args.size());
+    benchmark::Initialize(&count, args.data());
+    AbReporter reporter;
+    benchmark::RunSpecifiedBenchmarks(&reporter);
+    return 0;
+  }
   benchmark::RegisterBenchmark("machine/peak", BM_Peak)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime();
   benchmark::RegisterBenchmark("machine/read_bw", BM_ReadBandwidth)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime();
   for (const Shape &s : kShapes) {
@@ -634,25 +815,7 @@ int main(int argc, char **argv) {
     benchmark::RegisterBenchmark(("gemm/openblas/" + name).c_str(), BM_OpenBLAS, s);
 #endif
   }
-  for (auto [mask, name] : kMasks)
-    benchmark::RegisterBenchmark(("attention/" + std::string(name)).c_str(), BM_Attention, mask, std::string(name),
-                                 false)
-        ->ArgNames({"n", "batch"})
-        ->ArgsProduct({{20, 80, 128}, {1, 32}});
-  for (auto [mask, name] : kMasks)
-    benchmark::RegisterBenchmark(("attention_rel/" + std::string(name)).c_str(), BM_Attention, mask, std::string(name),
-                                 true)
-        ->ArgNames({"n", "batch"})
-        ->ArgsProduct({{80, 128}, {1, 32}});
-  for (bool relative : {false, true})
-    for (bool generated : {true, false})
-      for (auto [mask, name] : kMasks)
-        benchmark::RegisterBenchmark(((generated ? "attention_grad" : "attention_grad_rt") +
-                                      std::string(relative ? "_rel/" : "/") + name)
-                                         .c_str(),
-                                     BM_AttentionGrad, mask, std::string(name), generated, relative)
-            ->ArgNames({"n", "batch"})
-            ->ArgsProduct({relative ? std::vector<int64_t>{80, 128} : std::vector<int64_t>{20, 80, 128}, {1, 32}});
+  registerAttention("", {});
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   if (!g_libraryDir.empty() && !std::getenv("LMCC_KERNEL_BENCH_KEEP")) { // the loaded libraries are deleted already
