@@ -31,7 +31,7 @@
 //                                        of LMCC_KERNEL_BENCH_KEEP also have (so an older kernel_bench's kept
 //                                        directory serves as A);
 //   kernel_bench --attention-ab A B [benchmark flags]   the generated attention benchmarks of both sides, named A/...
-//                                        and B/..., each B run first required to give A's output bit for bit, 6
+//                                        and B/..., each B run first required to give A's output bit for bit, 12
 //                                        repetitions each interleaved at random (--benchmark_repetitions=N and
 //                                        --benchmark_filter override), then per kernel B / A of the median peak
 //                                        fractions.
@@ -783,7 +783,7 @@ int main(int argc, char **argv) {
   if (argc >= 4 && std::string(argv[1]) == "--attention-ab") {
     dirA = argv[2], dirB = argv[3];
     // Each side's repetitions interleaved at random with the other's, aggregates only; later flags override.
-    static char interleave[] = "--benchmark_enable_random_interleaving=true", reps[] = "--benchmark_repetitions=6",
+    static char interleave[] = "--benchmark_enable_random_interleaving=true", reps[] = "--benchmark_repetitions=12",
                 aggregates[] = "--benchmark_report_aggregates_only=true", plain[] = "--benchmark_color=false";
     args = {argv[0], interleave, reps, aggregates, plain};
     args.insert(args.end(), argv + 4, argv + argc);
