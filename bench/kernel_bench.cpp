@@ -492,10 +492,6 @@ struct BenchMask {
   }
 };
 
-/// lm.attention over [batch, n, 512] queries/keys/values, 8 heads: 4 * d_model FLOPs per visible pair
-/// (q.k and p*v), the exponentials not counted. With `relative`, Shaw relative positions clipped at kClip
-/// (attention_rel/<mask>), counted the same: the relative terms' work (the rows' products with the 2 kClip + 1
-/// table rows, the per-row sums and the table's product) is overhead on the plain attention's FLOPs.
 /// A/B runs (--attention-ab): the kernels come from `dir` (else this build's), and with `other` (side B) the
 /// output is first required to equal side A's kernel's (from `other`) bit for bit.
 struct Side {
@@ -510,14 +506,21 @@ struct Forward {
   DirectionalRelativeFn directionalRelative = nullptr;
   Forward(const std::string &name, bool rel, bool dir, const std::string &from) {
     const std::string kernel = (rel ? "attention_rel_" : "attention_") + name;
-    if (dir)
-      rel ? void(directionalRelative = symbol<DirectionalRelativeFn>(kernel, from))
-          : void(directional = symbol<DirectionalFn>(kernel, from));
+    if (dir && rel)
+      directionalRelative = symbol<DirectionalRelativeFn>(kernel, from);
+    else if (dir)
+      directional = symbol<DirectionalFn>(kernel, from);
+    else if (rel)
+      relative = symbol<RelativeAttentionFn>(kernel, from);
     else
-      rel ? void(relative = symbol<RelativeAttentionFn>(kernel, from)) : void(plain = symbol<AttentionFn>(kernel, from));
+      plain = symbol<AttentionFn>(kernel, from);
   }
 };
 
+/// lm.attention over [batch, n, 512] queries/keys/values, 8 heads: 4 * d_model FLOPs per visible pair
+/// (q.k and p*v), the exponentials not counted. With `relative`, Shaw relative positions clipped at kClip
+/// (attention_rel/<mask>), counted the same: the relative terms' work (the rows' products with the 2 kClip + 1
+/// table rows, the per-row sums and the table's product) is overhead on the plain attention's FLOPs.
 void BM_Attention(benchmark::State &state, lm::MaskKind mask, std::string name, bool relative, Side side) {
   int64_t n = state.range(0), batch = state.range(1);
   BenchMask visible(mask, batch, n);
@@ -588,10 +591,6 @@ void BM_Attention(benchmark::State &state, lm::MaskKind mask, std::string name, 
   state.counters["peak_frac"] = benchmark::Counter(flops / 1e9 / g_peak, benchmark::Counter::kIsRate);
 }
 
-/// The backward of lm.attention over [batch, n, 512], 8 heads, generated (`generated`) or liblmrt's
-/// lm_rt_attention_grad: 10 * d_model FLOPs per visible pair (the scores q.k recomputed, dP = dO.v, dq, dk, dv),
-/// softmax not counted. With `relative`, Shaw relative positions clipped at kClip and the tables' gradients,
-/// counted the same (as attention_rel).
 /// The generated backward of one mask and relative setting (one of the four pointers is set), or none (`generated`
 /// false: the runtime's C++ kernel).
 struct Backward {
@@ -603,14 +602,21 @@ struct Backward {
     const std::string kernel = (rel ? "attention_grad_rel_" : "attention_grad_") + name;
     if (!generated)
       return;
-    if (dir)
-      rel ? void(directionalRelative = symbol<DirectionalRelativeGradFn>(kernel, from))
-          : void(directional = symbol<DirectionalGradFn>(kernel, from));
+    if (dir && rel)
+      directionalRelative = symbol<DirectionalRelativeGradFn>(kernel, from);
+    else if (dir)
+      directional = symbol<DirectionalGradFn>(kernel, from);
+    else if (rel)
+      relative = symbol<RelativeGradFn>(kernel, from);
     else
-      rel ? void(relative = symbol<RelativeGradFn>(kernel, from)) : void(plain = symbol<AttentionGradFn>(kernel, from));
+      plain = symbol<AttentionGradFn>(kernel, from);
   }
 };
 
+/// The backward of lm.attention over [batch, n, 512], 8 heads, generated (`generated`) or liblmrt's
+/// lm_rt_attention_grad: 10 * d_model FLOPs per visible pair (the scores q.k recomputed, dP = dO.v, dq, dk, dv),
+/// softmax not counted. With `relative`, Shaw relative positions clipped at kClip and the tables' gradients,
+/// counted the same (as attention_rel).
 void BM_AttentionGrad(benchmark::State &state, lm::MaskKind mask, std::string name, bool generated, bool relative,
                       Side side) {
   int64_t n = state.range(0), batch = state.range(1);
@@ -753,6 +759,7 @@ int buildAttention(const std::string &dir) {
 /// The console report, then for --attention-ab each kernel's B / A ratio of the median peak fractions.
 class AbReporter : public benchmark::ConsoleReporter {
 public:
+  AbReporter() : ConsoleReporter(OO_None) {} // no colour codes: the report goes to logs
   void ReportRuns(const std::vector<Run> &runs) override {
     ConsoleReporter::ReportRuns(runs);
     for (const Run &run : runs)
@@ -784,8 +791,8 @@ int main(int argc, char **argv) {
     dirA = argv[2], dirB = argv[3];
     // Each side's repetitions interleaved at random with the other's, aggregates only; later flags override.
     static char interleave[] = "--benchmark_enable_random_interleaving=true", reps[] = "--benchmark_repetitions=12",
-                aggregates[] = "--benchmark_report_aggregates_only=true", plain[] = "--benchmark_color=false";
-    args = {argv[0], interleave, reps, aggregates, plain};
+                aggregates[] = "--benchmark_report_aggregates_only=true";
+    args = {argv[0], interleave, reps, aggregates};
     args.insert(args.end(), argv + 4, argv + argc);
   }
   g_peak = measurePeak();

@@ -105,8 +105,7 @@ struct VectorOperands {
 /// are transposed into kt (16-key blocks of [dh, 16], M keys rounded up to 16, zero tail) and its values packed
 /// per feature vector (VectorKernel::packRows). Query rows go in tiles of R = 8 rows (4 under the directional mask,
 /// 1 for single-query entries, lm-prune-rows: forwardTileRows), the last tile repeating the last row; a tile visits
-/// the union of its rows' key ranges
-/// [lo, hi) (each row's range as in the scalar form below):
+/// the union of its rows' key ranges [lo, hi) (each row's range as in the scalar form below):
 ///   scores  S[r, j..j+16) = (sum_e q_re * k_(j..j+16),e) * scale: one key vector load per 4-8 FMAs; lanes a row
 ///           cannot see are -inf, tested only in blocks that are not fully visible to every row of the tile (under
 ///           the directional mask each row's range follows its direction, and a block with an S row's own key or
@@ -117,8 +116,9 @@ struct VectorOperands {
 ///   p.v     out_r = (sum_j p_rj v_j) / l_r over the tile's rows in groups of 4 x 64 (4 x 16 on 256-bit
 ///           targets) features, one value vector load per 4 FMAs (p_rj = 0 adds exactly nothing); zero when a row
 ///           sees no key. A directional tile of S rows goes row by row over the keys each row sees
-///           (visibleWeightedRow: the same chains less their zero terms). When the operands exceed the threads' L2 the rows are stored nontemporally (no read
-///           for ownership) and the next item's q, k, v lines are prefetched over the tiles.
+///           (visibleWeightedRow: the same chains less their zero terms). When the operands exceed the threads' L2
+///           the rows are stored nontemporally (no read for ownership) and the next item's q, k, v lines are
+///           prefetched over the tiles.
 /// With Shaw relative positions (clip c, T = 2c + 1) a tile also computes its rows' T products q_r . rel_k[t]
 /// (relativeProducts) and adds each score's one (S = (q.k + q.rel_k[t(i, j)]) scale); after the softmax the
 /// numerators are summed per table row (relativeWeights: P_t) and out_r gains sum_t P_rt rel_v[t] before the

@@ -685,13 +685,9 @@ struct VectorKernel {
           loc, b.create<arith::ShLIOp>(loc, one32, word32(b.create<arith::MinSIOp>(loc, remaining, L.idx(31)))),
           one32);
       Value inLength = L.select(L.lt(remaining, L.idx(32)), below, allOnes);
-      // Its own key: bit pos - start when it falls in this word.
-      Value offset = b.create<arith::SubIOp>(loc, pos, start);
-      Value ownHere = L.andI(L.ge(offset, L.idx(0)), L.lt(offset, L.idx(32)));
-      Value own = L.select(ownHere, b.create<arith::ShLIOp>(loc, one32, word32(b.create<arith::MinSIOp>(
-                                                                             loc, b.create<arith::MaxSIOp>(
-                                                                                      loc, offset, L.idx(0)),
-                                                                             L.idx(31)))),
+      // Its own key: bit pos mod 32 of word pos / 32.
+      Value own = L.select(L.eqI(b.create<arith::DivUIOp>(loc, pos, L.idx(32)), w),
+                           b.create<arith::ShLIOp>(loc, one32, word32(b.create<arith::RemUIOp>(loc, pos, L.idx(32)))),
                            zero32);
       Value hidden = L.load(maskRows, {bi, pos, add(L.idx(1), w)});
       Value shown = b.create<arith::AndIOp>(

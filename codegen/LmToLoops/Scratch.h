@@ -57,9 +57,10 @@ constexpr int64_t kKeyTile = 32; ///< keys per tile of the scalar form (head siz
 
 /// Bytes lm.attention allocates while it runs on one thread, `dh` its head size, `keys` the key count, `rows` the
 /// query rows: the vector form (dh a multiple of 16) transposes a head's keys and packs its values, M16 = keys
-/// rounded up to 16, into [M16, dh] each, and keeps a tile's scores [R, M16] (R = forwardTileRows); with relative positions (`clip` > 0) a block of dh x (T16 + 16) + R x (T16 + 16) + R x (2 M16 +
-/// T16 + 16) floats (T16 = 2 clip + 1 rounded up to 16); with the directional mask over whole rows (no query
-/// positions) the rows' order (rows + 1 int32). The scalar form keeps one key tile's scores and a row's accumulator.
+/// rounded up to 16, into [M16, dh] each, and keeps a tile's scores [R, M16] (R = forwardTileRows); with relative
+/// positions (`clip` > 0) a block of dh x (T16 + 16) + R x (T16 + 16) + R x (2 M16 + T16 + 16) floats (T16 = 2 clip +
+/// 1 rounded up to 16); with the directional mask over whole rows (no query positions) the rows' order (rows + 1
+/// int32). The scalar form keeps one key tile's scores and a row's accumulator.
 inline int64_t scratchBytes(int64_t dh, int64_t keys, int64_t rows, bool queryPositions, int64_t clip,
                             bool directional) {
   if (dh % 16)
