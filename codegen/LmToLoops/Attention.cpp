@@ -117,8 +117,9 @@ struct VectorOperands {
 ///           targets) features, one value vector load per 4 FMAs (p_rj = 0 adds exactly nothing); zero when a row
 ///           sees no key. A directional tile of S rows goes row by row over the keys each row sees
 ///           (visibleWeightedRow: the same chains less their zero terms). When the operands exceed the threads' L2
-///           the rows are stored nontemporally (no read for ownership) and the next item's q, k, v lines are
-///           prefetched over the tiles.
+///           the rows are stored nontemporally (no read for ownership) and the q, k, v lines of the item after
+///           next are prefetched over the tiles (two items ahead: 1.04-1.05x on the triangular masks at n 128
+///           batch 32 over one ahead, level at n 80; bench/results/2026-12-01-directional.md).
 /// With Shaw relative positions (clip c, T = 2c + 1) a tile also computes its rows' T products q_r . rel_k[t]
 /// (relativeProducts) and adds each score's one (S = (q.k + q.rel_k[t(i, j)]) scale); after the softmax the
 /// numerators are summed per table row (relativeWeights: P_t) and out_r gains sum_t P_rt rel_v[t] before the
@@ -165,18 +166,19 @@ void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Val
 
     Value len = L.lengthOf(bi);
     Value lastRow = b.create<arith::SubIOp>(loc, rows, L.idx(1));
-    Value nextItem = K.add(item, L.idx(1));
-    Value hasNext = L.andI(streams, L.lt(nextItem, items));
-    Value nextEntry = b.create<arith::DivUIOp>(loc, nextItem, L.idx(H));
-    Value nextBase = b.create<arith::MulIOp>(loc, b.create<arith::RemUIOp>(loc, nextItem, L.idx(H)), L.idx(dh));
+    Value aheadItem = K.add(item, L.idx(2));
+    Value hasAhead = L.andI(streams, L.lt(aheadItem, items));
+    Value aheadEntry = b.create<arith::DivUIOp>(loc, aheadItem, L.idx(H));
+    Value aheadBase = b.create<arith::MulIOp>(loc, b.create<arith::RemUIOp>(loc, aheadItem, L.idx(H)), L.idx(dh));
     L.nest({tiles}, [&](ValueRange t) {
       Value r0 = b.create<arith::MulIOp>(loc, t[0], L.idx(R));
-      // The next item's q, k and v lines in parts: before the scores, the softmax and each p.v row group (its
-      // output rows need none: stored nontemporally when streaming, into the runtime's 64-byte aligned buffers).
+      // The q, k and v lines of the item after next in parts: before the scores, the softmax and each p.v row
+      // group (its output rows need none: stored nontemporally when streaming, into the runtime's 64-byte aligned
+      // buffers).
       const int64_t pvRows = K.geo.pvRows, pvChunks = K.geo.pvChunks;
       const int64_t parts = 2 + (R + pvRows - 1) / pvRows;
       auto prefetch = [&](int64_t part) {
-        K.prefetchNext(hasNext, nextEntry, nextBase, t[0], tiles, r0, R, part, parts, rows, M, {q}, {k, v});
+        K.prefetchNext(hasAhead, aheadEntry, aheadBase, t[0], tiles, r0, R, part, parts, rows, M, {q}, {k, v});
       };
       prefetch(0);
       Tile tile = K.tileRows(bi, r0, R, lastRow, len, queryPositions, Value(), order);
