@@ -498,24 +498,30 @@ struct Side {
   std::string dir, other;
 };
 
-/// The forward kernel of one mask and relative setting (one of the four pointers is set).
-struct Forward {
-  AttentionFn plain = nullptr;
-  RelativeAttentionFn relative = nullptr;
-  DirectionalFn directional = nullptr;
-  DirectionalRelativeFn directionalRelative = nullptr;
-  Forward(const std::string &name, bool rel, bool dir, const std::string &from) {
-    const std::string kernel = (rel ? "attention_rel_" : "attention_") + name;
+/// One attention kernel (forward or backward) of a mask and relative setting, from this build or `from`: one of the
+/// four pointers is set (none in a default Kernels: the runtime's C++ backward).
+template <typename PlainFn, typename RelativeFn, typename DirectionalFnT, typename DirectionalRelativeFnT>
+struct Kernels {
+  PlainFn plain = nullptr;
+  RelativeFn relative = nullptr;
+  DirectionalFnT directional = nullptr;
+  DirectionalRelativeFnT directionalRelative = nullptr;
+  Kernels() = default;
+  /// `prefix` "attention_" or "attention_grad_".
+  Kernels(const std::string &prefix, const std::string &name, bool rel, bool dir, const std::string &from) {
+    const std::string kernel = prefix + (rel ? "rel_" : "") + name;
     if (dir && rel)
-      directionalRelative = symbol<DirectionalRelativeFn>(kernel, from);
+      directionalRelative = symbol<DirectionalRelativeFnT>(kernel, from);
     else if (dir)
-      directional = symbol<DirectionalFn>(kernel, from);
+      directional = symbol<DirectionalFnT>(kernel, from);
     else if (rel)
-      relative = symbol<RelativeAttentionFn>(kernel, from);
+      relative = symbol<RelativeFn>(kernel, from);
     else
-      plain = symbol<AttentionFn>(kernel, from);
+      plain = symbol<PlainFn>(kernel, from);
   }
 };
+using Forward = Kernels<AttentionFn, RelativeAttentionFn, DirectionalFn, DirectionalRelativeFn>;
+using Backward = Kernels<AttentionGradFn, RelativeGradFn, DirectionalGradFn, DirectionalRelativeGradFn>;
 
 /// lm.attention over [batch, n, 512] queries/keys/values, 8 heads: 4 * d_model FLOPs per visible pair
 /// (q.k and p*v), the exponentials not counted. With `relative`, Shaw relative positions clipped at kClip
@@ -526,7 +532,7 @@ void BM_Attention(benchmark::State &state, lm::MaskKind mask, std::string name, 
   BenchMask visible(mask, batch, n);
   const bool directional = mask == lm::MaskKind::directional;
   MemRef<3> rows = directional ? visible.view() : MemRef<3>{};
-  const Forward kernel(name, relative, directional, side.dir);
+  const Forward kernel("attention_", name, relative, directional, side.dir);
   const int64_t T = 2 * kClip + 1, dh = kModel / kHeads;
   std::vector<float> relK = randomVector(T * dh, 4), relV = randomVector(T * dh, 5);
   MemRef<2> relKm = view(relK.data(), T, dh), relVm = view(relV.data(), T, dh);
@@ -548,7 +554,7 @@ void BM_Attention(benchmark::State &state, lm::MaskKind mask, std::string name, 
       f.plain(&qm, &km, &vm, &lm_, &om);
   };
   if (!side.other.empty()) {
-    run(Forward(name, relative, directional, side.other));
+    run(Forward("attention_", name, relative, directional, side.other));
     const std::vector<float> a(out.data, out.data + batch * n * kModel);
     run(kernel);
     if (std::memcmp(a.data(), out.data, a.size() * sizeof(float))) {
@@ -591,27 +597,6 @@ void BM_Attention(benchmark::State &state, lm::MaskKind mask, std::string name, 
   state.counters["peak_frac"] = benchmark::Counter(flops / 1e9 / g_peak, benchmark::Counter::kIsRate);
 }
 
-/// The generated backward of one mask and relative setting (one of the four pointers is set), or none (`generated`
-/// false: the runtime's C++ kernel).
-struct Backward {
-  AttentionGradFn plain = nullptr;
-  RelativeGradFn relative = nullptr;
-  DirectionalGradFn directional = nullptr;
-  DirectionalRelativeGradFn directionalRelative = nullptr;
-  Backward(const std::string &name, bool generated, bool rel, bool dir, const std::string &from) {
-    const std::string kernel = (rel ? "attention_grad_rel_" : "attention_grad_") + name;
-    if (!generated)
-      return;
-    if (dir && rel)
-      directionalRelative = symbol<DirectionalRelativeGradFn>(kernel, from);
-    else if (dir)
-      directional = symbol<DirectionalGradFn>(kernel, from);
-    else if (rel)
-      relative = symbol<RelativeGradFn>(kernel, from);
-    else
-      plain = symbol<AttentionGradFn>(kernel, from);
-  }
-};
 
 /// The backward of lm.attention over [batch, n, 512], 8 heads, generated (`generated`) or liblmrt's
 /// lm_rt_attention_grad: 10 * d_model FLOPs per visible pair (the scores q.k recomputed, dP = dO.v, dq, dk, dv),
@@ -643,7 +628,8 @@ void BM_AttentionGrad(benchmark::State &state, lm::MaskKind mask, std::string na
   std::vector<float> relK = randomVector(T * dh, 5), relV = randomVector(T * dh, 6), dRelK(T * dh), dRelV(T * dh);
   MemRef<2> rkm = view(relK.data(), T, dh), rvm = view(relV.data(), T, dh), drkm = view(dRelK.data(), T, dh),
             drvm = view(dRelV.data(), T, dh);
-  const Backward kernel(name, generated, relative, directional, side.dir);
+  const Backward kernel =
+      generated ? Backward("attention_grad_", name, relative, directional, side.dir) : Backward();
   auto run = [&](const Backward &f) {
     if (f.plain)
       f.plain(&dOm, &qm, &km, &vm, &lm_, &dqm, &dkm, &dvm);
@@ -670,7 +656,7 @@ void BM_AttentionGrad(benchmark::State &state, lm::MaskKind mask, std::string na
       all.insert(all.end(), dRelV.begin(), dRelV.begin() + tables);
       return all;
     };
-    run(Backward(name, generated, relative, directional, side.other));
+    run(Backward("attention_grad_", name, relative, directional, side.other));
     const std::vector<float> a = outputs();
     run(kernel);
     if (outputs() != a) {
@@ -783,11 +769,17 @@ private:
 } // namespace
 
 int main(int argc, char **argv) {
-  if (argc == 3 && std::string(argv[1]) == "--build-attention")
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if ((mode == "--build-attention" && argc != 3) || (mode == "--attention-ab" && argc < 4)) {
+    std::fprintf(stderr, "kernel_bench: usage: kernel_bench --build-attention DIR\n"
+                         "       kernel_bench --attention-ab A_DIR B_DIR [benchmark flags]\n");
+    return 2;
+  }
+  if (mode == "--build-attention")
     return buildAttention(argv[2]);
   std::string dirA, dirB;
   std::vector<char *> args(argv, argv + argc);
-  if (argc >= 4 && std::string(argv[1]) == "--attention-ab") {
+  if (mode == "--attention-ab") {
     dirA = argv[2], dirB = argv[3];
     // Each side's repetitions interleaved at random with the other's, aggregates only; later flags override.
     static char interleave[] = "--benchmark_enable_random_interleaving=true", reps[] = "--benchmark_repetitions=12",
