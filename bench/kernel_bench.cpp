@@ -597,7 +597,6 @@ void BM_Attention(benchmark::State &state, lm::MaskKind mask, std::string name, 
   state.counters["peak_frac"] = benchmark::Counter(flops / 1e9 / g_peak, benchmark::Counter::kIsRate);
 }
 
-
 /// The backward of lm.attention over [batch, n, 512], 8 heads, generated (`generated`) or liblmrt's
 /// lm_rt_attention_grad: 10 * d_model FLOPs per visible pair (the scores q.k recomputed, dP = dO.v, dq, dk, dv),
 /// softmax not counted. With `relative`, Shaw relative positions clipped at kClip and the tables' gradients,
@@ -659,7 +658,7 @@ void BM_AttentionGrad(benchmark::State &state, lm::MaskKind mask, std::string na
     run(Backward("attention_grad_", name, relative, directional, side.other));
     const std::vector<float> a = outputs();
     run(kernel);
-    if (outputs() != a) {
+    if (std::memcmp(outputs().data(), a.data(), a.size() * sizeof(float))) { // bits: NaN == NaN, -0 != +0
       state.SkipWithError("B's gradients differ from A's");
       return;
     }
