@@ -8,7 +8,6 @@
 
 #include "codegen/Emit/Header.h"
 #include "codegen/Emit/Text.h"
-#include "runtime/lib/lmrt.h"
 
 #include <sstream>
 
@@ -348,10 +347,7 @@ std::string generateHeader(const ModelFacts &spec, bool embedWeights) {
      << "_free must not race with other calls on that model).\n"
      << " *    lm_set_num_threads is process-wide; lm_last_error() is per thread.\n"
      << " */";
-  std::string prologue = kHeaderPrologue;
-  for (size_t at; (at = prologue.find("@ABI@")) != std::string::npos;)
-    prologue.replace(at, 5, std::to_string(LM_ABI_VERSION));
-  os << expand(prologue, name, "");
+  os << expand(kHeaderPrologue, name, "");
   const std::pair<const char *, int64_t> dims[] = {
       {"VOCAB", spec.vocab},   {"MAX_LEN", spec.maxLen}, {"D_MODEL", spec.dModel},
       {"LAYERS", spec.layers}, {"HEADS", spec.heads},    {"D_FF", spec.dFF}};

@@ -1,10 +1,12 @@
 //===- Text.cpp - Text pieces shared by the generated header and glue -------===//
 //===----------------------------------------------------------------------===//
 #include "codegen/Emit/Text.h"
+#include "runtime/lib/lmrt.h" // LM_ABI_VERSION
 
 #include <cctype>
 #include <cstdio>
 #include <stdexcept>
+#include <string>
 #include <utility>
 
 namespace lmcc::codegen::text {
@@ -57,7 +59,8 @@ std::string cString(const std::string &s) {
 }
 
 std::string expand(std::string text, const std::string &name, const std::string &ns) {
-  const std::pair<std::string, std::string> subs[] = {{"@name@", name}, {"@NAME@", upper(name)}, {"@ns@", ns}};
+  const std::pair<std::string, std::string> subs[] = {
+      {"@name@", name}, {"@NAME@", upper(name)}, {"@ns@", ns}, {"@ABI@", std::to_string(LM_ABI_VERSION)}};
   for (const auto &[from, to] : subs)
     for (size_t pos = text.find(from); pos != std::string::npos; pos = text.find(from, pos + to.size()))
       text.replace(pos, from.size(), to);

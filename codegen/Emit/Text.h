@@ -23,7 +23,8 @@ std::string cppNamespace(const std::string &name);
 /// A C string literal.
 std::string cString(const std::string &s);
 
-/// Replaces every "@name@" / "@NAME@" / "@ns@" in a template.
+/// Replaces every "@name@" / "@NAME@" / "@ns@" in a template, and "@ABI@" with the runtime ABI version
+/// (LM_ABI_VERSION, runtime/lib/lmrt.h) the generated code is for.
 std::string expand(std::string text, const std::string &name, const std::string &ns);
 
 } // namespace lmcc::codegen::text
