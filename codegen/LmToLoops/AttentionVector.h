@@ -228,9 +228,9 @@ struct VectorKernel {
   /// While tile t of `tiles` (rows r0..r0+R) computes, a later item's (entry nextEntry, features from nextBase; the
   /// next one in the backward, the one after it in the forward) rows of the row-major operands and keys of the
   /// key-major ones in part `part` of `parts` of r0..r0+R (after the last tile's last part every remaining row
-  /// and key) move to L2: at batch > 1 the kernels stream their
-  /// operands from memory, and prefetches spread over the tiles, and over parts of a tile's work, keep that off
-  /// the critical path (a tile's lines issued at once fill the miss queue and stall it).
+  /// and key) move to L2: at batch > 1 the kernels stream their operands from memory, and prefetches spread over
+  /// the tiles, and over parts of a tile's work, keep that off the critical path (a tile's lines issued at once
+  /// fill the miss queue and stall it: one burst per tile instead of four parts lost 5-13% at batch 32).
   void prefetchNext(Value hasNext, Value nextEntry, Value nextBase, Value t, Value tiles, Value r0, int64_t R,
                     int64_t part, int64_t parts, Value rows, Value M, ArrayRef<Value> rowReads,
                     ArrayRef<Value> keyReads) {
