@@ -20,8 +20,8 @@ Methods (methods_for(spec) lists those that apply to the spec's scoring method):
   tta-embed     the same pass; mean of the last hidden states over positions not holding bos/eos.
   pll-naive     mask-and-predict, one forward per scored position i (all B sentences at once,
                 token i replaced by the mask id), head on row i only.
-  pll-batched   mask-and-predict as mlm-scoring does it: one forward over all B*n' masked copies,
-                the masked rows gathered before the head.
+  pll-batched   mask-and-predict as mlm-scoring does it: forwards over all B*n' masked copies (in
+                chunks of at most COPY_TOKENS tokens), the masked rows gathered before the head.
   pll-embed     mask-and-predict embedding: position i's state from the copy with i masked.
   causal        one causal pass, head on rows 0..n-2, log p(x_t | row t-1); t = 0 not scored.
   causal-embed  the one pass's hidden states, mean-pooled as above.
@@ -451,6 +451,12 @@ class _OnnxRunner:
 # Peers
 # ----------------------------------------------------------------------------
 
+# Tokens per forward of mask-and-predict copies (pll-batched, pll-embed): 2^17 keeps every grid entry up to
+# n 40 batch 32 (48,640 tokens) and n 128 batch 1 in one forward as before, n 80 batch 32 in two and n 128 batch 32 in
+# four. In two (2,048 copies a forward) the one-thread peers peaked at 15 GB and the two-thread ones ran out of 24 GB.
+COPY_TOKENS = 1 << 17
+
+
 class Peer:
     """Callable: ids int32 [B, n] (no padding) -> float64 [B] scores or float32 [B, D] embeddings."""
 
@@ -476,6 +482,16 @@ class Peer:
         copies[np.arange(len(b)), pos] = self.spec.mask_id
         return b, pos, copies
 
+    def _run_copies(self, copies, *rows):
+        """The forward over mask-and-predict copies (and their per-copy rows: positions, targets) in chunks of at
+        most COPY_TOKENS tokens, as mlm-scoring splits its copies into batches: BERT-base's PLL of 32 sentences of
+        128 tokens is 4,032 copies, whose single forward needs more than this machine's 24 GB."""
+        step = max(1, COPY_TOKENS // copies.shape[1])
+        if len(copies) <= step:
+            return self._run(copies, *rows)
+        return np.concatenate([self._run(copies[i:i + step], *[r[i:i + step] for r in rows])
+                               for i in range(0, len(copies), step)])
+
     def __call__(self, ids):
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         if ids.ndim != 2 or ids.shape[1] < 1 or ids.shape[1] > self.spec.max_len:
@@ -490,7 +506,7 @@ class Peer:
             keep = ~self._special(ids)
             keep |= ~keep.any(axis=1, keepdims=True)
             b, pos, copies = self._masked_copies(ids, keep)
-            states = self._run(copies, pos).astype(np.float64)
+            states = self._run_copies(copies, pos).astype(np.float64)
             out = np.zeros((B, self.spec.d_model))
             np.add.at(out, b, states)
             return (out / keep.sum(axis=1, keepdims=True)).astype(np.float32)
@@ -506,7 +522,7 @@ class Peer:
         elif m == "pll-batched":
             b, pos, copies = self._masked_copies(ids, scored)
             if len(b):
-                lp = self._run(copies, pos, ids[b, pos]).astype(np.float64)
+                lp = self._run_copies(copies, pos, ids[b, pos]).astype(np.float64)
                 np.add.at(score, b, lp)
         elif m == "pll-naive":
             for i in np.nonzero(scored.any(axis=0))[0]:  # one pass per scored position
