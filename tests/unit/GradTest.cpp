@@ -2,7 +2,7 @@
 //
 // The whole-model gradient of the reference executor against central finite
 // differences of an independent double-precision implementation of the loss
-// (plain loops over runtime/SEMANTICS.md and issue 14's contract, written here),
+// (plain loops over runtime/SEMANTICS.md and issue 14's contract: tests/unit/NaiveModel.h),
 // for unilm, bilm and T-TA on tiny odd sizes (d_model 12, 3 heads, d_ff 20,
 // vocab 23, max_len 9, 2 layers), with and without label smoothing, tied and
 // untied, pre and post norm, every supported option; a batch of 3 ragged
@@ -19,6 +19,7 @@
 #include "runtime/reference/Executor.h"
 #include "runtime/weights/ModelWeights.h"
 #include "runtime/weights/Safetensors.h"
+#include "tests/unit/NaiveModel.h"
 
 #include <gtest/gtest.h>
 
@@ -36,8 +37,10 @@ using namespace lmcc::reference;
 
 namespace {
 
-using Vec = std::vector<double>;
-using Rows = std::vector<Vec>;
+using naive::naiveWeights;
+using naive::NaiveModel;
+using naive::Rows;
+using naive::Vec;
 using Ids = std::vector<std::vector<int32_t>>;
 
 /// Per tensor: max |float grad - FD| over the checked entries, relative to the tensor's largest
@@ -126,228 +129,24 @@ TrainBatch randomBatch(const ModelSpec &s, uint32_t seed, bool emptySentence) {
 // The loss in double, independently of Ops.cpp / Executor.cpp
 //===----------------------------------------------------------------------===//
 
-class NaiveLoss {
-public:
-  NaiveLoss(const ModelSpec &s, const std::map<std::string, Vec> &w) : s(s), w(w) {}
-
-  /// (1/T) sum CE over rows with target >= 0.
-  double loss(const TrainBatch &batch, double e) const {
-    double sum = 0;
-    int64_t T = 0;
-    for (size_t b = 0; b < batch.inputs.size(); ++b) {
-      Rows lp = logprobs(hidden(batch.inputs[b], static_cast<int64_t>(b)));
-      for (size_t t = 0; t < lp.size(); ++t) {
-        const int32_t y = batch.targets[b][t];
-        if (y < 0)
-          continue;
-        double all = 0;
-        for (double v : lp[t])
-          all += v;
-        sum += -(1 - e) * lp[t][y] - e / s.dims.vocab * all;
-        ++T;
-      }
-    }
-    return sum / T;
-  }
-
-private:
-  const Vec &W(const std::string &name) const { return w.at(name); }
-
-  /// Sentence b's last hidden states (b keys the attention dropout masks).
-  Rows hidden(const std::vector<int32_t> &x, int64_t b) const {
-    const int64_t n = static_cast<int64_t>(x.size()), D = s.dims.dModel;
-    Rows P(n, Vec(D, 0.0));
-    for (int64_t t = 0; t < n; ++t)
-      for (int64_t c = 0; c < D; ++c) {
-        if (s.position == PositionKind::Learned)
-          P[t][c] = W("embed.position")[t * D + c];
-        else if (s.position == PositionKind::Sinusoidal) {
-          double angle = t / std::pow(10000.0, (c - c % 2) / static_cast<double>(D));
-          P[t][c] = static_cast<float>(c % 2 == 0 ? std::sin(angle) : std::cos(angle));
-        }
-      }
-    const Vec &E = W("embed.token");
-    auto embedPlusP = [&](auto idOf) {
-      Rows r(n, Vec(D));
-      for (int64_t t = 0; t < n; ++t)
-        for (int64_t c = 0; c < D; ++c)
-          r[t][c] = E[idOf(t) * D + c] + P[t][c];
-      return normE(r);
-    };
-    Rows X = embedPlusP([&](int64_t t) { return x[t]; });
-    Rows h = s.firstQuery == FirstQuery::Embedding  ? X
-             : s.firstQuery == FirstQuery::Position ? normE(P)
-                                                    : embedPlusP([&](int64_t) { return s.tokens.mask; });
-    for (int64_t i = 0; i < s.dims.layers; ++i) {
-      std::string p = "layers." + std::to_string(i) + ".";
-      bool hid = s.keysValues == KeyValueSource::Hidden;
-      if (s.norm == NormPlacement::Post) {
-        Rows a = ln(plus(h, attention(p, h, hid ? h : X, b, i)), p + "attn_norm");
-        h = ln(plus(a, ffn(p, a)), p + "ffn_norm");
-      } else {
-        Rows q = ln(h, p + "attn_norm");
-        Rows a = plus(h, attention(p, q, hid ? q : X, b, i));
-        h = plus(a, ffn(p, ln(a, p + "ffn_norm")));
-      }
-    }
-    return s.norm == NormPlacement::Pre ? ln(h, "final_norm") : h;
-  }
-
-  Rows logprobs(const Rows &h) const {
-    Rows t = s.headTransform ? ln(act(lin(h, "head.transform")), "head.norm") : h;
-    const Vec &out = W(s.tied ? "embed.token" : "head.output.weight");
-    const int64_t D = s.dims.dModel;
-    Rows lp;
-    for (const auto &row : t) {
-      Vec logits(s.dims.vocab);
-      for (int64_t v = 0; v < s.dims.vocab; ++v) {
-        double z = s.headBias ? W("head.bias")[v] : 0.0;
-        for (int64_t c = 0; c < D; ++c)
-          z += row[c] * out[v * D + c];
-        logits[v] = z;
-      }
-      double m = *std::max_element(logits.begin(), logits.end()), sum = 0;
-      for (double z : logits)
-        sum += std::exp(z - m);
-      for (double &z : logits)
-        z -= m + std::log(sum);
-      lp.push_back(logits);
-    }
-    return lp;
-  }
-
-  Rows plus(const Rows &a, const Rows &b) const {
-    Rows r = a;
-    for (size_t i = 0; i < r.size(); ++i)
-      for (size_t c = 0; c < r[i].size(); ++c)
-        r[i][c] += b[i][c];
-    return r;
-  }
-  Rows lin(const Rows &x, const std::string &p) const {
-    const Vec &Wt = W(p + ".weight"), &bias = W(p + ".bias");
-    const size_t out = bias.size(), in = x.empty() ? 0 : x[0].size();
-    Rows y;
-    for (const auto &row : x) {
-      Vec o(out);
-      for (size_t r = 0; r < out; ++r) {
-        o[r] = bias[r];
-        for (size_t c = 0; c < in; ++c)
-          o[r] += Wt[r * in + c] * row[c];
-      }
-      y.push_back(o);
-    }
-    return y;
-  }
-  Rows ln(const Rows &x, const std::string &p) const {
-    const Vec &g = W(p + ".weight"), &bb = W(p + ".bias");
-    Rows y = x;
-    for (auto &row : y) {
-      double mean = 0, var = 0;
-      for (double v : row)
-        mean += v / row.size();
-      for (double v : row)
-        var += (v - mean) * (v - mean) / row.size();
-      for (size_t c = 0; c < row.size(); ++c)
-        row[c] = (row[c] - mean) / std::sqrt(var + s.eps) * g[c] + bb[c];
-    }
-    return y;
-  }
-  Rows normE(const Rows &x) const { return s.embeddingNorm ? ln(x, "embed.norm") : x; }
-  Rows act(Rows x) const {
-    for (auto &row : x)
-      for (double &v : row) {
-        if (s.activation == Activation::Gelu)
-          v = 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
-        else if (s.activation == Activation::GeluTanh)
-          v = 0.5 * v * (1 + std::tanh(std::sqrt(2 / std::acos(-1.0)) * (v + 0.044715 * v * v * v)));
-        else
-          v = std::max(v, 0.0);
-      }
-    return x;
-  }
-  Rows ffn(const std::string &p, const Rows &x) const { return lin(act(lin(x, p + "ffn.in")), p + "ffn.out"); }
-  bool visible(int64_t i, int64_t j) const {
-    switch (s.mask) {
-    case MaskKind::Causal:
-      return j <= i;
-    case MaskKind::Anticausal:
-      return j >= i;
-    case MaskKind::Diagonal:
-      return j != i;
-    default:
-      return true;
+/// (1/T) sum CE over rows with target >= 0, label smoothing e.
+double naiveLoss(const ModelSpec &s, const NaiveModel &model, const TrainBatch &batch, double e) {
+  double sum = 0;
+  int64_t T = 0;
+  for (size_t b = 0; b < batch.inputs.size(); ++b) {
+    Rows lp = model.logprobs(model.hidden(batch.inputs[b], static_cast<int64_t>(b)));
+    for (size_t t = 0; t < lp.size(); ++t) {
+      const int32_t y = batch.targets[b][t];
+      if (y < 0)
+        continue;
+      double all = 0;
+      for (double v : lp[t])
+        all += v;
+      sum += -(1 - e) * lp[t][y] - e / s.dims.vocab * all;
+      ++T;
     }
   }
-  /// [train] attention_dropout's keep/(1 - rate) factor of probability (sentence b, head h, row i, key j) of layer
-  /// `layer` at step 0, from the contract (runtime/train/Philox.h): Philox4x32-10 of counter
-  /// {i, j, b H + h, 0} and key {seed, 0xD0000000 | (2^20 + layer)}, kept iff its first word / 2^32 >= rate.
-  double probabilityFactor(int64_t b, int64_t h, int64_t i, int64_t j, int64_t layer) const {
-    const double rate = s.train.attentionDropout;
-    if (rate <= 0)
-      return 1.0;
-    const uint32_t counter[4] = {uint32_t(i), uint32_t(j), uint32_t(b * s.dims.heads + h), 0};
-    const uint32_t key[2] = {uint32_t(s.train.seed), 0xD0000000u | uint32_t((1 << 20) + layer)};
-    const uint32_t w0 = philox4x32_10(counter, key);
-    return double(w0) / 4294967296.0 >= rate ? 1.0 / (1.0 - rate) : 0.0;
-  }
-  /// Random123's philox4x32-10, first output word.
-  static uint32_t philox4x32_10(const uint32_t in[4], const uint32_t k[2]) {
-    uint32_t c[4] = {in[0], in[1], in[2], in[3]}, k0 = k[0], k1 = k[1];
-    for (int round = 0; round < 10; ++round) {
-      const uint64_t p0 = uint64_t(0xD2511F53u) * c[0], p1 = uint64_t(0xCD9E8D57u) * c[2];
-      const uint32_t next[4] = {uint32_t(p1 >> 32) ^ c[1] ^ k0, uint32_t(p1), uint32_t(p0 >> 32) ^ c[3] ^ k1,
-                                uint32_t(p0)};
-      std::memcpy(c, next, sizeof c);
-      k0 += 0x9E3779B9u, k1 += 0xBB67AE85u;
-    }
-    return c[0];
-  }
-
-  Rows attention(const std::string &p, const Rows &qIn, const Rows &kvIn, int64_t b, int64_t layer) const {
-    Rows Q = lin(qIn, p + "attn.q"), K = lin(kvIn, p + "attn.k"), V = lin(kvIn, p + "attn.v");
-    const int64_t n = static_cast<int64_t>(Q.size()), H = s.dims.heads, dh = s.dims.headDim();
-    const int64_t k = s.relativePositions;
-    const Vec *relK = k > 0 ? &W(p + "attn.rel_k") : nullptr, *relV = k > 0 ? &W(p + "attn.rel_v") : nullptr;
-    Rows ctx(n, Vec(s.dims.dModel, 0.0));
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t i = 0; i < n; ++i) {
-        Vec score(n, 0.0);
-        double m = -INFINITY;
-        for (int64_t j = 0; j < n; ++j) {
-          if (!visible(i, j))
-            continue;
-          int64_t r = std::clamp<int64_t>(j - i, -k, k) + k;
-          for (int64_t c = 0; c < dh; ++c)
-            score[j] += Q[i][h * dh + c] * (K[j][h * dh + c] + (relK ? (*relK)[r * dh + c] : 0.0));
-          score[j] /= std::sqrt(static_cast<double>(dh));
-          m = std::max(m, score[j]);
-        }
-        if (m == -INFINITY)
-          continue;
-        double sum = 0;
-        for (int64_t j = 0; j < n; ++j)
-          sum += visible(i, j) ? std::exp(score[j] - m) : 0.0;
-        for (int64_t j = 0; j < n; ++j) {
-          if (!visible(i, j))
-            continue;
-          double pij = std::exp(score[j] - m) / sum * probabilityFactor(b, h, i, j, layer);
-          int64_t r = std::clamp<int64_t>(j - i, -k, k) + k;
-          for (int64_t c = 0; c < dh; ++c)
-            ctx[i][h * dh + c] += pij * (V[j][h * dh + c] + (relV ? (*relV)[r * dh + c] : 0.0));
-        }
-      }
-    return lin(ctx, p + "attn.o");
-  }
-
-  const ModelSpec &s;
-  const std::map<std::string, Vec> &w;
-};
-
-std::map<std::string, Vec> toDouble(const WeightSet &w) {
-  std::map<std::string, Vec> out;
-  for (const auto &[name, t] : w.tensors)
-    out[name] = Vec(t.data.begin(), t.data.end());
-  return out;
+  return sum / T;
 }
 
 //===----------------------------------------------------------------------===//
@@ -357,7 +156,7 @@ std::map<std::string, Vec> toDouble(const WeightSet &w) {
 double worstSeen = 0;
 std::string worstWhat;
 
-/// Checks lossAndGrad against FD of NaiveLoss: every entry of tensors of <= 32 entries, 32 sampled
+/// Checks lossAndGrad against FD of naiveLoss: every entry of tensors of <= 32 entries, 32 sampled
 /// entries of larger ones, and one random directional derivative over each whole tensor.
 void checkAgainstFiniteDifferences(const ModelSpec &s, uint32_t seed, double e, bool emptySentence) {
   SCOPED_TRACE(std::string(toString(s.family)) + " seed " + std::to_string(seed) + " e " + std::to_string(e));
@@ -373,9 +172,9 @@ void checkAgainstFiniteDifferences(const ModelSpec &s, uint32_t seed, double e, 
     ASSERT_EQ(lg.grads.get(info.name).shape, info.shape) << info.name;
   }
 
-  std::map<std::string, Vec> w = toDouble(weights);
-  const NaiveLoss naive(s, w);
-  const double loss0 = naive.loss(batch, e);
+  std::map<std::string, Vec> w = naiveWeights(weights);
+  const NaiveModel naive(s, w);
+  const double loss0 = naiveLoss(s, naive, batch, e);
   EXPECT_NEAR(lg.loss, loss0, 2e-6 * loss0) << "loss";
   int64_t T = 0;
   for (const auto &y : batch.targets)
@@ -413,9 +212,9 @@ void checkAgainstFiniteDifferences(const ModelSpec &s, uint32_t seed, double e, 
     for (size_t i : entries) {
       const double saved = theta[i];
       theta[i] = saved + h;
-      const double plus = naive.loss(batch, e);
+      const double plus = naiveLoss(s, naive, batch, e);
       theta[i] = saved - h;
-      const double minus = naive.loss(batch, e);
+      const double minus = naiveLoss(s, naive, batch, e);
       theta[i] = saved;
       err = std::max(err, std::fabs(g[i] - (plus - minus) / (2 * h)));
     }
@@ -431,10 +230,10 @@ void checkAgainstFiniteDifferences(const ModelSpec &s, uint32_t seed, double e, 
     const Vec saved = theta;
     for (size_t i = 0; i < dir.size(); ++i)
       theta[i] = saved[i] + h * dir[i];
-    const double plus = naive.loss(batch, e);
+    const double plus = naiveLoss(s, naive, batch, e);
     for (size_t i = 0; i < dir.size(); ++i)
       theta[i] = saved[i] - h * dir[i];
-    const double minus = naive.loss(batch, e);
+    const double minus = naiveLoss(s, naive, batch, e);
     theta = saved;
     const double dirErr = std::fabs(analytic - (plus - minus) / (2 * h)) /
                           std::max(magnitude, 1e-2 * globalMax * std::sqrt(static_cast<double>(dir.size())));

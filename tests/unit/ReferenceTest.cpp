@@ -11,6 +11,7 @@
 #include "runtime/reference/Executor.h"
 #include "runtime/reference/Ops.h"
 #include "runtime/weights/Safetensors.h"
+#include "tests/unit/NaiveModel.h"
 
 #include <gtest/gtest.h>
 
@@ -234,186 +235,16 @@ std::string describe(const ModelSpec &s) {
 }
 
 //===----------------------------------------------------------------------===//
-// An independent naive implementation (double precision, plain loops)
+// An independent naive implementation (double precision, plain loops: tests/unit/NaiveModel.h)
 //===----------------------------------------------------------------------===//
 
-using Rows = std::vector<std::vector<double>>;
-
-class Naive {
-public:
-  Naive(const ModelSpec &s, const WeightSet &w) : s(s), w(w) {}
-
-  Rows hidden(const std::vector<int32_t> &x) const {
-    const int64_t n = static_cast<int64_t>(x.size()), D = s.dims.dModel;
-    Rows P(n, std::vector<double>(D, 0.0));
-    for (int64_t t = 0; t < n; ++t)
-      for (int64_t c = 0; c < D; ++c) {
-        if (s.position == PositionKind::Learned)
-          P[t][c] = at("embed.position", t, c);
-        else if (s.position == PositionKind::Sinusoidal) {
-          double angle = t / std::pow(10000.0, (c - c % 2) / static_cast<double>(D));
-          P[t][c] = static_cast<float>(c % 2 == 0 ? std::sin(angle) : std::cos(angle));
-        }
-      }
-    auto embedPlusP = [&](auto idOf) {
-      Rows r(n, std::vector<double>(D));
-      for (int64_t t = 0; t < n; ++t)
-        for (int64_t c = 0; c < D; ++c)
-          r[t][c] = at("embed.token", idOf(t), c) + P[t][c];
-      return normE(r);
-    };
-    Rows X = embedPlusP([&](int64_t t) { return x[t]; });
-    Rows h = s.firstQuery == FirstQuery::Embedding  ? X
-             : s.firstQuery == FirstQuery::Position ? normE(P)
-                                                    : embedPlusP([&](int64_t) { return s.tokens.mask; });
-    for (int64_t i = 0; i < s.dims.layers; ++i) {
-      std::string p = "layers." + std::to_string(i) + ".";
-      bool hid = s.keysValues == KeyValueSource::Hidden;
-      if (s.norm == NormPlacement::Post) {
-        Rows a = ln(plus(h, attention(p, h, hid ? h : X)), p + "attn_norm");
-        h = ln(plus(a, ffn(p, a)), p + "ffn_norm");
-      } else {
-        Rows q = ln(h, p + "attn_norm");
-        Rows a = plus(h, attention(p, q, hid ? q : X));
-        h = plus(a, ffn(p, ln(a, p + "ffn_norm")));
-      }
-    }
-    return s.norm == NormPlacement::Pre ? ln(h, "final_norm") : h;
-  }
-
-  Rows logprobs(const Rows &h) const {
-    Rows t = h;
-    if (s.headTransform)
-      t = ln(act(lin(h, "head.transform")), "head.norm");
-    const std::string out = s.tied ? "embed.token" : "head.output.weight";
-    Rows lp;
-    for (const auto &row : t) {
-      std::vector<double> logits(s.dims.vocab);
-      for (int64_t v = 0; v < s.dims.vocab; ++v) {
-        double z = s.headBias ? w.get("head.bias").data[v] : 0.0;
-        for (size_t c = 0; c < row.size(); ++c)
-          z += row[c] * at(out, v, c);
-        logits[v] = z;
-      }
-      double m = *std::max_element(logits.begin(), logits.end()), sum = 0;
-      for (double z : logits)
-        sum += std::exp(z - m);
-      for (double &z : logits)
-        z -= m + std::log(sum);
-      lp.push_back(logits);
-    }
-    return lp;
-  }
-
-private:
-  double at(const std::string &name, int64_t r, int64_t c) const {
-    const Tensor &t = w.get(name);
-    return t.data[r * t.shape[1] + c];
-  }
-  Rows plus(const Rows &a, const Rows &b) const {
-    Rows r = a;
-    for (size_t i = 0; i < r.size(); ++i)
-      for (size_t c = 0; c < r[i].size(); ++c)
-        r[i][c] += b[i][c];
-    return r;
-  }
-  Rows lin(const Rows &x, const std::string &p) const {
-    const Tensor &W = w.get(p + ".weight");
-    const Tensor &bias = w.get(p + ".bias");
-    Rows y;
-    for (const auto &row : x) {
-      std::vector<double> o(W.shape[0]);
-      for (int64_t r = 0; r < W.shape[0]; ++r) {
-        o[r] = bias.data[r];
-        for (int64_t c = 0; c < W.shape[1]; ++c)
-          o[r] += W.data[r * W.shape[1] + c] * row[c];
-      }
-      y.push_back(o);
-    }
-    return y;
-  }
-  Rows ln(const Rows &x, const std::string &p) const {
-    Rows y = x;
-    for (auto &row : y) {
-      double mean = 0, var = 0;
-      for (double v : row)
-        mean += v / row.size();
-      for (double v : row)
-        var += (v - mean) * (v - mean) / row.size();
-      for (size_t c = 0; c < row.size(); ++c)
-        row[c] = (row[c] - mean) / std::sqrt(var + s.eps) * w.get(p + ".weight").data[c] +
-                 w.get(p + ".bias").data[c];
-    }
-    return y;
-  }
-  Rows normE(const Rows &x) const { return s.embeddingNorm ? ln(x, "embed.norm") : x; }
-  Rows act(Rows x) const {
-    for (auto &row : x)
-      for (double &v : row) {
-        if (s.activation == Activation::Gelu)
-          v = 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
-        else if (s.activation == Activation::GeluTanh)
-          v = 0.5 * v * (1 + std::tanh(std::sqrt(2 / std::acos(-1.0)) * (v + 0.044715 * v * v * v)));
-        else
-          v = std::max(v, 0.0);
-      }
-    return x;
-  }
-  Rows ffn(const std::string &p, const Rows &x) const { return lin(act(lin(x, p + "ffn.in")), p + "ffn.out"); }
-  bool visible(int64_t i, int64_t j) const {
-    switch (s.mask) {
-    case MaskKind::Causal:
-      return j <= i;
-    case MaskKind::Anticausal:
-      return j >= i;
-    case MaskKind::Diagonal:
-      return j != i;
-    default:
-      return true;
-    }
-  }
-  Rows attention(const std::string &p, const Rows &qIn, const Rows &kvIn) const {
-    Rows Q = lin(qIn, p + "attn.q"), K = lin(kvIn, p + "attn.k"), V = lin(kvIn, p + "attn.v");
-    const int64_t n = static_cast<int64_t>(Q.size()), H = s.dims.heads, dh = s.dims.headDim();
-    const int64_t k = s.relativePositions;
-    Rows ctx(n, std::vector<double>(s.dims.dModel, 0.0));
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t i = 0; i < n; ++i) {
-        std::vector<double> score(n, 0.0);
-        double m = -INFINITY;
-        for (int64_t j = 0; j < n; ++j) {
-          if (!visible(i, j))
-            continue;
-          int64_t r = std::clamp<int64_t>(j - i, -k, k) + k;
-          for (int64_t c = 0; c < dh; ++c)
-            score[j] += Q[i][h * dh + c] * (K[j][h * dh + c] + (k > 0 ? at(p + "attn.rel_k", r, c) : 0.0));
-          score[j] /= std::sqrt(static_cast<double>(dh));
-          m = std::max(m, score[j]);
-        }
-        if (m == -INFINITY)
-          continue; // no visible key: zero context
-        double sum = 0;
-        for (int64_t j = 0; j < n; ++j)
-          sum += visible(i, j) ? std::exp(score[j] - m) : 0.0;
-        for (int64_t j = 0; j < n; ++j) {
-          if (!visible(i, j))
-            continue;
-          double pij = std::exp(score[j] - m) / sum;
-          int64_t r = std::clamp<int64_t>(j - i, -k, k) + k;
-          for (int64_t c = 0; c < dh; ++c)
-            ctx[i][h * dh + c] += pij * (V[j][h * dh + c] + (k > 0 ? at(p + "attn.rel_v", r, c) : 0.0));
-        }
-      }
-    return lin(ctx, p + "attn.o");
-  }
-
-  const ModelSpec &s;
-  const WeightSet &w;
-};
+using naive::NaiveModel;
+using naive::Rows;
 
 /// Naive scores per SEMANTICS.md.
 ScoreResult naiveScore(const ModelSpec &s, const WeightSet &w, const std::vector<int32_t> &x) {
-  Naive model(s, w);
+  const auto weights = naive::naiveWeights(w);
+  const NaiveModel model(s, weights);
   const int64_t n = static_cast<int64_t>(x.size());
   std::vector<double> lp(n, 0.0);
   if (s.method == ScoreMethod::MaskAndPredict) {
@@ -756,7 +587,8 @@ TEST(Model, MatchesNaiveDoublePrecisionImplementation) {
       EXPECT_EQ(results[b].nScored, want.nScored);
       // Embedding: mean of the naive states over non-special positions (single pass only).
       if (spec.method != ScoreMethod::MaskAndPredict) {
-        Rows h = Naive(spec, w).hidden(sentences[b]);
+        const auto weights = naive::naiveWeights(w);
+        Rows h = NaiveModel(spec, weights).hidden(sentences[b]);
         std::vector<double> mean(spec.dims.dModel, 0.0);
         int count = 0;
         for (size_t t = 0; t < h.size(); ++t) {
