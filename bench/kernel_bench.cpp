@@ -37,6 +37,7 @@
 //                                        fractions.
 //
 //===----------------------------------------------------------------------===//
+#include "bench/Peak.h"
 #include "codegen/Emit/Object.h"
 #include "codegen/LmToLoops/Gemm.h"
 #include "codegen/LmToLoops/KernelAbi.h"
@@ -214,52 +215,9 @@ std::vector<float> randomVector(size_t n, unsigned seed) {
   return v;
 }
 
-/// 16 independent FMA chains of 16 floats (AVX-512) or 12 of 8 floats (AVX2, 16 registers): the FP32 FMA
-/// peak of one core. Returns the FLOPs done.
-__attribute__((target("avx512f"), noinline)) double fmaLoop512(int64_t iterations) {
-  __m512 acc[16];
-  for (auto &a : acc)
-    a = _mm512_set1_ps(0.5f);
-  const __m512 x = _mm512_set1_ps(0.999f), y = _mm512_set1_ps(0.001f);
-  for (int64_t i = 0; i < iterations; ++i)
-    for (auto &a : acc)
-      a = _mm512_fmadd_ps(a, x, y);
-  __m512 sum = acc[0];
-  for (int j = 1; j < 16; ++j)
-    sum = _mm512_add_ps(sum, acc[j]);
-  benchmark::DoNotOptimize(_mm512_reduce_add_ps(sum));
-  return double(iterations) * 16 * 16 * 2;
-}
-
-__attribute__((target("avx2,fma"), noinline)) double fmaLoop256(int64_t iterations) {
-  __m256 acc[12];
-  for (auto &a : acc)
-    a = _mm256_set1_ps(0.5f);
-  const __m256 x = _mm256_set1_ps(0.999f), y = _mm256_set1_ps(0.001f);
-  for (int64_t i = 0; i < iterations; ++i)
-    for (auto &a : acc)
-      a = _mm256_fmadd_ps(a, x, y);
-  __m256 sum = acc[0];
-  for (int j = 1; j < 12; ++j)
-    sum = _mm256_add_ps(sum, acc[j]);
-  float lanes[8];
-  _mm256_storeu_ps(lanes, sum);
-  benchmark::DoNotOptimize(lanes);
-  return double(iterations) * 12 * 8 * 2;
-}
-
-double fmaLoop(int64_t iterations) { return g_avx512 ? fmaLoop512(iterations) : fmaLoop256(iterations); }
+double fmaLoop(int64_t iterations) { return lmcc::bench::fmaLoop(g_avx512, iterations); }
 
 double g_peak = 0; // 1-thread GFLOP/s, measured at start-up (best of three)
-
-double measurePeak() {
-  volatile int64_t count = 20'000'000; // opaque to the optimizer
-  int64_t iterations = count;
-  auto start = std::chrono::steady_clock::now();
-  double flops = fmaLoop(iterations);
-  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return flops / seconds / 1e9;
-}
 
 /// Runs fn(thread) on `threads` threads at once (the calling thread is thread 0).
 template <typename Fn> void onThreads(int threads, Fn fn) {
@@ -786,9 +744,7 @@ int main(int argc, char **argv) {
     args = {argv[0], interleave, reps, aggregates};
     args.insert(args.end(), argv + 4, argv + argc);
   }
-  g_peak = measurePeak();
-  for (int i = 0; i < 2; ++i) // the best of three runs of 1.3 G FMAs
-    g_peak = std::max(g_peak, measurePeak());
+  g_peak = lmcc::bench::measurePeak(g_avx512, /*threads=*/1, /*repetitions=*/3); // 1.3 G FMAs each
   const lmcc::codegen::GemmTile deep = lmcc::codegen::GemmTile::forDepth(g_tile, 1024, lmcc::codegen::hostL1Ways());
   std::printf("measured FP32 FMA peak: %.1f GFLOP/s (1 thread, %s); generated GEMM tile %lld x %lld (%lld x %lld at "
               "depths that are a multiple of 1024; L1D %lld-way)\n",

@@ -36,11 +36,11 @@
 //===----------------------------------------------------------------------===//
 #include "lmrt.h"
 
+#include "bench/Peak.h"
 #include "frontend/Spec.h"
 #include "runtime/train/Objectives.h"
 
 #include <dlfcn.h>
-#include <immintrin.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -54,7 +54,6 @@
 #include <random>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace fs = std::filesystem;
@@ -135,65 +134,11 @@ std::string run(const std::string &command) {
   return out;
 }
 
-// --- The FP32 FMA peak: independent FMA chains (as kernel_bench's machine/peak) -----------------
-
-__attribute__((target("avx512f"), noinline)) double fmaLoop512(int64_t iterations) {
-  __m512 acc[16];
-  for (auto &a : acc)
-    a = _mm512_set1_ps(0.5f);
-  const __m512 x = _mm512_set1_ps(0.999f), y = _mm512_set1_ps(0.001f);
-  for (int64_t i = 0; i < iterations; ++i)
-#pragma GCC unroll 16
-    for (auto &a : acc) // fully unrolled, so the accumulators live in registers
-      a = _mm512_fmadd_ps(a, x, y);
-  __m512 sum = acc[0];
-  for (int j = 1; j < 16; ++j)
-    sum = _mm512_add_ps(sum, acc[j]);
-  volatile float sink = _mm512_reduce_add_ps(sum);
-  (void)sink;
-  return double(iterations) * 16 * 16 * 2;
-}
-
-__attribute__((target("avx2,fma"), noinline)) double fmaLoop256(int64_t iterations) {
-  __m256 acc[12];
-  for (auto &a : acc)
-    a = _mm256_set1_ps(0.5f);
-  const __m256 x = _mm256_set1_ps(0.999f), y = _mm256_set1_ps(0.001f);
-  for (int64_t i = 0; i < iterations; ++i)
-#pragma GCC unroll 12
-    for (auto &a : acc)
-      a = _mm256_fmadd_ps(a, x, y);
-  __m256 sum = acc[0];
-  for (int j = 1; j < 12; ++j)
-    sum = _mm256_add_ps(sum, acc[j]);
-  float lanes[8];
-  _mm256_storeu_ps(lanes, sum);
-  volatile float sink = lanes[0];
-  (void)sink;
-  return double(iterations) * 12 * 8 * 2;
-}
-
-/// GFLOP/s of `threads` threads running the FMA loop at once (best of three).
+/// GFLOP/s of `threads` threads running the FMA loop at once (bench/Peak.h, best of three).
 double measurePeak(int threads, std::string *isa) {
   const bool avx512 = __builtin_cpu_supports("avx512f");
   *isa = avx512 ? "avx512" : "avx2";
-  volatile int64_t count = 20'000'000; // opaque to the optimizer
-  double best = 0;
-  for (int rep = 0; rep < 3; ++rep) {
-    std::vector<double> flops(threads);
-    auto start = std::chrono::steady_clock::now();
-    std::vector<std::thread> pool;
-    for (int t = 0; t < threads; ++t)
-      pool.emplace_back([&, t] { flops[t] = avx512 ? fmaLoop512(count) : fmaLoop256(count); });
-    for (auto &t : pool)
-      t.join();
-    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    double total = 0;
-    for (double f : flops)
-      total += f;
-    best = std::max(best, total / seconds / 1e9);
-  }
-  return best;
+  return lmcc::bench::measurePeak(avx512, threads, 3);
 }
 
 // --- The library ---------------------------------------------------------------------------------
