@@ -748,10 +748,14 @@ void applyFamilyDefaults(ModelSpec &s) {
 }
 
 /// TOML allows non-ASCII bytes only inside strings and comments, and no control character but tab and
-/// newlines. Checked before toml++ sees the text: its
-/// 3.3 release (Debian bookworm's) reaches __builtin_unreachable() when it classifies some non-ASCII code
-/// points as whitespace in a key (found by tests/fuzz/spec_fuzzer.cpp; regression input in
-/// tests/fuzz/regressions/spec/).
+/// newlines. Checked before toml++ sees the text: its 3.3 release (Debian bookworm's) reaches
+/// __builtin_unreachable() when it asks whether some non-ASCII code points (U+00A1-U+0499 among them) are
+/// whitespace, which it does for every character it scans outside a string (found by tests/fuzz/spec_fuzzer.cpp;
+/// regression inputs in tests/fuzz/regressions/spec/). So a quote counts as opening a string only where toml++
+/// opens one: at the start of a value (after `=`, `[` or `,` of an array, or a line of a multi-line array), or of
+/// a key (line start, `{`, `,` of an inline table, `.` of a dotted key, `[` of a table header); inside a bare
+/// value (toml++ reads a number, date or boolean up to whitespace, `,`, `]`, `}` or `#`) a quote is one more
+/// character, as are `=`, `.`, `[` and `{`.
 void checkAsciiOutsideStrings(const std::string &text, const std::string &path) {
   size_t line = 1, lineStart = 0;
   const size_t n = text.size();
@@ -767,21 +771,42 @@ void checkAsciiOutsideStrings(const std::string &text, const std::string &path) 
   size_t i = 0;
   line = 1, lineStart = 0;
   auto newline = [&](size_t at) { ++line, lineStart = at + 1; };
-  char previous = '\n'; // the last character that is not a space or tab
+  char previous = '\n';  // the last character that is not a space or tab
+  bool key = true;        // reading a key (or a table header), not a value
+  bool bare = false;      // inside a bare value
+  std::string containers; // the open arrays ('[') and inline tables ('{') of the value being read
   while (i < n) {
     const char c = text[i];
     if (c == '#') {
       while (i < n && text[i] != '\n')
         ++i;
+      bare = false;
       continue;
     }
-    // A quote opens a string only where TOML has one (a value, an array element, a quoted key); elsewhere, as
-    // in the middle of a bare value, toml++ reads on past it as through any other character.
-    const bool stringStart = previous == '=' || previous == '[' || previous == ',' || previous == '{' ||
-                             previous == '.' || previous == '\n';
+    const bool quote = c == '"' || c == '\'';
+    const bool stringStart =
+        quote && (key ? previous == '\n' || previous == '{' || previous == ',' || previous == '.' || previous == '['
+                      : !bare);
+    if (!stringStart) {
+      const bool space = c == ' ' || c == '\t' || c == '\r' || c == '\n';
+      if (space || c == ',' || c == ']' || c == '}') // value terminators end a bare value
+        bare = false;
+      else if (!key && !bare && (c == '[' || c == '{'))
+        containers += c, key = c == '{';
+      else if (key && c == '=')
+        key = false;
+      else if (!key && !bare)
+        bare = true;
+      if (c == ',')
+        key = !containers.empty() && containers.back() == '{';
+      if ((c == ']' || c == '}') && !containers.empty() && containers.back() == (c == ']' ? '[' : '{'))
+        containers.pop_back(), key = false;
+      if (c == '\n' && containers.empty())
+        key = true;
+    }
     if (c != ' ' && c != '\t' && c != '\r')
       previous = c;
-    if ((c == '"' || c == '\'') && stringStart) {
+    if (stringStart) {
       previous = c;
       const bool basic = c == '"';
       const bool multi = text.compare(i, 3, std::string(3, c)) == 0;
