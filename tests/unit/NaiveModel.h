@@ -23,6 +23,20 @@ namespace lmcc::naive {
 using Vec = std::vector<double>;
 using Rows = std::vector<Vec>;
 
+/// Whether query row i sees key j under a structural mask (key padding aside).
+inline bool visible(MaskKind kind, int64_t i, int64_t j) {
+  switch (kind) {
+  case MaskKind::Causal:
+    return j <= i;
+  case MaskKind::Anticausal:
+    return j >= i;
+  case MaskKind::Diagonal:
+    return j != i;
+  default:
+    return true;
+  }
+}
+
 class NaiveModel {
 public:
   /// `w` (the weights in double, naiveWeights) is read at every call: a caller may change its values in between.
@@ -144,18 +158,6 @@ private:
     return x;
   }
   Rows ffn(const std::string &p, const Rows &x) const { return lin(act(lin(x, p + "ffn.in")), p + "ffn.out"); }
-  bool visible(int64_t i, int64_t j) const {
-    switch (s.mask) {
-    case MaskKind::Causal:
-      return j <= i;
-    case MaskKind::Anticausal:
-      return j >= i;
-    case MaskKind::Diagonal:
-      return j != i;
-    default:
-      return true;
-    }
-  }
   /// [train] attention_dropout's keep/(1 - rate) factor of probability (sentence b, head h, row i, key j) of layer
   /// `layer` at step 0, from the contract (runtime/train/Philox.h): Philox4x32-10 of counter
   /// {i, j, b H + h, 0} and key {seed, 0xD0000000 | (2^20 + layer)}, kept iff its first word / 2^32 >= rate.
@@ -192,7 +194,7 @@ private:
         Vec score(n, 0.0);
         double m = -INFINITY;
         for (int64_t j = 0; j < n; ++j) {
-          if (!visible(i, j))
+          if (!visible(s.mask, i, j))
             continue;
           int64_t r = std::clamp<int64_t>(j - i, -k, k) + k;
           for (int64_t c = 0; c < dh; ++c)
@@ -204,9 +206,9 @@ private:
           continue;
         double sum = 0;
         for (int64_t j = 0; j < n; ++j)
-          sum += visible(i, j) ? std::exp(score[j] - m) : 0.0;
+          sum += visible(s.mask, i, j) ? std::exp(score[j] - m) : 0.0;
         for (int64_t j = 0; j < n; ++j) {
-          if (!visible(i, j))
+          if (!visible(s.mask, i, j))
             continue;
           double pij = std::exp(score[j] - m) / sum * probabilityFactor(b, h, i, j, layer);
           int64_t r = std::clamp<int64_t>(j - i, -k, k) + k;

@@ -11,6 +11,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/reference/Ops.h"
+#include "tests/unit/NaiveModel.h"
 
 #include <gtest/gtest.h>
 
@@ -291,19 +292,6 @@ DB relativeValuesD(const DB &p, const Vec &rel, int64_t k, int64_t dh) {
   return y;
 }
 
-bool visibleD(MaskKind kind, int64_t i, int64_t j) {
-  switch (kind) {
-  case MaskKind::Causal:
-    return j <= i;
-  case MaskKind::Anticausal:
-    return j >= i;
-  case MaskKind::Diagonal:
-    return j != i;
-  default:
-    return true;
-  }
-}
-
 /// Naive attention on [B, 1, N, D] inputs, heads split by feature ranges.
 DB attentionD(const DB &Q, const DB &K, const DB &V, int64_t heads, MaskKind mask, double scale, const Vec *relK,
               const Vec *relV, int64_t k) {
@@ -316,7 +304,7 @@ DB attentionD(const DB &Q, const DB &K, const DB &V, int64_t heads, MaskKind mas
         Vec s(n, -kInfD);
         double m = -kInfD;
         for (int64_t j = 0; j < n; ++j) {
-          if (!visibleD(mask, i, j))
+          if (!naive::visible(mask, i, j))
             continue;
           double dotv = 0;
           for (int64_t c = 0; c < dh; ++c)
