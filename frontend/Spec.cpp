@@ -343,6 +343,8 @@ void validate(const ModelSpec &s, const Positions &pos, const Reader &r) {
     fail("attention.mask", "family \"diformer\" decodes with the \"directional\" mask");
   if (s.family == Family::NGram && s.mask != MaskKind::Causal)
     fail("attention.mask", "family \"ngram\" is a causal LM: the mask must be \"causal\"");
+  if (s.family == Family::NGram && s.method != ScoreMethod::Causal)
+    fail("score.method", "family \"ngram\" is a causal LM: its heads score x_t from x_<t (\"causal\")");
 
   if (s.firstQuery == FirstQuery::Position && s.position == PositionKind::None)
     fail("attention.first_query", "\"position\" needs position embeddings; set [embedding] position to \"learned\" "
@@ -371,7 +373,7 @@ void validate(const ModelSpec &s, const Positions &pos, const Reader &r) {
                      "to unilm, bilm and tta");
   if (s.ngram) {
     if (s.ngram->n < 2)
-      fail("ngram.n", "must be at least 2 (the next token plus n-2 further ones), got " + std::to_string(s.ngram->n));
+      fail("ngram.n", "must be at least 2 (the main head plus n-1 n-gram heads), got " + std::to_string(s.ngram->n));
     if (s.ngram->n > s.dims.maxLen)
       fail("ngram.n", "must not exceed max_len");
     if (!(s.ngram->ensembleLambda >= 0 && s.ngram->ensembleLambda <= 1))
@@ -432,6 +434,14 @@ void validate(const ModelSpec &s, const Positions &pos, const Reader &r) {
                                  "decoder.position.{l2r,r2l})");
     if (s.norm != NormPlacement::Post)
       fail("block.norm", "family \"diformer\" is post-norm in this release");
+    if (s.keysValues != KeyValueSource::Embedding)
+      fail("attention.keys_values", "family \"diformer\"'s self-attention keys and values come from embed.token "
+                                    "alone (input isolation): \"embedding\"");
+    if (s.firstQuery != FirstQuery::Position)
+      fail("attention.first_query", "family \"diformer\"'s queries are a direction plus a directed position, "
+                                    "with no word embedding: \"position\"");
+    if (s.method != ScoreMethod::Causal)
+      fail("score.method", "family \"diformer\" scores the rows each line's DIRS names; leave method unset");
     if (s.headTransform || !s.tied)
       fail(s.headTransform ? "head.transform" : "head.tied",
            "family \"diformer\"'s output head is tied to embed.token with no transform");

@@ -90,8 +90,8 @@ int @name@_score_pairs(@name@_model *m, const int32_t *src, const int32_t *src_l
 
 /* Diformer (other models return an error): decodes one source of src_length ids (1..@NAME@_MAX_LEN) in mode
  * LM_DECODE_L2R / LM_DECODE_R2L (beam search of `beam` hypotheses, ranked by log-likelihood / predicted tokens),
- * LM_DECODE_MASK_PREDICT (`iterations` CMLM passes for each of the length head's `length_beam` best lengths) or
- * LM_DECODE_EASY_FIRST; rerank != 0 rescores the candidates with the mean of their teacher-forced L2R and R2L
+ * LM_DECODE_MASK_PREDICT (`iterations` CMLM passes for each of the length head's `length_beam` best lengths of at
+ * least one content token) or LM_DECODE_EASY_FIRST; rerank != 0 rescores the candidates with the mean of their teacher-forced L2R and R2L
  * log-likelihoods (/ n-1). max_target: the longest target an AR search builds (0: @NAME@_MAX_LEN - 1). Writes
  * bos .. eos to tgt[0 .. capacity) (@NAME@_MAX_LEN always fits), its length to *tgt_length, the ranking score to
  * *score and the candidates compared to *candidates (both may be NULL). */

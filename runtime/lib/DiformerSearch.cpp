@@ -217,8 +217,11 @@ Translation translate(Decoder &decoder, const Tokens &tk, const Options &o) {
     cands = beamSearch(decoder, tk, o, o.mode == Mode::L2R);
   } else {
     const std::vector<double> lengthLp = decoder.lengthLogprobs();
+    // Lengths with at least one content token: an empty target (bos, eos) has no token log-probability to
+    // rank it by (its mean would be 0, above every real candidate's); it is a candidate only where max_len
+    // leaves no other length.
     std::vector<int64_t> lengths;
-    for (int64_t n = 2; n < tk.maxLen; ++n)
+    for (int64_t n = tk.maxLen > 3 ? 3 : 2; n < tk.maxLen; ++n)
       lengths.push_back(n);
     std::stable_sort(lengths.begin(), lengths.end(),
                      [&](int64_t a, int64_t b) { return lengthLp[size_t(a)] > lengthLp[size_t(b)]; });

@@ -6,7 +6,8 @@
 //  * l2r / r2l: beam search; a step computes only the new row of each hypothesis (an R row at the
 //    end of the prefix, or an L row at the start of the suffix); hypotheses are ranked by
 //    log-likelihood / predicted tokens;
-//  * mask-predict (CMLM): for each of the length head's `lengthBeam` best lengths, T passes of
+//  * mask-predict (CMLM): for each of the length head's `lengthBeam` best lengths (of at least one
+//    content token: n >= 3 where max_len allows), T passes of
 //    S rows; pass t re-masks the floor(N (T - t) / T) least confident tokens; candidates are
 //    ranked by their mean token log-probability; the lengths' passes run side by side (one
 //    Decoder::predict call per iteration for the candidates still refining: a decoder may run

@@ -93,9 +93,9 @@ Corpus readCorpus(std::string_view text, const std::string &name, const LineEnco
 Corpus holdOut(Corpus &corpus, uint64_t seed, const std::string &name) {
   const int64_t n = static_cast<int64_t>(corpus.sentences.size());
   const int64_t k = std::max<int64_t>(100, (n + 99) / 100);
-  if (n < 2 * k)
+  if (n <= k)
     throw CorpusError(name + ": " + std::to_string(n) + " sentences are too few to hold out " + std::to_string(k) +
-                      " for validation (at least 200 are needed); give a validation file with --valid");
+                      " for validation and train on the rest; give a validation file with --valid");
   std::vector<std::pair<double, int64_t>> keyed(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i)
     keyed[i] = {uniform(seed, 0, static_cast<uint64_t>(i), 0, Purpose::Holdout), i};

@@ -17,7 +17,7 @@
 //   epoch e     keys k_i = uniform(seed, e, i, 0, Shuffle); sentences sorted by
 //               (length, k_i, i); consecutive sentences form a batch while
 //               count * longest <= batchTokens (a sentence longer than the budget is a
-//               batch of its own); the batches are then ordered by
+//               batch of its own; lmcc train refuses such a corpus); the batches are then ordered by
 //               uniform(seed, e, batch, 0, BatchOrder) (ties: the lower batch index).
 //   validation  sentences sorted by (length, index), batched the same way, no shuffle.
 //
@@ -66,7 +66,7 @@ Corpus readCorpus(std::string_view text, const std::string &name, const LineEnco
 std::vector<int32_t> parseIdLine(std::string_view line, const std::string &where, int64_t vocab);
 
 /// Moves the held-out sentences (see the file comment) from `corpus` into the returned corpus.
-/// Throws CorpusError for a corpus of fewer than 200 sentences (half of it or more would be held out).
+/// Throws CorpusError when nothing would be left to train on (a corpus of at most the held-out count).
 Corpus holdOut(Corpus &corpus, uint64_t seed, const std::string &name);
 
 /// One batch: indices into the corpus's sentences.

@@ -520,6 +520,21 @@ WeightSet importHuggingFaceBert(const WeightSet &hf, const ModelSpec &spec,
     tensorError(path, tokenType->first,
                 "cannot be folded: the checkpoint has no position_embeddings table");
   }
+  // Checked against the spec here, where the Hugging Face name of each tensor is known: an error names
+  // the file the user gave and, after the canonical name, the checkpoint's own.
+  try {
+    validateWeights(out, spec, path);
+  } catch (const WeightError &e) {
+    std::string what = e.what();
+    for (const auto &[canonical, hfName] : sourceOf) {
+      const std::string quotedName = "tensor " + lmcc::quoted(canonical) + ":";
+      if (const size_t at = what.find(quotedName); at != std::string::npos) {
+        what.insert(at + quotedName.size() - 1, " (Hugging Face " + lmcc::quoted(hfName) + ")");
+        break;
+      }
+    }
+    throw WeightError(what);
+  }
   return out;
 }
 
@@ -643,7 +658,7 @@ void validateWeights(const WeightSet &weights, const ModelSpec &spec, const std:
 WeightSet loadModelWeights(const std::string &path, const ModelSpec &spec) {
   WeightSet weights = readSafetensors(path);
   if (isHuggingFaceBert(weights))
-    weights = importHuggingFaceBert(weights, spec, path);
+    return importHuggingFaceBert(weights, spec, path); // validated there
   validateWeights(weights, spec, path);
   return weights;
 }

@@ -29,7 +29,8 @@ bool isHuggingFaceBert(const WeightSet &weights);
 /// names: folds token-type row 0 into the position table, cuts a longer position table to max_len
 /// (shorter is an error), ignores pooler.*, cls.seq_relationship.*, the integer buffers
 /// *position_ids / *token_type_ids, and with [head] mlm = false the MLM head cls.predictions.*.
-/// Checks a config.json beside `path` first (checkHuggingFaceConfig).
+/// Checks a config.json beside `path` first (checkHuggingFaceConfig) and the result against the spec
+/// (validateWeights; errors name `path` and the tensor's Hugging Face name where it has one).
 WeightSet importHuggingFaceBert(const WeightSet &hf, const ModelSpec &spec, const std::string &path);
 
 /// When a Hugging Face `config.json` lies beside `weightsPath`, checks it against the spec (model_type,

@@ -70,7 +70,7 @@ Corpus numbered(int n) {
 }
 
 TEST(Corpus, HoldOutIsDeterministicOnePercentAtLeastHundred) {
-  for (int n : {200, 1000, 25000}) {
+  for (int n : {101, 200, 1000, 25000}) { // 101: 100 held out, one sentence to train on
     Corpus a = numbered(n), b = numbered(n);
     Corpus va = holdOut(a, 7, "c.txt"), vb = holdOut(b, 7, "c.txt");
     const size_t k = std::max<size_t>(100, (n + 99) / 100);
@@ -85,7 +85,7 @@ TEST(Corpus, HoldOutIsDeterministicOnePercentAtLeastHundred) {
     Corpus c = numbered(n);
     EXPECT_NE(holdOut(c, 8, "c.txt").lines, va.lines); // another seed, another part
   }
-  Corpus small = numbered(199);
+  Corpus small = numbered(100); // nothing left to train on
   EXPECT_THROW(holdOut(small, 7, "c.txt"), CorpusError);
 }
 

@@ -305,6 +305,21 @@ TEST(DiformerDecode, AllModesProduceWellFormedTargets) {
     }
 }
 
+// A length beam over every length includes n = 2 (bos, eos): no content, no token log-probability to rank it
+// by. It must not win by default (its mean over no tokens would be 0, above every real candidate).
+TEST(DiformerDecode, LengthBeamSkipsTheEmptyTarget) {
+  ModelSpec spec = smallSpec();
+  WeightSet w = sharpWeights(spec, 10);
+  df::Model model(spec, w);
+  for (df::DecodeMode mode : {df::DecodeMode::MaskPredict, df::DecodeMode::EasyFirst}) {
+    df::DecodeOptions o;
+    o.mode = mode, o.lengthBeam = int(spec.dims.maxLen), o.iterations = 3;
+    df::Translation t = df::translate(model, {5, 9, 12, 7}, o);
+    EXPECT_GE(t.tgt.size(), 3u);
+    EXPECT_EQ(t.candidates, spec.dims.maxLen - 3); // lengths 3 .. max_len - 1
+  }
+}
+
 TEST(DiformerInput, DirectionRulesAreErrors) {
   EXPECT_THROW(df::parseDirections("LRL", 3), std::invalid_argument);
   EXPECT_THROW(df::parseDirections("RRR", 3), std::invalid_argument);

@@ -233,6 +233,15 @@ TEST(SpecErrors, LeakingCombinations) {
   EXPECT_NE(errorOf(base("bilm", "[score]\nmethod = \"single-pass\"\n")).find("t.toml:11:10"), std::string::npos);
   EXPECT_NE(errorOf(base("bilm", "[attention]\nmask = \"directional\"\n")).find("only family \"diformer\""),
             std::string::npos);
+  // The families whose structure the contract fixes refuse the settings they would otherwise ignore.
+  EXPECT_NE(errorOf(base("diformer", "[attention]\nkeys_values = \"hidden\"\n")).find("'attention.keys_values'"),
+            std::string::npos);
+  EXPECT_NE(errorOf(base("diformer", "[attention]\nfirst_query = \"embedding\"\n")).find("'attention.first_query'"),
+            std::string::npos);
+  EXPECT_NE(errorOf(base("diformer", "[score]\nmethod = \"mask-and-predict\"\n")).find("'score.method'"),
+            std::string::npos);
+  EXPECT_NE(errorOf(base("ngram", "[score]\nmethod = \"mask-and-predict\"\n")).find("family \"ngram\" is a causal LM"),
+            std::string::npos);
 }
 
 TEST(SpecErrors, InvalidToml) {

@@ -1033,6 +1033,21 @@ TEST_F(WeightsTest, ImportMapsTheDecoderWhenUntied) {
   EXPECT_EQ(w.get("head.bias").data, hf.set.get("cls.predictions.decoder.bias").data);
 }
 
+// The imported set is checked against the spec where the checkpoint's names are known: errors name the file the
+// user gave and the Hugging Face tensor beside the canonical one.
+TEST_F(WeightsTest, ImportChecksTheResultNamingTheCheckpointsTensor) {
+  const ModelSpec spec = tinySpec();
+  FakeBert shape(spec);
+  shape.set.tensors["bert.encoder.layer.1.output.LayerNorm.bias"] = filled({3}, 0.f);
+  expectError([&] { importHuggingFaceBert(shape.set, spec, "mine.safetensors"); },
+              {"mine.safetensors: tensor 'layers.1.ffn_norm.bias' (Hugging Face "
+               "'bert.encoder.layer.1.output.LayerNorm.bias'):"});
+  FakeBert nan(spec);
+  nan.set.tensors["bert.encoder.layer.0.intermediate.dense.bias"].data[2] = NAN;
+  expectError([&] { importHuggingFaceBert(nan.set, spec, "mine.safetensors"); },
+              {"mine.safetensors", "'bert.encoder.layer.0.intermediate.dense.bias'", "non-finite"});
+}
+
 TEST_F(WeightsTest, ImportRejectsAShortPositionTable) {
   const ModelSpec spec = tinySpec();
   const FakeBert hf(spec, true, /*rows=*/5);
@@ -1080,8 +1095,7 @@ TEST_F(WeightsTest, ImportedCheckpointMissingATensorFailsValidation) {
   const ModelSpec spec = tinySpec();
   FakeBert hf(spec);
   hf.set.tensors.erase("bert.encoder.layer.1.intermediate.dense.bias");
-  const WeightSet w = importHuggingFaceBert(hf.set, spec, "hf");
-  expectError([&] { validateWeights(w, spec, "hf"); }, {"'layers.1.ffn.in.bias'", "missing"});
+  expectError([&] { importHuggingFaceBert(hf.set, spec, "hf"); }, {"hf: tensor 'layers.1.ffn.in.bias'", "missing"});
 }
 
 TEST_F(WeightsTest, LoadModelWeightsImportsHuggingFaceFiles) {

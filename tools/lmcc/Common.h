@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -53,7 +54,7 @@ struct Options {
   std::string weightsDtype = "f32";
   bool json = false, reference = false, embedWeights = false, staticArchive = false, naive = false, stats = false;
   bool tokens = false, truncate = false, lowercase = false, timing = false, wordLevel = false;
-  double lambda = -1; ///< lmcc score --lambda (family ngram); < 0: the spec's
+  std::optional<double> lambda; ///< lmcc score --lambda (family ngram); unset: the spec's
   std::string name;
   int64_t vocabSize = 0;
   std::map<std::string, bool> noPass; // pass flag -> --no-<pass> given

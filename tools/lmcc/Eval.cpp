@@ -198,6 +198,7 @@ int runBlimp(const Options &o) {
   SentenceBatch batch(spec); // good, bad, good, bad, ...
   Progress progress("pairs");
   std::vector<Paradigm> paradigms;
+  std::map<std::string, std::string> fileOfUid; // a paradigm counts once: causative.jsonl beside causative.jsonl.gz
   auto run = [&] {
     std::vector<reference::ScoreResult> r = model.score(batch.sentences, batch.spans);
     for (size_t i = 0; i + 1 < r.size(); i += 2)
@@ -229,11 +230,18 @@ int runBlimp(const Options &o) {
       std::string field = text("field");
       std::replace(field.begin(), field.end(), '/', '_');
       if (p.pairs == 0) {
+        auto [seen, fresh] = fileOfUid.emplace(uid, file.string());
+        if (!fresh)
+          throw InputError(in.where() + ": paradigm \"" + uid + "\" again (also in " + seen->second +
+                           "): one file a paradigm");
         p.uid = uid, p.field = field;
         paradigms.push_back(p);
       } else if (uid != p.uid) {
         throw InputError(in.where() + ": UID \"" + uid + "\", but the file's first pair is of \"" + p.uid +
                          "\" (one paradigm a file)");
+      } else if (field != p.field) {
+        throw InputError(in.where() + ": field \"" + text("field") + "\", but the file's first pair is of \"" +
+                         p.field + "\" (one field a paradigm)");
       }
       add(encodeText(text("sentence_good"), in.where(), spec, tok, o.truncate));
       add(encodeText(text("sentence_bad"), in.where(), spec, tok, o.truncate));
@@ -326,6 +334,7 @@ namespace {
 
 /// One utterance of an n-best file, scored.
 struct NBest {
+  std::string where; ///< file:line
   nlohmann::json id;
   int64_t refWords = 0;
   std::vector<std::string> texts;
@@ -371,6 +380,7 @@ void readNBest(const std::string &path, const ModelSpec &spec, const Options &o,
     if (j["hyps"].empty())
       throw InputError(where + ": \"hyps\" is empty (an utterance needs at least one hypothesis)");
     NBest u;
+    u.where = where;
     u.id = j["id"];
     const std::string ref = j["ref"].get<std::string>();
     const std::vector<std::string_view> refWords = splitWords(ref);
@@ -399,12 +409,17 @@ void readNBest(const std::string &path, const ModelSpec &spec, const Options &o,
     run();
 }
 
-/// The hypothesis with the highest am + lambda * lm + penalty * words (ties: the first).
+/// The hypothesis with the highest am + lambda * lm + penalty * words (ties: the first); a sum that is not a
+/// finite number (a lambda or penalty so large that it overflows) is an error naming the hypothesis.
 size_t choose(const NBest &u, double lambda, double penalty) {
   size_t best = 0;
   double bestScore = -INFINITY;
   for (size_t h = 0; h < u.am.size(); ++h) {
     const double s = u.am[h] + lambda * u.lm[h] + penalty * double(u.words[h]);
+    if (!std::isfinite(s))
+      throw InputError(u.where + ": hyps[" + std::to_string(h) + "]: am + lambda * lm + length penalty * words = " +
+                       std::to_string(s) + " (lambda " + std::to_string(lambda) + ", lm " + std::to_string(u.lm[h]) +
+                       "): not a finite number");
     if (s > bestScore)
       best = h, bestScore = s;
   }
@@ -437,6 +452,8 @@ int runRerank(const Options &o) {
     }, [] {});
     if (dev.empty())
       throw InputError(o.tune + ": no utterance");
+    if (std::all_of(dev.begin(), dev.end(), [](const NBest &u) { return u.refWords == 0; }))
+      throw InputError(o.tune + ": every reference is empty: the word error rate is undefined");
     auto werAt = [&](double l, bool amOnly) {
       Wer w;
       for (const NBest &u : dev) {
@@ -469,6 +486,8 @@ int runRerank(const Options &o) {
   }, [&] { writeStdout(std::exchange(out, {})); });
   if (utterances == 0) // as --tune: an n-best file without an utterance is not an input to rerank
     throw InputError(o.nbest + ": no utterance");
+  if (before.words == 0) // the choices are out; WER over no reference word is not a number
+    throw InputError(o.nbest + ": every reference is empty: the word error rate is undefined");
   std::string summary = "{\"lambda\":" + number(lambda, "lambda");
   if (o.lengthPenaltyGiven)
     summary += ",\"length_penalty\":" + number(penalty, "length penalty");

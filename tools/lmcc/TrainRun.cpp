@@ -171,7 +171,6 @@ std::optional<Checkpoint> newestCheckpoint(const fs::path &runDir) {
       c.epoch = state.at("epoch").get<int64_t>();
       c.batch = state.at("batch").get<int64_t>();
       c.tokens = state.at("tokens").get<double>();
-      c.seconds = state.at("elapsed_s").get<double>();
     } catch (const std::exception &) {
       std::fprintf(stderr, "lmcc train: %s is incomplete or unreadable; skipped\n", c.dir.c_str());
       continue;
@@ -180,6 +179,16 @@ std::optional<Checkpoint> newestCheckpoint(const fs::path &runDir) {
       continue;
     if (!best || c.step > best->step)
       best = c;
+  }
+  // The elapsed time at that step (elapsed.json, written after each checkpoint); unknown (0) when the newest
+  // complete checkpoint is not the one it was written for.
+  if (best && fs::is_regular_file(runDir / "elapsed.json")) {
+    try {
+      json e = json::parse(readFile((runDir / "elapsed.json").string(), "elapsed time"));
+      if (e.at("step").get<int64_t>() == best->step)
+        best->seconds = e.at("elapsed_s").get<double>();
+    } catch (const std::exception &) {
+    }
   }
   return best;
 }
@@ -285,6 +294,14 @@ void Run::loadData() {
     throw RunError(o_.data + ": no sentence to train on");
   if (valid_.sentences.empty())
     throw RunError(o_.valid + ": no validation sentence");
+  // A batch holds at most --batch-tokens tokens: every sentence must fit in one.
+  for (const auto *c : {&train_, &valid_})
+    for (size_t i = 0; i < c->sentences.size(); ++i)
+      if (int64_t(c->sentences[i].size()) > o_.batchTokens)
+        throw RunError((c == &train_ || o_.valid.empty() ? o_.data : o_.valid) + ":" + std::to_string(c->lines[i]) +
+                       ": a sentence of " + std::to_string(c->sentences[i].size()) + " tokens does not fit in a batch "
+                       "of --batch-tokens " + std::to_string(o_.batchTokens) + " (give at least max_len = " +
+                       std::to_string(spec_.dims.maxLen) + ")");
 }
 
 json Run::record() const {
@@ -415,7 +432,6 @@ void Run::writeCheckpoint(int64_t step) {
   state["epoch"] = epoch_;
   state["batch"] = batchIndex_;
   state["tokens"] = tokens_;
-  state["elapsed_s"] = elapsed();
   state["rng"] = {{"generator", "philox4x32-10"}, {"seed", spec_.train.seed}, {"counter_step", step}};
   writeAtomically(tmp / "state.json", state.dump(1) + "\n");
   flushToDisk(tmp);
@@ -425,6 +441,9 @@ void Run::writeCheckpoint(int64_t step) {
   if (ec)
     throw RunError(final.string() + ": cannot rename the checkpoint into place: " + ec.message());
   flushToDisk(dir_);
+  // The wall clock is the run's, not the checkpoint's (a checkpoint is a function of spec, data, seed and
+  // threads, byte for byte): beside it, for the progress line's elapsed time after a resume.
+  writeAtomically(dir_ / "elapsed.json", json{{"step", step}, {"elapsed_s", elapsed()}}.dump() + "\n");
   pruneCheckpoints();
 }
 

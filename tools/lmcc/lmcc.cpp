@@ -94,8 +94,7 @@ int runConvert(const Options &o) {
   if (o.from != "hf")
     throw UsageError("--from " + o.from + ": only \"hf\" (Hugging Face BertForMaskedLM names) is supported");
   lmcc::WeightSet raw = lmcc::readSafetensors(o.input);
-  lmcc::WeightSet canonical = lmcc::importHuggingFaceBert(raw, spec, o.input);
-  lmcc::validateWeights(canonical, spec, o.input);
+  lmcc::WeightSet canonical = lmcc::importHuggingFaceBert(raw, spec, o.input); // validated there
   canonical.metadata["name"] = spec.name;
   canonical.metadata["spec_hash"] = lmcc::specHash(spec);
   writeWeightsFile(o.output, canonical);
@@ -161,21 +160,27 @@ TrainBatch parseBatch(const nlohmann::json &j, const std::string &where, const l
   b.targets.assign(size_t(b.batch) * b.stride, -1);
   for (size_t s = 0; s < in.size(); ++s) {
     b.lengths.push_back(int32_t(in[s].size()));
+    auto at = [&](size_t i) { return where + ": sentence " + std::to_string(s) + ", position " + std::to_string(i); };
+    // The inputs first: an ngram batch without "targets" takes its targets from them.
     for (size_t i = 0; i < in[s].size(); ++i) {
-      const std::string at = where + ": sentence " + std::to_string(s) + ", position " + std::to_string(i);
-      if (!in[s][i].is_number_integer() || !tg[s][i].is_number_integer())
-        throw InputError(at + ": ids and targets must be integers");
-      int64_t x = in[s][i].get<int64_t>(), y = tg[s][i].get<int64_t>();
+      if (!in[s][i].is_number_integer())
+        throw InputError(at(i) + ": ids and targets must be integers");
+      const int64_t x = in[s][i].get<int64_t>();
       if (x < 0 || x >= spec.dims.vocab)
-        throw InputError(at + ": input id " + std::to_string(x) + " outside the vocabulary [0, " +
+        throw InputError(at(i) + ": input id " + std::to_string(x) + " outside the vocabulary [0, " +
                          std::to_string(spec.dims.vocab) + ")");
+    }
+    for (size_t i = 0; i < in[s].size(); ++i) {
+      if (!tg[s][i].is_number_integer())
+        throw InputError(at(i) + ": ids and targets must be integers");
+      const int64_t x = in[s][i].get<int64_t>(), y = tg[s][i].get<int64_t>();
       if (y < -1 || y >= spec.dims.vocab)
-        throw InputError(at + ": target " + std::to_string(y) + " outside [0, " + std::to_string(spec.dims.vocab) +
+        throw InputError(at(i) + ": target " + std::to_string(y) + " outside [0, " + std::to_string(spec.dims.vocab) +
                          ") (or -1 for none)");
       if (ngram) {
-        const int64_t shift = i + 1 < in[s].size() && in[s][i + 1].is_number_integer() ? in[s][i + 1].get<int64_t>() : -1;
+        const int64_t shift = i + 1 < in[s].size() ? in[s][i + 1].get<int64_t>() : -1;
         if (y != shift)
-          throw InputError(at + ": target " + std::to_string(y) + ", but family \"ngram\" trains on the causal " +
+          throw InputError(at(i) + ": target " + std::to_string(y) + ", but family \"ngram\" trains on the causal " +
                            "shift of each input sentence (x[i+1], -1 at the end): expected " + std::to_string(shift) +
                            " (or leave \"targets\" out)");
       }
@@ -252,8 +257,16 @@ int runGrad(Options o) {
   return std::fflush(stdout) == 0 ? kExitOk : kExitInput;
 }
 
+/// A spec lmcc train can train, checked before anything is compiled or written.
+void checkTrainable(const lmcc::ModelSpec &spec, const std::string &path) {
+  if (!spec.mlm)
+    throw InputError(path + ": [head] mlm = false: an encoder-only model has no output head to train (training "
+                     "needs mlm = true)");
+}
+
 int runTrainBatches(Options o) {
   lmcc::ModelSpec spec = lmcc::loadSpec(o.spec);
+  checkTrainable(spec, o.spec);
   if (spec.family == lmcc::Family::Diformer) { // directional objective; --reference: the Eigen oracle
     lmcc::cli::CompileFn compile;
     if (!o.reference) {
@@ -321,6 +334,7 @@ int runTrainBatches(Options o) {
 /// `lmcc train --data`: the corpus workflow of tools/lmcc/TrainRun.cpp.
 int runTrainData(Options o, bool resumeGiven) {
   lmcc::ModelSpec spec = lmcc::loadSpec(o.spec);
+  checkTrainable(spec, o.spec);
   if (spec.family == lmcc::Family::Diformer)
     throw InputError(o.spec + ": family \"diformer\" trains on translation pairs: lmcc train --batches FILE with "
                      "{\"src\",\"tgt\",\"dirs\",\"hide\"} batches (a --data corpus of sentences has no pairs)");
@@ -644,9 +658,24 @@ int runImportHf(const Options &o) {
     lowercase = n.value("lowercase", true);
     if (n.contains("strip_accents") && n["strip_accents"].is_boolean() && n["strip_accents"].get<bool>() != lowercase)
       throw InputError((model / "tokenizer.json").string() + ": strip_accents differing from lowercase is not supported");
+    for (const char *key : {"handle_chinese_chars", "clean_text"})
+      if (n.contains(key) && n[key].is_boolean() && !n[key].get<bool>())
+        throw InputError((model / "tokenizer.json").string() + ": normalizer " + key +
+                         " = false is not supported (lmcc's tokenizer always does it, as BERT's default)");
   }
   if (tc.is_object() && tc.contains("do_lower_case") && tc["do_lower_case"].is_boolean())
     lowercase = tc["do_lower_case"].get<bool>();
+  // tokenizer_config.json's BertTokenizer switches: strip_accents null (the default) follows do_lower_case.
+  if (tc.is_object() && tc.contains("strip_accents") && tc["strip_accents"].is_boolean() &&
+      tc["strip_accents"].get<bool>() != lowercase)
+    throw InputError((model / "tokenizer_config.json").string() + ": strip_accents = " +
+                     (tc["strip_accents"].get<bool>() ? "true" : "false") + " with do_lower_case = " +
+                     (lowercase ? "true" : "false") + " is not supported (lmcc strips accents exactly when it "
+                     "lowercases)");
+  if (tc.is_object() && tc.contains("tokenize_chinese_chars") && tc["tokenize_chinese_chars"].is_boolean() &&
+      !tc["tokenize_chinese_chars"].get<bool>())
+    throw InputError((model / "tokenizer_config.json").string() + ": tokenize_chinese_chars = false is not supported "
+                     "(lmcc's tokenizer splits CJK characters, as BERT's default)");
   // max_seq_length: sentence-transformers v6 keeps it as the tokenizer's model_max_length.
   if (maxSeq == 0 && tc.is_object() && tc.contains("model_max_length") && tc["model_max_length"].is_number_integer())
     maxSeq = tc["model_max_length"].get<int64_t>();
@@ -738,14 +767,12 @@ int runScoreOrEmbed(const Options &o, bool score) {
   if (o.truncate && o.text.empty()) // --ids (the default input)
     throw UsageError("--truncate applies to --text (token ids are taken as given; a line over max_len is an error)");
   lmcc::ModelSpec spec = lmcc::loadSpec(o.spec);
-  if (o.lambda >= 0) { // lmcc score --lambda: the n-gram ensemble's weight (a spec override: its own library)
+  if (o.lambda) { // lmcc score --lambda: the n-gram ensemble's weight (a spec override: its own library)
     if (spec.family != lmcc::Family::NGram)
       throw UsageError("--lambda applies to family \"ngram\" (the n-gram heads' ensemble weight)");
     if (!score)
       throw UsageError("--lambda applies to lmcc score");
-    if (o.lambda > 1)
-      throw InputError("--lambda " + std::to_string(o.lambda) + " outside [0, 1]");
-    spec.ngram->ensembleLambda = o.lambda;
+    spec.ngram->ensembleLambda = *o.lambda;
   }
   if (score)
     wordL2R(spec, o); // --pll validated before anything is read
@@ -1069,8 +1096,15 @@ int main(int argc, char **argv) {
     runners[k]->add_flag("--tokens", o.tokens, "add a \"tokens\" field: the pieces (with --text)");
     runners[k]->add_flag("--truncate", o.truncate, "cut sentences longer than max_len (bos, pieces, eos)");
     if (k == 0)
-      runners[k]->add_option("--lambda", o.lambda, "family ngram: the ensemble weight of the n-gram heads in [0, 1] "
-                                                   "(default: the spec's [ngram] ensemble_lambda)");
+      runners[k]
+          ->add_option("--lambda", o.lambda, "family ngram: the ensemble weight of the n-gram heads in [0, 1] "
+                                             "(default: the spec's [ngram] ensemble_lambda)")
+          ->check([](const std::string &v) {
+            char *end = nullptr;
+            const double x = std::strtod(v.c_str(), &end);
+            return !v.empty() && *end == 0 && x >= 0 && x <= 1 ? std::string()
+                                                              : "\"" + v + "\" is not a number in [0, 1]";
+          });
     auto *referenceFlag = runners[k]->add_flag("--reference", o.reference,
                                                "run the reference executor (the numeric oracle) instead of compiled code");
     if (k == 0)
