@@ -206,12 +206,15 @@ Wide blockPeak(Block &block, Sizes z, Args args, Counting counting = {}) {
   for (Operation &op : block)
     index[&op] = count++;
 
-  // Values returned by the function are outputs, not temporaries.
+  // Values an op writes into the entry's output argument in place (lm.sentence_score, lm.mean_pool) are outputs,
+  // not temporaries; any other returned value is computed into a buffer of its own, which the return copies out
+  // (LmToLoops.cpp, ReturnLowering): a temporary until then.
   llvm::DenseSet<Value> outputs;
   if (!block.empty())
     if (auto ret = llvm::dyn_cast<func::ReturnOp>(block.back()))
       for (Value v : ret.getOperands())
-        outputs.insert(v);
+        if (v.getDefiningOp<lm::SentenceScoreOp>() || v.getDefiningOp<lm::MeanPoolOp>())
+          outputs.insert(v);
 
   // Index of the last op of `block` that uses `v` (directly or inside its regions); -1: none.
   auto lastUse = [&](Value v) {

@@ -727,6 +727,15 @@ def Lm_NgramLossGradOp : Lm_Op<"ngram_loss_grad", [Pure, AttrSizedOperandSegment
   let description = [{
     Per head j, lm.token_loss_grad of its shifted targets with the gradient scale w_j / T (w_1 = 1/2,
     w_j = 1/(2(n-1))), T counted on the unshifted targets; dW and dbias are the heads' sums.
+    Operands as lm.ngram_loss's plus its lse results (one per head); d_bias ([V]) is a result even without
+    a bias operand (then unused).
+    ```mlir
+    %d1, %d2, %dW, %db = lm.ngram_loss_grad heads(%h, %u2 : tensor<?x?x512xf32>, tensor<?x?x512xf32>)
+        weight(%W : tensor<30522x512xf32>) bias(%b : tensor<30522xf32>)
+        targets(%targets, %lengths : tensor<?x?xi32>, tensor<?xi32>)
+        lse(%lse1, %lse2 : tensor<?x?xf32>, tensor<?x?xf32>) {smoothing = 1.0e-01 : f64}
+        -> tensor<?x?x512xf32>, tensor<?x?x512xf32>, tensor<30522x512xf32>, tensor<30522xf32>
+    ```
   }];
   let arguments = (ins Variadic<Lm_F32Tensor>:$heads, Lm_F32Tensor:$weight, Optional<Lm_F32Tensor>:$bias,
                        Lm_I32Tensor:$targets, Lm_I32Tensor:$lengths, Variadic<Lm_F32Tensor>:$lse, F64Attr:$smoothing);
@@ -771,6 +780,14 @@ def Lm_TokenLossGradOp : Lm_Op<"token_loss_grad", [Pure]> {
 
 def Lm_LogSoftmaxGradOp : Lm_Op<"log_softmax_grad", [Pure, SameOperandsAndResultType]> {
   let summary = "VJP of lm.log_softmax: dx = dy - exp(y) sum(dy) over the last axis (y its result)";
+  let description = [{
+    `grad` is dy, the gradient of lm.log_softmax's result; `output` is that result y (log-probabilities),
+    not its input. Per row of the last axis, in double: dx_j = dy_j - exp(y_j) sum_k dy_k, rounded to float
+    once. grad, output and result share one type (any rank; [B, N, V] after lm.cross_entropy_grad).
+    ```mlir
+    %dx = lm.log_softmax_grad %dlp, %lp : tensor<?x?x30522xf32>
+    ```
+  }];
   let arguments = (ins Lm_F32Tensor:$grad, Lm_F32Tensor:$output);
   let results = (outs Lm_F32Tensor:$result);
   let assemblyFormat = "$grad `,` $output attr-dict `:` type($result)";
@@ -778,6 +795,15 @@ def Lm_LogSoftmaxGradOp : Lm_Op<"log_softmax_grad", [Pure, SameOperandsAndResult
 
 def Lm_SoftmaxGradOp : Lm_Op<"softmax_grad", [Pure, SameOperandsAndResultType]> {
   let summary = "VJP of lm.softmax: dx = p (dy - sum(dy p)) over the last axis (p its result)";
+  let description = [{
+    `grad` is dy, the gradient of lm.softmax's result; `output` is that result p, not its input. Per row of
+    the last axis: dx_j = p_j (dy_j - sum_k p_k dy_k), the sum in double. Entries with p = 0 (hidden and
+    padding keys) and rows that see no key get 0, so lm.mask_fill's VJP just passes dx on. grad, output and
+    result share one type: scores [B, H, N, M] (M != N in a cross-attention).
+    ```mlir
+    %ds = lm.softmax_grad %dp, %p : tensor<?x8x?x?xf32>
+    ```
+  }];
   let arguments = (ins Lm_F32Tensor:$grad, Lm_F32Tensor:$output);
   let results = (outs Lm_F32Tensor:$result);
   let assemblyFormat = "$grad `,` $output attr-dict `:` type($result)";
@@ -798,6 +824,16 @@ def Lm_LinearGradOp : Lm_Op<"linear_grad", [Pure]> {
 
 def Lm_LayerNormGradOp : Lm_Op<"layer_norm_grad", [Pure]> {
   let summary = "VJP of lm.layer_norm: (dx, dgamma, dbeta), statistics recomputed in double from x";
+  let description = [{
+    grad dy and input x (the forward's input) share a type [..., D]; gamma [D]; `epsilon` is the forward's
+    (beta is not needed). Per row, in double: mean, biased var, inv = 1 / sqrt(var + eps),
+    xhat = (x - mean) inv, g = dy gamma; dx = inv (g - mean(g) - xhat mean(g xhat)) (x's type);
+    dgamma = sum over rows of dy xhat, dbeta = sum over rows of dy ([D] each), summed in double over every
+    row and rounded once (padding rows have dy = 0: they add nothing and get dx = 0).
+    ```mlir
+    %dx, %dg, %db = lm.layer_norm_grad %dy, %x, %g {epsilon = 1.0e-12 : f64} : (tensor<?x?x512xf32>, tensor<?x?x512xf32>, tensor<512xf32>) -> (tensor<?x?x512xf32>, tensor<512xf32>, tensor<512xf32>)
+    ```
+  }];
   let arguments = (ins Lm_F32Tensor:$grad, Lm_F32Tensor:$input, Lm_F32Tensor:$gamma, F64Attr:$epsilon);
   let results = (outs Lm_F32Tensor:$d_input, Lm_F32Tensor:$d_gamma, Lm_F32Tensor:$d_beta);
   let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
@@ -806,6 +842,17 @@ def Lm_LayerNormGradOp : Lm_Op<"layer_norm_grad", [Pure]> {
 
 def Lm_ActivationGradOp : Lm_Op<"activation_grad", [Pure, SameOperandsAndResultType]> {
   let summary = "VJP of lm.gelu / lm.relu: dx = dy f'(x); `kind` is gelu, gelu_tanh or relu";
+  let description = [{
+    `input` is the forward's input x (the pre-activation: lm-autodiff splits an lm.linear {activation} back
+    into lm.linear + the activation first). f' by `kind`: gelu (lm.gelu) Phi(x) + x phi(x); gelu_tanh
+    (lm.gelu {approximate}) 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) sqrt(2/pi) (1 + 3 * 0.044715 x^2),
+    u = sqrt(2/pi) (x + 0.044715 x^3); relu (lm.relu) 1 where x > 0, else 0 (0 at x = 0, as torch).
+    Elementwise; grad, input and result share one type. The compiled kernel evaluates f' in float, the
+    reference (runtime/reference/Ops.cpp geluBackward) in double: equal up to float rounding, not bit for bit.
+    ```mlir
+    %dx = lm.activation_grad %dy, %x {kind = "gelu"} : tensor<?x?x2048xf32>
+    ```
+  }];
   let arguments = (ins Lm_F32Tensor:$grad, Lm_F32Tensor:$input, StrAttr:$kind);
   let results = (outs Lm_F32Tensor:$result);
   let assemblyFormat = "$grad `,` $input attr-dict `:` type($result)";
@@ -822,6 +869,16 @@ def Lm_AttentionGradOp : Lm_Op<"attention_grad", [Pure, AttrSizedOperandSegments
     padding keys get nothing; the directional mask reads its rows operand like the forward. Query rows
     i < query_lengths[b] are differentiated (default: `lengths`, the keys'; a cross-attention's queries
     are another sequence). No n x n tensor.
+    ```mlir
+    %dq, %dk, %dv = lm.attention_grad %dc, %q, %k, %v, %lengths {heads = 8 : i64, mask = #lm.mask<causal>, scale = 0.125 : f32}
+         : tensor<?x?x512xf32>, tensor<?x?x512xf32>, tensor<?x?x512xf32>, tensor<?x?x512xf32>, tensor<?xi32> -> tensor<?x?x512xf32>, tensor<?x?x512xf32>, tensor<?x?x512xf32>
+    %dq2, %dk2, %dv2 = lm.attention_grad %dc2, %a, %m, %m, %src_len query_lengths(%tgt_len : tensor<?xi32>)
+         {heads = 8 : i64, mask = #lm.mask<none>, scale = 0.125 : f32}
+         : tensor<?x?x512xf32>, tensor<?x?x512xf32>, tensor<?x?x512xf32>, tensor<?x?x512xf32>, tensor<?xi32> -> tensor<?x?x512xf32>, tensor<?x?x512xf32>, tensor<?x?x512xf32>
+    %dq3, %dk3, %dv3, %drel:2 = lm.attention_grad %dc3, %q, %y, %y, %tgt_len data(%rows : tensor<?x?x2xi32>)
+         relative(%relk, %relv : tensor<33x64xf32>, tensor<33x64xf32>) {clip = 16 : i64, heads = 8 : i64, mask = #lm.mask<directional>, scale = 0.125 : f32}
+         : tensor<?x?x512xf32>, tensor<?x?x512xf32>, tensor<?x?x512xf32>, tensor<?x?x512xf32>, tensor<?xi32> -> tensor<?x?x512xf32>, tensor<?x?x512xf32>, tensor<?x?x512xf32>, tensor<33x64xf32>, tensor<33x64xf32>
+    ```
   }];
   let arguments = (ins Lm_F32Tensor:$grad, Lm_F32Tensor:$query, Lm_F32Tensor:$key, Lm_F32Tensor:$value,
                        Lm_I32Tensor:$lengths, Optional<Lm_I32Tensor>:$mask_data, Optional<Lm_I32Tensor>:$query_lengths,
@@ -840,6 +897,16 @@ def Lm_AttentionGradOp : Lm_Op<"attention_grad", [Pure, AttrSizedOperandSegments
 
 def Lm_RelativeScoresGradOp : Lm_Op<"relative_scores_grad", [Pure]> {
   let summary = "VJP of lm.relative_scores: dq[i] = sum_j dout[i, j] rel[c], drel[c] = sum dout[i, j] q[i]";
+  let description = [{
+    grad dout [B, H, N, M], query [B, H, N, dh] and rel [2k+1, dh] as the forward's, k = `clip`, and
+    c = clip(j - i, -k, k) + k; the forward's keys are not needed (M is dout's last axis). dq (query's
+    type) as in the summary; drel (rel's type) sums dout[b, h, i, j] q[b, h, i] over sentences, heads and
+    (i, j), one partial sum per (sentence, head) added in that order (the same for any thread count).
+    Entries where dout = 0 (hidden and padding keys, after lm.softmax_grad) add nothing.
+    ```mlir
+    %dq, %drel = lm.relative_scores_grad %ds, %qh, %relk {clip = 16 : i64} : (tensor<?x8x?x?xf32>, tensor<?x8x?x64xf32>, tensor<33x64xf32>) -> (tensor<?x8x?x64xf32>, tensor<33x64xf32>)
+    ```
+  }];
   let arguments = (ins Lm_F32Tensor:$grad, Lm_F32Tensor:$query, Lm_F32Tensor:$rel, I64Attr:$clip);
   let results = (outs Lm_F32Tensor:$d_query, Lm_F32Tensor:$d_rel);
   let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
@@ -848,6 +915,15 @@ def Lm_RelativeScoresGradOp : Lm_Op<"relative_scores_grad", [Pure]> {
 
 def Lm_RelativeValuesGradOp : Lm_Op<"relative_values_grad", [Pure]> {
   let summary = "VJP of lm.relative_values: dp[i, j] = dout[i] . rel[c], drel[c] = sum p[i, j] dout[i]";
+  let description = [{
+    grad dout [B, H, N, dh], probs p [B, H, N, M] (the forward's) and rel [2k+1, dh], k = `clip`,
+    c = clip(j - i, -k, k) + k. dp (probs' type) as in the summary; drel (rel's type) sums
+    p[b, h, i, j] dout[b, h, i] over sentences, heads and (i, j), one partial sum per (sentence, head)
+    added in that order (the same for any thread count); keys with p = 0 add nothing.
+    ```mlir
+    %dp, %drel = lm.relative_values_grad %dc, %p, %relv {clip = 16 : i64} : (tensor<?x8x?x64xf32>, tensor<?x8x?x?xf32>, tensor<33x64xf32>) -> (tensor<?x8x?x?xf32>, tensor<33x64xf32>)
+    ```
+  }];
   let arguments = (ins Lm_F32Tensor:$grad, Lm_F32Tensor:$probs, Lm_F32Tensor:$rel, I64Attr:$clip);
   let results = (outs Lm_F32Tensor:$d_probs, Lm_F32Tensor:$d_rel);
   let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
@@ -856,6 +932,16 @@ def Lm_RelativeValuesGradOp : Lm_Op<"relative_values_grad", [Pure]> {
 
 def Lm_EmbedGradOp : Lm_Op<"embed_grad", [Pure]> {
   let summary = "VJP of lm.embed: dtable[v] = sum of dy[b, t] over valid (b, t) with ids[b, t] = v";
+  let description = [{
+    grad dy [B, N, D], the forward's ids [B, N] and the lengths [B] that pad them; the result is the
+    table's gradient [V, D] (static: the table's type). A scatter-add in float, sentences and positions in
+    order; rows t >= lengths[b] are never read, table rows no id reaches are 0, and the compiled kernel
+    skips ids outside [0, V) (the reference refuses them). A tied table's other uses (the output head's dW)
+    are added by lm-autodiff with lm.add before its lm.param_grad.
+    ```mlir
+    %dE = lm.embed_grad %dx, %ids, %lengths : (tensor<?x?x512xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<30522x512xf32>
+    ```
+  }];
   let arguments = (ins Lm_F32Tensor:$grad, Lm_I32Tensor:$ids, Lm_I32Tensor:$lengths);
   let results = (outs Lm_F32Tensor:$result);
   let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
@@ -864,6 +950,14 @@ def Lm_EmbedGradOp : Lm_Op<"embed_grad", [Pure]> {
 
 def Lm_PositionsGradOp : Lm_Op<"positions_grad", [Pure]> {
   let summary = "VJP of lm.positions with a learned table: dP[t] = sum over sentences b with t < lengths[b] of dy[b, t]";
+  let description = [{
+    grad dy [B, N, D] and the lengths [B] that pad the forward's ids; the result is the learned table's
+    gradient [L, D] (static: the table's type, N <= L). Float sums, sentences in order; table rows no
+    sentence reaches are 0. Sinusoidal positions (no table operand) have no parameters and no VJP.
+    ```mlir
+    %dP = lm.positions_grad %dx, %lengths : (tensor<?x?x512xf32>, tensor<?xi32>) -> tensor<128x512xf32>
+    ```
+  }];
   let arguments = (ins Lm_F32Tensor:$grad, Lm_I32Tensor:$lengths);
   let results = (outs Lm_F32Tensor:$result);
   let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
@@ -872,6 +966,16 @@ def Lm_PositionsGradOp : Lm_Op<"positions_grad", [Pure]> {
 
 def Lm_DecoderQueriesGradOp : Lm_Op<"decoder_queries_grad", [Pure]> {
   let summary = "VJP of lm.decoder_queries: (d direction [3, D], d l2r, d r2l [max_len, D]) from rows i < n";
+  let description = [{
+    grad dy [B, N, D], the forward's rows [B, N, 1 + W] (only z_i = rows[b, i, 0] is read) and lengths [B].
+    For each b and i < n = lengths[b], in that order (float sums): d direction[d] += dy[b, i] with d = 1 for
+    an L row, 2 for S, 0 for R and skip; d r2l[n-1-i] += dy[b, i] for an L row, else d l2r[i] += dy[b, i].
+    Rows at or past n (which the forward fills with direction[0] + l2r[i]) contribute nothing; table rows
+    no row reaches are 0. The results have the tables' types: direction [3, D], l2r and r2l [max_len, D].
+    ```mlir
+    %ddir, %dl2r, %dr2l = lm.decoder_queries_grad %dq, %rows, %lengths : (tensor<?x?x64xf32>, tensor<?x?x2xi32>, tensor<?xi32>) -> (tensor<3x64xf32>, tensor<24x64xf32>, tensor<24x64xf32>)
+    ```
+  }];
   let arguments = (ins Lm_F32Tensor:$grad, Lm_I32Tensor:$rows, Lm_I32Tensor:$lengths);
   let results = (outs Lm_F32Tensor:$d_direction, Lm_F32Tensor:$d_l2r, Lm_F32Tensor:$d_r2l);
   let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
@@ -882,6 +986,12 @@ def Lm_LengthLossGradOp : Lm_Op<"length_loss_grad", [Pure]> {
   let description = [{
     The Diformer's length loss, seeded with d length_logprob[b] = -weight / B: dlogit_b = seed (onehot(n_b) -
     softmax(W m_b)), dW = sum_b dlogit_b m_b^T, d hidden[b, j] = (W^T dlogit_b) / lengths[b] for j < lengths[b].
+    Operands as lm.length_logprob's (target_lengths required); `loss_weight` is the pair loss's
+    lm.length_loss. The forward is recomputed per sentence (float means, log-softmax in double); rows
+    j >= lengths[b] of d hidden are 0.
+    ```mlir
+    %dh, %dW = lm.length_loss_grad %h, %src_len, %W, %tgt_len {loss_weight = 1.0e-01 : f64} : (tensor<?x?x64xf32>, tensor<?xi32>, tensor<24x64xf32>, tensor<?xi32>) -> (tensor<?x?x64xf32>, tensor<24x64xf32>)
+    ```
   }];
   let arguments = (ins Lm_F32Tensor:$hidden, Lm_I32Tensor:$lengths, Lm_F32Tensor:$weight,
                        Lm_I32Tensor:$target_lengths, F64Attr:$loss_weight);
@@ -910,6 +1020,18 @@ def Lm_DropoutOp : Lm_Op<"dropout", [Pure, SameOperandsAndResultType]> {
 
 def Lm_DropoutGradOp : Lm_Op<"dropout_grad", [Pure, SameOperandsAndResultType]> {
   let summary = "VJP of a training lm.dropout: dy * keep / (1 - rate), the same mask";
+  let description = [{
+    `rate` and `site` are the forward lm.dropout's (lm-autodiff copies them): the keep mask is recomputed
+    from ([train] seed, the training step, site, sentence (b H + h for probabilities), row, feature) by
+    dropoutKeep (runtime/train/Philox.h), not stored, so it equals the forward's bit for bit. grad is a
+    [B, N, C] activation gradient or a [B, H, N, M] probability gradient; the result has its type; rows past
+    a sentence's length are 0. No `training` flag: lm-autodiff emits it only in `loss_grad`, where every
+    lm.dropout trains.
+    ```mlir
+    %dx = lm.dropout_grad %dy {rate = 1.000000e-01 : f64, site = 0 : i64} : tensor<?x?x512xf32>
+    %dp = lm.dropout_grad %dpd {rate = 1.000000e-01 : f64, site = 1048576 : i64} : tensor<?x8x?x?xf32>
+    ```
+  }];
   let arguments = (ins Lm_F32Tensor:$grad, F64Attr:$rate, I64Attr:$site);
   let results = (outs Lm_F32Tensor:$result);
   let assemblyFormat = "$grad attr-dict `:` type($result)";

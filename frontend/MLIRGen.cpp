@@ -334,25 +334,33 @@ private:
   }
 
   void embedEntry() {
-    auto fn = entry("embed", {idsType(), lengthsType()}, {t({kDyn, D()}, f32)});
-    Value ids = fn.getArgument(0), lengths = fn.getArgument(1);
-    Value states;
-    if (spec.method == ScoreMethod::MaskAndPredict && spec.mlm) {
-      // H^M_i: position i's state comes from the copy with position i masked.
-      auto mp = b.create<lm::MaskAndPredictOp>(loc, seqType(D()), ids, lengths, Value(),
-                                               b.getI64IntegerAttr(spec.tokens.mask));
-      OpBuilder::InsertionGuard guard(b);
-      Block *body = b.createBlock(&mp.getBody(), {}, {idsType()}, {loc});
-      b.create<lm::YieldOp>(loc, encode(body->getArgument(0), lengths));
-      states = mp;
-    } else {
-      states = encode(ids, lengths);
-    }
     // [embed] pool: mean excludes the special tokens, mean_all averages every valid row, cls takes row 0.
     SmallVector<int32_t> exclude;
     if (spec.pool == Pooling::Mean)
       exclude = specialTokens();
-    Value pooled = b.create<lm::MeanPoolOp>(loc, t({kDyn, D()}, f32), states, ids, lengths,
+    if (spec.method == ScoreMethod::MaskAndPredict && spec.mlm) {
+      // H^M_i: position i's state comes from the copy with position i masked. The entry returns those states
+      // [B, N, D] and takes spans as the score entry does (the copies a call computes: i + 1 for a copy, i for
+      // none), so that the runtime can cut a long sentence's copies into windows under a memory limit; it pools
+      // the states itself, as lm.mean_pool would, by the attributes below (ModelFacts, lm_model_desc ABI 10).
+      auto fn = entry("embed", {idsType(), lengthsType(), idsType()}, {seqType(D())});
+      fn->setAttr("lmcc.pool", b.getStringAttr(toString(spec.pool)));
+      fn->setAttr("lmcc.pool_exclude", b.getDenseI32ArrayAttr(exclude));
+      fn->setAttr("lmcc.pool_normalize", b.getBoolAttr(spec.normalize));
+      Value ids = fn.getArgument(0), lengths = fn.getArgument(1);
+      auto mp = b.create<lm::MaskAndPredictOp>(loc, seqType(D()), ids, lengths, fn.getArgument(2),
+                                               b.getI64IntegerAttr(spec.tokens.mask));
+      {
+        OpBuilder::InsertionGuard guard(b);
+        Block *body = b.createBlock(&mp.getBody(), {}, {idsType()}, {loc});
+        b.create<lm::YieldOp>(loc, encode(body->getArgument(0), lengths));
+      }
+      finish(fn, mp.getResult());
+      return;
+    }
+    auto fn = entry("embed", {idsType(), lengthsType()}, {t({kDyn, D()}, f32)});
+    Value ids = fn.getArgument(0), lengths = fn.getArgument(1);
+    Value pooled = b.create<lm::MeanPoolOp>(loc, t({kDyn, D()}, f32), encode(ids, lengths), ids, lengths,
                                             b.getDenseI32ArrayAttr(exclude), spec.pool == Pooling::Cls,
                                             spec.normalize);
     finish(fn, pooled);

@@ -276,6 +276,12 @@ double weightBytes(const ModelSpec &s) {
 void validate(const ModelSpec &s, const Positions &pos, const Reader &r) {
   auto where = [&](const std::string &field) { return pos.of(field, r.path); };
   auto fail = [&](const std::string &field, const std::string &what) { r.fail(where(field), field, what); };
+  // A clash of two fields: reported at `field`, or at `other` when only that one is written in the file (the
+  // other side is a family default), so that the message points at what the user can change.
+  auto failEither = [&](const std::string &field, const std::string &other, const std::string &what) {
+    const bool given = where(field) != r.path, otherGiven = where(other) != r.path;
+    fail(!given && otherGiven ? other : field, what);
+  };
 
   if (!isCIdentifier(s.name))
     fail("name", "\"" + s.name + "\" is not a C identifier (letters, digits and '_', not starting with a digit); "
@@ -328,7 +334,7 @@ void validate(const ModelSpec &s, const Positions &pos, const Reader &r) {
   for (size_t i = 0; i < 5; ++i) {
     auto [field, value] = tokens[i];
     if (value < 0 || value >= s.dims.vocab)
-      fail(field, "token id " + std::to_string(value) + " is outside the vocabulary [0, " +
+      failEither(field, "dims.vocab", "token id " + std::to_string(value) + " is outside the vocabulary [0, " +
                       std::to_string(s.dims.vocab) + ")");
     for (size_t j = 0; j < i; ++j)
       if (tokens[j].second == value)
@@ -347,25 +353,25 @@ void validate(const ModelSpec &s, const Positions &pos, const Reader &r) {
     fail("score.method", "family \"ngram\" is a causal LM: its heads score x_t from x_<t (\"causal\")");
 
   if (s.firstQuery == FirstQuery::Position && s.position == PositionKind::None)
-    fail("attention.first_query", "\"position\" needs position embeddings; set [embedding] position to \"learned\" "
+    failEither("attention.first_query", "embedding.position", "\"position\" needs position embeddings; set [embedding] position to \"learned\" "
                                   "or \"sinusoidal\", or use \"mask+position\"");
   if (s.position == PositionKind::Sinusoidal && s.dims.dModel % 2)
     fail("embedding.position", "\"sinusoidal\" needs an even d_model, got " + std::to_string(s.dims.dModel));
 
   // Combinations whose scores would see the token being predicted.
   if (s.method == ScoreMethod::Causal && s.family != Family::Diformer && s.mask != MaskKind::Causal)
-    fail("score.method", std::string("\"causal\" scoring needs mask = \"causal\" (got \"") + toString(s.mask) +
+    failEither("score.method", "attention.mask", std::string("\"causal\" scoring needs mask = \"causal\" (got \"") + toString(s.mask) +
                              "\"), or position t would see x_t");
   if (s.method == ScoreMethod::SinglePass) {
     if (s.mask != MaskKind::Diagonal)
-      fail("score.method", std::string("\"single-pass\" scoring needs mask = \"diagonal\" (got \"") +
+      failEither("score.method", "attention.mask", std::string("\"single-pass\" scoring needs mask = \"diagonal\" (got \"") +
                                toString(s.mask) + "\"), or position i would see x_i");
     if (s.keysValues != KeyValueSource::Embedding)
-      fail("score.method", "\"single-pass\" scoring needs keys_values = \"embedding\" (input isolation): with hidden "
+      failEither("score.method", "attention.keys_values", "\"single-pass\" scoring needs keys_values = \"embedding\" (input isolation): with hidden "
                            "keys/values a stack of diagonal-masked layers sees each token through its neighbours "
                            "(T-TA paper, 4.2)");
     if (s.firstQuery == FirstQuery::Embedding)
-      fail("score.method", "\"single-pass\" scoring needs first_query = \"position\" or \"mask+position\": a query "
+      failEither("score.method", "attention.first_query", "\"single-pass\" scoring needs first_query = \"position\" or \"mask+position\": a query "
                            "built from E[x_i] carries the token being predicted");
   }
   if (!s.mlm && (s.family == Family::NGram || s.family == Family::Diformer))

@@ -38,7 +38,21 @@ mlir::FailureOr<ModelFacts> readModelFacts(mlir::ModuleOp module) {
                    module.lookupSymbol<mlir::func::FuncOp>("decode") && module.lookupSymbol<mlir::func::FuncOp>("step");
   if (facts.decoding)
     facts.kvWidth = llvm::cast<mlir::RankedTensorType>(tokenKV.getResultTypes()[0]).getDimSize(2);
-  facts.hasEmbed = bool(module.lookupSymbol<mlir::func::FuncOp>("embed"));
+  auto embed = module.lookupSymbol<mlir::func::FuncOp>("embed");
+  facts.hasEmbed = bool(embed);
+  facts.embedStates = embed && embed.getNumArguments() == 3;
+  if (facts.embedStates) {
+    auto pool = embed->getAttrOfType<mlir::StringAttr>("lmcc.pool");
+    auto exclude = embed->getAttrOfType<mlir::DenseI32ArrayAttr>("lmcc.pool_exclude");
+    auto normalize = embed->getAttrOfType<mlir::BoolAttr>("lmcc.pool_normalize");
+    if (!pool || !exclude || !normalize || (pool.getValue() != "mean" && pool.getValue() != "mean_all" &&
+                                            pool.getValue() != "cls"))
+      return embed.emitError("a mask-and-predict embed entry needs lmcc.pool, lmcc.pool_exclude and "
+                             "lmcc.pool_normalize");
+    facts.embedPool = pool.getValue() == "mean" ? 0 : pool.getValue() == "mean_all" ? 1 : 2;
+    facts.embedExclude.assign(exclude.asArrayRef().begin(), exclude.asArrayRef().end());
+    facts.embedNormalize = normalize.getValue();
+  }
   if (auto loss = module.lookupSymbol<mlir::func::FuncOp>("loss"))
     if (auto weight = dialect->getLengthLossAttrHelper().getAttr(loss))
       facts.lengthLoss = weight.getValueAsDouble();

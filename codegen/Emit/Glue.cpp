@@ -72,7 +72,11 @@ std::string generateGlue(const ModelFacts &spec, const std::vector<LayoutTensor>
        << "_score_kernel(lm_memref1f *weights, lm_memref2i *ids, lm_memref1i *lengths,"
        << (spec.scoreSpans ? " lm_memref2i *spans," : "") << "\n    lm_memref2f *token_logprobs, "
        << "lm_memref1f *scores, lm_memref1i *n_scored);\n";
-  if (spec.hasEmbed)
+  if (spec.hasEmbed && spec.embedStates)
+    os << "extern void _mlir_ciface_" << name
+       << "_embed_kernel(lm_memref1f *weights, lm_memref2i *ids, lm_memref1i *lengths, lm_memref2i *spans,\n"
+       << "    lm_memref3f *states);\n";
+  else if (spec.hasEmbed)
     os << "extern void _mlir_ciface_" << name
        << "_embed_kernel(lm_memref1f *weights, lm_memref2i *ids, lm_memref1i *lengths, lm_memref2f *out);\n";
   os << "extern void _mlir_ciface_" << name << "_init_kernel(lm_memref1f *weights);\n";
@@ -132,6 +136,14 @@ std::string generateGlue(const ModelFacts &spec, const std::vector<LayoutTensor>
                     embedCopy = table("embed_copy_bytes", spec.embedCopyBytes),
                     scoreThread = table("score_thread_bytes", spec.scoreThreadBytes),
                     embedThread = table("embed_thread_bytes", spec.embedThreadBytes);
+  std::string exclude = "NULL"; // the ids the runtime's mean pooling leaves out (span_embed)
+  if (spec.embedStates && !spec.embedExclude.empty()) {
+    exclude = name + "_embed_exclude";
+    std::string ids;
+    for (int32_t id : spec.embedExclude)
+      ids += (ids.empty() ? "" : ", ") + std::to_string(id);
+    os << "static const int32_t " << exclude << "[" << spec.embedExclude.size() << "] = {" << ids << "};\n";
+  }
   os << "\n";
   const std::string scoreKernel = "_mlir_ciface_" + name + "_score_kernel";
   os << "static const lm_model_desc " << name << "_desc = {\n"
@@ -148,7 +160,10 @@ std::string generateGlue(const ModelFacts &spec, const std::vector<LayoutTensor>
                            : spec.pairs      ? std::string("NULL /* pair_score below */")
                                              : scoreKernel)
      << ",\n"
-     << "    " << (spec.hasEmbed ? "_mlir_ciface_" + name + "_embed_kernel" : std::string("NULL /* no embed */"))
+     << "    "
+     << (!spec.hasEmbed       ? std::string("NULL /* no embed */")
+         : spec.embedStates ? std::string("NULL /* span_embed below */")
+                            : "_mlir_ciface_" + name + "_embed_kernel")
      << ",\n"
      << "    " << (embedWeights ? name + "_embedded_weights" : std::string("NULL")) << ", /* embedded_weights */\n"
      << "    _mlir_ciface_" << name << "_init_kernel, /* init */\n";
@@ -182,7 +197,11 @@ std::string generateGlue(const ModelFacts &spec, const std::vector<LayoutTensor>
   os << "    " << spec.kvWidth << ", /* kv_width */\n";
   os << "    " << spec.unk << ", " << spec.mask << ", /* unk_id, mask_id */\n";
   os << "    " << (spec.amx ? 1 : 0) << ", /* amx */\n";
-  os << "    " << scoreThread << ", " << embedThread << " /* memory model: per thread */\n";
+  os << "    " << scoreThread << ", " << embedThread << ", /* memory model: per thread */\n";
+  os << "    " << (spec.embedStates ? "_mlir_ciface_" + name + "_embed_kernel" : std::string("NULL"))
+     << ", /* span_embed */\n"
+     << "    " << spec.embedPool << ", " << (spec.embedNormalize ? 1 : 0) << ", " << exclude << ", "
+     << spec.embedExclude.size() << " /* embed_pool, embed_normalize, embed_exclude, num_embed_exclude */\n";
   os << "};\n\n";
 
 

@@ -155,7 +155,8 @@ extern "C" {
 typedef struct @name@_trainer @name@_trainer;
 
 /* The loss of a batch and, when grad is not NULL, its gradient: @NAME@_N_PARAMS floats laid out as
- * @name@_param_info says. The weights are unchanged. */
+ * @name@_param_info says. The weights are unchanged. With [train] dropout or attention_dropout the loss is that
+ * of step 0's dropout masks (a trainer's step s draws step s's). */
 int @name@_loss_and_grad(@name@_model *m, const int32_t *inputs, const int32_t *targets, const int32_t *lengths,
                           int32_t batch, int32_t stride, float *loss, float *grad);
 /* Parameter `index` (0 .. number of tensors - 1): its canonical name and its offset and count in grad. */

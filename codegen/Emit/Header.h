@@ -40,6 +40,13 @@ struct ModelFacts {
   bool decoding = false;   ///< Diformer: the encode, token_kv, decode and step kernels of lm_rt_translate
   int64_t kvWidth = 0;     ///< Diformer: features of a token's cached decoder keys/values (token_kv's result)
   bool hasEmbed = true;    ///< false for the Diformer (no embed entry: <name>_embed returns an error)
+  /// Mask-and-predict embedding: the embed kernel takes spans and returns the states [B, N, D], which the runtime
+  /// pools (lm_span_embed_kernel, ABI 10) by embedPool (0 mean less embedExclude, 1 mean_all, 2 cls) and
+  /// embedNormalize.
+  bool embedStates = false;
+  int embedPool = 0;
+  bool embedNormalize = false;
+  std::vector<int32_t> embedExclude;
   double lengthLoss = 0;   ///< the Diformer's length-loss weight (lm.length_loss of its pair loss)
   bool amx = false;        ///< the kernels use AMX tiles (bf16 weights on a CPU with AMX-BF16)
   /// Memory model of the entry points (codegen/Stats.h memoryModel), index n = 0..maxLen; empty: none.

@@ -426,7 +426,11 @@ int lm_rt_trainer_load(lm_trainer *t, const char *path) {
         if (!std::isfinite(v))
           throw lmcc::WeightError(std::string(path) + ": tensor " + lmcc::quoted(desc.name) + ": non-finite value");
     }
-    t->optimizer->loadState(state);
+    try {
+      t->optimizer->loadState(state);
+    } catch (const lmcc::WeightError &e) { // "optimizer state: ...": the file it came from first
+      throw lmcc::WeightError(std::string(path) + ": " + e.what());
+    }
     for (int32_t i = 0; i < d.num_tensors; ++i) {
       const lmcc::Tensor &tensor = state.get(d.tensors[i].name);
       std::copy(tensor.data.begin(), tensor.data.end(), t->model->weights + d.tensors[i].offset);

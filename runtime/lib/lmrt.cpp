@@ -138,6 +138,7 @@ template <typename F> int guarded(F &&body) noexcept {
 using lmrt::detail::descShape;
 using lmrt::detail::memref1;
 using lmrt::detail::memref2;
+using lmrt::detail::memref3;
 using lmrt::detail::checkPairInputs;
 using lmrt::detail::packPairs;
 using lmrt::detail::PairBatch;
@@ -448,8 +449,10 @@ std::string megabytes(double bytes) {
 /// The pieces of a call, the threads that run them side by side (fewer than configured when only one piece at a
 /// time fits the workspace limit) and the threads of the kernels' parallel loops (1 when even one piece at a time
 /// fits only without the other threads' work items).
+/// The pieces live in the calling thread's storage (reused call after call: a call in steady state allocates
+/// nothing), valid until its next call.
 struct Plan {
-  std::vector<Piece> pieces;
+  const std::vector<Piece> &pieces;
   int threads, kernelThreads;
 };
 
@@ -459,13 +462,14 @@ struct Plan {
 /// at most kernelThreads items run at once, and each piece's term counts one. The fixed chunks of
 /// kChunkRows sentences; a chunk over the limit or over kPieceBytes sentence by sentence; a sentence over the
 /// limit (`splitCopies`:
-/// mask-and-predict scoring) in windows of its positions' masked copies. Results do not depend on the cut:
-/// every kernel computes each sentence, row and copy on its own (the generated GEMM's rows, attention per
-/// sentence or copy). A piece that does not fit even alone is an LM_ERR_MEMORY naming what it needs.
-std::vector<Piece> planPieces(const int32_t *lengths, int32_t batch, const int64_t *sentence, const int64_t *copy,
-                              const int64_t *thread, bool splitCopies, const char *entry, int64_t threads,
-                              int64_t kernelThreads) {
-  std::vector<Piece> pieces;
+/// mask-and-predict scoring and embedding) in windows of its positions' masked copies. Results do not depend on
+/// the cut: every kernel computes each sentence, row and copy on its own (the generated GEMM's rows, attention per
+/// sentence or copy). A piece that does not fit even alone is an LM_ERR_MEMORY naming what it needs. Into `pieces`
+/// (cleared first).
+void planPieces(std::vector<Piece> &pieces, const int32_t *lengths, int32_t batch, const int64_t *sentence,
+                const int64_t *copy, const int64_t *thread, bool splitCopies, const char *entry, int64_t threads,
+                int64_t kernelThreads) {
+  pieces.clear();
   const int64_t limit = workspaceLimit();
   const int32_t longest = batch > 0 ? *std::max_element(lengths, lengths + batch) : 0;
   const double items = thread ? double(kernelThreads - 1) * double(thread[longest]) : 0.0;
@@ -493,7 +497,7 @@ std::vector<Piece> planPieces(const int32_t *lengths, int32_t batch, const int64
       if (window < 1)
         throw Failure{LM_ERR_MEMORY,
                       std::string(entry) + ": sentence " + std::to_string(b) + " (" + std::to_string(len) +
-                          " tokens) needs " + megabytes(double(sentence[len]) + perCopy) +
+                          " tokens) needs " + megabytes(double(sentence[len]) + perCopy * (splitCopies ? 1 : len)) +
                           (splitCopies && perCopy > 0 ? " for one masked copy" : "") +
                           " of temporaries, over the workspace limit of " + megabytes(budget) +
                           (threads > 1 ? " per thread (" + megabytes(double(limit)) + " for " +
@@ -504,14 +508,13 @@ std::vector<Piece> planPieces(const int32_t *lengths, int32_t batch, const int64
         pieces.push_back({b, 1, int32_t(first), int32_t(std::min<int64_t>(len, first + window))});
     }
   }
-  return pieces;
 }
 
 /// Fewer pieces than threads (a batch of one or two sentences): each sentence's masked copies are cut into as
 /// many windows as there are threads, which then run side by side instead of sharing one call's GEMMs (the
 /// same numbers: every copy is computed on its own). Each window is no larger than its piece was.
-std::vector<Piece> spreadCopies(const std::vector<Piece> &pieces, const int32_t *lengths, int threads) {
-  std::vector<Piece> out;
+void spreadCopies(std::vector<Piece> &out, const std::vector<Piece> &pieces, const int32_t *lengths, int threads) {
+  out.clear();
   for (const Piece &p : pieces)
     for (int64_t b = p.b0; b < p.b0 + p.rows; ++b) {
       const int64_t first = p.first, last = std::min<int64_t>(lengths[b], p.last);
@@ -519,7 +522,6 @@ std::vector<Piece> spreadCopies(const std::vector<Piece> &pieces, const int32_t 
       for (int64_t k = 0; k < parts; ++k)
         out.push_back({b, 1, int32_t(first + k * n / parts), int32_t(first + (k + 1) * n / parts)});
     }
-  return out;
 }
 
 /// The pieces of a call: side by side on every thread; else one at a time, the kernels on every thread; else (the
@@ -527,23 +529,21 @@ std::vector<Piece> spreadCopies(const std::vector<Piece> &pieces, const int32_t 
 /// The last plan's LM_ERR_MEMORY is the call's.
 Plan plan(const int32_t *lengths, int32_t batch, const int64_t *sentence, const int64_t *copy, const int64_t *thread,
           bool splitCopies, const char *entry) {
+  thread_local std::vector<Piece> t_pieces, t_spread;
   const int threads = effectiveThreads();
-  std::vector<std::pair<int, int>> tries{{threads, threads}}; // (pieces side by side, kernel threads)
-  if (threads > 1) {
-    tries.push_back({1, threads});
-    if (thread)
-      tries.push_back({1, 1});
-  }
-  for (size_t i = 0;; ++i) {
+  const std::pair<int, int> tries[3] = {{threads, threads}, {1, threads}, {1, 1}}; // (side by side, kernel threads)
+  const int count = threads == 1 ? 1 : thread ? 3 : 2;
+  for (int i = 0;; ++i) {
     const auto [sideBySide, kernel] = tries[i];
     try {
-      Plan cut{planPieces(lengths, batch, sentence, copy, thread, splitCopies, entry, sideBySide, kernel), sideBySide,
-               kernel};
-      if (splitCopies && sideBySide > 1 && int64_t(cut.pieces.size()) < sideBySide)
-        cut.pieces = spreadCopies(cut.pieces, lengths, sideBySide);
-      return cut;
+      planPieces(t_pieces, lengths, batch, sentence, copy, thread, splitCopies, entry, sideBySide, kernel);
+      if (splitCopies && sideBySide > 1 && int64_t(t_pieces.size()) < sideBySide) {
+        spreadCopies(t_spread, t_pieces, lengths, sideBySide);
+        return Plan{t_spread, sideBySide, kernel};
+      }
+      return Plan{t_pieces, sideBySide, kernel};
     } catch (const Failure &f) {
-      if (f.code != LM_ERR_MEMORY || i + 1 == tries.size())
+      if (f.code != LM_ERR_MEMORY || i + 1 == count)
         throw;
     }
   }
@@ -553,7 +553,7 @@ Plan plan(const int32_t *lengths, int32_t batch, const int64_t *sentence, const 
 
 struct Workspace {
   std::vector<int32_t> ids, lengths, nScored, spans;
-  std::vector<float> logprobs, scores;
+  std::vector<float> logprobs, scores, states;
 };
 
 /// A per-thread pool of workspaces: a chunk takes one out and puts it back, so the steady
@@ -907,13 +907,124 @@ void pairsImpl(lm_model *m, const int32_t *src, const int32_t *srcLengths, int32
   }
 }
 
+/// out[0..D) = the pooled states rows[0..len) (row stride D) of a sentence with ids `ids`, as lm.mean_pool
+/// computes it (codegen/LmToLoops/Logprob.cpp): row 0 (cls), or per feature the sum over the rows used in row
+/// order in double, divided by their count (mean: the rows whose id is not excluded, every row when none is
+/// left; mean_all: every row); then, normalized, x / max(||x||_2, 1e-12) in double.
+void poolStates(const lm_model_desc *d, const float *rows, const int32_t *ids, int32_t len, float *out) {
+  const int64_t D = d->d_model;
+  if (d->embed_pool == 2) {
+    std::copy(rows, rows + D, out);
+  } else {
+    auto excluded = [&](int32_t id) {
+      return d->embed_pool == 0 &&
+             std::find(d->embed_exclude, d->embed_exclude + d->num_embed_exclude, id) !=
+                 d->embed_exclude + d->num_embed_exclude;
+    };
+    int32_t kept = 0;
+    for (int32_t t = 0; t < len; ++t)
+      kept += !excluded(ids[t]);
+    const bool all = kept == 0;
+    const double count = all ? double(len) : double(kept);
+    thread_local std::vector<double> sum; // reused: a steady-state call allocates nothing
+    sum.assign(size_t(D), 0.0);
+    for (int32_t t = 0; t < len; ++t)
+      if (all || !excluded(ids[t]))
+        for (int64_t c = 0; c < D; ++c)
+          sum[size_t(c)] += double(rows[t * D + c]);
+    for (int64_t c = 0; c < D; ++c)
+      out[c] = float(sum[size_t(c)] / count);
+  }
+  if (d->embed_normalize) {
+    double sq = 0;
+    for (int64_t c = 0; c < D; ++c)
+      sq += double(out[c]) * double(out[c]);
+    const double norm = std::max(std::sqrt(sq), 1e-12);
+    for (int64_t c = 0; c < D; ++c)
+      out[c] = float(double(out[c]) / norm);
+  }
+}
+
+/// lm_rt_embed of a mask-and-predict model (span_embed): the kernel computes each position's state from its masked
+/// copy, in pieces of sentences and, for a sentence whose copies do not fit the workspace limit together, in windows
+/// of its copies (as scoreImpl); a sentence's rows are pooled here once all of them are in. The same numbers
+/// whatever the cut: each copy is computed on its own, and the pooling reads the rows in order.
+void spanEmbed(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t stride, const Plan &cut,
+               float *out) {
+  const lm_model_desc *d = m->desc;
+  const int64_t D = d->d_model;
+  const std::vector<Piece> &pieces = cut.pieces;
+  // Windows per sentence cut into several; their rows are gathered in a buffer of the sentence's own.
+  std::map<int64_t, int64_t> windows;
+  for (const Piece &p : pieces)
+    if (p.rows == 1 && (p.first > 0 || p.last < lengths[p.b0]))
+      ++windows[p.b0];
+  struct Gathered {
+    std::vector<float> rows;
+    int64_t remaining = 0;
+  };
+  std::map<int64_t, Gathered> gathered;
+  for (const auto &[b, count] : windows)
+    gathered[b].remaining = count;
+  std::mutex mutex;
+  lm_memref1f weights = memref1(m->weights, d->total_floats);
+  forEachPiece(int64_t(pieces.size()), cut.threads, [&](int64_t p) {
+    const Piece &piece = pieces[size_t(p)];
+    const int64_t b0 = piece.b0, rows = piece.rows;
+    WorkspaceLease ws;
+    const int64_t n = packChunk(d, ids, lengths, stride, b0, rows, *ws);
+    grow(ws->spans, static_cast<size_t>(rows * n));
+    grow(ws->states, static_cast<size_t>(rows * n * D));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int32_t i = 0; i < n; ++i) {
+        const bool inside = i >= piece.first && i < piece.last && i < lengths[b0 + r];
+        ws->spans[size_t(r * n + i)] = inside ? i + 1 : i;
+      }
+    lm_memref1f w = weights;
+    lm_memref2i idsRef = memref2(ws->ids.data(), rows, n);
+    lm_memref1i lengthsRef = memref1(ws->lengths.data(), rows);
+    lm_memref2i spansRef = memref2(ws->spans.data(), rows, n);
+    lm_memref3f statesRef = memref3(ws->states.data(), rows, n, D);
+    d->span_embed(&w, &idsRef, &lengthsRef, &spansRef, &statesRef);
+    auto it = windows.find(b0);
+    if (rows > 1 || it == windows.end()) { // whole sentences
+      for (int64_t r = 0; r < rows; ++r)
+        poolStates(d, ws->states.data() + r * n * D, ids + (b0 + r) * stride, lengths[b0 + r], out + (b0 + r) * D);
+      return;
+    }
+    const int32_t len = lengths[b0], first = std::max<int32_t>(0, piece.first), last = std::min(len, piece.last);
+    std::vector<float> all;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      Gathered &g = gathered[b0];
+      if (g.rows.empty())
+        g.rows.resize(size_t(len) * D);
+      std::copy(ws->states.data() + first * D, ws->states.data() + last * D, g.rows.data() + first * D);
+      if (--g.remaining > 0)
+        return;
+      all = std::move(g.rows);
+    }
+    poolStates(d, all.data(), ids + b0 * stride, len, out + b0 * D);
+  });
+}
+
 void embedImpl(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride, float *out) {
   checkInputs(m, ids, lengths, batch, stride);
   if (!out)
     argumentError("out is NULL");
   const lm_model_desc *d = m->desc;
-  if (!d->embed && d->pair_score)
+  if (!d->embed && !d->span_embed && d->pair_score)
     argumentError("model " + quoted(d->name) + " is a Diformer: it has no embed entry point (lm_rt_score_pairs)");
+  if (d->span_embed) {
+    const Plan cut = plan(lengths, batch, d->embed_sentence_bytes, d->embed_copy_bytes, d->embed_thread_bytes,
+                          /*splitCopies=*/true, "embed");
+    const KernelThreadCap cap(cut.kernelThreads);
+    spanEmbed(m, ids, lengths, stride, cut, out);
+    for (int64_t i = 0; i < int64_t(batch) * d->d_model; ++i)
+      if (!std::isfinite(out[i]))
+        nonFinite("embed", int32_t(i / d->d_model));
+    return;
+  }
   if (!d->embed)
     internalError("model " + quoted(d->name) + " has no embed kernel");
   const Plan cut = plan(lengths, batch, d->embed_sentence_bytes, d->embed_copy_bytes, d->embed_thread_bytes,
@@ -1128,7 +1239,9 @@ struct WorkspaceCache {
   static constexpr uint64_t kHeader = 64, kMapFrom = uint64_t(1) << 20;
   static_assert(sizeof(Header) <= kHeader);
   static uint64_t share() { return uint64_t(workspaceLimit() / effectiveThreads()); }
-  std::multimap<uint64_t, char *> blocks; ///< cached blocks by capacity
+  /// Cached blocks by capacity (equal ones in the order they were freed): a sorted vector, not a multimap, so
+  /// that putting a block back allocates nothing once the vector has grown to the steady state's count.
+  std::vector<std::pair<uint64_t, char *>> blocks;
   uint64_t cachedBytes = 0, liveBytes = 0, systemAllocations = 0;
 
   void *get(uint64_t alignment, uint64_t size) {
@@ -1136,7 +1249,8 @@ struct WorkspaceCache {
     if (alignment > kHeader || (alignment & (alignment - 1)))
       return nullptr; // kernels only ask for small powers of two (every block is 64-byte aligned)
     char *block;
-    auto fit = blocks.lower_bound(size);
+    auto fit = std::lower_bound(blocks.begin(), blocks.end(), size,
+                                [](const std::pair<uint64_t, char *> &b, uint64_t s) { return b.first < s; });
     if (fit != blocks.end() && fit->first / 2 <= size) {
       block = fit->second;
       cachedBytes -= fit->first;
@@ -1145,10 +1259,9 @@ struct WorkspaceCache {
       const uint64_t total = ((kHeader + size + kHeader - 1) / kHeader) * kHeader;
       // A new block while others sit idle: hand back the largest ones rather than grow past the limit.
       while (!blocks.empty() && liveBytes + cachedBytes + total > share()) {
-        auto largest = std::prev(blocks.end());
-        cachedBytes -= largest->first;
-        drop(largest->second);
-        blocks.erase(largest);
+        cachedBytes -= blocks.back().first;
+        drop(blocks.back().second);
+        blocks.pop_back();
       }
       uint64_t mapped = 0;
       if (total >= kMapFrom) {
@@ -1187,7 +1300,9 @@ struct WorkspaceCache {
       return;
     }
     cachedBytes += capacity;
-    blocks.emplace(capacity, block);
+    auto at = std::upper_bound(blocks.begin(), blocks.end(), capacity,
+                               [](uint64_t c, const std::pair<uint64_t, char *> &b) { return c < b.first; });
+    blocks.insert(at, {capacity, block});
   }
 
   /// Fresh pages for a block of `bytes`; from 2 MB on 2 MB-aligned and advised as huge pages (MADV_HUGEPAGE, a

@@ -18,7 +18,7 @@ extern "C" {
 #endif
 
 #ifndef LM_ABI_VERSION
-#define LM_ABI_VERSION 9
+#define LM_ABI_VERSION 10
 #endif
 /* Every tensor of the flat weight buffer, and the buffer itself, starts at a multiple of this many bytes
  * (lmcc's weight layout, codegen/Layout/WeightLayout.h, and the runtime's loader both use it). */
@@ -63,6 +63,10 @@ typedef struct { float *allocated, *aligned; int64_t offset, sizes[3], strides[3
 typedef void (*lm_score_kernel)(lm_memref1f *weights, lm_memref2i *ids, lm_memref1i *lengths,
                                 lm_memref2f *token_logprobs, lm_memref1f *scores, lm_memref1i *n_scored);
 typedef void (*lm_embed_kernel)(lm_memref1f *weights, lm_memref2i *ids, lm_memref1i *lengths, lm_memref2f *out);
+/* Mask-and-predict embedding (ABI 10): states [rows, n, D], row i the state at position i of the copy that masks
+ * it, for the copies spans selects (spans[b, i] = i + 1: position i's copy; i: none, its row 0). */
+typedef void (*lm_span_embed_kernel)(lm_memref1f *weights, lm_memref2i *ids, lm_memref1i *lengths, lm_memref2i *spans,
+                                     lm_memref3f *states);
 /* Mask-and-predict scoring (lm.mask_and_predict with spans): spans [rows, n]; token i of a sentence is
  * predicted with tokens [i, min(spans, length)) masked when spans > i, and not at all (token_logprobs 0)
  * otherwise, which lets the runtime split one sentence's masked copies over several calls. */
@@ -175,6 +179,14 @@ typedef struct {
    * more than the one-thread bound above (each thread's work item -- an attention task, a log-probability chunk --
    * holds scratch of its own), n the call's longest sentence. Arrays of max_len + 1; NULL: unknown. */
   const int64_t *score_thread_bytes, *embed_thread_bytes;
+  /* ABI 10: mask-and-predict embedding (then `embed` is NULL): the kernel returns each position's state and the
+   * runtime pools them, so that a sentence's copies can be cut into windows under the workspace limit as scoring's
+   * are. embed_pool: 0 mean over the valid rows whose id is not in embed_exclude (every valid row when none is
+   * left), 1 mean over every valid row, 2 row 0; embed_normalize: then x / max(||x||_2, 1e-12). */
+  lm_span_embed_kernel span_embed;
+  int32_t embed_pool, embed_normalize;
+  const int32_t *embed_exclude;
+  int32_t num_embed_exclude;
 } lm_model_desc;
 
 typedef struct lm_model lm_model;

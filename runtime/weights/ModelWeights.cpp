@@ -584,7 +584,7 @@ void checkHuggingFaceConfig(const std::string &weightsPath, const ModelSpec &spe
   if (j.contains("layer_norm_eps") && j["layer_norm_eps"].is_number()) {
     double eps = j["layer_norm_eps"].get<double>();
     if (std::fabs(eps - spec.eps) > 1e-6 * std::fabs(spec.eps))
-      mismatch("layer_norm_eps", j["layer_norm_eps"].dump(), "[block] eps = " + std::to_string(spec.eps));
+      mismatch("layer_norm_eps", j["layer_norm_eps"].dump(), "[block] eps = " + nlohmann::json(spec.eps).dump());
   }
   if (j.contains("hidden_act") && j["hidden_act"].is_string()) {
     const std::string act = j["hidden_act"];

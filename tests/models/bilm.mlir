@@ -15,7 +15,12 @@
 // CHECK: lm.gather %{{[0-9]+}}, %arg0, %arg1 : (tensor<?x?x30522xf32>
 // CHECK: lm.yield
 // CHECK: lm.sentence_score
+// Embedding: each position's state from its masked copy, the copies chosen by spans as in score (the runtime
+// cuts them into windows under a memory limit and pools the states by the function's lmcc.pool attributes).
 // CHECK-LABEL: func.func @embed
-// CHECK: lm.mask_and_predict
+// CHECK-SAME: (%arg0: tensor<?x?xi32>, %arg1: tensor<?xi32>, %arg2: tensor<?x?xi32>) -> tensor<?x?x512xf32>
+// CHECK-SAME: lmcc.pool = "mean", lmcc.pool_exclude = array<i32: 3, 1>, lmcc.pool_normalize = false
+// CHECK: lm.mask_and_predict %arg0, %arg1 spans(%arg2)
 // CHECK: lm.yield {{.*}} : tensor<?x?x512xf32>
-// CHECK: lm.mean_pool
+// CHECK-NOT: lm.mean_pool
+// CHECK: return

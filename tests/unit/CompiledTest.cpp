@@ -18,6 +18,8 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -25,10 +27,28 @@
 #include <numeric>
 #include <random>
 #include <regex>
+#include <new>
 #include <set>
 
 namespace fs = std::filesystem;
 using namespace lmcc;
+
+// Counting replacements of the global operator new (every C++ allocation of this process, liblmrt's included, goes
+// through them): a steady-state call must not allocate (issue 4), counted while g_countNew is set.
+namespace {
+std::atomic<bool> g_countNew{false};
+std::atomic<int64_t> g_news{0};
+} // namespace
+
+void *operator new(std::size_t n) {
+  if (g_countNew.load(std::memory_order_relaxed))
+    g_news.fetch_add(1, std::memory_order_relaxed);
+  if (void *p = std::malloc(n ? n : 1))
+    return p;
+  throw std::bad_alloc();
+}
+void operator delete(void *p) noexcept { std::free(p); }
+void operator delete(void *p, std::size_t) noexcept { std::free(p); }
 
 namespace {
 
@@ -426,6 +446,18 @@ TEST_P(Compiled, MatchesReference) {
       ASSERT_EQ(lm_rt_embed(model, ids.data(), lengths.data(), batch, stride, cutEmb.data()), LM_OK) << lm_last_error();
       EXPECT_LE(int64_t(lm_rt_workspace_peak_bytes(0)), embedLimit) << "embed under a limit at " << threads << " threads";
       EXPECT_EQ(cutEmb, emb) << "embed one sentence at a time";
+      const int64_t embedCopy = d->embed_copy_bytes ? d->embed_copy_bytes[n] : 0;
+      if (maskAndPredict && spec.mlm && embedCopy > 0) { // a mask-and-predict embedding in windows of two copies
+        const int64_t windowLimit = threads * (d->embed_sentence_bytes[n] + 2 * embedCopy) +
+                                    (threads - 1) * d->embed_thread_bytes[n];
+        ASSERT_GE(lm_set_workspace_limit(windowLimit), 0);
+        lm_rt_workspace_peak_bytes(/*reset=*/1);
+        std::vector<float> windowEmb(emb.size());
+        ASSERT_EQ(lm_rt_embed(model, ids.data(), lengths.data(), batch, stride, windowEmb.data()), LM_OK)
+            << lm_last_error();
+        EXPECT_LE(int64_t(lm_rt_workspace_peak_bytes(0)), windowLimit) << "embed in windows at " << threads << " threads";
+        EXPECT_EQ(windowEmb, emb) << "embed in windows of masked copies";
+      }
     }
     ASSERT_GE(lm_set_workspace_limit(std::max<int64_t>(1, d->score_sentence_bytes[n] / 2)), 0);
     lm_set_num_threads(1);
@@ -448,6 +480,20 @@ TEST_P(Compiled, MatchesReference) {
   EXPECT_GT(before, 0u) << "the kernel should run on the calling thread at 1 thread";
   ASSERT_EQ(lm_rt_score(model, ids.data(), lengths.data(), batch, stride, lp.data(), scores.data()), LM_OK);
   EXPECT_EQ(lm_rt_workspace_system_allocations(), before) << "kernel temporaries were allocated again";
+  // Nor any bookkeeping: no operator new in a steady-state score or embed call (the cache's block list, the
+  // call's plan of pieces and the chunk buffers are all reused).
+  std::vector<float> steadyEmb(size_t(batch) * size_t(spec.dims.dModel));
+  ASSERT_EQ(lm_rt_embed(model, ids.data(), lengths.data(), batch, stride, steadyEmb.data()), LM_OK);
+  g_news = 0;
+  g_countNew = true;
+  const int scoreStatus = lm_rt_score(model, ids.data(), lengths.data(), batch, stride, lp.data(), scores.data());
+  const int64_t scoreNews = g_news.exchange(0);
+  const int embedStatus = lm_rt_embed(model, ids.data(), lengths.data(), batch, stride, steadyEmb.data());
+  g_countNew = false;
+  ASSERT_EQ(scoreStatus, LM_OK);
+  ASSERT_EQ(embedStatus, LM_OK);
+  EXPECT_EQ(scoreNews, 0) << "a steady-state score call allocated";
+  EXPECT_EQ(g_news.load(), 0) << "a steady-state embed call allocated";
   lm_rt_free(model);
   fs::remove_all(dir);
 }

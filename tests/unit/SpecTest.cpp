@@ -206,7 +206,7 @@ TEST(SpecErrors, ImpossibleValues) {
   EXPECT_NE(errorOf(base("ngram", "[ngram]\nn = 1\n")).find("'ngram.n': must be at least 2"), std::string::npos);
   EXPECT_NE(errorOf(base("ngram", "[ngram]\nensemble_lambda = 1.5\n")).find("'ngram.ensemble_lambda'"),
             std::string::npos);
-  EXPECT_NE(errorOf(base("tta", "[embedding]\nposition = \"none\"\n")).find("'attention.first_query'"),
+  EXPECT_NE(errorOf(base("tta", "[embedding]\nposition = \"none\"\n")).find("t.toml:11:12: error: 'embedding.position'"),
             std::string::npos);
 }
 
@@ -232,6 +232,11 @@ TEST(SpecErrors, LeakingCombinations) {
             std::string::npos);
   EXPECT_NE(errorOf(base("bilm", "[score]\nmethod = \"single-pass\"\n")).find("t.toml:11:10"), std::string::npos);
   EXPECT_NE(errorOf(base("bilm", "[attention]\nmask = \"directional\"\n")).find("only family \"diformer\""),
+            std::string::npos);
+  // A clash with a family default points at the field the file writes.
+  EXPECT_NE(errorOf(base("tta", "[attention]\nkeys_values = \"hidden\"\n")).find("t.toml:11:15: error: 'attention.keys_values'"),
+            std::string::npos);
+  EXPECT_NE(errorOf(base("unilm", "[attention]\nmask = \"none\"\n")).find("t.toml:11:8: error: 'attention.mask'"),
             std::string::npos);
   // The families whose structure the contract fixes refuse the settings they would otherwise ignore.
   EXPECT_NE(errorOf(base("diformer", "[attention]\nkeys_values = \"hidden\"\n")).find("'attention.keys_values'"),

@@ -519,9 +519,10 @@ int diformerTranslate(const ModelSpec &spec, const std::string &weights, const s
     std::vector<int32_t> src = sequence(line, tok, where);
     if (src.empty() || int64_t(src.size()) > spec.dims.maxLen)
       throw std::invalid_argument(where + ": source of " + std::to_string(src.size()) + " tokens: must hold 1..max_len");
-    for (int32_t id : src)
-      if (id < 0 || id >= spec.dims.vocab)
-        throw std::invalid_argument(where + ": id " + std::to_string(id) + " is outside the vocabulary");
+    for (size_t i = 0; i < src.size(); ++i)
+      if (src[i] < 0 || src[i] >= spec.dims.vocab)
+        throw std::invalid_argument(where + ": token " + std::to_string(i + 1) + ": id " + std::to_string(src[i]) +
+                                    " is outside the vocabulary [0, " + std::to_string(spec.dims.vocab) + ")");
     d.maxTarget = std::min<int64_t>(spec.dims.maxLen - 1, 2 * int64_t(src.size()) + 10);
     const auto start = std::chrono::steady_clock::now();
     df::Translation t;

@@ -283,6 +283,8 @@ int runTrainBatches(Options o) {
     throw UsageError("lmcc train needs -o DIR");
   if (o.weights.empty() && o.resume.empty())
     throw UsageError("lmcc train needs --weights W (initial weights) or --resume DIR");
+  if (!o.weights.empty() && !o.resume.empty())
+    throw UsageError("--weights and --resume: give one (--resume continues from DIR's weights and optimizer state)");
   if (std::error_code ec; fs::exists(fs::path(o.output) / "run.json", ec))
     throw InputError(o.output + ": a run directory of lmcc train --data (holds run.json); --batches writes "
                                 "weights.safetensors and trainer.safetensors: use another directory");
@@ -305,14 +307,26 @@ int runTrainBatches(Options o) {
   fs::create_directories(o.output, ec);
   if (ec)
     throw InputError(o.output + ": " + ec.message());
+  auto save = [&] {
+    if (lm_rt_save_weights(m.model, (fs::path(o.output) / "weights.safetensors").c_str()) != LM_OK ||
+        lm_rt_trainer_save(trainer, (fs::path(o.output) / "trainer.safetensors").c_str()) != LM_OK)
+      throw InputError(lm_last_error());
+  };
   for (int64_t k = 0; k < steps; ++k) {
     const int64_t step = lm_rt_trainer_steps(trainer);
     const TrainBatch &b = batches[size_t(step % int64_t(batches.size()))];
     float loss = 0;
     double lr = 0, norm = 0;
     if (lm_rt_train_step_ex(trainer, b.inputs.data(), b.targets.data(), b.lengths.data(), b.batch, b.stride, &loss,
-                            &lr, &norm) != LM_OK)
-      throw InputError("step " + std::to_string(step + 1) + ": " + lm_last_error());
+                            &lr, &norm) != LM_OK) {
+      const std::string why = lm_last_error();
+      if (k > 0) { // the steps done are kept: --resume DIR continues from them
+        save();
+        throw InputError("step " + std::to_string(step + 1) + ": " + why + "; the weights and optimizer state after " +
+                         "step " + std::to_string(step) + " are in " + o.output);
+      }
+      throw InputError("step " + std::to_string(step + 1) + ": " + why);
+    }
     std::string line = "{\"step\":" + std::to_string(step + 1) + ",\"loss\":";
     appendNumber(line, loss, "loss", size_t(step));
     line += ",\"lr\":";
@@ -325,9 +339,7 @@ int runTrainBatches(Options o) {
     std::fwrite(line.data(), 1, line.size(), stdout);
     std::fflush(stdout);
   }
-  if (lm_rt_save_weights(m.model, (fs::path(o.output) / "weights.safetensors").c_str()) != LM_OK ||
-      lm_rt_trainer_save(trainer, (fs::path(o.output) / "trainer.safetensors").c_str()) != LM_OK)
-    throw InputError(lm_last_error());
+  save();
   return kExitOk;
 }
 
@@ -405,9 +417,12 @@ int runStats(const Options &o, const lmcc::ModelSpec &spec) {
       continue;
     const int64_t n = o.statsN, sentence = mm.perSentence[n], copy = mm.perCopy[n];
     std::cout << entry << ": sentence_bytes=" << sentence << " copy_bytes=" << copy;
-    if (o.maxMemoryMB > 0) {
-      const int64_t limit = o.maxMemoryMB << 20;
-      const bool splits = std::string(entry) == "score" && spec.method == lmcc::ScoreMethod::MaskAndPredict;
+    {
+      // --max-memory, else the runtime's default (a quarter of the physical memory: lm_set_workspace_limit(0)
+      // returns it when no limit was set, and leaves the default in place).
+      const int64_t limit = o.maxMemoryMB > 0 ? o.maxMemoryMB << 20 : lm_set_workspace_limit(0);
+      // Mask-and-predict scoring and embedding cut a sentence's copies into windows (ABI 10 for embed).
+      const bool splits = spec.method == lmcc::ScoreMethod::MaskAndPredict && spec.mlm;
       int64_t copies = copy > 0 ? n : 0;
       if (sentence + copies * copy > limit)
         copies = splits && copy > 0 ? (limit - sentence) / copy : -1;
@@ -428,6 +443,9 @@ int runStats(const Options &o, const lmcc::ModelSpec &spec) {
 int runCompile(const Options &o) {
   lmcc::ModelSpec spec = lmcc::loadSpec(o.spec);
   if (o.stats) {
+    if (o.statsN == 0)
+      throw UsageError("--stats needs --n N: the sentence length to count for, in [1, max_len = " +
+                       std::to_string(spec.dims.maxLen) + "]");
     if (o.statsN < 1 || o.statsN > spec.dims.maxLen)
       throw UsageError("--n " + std::to_string(o.statsN) + " must be in [1, max_len = " +
                        std::to_string(spec.dims.maxLen) + "]");
@@ -491,8 +509,8 @@ int runTokenize(const Options &o) {
 
 int runVocab(const Options &o) {
   if (o.vocabSize < 6)
-    throw InputError("--size " + std::to_string(o.vocabSize) + ": a vocabulary needs at least the 5 special tokens "
-                     "and one character");
+    throw UsageError("--size " + std::to_string(o.vocabSize) + ": a vocabulary needs at least the 5 special tokens "
+                     "and one " + (o.wordLevel ? "word" : "character"));
   std::string corpus = readInput(o.corpus, "corpus");
   std::vector<std::string> vocab;
   try {
@@ -506,6 +524,8 @@ int runVocab(const Options &o) {
   }
   if (int64_t(vocab.size()) > o.vocabSize)
     vocab.resize(size_t(o.vocabSize));
+  if (vocab.size() <= 5) // the specials alone: a corpus without a word
+    throw InputError((o.corpus == "-" ? std::string("<stdin>") : o.corpus) + ": no word to build a vocabulary from");
   std::string text;
   for (const std::string &piece : vocab)
     text += piece + "\n";
@@ -777,6 +797,9 @@ int runScoreOrEmbed(const Options &o, bool score) {
   if (score)
     wordL2R(spec, o); // --pll validated before anything is read
   if (spec.family == lmcc::Family::Diformer && score) { // SRC ||| TGT ||| DIRS [||| HIDE] lines
+    if (o.tokens)
+      throw UsageError("--tokens applies to families scored one sentence a line (a diformer line is a source/target "
+                       "pair; lmcc tokenize shows the pieces)");
     std::optional<lmcc::Tokenizer> tok;
     if (!o.text.empty())
       tok = loadTokenizer(spec);
@@ -970,7 +993,10 @@ int main(int argc, char **argv) {
     cmd->add_option("--max-memory", o.maxMemoryMB, "the runtime's workspace limit in MB (default: the runtime's)")
         ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
   };
-  auto *grad = app.add_subcommand("grad", "gradient of one batch's loss for every weight: prints {\"loss\",\"targets\"}");
+  auto *grad = app.add_subcommand("grad", "gradient of one batch's loss for every weight: prints {\"loss\",\"targets\"} "
+                                          "(family diformer: {\"loss\",\"tokens\",\"token_nll\",\"length_nll\"}, "
+                                          "the two NLLs summed over the batch's rows and sentences; lmcc train's log "
+                                          "lines give their means)");
   grad->add_option("SPEC", o.spec, "model spec (TOML)")->required();
   grad->add_option("--weights", o.weights, "safetensors weights")->required();
   grad->add_option("--batch", o.batch, "one JSON object {\"inputs\":[[...]],\"targets\":[[...]]} (ragged)")
