@@ -777,6 +777,18 @@ void checkSpans(const int32_t *spans, const int32_t *lengths, int32_t batch, int
     }
 }
 
+/// A mask-and-predict piece's spans into ws.spans [rows, n] (ws.ids packed by packChunk): inside the piece's window
+/// of positions the caller's `spans` (or i + 1: position i's copy alone), outside it i (no copy).
+void pieceSpans(Workspace &ws, const Piece &piece, const int32_t *lengths, int64_t n, const int32_t *spans,
+                int32_t stride) {
+  grow(ws.spans, static_cast<size_t>(piece.rows * n));
+  for (int64_t r = 0; r < piece.rows; ++r)
+    for (int32_t i = 0; i < n; ++i) {
+      const bool inside = i >= piece.first && i < piece.last && i < lengths[piece.b0 + r];
+      ws.spans[size_t(r * n + i)] = !inside ? i : spans ? spans[(piece.b0 + r) * stride + i] : i + 1;
+    }
+}
+
 void scoreImpl(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride,
                const int32_t *spans, float *tokenLogprobs, float *scores, int32_t *nScored) {
   checkInputs(m, ids, lengths, batch, stride);
@@ -821,14 +833,7 @@ void scoreImpl(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t 
     lm_memref1f scoresRef = memref1(ws->scores.data(), rows);
     lm_memref1i nScoredRef = memref1(ws->nScored.data(), rows);
     if (withSpans) {
-      // The piece's spans: the caller's (or i + 1) inside its window of positions, none (i) outside.
-      grow(ws->spans, static_cast<size_t>(rows * n));
-      for (int64_t r = 0; r < rows; ++r)
-        for (int32_t i = 0; i < n; ++i) {
-          const bool inside = i >= piece.first && i < piece.last && i < lengths[b0 + r];
-          ws->spans[size_t(r * n + i)] =
-              !inside ? i : spans ? spans[(b0 + r) * stride + i] : i + 1;
-        }
+      pieceSpans(*ws, piece, lengths, n, spans, stride);
       lm_memref2i spansRef = memref2(ws->spans.data(), rows, n);
       d->span_score(&w, &idsRef, &lengthsRef, &spansRef, &logprobsRef, &scoresRef, &nScoredRef);
     } else {
@@ -954,18 +959,16 @@ void spanEmbed(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t 
   const lm_model_desc *d = m->desc;
   const int64_t D = d->d_model;
   const std::vector<Piece> &pieces = cut.pieces;
-  // Windows per sentence cut into several; their rows are gathered in a buffer of the sentence's own.
-  std::map<int64_t, int64_t> windows;
-  for (const Piece &p : pieces)
-    if (p.rows == 1 && (p.first > 0 || p.last < lengths[p.b0]))
-      ++windows[p.b0];
+  // A sentence cut into windows: its rows are gathered in a buffer of its own until the last window is in (the
+  // map's entries are made here; the pieces only change their contents, under the mutex).
   struct Gathered {
     std::vector<float> rows;
-    int64_t remaining = 0;
+    int64_t remaining = 0; ///< windows still to come
   };
   std::map<int64_t, Gathered> gathered;
-  for (const auto &[b, count] : windows)
-    gathered[b].remaining = count;
+  for (const Piece &p : pieces)
+    if (p.rows == 1 && (p.first > 0 || p.last < lengths[p.b0]))
+      ++gathered[p.b0].remaining;
   std::mutex mutex;
   lm_memref1f weights = memref1(m->weights, d->total_floats);
   forEachPiece(int64_t(pieces.size()), cut.threads, [&](int64_t p) {
@@ -973,21 +976,16 @@ void spanEmbed(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t 
     const int64_t b0 = piece.b0, rows = piece.rows;
     WorkspaceLease ws;
     const int64_t n = packChunk(d, ids, lengths, stride, b0, rows, *ws);
-    grow(ws->spans, static_cast<size_t>(rows * n));
     grow(ws->states, static_cast<size_t>(rows * n * D));
-    for (int64_t r = 0; r < rows; ++r)
-      for (int32_t i = 0; i < n; ++i) {
-        const bool inside = i >= piece.first && i < piece.last && i < lengths[b0 + r];
-        ws->spans[size_t(r * n + i)] = inside ? i + 1 : i;
-      }
+    pieceSpans(*ws, piece, lengths, n, nullptr, stride);
     lm_memref1f w = weights;
     lm_memref2i idsRef = memref2(ws->ids.data(), rows, n);
     lm_memref1i lengthsRef = memref1(ws->lengths.data(), rows);
     lm_memref2i spansRef = memref2(ws->spans.data(), rows, n);
     lm_memref3f statesRef = memref3(ws->states.data(), rows, n, D);
     d->span_embed(&w, &idsRef, &lengthsRef, &spansRef, &statesRef);
-    auto it = windows.find(b0);
-    if (rows > 1 || it == windows.end()) { // whole sentences
+    auto it = gathered.find(b0);
+    if (rows > 1 || it == gathered.end()) { // whole sentences
       for (int64_t r = 0; r < rows; ++r)
         poolStates(d, ws->states.data() + r * n * D, ids + (b0 + r) * stride, lengths[b0 + r], out + (b0 + r) * D);
       return;
@@ -996,7 +994,7 @@ void spanEmbed(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t 
     std::vector<float> all;
     {
       std::lock_guard<std::mutex> lock(mutex);
-      Gathered &g = gathered[b0];
+      Gathered &g = it->second;
       if (g.rows.empty())
         g.rows.resize(size_t(len) * D);
       std::copy(ws->states.data() + first * D, ws->states.data() + last * D, g.rows.data() + first * D);
