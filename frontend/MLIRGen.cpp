@@ -394,19 +394,29 @@ private:
     finish(fn, ce);
   }
 
-  /// The encoder's output (memory) of a Diformer over its sources: post-norm, every valid position visible.
+  /// A Diformer sublayer's input: x (post-norm) or norm(x) (pre-norm).
+  Value sublayerInput(Value x, const std::string &norm) {
+    return spec.norm == NormPlacement::Pre ? layerNorm(x, norm) : x;
+  }
+  /// A Diformer sublayer's residual: norm(x + out) (post-norm) or x + out (pre-norm).
+  Value residual(Value x, Value out, const std::string &norm) {
+    return spec.norm == NormPlacement::Pre ? add(x, out) : layerNorm(add(x, out), norm);
+  }
+
+  /// The encoder's output (memory) of a Diformer over its sources, every valid position visible. Post-norm
+  /// (the default) or pre-norm as the biLM's blocks, with encoder.final_norm after the last layer.
   Value diformerEncoder(Value src, Value srcLen) {
     const DiformerOptions &d = *spec.diformer;
     Value h = b.create<lm::EmbedOp>(loc, seqType(D()), weight(names::embedToken(), {spec.dims.vocab, D()}), src);
     h = optionalEmbedNorm(add(h, positions(src)));
     for (int64_t i = 0; i < d.encoder.layers; ++i) {
       std::string p = names::encoderLayer(i);
-      Value a = layerNorm(
-          add(h, attention(h, h, srcLen, names::attn(p), d.encoder.heads, lm::MaskKind::none, Value(), 0)),
-          names::attnNorm(p));
-      h = layerNorm(add(a, ffn(a, names::ffn(p), d.encoder.dFF)), names::ffnNorm(p));
+      Value in = sublayerInput(h, names::attnNorm(p));
+      Value a = residual(h, attention(in, in, srcLen, names::attn(p), d.encoder.heads, lm::MaskKind::none, Value(), 0),
+                         names::attnNorm(p));
+      h = residual(a, ffn(sublayerInput(a, names::ffnNorm(p)), names::ffn(p), d.encoder.dFF), names::ffnNorm(p));
     }
-    return h;
+    return spec.norm == NormPlacement::Pre ? layerNorm(h, names::encoderFinalNorm()) : h;
   }
 
   /// The decoder's keys and values, every layer's k then v side by side: [B, T, 2 L D] with layer l's keys at
@@ -457,30 +467,31 @@ private:
         Value k = slice(kv, 2 * i * D(), D());
         return std::pair<Value, Value>(k, slice(kv, (2 * i + 1) * D(), D()));
       };
-      Value self;
+      Value in = sublayerInput(x, names::attnNorm(p)), self;
       if (selfKV) {
-        Value q = linear(x, names::q(names::attn(p)), D(), D());
+        Value q = linear(in, names::q(names::attn(p)), D(), D());
         auto [k, v] = cached(selfKV);
         self = attendProjected(q, k, v, tgtLen, names::attn(p), d.decoder.heads, lm::MaskKind::directional, rows,
                                spec.relativePositions, queryPositions, false);
       } else {
-        self = attention(x, wordEmbeddings, tgtLen, names::attn(p), d.decoder.heads, lm::MaskKind::directional, rows,
+        self = attention(in, wordEmbeddings, tgtLen, names::attn(p), d.decoder.heads, lm::MaskKind::directional, rows,
                          spec.relativePositions);
       }
-      Value a = layerNorm(add(x, self), names::attnNorm(p));
+      Value a = residual(x, self, names::attnNorm(p));
+      in = sublayerInput(a, names::crossNorm(p));
       Value cross;
       if (crossKV) {
-        Value q = linear(a, names::q(names::cross(p)), D(), D());
+        Value q = linear(in, names::q(names::cross(p)), D(), D());
         auto [k, v] = cached(crossKV);
         cross = attendProjected(q, k, v, srcLen, names::cross(p), d.decoder.heads, lm::MaskKind::none, Value(), 0,
                                 Value(), bool(queryPositions));
       } else {
-        cross = attention(a, memory, srcLen, names::cross(p), d.decoder.heads, lm::MaskKind::none, Value(), 0);
+        cross = attention(in, memory, srcLen, names::cross(p), d.decoder.heads, lm::MaskKind::none, Value(), 0);
       }
-      Value c = layerNorm(add(a, cross), names::crossNorm(p));
-      x = layerNorm(add(c, ffn(c, names::ffn(p), d.decoder.dFF)), names::ffnNorm(p));
+      Value c = residual(a, cross, names::crossNorm(p));
+      x = residual(c, ffn(sublayerInput(c, names::ffnNorm(p)), names::ffn(p), d.decoder.dFF), names::ffnNorm(p));
     }
-    return x;
+    return spec.norm == NormPlacement::Pre ? layerNorm(x, names::decoderFinalNorm()) : x;
   }
 
   /// The encoder's output (memory) and the decoder's last hidden states of a Diformer over (src, tgt, rows).
@@ -499,7 +510,7 @@ private:
                                          weight(names::lengthWeight(), {spec.dims.maxLen, D()}), tgtLen);
   }
 
-  /// Diformer (issue 19's contract; diformer paper 2.2-2.3): a post-norm biLM encoder over the source with
+  /// Diformer (issue 19's contract; diformer paper 2.2-2.3): a biLM encoder over the source with
   /// a length head on the mean of its output, and a directional decoder whose row i has the query
   /// direction[z_i] + (z_i == L ? r2l[n-1-i] : l2r[i]), self-attention keys/values from embed.token[y_j]
   /// alone (input isolation) with Shaw relative terms, the directional mask as structure (the rows operand

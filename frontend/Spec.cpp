@@ -438,8 +438,6 @@ void validate(const ModelSpec &s, const Positions &pos, const Reader &r) {
     if (s.position != PositionKind::Learned)
       fail("embedding.position", "family \"diformer\" uses learned position tables (embed.position, "
                                  "decoder.position.{l2r,r2l})");
-    if (s.norm != NormPlacement::Post)
-      fail("block.norm", "family \"diformer\" is post-norm in this release");
     if (s.keysValues != KeyValueSource::Embedding)
       fail("attention.keys_values", "family \"diformer\"'s self-attention keys and values come from embed.token "
                                     "alone (input isolation): \"embedding\"");

@@ -339,8 +339,10 @@ struct Model::Impl {
   double eps = 1e-12;
   Activation act = Activation::Gelu;
   bool embedNorm = false;
+  bool pre = false; ///< pre-norm blocks: x + sublayer(norm(x)), a final norm after each stack
   Matrix token, position, lengthW, direction, posL2R, posR2L;
   Norm encNorm, decNorm;
+  Norm encFinal, decFinal; ///< pre-norm only
   RowVector headBias; ///< [V] (zeros when the spec has no head bias)
   bool hasHeadBias = false;
   std::vector<EncoderLayer> encoder;
@@ -366,11 +368,29 @@ struct Model::Impl {
     return a;
   }
 
+  /// A sublayer's input: x (post-norm) or norm(x) (pre-norm).
+  Matrix sublayerInput(const Norm &n, const Matrix &x, NormRecord *rec) const {
+    return pre ? normForward(n, x, eps, rec) : x;
+  }
+  /// A sublayer's residual: norm(x + out) (post-norm) or x + out (pre-norm).
+  Matrix residual(const Norm &n, const Matrix &x, const Matrix &out, NormRecord *rec) const {
+    return pre ? Matrix(x + out) : normForward(n, x + out, eps, rec);
+  }
+  /// Backward of residual: d(x + out) from d(result).
+  Matrix residualBackward(const Norm &n, const NormRecord &rec, const Matrix &dy, GradSink &g) const {
+    return pre ? dy : normBackward(n, rec, dy, g);
+  }
+  /// Backward of sublayerInput: d(x) from d(input).
+  Matrix sublayerInputBackward(const Norm &n, const NormRecord &rec, const Matrix &dIn, GradSink &g) const {
+    return pre ? normBackward(n, rec, dIn, g) : dIn;
+  }
+
   // Encoder forward with records (rec == nullptr: inference).
   struct EncoderRecord {
-    Matrix embedSum; NormRecord embedNorm;
+    Matrix embedSum; NormRecord embedNorm, finalNorm;
     struct Layer {
-      Matrix x, K, V, a, f1; AttentionRecord attn; NormRecord n1, n2;
+      Matrix in, K, V, fin, f1; ///< attention input, keys, values, FFN input, FFN hidden (pre-activation)
+      AttentionRecord attn; NormRecord n1, n2;
     };
     std::vector<Layer> layers;
   };
@@ -389,34 +409,39 @@ struct Model::Impl {
     for (size_t l = 0; l < encoder.size(); ++l) {
       const EncoderLayer &E = encoder[l];
       auto *lr = rec ? &rec->layers[l] : nullptr;
-      Matrix K = linearForward(E.attn.k, x), Vv = linearForward(E.attn.v, x);
-      Matrix att = attentionForward(E.attn, enc.heads, 0, x, K, Vv, all, lr ? &lr->attn : nullptr);
-      Matrix a = normForward(E.attnNorm, x + att, eps, lr ? &lr->n1 : nullptr);
-      Matrix f1 = linearForward(E.ffnIn, a);
-      Matrix f = linearForward(E.ffnOut, activate(f1, act));
-      Matrix y = normForward(E.ffnNorm, a + f, eps, lr ? &lr->n2 : nullptr);
+      Matrix in = sublayerInput(E.attnNorm, x, lr ? &lr->n1 : nullptr);
+      Matrix K = linearForward(E.attn.k, in), Vv = linearForward(E.attn.v, in);
+      Matrix att = attentionForward(E.attn, enc.heads, 0, in, K, Vv, all, lr ? &lr->attn : nullptr);
+      Matrix a = residual(E.attnNorm, x, att, lr ? &lr->n1 : nullptr);
+      Matrix fin = sublayerInput(E.ffnNorm, a, lr ? &lr->n2 : nullptr);
+      Matrix f1 = linearForward(E.ffnIn, fin);
+      Matrix y = residual(E.ffnNorm, a, linearForward(E.ffnOut, activate(f1, act)), lr ? &lr->n2 : nullptr);
       if (lr) {
-        lr->x = x; lr->K = std::move(K); lr->V = std::move(Vv); lr->a = a; lr->f1 = std::move(f1);
+        lr->in = std::move(in); lr->K = std::move(K); lr->V = std::move(Vv); lr->fin = std::move(fin);
+        lr->f1 = std::move(f1);
       }
       x = std::move(y);
     }
-    return x;
+    return pre ? normForward(encFinal, x, eps, rec ? &rec->finalNorm : nullptr) : x;
   }
   /// Backward of encode: dStates [m, D] -> parameter gradients.
   void encodeBackward(const std::vector<int32_t> &src, const EncoderRecord &rec, Matrix dx, GradSink &g) const {
     Pattern all;
+    if (pre)
+      dx = normBackward(encFinal, rec.finalNorm, dx, g);
     for (size_t l = encoder.size(); l-- > 0;) {
       const EncoderLayer &E = encoder[l];
       const auto &lr = rec.layers[l];
-      Matrix dSum2 = normBackward(E.ffnNorm, lr.n2, dx, g); // d(a + f)
+      Matrix dSum2 = residualBackward(E.ffnNorm, lr.n2, dx, g); // d(a + f)
       Matrix dAct = linearBackward(E.ffnOut, activate(lr.f1, act), dSum2, g);
       for (int64_t i = 0; i < dAct.size(); ++i)
         dAct.data()[i] = float(dAct.data()[i] * activationGrad(lr.f1.data()[i], act));
-      Matrix da = dSum2 + linearBackward(E.ffnIn, lr.a, dAct, g);
-      Matrix dSum1 = normBackward(E.attnNorm, lr.n1, da, g); // d(x + att)
+      Matrix da = dSum2 + sublayerInputBackward(E.ffnNorm, lr.n2, linearBackward(E.ffnIn, lr.fin, dAct, g), g);
+      Matrix dSum1 = residualBackward(E.attnNorm, lr.n1, da, g); // d(x + att)
       Matrix dK = Matrix::Zero(lr.K.rows(), D), dV = Matrix::Zero(lr.V.rows(), D);
-      Matrix dq = attentionBackward(E.attn, enc.heads, 0, lr.K, lr.V, all, lr.attn, dSum1, dK, dV, g);
-      dx = dSum1 + dq + linearBackward(E.attn.k, lr.x, dK, g) + linearBackward(E.attn.v, lr.x, dV, g);
+      Matrix dIn = attentionBackward(E.attn, enc.heads, 0, lr.K, lr.V, all, lr.attn, dSum1, dK, dV, g);
+      dIn += linearBackward(E.attn.k, lr.in, dK, g) + linearBackward(E.attn.v, lr.in, dV, g);
+      dx = dSum1 + sublayerInputBackward(E.attnNorm, lr.n1, dIn, g);
     }
     if (embedNorm)
       dx = normBackward(encNorm, rec.embedNorm, dx, g);
@@ -443,9 +468,10 @@ struct Model::Impl {
 
   // Decoder forward over `rows` query rows with keys given per layer.
   struct DecoderRecord {
-    Matrix q0sum; NormRecord q0norm;
+    Matrix q0sum; NormRecord q0norm, finalNorm;
     struct Layer {
-      Matrix x, a, c, f1, Kc, Vc; AttentionRecord self, cross; NormRecord n1, n2, n3;
+      Matrix fin, f1; ///< FFN input, FFN hidden (pre-activation)
+      AttentionRecord self, cross; NormRecord n1, n2, n3;
     };
     std::vector<Layer> layers;
     Matrix hidden, logprobs;
@@ -472,19 +498,21 @@ struct Model::Impl {
     for (size_t l = 0; l < decoder.size(); ++l) {
       const DecoderLayer &Dl = decoder[l];
       auto *lr = rec ? &rec->layers[l] : nullptr;
-      Matrix s = attentionForward(Dl.self, dec.heads, clip, x, keys[l], values[l], p, lr ? &lr->self : nullptr);
-      Matrix a = normForward(Dl.attnNorm, x + s, eps, lr ? &lr->n1 : nullptr);
-      Matrix cr = attentionForward(Dl.cross, dec.heads, 0, a, crossK[l], crossV[l], all, lr ? &lr->cross : nullptr);
-      Matrix c = normForward(Dl.crossNorm, a + cr, eps, lr ? &lr->n2 : nullptr);
-      Matrix f1 = linearForward(Dl.ffnIn, c);
-      Matrix f = linearForward(Dl.ffnOut, activate(f1, act));
-      Matrix y = normForward(Dl.ffnNorm, c + f, eps, lr ? &lr->n3 : nullptr);
+      Matrix in = sublayerInput(Dl.attnNorm, x, lr ? &lr->n1 : nullptr);
+      Matrix s = attentionForward(Dl.self, dec.heads, clip, in, keys[l], values[l], p, lr ? &lr->self : nullptr);
+      Matrix a = residual(Dl.attnNorm, x, s, lr ? &lr->n1 : nullptr);
+      in = sublayerInput(Dl.crossNorm, a, lr ? &lr->n2 : nullptr);
+      Matrix cr = attentionForward(Dl.cross, dec.heads, 0, in, crossK[l], crossV[l], all, lr ? &lr->cross : nullptr);
+      Matrix c = residual(Dl.crossNorm, a, cr, lr ? &lr->n2 : nullptr);
+      Matrix fin = sublayerInput(Dl.ffnNorm, c, lr ? &lr->n3 : nullptr);
+      Matrix f1 = linearForward(Dl.ffnIn, fin);
+      Matrix y = residual(Dl.ffnNorm, c, linearForward(Dl.ffnOut, activate(f1, act)), lr ? &lr->n3 : nullptr);
       if (lr) {
-        lr->x = x; lr->a = std::move(a); lr->c = std::move(c); lr->f1 = std::move(f1);
+        lr->fin = std::move(fin); lr->f1 = std::move(f1);
       }
       x = std::move(y);
     }
-    return x;
+    return pre ? normForward(decFinal, x, eps, rec ? &rec->finalNorm : nullptr) : x;
   }
   /// log_softmax(h E^T + bias), per row, sums in double.
   Matrix logSoftmax(const Matrix &h) const {
@@ -514,6 +542,7 @@ Model::Model(const ModelSpec &spec, const WeightSet &w) : spec_(spec), impl_(new
   m.V = spec.dims.vocab, m.L = spec.dims.maxLen, m.D = spec.dims.dModel, m.clip = spec.relativePositions;
   m.enc = spec.diformer->encoder, m.dec = spec.diformer->decoder;
   m.eps = spec.eps, m.act = spec.activation, m.embedNorm = spec.embeddingNorm;
+  m.pre = spec.norm == NormPlacement::Pre;
   try {
     m.token = toMatrix(w.get(names::embedToken()), names::embedToken(), m.V, m.D);
     m.position = toMatrix(w.get(names::embedPosition()), names::embedPosition(), m.L, m.D);
@@ -524,6 +553,10 @@ Model::Model(const ModelSpec &spec, const WeightSet &w) : spec_(spec), impl_(new
     if (m.embedNorm) {
       m.encNorm = m.norm(w, names::embedNorm());
       m.decNorm = m.norm(w, names::decoderEmbedNorm());
+    }
+    if (m.pre) {
+      m.encFinal = m.norm(w, names::encoderFinalNorm());
+      m.decFinal = m.norm(w, names::decoderFinalNorm());
     }
     m.hasHeadBias = spec.headBias;
     m.headBias = spec.headBias ? toRow(w.get(names::headBias()), names::headBias(), m.V) : RowVector::Zero(m.V);
@@ -714,23 +747,27 @@ Model::Pieces Model::accumulateGrad(const Example &e, double tokenScale, double 
     if (m.hasHeadBias)
       g.row(names::headBias(), m.V) += dLogits.colwise().sum();
     Matrix dx = dLogits * m.token;
+    if (m.pre)
+      dx = normBackward(m.decFinal, drec.finalNorm, dx, g);
     Matrix dWords = Matrix::Zero(n, m.D);
     Pattern all;
     for (size_t l = m.decoder.size(); l-- > 0;) {
       const DecoderLayer &Dl = m.decoder[l];
       const auto &lr = drec.layers[l];
-      Matrix dSum3 = normBackward(Dl.ffnNorm, lr.n3, dx, g);
+      Matrix dSum3 = m.residualBackward(Dl.ffnNorm, lr.n3, dx, g); // d(c + f)
       Matrix dAct = linearBackward(Dl.ffnOut, activate(lr.f1, m.act), dSum3, g);
       for (int64_t i = 0; i < dAct.size(); ++i)
         dAct.data()[i] = float(dAct.data()[i] * activationGrad(lr.f1.data()[i], m.act));
-      Matrix dc = dSum3 + linearBackward(Dl.ffnIn, lr.c, dAct, g);
-      Matrix dSum2 = normBackward(Dl.crossNorm, lr.n2, dc, g);
+      Matrix dc = dSum3 + m.sublayerInputBackward(Dl.ffnNorm, lr.n3, linearBackward(Dl.ffnIn, lr.fin, dAct, g), g);
+      Matrix dSum2 = m.residualBackward(Dl.crossNorm, lr.n2, dc, g); // d(a + cross)
       Matrix dKc = Matrix::Zero(S, m.D), dVc = Matrix::Zero(S, m.D);
-      Matrix da = dSum2 + attentionBackward(Dl.cross, m.dec.heads, 0, Kc[l], Vc[l], all, lr.cross, dSum2, dKc, dVc, g);
+      Matrix dCross = attentionBackward(Dl.cross, m.dec.heads, 0, Kc[l], Vc[l], all, lr.cross, dSum2, dKc, dVc, g);
+      Matrix da = dSum2 + m.sublayerInputBackward(Dl.crossNorm, lr.n2, dCross, g);
       dMem += linearBackward(Dl.cross.k, mem, dKc, g) + linearBackward(Dl.cross.v, mem, dVc, g);
-      Matrix dSum1 = normBackward(Dl.attnNorm, lr.n1, da, g);
+      Matrix dSum1 = m.residualBackward(Dl.attnNorm, lr.n1, da, g); // d(x + self)
       Matrix dK = Matrix::Zero(n, m.D), dV = Matrix::Zero(n, m.D);
-      dx = dSum1 + attentionBackward(Dl.self, m.dec.heads, m.clip, K[l], Vv[l], rows.pattern, lr.self, dSum1, dK, dV, g);
+      Matrix dSelf = attentionBackward(Dl.self, m.dec.heads, m.clip, K[l], Vv[l], rows.pattern, lr.self, dSum1, dK, dV, g);
+      dx = dSum1 + m.sublayerInputBackward(Dl.attnNorm, lr.n1, dSelf, g);
       dWords += linearBackward(Dl.self.k, words, dK, g) + linearBackward(Dl.self.v, words, dV, g);
     }
     if (m.embedNorm)

@@ -1,7 +1,7 @@
 //===- Diformer.h - Reference Diformer: score, loss and gradient, decoding -===//
 //
 // The numeric oracle of the Diformer family (issue 19's contract; diformer paper 2.2-2.3):
-// a post-norm biLM encoder over the source, a length head on the mean of its output, and a
+// a biLM encoder over the source (post-norm, or pre-norm with final norms in both stacks), a length head on the mean of its output, and a
 // directional decoder. Decoder row i (direction z_i in {R, L, S}) has the query
 // direction[z_i] + (z_i == L ? position.r2l[n-1-i] : position.l2r[i]); its self-attention keys
 // and values are the projections of embed.token[y_j] alone (input isolation), with Shaw relative

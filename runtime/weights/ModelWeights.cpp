@@ -135,6 +135,8 @@ std::vector<ExpectedTensor> diformerList(const ModelSpec &spec) {
     addLinear(names::ffnOut(ffn), D, df.encoder.dFF);
     addNorm(names::ffnNorm(layer));
   }
+  if (spec.norm == NormPlacement::Pre)
+    addNorm(names::encoderFinalNorm());
   add(names::lengthWeight(), {L, D}, Init::Normal);
   add(names::decoderDirection(), {3, D}, Init::Normal);
   add(names::decoderPositionL2R(), {L, D}, Init::Normal);
@@ -156,6 +158,8 @@ std::vector<ExpectedTensor> diformerList(const ModelSpec &spec) {
     addLinear(names::ffnOut(ffn), D, df.decoder.dFF);
     addNorm(names::ffnNorm(layer));
   }
+  if (spec.norm == NormPlacement::Pre)
+    addNorm(names::decoderFinalNorm());
   if (spec.headBias)
     add(names::headBias(), {V}, Init::Zero);
   return list;

@@ -63,6 +63,8 @@ std::string crossNorm(std::string_view layer) { return join(layer, "cross_norm")
 std::string decoderPositionL2R() { return join(kDecoder, "position.l2r"); }
 std::string decoderPositionR2L() { return join(kDecoder, "position.r2l"); }
 std::string decoderEmbedNorm() { return join(kDecoder, "embed_norm"); }
+std::string encoderFinalNorm() { return join("encoder", finalNorm()); }
+std::string decoderFinalNorm() { return join(kDecoder, finalNorm()); }
 std::string lengthWeight() { return "length.weight"; }
 
 } // namespace lmcc::names

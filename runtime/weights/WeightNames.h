@@ -25,6 +25,7 @@
 //   weight(headNorm()), bias(headNorm())              head.norm.{weight,bias}
 //   headOutputWeight()                                head.output.weight
 //   headBias()                                        head.bias
+// Diformer's stacks mirror them under encoder. and decoder. (encoderLayer(i), encoderFinalNorm(), ...).
 //
 //===----------------------------------------------------------------------===//
 #pragma once
@@ -78,6 +79,8 @@ std::string decoderLayer(int64_t i);           ///< decoder.layers.{i}
 std::string decoderDirection();                ///< decoder.direction [3, D]
 std::string cross(std::string_view layer);     ///< {layer}.cross: attention prefix
 std::string crossNorm(std::string_view layer); ///< {layer}.cross_norm: LayerNorm prefix
+std::string encoderFinalNorm();                ///< encoder.final_norm: LayerNorm prefix (pre-norm blocks)
+std::string decoderFinalNorm();                ///< decoder.final_norm: LayerNorm prefix (pre-norm blocks)
 std::string decoderPositionL2R();              ///< decoder.position.l2r [max_len, D] (R and S rows)
 std::string decoderPositionR2L();              ///< decoder.position.r2l [max_len, D] (L rows, from the right)
 std::string decoderEmbedNorm();                ///< decoder.embed_norm: LayerNorm prefix ([embedding] norm)

@@ -40,6 +40,7 @@ def load_spec(path):
     blk = doc.get("block", {})
     s.act = blk.get("activation", "gelu")
     s.eps = blk.get("eps", 1e-12)
+    s.pre = blk.get("norm", "post") == "pre"
     s.head_bias = doc.get("head", {}).get("bias", True)
     t = doc.get("tokens", {})
     s.bos, s.eos = t.get("bos", 3), t.get("eos", 1)
@@ -65,6 +66,8 @@ def expected_tensors(s):
     for i in range(s.enc_layers):
         p = "encoder.layers.%d" % i
         out += attn(p + ".attn") + norm(p + ".attn_norm") + ffn(p + ".ffn", s.enc_ff) + norm(p + ".ffn_norm")
+    if s.pre:
+        out += norm("encoder.final_norm")
     out += [("length.weight", [L, D]), ("decoder.direction", [3, D]), ("decoder.position.l2r", [L, D]),
             ("decoder.position.r2l", [L, D])]
     if s.norm:
@@ -77,6 +80,8 @@ def expected_tensors(s):
             out += [(p + ".attn.rel_k", [2 * s.k + 1, dh]), (p + ".attn.rel_v", [2 * s.k + 1, dh])]
         out += norm(p + ".attn_norm") + attn(p + ".cross") + norm(p + ".cross_norm") + ffn(p + ".ffn", s.dec_ff)
         out += norm(p + ".ffn_norm")
+    if s.pre:
+        out += norm("decoder.final_norm")
     if s.head_bias:
         out.append(("head.bias", [V]))
     return out
@@ -136,14 +141,23 @@ def mha(W, p, heads, q_in, kv_in, visible=None, rel=None):
     return lin(W, p + ".o", out.transpose(0, 1).reshape(-1, D))
 
 
+def block(s, W, norm, x, sublayer):
+    """Post-norm: norm(x + f(x)); pre-norm: x + f(norm(x))."""
+    if s.pre:
+        return x + sublayer(ln(W, norm, x, s))
+    return ln(W, norm, x + sublayer(x), s)
+
+
 def encoder(s, W, src):
     x = W["embed.token"][src] + W["embed.position"][: len(src)]
     if s.norm:
         x = ln(W, "embed.norm", x, s)
     for i in range(s.enc_layers):
         p = "encoder.layers.%d" % i
-        a = ln(W, p + ".attn_norm", x + mha(W, p + ".attn", s.enc_heads, x, x), s)
-        x = ln(W, p + ".ffn_norm", a + lin(W, p + ".ffn.out", act(s, lin(W, p + ".ffn.in", a))), s)
+        x = block(s, W, p + ".attn_norm", x, lambda h: mha(W, p + ".attn", s.enc_heads, h, h))
+        x = block(s, W, p + ".ffn_norm", x, lambda h: lin(W, p + ".ffn.out", act(s, lin(W, p + ".ffn.in", h))))
+    if s.pre:
+        x = ln(W, "encoder.final_norm", x, s)
     return x
 
 
@@ -177,9 +191,11 @@ def forward(s, W, src, tgt, dirs, hide):
     for l in range(s.dec_layers):
         p = "decoder.layers.%d" % l
         rel = (W[p + ".attn.rel_k"], W[p + ".attn.rel_v"], idx) if s.k > 0 else None
-        a = ln(W, p + ".attn_norm", q + mha(W, p + ".attn", s.dec_heads, q, words, vis, rel), s)
-        c = ln(W, p + ".cross_norm", a + mha(W, p + ".cross", s.dec_heads, a, mem), s)
-        q = ln(W, p + ".ffn_norm", c + lin(W, p + ".ffn.out", act(s, lin(W, p + ".ffn.in", c))), s)
+        q = block(s, W, p + ".attn_norm", q, lambda h: mha(W, p + ".attn", s.dec_heads, h, words, vis, rel))
+        q = block(s, W, p + ".cross_norm", q, lambda h: mha(W, p + ".cross", s.dec_heads, h, mem))
+        q = block(s, W, p + ".ffn_norm", q, lambda h: lin(W, p + ".ffn.out", act(s, lin(W, p + ".ffn.in", h))))
+    if s.pre:
+        q = ln(W, "decoder.final_norm", q, s)
     logits = q @ W["embed.token"].T
     if s.head_bias:
         logits = logits + W["head.bias"]

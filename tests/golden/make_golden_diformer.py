@@ -115,6 +115,30 @@ mask = 3
 [diformer]
 length_loss = 0.25
 """),
+    ("dif_pre", "pre-norm blocks (encoder.final_norm, decoder.final_norm), embedding norms, gelu, k = 4, odd d_model 21",
+     15, """
+[dims]
+vocab = 27
+max_len = 22
+d_model = 21
+heads = 3
+d_ff = 26
+layers = 2
+
+[decoder]
+layers = 3
+heads = 7
+
+[embedding]
+norm = true
+
+[attention]
+relative_positions = 4
+
+[block]
+norm = "pre"
+eps = 1e-6
+"""),
 ]
 
 LONG = {"dif_tokens_deep"}

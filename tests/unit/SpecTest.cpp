@@ -87,6 +87,9 @@ TEST(Spec, DiformerDefaults) {
   EXPECT_EQ(s.diformer->encoder.layers, 2);
   EXPECT_EQ(s.diformer->decoder.layers, 4);
   EXPECT_EQ(s.diformer->decoder.heads, 3);
+  EXPECT_EQ(s.norm, NormPlacement::Post);
+  // "post-norm by default": [block] norm = "pre" applies to both stacks.
+  EXPECT_EQ(parseSpec(base("diformer", "[block]\nnorm = \"pre\"\n"), "t.toml").norm, NormPlacement::Pre);
 }
 
 TEST(Spec, EveryFieldOverridable) {

@@ -730,7 +730,16 @@ TEST_F(WeightsTest, DiformerNeedsItsStacks) {
                 has("decoder.layers.1.attn.rel_k") && has("decoder.layers.1.cross.o.bias") &&
                 has("encoder.layers.0.ffn.in.weight"));
     EXPECT_FALSE(has("encoder.layers.0.attn.rel_k") || has("decoder.layers.0.cross.rel_k"));
+    EXPECT_FALSE(has("encoder.final_norm.weight") || has("decoder.final_norm.weight") || has("final_norm.weight"));
     EXPECT_NO_THROW(initWeights(spec, 1));
+    // Pre-norm blocks: one final norm after each stack, nothing else changes.
+    const size_t post = list.size();
+    spec.norm = NormPlacement::Pre;
+    list = expectedTensors(spec);
+    EXPECT_EQ(list.size(), post + 4);
+    EXPECT_TRUE(has("encoder.final_norm.weight") && has("encoder.final_norm.bias") &&
+                has("decoder.final_norm.weight") && has("decoder.final_norm.bias"));
+    EXPECT_FALSE(has("final_norm.weight"));
   }
   for (Family f : {Family::UniLM, Family::BiLM, Family::TTA}) {
     ModelSpec spec = tinySpec();
