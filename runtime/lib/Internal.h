@@ -2,8 +2,8 @@
 #pragma once
 
 #include "runtime/lib/lmrt.h"
+#include "runtime/train/FunctionRef.h"
 
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -56,7 +56,7 @@ PairBatch packPairs(const lm_model_desc *d, const int32_t *src, const int32_t *s
 [[noreturn]] void internal(std::string message);
 [[noreturn]] void nonFiniteResult(std::string message); ///< LM_ERR_NONFINITE
 /// Runs `body`, converting whatever it throws into a status code and lm_last_error().
-int guardedCall(const std::function<void()> &body) noexcept;
+int guardedCall(lmcc::FunctionRef<void()> body) noexcept;
 /// The model, ids and lengths checks of lm_rt_score (ids in the vocabulary, 1 <= length <= max_len, stride).
 void checkModelInputs(const lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride);
 } // namespace lmrt::detail

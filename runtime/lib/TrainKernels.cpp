@@ -26,8 +26,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <memory>
-#include <vector>
+#include <new>
 
 #ifndef LMRT_ISA
 #error "compile with -DLMRT_ISA=<namespace>"
@@ -121,8 +120,40 @@ constexpr int64_t kGemmRows = 256;   ///< rows (dx) / output features (dW) per G
 constexpr int64_t kVocabTile = 512;  ///< vocabulary columns per tile of the loss kernels
 constexpr int64_t kVocabSlices = 8;  ///< vocabulary slices of the loss backward, each with its own dh
 
-/// Uninitialized float scratch (every element is written before it is read).
-std::unique_ptr<float[]> scratch(int64_t n) { return std::unique_ptr<float[]>(new float[size_t(std::max<int64_t>(n, 1))]); }
+/// n T's of scratch from the runtime's per-thread workspace cache (lmrt.h, _mlir_memref_to_llvm_aligned_alloc), as
+/// the generated kernels' temporaries: a kernel called again with the same shapes takes nothing from the system
+/// (a steady-state training step allocates nothing). 64-byte aligned; uninitialized unless a fill value is given.
+template <typename T> class Buffer {
+public:
+  explicit Buffer(int64_t n) : n_(std::max<int64_t>(n, 1)) {
+    p_ = static_cast<T *>(_mlir_memref_to_llvm_aligned_alloc(64, sizeof(T) * uint64_t(n_)));
+    if (!p_)
+      throw std::bad_alloc();
+  }
+  Buffer(int64_t n, T fill) : Buffer(n) { std::fill(p_, p_ + n_, fill); }
+  ~Buffer() { _mlir_memref_to_llvm_free(p_); }
+  Buffer(const Buffer &) = delete;
+  Buffer &operator=(const Buffer &) = delete;
+  T *get() const { return p_; }
+  T *data() const { return p_; }
+  T &operator[](int64_t i) const { return p_[i]; }
+
+private:
+  int64_t n_;
+  T *p_;
+};
+using Scratch = Buffer<float>;
+using MatrixMap = Eigen::Map<Matrix, Eigen::AlignedMax>;
+
+/// The rows (b, t < lengths[b]) with targets[b, t] >= 0, in order, into `live` (room for B * N); returns their
+/// count.
+int64_t liveRows(const int32_t *targets, const int32_t *lengths, int64_t B, int64_t N, int64_t *live) {
+  int64_t R = 0;
+  for (int64_t r = 0; r < B * N; ++r)
+    if (r % N < lengths[r / N] && targets[r] >= 0)
+      live[R++] = r;
+  return R;
+}
 
 /// The generated GEMM of the model's library (lmrt.h lm_rt_gemm_fn) and the width of its packed column slices.
 struct Gemm {
@@ -176,44 +207,44 @@ void tokenLoss(const float *h, const float *W, const float *bias, const int32_t 
   const int64_t rows = B * N;
   // Only rows that predict something: the others get ce = lse = 0 (the masked objective has a target on
   // ~15% of its rows). Their hidden states are gathered so that the GEMMs run on them alone.
-  std::vector<int64_t> live;
-  for (int64_t r = 0; r < rows; ++r) {
-    ce[r] = lse[r] = 0.0f;
-    if (r % N < lengths[r / N] && targets[r] >= 0)
-      live.push_back(r);
-  }
-  const int64_t R = int64_t(live.size());
-  Matrix Hl(R, D);
+  std::fill(ce, ce + rows, 0.0f);
+  std::fill(lse, lse + rows, 0.0f);
+  Buffer<int64_t> live(rows);
+  const int64_t R = liveRows(targets, lengths, B, N, live.data());
+  Scratch Hl(R * D);
   for (int64_t i = 0; i < R; ++i)
-    std::memcpy(Hl.row(i).data(), h + live[i] * D, sizeof(float) * D);
+    std::memcpy(Hl.data() + i * D, h + live[i] * D, sizeof(float) * D);
   // The vocabulary slices of tokenLossGrad (fixed, independent of threads), each over all live rows: the
   // weights are read once and every GEMM has all R rows. Per slice and row, over its tiles in order: a
   // running max and sum of exponentials (double), the sum of all logits, and the target's logit; the
   // slices are merged in order.
   const int64_t tiles = blocks(V, kVocabTile);
   const int64_t slices = std::min<int64_t>(kVocabSlices, tiles);
+  // Slice s's statistics of row r at [s R + r] of each: mx, sum, total, target (double) and hasTarget.
+  Buffer<double> mxAll(slices * R, -INFINITY), sumAll(slices * R, 0.0), totalAll(slices * R, 0.0),
+      targetAll(slices * R, 0.0);
+  Buffer<char> hasTargetAll(slices * R, 0);
   struct Stats {
-    std::vector<double> mx, sum, total, target;
-    std::vector<char> hasTarget;
+    double *mx, *sum, *total, *target;
+    char *hasTarget;
   };
-  std::vector<Stats> part(static_cast<size_t>(slices));
+  auto slice = [&](int64_t s) {
+    return Stats{mxAll.data() + s * R, sumAll.data() + s * R, totalAll.data() + s * R, targetAll.data() + s * R,
+                 hasTargetAll.data() + s * R};
+  };
   parallelFor(slices, [&](int64_t s) {
-    Stats &st = part[size_t(s)];
-    st.mx.assign(size_t(R), -INFINITY);
-    st.sum.assign(size_t(R), 0.0);
-    st.total.assign(size_t(R), 0.0);
-    st.target.assign(size_t(R), 0.0);
-    st.hasTarget.assign(size_t(R), 0);
-    Matrix logits(R, kVocabTile);
-    Eigen::ArrayXf exps(kVocabTile); // aligned (see Array)
-    auto Wt = scratch(Gemm::packedSize(D, kVocabTile));
+    const Stats st = slice(s);
+    Scratch logits(R * kVocabTile), exps(kVocabTile); // exps aligned (see Array)
+    Scratch Wt(Gemm::packedSize(D, kVocabTile));
     for (int64_t tile = s; tile < tiles; tile += slices) {
       const int64_t v0 = tile * kVocabTile, nv = std::min(kVocabTile, V - v0);
       // logits = Hl W[v0 : v0 + nv]^T: B[k = d][n = v] = W[v0 + v][d].
       G.pack(W + v0 * D, D, /*byRows=*/false, D, nv, Wt.get(), 0, Gemm::panels(nv));
       G.run(Hl.data(), D, R, D, Wt.get(), logits.data(), kVocabTile, nv, false);
       if (bias)
-        logits.leftCols(nv).rowwise() += Eigen::Map<const Eigen::RowVectorXf>(bias + v0, nv);
+        for (int64_t r = 0; r < R; ++r)
+          Eigen::Map<Eigen::RowVectorXf>(logits.data() + r * kVocabTile, nv) +=
+              Eigen::Map<const Eigen::RowVectorXf>(bias + v0, nv);
       for (int64_t r = 0; r < R; ++r) {
         const float *row = logits.data() + r * kVocabTile;
         const auto x = ConstArray(row, nv);
@@ -234,9 +265,10 @@ void tokenLoss(const float *h, const float *W, const float *bias, const int32_t 
   });
   for (int64_t r = 0; r < R; ++r) {
     double m = -INFINITY, sum = 0, total = 0, target = 0;
-    for (const Stats &st : part)
-      m = std::max(m, st.mx[r]);
-    for (const Stats &st : part) {
+    for (int64_t s = 0; s < slices; ++s)
+      m = std::max(m, slice(s).mx[r]);
+    for (int64_t s = 0; s < slices; ++s) {
+      const Stats st = slice(s);
       sum += st.sum[r] * std::exp(st.mx[r] - m);
       total += st.total[r];
       if (st.hasTarget[r])
@@ -257,25 +289,22 @@ void tokenLossGradScaled(const float *h, const float *W, const float *bias, cons
   const int64_t rows = B * N;
   const double off = smoothing / double(V);
   // Rows that predict something; the others have a zero logit gradient.
-  std::vector<int64_t> live;
-  for (int64_t r = 0; r < rows; ++r)
-    if (r % N < lengths[r / N] && targets[r] >= 0)
-      live.push_back(r);
-  const int64_t R = int64_t(live.size());
-  Matrix Hl(R, D);
+  Buffer<int64_t> live(rows);
+  const int64_t R = liveRows(targets, lengths, B, N, live.data());
+  Scratch Hl(R * D);
   for (int64_t i = 0; i < R; ++i)
-    std::memcpy(Hl.row(i).data(), h + live[i] * D, sizeof(float) * D);
+    std::memcpy(Hl.data() + i * D, h + live[i] * D, sizeof(float) * D);
   // Fixed vocabulary slices (independent of threads), each with its own dh accumulator; summed in order.
   const int64_t tiles = blocks(V, kVocabTile);
   const int64_t slices = std::min<int64_t>(kVocabSlices, tiles);
   // Hl packed once as the B of every tile's dW = G^T Hl: B[k = r][n = d] = Hl[r][d].
-  auto Hp = scratch(Gemm::packedSize(R, D));
+  Scratch Hp(Gemm::packedSize(R, D));
   parallelFor(Gemm::panels(D), [&](int64_t p) { gemm.pack(Hl.data(), D, /*byRows=*/true, R, D, Hp.get(), p, p + 1); });
-  std::vector<Matrix> dhSlice(slices, Matrix(R, D));
+  Scratch dhSlices(slices * R * D); // slice s's dh at [s R D]
   parallelFor(slices, [&](int64_t s) {
-    Matrix G(R, kVocabTile);
-    auto Wt = scratch(Gemm::packedSize(D, kVocabTile)), Wr = scratch(Gemm::packedSize(kVocabTile, D));
-    auto Gt = scratch(kVocabTile * R);
+    Scratch G(R * kVocabTile);
+    Scratch Wt(Gemm::packedSize(D, kVocabTile)), Wr(Gemm::packedSize(kVocabTile, D));
+    Scratch Gt(kVocabTile * R);
     for (int64_t tile = s; tile < tiles; tile += slices) {
       const int64_t v0 = tile * kVocabTile, nv = std::min(kVocabTile, V - v0);
       const float *Wtile = W + v0 * D;
@@ -298,7 +327,7 @@ void tokenLossGradScaled(const float *h, const float *W, const float *bias, cons
       transposeColumns(G.data(), R, kVocabTile, 0, nv, Gt.get());
       gemm.run(Gt.get(), R, nv, R, Hp.get(), dW + v0 * D, D, D, false);
       if (dbias) {
-        std::vector<double> acc(size_t(nv), 0.0); // each column summed over the rows in order
+        Buffer<double> acc(nv, 0.0); // each column summed over the rows in order
         for (int64_t i = 0; i < R; ++i) {
           const float *row = G.data() + i * kVocabTile;
           for (int64_t c = 0; c < nv; ++c)
@@ -309,7 +338,7 @@ void tokenLossGradScaled(const float *h, const float *W, const float *bias, cons
       }
       // dh (this slice's) += G Wtile: B[k = v][n = d] = Wtile[v][d].
       gemm.pack(Wtile, D, /*byRows=*/true, nv, D, Wr.get(), 0, Gemm::panels(D));
-      gemm.run(G.data(), kVocabTile, R, nv, Wr.get(), dhSlice[s].data(), D, D, /*accumulate=*/tile != s);
+      gemm.run(G.data(), kVocabTile, R, nv, Wr.get(), dhSlices.data() + s * R * D, D, D, /*accumulate=*/tile != s);
     }
   });
   std::memset(dh, 0, sizeof(float) * rows * D);
@@ -317,7 +346,7 @@ void tokenLossGradScaled(const float *h, const float *W, const float *bias, cons
     float *out = dh + live[i] * D;
     for (int64_t s = 0; s < slices; ++s)
       for (int64_t c = 0; c < D; ++c)
-        out[c] += dhSlice[s](i, c);
+        out[c] += dhSlices[(s * R + i) * D + c];
   }
 }
 
@@ -333,21 +362,21 @@ void tokenLossGrad(const float *h, const float *W, const float *bias, const int3
 
 namespace {
 /// Head j's targets: y[b, s] = targets[b, s + shift] while s + shift < lengths[b], else -1.
-std::vector<int32_t> shiftedTargets(const int32_t *targets, const int32_t *lengths, int64_t B, int64_t N,
-                                    int64_t shift) {
-  std::vector<int32_t> y(size_t(B * N), -1);
+void shiftedTargets(const int32_t *targets, const int32_t *lengths, int64_t B, int64_t N, int64_t shift,
+                    int32_t *y) {
+  std::fill(y, y + B * N, -1);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t s = 0; s + shift < std::min<int64_t>(lengths[b], N); ++s)
       y[b * N + s] = targets[b * N + s + shift];
-  return y;
 }
 } // namespace
 
 void ngramHeadLoss(const float *u, const float *W, const float *bias, const int32_t *targets, const int32_t *lengths,
                    int64_t B, int64_t N, int64_t D, int64_t V, double smoothing, int64_t shift, double weight,
                    int32_t first, float *total, float *lse, lm_rt_gemm_fn gemm, int64_t gemmCols) {
-  const std::vector<int32_t> y = shiftedTargets(targets, lengths, B, N, shift);
-  std::vector<float> ce(size_t(B * N));
+  Buffer<int32_t> y(B * N);
+  shiftedTargets(targets, lengths, B, N, shift, y.data());
+  Scratch ce(B * N);
   tokenLoss(u, W, bias, y.data(), lengths, B, N, D, V, smoothing, ce.data(), lse, gemm, gemmCols);
   for (int64_t r = 0; r < B * N; ++r)
     total[r] = float((first ? 0.0 : double(total[r])) + weight * double(ce[r]));
@@ -357,7 +386,8 @@ void ngramHeadGrad(const float *u, const float *W, const float *bias, const int3
                    const float *lse, int64_t B, int64_t N, int64_t D, int64_t V, double smoothing, int64_t shift,
                    double weight, int32_t first, float *du, float *dW, float *dbias, lm_rt_gemm_fn gemm,
                    int64_t gemmCols) {
-  const std::vector<int32_t> y = shiftedTargets(targets, lengths, B, N, shift);
+  Buffer<int32_t> y(B * N);
+  shiftedTargets(targets, lengths, B, N, shift, y.data());
   const int64_t T = countTargets(targets, lengths, B, N); // the causal rows: the loss's denominator
   const double scale = T > 0 ? weight / double(T) : 0.0;
   if (first) {
@@ -365,7 +395,7 @@ void ngramHeadGrad(const float *u, const float *W, const float *bias, const int3
                         Gemm{gemm, gemmCols});
     return;
   }
-  std::vector<float> dWj(size_t(V * D)), dbj(dbias ? size_t(V) : 0);
+  Scratch dWj(V * D), dbj(dbias ? V : 0);
   tokenLossGradScaled(u, W, bias, y.data(), lengths, lse, B, N, D, V, smoothing, scale, du, dWj.data(),
                       dbias ? dbj.data() : nullptr, Gemm{gemm, gemmCols});
   for (int64_t i = 0; i < V * D; ++i)
@@ -380,8 +410,8 @@ void linearGrad(const float *dy, const float *x, const float *W, int64_t rows, i
   const Gemm G{gemm, gemmCols};
   const int64_t inPanels = Gemm::panels(in);
   // dx = dy W: B[k = o][n = i] = W[o][i]. dW = dy^T x: A = dy^T, B[k = r][n = i] = x[r][i].
-  auto Wp = scratch(dx ? Gemm::packedSize(out, in) : 0), xp = scratch(Gemm::packedSize(rows, in));
-  auto dyT = scratch(out * rows);
+  Scratch Wp(dx ? Gemm::packedSize(out, in) : 0), xp(Gemm::packedSize(rows, in));
+  Scratch dyT(out * rows);
   const int64_t wPieces = dx ? inPanels : 0, tPieces = blocks(out, 64);
   parallelFor(wPieces + inPanels + tPieces, [&](int64_t p) {
     if (p < wPieces)
@@ -405,7 +435,7 @@ void linearGrad(const float *dy, const float *x, const float *W, int64_t rows, i
     G.run(dyT.get() + o0 * rows, rows, no, rows, xp.get(), dW + o0 * in, in, in, false);
     if (db) {
       // Each feature's sum runs over the rows in order; the features side by side (contiguous, vectorized).
-      std::vector<double> acc(size_t(no), 0.0);
+      Buffer<double> acc(no, 0.0);
       for (int64_t r = 0; r < rows; ++r) {
         const float *row = dy + r * out + o0;
         for (int64_t o = 0; o < no; ++o)
@@ -420,9 +450,9 @@ void linearGrad(const float *dy, const float *x, const float *W, int64_t rows, i
 void layerNormGrad(const float *dy, const float *x, const float *gamma, int64_t rows, int64_t D, double eps,
                    float *dx, float *dgamma, float *dbeta) {
   const int64_t nb = blocks(rows, kRowBlock);
-  std::vector<double> pg(nb * D, 0.0), pb(nb * D, 0.0);
+  Buffer<double> pg(nb * D, 0.0), pb(nb * D, 0.0);
   parallelFor(nb, [&](int64_t blk) {
-    std::vector<double> xhat(D), g(D);
+    Buffer<double> xhat(D), g(D);
     for (int64_t r = blk * kRowBlock; r < std::min(rows, (blk + 1) * kRowBlock); ++r) {
       const float *xr = x + r * D, *dyr = dy + r * D;
       double mean = 0, var = 0;
@@ -470,7 +500,9 @@ void activationGrad(const float *dy, const float *x, int64_t n, int32_t kind, fl
     } else if (kind == LMRT_ACT_GELU) {
       d = g * (0.5f * (1.0f + (v * float(kInvSqrt2)).erf()) + v * float(kInvSqrt2Pi) * (-0.5f * v * v).exp());
     } else {
-      const Eigen::ArrayXf th = (kf * (v + c * v * v * v)).tanh();
+      alignas(64) float thBuf[4096];
+      auto th = Array(thBuf, len);
+      th = (kf * (v + c * v * v * v)).tanh();
       d = g * (0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * kf * (1.0f + 3.0f * c * v * v));
     }
     std::memcpy(dx + i0, out, sizeof(float) * size_t(len));
@@ -530,7 +562,7 @@ void attentionGrad(const float *dO, const float *q, const float *k, const float 
   std::memset(dk, 0, sizeof(float) * B * M * D);
   std::memset(dv, 0, sizeof(float) * B * M * D);
   // Per-piece relative-table gradients, summed in piece order below.
-  std::vector<float> relParts(rel ? B * heads * 2 * R * dh : 0, 0.0f);
+  Scratch relParts(rel ? B * heads * 2 * R * dh : 0, 0.0f);
   // Its dq, dk, dv columns are written by that piece only.
   parallelFor(B * heads, [&](int64_t piece) {
     const int64_t b = piece / heads, hd = piece % heads, off = hd * dh;
@@ -547,13 +579,14 @@ void attentionGrad(const float *dO, const float *q, const float *k, const float 
     Strided dQall(dq + b * N * D + off, n, dh, stride), dK(dk + b * M * D + off, m, dh, stride),
         dV(dv + b * M * D + off, m, dh, stride);
     float *pk = rel ? relParts.data() + piece * 2 * R * dh : nullptr, *pv = rel ? pk + R * dh : nullptr;
-    Matrix S, P, dP;
+    Scratch sBuf(kRows * m), pBuf(kRows * m), dpBuf(kRows * m);
     for (int64_t i0 = 0; i0 < n; i0 += kRows) {
       const int64_t r = std::min(kRows, n - i0);
       const int64_t j0 = mask == LMRT_MASK_ANTICAUSAL ? std::min(i0, m) : 0;
       const int64_t j1 = mask == LMRT_MASK_CAUSAL ? std::min(i0 + r, m) : m, w = j1 - j0;
       if (w <= 0)
         continue;
+      MatrixMap S(sBuf.data(), r, w), P(pBuf.data(), r, w), dP(dpBuf.data(), r, w);
       auto Q = Qall.middleRows(i0, r);
       auto G = Gall.middleRows(i0, r);
       auto Kb = K.middleRows(j0, w);
@@ -569,7 +602,6 @@ void attentionGrad(const float *dO, const float *q, const float *k, const float 
             S(i, j) += acc;
           }
       // Probabilities: max over the visible keys, e^(s - max) (0 where hidden), normalized.
-      P.resize(r, w);
       for (int64_t i = 0; i < r; ++i) {
         float *s = &S(i, 0), *p = &P(i, 0);
         float mx = -INFINITY;
@@ -639,7 +671,7 @@ void attentionGrad(const float *dO, const float *q, const float *k, const float 
 void relativeScoresGrad(const float *dOut, const float *q, const float *rel, int64_t BH, int64_t N, int64_t M,
                         int64_t dh, int64_t clip, float *dq, float *dRel) {
   const int64_t R = 2 * clip + 1;
-  std::vector<float> parts(BH * R * dh, 0.0f);
+  Scratch parts(BH * R * dh, 0.0f);
   parallelFor(BH, [&](int64_t piece) {
     float *part = parts.data() + piece * R * dh;
     for (int64_t i = 0; i < N; ++i) {
@@ -663,7 +695,7 @@ void relativeScoresGrad(const float *dOut, const float *q, const float *rel, int
 void relativeValuesGrad(const float *dOut, const float *p, const float *rel, int64_t BH, int64_t N, int64_t M,
                         int64_t dh, int64_t clip, float *dp, float *dRel) {
   const int64_t R = 2 * clip + 1;
-  std::vector<float> parts(BH * R * dh, 0.0f);
+  Scratch parts(BH * R * dh, 0.0f);
   parallelFor(BH, [&](int64_t piece) {
     float *part = parts.data() + piece * R * dh;
     for (int64_t i = 0; i < N; ++i) {

@@ -30,10 +30,20 @@ using lmrt::detail::memref2;
 using lmrt::detail::guardedCall;
 using lmrt::detail::internal;
 
+namespace {
+/// A batch packed to [batch, n]: inputs padded with pad_id, targets with -1.
+struct Packed {
+  int64_t batch = 0, n = 0, targets = 0;
+  std::vector<int32_t> inputs, target, lengths;
+  std::vector<float> ce; ///< the loss kernel's per-row cross-entropy
+};
+} // namespace
+
 struct lm_trainer {
   lm_model *model = nullptr;
   std::unique_ptr<lmcc::train::Optimizer> optimizer;
   std::vector<float> grads; ///< the weight buffer's layout
+  Packed packed;            ///< the last step's batch (its buffers reused: a steady-state step allocates nothing)
 };
 
 namespace {
@@ -51,14 +61,9 @@ const lm_model_desc &trainable(const lm_model *m) {
   return *m->desc;
 }
 
-/// A batch packed to [batch, n]: inputs padded with pad_id, targets with -1.
-struct Packed {
-  int64_t batch = 0, n = 0, targets = 0;
-  std::vector<int32_t> inputs, target, lengths;
-};
-
-Packed pack(const lm_model *m, const int32_t *inputs, const int32_t *targets, const int32_t *lengths, int32_t batch,
-            int32_t stride) {
+/// Packs a batch into `p` (its buffers reused).
+void pack(const lm_model *m, const int32_t *inputs, const int32_t *targets, const int32_t *lengths, int32_t batch,
+          int32_t stride, Packed &p) {
   lmrt::detail::checkModelInputs(m, inputs, lengths, batch, stride);
   if (m->desc->pair_score)
     argument("model " + lmcc::quoted(m->desc->name) + " is a Diformer: it trains on source/target pairs "
@@ -66,8 +71,7 @@ Packed pack(const lm_model *m, const int32_t *inputs, const int32_t *targets, co
   if (!targets)
     argument("targets is NULL");
   const lm_model_desc &d = *m->desc;
-  Packed p;
-  p.batch = batch;
+  p.batch = batch, p.n = 0, p.targets = 0;
   for (int32_t b = 0; b < batch; ++b)
     p.n = std::max<int64_t>(p.n, lengths[b]);
   p.inputs.assign(p.batch * p.n, d.pad_id);
@@ -86,7 +90,6 @@ Packed pack(const lm_model *m, const int32_t *inputs, const int32_t *targets, co
     }
   if (p.targets == 0)
     argument("the batch has no target (every target is -1)");
-  return p;
 }
 
 /// (1/T) sum ce, summed in row order in double; an error when not finite.
@@ -107,7 +110,8 @@ double lossAndGrad(lm_model *m, Packed &p, float *grads, int64_t step, bool chec
   const lm_model_desc &d = *m->desc;
   lmrt::setDropoutContext(uint64_t(d.train->seed), uint64_t(step));
   std::fill(grads, grads + d.total_floats, 0.0f);
-  std::vector<float> ce(p.batch * p.n);
+  std::vector<float> &ce = p.ce;
+  ce.assign(size_t(p.batch * p.n), 0.0f);
   lm_memref1f w = memref1(m->weights, d.total_floats), g = memref1(grads, d.total_floats);
   lm_memref2i in = memref2(p.inputs.data(), p.batch, p.n), tg = memref2(p.target.data(), p.batch, p.n);
   lm_memref1i len = memref1(p.lengths.data(), p.batch);
@@ -270,7 +274,8 @@ int lm_rt_loss_and_grad(lm_model *m, const int32_t *inputs, const int32_t *targe
                         int32_t batch, int32_t stride, float *loss, float *grad) {
   return guardedCall([&] {
     const lm_model_desc &d = trainable(m);
-    Packed p = pack(m, inputs, targets, lengths, batch, stride);
+    Packed p;
+    pack(m, inputs, targets, lengths, batch, stride, p);
     std::vector<float> grads(d.total_floats);
     const double value = lossAndGrad(m, p, grads.data(), 0, /*checkGrads=*/true);
     if (grad)
@@ -315,8 +320,10 @@ int lm_rt_loss(lm_model *m, const int32_t *inputs, const int32_t *targets, const
                int32_t stride, float *loss, int64_t *targetsOut) {
   return guardedCall([&] {
     const lm_model_desc &d = trainable(m);
-    Packed p = pack(m, inputs, targets, lengths, batch, stride);
-    std::vector<float> ce(p.batch * p.n);
+    Packed p;
+    pack(m, inputs, targets, lengths, batch, stride, p);
+    std::vector<float> &ce = p.ce;
+    ce.assign(size_t(p.batch * p.n), 0.0f);
     lm_memref1f w = memref1(m->weights, d.total_floats);
     lm_memref2i in = memref2(p.inputs.data(), p.batch, p.n), tg = memref2(p.target.data(), p.batch, p.n);
     lm_memref1i len = memref1(p.lengths.data(), p.batch);
@@ -354,14 +361,14 @@ int lm_rt_trainer_new_ex(lm_model *m, const lm_train_desc *settings, lm_trainer 
     } catch (const std::invalid_argument &e) {
       argument(std::string("optimizer settings: ") + e.what());
     }
-    t->optimizer->setParallel([](int64_t n, const std::function<void(int64_t)> &body) {
+    t->optimizer->setParallel([](int64_t n, lmcc::FunctionRef<void(int64_t)> body) {
       lm_rt_parallel_for(
           n,
           [](void *ctx, int64_t begin, int64_t end) {
             for (int64_t i = begin; i < end; ++i)
-              (*static_cast<const std::function<void(int64_t)> *>(ctx))(i);
+              (*static_cast<const lmcc::FunctionRef<void(int64_t)> *>(ctx))(i);
           },
-          const_cast<std::function<void(int64_t)> *>(&body));
+          &body);
     });
     t->grads.assign(d.total_floats, 0.0f);
     *out = t.release();
@@ -373,7 +380,8 @@ int lm_rt_train_step_ex(lm_trainer *t, const int32_t *inputs, const int32_t *tar
   return guardedCall([&] {
     if (!t)
       argument("the trainer is NULL");
-    Packed p = pack(t->model, inputs, targets, lengths, batch, stride);
+    Packed &p = t->packed;
+    pack(t->model, inputs, targets, lengths, batch, stride, p);
     const double value = lossAndGrad(t->model, p, t->grads.data(), t->optimizer->steps(), /*checkGrads=*/false);
     // <- a data-parallel run would all-reduce t->grads here.
     applyStep(t, lr, gradNorm);

@@ -554,6 +554,14 @@ Plan plan(const int32_t *lengths, int32_t batch, const int64_t *sentence, const 
 struct Workspace {
   std::vector<int32_t> ids, lengths, nScored, spans;
   std::vector<float> logprobs, scores, states;
+  /// A mask-and-predict embedding call's sentences cut into windows (spanEmbed): each one's rows, gathered until
+  /// its last window is in. Entries are reused call after call (only the first `used` belong to the call).
+  struct Gathered {
+    int64_t b = -1;        ///< the sentence
+    int64_t remaining = 0; ///< windows still to come
+    std::vector<float> rows;
+  };
+  std::vector<Gathered> gathered;
 };
 
 /// A per-thread pool of workspaces: a chunk takes one out and puts it back, so the steady
@@ -599,7 +607,7 @@ namespace lmrt::detail {
 [[noreturn]] void argument(std::string message) { argumentError(std::move(message)); }
 [[noreturn]] void internal(std::string message) { internalError(std::move(message)); }
 [[noreturn]] void nonFiniteResult(std::string message) { throw Failure{LM_ERR_NONFINITE, std::move(message)}; }
-int guardedCall(const std::function<void()> &body) noexcept { return guarded(body); }
+int guardedCall(lmcc::FunctionRef<void()> body) noexcept { return guarded(body); }
 } // namespace lmrt::detail
 
 namespace {
@@ -960,15 +968,26 @@ void spanEmbed(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t 
   const int64_t D = d->d_model;
   const std::vector<Piece> &pieces = cut.pieces;
   // A sentence cut into windows: its rows are gathered in a buffer of its own until the last window is in (the
-  // map's entries are made here; the pieces only change their contents, under the mutex).
-  struct Gathered {
-    std::vector<float> rows;
-    int64_t remaining = 0; ///< windows still to come
-  };
-  std::map<int64_t, Gathered> gathered;
+  // entries are made here, in sentence order as the plan's windows come; the pieces only change their contents,
+  // under the mutex). The buffers are the call's workspace's, reused: a steady-state call allocates nothing.
+  WorkspaceLease call;
+  std::vector<Workspace::Gathered> &gathered = call->gathered;
+  size_t used = 0;
   for (const Piece &p : pieces)
-    if (p.rows == 1 && (p.first > 0 || p.last < lengths[p.b0]))
-      ++gathered[p.b0].remaining;
+    if (p.rows == 1 && (p.first > 0 || p.last < lengths[p.b0])) {
+      if (used == 0 || gathered[used - 1].b != p.b0) {
+        if (used == gathered.size())
+          gathered.emplace_back();
+        gathered[used].b = p.b0, gathered[used].remaining = 0;
+        ++used;
+      }
+      ++gathered[used - 1].remaining;
+    }
+  auto windowed = [&](int64_t b) -> Workspace::Gathered * {
+    auto it = std::lower_bound(gathered.begin(), gathered.begin() + std::ptrdiff_t(used), b,
+                               [](const Workspace::Gathered &g, int64_t key) { return g.b < key; });
+    return it != gathered.begin() + std::ptrdiff_t(used) && it->b == b ? &*it : nullptr;
+  };
   std::mutex mutex;
   lm_memref1f weights = memref1(m->weights, d->total_floats);
   forEachPiece(int64_t(pieces.size()), cut.threads, [&](int64_t p) {
@@ -984,25 +1003,22 @@ void spanEmbed(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t 
     lm_memref2i spansRef = memref2(ws->spans.data(), rows, n);
     lm_memref3f statesRef = memref3(ws->states.data(), rows, n, D);
     d->span_embed(&w, &idsRef, &lengthsRef, &spansRef, &statesRef);
-    auto it = gathered.find(b0);
-    if (rows > 1 || it == gathered.end()) { // whole sentences
+    Workspace::Gathered *g = rows > 1 ? nullptr : windowed(b0);
+    if (!g) { // whole sentences
       for (int64_t r = 0; r < rows; ++r)
         poolStates(d, ws->states.data() + r * n * D, ids + (b0 + r) * stride, lengths[b0 + r], out + (b0 + r) * D);
       return;
     }
     const int32_t len = lengths[b0], first = std::max<int32_t>(0, piece.first), last = std::min(len, piece.last);
-    std::vector<float> all;
     {
       std::lock_guard<std::mutex> lock(mutex);
-      Gathered &g = it->second;
-      if (g.rows.empty())
-        g.rows.resize(size_t(len) * D);
-      std::copy(ws->states.data() + first * D, ws->states.data() + last * D, g.rows.data() + first * D);
-      if (--g.remaining > 0)
+      grow(g->rows, size_t(len) * D);
+      std::copy(ws->states.data() + first * D, ws->states.data() + last * D, g->rows.data() + first * D);
+      if (--g->remaining > 0)
         return;
-      all = std::move(g.rows);
     }
-    poolStates(d, all.data(), ids + b0 * stride, len, out + b0 * D);
+    // The last window is in: no other piece touches this sentence's rows now.
+    poolStates(d, g->rows.data(), ids + b0 * stride, len, out + b0 * D);
   });
 }
 
@@ -1249,7 +1265,8 @@ struct WorkspaceCache {
     char *block;
     auto fit = std::lower_bound(blocks.begin(), blocks.end(), size,
                                 [](const std::pair<uint64_t, char *> &b, uint64_t s) { return b.first < s; });
-    if (fit != blocks.end() && fit->first / 2 <= size) {
+    // (The smallest capacity, kHeader, holds any smaller request: a block for 4 bytes is a 64-byte one.)
+    if (fit != blocks.end() && (fit->first / 2 <= size || fit->first <= kHeader)) {
       block = fit->second;
       cachedBytes -= fit->first;
       blocks.erase(fit);

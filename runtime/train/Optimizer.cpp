@@ -98,6 +98,7 @@ Optimizer::Optimizer(OptimizerConfig config, std::vector<ParamSlot> slots)
   for (size_t i = 0; i < slots_.size(); ++i)
     for (int64_t b = 0; b < numel_[i]; b += kChunk)
       chunks_.push_back({i, b, std::min(numel_[i], b + kChunk)});
+  partial_.assign(chunks_.size(), 0.0); // every chunk writes its own entry
 }
 
 double Optimizer::scheduleFactor(int64_t s) const {
@@ -119,7 +120,7 @@ double Optimizer::scheduleFactor(int64_t s) const {
   return 0.0;
 }
 
-void Optimizer::forEachChunk(const std::function<void(const Chunk &)> &body) const {
+void Optimizer::forEachChunk(FunctionRef<void(const Chunk &)> body) const {
   if (parallel_)
     parallel_(int64_t(chunks_.size()), [&](int64_t c) { body(chunks_[size_t(c)]); });
   else
@@ -128,7 +129,7 @@ void Optimizer::forEachChunk(const std::function<void(const Chunk &)> &body) con
 }
 
 double Optimizer::gradNorm(const float *grads) const {
-  std::vector<double> partial(chunks_.size(), 0.0);
+  std::vector<double> &partial = partial_;
   forEachChunk([&](const Chunk &c) {
     const float *g = grads + slots_[c.slot].offset;
     // Eight running sums (element k into sum k % 8, so that the loop vectorizes), added in order at the end.

@@ -28,6 +28,8 @@
 #include "runtime/weights/Safetensors.h"
 
 #include <cstdint>
+#include "runtime/train/FunctionRef.h"
+
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -81,7 +83,7 @@ public:
   /// Runs body(i) for i in [0, n), possibly in parallel (liblmrt passes its thread arena). Work is cut
   /// into fixed chunks of at most kChunk elements of one tensor whatever runs them, and the norm's
   /// per-chunk partial sums are added in chunk order: results do not depend on the thread count.
-  using ParallelFor = std::function<void(int64_t n, const std::function<void(int64_t)> &body)>;
+  using ParallelFor = std::function<void(int64_t n, FunctionRef<void(int64_t)> body)>;
   void setParallel(ParallelFor parallel) { parallel_ = std::move(parallel); }
   static constexpr int64_t kChunk = 1 << 16;
   const OptimizerConfig &config() const { return config_; }
@@ -120,7 +122,8 @@ private:
   };
   std::vector<Chunk> chunks_;
   ParallelFor parallel_;
-  void forEachChunk(const std::function<void(const Chunk &)> &body) const;
+  mutable std::vector<double> partial_; ///< gradNorm's per-chunk sums (sized once: a step allocates nothing)
+  void forEachChunk(FunctionRef<void(const Chunk &)> body) const;
   int64_t steps_ = 0;
 };
 

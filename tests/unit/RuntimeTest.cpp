@@ -1256,6 +1256,7 @@ TEST_F(GeneratedTest, EndToEndLibraryRunsTheExamples) {
 // must (dropping the whole cache there made a batched biLM PLL call map its pages again and again).
 TEST(WorkspaceCache, ReusesAndTrimsLargestFirst) {
   lm_set_num_threads(1);
+  lm_rt_workspace_release(); // blocks earlier tests' kernels left in this thread's cache
   const int64_t previous = lm_set_workspace_limit(int64_t(10) << 20); // 10 MB
   const uint64_t MB = uint64_t(1) << 20;
   auto allocations = [] { return lm_rt_workspace_system_allocations(); };
