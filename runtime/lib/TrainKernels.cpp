@@ -134,7 +134,6 @@ public:
   ~Buffer() { _mlir_memref_to_llvm_free(p_); }
   Buffer(const Buffer &) = delete;
   Buffer &operator=(const Buffer &) = delete;
-  T *get() const { return p_; }
   T *data() const { return p_; }
   T &operator[](int64_t i) const { return p_[i]; }
 
@@ -239,8 +238,8 @@ void tokenLoss(const float *h, const float *W, const float *bias, const int32_t 
     for (int64_t tile = s; tile < tiles; tile += slices) {
       const int64_t v0 = tile * kVocabTile, nv = std::min(kVocabTile, V - v0);
       // logits = Hl W[v0 : v0 + nv]^T: B[k = d][n = v] = W[v0 + v][d].
-      G.pack(W + v0 * D, D, /*byRows=*/false, D, nv, Wt.get(), 0, Gemm::panels(nv));
-      G.run(Hl.data(), D, R, D, Wt.get(), logits.data(), kVocabTile, nv, false);
+      G.pack(W + v0 * D, D, /*byRows=*/false, D, nv, Wt.data(), 0, Gemm::panels(nv));
+      G.run(Hl.data(), D, R, D, Wt.data(), logits.data(), kVocabTile, nv, false);
       if (bias)
         for (int64_t r = 0; r < R; ++r)
           Eigen::Map<Eigen::RowVectorXf>(logits.data() + r * kVocabTile, nv) +=
@@ -299,7 +298,7 @@ void tokenLossGradScaled(const float *h, const float *W, const float *bias, cons
   const int64_t slices = std::min<int64_t>(kVocabSlices, tiles);
   // Hl packed once as the B of every tile's dW = G^T Hl: B[k = r][n = d] = Hl[r][d].
   Scratch Hp(Gemm::packedSize(R, D));
-  parallelFor(Gemm::panels(D), [&](int64_t p) { gemm.pack(Hl.data(), D, /*byRows=*/true, R, D, Hp.get(), p, p + 1); });
+  parallelFor(Gemm::panels(D), [&](int64_t p) { gemm.pack(Hl.data(), D, /*byRows=*/true, R, D, Hp.data(), p, p + 1); });
   Scratch dhSlices(slices * R * D); // slice s's dh at [s R D]
   parallelFor(slices, [&](int64_t s) {
     Scratch G(R * kVocabTile);
@@ -309,8 +308,8 @@ void tokenLossGradScaled(const float *h, const float *W, const float *bias, cons
       const int64_t v0 = tile * kVocabTile, nv = std::min(kVocabTile, V - v0);
       const float *Wtile = W + v0 * D;
       // The logits again: G = Hl Wtile^T (B[k = d][n = v] = Wtile[v][d]).
-      gemm.pack(Wtile, D, /*byRows=*/false, D, nv, Wt.get(), 0, Gemm::panels(nv));
-      gemm.run(Hl.data(), D, R, D, Wt.get(), G.data(), kVocabTile, nv, false);
+      gemm.pack(Wtile, D, /*byRows=*/false, D, nv, Wt.data(), 0, Gemm::panels(nv));
+      gemm.run(Hl.data(), D, R, D, Wt.data(), G.data(), kVocabTile, nv, false);
       for (int64_t i = 0; i < R; ++i) {
         const int32_t y = targets[live[i]];
         const double l = lse[live[i]];
@@ -324,8 +323,8 @@ void tokenLossGradScaled(const float *h, const float *W, const float *bias, cons
           row[y - v0] -= float((1 - smoothing) * invT);
       }
       // dW[v0 : v0 + nv] = G^T Hl.
-      transposeColumns(G.data(), R, kVocabTile, 0, nv, Gt.get());
-      gemm.run(Gt.get(), R, nv, R, Hp.get(), dW + v0 * D, D, D, false);
+      transposeColumns(G.data(), R, kVocabTile, 0, nv, Gt.data());
+      gemm.run(Gt.data(), R, nv, R, Hp.data(), dW + v0 * D, D, D, false);
       if (dbias) {
         Buffer<double> acc(nv, 0.0); // each column summed over the rows in order
         for (int64_t i = 0; i < R; ++i) {
@@ -337,8 +336,8 @@ void tokenLossGradScaled(const float *h, const float *W, const float *bias, cons
           dbias[v0 + c] = float(acc[c]);
       }
       // dh (this slice's) += G Wtile: B[k = v][n = d] = Wtile[v][d].
-      gemm.pack(Wtile, D, /*byRows=*/true, nv, D, Wr.get(), 0, Gemm::panels(D));
-      gemm.run(G.data(), kVocabTile, R, nv, Wr.get(), dhSlices.data() + s * R * D, D, D, /*accumulate=*/tile != s);
+      gemm.pack(Wtile, D, /*byRows=*/true, nv, D, Wr.data(), 0, Gemm::panels(D));
+      gemm.run(G.data(), kVocabTile, R, nv, Wr.data(), dhSlices.data() + s * R * D, D, D, /*accumulate=*/tile != s);
     }
   });
   std::memset(dh, 0, sizeof(float) * rows * D);
@@ -415,12 +414,12 @@ void linearGrad(const float *dy, const float *x, const float *W, int64_t rows, i
   const int64_t wPieces = dx ? inPanels : 0, tPieces = blocks(out, 64);
   parallelFor(wPieces + inPanels + tPieces, [&](int64_t p) {
     if (p < wPieces)
-      return G.pack(W, in, /*byRows=*/true, out, in, Wp.get(), p, p + 1);
+      return G.pack(W, in, /*byRows=*/true, out, in, Wp.data(), p, p + 1);
     p -= wPieces;
     if (p < inPanels)
-      return G.pack(x, in, /*byRows=*/true, rows, in, xp.get(), p, p + 1);
+      return G.pack(x, in, /*byRows=*/true, rows, in, xp.data(), p, p + 1);
     p -= inPanels;
-    transposeColumns(dy, rows, out, p * 64, std::min(out, (p + 1) * 64), dyT.get());
+    transposeColumns(dy, rows, out, p * 64, std::min(out, (p + 1) * 64), dyT.data());
   });
   // Pieces: dx row blocks, then dW blocks of output features (with their bias sums).
   const int64_t rowBlocks = dx ? blocks(rows, kGemmRows) : 0;
@@ -428,11 +427,11 @@ void linearGrad(const float *dy, const float *x, const float *W, int64_t rows, i
   parallelFor(rowBlocks + outBlocks, [&](int64_t p) {
     if (p < rowBlocks) {
       const int64_t r0 = p * kGemmRows, nr = std::min(kGemmRows, rows - r0);
-      G.run(dy + r0 * out, out, nr, out, Wp.get(), dx + r0 * in, in, in, false);
+      G.run(dy + r0 * out, out, nr, out, Wp.data(), dx + r0 * in, in, in, false);
       return;
     }
     const int64_t o0 = (p - rowBlocks) * (kGemmRows / 2), no = std::min(kGemmRows / 2, out - o0);
-    G.run(dyT.get() + o0 * rows, rows, no, rows, xp.get(), dW + o0 * in, in, in, false);
+    G.run(dyT.data() + o0 * rows, rows, no, rows, xp.data(), dW + o0 * in, in, in, false);
     if (db) {
       // Each feature's sum runs over the rows in order; the features side by side (contiguous, vectorized).
       Buffer<double> acc(no, 0.0);
