@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -223,10 +224,9 @@ std::string jsonString(const std::string &s) {
   return out + "\"";
 }
 
-void appendNumber(std::string &out, double v, const char *what, size_t line) {
+void appendNumber(std::string &out, double v, const std::string &what) {
   if (!std::isfinite(v))
-    throw InputError("non-finite " + std::string(what) + " for input line " + std::to_string(line + 1) +
-                     " (check the weights)");
+    throw InputError("non-finite " + what + " (check the weights)");
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.9g", v);
   out += buf;
@@ -275,12 +275,23 @@ void Progress::draw() {
 
 // --- Running the model --------------------------------------------------------------
 
-void throwRuntimeStatus(int status) {
+void throwRuntimeStatus(int status, const std::vector<std::string> &rows) {
+  std::string message = lm_last_error();
   if (status == LM_ERR_MEMORY)
-    throw ResourceError(lm_last_error());
+    throw ResourceError(message);
   if (status == LM_ERR_INTERNAL)
-    throw std::runtime_error(lm_last_error());
-  throw InputError(lm_last_error());
+    throw std::runtime_error(message);
+  // lmrt.cpp's "<entry>: non-finite result for batch row R (...)" becomes "<input>: <entry>: non-finite result (...)".
+  const std::string marker = " for batch row ";
+  if (const size_t at = message.find(marker); status == LM_ERR_NONFINITE && at != std::string::npos) {
+    size_t end = at + marker.size();
+    size_t row = 0;
+    while (end < message.size() && std::isdigit(static_cast<unsigned char>(message[end])))
+      row = row * 10 + size_t(message[end++] - '0');
+    if (end > at + marker.size() && row < rows.size())
+      message = rows[row] + ": " + message.substr(0, at) + message.substr(end);
+  }
+  throw InputError(message);
 }
 
 Padded::Padded(const std::vector<std::vector<int32_t>> &sentences) {

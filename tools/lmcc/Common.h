@@ -122,8 +122,9 @@ Tokenizer loadTokenizer(const ModelSpec &spec);
 /// A JSON string literal (pieces may hold quotes, backslashes and any UTF-8).
 std::string jsonString(const std::string &s);
 
-/// Formats a float with 9 significant digits; non-finite values are an error naming the 0-based input `line`.
-void appendNumber(std::string &out, double v, const char *what, size_t line);
+/// Formats a float with 9 significant digits; a non-finite value is an InputError "non-finite <what> (check the
+/// weights)", so `what` names the value and where it comes from ("score for ids.txt:3").
+void appendNumber(std::string &out, double v, const std::string &what);
 
 /// Parses one JSON value; a syntax error is an InputError naming `where`.
 nlohmann::json parseJson(const std::string &text, const std::string &where);
@@ -152,9 +153,10 @@ private:
   std::chrono::steady_clock::time_point start, last;
 };
 
-/// A failed runtime call as the CLI reports it: bad input and non-finite results are input errors (exit 1, the
-/// message names the row), an allocation failure is out of memory, anything else internal.
-[[noreturn]] void throwRuntimeStatus(int status);
+/// A failed runtime call as the CLI reports it: bad input and non-finite results are input errors (exit 1), an
+/// allocation failure is out of memory, anything else internal. `rows`: where each batch row of the call came
+/// from ("ids.txt:3"); a non-finite result is then reported for the input of its row, not the batch row.
+[[noreturn]] void throwRuntimeStatus(int status, const std::vector<std::string> &rows = {});
 
 /// Sentences padded to one stride for the runtime's batched entries.
 struct Padded {

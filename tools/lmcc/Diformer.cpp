@@ -120,14 +120,6 @@ df::Example parseLine(const ModelSpec &spec, const std::string &line, const Toke
   return e;
 }
 
-void appendNumber(std::string &out, double v, const std::string &what) {
-  if (!std::isfinite(v))
-    throw std::invalid_argument("non-finite " + what + " (check the weights)");
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.9g", v);
-  out += buf;
-}
-
 WeightSet loadWeights(const std::string &path, const ModelSpec &spec) {
   return loadModelWeights(path, spec);
 }
@@ -243,17 +235,19 @@ struct PairArrays {
   }
 };
 
-/// Scores validated examples through a compiled library's lm_rt_score_pairs.
+/// Scores validated examples through a compiled library's lm_rt_score_pairs; `origins` says where each comes
+/// from (a non-finite result names its input).
 std::vector<df::Score> scoreCompiled(const ModelSpec &spec, CompiledModel &compiled,
-                                     const std::vector<df::Example> &examples) {
+                                     const std::vector<df::Example> &examples, const std::vector<std::string> &origins) {
   PairArrays a(spec, examples);
   const int32_t batch = a.batch, tgtStride = a.tgtStride;
   const size_t B = size_t(batch);
   std::vector<float> lp(B * size_t(tgtStride)), scores(B), lengths(B);
-  if (lm_rt_score_pairs(compiled.model, a.src.data(), a.srcLen.data(), a.srcStride, a.tgt.data(), a.tgtLen.data(),
-                        tgtStride, a.dirs.data(), a.hidden.data(), batch, lp.data(), scores.data(),
-                        lengths.data()) != LM_OK)
-    throw std::runtime_error(std::string("compiled score: ") + lm_rt_last_error());
+  if (int status = lm_rt_score_pairs(compiled.model, a.src.data(), a.srcLen.data(), a.srcStride, a.tgt.data(),
+                                     a.tgtLen.data(), tgtStride, a.dirs.data(), a.hidden.data(), batch, lp.data(),
+                                     scores.data(), lengths.data());
+      status != LM_OK)
+    throwRuntimeStatus(status, origins);
   std::vector<df::Score> out(examples.size());
   for (int32_t b = 0; b < batch; ++b) {
     df::Score &s = out[size_t(b)];
@@ -275,16 +269,16 @@ int diformerScore(const ModelSpec &spec, const std::string &weights, const std::
   LineReader in(input, "input file");
   std::optional<WeightSet> w;
   std::vector<df::Example> examples;
+  std::vector<std::string> origins; // "file:line" of each example
   std::string line;
-  int64_t printed = 0;
   auto run = [&]() {
     if (!w && !compiled)
       w = loadWeights(weights, spec);
     std::vector<df::Score> results =
-        compiled ? scoreCompiled(spec, *compiled, examples) : df::score(spec, *w, examples, threads);
+        compiled ? scoreCompiled(spec, *compiled, examples, origins) : df::score(spec, *w, examples, threads);
     std::string out;
     for (size_t s = 0; s < results.size(); ++s) {
-      const std::string what = "result of input line " + std::to_string(printed + int64_t(s) + 1);
+      const std::string what = "result for " + origins[s];
       out += "{\"token_logprobs\":[";
       for (size_t i = 0; i < results[s].tokenLogprobs.size(); ++i) {
         if (i)
@@ -297,8 +291,8 @@ int diformerScore(const ModelSpec &spec, const std::string &weights, const std::
       appendNumber(out, results[s].lengthLogprob, what);
       out += "}\n";
     }
-    printed += int64_t(results.size());
     examples.clear();
+    origins.clear();
     return flushOut(out);
   };
   while (in.next(line)) {
@@ -307,6 +301,7 @@ int diformerScore(const ModelSpec &spec, const std::string &weights, const std::
     if (trim(line).empty())
       throw std::invalid_argument(in.where() + ": empty line (every line must hold one pair)");
     examples.push_back(parseLine(spec, line, tok, in.where()));
+    origins.push_back(in.where());
     if (examples.size() == 64 && run())
       return 1;
   }

@@ -31,9 +31,7 @@ void checkEvalSpec(const ModelSpec &spec, const Options &o, bool scores, const c
 /// `v` with 9 significant digits (the score/embed format); `what` names it in the non-finite error.
 std::string number(double v, const char *what) {
   std::string s;
-  if (!std::isfinite(v))
-    throw InputError(std::string("non-finite ") + what);
-  appendNumber(s, v, what, 0);
+  appendNumber(s, v, what);
   return s;
 }
 
@@ -64,7 +62,7 @@ int runSts(const Options &o) {
   Progress progress("pairs");
   std::vector<double> gold, similarity;
   auto run = [&] {
-    std::vector<std::vector<float>> e = model.embed(batch.sentences);
+    std::vector<std::vector<float>> e = model.embed(batch);
     for (size_t i = 0; i + 1 < e.size(); i += 2)
       similarity.push_back(cosine(e[i], e[i + 1]));
     progress.add(int64_t(batch.size() / 2));
@@ -95,8 +93,8 @@ int runSts(const Options &o) {
       throw InputError(in.where() + ": the gold score (column " + std::to_string(scoreCol + 1) + ") \"" + scoreText +
                        "\" is not a number");
     gold.push_back(g);
-    batch.add(encodeText(cols[firstCol], in.where(), spec, tok, o.truncate));
-    batch.add(encodeText(cols[firstCol + 1], in.where(), spec, tok, o.truncate));
+    batch.add(encodeText(cols[firstCol], in.where(), spec, tok, o.truncate), in.where());
+    batch.add(encodeText(cols[firstCol + 1], in.where(), spec, tok, o.truncate), in.where());
     if (batch.full())
       run();
   }
@@ -200,15 +198,15 @@ int runBlimp(const Options &o) {
   std::vector<Paradigm> paradigms;
   std::map<std::string, std::string> fileOfUid; // a paradigm counts once: causative.jsonl beside causative.jsonl.gz
   auto run = [&] {
-    std::vector<reference::ScoreResult> r = model.score(batch.sentences, batch.spans);
+    std::vector<reference::ScoreResult> r = model.score(batch);
     for (size_t i = 0; i + 1 < r.size(); i += 2)
       paradigms.back().correct += r[i].score > r[i + 1].score;
     progress.add(int64_t(batch.size() / 2));
     batch.clear();
   };
-  auto add = [&](std::vector<int32_t> ids) {
+  auto add = [&](std::vector<int32_t> ids, std::string origin) {
     std::vector<int32_t> ws = spans ? wordSpans(tok, ids) : std::vector<int32_t>{};
-    batch.add(std::move(ids), std::move(ws));
+    batch.add(std::move(ids), std::move(origin), std::move(ws));
   };
   for (const fs::path &file : files) {
     LineReader in(file.string(), "BLiMP paradigm file");
@@ -243,8 +241,8 @@ int runBlimp(const Options &o) {
         throw InputError(in.where() + ": field \"" + text("field") + "\", but the file's first pair is of \"" +
                          p.field + "\" (one field a paradigm)");
       }
-      add(encodeText(text("sentence_good"), in.where(), spec, tok, o.truncate));
-      add(encodeText(text("sentence_bad"), in.where(), spec, tok, o.truncate));
+      add(encodeText(text("sentence_good"), in.where(), spec, tok, o.truncate), in.where() + ": sentence_good");
+      add(encodeText(text("sentence_bad"), in.where(), spec, tok, o.truncate), in.where() + ": sentence_bad");
       ++p.pairs;
       paradigms.back().pairs = p.pairs;
       if (batch.full())
@@ -351,7 +349,7 @@ void readNBest(const std::string &path, const ModelSpec &spec, const Options &o,
   std::vector<NBest> pending;
   Progress progress("utterances");
   auto run = [&] {
-    std::vector<reference::ScoreResult> r = model.score(batch.sentences, batch.spans);
+    std::vector<reference::ScoreResult> r = model.score(batch);
     size_t k = 0;
     for (NBest &u : pending) {
       for (size_t h = 0; h < u.texts.size(); ++h)
@@ -399,7 +397,7 @@ void readNBest(const std::string &path, const ModelSpec &spec, const Options &o,
       u.errors.push_back(wordEditDistance(refWords, words));
       std::vector<int32_t> ids = encodeText(u.texts.back(), at, spec, tok, o.truncate);
       std::vector<int32_t> ws = spans ? wordSpans(tok, ids) : std::vector<int32_t>{};
-      batch.add(std::move(ids), std::move(ws));
+      batch.add(std::move(ids), at, std::move(ws));
     }
     pending.push_back(std::move(u));
     if (batch.full())

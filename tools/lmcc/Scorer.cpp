@@ -4,12 +4,15 @@
 #include "runtime/weights/ModelWeights.h"
 #include "tools/lmcc/EvalMath.h"
 
+#include <cmath>
+
 namespace lmcc::cli {
 
-void SentenceBatch::add(std::vector<int32_t> ids, std::vector<int32_t> wordSpans) {
+void SentenceBatch::add(std::vector<int32_t> ids, std::string origin, std::vector<int32_t> wordSpans) {
   const int64_t n = int64_t(ids.size());
   cost += squared ? n * n : n;
   sentences.push_back(std::move(ids));
+  origins.push_back(std::move(origin));
   if (!wordSpans.empty())
     spans.push_back(std::move(wordSpans));
 }
@@ -17,6 +20,7 @@ void SentenceBatch::add(std::vector<int32_t> ids, std::vector<int32_t> wordSpans
 void SentenceBatch::clear() {
   sentences.clear();
   spans.clear();
+  origins.clear();
   cost = 0;
 }
 
@@ -46,34 +50,53 @@ void Scorer::load() {
   lm_set_workspace_limit(o.maxMemoryMB << 20); // 0: the runtime's default
 }
 
-std::vector<reference::ScoreResult> Scorer::score(const std::vector<std::vector<int32_t>> &sentences,
-                                                  const std::vector<std::vector<int32_t>> &spans) {
+namespace {
+
+/// The reference executor reports no error for a NaN or infinity: the same InputError as the runtime's.
+template <typename T> void checkFinite(const T *values, size_t count, const std::string &origin, const char *entry) {
+  for (size_t i = 0; i < count; ++i)
+    if (!std::isfinite(values[i]))
+      throw InputError(origin + ": " + entry + ": non-finite result (the outputs are not usable; check the weights "
+                       "for huge values)");
+}
+
+} // namespace
+
+std::vector<reference::ScoreResult> Scorer::score(const SentenceBatch &batch) {
   load();
+  const std::vector<std::vector<int32_t>> &sentences = batch.sentences, &spans = batch.spans;
   bool original = true;
   for (const std::vector<int32_t> &s : spans)
     original = original && originalSpans(s);
-  if (weights)
-    return reference::score(spec, *weights, sentences, o.threads, original ? nullptr : &spans);
+  if (weights) {
+    std::vector<reference::ScoreResult> results =
+        reference::score(spec, *weights, sentences, o.threads, original ? nullptr : &spans);
+    for (size_t b = 0; b < results.size(); ++b) {
+      checkFinite(results[b].tokenLogprobs.data(), results[b].tokenLogprobs.size(), batch.origins[b], "score");
+      checkFinite(&results[b].score, 1, batch.origins[b], "score");
+    }
+    return results;
+  }
   Padded p(sentences);
-  const int32_t batch = int32_t(sentences.size());
-  std::vector<float> lp(size_t(batch) * p.stride), scores(batch);
-  std::vector<int32_t> nScored(batch);
+  const int32_t rows = int32_t(sentences.size());
+  std::vector<float> lp(size_t(rows) * p.stride), scores(rows);
+  std::vector<int32_t> nScored(rows);
   std::vector<int32_t> padded; // the spans in the ids' layout
   if (!original) {
-    padded.assign(size_t(batch) * p.stride, 0);
-    for (int32_t b = 0; b < batch; ++b)
+    padded.assign(size_t(rows) * p.stride, 0);
+    for (int32_t b = 0; b < rows; ++b)
       std::copy(spans[b].begin(), spans[b].end(), padded.begin() + size_t(b) * p.stride);
   }
   const auto start = std::chrono::steady_clock::now();
-  if (int status = batch ? lm_rt_score_spans(compiled->model, p.ids.data(), p.lengths.data(), batch, p.stride,
+  if (int status = rows ? lm_rt_score_spans(compiled->model, p.ids.data(), p.lengths.data(), rows, p.stride,
                                              original ? nullptr : padded.data(), lp.data(), scores.data(),
                                              nScored.data())
                          : LM_OK;
       status != LM_OK)
-    throwRuntimeStatus(status);
+    throwRuntimeStatus(status, batch.origins);
   ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  std::vector<reference::ScoreResult> results(batch);
-  for (int32_t b = 0; b < batch; ++b) {
+  std::vector<reference::ScoreResult> results(rows);
+  for (int32_t b = 0; b < rows; ++b) {
     results[b].tokenLogprobs.assign(lp.begin() + size_t(b) * p.stride, lp.begin() + size_t(b) * p.stride + p.lengths[b]);
     results[b].score = scores[b];
     results[b].nScored = nScored[b];
@@ -81,20 +104,25 @@ std::vector<reference::ScoreResult> Scorer::score(const std::vector<std::vector<
   return results;
 }
 
-std::vector<std::vector<float>> Scorer::embed(const std::vector<std::vector<int32_t>> &sentences) {
+std::vector<std::vector<float>> Scorer::embed(const SentenceBatch &batch) {
   load();
-  if (weights)
-    return reference::embed(spec, *weights, sentences, o.threads);
+  const std::vector<std::vector<int32_t>> &sentences = batch.sentences;
+  if (weights) {
+    std::vector<std::vector<float>> results = reference::embed(spec, *weights, sentences, o.threads);
+    for (size_t b = 0; b < results.size(); ++b)
+      checkFinite(results[b].data(), results[b].size(), batch.origins[b], "embed");
+    return results;
+  }
   Padded p(sentences);
-  const int32_t batch = int32_t(sentences.size());
+  const int32_t rows = int32_t(sentences.size());
   const size_t d = size_t(spec.dims.dModel);
-  std::vector<float> out(size_t(batch) * d);
-  if (int status = batch ? lm_rt_embed(compiled->model, p.ids.data(), p.lengths.data(), batch, p.stride, out.data())
+  std::vector<float> out(size_t(rows) * d);
+  if (int status = rows ? lm_rt_embed(compiled->model, p.ids.data(), p.lengths.data(), rows, p.stride, out.data())
                          : LM_OK;
       status != LM_OK)
-    throwRuntimeStatus(status);
-  std::vector<std::vector<float>> results(batch);
-  for (int32_t b = 0; b < batch; ++b)
+    throwRuntimeStatus(status, batch.origins);
+  std::vector<std::vector<float>> results(rows);
+  for (int32_t b = 0; b < rows; ++b)
     results[b].assign(out.begin() + b * d, out.begin() + (b + 1) * d);
   return results;
 }

@@ -21,8 +21,9 @@ struct SentenceBatch {
   explicit SentenceBatch(const ModelSpec &spec) : squared(spec.method == ScoreMethod::MaskAndPredict) {}
   std::vector<std::vector<int32_t>> sentences;
   std::vector<std::vector<int32_t>> spans; ///< word-l2r spans per sentence (empty: original PLL)
+  std::vector<std::string> origins;        ///< where each sentence comes from ("ids.txt:3"), for errors
   bool full() const { return sentences.size() >= 256 || cost >= 16384; }
-  void add(std::vector<int32_t> ids, std::vector<int32_t> wordSpans = {});
+  void add(std::vector<int32_t> ids, std::string origin, std::vector<int32_t> wordSpans = {});
   void clear();
   size_t size() const { return sentences.size(); }
 
@@ -43,11 +44,11 @@ public:
   ~Scorer();
   /// Loads the model now (validating the weights) if no call has.
   void load();
-  /// Sentence scores ([score] method); `spans` empty, or one per sentence: the word-l2r spans (EvalMath.h).
-  std::vector<reference::ScoreResult> score(const std::vector<std::vector<int32_t>> &sentences,
-                                            const std::vector<std::vector<int32_t>> &spans = {});
-  /// Pooled embeddings ([embed]), one vector of d_model floats per sentence.
-  std::vector<std::vector<float>> embed(const std::vector<std::vector<int32_t>> &sentences);
+  /// Sentence scores ([score] method) of the batch's sentences, with its word-l2r spans when it has them
+  /// (EvalMath.h). A non-finite result, compiled or reference, is an InputError naming the sentence's origin.
+  std::vector<reference::ScoreResult> score(const SentenceBatch &batch);
+  /// Pooled embeddings ([embed]), one vector of d_model floats per sentence; non-finite values as score's.
+  std::vector<std::vector<float>> embed(const SentenceBatch &batch);
   /// Wall time of the compiled scoring calls so far, in milliseconds (--timing).
   double scoreMs() const { return ms; }
 

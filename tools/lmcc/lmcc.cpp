@@ -251,7 +251,7 @@ int runGrad(Options o) {
   out.metadata["loss"] = std::to_string(loss);
   writeWeightsFile(o.output, out);
   std::string line = "{\"loss\":";
-  appendNumber(line, loss, "loss", 0);
+  appendNumber(line, loss, "loss");
   line += ",\"targets\":" + std::to_string(b.targetCount) + "}\n";
   std::fwrite(line.data(), 1, line.size(), stdout);
   return std::fflush(stdout) == 0 ? kExitOk : kExitInput;
@@ -328,13 +328,13 @@ int runTrainBatches(Options o) {
       throw InputError("step " + std::to_string(step + 1) + ": " + why);
     }
     std::string line = "{\"step\":" + std::to_string(step + 1) + ",\"loss\":";
-    appendNumber(line, loss, "loss", size_t(step));
+    appendNumber(line, loss, "loss at step " + std::to_string(step + 1));
     line += ",\"lr\":";
     char buf[40];
     std::snprintf(buf, sizeof buf, "%.9g", lr);
     line += buf;
     line += ",\"grad_norm\":";
-    appendNumber(line, norm, "gradient norm", size_t(step));
+    appendNumber(line, norm, "gradient norm at step " + std::to_string(step + 1));
     line += "}\n";
     std::fwrite(line.data(), 1, line.size(), stdout);
     std::fflush(stdout);
@@ -831,7 +831,7 @@ int runScoreOrEmbed(const Options &o, bool score) {
   Scorer model(spec, o);
   SentenceBatch batch(spec);
   Progress progress("lines");
-  size_t first = 0; // the 0-based input line of the chunk's first sentence
+  size_t first = 0; // sentences done so far (--timing)
   auto run = [&] {
     std::string out;
     auto tokensField = [&](size_t s) {
@@ -841,29 +841,29 @@ int runScoreOrEmbed(const Options &o, bool score) {
       return f + "]";
     };
     if (score) {
-      std::vector<lmcc::reference::ScoreResult> results = model.score(batch.sentences, batch.spans);
+      std::vector<lmcc::reference::ScoreResult> results = model.score(batch);
       for (size_t s = 0; s < results.size(); ++s) {
         out += "{\"token_logprobs\":[";
         for (size_t i = 0; i < results[s].tokenLogprobs.size(); ++i) {
           if (i)
             out += ',';
-          appendNumber(out, results[s].tokenLogprobs[i], "log-probability", first + s);
+          appendNumber(out, results[s].tokenLogprobs[i], "log-probability for " + batch.origins[s]);
         }
         out += "],\"score\":";
-        appendNumber(out, results[s].score, "score", first + s);
+        appendNumber(out, results[s].score, "score for " + batch.origins[s]);
         out += ",\"n_scored\":" + std::to_string(results[s].nScored);
         if (o.tokens)
           out += tokensField(s);
         out += "}\n";
       }
     } else {
-      std::vector<std::vector<float>> results = model.embed(batch.sentences);
+      std::vector<std::vector<float>> results = model.embed(batch);
       for (size_t s = 0; s < results.size(); ++s) {
         out += "{\"embedding\":[";
         for (size_t i = 0; i < results[s].size(); ++i) {
           if (i)
             out += ',';
-          appendNumber(out, results[s][i], "embedding value", first + s);
+          appendNumber(out, results[s][i], "embedding value for " + batch.origins[s]);
         }
         out += "]";
         if (o.tokens)
@@ -881,7 +881,7 @@ int runScoreOrEmbed(const Options &o, bool score) {
     std::vector<int32_t> ids = tok && !o.text.empty() ? encodeText(line, in.where(), spec, *tok, o.truncate)
                                                       : encodeIds(line, in.where(), spec);
     std::vector<int32_t> ws = spans ? wordSpans(*tok, ids) : std::vector<int32_t>{};
-    batch.add(std::move(ids), std::move(ws));
+    batch.add(std::move(ids), in.where(), std::move(ws));
     if (batch.full())
       run();
   }
