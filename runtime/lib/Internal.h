@@ -46,10 +46,11 @@ struct PairBatch {
 void checkPairInputs(const lm_model *m, const int32_t *src, const int32_t *srcLengths, int32_t srcStride,
                      const int32_t *tgt, const int32_t *tgtLengths, int32_t tgtStride, const int32_t *dirs,
                      const uint32_t *hidden, int32_t batch);
-/// Pairs [b0, b0 + rows) of checked inputs.
-PairBatch packPairs(const lm_model_desc *d, const int32_t *src, const int32_t *srcLengths, int32_t srcStride,
-                    const int32_t *tgt, const int32_t *tgtLengths, int32_t tgtStride, const int32_t *dirs,
-                    const uint32_t *hidden, int64_t b0, int64_t rows);
+/// Pairs [b0, b0 + rows) of checked inputs into `p`, whose buffers are reused (a steady-state call allocates
+/// nothing).
+void packPairs(PairBatch &p, const lm_model_desc *d, const int32_t *src, const int32_t *srcLengths, int32_t srcStride,
+               const int32_t *tgt, const int32_t *tgtLengths, int32_t tgtStride, const int32_t *dirs,
+               const uint32_t *hidden, int64_t b0, int64_t rows);
 
 /// Throw an argument / internal error that guardedCall turns into its status code and message.
 [[noreturn]] void argument(std::string message);

@@ -37,6 +37,11 @@ struct Packed {
   std::vector<int32_t> inputs, target, lengths;
   std::vector<float> ce; ///< the loss kernel's per-row cross-entropy
 };
+/// Source/target pairs packed for the Diformer's loss kernels, and their outputs.
+struct PackedPairs {
+  lmrt::detail::PairBatch batch;
+  std::vector<float> ce, lengthLp; ///< per target row; per pair
+};
 } // namespace
 
 struct lm_trainer {
@@ -44,6 +49,7 @@ struct lm_trainer {
   std::unique_ptr<lmcc::train::Optimizer> optimizer;
   std::vector<float> grads; ///< the weight buffer's layout
   Packed packed;            ///< the last step's batch (its buffers reused: a steady-state step allocates nothing)
+  PackedPairs pairs;        ///< the same for a Diformer's steps
 };
 
 namespace {
@@ -149,19 +155,22 @@ double pairLoss(const lm_model_desc &d, const std::vector<float> &ce, const std:
   return loss;
 }
 
-/// The pair_loss_grad kernel on checked pairs into `grads` (zeroed first); see lossAndGrad.
+/// The pair_loss_grad kernel on checked pairs (packed into `p`) into `grads` (zeroed first); see lossAndGrad.
 double pairLossAndGrad(lm_model *m, const int32_t *src, const int32_t *srcLengths, int32_t srcStride,
                        const int32_t *tgt, const int32_t *tgtLengths, int32_t tgtStride, const int32_t *dirs,
-                       const uint32_t *hidden, int32_t batch, float *grads, bool checkGrads, double *nll) {
+                       const uint32_t *hidden, int32_t batch, PackedPairs &packed, float *grads, bool checkGrads,
+                       double *nll) {
   const lm_model_desc &d = *m->desc;
   if (!d.pair_loss_grad)
     argument("model " + lmcc::quoted(d.name) + " does not train on source/target pairs (only family \"diformer\" "
              "compiled with --train does)");
   lmrt::detail::checkPairInputs(m, src, srcLengths, srcStride, tgt, tgtLengths, tgtStride, dirs, hidden, batch);
-  lmrt::detail::PairBatch p =
-      lmrt::detail::packPairs(&d, src, srcLengths, srcStride, tgt, tgtLengths, tgtStride, dirs, hidden, 0, batch);
+  lmrt::detail::PairBatch &p = packed.batch;
+  lmrt::detail::packPairs(p, &d, src, srcLengths, srcStride, tgt, tgtLengths, tgtStride, dirs, hidden, 0, batch);
   std::fill(grads, grads + d.total_floats, 0.0f);
-  std::vector<float> ce(size_t(p.rows * p.n)), lengthLp(size_t(p.rows));
+  std::vector<float> &ce = packed.ce, &lengthLp = packed.lengthLp;
+  ce.assign(size_t(p.rows * p.n), 0.0f);
+  lengthLp.assign(size_t(p.rows), 0.0f);
   lm_memref1f w = memref1(m->weights, d.total_floats), g = memref1(grads, d.total_floats);
   lm_memref2i srcRef = p.srcRef(), tgtRef = p.tgtRef();
   lm_memref1i srcLenRef = p.srcLenRef(), tgtLenRef = p.tgtLenRef();
@@ -291,8 +300,9 @@ int lm_rt_pair_loss_and_grad(lm_model *m, const int32_t *src, const int32_t *src
   return guardedCall([&] {
     const lm_model_desc &d = trainable(m);
     std::vector<float> grads(d.total_floats);
+    PackedPairs packed;
     const double value = pairLossAndGrad(m, src, src_lengths, src_stride, tgt, tgt_lengths, tgt_stride, dirs, hidden,
-                                         batch, grads.data(), /*checkGrads=*/true, nll);
+                                         batch, packed, grads.data(), /*checkGrads=*/true, nll);
     if (grad)
       packGradient(d, grads, grad);
     if (loss)
@@ -308,7 +318,7 @@ int lm_rt_train_step_pairs(lm_trainer *t, const int32_t *src, const int32_t *src
     if (!t)
       argument("the trainer is NULL");
     const double value = pairLossAndGrad(t->model, src, src_lengths, src_stride, tgt, tgt_lengths, tgt_stride, dirs,
-                                         hidden, batch, t->grads.data(), /*checkGrads=*/false, nll);
+                                         hidden, batch, t->pairs, t->grads.data(), /*checkGrads=*/false, nll);
     // <- a data-parallel run would all-reduce t->grads here.
     applyStep(t, lr, gradNorm);
     if (loss)

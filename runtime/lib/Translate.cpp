@@ -103,7 +103,8 @@ public:
     const int32_t n = int32_t(tgt.size()), m = int32_t(M);
     std::vector<int32_t> dirs(size_t(n), leftToRight ? 0 : 1);
     (leftToRight ? dirs.back() : dirs.front()) = 3;
-    PairBatch pb = packPairs(d, src.data(), &m, m, tgt.data(), &n, n, dirs.data(), nullptr, 0, 1);
+    PairBatch pb;
+    packPairs(pb, d, src.data(), &m, m, tgt.data(), &n, n, dirs.data(), nullptr, 0, 1);
     std::vector<int32_t> nScored(1);
     std::vector<float> lp(static_cast<size_t>(n)), score(1), length(1);
     lm_memref1f w = weights();

@@ -553,7 +553,8 @@ Plan plan(const int32_t *lengths, int32_t batch, const int64_t *sentence, const 
 
 struct Workspace {
   std::vector<int32_t> ids, lengths, nScored, spans;
-  std::vector<float> logprobs, scores, states;
+  std::vector<float> logprobs, scores, states, lengthLogprobs;
+  PairBatch pairs; ///< lm_rt_score_pairs's packed chunk
   /// A mask-and-predict embedding call's sentences cut into windows (spanEmbed): each one's rows, gathered until
   /// its last window is in. Entries are reused call after call (only the first `used` belong to the call).
   struct Gathered {
@@ -713,12 +714,11 @@ void checkPairInputs(const lm_model *m, const int32_t *src, const int32_t *srcLe
   }
 }
 
-PairBatch packPairs(const lm_model_desc *d, const int32_t *src, const int32_t *srcLengths, int32_t srcStride,
-                    const int32_t *tgt, const int32_t *tgtLengths, int32_t tgtStride, const int32_t *dirs,
-                    const uint32_t *hidden, int64_t b0, int64_t rows) {
+void packPairs(PairBatch &p, const lm_model_desc *d, const int32_t *src, const int32_t *srcLengths, int32_t srcStride,
+               const int32_t *tgt, const int32_t *tgtLengths, int32_t tgtStride, const int32_t *dirs,
+               const uint32_t *hidden, int64_t b0, int64_t rows) {
   const int64_t W = LM_HIDDEN_WORDS(d->max_len);
-  PairBatch p;
-  p.rows = rows, p.width = 1 + W;
+  p.rows = rows, p.width = 1 + W, p.ms = 0, p.n = 0;
   for (int64_t r = 0; r < rows; ++r) {
     p.ms = std::max<int64_t>(p.ms, srcLengths[b0 + r]);
     p.n = std::max<int64_t>(p.n, tgtLengths[b0 + r]);
@@ -746,7 +746,6 @@ PairBatch packPairs(const lm_model_desc *d, const int32_t *src, const int32_t *s
         row[1 + w] = int32_t(hidden[(b * tgtStride + i) * W + w]);
     }
   }
-  return p;
 }
 
 } // namespace lmrt::detail
@@ -889,18 +888,23 @@ void pairsImpl(lm_model *m, const int32_t *src, const int32_t *srcLengths, int32
   lm_memref1f weights = memref1(m->weights, d->total_floats);
   forEachPiece(pieces, threads, [&](int64_t p) {
     const int64_t b0 = p * kChunkRows, rows = std::min<int64_t>(kChunkRows, batch - b0);
-    PairBatch pb = packPairs(d, src, srcLengths, srcStride, tgt, tgtLengths, tgtStride, dirs, hidden, b0, rows);
+    WorkspaceLease ws;
+    PairBatch &pb = ws->pairs;
+    packPairs(pb, d, src, srcLengths, srcStride, tgt, tgtLengths, tgtStride, dirs, hidden, b0, rows);
     const int64_t n = pb.n;
     const size_t R = size_t(rows);
-    std::vector<int32_t> nScored(R);
-    std::vector<float> lp(R * size_t(n)), sc(R), len(R);
+    grow(ws->nScored, R);
+    grow(ws->logprobs, R * size_t(n));
+    grow(ws->scores, R);
+    grow(ws->lengthLogprobs, R);
+    const std::vector<float> &lp = ws->logprobs, &sc = ws->scores, &len = ws->lengthLogprobs;
     lm_memref1f w = weights;
     lm_memref2i srcRef = pb.srcRef(), tgtRef = pb.tgtRef();
     lm_memref1i srcLenRef = pb.srcLenRef(), tgtLenRef = pb.tgtLenRef();
     lm_memref3i rowsRef = pb.rowsRef();
-    lm_memref2f lpRef = memref2(lp.data(), rows, n);
-    lm_memref1f scRef = memref1(sc.data(), rows), lenRef = memref1(len.data(), rows);
-    lm_memref1i nRef = memref1(nScored.data(), rows);
+    lm_memref2f lpRef = memref2(ws->logprobs.data(), rows, n);
+    lm_memref1f scRef = memref1(ws->scores.data(), rows), lenRef = memref1(ws->lengthLogprobs.data(), rows);
+    lm_memref1i nRef = memref1(ws->nScored.data(), rows);
     d->pair_score(&w, &srcRef, &srcLenRef, &tgtRef, &tgtLenRef, &rowsRef, &lpRef, &scRef, &nRef, &lenRef);
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t b = b0 + r;

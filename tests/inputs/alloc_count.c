@@ -1,44 +1,12 @@
 /* Counts the system allocations (malloc, calloc, realloc, posix_memalign, aligned_alloc, memalign) of
  * steady-state score, embed and train-step calls through a model's C API at 1 thread (issue 4: the runtime's
  * steady-state calls allocate nothing; at 2 threads a worker may run a piece it has not run before, and its
- * workspace cache then takes a block from the system). MODEL is replaced by the model's name before compiling.
- * glibc only: the replacements forward to glibc's __libc_* functions and count while `counting` is set. */
+ * workspace cache then takes a block from the system). MODEL is replaced by the model's name before compiling;
+ * alloc_count.h counts. */
 #define _GNU_SOURCE
 #include "MODEL.h"
 
-#include <stddef.h>
-#include <stdio.h>
-#include <stdlib.h>
-
-extern void *__libc_malloc(size_t);
-extern void *__libc_calloc(size_t, size_t);
-extern void *__libc_realloc(void *, size_t);
-extern void *__libc_memalign(size_t, size_t);
-
-static long allocations = 0;
-static int counting = 0;
-static void count(void) {
-  if (counting)
-    __atomic_add_fetch(&allocations, 1, __ATOMIC_RELAXED);
-}
-void *malloc(size_t n) { count(); return __libc_malloc(n); }
-void *calloc(size_t a, size_t b) { count(); return __libc_calloc(a, b); }
-void *realloc(void *p, size_t n) { count(); return __libc_realloc(p, n); }
-void *memalign(size_t al, size_t n) { count(); return __libc_memalign(al, n); }
-void *aligned_alloc(size_t al, size_t n) { count(); return __libc_memalign(al, n); }
-int posix_memalign(void **p, size_t al, size_t n) {
-  count();
-  *p = __libc_memalign(al, n);
-  return *p ? 0 : 12;
-}
-
-#define CHECK(call)                                                                                                  \
-  do {                                                                                                               \
-    if ((call) != 0) {                                                                                           \
-      fprintf(stderr, "%s: %s\n", #call, lm_last_error());                                                           \
-      return 1;                                                                                                      \
-    }                                                                                                                \
-  } while (0)
+#include "alloc_count.h"
 
 enum { B = 3, N = 8 };
 
