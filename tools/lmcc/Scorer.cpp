@@ -89,9 +89,9 @@ std::vector<reference::ScoreResult> Scorer::score(const SentenceBatch &batch) {
   }
   const auto start = std::chrono::steady_clock::now();
   if (int status = rows ? lm_rt_score_spans(compiled->model, p.ids.data(), p.lengths.data(), rows, p.stride,
-                                             original ? nullptr : padded.data(), lp.data(), scores.data(),
-                                             nScored.data())
-                         : LM_OK;
+                                            original ? nullptr : padded.data(), lp.data(), scores.data(),
+                                            nScored.data())
+                        : LM_OK;
       status != LM_OK)
     throwRuntimeStatus(status, batch.origins);
   ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
@@ -118,7 +118,7 @@ std::vector<std::vector<float>> Scorer::embed(const SentenceBatch &batch) {
   const size_t d = size_t(spec.dims.dModel);
   std::vector<float> out(size_t(rows) * d);
   if (int status = rows ? lm_rt_embed(compiled->model, p.ids.data(), p.lengths.data(), rows, p.stride, out.data())
-                         : LM_OK;
+                        : LM_OK;
       status != LM_OK)
     throwRuntimeStatus(status, batch.origins);
   std::vector<std::vector<float>> results(rows);
