@@ -15,6 +15,7 @@
 
 #include "llvm/IR/LegacyPassManager.h"
 #include "llvm/IR/Module.h"
+#include "llvm/IR/OptBisect.h"
 #include "llvm/MC/MCSubtargetInfo.h"
 #include "llvm/MC/TargetRegistry.h"
 #include "llvm/Passes/PassBuilder.h"
@@ -106,6 +107,24 @@ int64_t hostL1Ways() {
   return ways > 0 ? ways : 0;
 }
 
+namespace {
+
+/// Skips LLVM 19's X86 Domain Reassignment pass (GPR -> AVX-512 mask register closures). Its closure search is
+/// superlinear in a function's size (fixed in LLVM 20, llvm/llvm-project#108108): on the naive pipeline's large
+/// entry functions it took most of the compile (30 s of 37 s for a 106k-instruction decode entry; the whole
+/// naive training library of a tiny Diformer took 9 minutes). Measured on every bundled model, fp32 --train and
+/// bf16, the optimized pipeline's object code is the same instruction for instruction with and without the pass
+/// (bench/results/2026-12-01-compile-time.md), so skipping it costs nothing there.
+class SkipDomainReassignment final : public llvm::OptPassGate {
+public:
+  bool shouldRunPass(const llvm::StringRef pass, llvm::StringRef) override {
+    return pass != "X86 Domain Reassignment Pass" && pass != "x86-domain-reassignment";
+  }
+  bool isEnabled() const override { return true; }
+};
+
+} // namespace
+
 std::string emitObject(ModuleOp module, const std::string &path, const ObjectOptions &options) {
   llvm::InitializeNativeTarget();
   llvm::InitializeNativeTargetAsmPrinter();
@@ -114,7 +133,9 @@ std::string emitObject(ModuleOp module, const std::string &path, const ObjectOpt
   registerLLVMDialectTranslation(*module.getContext());
   registerAMXDialectTranslation(*module.getContext());
 
+  SkipDomainReassignment gate; // outlives the context that refers to it
   llvm::LLVMContext llvmContext;
+  llvmContext.setOptPassGate(gate);
   std::unique_ptr<llvm::Module> llvmModule = translateModuleToLLVMIR(module, llvmContext);
   if (!llvmModule)
     return "cannot translate the kernels to LLVM IR";
