@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -125,6 +126,16 @@ std::string jsonString(const std::string &s);
 /// Formats a float with 9 significant digits; a non-finite value is an InputError "non-finite <what> (check the
 /// weights)", so `what` names the value and where it comes from ("score for ids.txt:3").
 void appendNumber(std::string &out, double v, const std::string &what);
+
+/// A result of `entry` ("score", "embed") for the input at `origin` ("ids.txt:3") that is not finite: the
+/// InputError the compiled runtime's LM_ERR_NONFINITE becomes (throwRuntimeStatus), for the reference executor,
+/// which reports none itself.
+template <typename T> void checkFinite(const T *values, size_t count, const std::string &origin, const char *entry) {
+  for (size_t i = 0; i < count; ++i)
+    if (!std::isfinite(values[i]))
+      throw InputError(origin + ": " + entry + ": non-finite result (the outputs are not usable; check the weights "
+                       "for huge values)");
+}
 
 /// Parses one JSON value; a syntax error is an InputError naming `where`.
 nlohmann::json parseJson(const std::string &text, const std::string &where);

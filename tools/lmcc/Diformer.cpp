@@ -276,6 +276,11 @@ int diformerScore(const ModelSpec &spec, const std::string &weights, const std::
       w = loadWeights(weights, spec);
     std::vector<df::Score> results =
         compiled ? scoreCompiled(spec, *compiled, examples, origins) : df::score(spec, *w, examples, threads);
+    for (size_t s = 0; s < results.size(); ++s) { // the runtime checked the compiled ones
+      checkFinite(results[s].tokenLogprobs.data(), results[s].tokenLogprobs.size(), origins[s], "score");
+      checkFinite(&results[s].score, 1, origins[s], "score");
+      checkFinite(&results[s].lengthLogprob, 1, origins[s], "score");
+    }
     std::string out;
     for (size_t s = 0; s < results.size(); ++s) {
       const std::string what = "result for " + origins[s];

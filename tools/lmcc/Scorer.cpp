@@ -4,8 +4,6 @@
 #include "runtime/weights/ModelWeights.h"
 #include "tools/lmcc/EvalMath.h"
 
-#include <cmath>
-
 namespace lmcc::cli {
 
 void SentenceBatch::add(std::vector<int32_t> ids, std::string origin, std::vector<int32_t> wordSpans) {
@@ -49,18 +47,6 @@ void Scorer::load() {
   lm_set_num_threads(o.threads);
   lm_set_workspace_limit(o.maxMemoryMB << 20); // 0: the runtime's default
 }
-
-namespace {
-
-/// The reference executor reports no error for a NaN or infinity: the same InputError as the runtime's.
-template <typename T> void checkFinite(const T *values, size_t count, const std::string &origin, const char *entry) {
-  for (size_t i = 0; i < count; ++i)
-    if (!std::isfinite(values[i]))
-      throw InputError(origin + ": " + entry + ": non-finite result (the outputs are not usable; check the weights "
-                       "for huge values)");
-}
-
-} // namespace
 
 std::vector<reference::ScoreResult> Scorer::score(const SentenceBatch &batch) {
   load();
