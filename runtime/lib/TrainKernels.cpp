@@ -488,18 +488,19 @@ void layerNormGrad(const float *dy, const float *x, const float *gamma, int64_t 
 void activationGrad(const float *dy, const float *x, int64_t n, int32_t kind, float *dx) {
   constexpr double kInvSqrt2 = 0.70710678118654752440, kInvSqrt2Pi = 0.39894228040143267794;
   const float kf = float(std::sqrt(2.0 / 3.14159265358979323846)), c = 0.044715f;
-  parallelFor(blocks(n, 4096), [&](int64_t blk) {
+  constexpr int64_t kBlock = 4096; // elements a piece; its results on the stack
+  parallelFor(blocks(n, kBlock), [&](int64_t blk) {
     // float math (the forward is float too), vectorized: Eigen's erf, exp and tanh on whole blocks.
-    const int64_t i0 = blk * 4096, len = std::min(n, i0 + 4096) - i0;
+    const int64_t i0 = blk * kBlock, len = std::min(n, i0 + kBlock) - i0;
     const auto v = ConstArray(x + i0, len), g = ConstArray(dy + i0, len);
-    alignas(64) float out[4096]; // computed aligned (see Array), then copied
+    alignas(64) float out[kBlock]; // computed aligned (see Array), then copied
     auto d = Array(out, len);
     if (kind == LMRT_ACT_RELU) {
       d = g * (v > 0.0f).cast<float>();
     } else if (kind == LMRT_ACT_GELU) {
       d = g * (0.5f * (1.0f + (v * float(kInvSqrt2)).erf()) + v * float(kInvSqrt2Pi) * (-0.5f * v * v).exp());
     } else {
-      alignas(64) float thBuf[4096];
+      alignas(64) float thBuf[kBlock];
       auto th = Array(thBuf, len);
       th = (kf * (v + c * v * v * v)).tanh();
       d = g * (0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * kf * (1.0f + 3.0f * c * v * v));

@@ -897,7 +897,6 @@ void pairsImpl(lm_model *m, const int32_t *src, const int32_t *srcLengths, int32
     grow(ws->logprobs, R * size_t(n));
     grow(ws->scores, R);
     grow(ws->lengthLogprobs, R);
-    const std::vector<float> &lp = ws->logprobs, &sc = ws->scores, &len = ws->lengthLogprobs;
     lm_memref1f w = weights;
     lm_memref2i srcRef = pb.srcRef(), tgtRef = pb.tgtRef();
     lm_memref1i srcLenRef = pb.srcLenRef(), tgtLenRef = pb.tgtLenRef();
@@ -909,10 +908,11 @@ void pairsImpl(lm_model *m, const int32_t *src, const int32_t *srcLengths, int32
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t b = b0 + r;
       if (tokenLogprobs)
-        std::copy(lp.begin() + r * n, lp.begin() + r * n + tgtLengths[b], tokenLogprobs + b * tgtStride);
-      scores[b] = sc[size_t(r)];
+        std::copy(ws->logprobs.begin() + r * n, ws->logprobs.begin() + r * n + tgtLengths[b],
+                  tokenLogprobs + b * tgtStride);
+      scores[b] = ws->scores[size_t(r)];
       if (lengthLogprobs)
-        lengthLogprobs[b] = len[size_t(r)];
+        lengthLogprobs[b] = ws->lengthLogprobs[size_t(r)];
     }
   });
   for (int32_t b = 0; b < batch; ++b) {
