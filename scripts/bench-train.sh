@@ -9,8 +9,6 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv=$("$root/scripts/bench-venv.sh" torch numpy)
-export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/lmcc-ccache}
-export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros}
 [ -f "$root/build/build.ninja" ] || "$root/scripts/setup.sh"
 ninja -C "$root/build" -j2 bin/lmcc lib/liblmrt.so train_bench >/dev/null
 exec "$venv/bin/python" "$root/bench/train_grid.py" "$@"

@@ -8,9 +8,11 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
 asan=$root/build-asan
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+. "$root/scripts/ccache-launcher.sh"
 if [ ! -f "$asan/build.ninja" ]; then
+  launcher=$(ccache_launcher "$root")
   cmake -S "$root" -B "$asan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLMCC_SANITIZE=ON \
-    -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache > /dev/null
+    -DCMAKE_C_COMPILER_LAUNCHER="$launcher" -DCMAKE_CXX_COMPILER_LAUNCHER="$launcher" > /dev/null
 fi
 cmake --build "$asan" --target lmrt RuntimeTest WeightsTest -- -j"$(nproc)" > "$asan/build.log" 2>&1 || { tail -50 "$asan/build.log"; exit 1; }
 "$asan/tests/unit/RuntimeTest" --gtest_brief=1

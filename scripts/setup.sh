@@ -27,11 +27,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/lmcc-ccache}
-# codegen/ compiles against a precompiled header of the MLIR headers; ccache caches such objects only with this.
-export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros}
+. "$root/scripts/ccache-launcher.sh"
 if [ ! -f "$root/build/build.ninja" ]; then
+  launcher=$(ccache_launcher "$root")
   cmake -S "$root" -B "$root/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache >/dev/null
+    -DCMAKE_C_COMPILER_LAUNCHER="$launcher" -DCMAKE_CXX_COMPILER_LAUNCHER="$launcher" >/dev/null
 fi
 cmake --build "$root/build" -- -j"$(nproc)"
