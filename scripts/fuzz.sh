@@ -30,18 +30,32 @@ mkdir -p "$out/obj"
 flags=(-std=c++17 -g -O1 -DNDEBUG -fsanitize=address,undefined -fno-sanitize-recover=undefined -I "$root")
 sources=(frontend/Spec.cpp runtime/weights/Safetensors.cpp runtime/weights/Format.cpp runtime/train/Corpus.cpp
          runtime/train/Objectives.cpp runtime/lib/Tokenizer.cpp)
-objects=()
-for src in "${sources[@]}"; do
-  obj="$out/obj/$(echo "$src" | tr / _).o"
-  if [ ! -f "$obj" ] || [ "$root/$src" -nt "$obj" ]; then
-    clang++-19 "${flags[@]}" -fsanitize=fuzzer-no-link -c "$root/$src" -o "$obj"
+# Through the build trees' ccache (a fresh clone hits what another one compiled), two compiles at a time.
+. "$root/scripts/ccache-launcher.sh"
+IFS=';' read -r -a cxx <<< "$(ccache_launcher "$root");clang++-19"
+compile() { # SOURCE OBJECT [FLAGS...]: compiles when the object is missing or older than the source
+  local src=$1 obj=$2
+  shift 2
+  if [ ! -f "$obj" ] || [ "$src" -nt "$obj" ]; then
+    "${cxx[@]}" "${flags[@]}" "$@" -c "$src" -o "$obj"
   fi
-  objects+=("$obj")
+}
+objects=() pids=()
+for src in "${sources[@]}" tests/fuzz/{spec,safetensors,ids,tokenizer}_fuzzer.cpp; do
+  obj="$out/obj/$(echo "$src" | tr / _).o"
+  compile "$root/$src" "$obj" -fsanitize=fuzzer-no-link &
+  pids+=($!)
+  [[ $src == tests/fuzz/* ]] || objects+=("$obj")
+  if [ ${#pids[@]} -ge 2 ]; then
+    wait "${pids[0]}" || exit 1
+    pids=("${pids[@]:1}")
+  fi
 done
+for pid in "${pids[@]}"; do wait "$pid" || exit 1; done
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 for target in spec safetensors ids tokenizer; do
   bin="$out/${target}_fuzzer"
-  clang++-19 "${flags[@]}" -fsanitize=fuzzer "$root/tests/fuzz/${target}_fuzzer.cpp" "${objects[@]}" -lutf8proc -o "$bin"
+  clang++-19 "${flags[@]}" -fsanitize=fuzzer "$out/obj/tests_fuzz_${target}_fuzzer.cpp.o" "${objects[@]}" -lutf8proc -o "$bin"
   regressions="$root/tests/fuzz/regressions/$target"
   if [ -d "$regressions" ] && [ -n "$(ls -A "$regressions")" ]; then
     "$bin" -runs=0 "$regressions"/* > "$out/$target-regressions.log" 2>&1 ||
