@@ -12,6 +12,7 @@
 #include "runtime/reference/Diformer.h"
 #include "runtime/reference/DiformerDecode.h"
 #include "runtime/weights/ModelWeights.h"
+#include "tests/unit/TestPaths.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -22,9 +23,6 @@
 #include <random>
 #include <sstream>
 
-#ifndef LMCC_SOURCE_DIR
-#define LMCC_SOURCE_DIR "."
-#endif
 
 using namespace lmcc;
 namespace df = lmcc::reference::diformer;
@@ -32,7 +30,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path fixtureRoot() { return fs::path(LMCC_SOURCE_DIR) / "tests" / "golden" / "diformer_fixtures"; }
+fs::path fixtureRoot() { return fs::path(test::kSourceDir) / "tests" / "golden" / "diformer_fixtures"; }
 
 std::vector<std::string> readLines(const fs::path &p) {
   std::ifstream in(p);

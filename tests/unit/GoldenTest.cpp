@@ -12,6 +12,7 @@
 #include "frontend/Spec.h"
 #include "runtime/reference/Executor.h"
 #include "runtime/weights/ModelWeights.h"
+#include "tests/unit/TestPaths.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -26,9 +27,6 @@
 #include <string>
 #include <vector>
 
-#ifndef LMCC_SOURCE_DIR // tests/CMakeLists.txt defines it; GoldenFixtures.Present catches a wrong one
-#define LMCC_SOURCE_DIR "."
-#endif
 
 namespace fs = std::filesystem;
 
@@ -39,7 +37,7 @@ constexpr double kScoreTol = 1e-3; // summed score
 constexpr int kThreads = 2;
 constexpr int kMaxReported = 5;    // mismatching values reported per sentence
 
-fs::path fixturesRoot() { return fs::path(LMCC_SOURCE_DIR) / "tests" / "golden" / "fixtures"; }
+fs::path fixturesRoot() { return fs::path(lmcc::test::kSourceDir) / "tests" / "golden" / "fixtures"; }
 
 /// Fixture directory names, sorted (stable test names and order).
 std::vector<std::string> fixtureNames() {

@@ -15,6 +15,7 @@
 #include "runtime/reference/Executor.h"
 #include "runtime/weights/ModelWeights.h"
 #include "runtime/weights/Safetensors.h"
+#include "tests/unit/TestPaths.h"
 
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/MLIRContext.h"
@@ -38,7 +39,7 @@ using namespace lmcc;
 
 namespace {
 
-fs::path fixtureDir(const std::string &name) { return fs::path(LMCC_SOURCE_DIR) / "tests/golden/ngram_fixtures" / name; }
+fs::path fixtureDir(const std::string &name) { return fs::path(test::kSourceDir) / "tests/golden/ngram_fixtures" / name; }
 
 std::vector<std::vector<int32_t>> readIds(const fs::path &path) {
   std::vector<std::vector<int32_t>> out;
@@ -73,7 +74,7 @@ struct Library {
   Library(const ModelSpec &spec, driver::LibraryOptions options, const std::string &tag, const std::string &weights) {
     dir = fs::temp_directory_path() / ("lmcc-ngram-test-" + spec.name + "-" + tag + "-" + std::to_string(::getpid()));
     options.outputDir = dir.string();
-    options.runtimeDir = (fs::path(LMCC_BINARY_DIR) / "lib").string();
+    options.runtimeDir = test::kRuntimeDir;
     EXPECT_EQ(driver::compileLibrary(spec, options), "");
     handle = dlopen((dir / ("lib" + spec.name + ".so")).c_str(), RTLD_NOW | RTLD_LOCAL);
     EXPECT_NE(handle, nullptr) << dlerror();

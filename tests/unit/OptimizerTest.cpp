@@ -16,6 +16,7 @@
 #include "frontend/Spec.h"
 #include "runtime/train/Optimizer.h"
 #include "runtime/weights/Safetensors.h"
+#include "tests/unit/TestPaths.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -31,9 +32,6 @@
 #include <string>
 #include <vector>
 
-#ifndef LMCC_SOURCE_DIR // tests/CMakeLists.txt defines it; TrainFixtures.Present catches a wrong one
-#define LMCC_SOURCE_DIR "."
-#endif
 
 namespace fs = std::filesystem;
 using namespace lmcc;
@@ -48,7 +46,7 @@ constexpr double kOptimizerTol = 1e-6;  // optimizers/: exact gradients in, only
 constexpr float kGapSentinel = -12345.0f;
 constexpr int64_t kGap = 3;              // floats left between slots (must stay untouched)
 
-fs::path fixturesRoot() { return fs::path(LMCC_SOURCE_DIR) / "tests" / "golden" / "train_fixtures"; }
+fs::path fixturesRoot() { return fs::path(test::kSourceDir) / "tests" / "golden" / "train_fixtures"; }
 
 std::vector<std::string> modelCases() {
   std::vector<std::string> names;
@@ -212,7 +210,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, TrainFixture, ::testing::ValuesIn(modelCases(
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(TrainFixture);
 
 TEST(TrainFixtures, Present) {
-  // Guards against a wrong LMCC_SOURCE_DIR silently instantiating no case.
+  // Guards against a wrong source directory silently instantiating no case.
   EXPECT_GE(modelCases().size(), 4u) << fixturesRoot();
   EXPECT_TRUE(fs::exists(fixturesRoot() / "optimizers" / "cases.json")) << fixturesRoot();
 }

@@ -12,6 +12,7 @@
 #include "codegen/Emit/Header.h"
 #include "runtime/lib/lmrt.h"
 #include "runtime/weights/ModelWeights.h"
+#include "tests/unit/TestPaths.h"
 
 #include <gtest/gtest.h>
 
@@ -44,6 +45,8 @@ namespace fs = std::filesystem;
 using namespace lmcc;
 
 namespace {
+
+const std::string kSource = test::kSourceDir, kRuntime = test::kRuntimeDir;
 
 // --- A fake model -------------------------------------------------------------------
 
@@ -1073,7 +1076,7 @@ int use(void) {
 }
 )";
   write("both.c", body);
-  const std::string inc = " -I " + dir_.string() + " -I " LMCC_SOURCE_DIR "/runtime/lib ";
+  const std::string inc = " -I " + dir_.string() + " -I " + kSource + "/runtime/lib ";
   if (cc) {
     EXPECT_EQ(sh("cc -std=c99 -Wall -Wextra -pedantic -Werror -fsyntax-only" + inc + path("both.c")), 0) << output_;
     EXPECT_EQ(sh("cc -std=c11 -Wall -Wextra -Werror -fsyntax-only" + inc + path("both.c")), 0) << output_;
@@ -1118,7 +1121,7 @@ TEST_F(GeneratedTest, GlueCompiles) {
     EXPECT_NE(glue.find("_mlir_ciface_tiny_glue_embed_kernel"), std::string::npos);
     EXPECT_EQ(glue.find("tiny_glue_embedded_weights") != std::string::npos, embed);
     write("glue.c", glue);
-    EXPECT_EQ(sh("cc -std=c99 -O2 -fPIC -Wall -Wextra -pedantic -Werror -Wmissing-prototypes -c -I " LMCC_SOURCE_DIR
+    EXPECT_EQ(sh("cc -std=c99 -O2 -fPIC -Wall -Wextra -pedantic -Werror -Wmissing-prototypes -c -I " + kSource +
                  "/runtime/lib " +
                  path("glue.c") + " -o " + path("glue.o")),
               0)
@@ -1180,14 +1183,14 @@ TEST_F(GeneratedTest, EndToEndLibraryRunsTheExamples) {
   write("example_model.h", codegen::generateHeader(facts(spec)));
   write("glue.c", codegen::generateGlue(facts(spec), toLayout(tensors), offsets, total, false));
   write("kernels.c", kFakeKernelsC);
-  fs::copy_file(LMRT_LIBRARY_DIR "/liblmrt.so", dir_ / "liblmrt.so");
+  fs::copy_file(kRuntime + "/liblmrt.so", dir_ / "liblmrt.so");
   const std::string d = dir_.string();
   // The library from glue.c + kernels.c into `out` (beside its liblmrt.so), and examples/score.c linked to it.
   auto buildLibraryAndScoreC = [&](const std::string &out, const std::string &flags) {
-    return sh("cc -std=c99 -O1 -fPIC -shared -fvisibility=hidden " + flags + " -I " LMCC_SOURCE_DIR "/runtime/lib " +
+    return sh("cc -std=c99 -O1 -fPIC -shared -fvisibility=hidden " + flags + " -I " + kSource + "/runtime/lib " +
               d + "/glue.c " + d + "/kernels.c -o " + out + "/libexample_model.so -L " + out +
               " -llmrt -Wl,-soname,libexample_model.so '-Wl,-rpath,$ORIGIN' -Wl,--no-undefined") == 0 &&
-           sh("cc -std=c99 -Wall -Wextra -Werror " LMCC_SOURCE_DIR "/examples/score.c -I " + d + " -L " + out +
+           sh("cc -std=c99 -Wall -Wextra -Werror " + kSource + "/examples/score.c -I " + d + " -L " + out +
               " -lexample_model -Wl,-rpath," + out + " -o " + out + "/score_c") == 0;
   };
   ASSERT_TRUE(buildLibraryAndScoreC(d, "")) << output_;
@@ -1211,7 +1214,7 @@ TEST_F(GeneratedTest, EndToEndLibraryRunsTheExamples) {
   // The same library as an lmcc of the previous ABI generated it (its glue built with that LM_ABI_VERSION), run
   // with this liblmrt.so, as when two lmcc versions' libraries share a process: refused at load, naming both.
   fs::create_directories(dir_ / "old");
-  fs::copy_file(LMRT_LIBRARY_DIR "/liblmrt.so", dir_ / "old" / "liblmrt.so");
+  fs::copy_file(kRuntime + "/liblmrt.so", dir_ / "old" / "liblmrt.so");
   const std::string old = d + "/old";
   ASSERT_TRUE(buildLibraryAndScoreC(old, "-DLM_ABI_VERSION=" + std::to_string(LM_ABI_VERSION - 1))) << output_;
   EXPECT_NE(sh(old + "/score_c " + path("weights.safetensors") + " " + path("ids.txt")), 0);
@@ -1222,7 +1225,7 @@ TEST_F(GeneratedTest, EndToEndLibraryRunsTheExamples) {
       << output_;
 
   // Text through the C API (examples/score_text.c): tokenizer functions come from the model library too.
-  ASSERT_EQ(sh("cc -std=c99 -Wall -Wextra -Werror " LMCC_SOURCE_DIR "/examples/score_text.c -I " + d + " -L " + d +
+  ASSERT_EQ(sh("cc -std=c99 -Wall -Wextra -Werror " + kSource + "/examples/score_text.c -I " + d + " -L " + d +
                " -lexample_model -Wl,-rpath," + d + " -o " + d + "/score_text"),
             0)
       << output_;
@@ -1239,7 +1242,7 @@ TEST_F(GeneratedTest, EndToEndLibraryRunsTheExamples) {
 
   if (!haveTool("c++"))
     GTEST_SKIP() << "no C++ compiler (c++) on PATH";
-  ASSERT_EQ(sh("c++ -std=c++17 -Wall -Wextra -Werror " LMCC_SOURCE_DIR "/examples/score.cpp -I " + d + " -L " + d +
+  ASSERT_EQ(sh("c++ -std=c++17 -Wall -Wextra -Werror " + kSource + "/examples/score.cpp -I " + d + " -L " + d +
                " -lexample_model -Wl,-rpath," + d + " -o " + d + "/score_cpp"),
             0)
       << output_;

@@ -1,6 +1,7 @@
 // Spec parser: defaults per family, resolved output, and every kind of bad spec
 // rejected with file:line:column and the field.
 #include "frontend/Spec.h"
+#include "tests/unit/TestPaths.h"
 
 #include <gtest/gtest.h>
 
@@ -286,7 +287,7 @@ TEST(SpecErrors, NonAsciiOutsideStrings) {
 TEST(Spec, BundledModelsLoad) {
   for (const char *m : {"tta_base", "tta_mask_base", "bilm_base", "unilm_base", "bert_base", "ngram_clm",
                         "diformer_base"}) {
-    ModelSpec s = loadSpec(std::string(LMCC_SOURCE_DIR) + "/models/" + m + ".toml");
+    ModelSpec s = loadSpec(std::string(test::kSourceDir) + "/models/" + m + ".toml");
     EXPECT_EQ(s.name, m);
   }
 }

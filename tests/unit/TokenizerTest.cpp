@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 #include "runtime/lib/Tokenizer.h"
 #include "runtime/lib/lmrt.h"
+#include "tests/unit/TestPaths.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -22,7 +23,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const fs::path kSource = LMCC_SOURCE_DIR;
+const fs::path kSource = test::kSourceDir;
 const fs::path kData = kSource / ".." / "shared" / "data";
 const fs::path kFixtures = kSource / "tests" / "golden" / "tokenizer" / "fixtures";
 

@@ -6,6 +6,7 @@
 #include "runtime/lib/lmrt.h"
 #include "runtime/reference/Executor.h"
 #include "runtime/weights/ModelWeights.h"
+#include "tests/unit/TestPaths.h"
 
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/MLIRContext.h"
@@ -31,7 +32,7 @@ using namespace lmcc;
 
 namespace {
 
-fs::path runtimeDir() { return fs::path(LMCC_BINARY_DIR) / "lib"; }
+fs::path runtimeDir() { return fs::path(test::kRuntimeDir); }
 
 /// A library compiled with --train, loaded with `weights`.
 struct Trained {
@@ -388,7 +389,7 @@ class TrainGolden : public ::testing::TestWithParam<std::string> {};
 /// lmcc's gradients and three optimizer steps (warm-up, clipping, the spec's optimizer and schedule)
 /// against torch autograd + torch.optim (tests/golden/make_golden_train.py).
 TEST_P(TrainGolden, MatchesTorch) {
-  const fs::path dir = fs::path(LMCC_SOURCE_DIR) / "tests/golden/train_fixtures" / GetParam();
+  const fs::path dir = fs::path(test::kSourceDir) / "tests/golden/train_fixtures" / GetParam();
   ModelSpec spec = loadSpec((dir / "spec.toml").string());
   Trained lib(spec, {}, "golden");
   const std::string weightsPath = (dir / "weights.safetensors").string();
