@@ -13,7 +13,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 ci=0
 if [ "${1:-}" = "--ci" ]; then ci=1; seconds=0; else seconds=${1:-60}; fi
 declare -A ciRuns=([spec]=150000 [safetensors]=6000 [ids]=150000 [tokenizer]=20000)
-packages=(clang-19 libclang-rt-19-dev libtomlplusplus-dev nlohmann-json3-dev libutf8proc-dev)
+packages=(clang-19 libclang-rt-19-dev libtomlplusplus-dev nlohmann-json3-dev libutf8proc-dev ccache)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
