@@ -1,4 +1,4 @@
-# Sourced by setup.sh and sanitize.sh: prints the compiler launcher a build tree of the checkout at $1 is
+# Sourced by setup.sh, sanitize.sh and fuzz.sh: prints the compiler launcher a build tree of the checkout at $1 is
 # configured with. The settings live in the launcher (not in the calling shell), so that every later `ninja` in
 # that tree uses them:
 # - the project's own cache directory;

@@ -7,10 +7,10 @@
 #include "runtime/lib/lmrt.h"
 #include "runtime/reference/Executor.h"
 #include "runtime/weights/ModelWeights.h"
-#include "tests/unit/TestPaths.h"
 
-#include "tests/unit/RandomWeights.h"
 #include "tests/unit/Bf16.h"
+#include "tests/unit/RandomWeights.h"
+#include "tests/unit/TestPaths.h"
 
 #include "mlir/IR/MLIRContext.h"
 #include "llvm/Support/raw_ostream.h"
