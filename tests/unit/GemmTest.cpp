@@ -265,6 +265,56 @@ TEST(GemmBf16, MatchesTheRoundedProduct) {
   }
 }
 
+// The dot kernel rounds its rows of A to bf16 pairs (Gemm.cpp: 16 pairs a vector step, the pairs past the last
+// multiple of 32 floats one by one) exactly as the weights are rounded: through an identity weight each C element is
+// one product, round(A) x 1, so C = round(A) bit for bit. Ties to even in both directions and carries into the next
+// binade among random normal numbers; no infinities or NaNs (times the zero weights they would reach every column)
+// and no denormals (vdpbf16ps reads them as zero).
+TEST(GemmBf16, DotKernelRoundsActivationsExactly) {
+  if (!lmcc::codegen::targetHasBf16Dot(""))
+    GTEST_SKIP() << "this host has no AVX512_BF16 to run the dot-product kernel";
+  const lmcc::codegen::GemmTile tile = lmcc::codegen::GemmTile::forTarget(512, true, true);
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{64, 64}, {70, 70}, {31, 31}}; // 70: 3 pairs alone
+  mlir::MLIRContext context;
+  auto module = lmcc::codegen::buildGemmModule(context, shapes, {tile});
+  lmcc::test::KernelLibrary library;
+  ASSERT_NO_FATAL_FAILURE(library.build(*module, "gemm-bf16-round"));
+  auto symbol = [&](const std::string &name) { return ::dlsym(library.handle, ("_mlir_ciface_" + name).c_str()); };
+  const uint32_t ties[] = {0x3f808000u, 0x3f818000u, 0xbf808000u, 0xbf818000u, 0x3fff8000u, 0x3f80ffffu, 0x3f807fffu,
+                           0x7f7f7fffu, 0x00808000u, 0x00818000u};
+  std::mt19937 rng(5);
+  for (auto [n, k] : shapes) {
+    const std::string shape = std::to_string(n) + "x" + std::to_string(k);
+    auto pack = reinterpret_cast<PackFn>(symbol("lm_bench_pack_" + shape + "_" + tile.name()));
+    auto gemm = reinterpret_cast<GemmFn>(symbol("lm_bench_gemm_" + shape + "_" + tile.name()));
+    ASSERT_TRUE(pack && gemm) << shape;
+    std::vector<float> w(n * k, 0.0f);
+    for (int64_t j = 0; j < n; ++j)
+      w[j * k + j] = 1.0f;
+    std::vector<float> packed(lmcc::codegen::packedRows(n, k, true) * lmcc::codegen::kPanel, 7.0f);
+    MemRef<2> wm = view(w.data(), n, k), pm = view(packed.data(), packed.size() / lmcc::codegen::kPanel,
+                                                   lmcc::codegen::kPanel);
+    pack(&wm, &pm);
+    const int64_t m = 13;
+    std::vector<float> a(m * k), c(m * n, -1.0f);
+    for (size_t i = 0; i < a.size(); ++i) {
+      uint32_t bits = i % 3 == 0 ? ties[(i / 3) % std::size(ties)] : uint32_t(rng());
+      while (((bits >> 23) & 0xffu) == 0 || ((bits >> 23) & 0xffu) == 0xffu || (bits & 0x7fffffffu) >= 0x7f7f8000u)
+        bits = uint32_t(rng()); // normal numbers that round to a finite bf16
+      std::memcpy(&a[i], &bits, 4);
+    }
+    MemRef<2> am = view(a.data(), m, k), cm = view(c.data(), m, n);
+    gemm(&am, &pm, &cm);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        const float expect = lmcc::test::roundToBf16(a[i * k + j]);
+        ASSERT_EQ(0, std::memcmp(&c[i * n + j], &expect, 4))
+            << shape << " [" << i << "," << j << "]: " << c[i * n + j] << " for " << a[i * k + j] << " (bf16 "
+            << expect << ")";
+      }
+  }
+}
+
 // The tile follows the target's vector registers, for named CPUs as for the host.
 TEST(GemmTile, FollowsTheTargetsVectorWidth) {
   EXPECT_EQ(lmcc::codegen::targetVectorBits("skylake-avx512"), 512);
