@@ -30,42 +30,43 @@ using namespace mlir;
 
 namespace lmcc::codegen {
 
-/// The 32-bit word holding the bf16 pair (lo, hi), lo in the low half, as an f32. Rounded to nearest even in
-/// integer arithmetic (LLVM lowers an f32 -> bf16 truncation to a libgcc call on CPUs without AVX512_BF16, which
-/// older toolchains lack); a NaN stays a quiet NaN.
-static Value bf16Pair(OpBuilder &b, Location loc, Value lo, Value hi) {
-  Type i32 = b.getI32Type();
-  auto c = [&](uint32_t v) -> Value { return b.create<arith::ConstantOp>(loc, b.getI32IntegerAttr(int32_t(v))); };
-  auto bits = [&](Value x) -> Value {
-    Value w = b.create<arith::BitcastOp>(loc, i32, x);
-    Value odd = b.create<arith::AndIOp>(loc, b.create<arith::ShRUIOp>(loc, w, c(16)), c(1));
-    Value rounded = b.create<arith::ShRUIOp>(loc, b.create<arith::AddIOp>(loc, w, b.create<arith::AddIOp>(loc, c(0x7fff), odd)), c(16));
-    Value nan = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::UNO, x, x);
-    return b.create<arith::SelectOp>(loc, nan, c(0x7fc0), rounded);
-  };
-  Value high = b.create<arith::ShLIOp>(loc, bits(hi), b.create<arith::ConstantOp>(loc, b.getI32IntegerAttr(16)));
-  return b.create<arith::BitcastOp>(loc, b.getF32Type(), b.create<arith::OrIOp>(loc, bits(lo), high));
+/// The i32 constant v of `type` (i32 or a vector of i32: splat).
+static Value i32Constant(OpBuilder &b, Location loc, Type type, uint32_t v) {
+  if (auto vector = dyn_cast<VectorType>(type))
+    return b.create<arith::ConstantOp>(loc, vector, DenseElementsAttr::get(vector, int32_t(v)));
+  return b.create<arith::ConstantOp>(loc, b.getI32IntegerAttr(int32_t(v)));
 }
 
-/// bf16Pair on 16 pairs at once: the 16 words of x = 32 consecutive floats (pair l = x[2l], x[2l + 1]), the same
-/// integer rounding lane by lane (so the same bits), as a vector<16xf32>.
-static Value bf16PairWords(OpBuilder &b, Location loc, Value x) {
-  auto wide = VectorType::get({32}, b.getI32Type()), narrow = VectorType::get({16}, b.getI32Type());
-  auto c = [&](VectorType t, uint32_t v) -> Value {
-    return b.create<arith::ConstantOp>(loc, t, DenseElementsAttr::get(t, int32_t(v)));
-  };
-  Value w = b.create<arith::BitcastOp>(loc, wide, x);
-  Value odd = b.create<arith::AndIOp>(loc, b.create<arith::ShRUIOp>(loc, w, c(wide, 16)), c(wide, 1));
-  Value rounded = b.create<arith::ShRUIOp>(
-      loc, b.create<arith::AddIOp>(loc, w, b.create<arith::AddIOp>(loc, c(wide, 0x7fff), odd)), c(wide, 16));
+/// The bf16 bits of x (f32, or a vector of f32 lane by lane) in the low half of an i32: rounded to nearest even in
+/// integer arithmetic (LLVM lowers an f32 -> bf16 truncation to a libgcc call on CPUs without AVX512_BF16, which
+/// older toolchains lack); a NaN becomes the quiet NaN 0x7fc0.
+static Value bf16Bits(OpBuilder &b, Location loc, Value x) {
+  auto vector = dyn_cast<VectorType>(x.getType());
+  Type type = vector ? Type(VectorType::get(vector.getShape(), b.getI32Type())) : Type(b.getI32Type());
+  auto c = [&](uint32_t v) { return i32Constant(b, loc, type, v); };
+  Value w = b.create<arith::BitcastOp>(loc, type, x);
+  Value odd = b.create<arith::AndIOp>(loc, b.create<arith::ShRUIOp>(loc, w, c(16)), c(1));
+  Value rounded =
+      b.create<arith::ShRUIOp>(loc, b.create<arith::AddIOp>(loc, w, b.create<arith::AddIOp>(loc, c(0x7fff), odd)), c(16));
   Value nan = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::UNO, x, x);
-  Value r = b.create<arith::SelectOp>(loc, nan, c(wide, 0x7fc0), rounded);
+  return b.create<arith::SelectOp>(loc, nan, c(0x7fc0), rounded);
+}
+
+/// The 32-bit word holding the bf16 pair (lo, hi), lo in the low half, as an f32 (lane by lane for vectors).
+static Value bf16Pair(OpBuilder &b, Location loc, Value lo, Value hi) {
+  Value loBits = bf16Bits(b, loc, lo), hiBits = bf16Bits(b, loc, hi);
+  Value word = b.create<arith::OrIOp>(
+      loc, loBits, b.create<arith::ShLIOp>(loc, hiBits, i32Constant(b, loc, hiBits.getType(), 16)));
+  return b.create<arith::BitcastOp>(loc, lo.getType(), word);
+}
+
+/// bf16Pair on 16 pairs at once: the 16 words of x = 32 consecutive floats (pair l = x[2l], x[2l + 1]), as a
+/// vector<16xf32>: the same bits as 16 scalar pairs.
+static Value bf16PairWords(OpBuilder &b, Location loc, Value x) {
   SmallVector<int64_t> evens, odds;
   for (int64_t l = 0; l < 16; ++l)
     evens.push_back(2 * l), odds.push_back(2 * l + 1);
-  Value lo = b.create<vector::ShuffleOp>(loc, r, r, evens), hi = b.create<vector::ShuffleOp>(loc, r, r, odds);
-  Value words = b.create<arith::OrIOp>(loc, lo, b.create<arith::ShLIOp>(loc, hi, c(narrow, 16)));
-  return b.create<arith::BitcastOp>(loc, VectorType::get({16}, b.getF32Type()), words);
+  return bf16Pair(b, loc, b.create<vector::ShuffleOp>(loc, x, x, evens), b.create<vector::ShuffleOp>(loc, x, x, odds));
 }
 
 /// Pair kv of `row` of the [*, k] buffer `m` as a bf16 word: m[row][2 kv] and m[row][2 kv + 1] (0 past k).
