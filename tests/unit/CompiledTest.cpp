@@ -9,11 +9,11 @@
 #include "runtime/weights/ModelWeights.h"
 
 #include "tests/unit/Bf16.h"
+#include "tests/unit/OptimizedIR.h"
 #include "tests/unit/RandomWeights.h"
 #include "tests/unit/TestPaths.h"
 
 #include "mlir/IR/MLIRContext.h"
-#include "llvm/Support/raw_ostream.h"
 
 #include <gtest/gtest.h>
 
@@ -225,19 +225,6 @@ void PrintTo(const Pipeline &p, std::ostream *os) { *os << p.name; }
 
 class Compiled : public ::testing::TestWithParam<std::tuple<Case, Pipeline>> {};
 
-/// The lm IR a pipeline hands to the lowering (everything compileLibrary compiles depends on it and on the
-/// lowering's options alone).
-std::string loweredIR(const ModelSpec &spec, const driver::LibraryOptions &options) {
-  mlir::MLIRContext ctx;
-  std::string error, text;
-  auto module = driver::buildOptimizedModule(ctx, spec, options, &error);
-  EXPECT_TRUE(module) << error;
-  llvm::raw_string_ostream os(text);
-  if (module)
-    module->print(os);
-  return text;
-}
-
 TEST_P(Compiled, MatchesReference) {
   const ModelSpec &spec = std::get<0>(GetParam()).spec;
   const Pipeline &pipeline = std::get<1>(GetParam());
@@ -248,7 +235,7 @@ TEST_P(Compiled, MatchesReference) {
   if (!pipeline.disabled.empty()) {
     driver::LibraryOptions without;
     without.disabledPasses = pipeline.disabled;
-    if (loweredIR(spec, without) == loweredIR(spec, {})) {
+    if (test::optimizedIR(spec, without) == test::optimizedIR(spec, {})) {
       std::printf("%s: the IR is the optimized pipeline's (the pass does nothing here): checked by %s_optimized\n",
                   pipeline.name, std::get<0>(GetParam()).name);
       return;

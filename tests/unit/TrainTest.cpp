@@ -6,14 +6,9 @@
 #include "runtime/lib/lmrt.h"
 #include "runtime/reference/Executor.h"
 #include "runtime/weights/ModelWeights.h"
-#include "tests/unit/TestPaths.h"
-
-#include "mlir/IR/BuiltinOps.h"
-#include "mlir/IR/MLIRContext.h"
-#include "mlir/Dialect/Func/IR/FuncOps.h"
-#include "llvm/Support/raw_ostream.h"
-
+#include "tests/unit/OptimizedIR.h"
 #include "tests/unit/RandomWeights.h"
+#include "tests/unit/TestPaths.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -266,17 +261,7 @@ TEST_P(TrainCompiled, GradientsMatchReference) {
       reference::lossAndGrad(spec, weights, b.raggedInputs, b.raggedTargets, spec.train.labelSmoothing, 2);
 
   // Which pipelines give a different training function than the full one (the others compile the same IR).
-  auto trainingIR = [&](const driver::LibraryOptions &options) {
-    mlir::MLIRContext ctx;
-    std::string error;
-    auto module = driver::buildOptimizedModule(ctx, spec, options, &error);
-    EXPECT_TRUE(module) << error;
-    std::string text;
-    llvm::raw_string_ostream os(text);
-    if (module)
-      module->lookupSymbol<mlir::func::FuncOp>("loss_grad")->print(os);
-    return text;
-  };
+  auto trainingIR = [&](const driver::LibraryOptions &options) { return test::optimizedIR(spec, options, "loss_grad"); };
   driver::LibraryOptions full;
   full.train = true;
   const std::string fullIR = trainingIR(full);
