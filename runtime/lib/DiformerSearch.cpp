@@ -14,31 +14,31 @@ namespace {
 bool emittable(const Tokens &t, int32_t id) { return id != t.pad && id != t.bos && id != t.mask; }
 
 struct Hyp {
-  std::vector<int32_t> tokens; ///< in generation order (l2r: bos first; r2l: eos first)
+  Vec<int32_t> tokens; ///< in generation order (l2r: bos first; r2l: eos first)
   double logprob = 0;
 };
 
 /// Beam search in one direction; every live hypothesis has the same length, so one step is one batch.
-std::vector<Translation> beamSearch(Decoder &decoder, const Tokens &tk, const Options &o, bool leftToRight) {
+Vec<Translation> beamSearch(Decoder &decoder, const Tokens &tk, const Options &o, bool leftToRight) {
   const int32_t start = leftToRight ? tk.bos : tk.eos, stop = leftToRight ? tk.eos : tk.bos;
   const int64_t maxTarget = o.maxTarget > 0 ? std::min(o.maxTarget, tk.maxLen - 1) : tk.maxLen - 1;
   const int64_t V = tk.vocab;
-  std::vector<Hyp> live{{{start}, 0.0}};
-  std::vector<Translation> finished;
+  Vec<Hyp> live{{{start}, 0.0}};
+  Vec<Translation> finished;
   while (!live.empty() && int64_t(finished.size()) < o.beam) {
-    std::vector<std::vector<int32_t>> targets;
+    Vec<Vec<int32_t>> targets;
     for (const Hyp &h : live) {
       targets.push_back(h.tokens);
       if (!leftToRight)
         std::reverse(targets.back().begin(), targets.back().end());
     }
-    const std::vector<float> lp = decoder.step(targets, leftToRight);
+    const Vec<float> lp = decoder.step(targets, leftToRight);
     struct Cand {
       double logprob;
       size_t hyp;
       int32_t token;
     };
-    std::vector<Cand> cands;
+    Vec<Cand> cands;
     for (size_t r = 0; r < live.size(); ++r) {
       const bool mustStop = int64_t(live[r].tokens.size()) + 1 >= maxTarget;
       for (int32_t v = 0; v < int32_t(V); ++v) {
@@ -50,7 +50,7 @@ std::vector<Translation> beamSearch(Decoder &decoder, const Tokens &tk, const Op
     const size_t keep = std::min(cands.size(), size_t(o.beam));
     std::partial_sort(cands.begin(), cands.begin() + keep, cands.end(),
                       [](const Cand &a, const Cand &b) { return a.logprob > b.logprob; });
-    std::vector<Hyp> next;
+    Vec<Hyp> next;
     for (size_t c = 0; c < keep; ++c) {
       Hyp h{live[cands[c].hyp].tokens, cands[c].logprob};
       h.tokens.push_back(cands[c].token);
@@ -71,8 +71,8 @@ std::vector<Translation> beamSearch(Decoder &decoder, const Tokens &tk, const Op
 }
 
 /// Per row of a pass's log-probabilities [rows * V]: the argmax content token (not eos) and its log-probability.
-void best(const Tokens &tk, const std::vector<float> &lp, size_t rows, std::vector<int32_t> &outTok,
-          std::vector<double> &outLp) {
+void best(const Tokens &tk, const Vec<float> &lp, size_t rows, Vec<int32_t> &outTok,
+          Vec<double> &outLp) {
   const size_t V = size_t(tk.vocab);
   outTok.assign(rows, 0);
   outLp.assign(rows, 0);
@@ -104,7 +104,7 @@ public:
     Decoder::Pass p;
     if (it == 0) {
       p.rows = content;
-      p.hidden.assign(size_t(N), std::vector<bool>(size_t(n), false));
+      p.hidden.assign(size_t(N), Vec<bool>(size_t(n), false));
       for (auto &h : p.hidden)
         for (int64_t j = 1; j <= N; ++j)
           h[size_t(j)] = true;
@@ -115,22 +115,26 @@ public:
         finished = true;
         return p;
       }
-      std::vector<int64_t> order = content;
-      std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return conf[size_t(a)] < conf[size_t(b)]; });
+      Vec<int64_t> order = content;
+      std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+        return conf[size_t(a)] < conf[size_t(b)] || (conf[size_t(a)] == conf[size_t(b)] && a < b);
+      });
       p.rows.assign(order.begin(), order.begin() + nMask);
       std::sort(p.rows.begin(), p.rows.end());
-      std::vector<bool> isMasked(size_t(n), false);
+      Vec<bool> isMasked(size_t(n), false);
       for (int64_t i : p.rows)
         isMasked[size_t(i)] = true, tokens[size_t(i)] = tk.mask;
       p.hidden.assign(p.rows.size(), isMasked);
     } else { // easy-first: row i sees the positions more confident than itself
-      std::vector<int64_t> order = content;
-      std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return conf[size_t(a)] > conf[size_t(b)]; });
-      std::vector<int64_t> rank(size_t(n), 0);
+      Vec<int64_t> order = content;
+      std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+        return conf[size_t(a)] > conf[size_t(b)] || (conf[size_t(a)] == conf[size_t(b)] && a < b);
+      });
+      Vec<int64_t> rank(size_t(n), 0);
       for (size_t k = 0; k < order.size(); ++k)
         rank[size_t(order[k])] = int64_t(k);
       p.rows = content;
-      p.hidden.assign(size_t(N), std::vector<bool>(size_t(n), false));
+      p.hidden.assign(size_t(N), Vec<bool>(size_t(n), false));
       for (int64_t r = 0; r < N; ++r)
         for (int64_t j = 1; j <= N; ++j)
           p.hidden[size_t(r)][size_t(j)] = rank[size_t(j)] >= rank[size_t(r + 1)];
@@ -140,9 +144,9 @@ public:
   }
 
   /// Takes the pass's predictions; easy-first finishes when no token changed (after the first pass).
-  void update(const Options &o, int it, const Decoder::Pass &p, const std::vector<float> &lp) {
-    std::vector<int32_t> tok;
-    std::vector<double> lpBest;
+  void update(const Options &o, int it, const Decoder::Pass &p, const Vec<float> &lp) {
+    Vec<int32_t> tok;
+    Vec<double> lpBest;
     best(tk, lp, p.rows.size(), tok, lpBest);
     bool changed = false;
     for (size_t r = 0; r < p.rows.size(); ++r) {
@@ -170,22 +174,22 @@ public:
 private:
   const Tokens &tk;
   int64_t n, N;
-  std::vector<int32_t> tokens;
-  std::vector<double> conf;
-  std::vector<int64_t> content;
+  Vec<int32_t> tokens;
+  Vec<double> conf;
+  Vec<int64_t> content;
   bool finished = false;
 };
 
 /// The length beam's refinements side by side: iteration t is one predict call over the unfinished ones.
-std::vector<Translation> refineAll(Decoder &decoder, const Tokens &tk, const std::vector<int64_t> &lengths,
+Vec<Translation> refineAll(Decoder &decoder, const Tokens &tk, const Vec<int64_t> &lengths,
                                    const Options &o) {
-  std::vector<Refinement> cands;
+  Vec<Refinement> cands;
   for (int64_t n : lengths)
     cands.emplace_back(tk, n);
   const int T = std::max(1, o.iterations);
   for (int it = 0; it < T; ++it) {
-    std::vector<size_t> active;
-    std::vector<Decoder::Pass> passes;
+    Vec<size_t> active;
+    Vec<Decoder::Pass> passes;
     for (size_t c = 0; c < cands.size(); ++c) {
       if (cands[c].done())
         continue;
@@ -197,11 +201,11 @@ std::vector<Translation> refineAll(Decoder &decoder, const Tokens &tk, const std
     }
     if (passes.empty())
       break;
-    const std::vector<std::vector<float>> lp = decoder.predict(passes);
+    const Vec<Vec<float>> lp = decoder.predict(passes);
     for (size_t k = 0; k < active.size(); ++k)
       cands[active[k]].update(o, it, passes[k], lp[k]);
   }
-  std::vector<Translation> out;
+  Vec<Translation> out;
   for (const Refinement &r : cands)
     out.push_back(r.result());
   return out;
@@ -212,19 +216,20 @@ std::vector<Translation> refineAll(Decoder &decoder, const Tokens &tk, const std
 Translation translate(Decoder &decoder, const Tokens &tk, const Options &o) {
   if (o.beam < 1 || o.lengthBeam < 1 || o.iterations < 1)
     throw std::invalid_argument("translate: --beam, --length-beam and --iterations must be >= 1");
-  std::vector<Translation> cands;
+  Vec<Translation> cands;
   if (o.mode == Mode::L2R || o.mode == Mode::R2L) {
     cands = beamSearch(decoder, tk, o, o.mode == Mode::L2R);
   } else {
-    const std::vector<double> lengthLp = decoder.lengthLogprobs();
+    const Vec<double> lengthLp = decoder.lengthLogprobs();
     // Lengths with at least one content token: an empty target (bos, eos) has no token log-probability to
     // rank it by (its mean would be 0, above every real candidate's); it is a candidate only where max_len
     // leaves no other length.
-    std::vector<int64_t> lengths;
+    Vec<int64_t> lengths;
     for (int64_t n = tk.maxLen > 3 ? 3 : 2; n < tk.maxLen; ++n)
       lengths.push_back(n);
-    std::stable_sort(lengths.begin(), lengths.end(),
-                     [&](int64_t a, int64_t b) { return lengthLp[size_t(a)] > lengthLp[size_t(b)]; });
+    std::sort(lengths.begin(), lengths.end(), [&](int64_t a, int64_t b) {
+      return lengthLp[size_t(a)] > lengthLp[size_t(b)] || (lengthLp[size_t(a)] == lengthLp[size_t(b)] && a < b);
+    });
     lengths.resize(std::min(lengths.size(), size_t(o.lengthBeam)));
     cands = refineAll(decoder, tk, lengths, o);
   }

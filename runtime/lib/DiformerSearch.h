@@ -17,13 +17,15 @@
 //    stops early when no token changes;
 //  * rerank: every candidate (the length beam's, or the beam's finished hypotheses) is scored by
 //    the mean of its teacher-forced L2R and R2L log-likelihoods, each divided by n - 1.
-// Spec-free: liblmrt links it.
+// Spec-free: liblmrt links it. Its containers are Vec (Recycled.h): a steady-state lm_rt_translate call takes
+// nothing from the system allocator (tests/cli/alloc.test).
 //
 //===----------------------------------------------------------------------===//
 #pragma once
 
+#include "runtime/lib/Recycled.h"
+
 #include <cstdint>
-#include <vector>
 
 namespace lmcc::decode {
 
@@ -43,7 +45,7 @@ struct Tokens {
 };
 
 struct Translation {
-  std::vector<int32_t> tgt; ///< bos .. eos
+  Vec<int32_t> tgt; ///< bos .. eos
   double score = 0;         ///< the ranking score (mode's own, or the rerank score)
   int64_t candidates = 0;   ///< hypotheses compared at the end
 };
@@ -53,23 +55,23 @@ class Decoder {
 public:
   virtual ~Decoder() = default;
   /// log P(n | source) for n = 0 .. max_len - 1.
-  virtual std::vector<double> lengthLogprobs() = 0;
+  virtual Vec<double> lengthLogprobs() = 0;
   /// One autoregressive step for each target (all of one length n, tokens in position order): the
   /// log-probabilities [targets.size() * vocab] of the new row: an R row at position n - 1
   /// (leftToRight, it predicts y_n) or an L row at position 0 (it predicts the token before).
-  virtual std::vector<float> step(const std::vector<std::vector<int32_t>> &targets, bool leftToRight) = 0;
+  virtual Vec<float> step(const Vec<Vec<int32_t>> &targets, bool leftToRight) = 0;
   /// One target of a parallel pass: `tokens` (bos .. eos) and the S rows to compute, row r not seeing the
   /// keys j with hidden[r][j].
   struct Pass {
-    std::vector<int32_t> tokens;
-    std::vector<int64_t> rows;
-    std::vector<std::vector<bool>> hidden;
+    Vec<int32_t> tokens;
+    Vec<int64_t> rows;
+    Vec<Vec<bool>> hidden;
   };
   /// Parallel passes over several targets at once (the length beam's candidates): per pass, the
   /// log-probabilities [rows.size() * vocab] of its rows.
-  virtual std::vector<std::vector<float>> predict(const std::vector<Pass> &passes) = 0;
+  virtual Vec<Vec<float>> predict(const Vec<Pass> &passes) = 0;
   /// The teacher-forced sum of log p over the rows of an l2r (R..R-) or r2l (-L..L) scoring of tgt.
-  virtual double teacherForced(const std::vector<int32_t> &tgt, bool leftToRight) = 0;
+  virtual double teacherForced(const Vec<int32_t> &tgt, bool leftToRight) = 0;
 };
 
 /// Decodes one source; throws std::invalid_argument for options < 1 and std::runtime_error when no

@@ -6,7 +6,8 @@
 // and cached by token id; an autoregressive step is one pair_step call whose batch is the live hypotheses,
 // each computing only its new row (an R row at the end of the prefix, or an L row at its start) over the
 // cached keys/values; a parallel pass is one pair_decode call; the rerank's teacher-forced scores are
-// pair_score calls.
+// pair_score calls. Every container of a call is a Vec (runtime/lib/Recycled.h) or reused from the call before on
+// the thread (the rerank's packed pair): a steady-state call takes nothing from the system allocator.
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/lib/DiformerSearch.h"
@@ -19,6 +20,7 @@
 #include <unordered_map>
 
 using namespace lmrt::detail;
+using lmcc::decode::Vec;
 
 namespace {
 
@@ -28,9 +30,9 @@ public:
       : m(m), d(m->desc), src(src, src + srcLength), M(srcLength), K(d->kv_width), V(d->vocab),
         W(1 + LM_HIDDEN_WORDS(d->max_len)) {
     crossKV.resize(size_t(M * K));
-    std::vector<float> lengths(size_t(d->max_len));
+    Vec<float> lengths(size_t(d->max_len));
     lm_memref1f w = weights();
-    std::vector<int32_t> len{int32_t(M)};
+    Vec<int32_t> len{int32_t(M)};
     lm_memref2i srcRef = memref2(this->src.data(), 1, M);
     lm_memref1i lenRef = memref1(len.data(), 1);
     lm_memref2f lpRef = memref2(lengths.data(), 1, d->max_len);
@@ -41,14 +43,14 @@ public:
     lengthLp.assign(lengths.begin(), lengths.end());
   }
 
-  std::vector<double> lengthLogprobs() override { return lengthLp; }
+  Vec<double> lengthLogprobs() override { return lengthLp; }
 
-  std::vector<float> step(const std::vector<std::vector<int32_t>> &targets, bool leftToRight) override {
+  Vec<float> step(const Vec<Vec<int32_t>> &targets, bool leftToRight) override {
     const int64_t B = int64_t(targets.size()), n = int64_t(targets.front().size());
-    std::vector<int32_t> rows = skipRows(B * n);
-    std::vector<int32_t> positions(static_cast<size_t>(B)), srcLen(static_cast<size_t>(B), int32_t(M)),
+    Vec<int32_t> rows = skipRows(B * n);
+    Vec<int32_t> positions(static_cast<size_t>(B)), srcLen(static_cast<size_t>(B), int32_t(M)),
         tgtLen(static_cast<size_t>(B), int32_t(n));
-    std::vector<float> selfKV = keysValues(targets);
+    Vec<float> selfKV = keysValues(targets);
     for (int64_t b = 0; b < B; ++b) {
       const int64_t i = leftToRight ? n - 1 : 0;
       positions[size_t(b)] = int32_t(i);
@@ -57,7 +59,7 @@ public:
     // The source's cross keys/values once per hypothesis, copied once per source (the beam's width at most).
     while (int64_t(crossRows.size()) < B * M * K)
       crossRows.insert(crossRows.end(), crossKV.begin(), crossKV.end());
-    std::vector<float> out(size_t(B * V));
+    Vec<float> out(size_t(B * V));
     lm_memref1f w = weights();
     lm_memref3f selfRef = memref3(selfKV.data(), B, n, K), crossRef = memref3(crossRows.data(), B, M, K),
                 outRef = memref3(out.data(), B, 1, V);
@@ -71,11 +73,11 @@ public:
 
   // One pair_decode call per pass: measured faster on the CPU than one call for the length beam's candidates
   // padded to the longest (experiments/diformer: 14.5 vs 18.6 ms per sentence for mask-predict).
-  std::vector<std::vector<float>> predict(const std::vector<Pass> &passes) override {
-    std::vector<std::vector<float>> out;
+  Vec<Vec<float>> predict(const Vec<Pass> &passes) override {
+    Vec<Vec<float>> out;
     for (const Pass &p : passes) {
       const int64_t n = int64_t(p.tokens.size());
-      std::vector<int32_t> rows = skipRows(n), srcLen{int32_t(M)}, tgtLen{int32_t(n)};
+      Vec<int32_t> rows = skipRows(n), srcLen{int32_t(M)}, tgtLen{int32_t(n)};
       for (size_t r = 0; r < p.rows.size(); ++r) {
         int32_t *row = rows.data() + p.rows[r] * W;
         row[0] = 2;
@@ -83,14 +85,14 @@ public:
           if (p.hidden[r][size_t(j)])
             row[1 + j / 32] = int32_t(uint32_t(row[1 + j / 32]) | (1u << (j % 32)));
       }
-      std::vector<float> selfKV = keysValues({p.tokens}), all(size_t(n * V));
+      Vec<float> selfKV = keysValues(Vec<Vec<int32_t>>{p.tokens}), all(size_t(n * V));
       lm_memref1f w = weights();
       lm_memref3f selfRef = memref3(selfKV.data(), 1, n, K), crossRef = memref3(crossKV.data(), 1, M, K),
                   outRef = memref3(all.data(), 1, n, V);
       lm_memref1i srcLenRef = memref1(srcLen.data(), 1), tgtLenRef = memref1(tgtLen.data(), 1);
       lm_memref3i rowsRef = memref3(rows.data(), 1, n, W);
       d->pair_decode(&w, &selfRef, &crossRef, &srcLenRef, &tgtLenRef, &rowsRef, &outRef);
-      std::vector<float> lp;
+      Vec<float> lp;
       for (int64_t r : p.rows)
         lp.insert(lp.end(), all.begin() + r * V, all.begin() + (r + 1) * V);
       finite(lp, "translate (parallel pass)");
@@ -99,14 +101,14 @@ public:
     return out;
   }
 
-  double teacherForced(const std::vector<int32_t> &tgt, bool leftToRight) override {
+  double teacherForced(const Vec<int32_t> &tgt, bool leftToRight) override {
     const int32_t n = int32_t(tgt.size()), m = int32_t(M);
-    std::vector<int32_t> dirs(size_t(n), leftToRight ? 0 : 1);
+    Vec<int32_t> dirs(size_t(n), leftToRight ? 0 : 1);
     (leftToRight ? dirs.back() : dirs.front()) = 3;
-    PairBatch pb;
+    thread_local PairBatch pb; // packPairs reuses its buffers
     packPairs(pb, d, src.data(), &m, m, tgt.data(), &n, n, dirs.data(), nullptr, 0, 1);
-    std::vector<int32_t> nScored(1);
-    std::vector<float> lp(static_cast<size_t>(n)), score(1), length(1);
+    Vec<int32_t> nScored(1);
+    Vec<float> lp(static_cast<size_t>(n)), score(1), length(1);
     lm_memref1f w = weights();
     lm_memref2i srcRef = pb.srcRef(), tgtRef = pb.tgtRef();
     lm_memref1i srcLenRef = pb.srcLenRef(), tgtLenRef = pb.tgtLenRef(), nRef = memref1(nScored.data(), 1);
@@ -121,41 +123,41 @@ public:
 private:
   /// The cached self-attention keys/values of every token of `targets` (all of one length), [B, n, K]; tokens
   /// not seen before are computed first, in one pair_token_kv call.
-  std::vector<float> keysValues(const std::vector<std::vector<int32_t>> &targets) {
-    std::vector<int32_t> missing;
+  Vec<float> keysValues(const Vec<Vec<int32_t>> &targets) {
+    Vec<int32_t> missing;
     for (const auto &t : targets)
       for (int32_t id : t)
         if (!cache.count(id) && std::find(missing.begin(), missing.end(), id) == missing.end())
           missing.push_back(id);
     if (!missing.empty()) {
       const int64_t T = int64_t(missing.size());
-      std::vector<float> kv(size_t(T * K));
+      Vec<float> kv(size_t(T * K));
       lm_memref1f w = weights();
       lm_memref2i idsRef = memref2(missing.data(), T, 1);
       lm_memref3f kvRef = memref3(kv.data(), T, 1, K);
       d->pair_token_kv(&w, &idsRef, &kvRef);
       finite(kv, "translate (keys and values)");
       for (int64_t t = 0; t < T; ++t)
-        cache.emplace(missing[size_t(t)], std::vector<float>(kv.begin() + t * K, kv.begin() + (t + 1) * K));
+        cache.emplace(missing[size_t(t)], Vec<float>(kv.begin() + t * K, kv.begin() + (t + 1) * K));
     }
-    std::vector<float> out;
+    Vec<float> out;
     out.reserve(targets.size() * targets.front().size() * size_t(K));
     for (const auto &t : targets)
       for (int32_t id : t) {
-        const std::vector<float> &row = cache.at(id);
+        const Vec<float> &row = cache.at(id);
         out.insert(out.end(), row.begin(), row.end());
       }
     return out;
   }
   /// `count` rows of the kernels' rows operand: direction 3 (skip), no hidden keys.
-  std::vector<int32_t> skipRows(int64_t count) const {
-    std::vector<int32_t> rows(size_t(count * W), 0);
+  Vec<int32_t> skipRows(int64_t count) const {
+    Vec<int32_t> rows(size_t(count * W), 0);
     for (int64_t r = 0; r < count; ++r)
       rows[size_t(r * W)] = 3;
     return rows;
   }
   lm_memref1f weights() const { return memref1(m->weights, d->total_floats); }
-  static void finite(const std::vector<float> &v, const char *what) {
+  static void finite(const Vec<float> &v, const char *what) {
     for (float x : v)
       if (std::isnan(x) || x == INFINITY)
         nonFiniteResult(std::string(what) + " gave a NaN or +infinity (the weights may hold huge values)");
@@ -163,12 +165,15 @@ private:
 
   lm_model *m;
   const lm_model_desc *d;
-  std::vector<int32_t> src;
+  Vec<int32_t> src;
   int64_t M, K, V, W;
-  std::vector<float> crossKV;   ///< [M, K]
-  std::vector<float> crossRows; ///< crossKV repeated for a step's hypotheses
-  std::vector<double> lengthLp;
-  std::unordered_map<int32_t, std::vector<float>> cache; ///< token id -> its keys/values [K]
+  Vec<float> crossKV;   ///< [M, K]
+  Vec<float> crossRows; ///< crossKV repeated for a step's hypotheses
+  Vec<double> lengthLp;
+  /// token id -> its keys/values [K]
+  std::unordered_map<int32_t, Vec<float>, std::hash<int32_t>, std::equal_to<int32_t>,
+                     lmcc::decode::Recycled<std::pair<const int32_t, Vec<float>>>>
+      cache;
 };
 
 void translateImpl(lm_model *m, const int32_t *src, int32_t srcLength, int32_t mode, int32_t beam, int32_t lengthBeam,

@@ -31,7 +31,10 @@ Example teacherExample(const std::vector<int32_t> &src, const std::vector<int32_
   return e;
 }
 
-std::vector<float> flatten(const Model::Matrix &m) { return std::vector<float>(m.data(), m.data() + m.size()); }
+template <class Out = std::vector<float>>
+Out flatten(const Model::Matrix &m) {
+  return Out(m.data(), m.data() + m.size());
+}
 
 /// decode::Decoder on the reference model: rows computed one by one over cached keys and values.
 class ReferenceDecoder : public decode::Decoder {
@@ -39,11 +42,13 @@ public:
   ReferenceDecoder(const Model &model, const std::vector<int32_t> &src)
       : model(model), src(src), memory(model.encode(src)), kv(model) {}
 
-  std::vector<double> lengthLogprobs() override { return memory.lengthLogprobs; }
+  decode::Vec<double> lengthLogprobs() override {
+    return decode::Vec<double>(memory.lengthLogprobs.begin(), memory.lengthLogprobs.end());
+  }
 
   // The new row of each target: R at i = n - 1 (position-table row i, keys j - i = -(n-1) .. 0), or L at
   // i = 0 (position-table row n - 1, keys j - i = 0 .. n - 1).
-  std::vector<float> step(const std::vector<std::vector<int32_t>> &targets, bool leftToRight) override {
+  decode::Vec<float> step(const decode::Vec<decode::Vec<int32_t>> &targets, bool leftToRight) override {
     std::vector<const Model::KeyValue *> keys;
     std::vector<Dir> dirs;
     std::vector<int64_t> queryPos;
@@ -63,11 +68,11 @@ public:
       visible.push_back(std::move(vis));
       offsets.push_back(std::move(off));
     }
-    return flatten(model.rowLogprobs(memory, keys, dirs, queryPos, visible, offsets));
+    return flatten<decode::Vec<float>>(model.rowLogprobs(memory, keys, dirs, queryPos, visible, offsets));
   }
 
-  std::vector<std::vector<float>> predict(const std::vector<Pass> &passes) override {
-    std::vector<std::vector<float>> out;
+  decode::Vec<decode::Vec<float>> predict(const decode::Vec<Pass> &passes) override {
+    decode::Vec<decode::Vec<float>> out;
     for (const Pass &p : passes) {
       const int64_t n = int64_t(p.tokens.size());
       std::vector<const Model::KeyValue *> keys;
@@ -88,13 +93,14 @@ public:
         visible.push_back(std::move(vis));
         offsets.push_back(std::move(off));
       }
-      out.push_back(flatten(model.rowLogprobs(memory, keys, dirs, queryPos, visible, offsets)));
+      out.push_back(flatten<decode::Vec<float>>(model.rowLogprobs(memory, keys, dirs, queryPos, visible, offsets)));
     }
     return out;
   }
 
-  double teacherForced(const std::vector<int32_t> &tgt, bool leftToRight) override {
-    return diformer::teacherForced(model, src, tgt, leftToRight ? Dir::R : Dir::L);
+  double teacherForced(const decode::Vec<int32_t> &tgt, bool leftToRight) override {
+    return diformer::teacherForced(model, src, std::vector<int32_t>(tgt.begin(), tgt.end()),
+                                   leftToRight ? Dir::R : Dir::L);
   }
 
 private:

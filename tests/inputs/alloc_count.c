@@ -2,7 +2,8 @@
  * steady-state calls through a model's C API at 1 thread (issue 4: the runtime's steady-state calls allocate
  * nothing; at 2 threads a worker may run a piece it has not run before, and its workspace cache then takes a
  * block from the system). `alloc-count WEIGHTS`: score, embed and train-step calls; `alloc-count WEIGHTS pairs`
- * (a Diformer): score_pairs calls and pair train steps (lm_rt_train_step_pairs; R, L and S rows, hidden keys).
+ * (a Diformer): score_pairs calls and pair train steps (lm_rt_train_step_pairs; R, L and S rows, hidden keys), then
+ * translate calls in every decoding mode, with and without self-reranking.
  * MODEL is replaced by the model's name and UMODEL by its upper-case form before compiling (a model compiled
  * with --train; ids 4.. and 6.. must be in its vocabulary; link liblmrt too). glibc only: the replacements forward to glibc's
  * __libc_* functions and count while `counting` is set. */
@@ -118,6 +119,24 @@ static int countPairs(MODEL_model *m, MODEL_trainer *t) {
     }
   }
   printf("10 score_pairs calls %ld allocations, 10 pair train steps %ld\n", score, train);
+  /* translate: every decoding mode, with and without self-reranking, on sources of two lengths */
+  int32_t out[UMODEL_MAX_LEN], outLen, cands;
+  double outScore;
+  long translate = 0;
+  for (int round = 0; round < 11; ++round) /* round 0 warms up */
+    for (int mode = LM_DECODE_L2R; mode <= LM_DECODE_EASY_FIRST; ++mode)
+      for (int rerank = 0; rerank < 2; ++rerank)
+        for (int b = 0; b < 2; ++b) {
+          allocations = 0, counting = round > 0;
+          const int rc = MODEL_translate(m, src + b * S, srcLen[b], mode, 3, 2, 3, rerank, 0, out, UMODEL_MAX_LEN,
+                                         &outLen, &outScore, &cands);
+          counting = 0, translate += allocations;
+          if (rc != 0) {
+            fprintf(stderr, "translate (mode %d, rerank %d) failed: %s\n", mode, rerank, lm_last_error());
+            return 1;
+          }
+        }
+  printf("160 translate calls %ld allocations\n", translate);
   return 0;
 }
 

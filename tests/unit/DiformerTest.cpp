@@ -295,9 +295,10 @@ TEST(DiformerDecode, AllModesProduceWellFormedTargets) {
       EXPECT_TRUE(std::isfinite(t.score));
       if (rerank) { // the rerank score is the mean of the two teacher-forced directions per token
         const double n1 = double(t.tgt.size() - 1);
+        const std::vector<int32_t> tgt(t.tgt.begin(), t.tgt.end());
         EXPECT_NEAR(t.score,
-                    0.5 * (df::teacherForced(model, src, t.tgt, df::Dir::R) +
-                           df::teacherForced(model, src, t.tgt, df::Dir::L)) / n1,
+                    0.5 * (df::teacherForced(model, src, tgt, df::Dir::R) + df::teacherForced(model, src, tgt, df::Dir::L)) /
+                        n1,
                     1e-9);
       }
     }

@@ -533,8 +533,7 @@ int diformerTranslate(const ModelSpec &spec, const std::string &weights, const s
                           d.iterations, d.rerank ? 1 : 0, int32_t(d.maxTarget), tgt.data(), int32_t(tgt.size()),
                           &length, &t.score, &candidates) != LM_OK)
         throw std::invalid_argument(where + ": " + lm_rt_last_error());
-      tgt.resize(size_t(length));
-      t.tgt = std::move(tgt);
+      t.tgt.assign(tgt.begin(), tgt.begin() + length);
       t.candidates = candidates;
     } else {
       t = df::translate(*model, src, d);
