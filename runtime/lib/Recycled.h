@@ -5,7 +5,10 @@
 // log-probabilities, the token keys/values cache. Recycled<T> serves them from a thread-local free list per
 // power-of-two size class and puts a freed block back on the list of the thread that frees it: a call takes
 // from the system only the blocks that the calls before it on this thread never needed at once (the first
-// calls, a longer source, a wider beam). The blocks go back to the system when their thread exits.
+// calls, a longer source, a wider beam). The blocks go back to the system when their thread exits. Meant for
+// containers that live and die on one thread, as the search's do within a call: a block freed on another thread
+// joins that thread's lists, so a producer thread handing its containers to a consumer would take new blocks
+// from the system for every one.
 //
 //===----------------------------------------------------------------------===//
 #pragma once
