@@ -71,8 +71,7 @@ Vec<Translation> beamSearch(Decoder &decoder, const Tokens &tk, const Options &o
 }
 
 /// Per row of a pass's log-probabilities [rows * V]: the argmax content token (not eos) and its log-probability.
-void best(const Tokens &tk, const Vec<float> &lp, size_t rows, Vec<int32_t> &outTok,
-          Vec<double> &outLp) {
+void best(const Tokens &tk, const Vec<float> &lp, size_t rows, Vec<int32_t> &outTok, Vec<double> &outLp) {
   const size_t V = size_t(tk.vocab);
   outTok.assign(rows, 0);
   outLp.assign(rows, 0);
@@ -115,6 +114,8 @@ public:
         finished = true;
         return p;
       }
+      // Least confident first, ties in position order (std::stable_sort's order from `content`, ascending,
+      // without the temporary buffer stable_sort takes from the system).
       Vec<int64_t> order = content;
       std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
         return conf[size_t(a)] < conf[size_t(b)] || (conf[size_t(a)] == conf[size_t(b)] && a < b);
@@ -181,8 +182,7 @@ private:
 };
 
 /// The length beam's refinements side by side: iteration t is one predict call over the unfinished ones.
-Vec<Translation> refineAll(Decoder &decoder, const Tokens &tk, const Vec<int64_t> &lengths,
-                                   const Options &o) {
+Vec<Translation> refineAll(Decoder &decoder, const Tokens &tk, const Vec<int64_t> &lengths, const Options &o) {
   Vec<Refinement> cands;
   for (int64_t n : lengths)
     cands.emplace_back(tk, n);
