@@ -523,14 +523,18 @@ def thread_scaling(ws, points, lmcc):
         lib = ws.library(p.model, p.variant)
         text = run([bench_binary("model_bench"), "--ab", lib, lib, ws.spec(p.model)["name"], ws.weights(p.model),
                     p.entry, ws.ids(p.model, p.n, p.batch), 1, 2, rounds])
-        m = re.search(r"^(bit-identical|max \|A - B\| \S+)\s+speedup ([\d.]+)x\s+B won (\d+)/(\d+)\s+"
-                      r"A median ([\d.]+) ms\s+B median ([\d.]+) ms", text, re.M)
-        if not m:
-            raise RuntimeError("model_bench --ab gave no result line for %s: %s" % (p.name, text[-300:]))
-        out[p.name] = {"scaling": float(m.group(2)), "won": int(m.group(3)), "rounds": int(m.group(4)),
-                       "one_ms": float(m.group(5)), "two_ms": float(m.group(6)),
-                       "identical": m.group(1) == "bit-identical"}
+        out[p.name] = parse_ab(text, p.name)
     return out
+
+
+def parse_ab(text, what):
+    """model_bench --ab's result line as thread_scaling's record (A the 1-thread side, B the 2-thread one)."""
+    m = re.search(r"^(bit-identical|max \|A - B\| \S+)\s+speedup ([\d.]+)x\s+B won (\d+)/(\d+)\s+"
+                  r"A median ([\d.]+) ms\s+B median ([\d.]+) ms", text, re.M)
+    if not m:
+        raise RuntimeError("model_bench --ab gave no result line for %s: %s" % (what, text[-300:]))
+    return {"scaling": float(m.group(2)), "won": int(m.group(3)), "rounds": int(m.group(4)),
+            "one_ms": float(m.group(5)), "two_ms": float(m.group(6)), "identical": m.group(1) == "bit-identical"}
 
 
 def load_output(path, entry):
