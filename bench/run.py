@@ -616,16 +616,22 @@ def best_peer(p, peer):
     return peer_rs, (min(timed.items(), key=lambda kv: kv[1]["median"]) if timed else None)
 
 
+def medians_ratio(p, lmcc):
+    """2-thread point p's 1-thread twin's median / its own (timed minutes apart), or None (a twin not timed)."""
+    one = lmcc.get(Point(p.model, p.variant, p.entry, p.n, p.batch, 1).name, {})
+    if p.threads == 2 and "median" in one and "median" in lmcc.get(p.name, {}):
+        return one["median"] / lmcc[p.name]["median"]
+    return None
+
+
 def two_thread_ratio(p, lmcc, scaling):
     """(point p's 2-thread speedup over its 1-thread twin, how it was measured): side by side (thread_scaling)
     where it was, else the ratio of the grid's two medians; (None, None) for a 1-thread entry or a missing twin."""
     s = (scaling or {}).get(p.name, {})
     if "scaling" in s:
         return s["scaling"], "side by side"
-    one = lmcc.get(Point(p.model, p.variant, p.entry, p.n, p.batch, 1).name, {})
-    if p.threads == 2 and "median" in one and "median" in lmcc.get(p.name, {}):
-        return one["median"] / lmcc[p.name]["median"], "medians"
-    return None, None
+    ratio = medians_ratio(p, lmcc)
+    return ratio, "medians" if ratio is not None else None
 
 
 def find_gaps(ws, limits, points, lmcc, peer, scaling=None):
@@ -648,8 +654,8 @@ def find_gaps(ws, limits, points, lmcc, peer, scaling=None):
         # Issue 20: two threads within 1.15x of half the one-thread time (batch >= 8, or n >= 40 at batch 1).
         unscaled = ratio is not None and scaling_covered(p) and ratio < 2 / 1.15
         if behind or far or unscaled:
-            gaps.append({"point": p, "peer": best[0] if best else "-", "speedup": sp, "xb": xb, "ratio": ratio, "ratio_how": how,
-                         "speedup_text": fmt_speedup(r, best[1]) if best else "-",
+            gaps.append({"point": p, "peer": best[0] if best else "-", "speedup": sp, "xb": xb, "ratio": ratio,
+                         "ratio_how": how, "speedup_text": fmt_speedup(r, best[1]) if best else "-",
                          "unscaled_only": unscaled and not (behind or far), "flops": flops,
                          "seconds": r["median"], "peak": limits[("peak", p.threads)]})
     return gaps
@@ -793,9 +799,8 @@ def scaling_section(points, lmcc, scaling):
         if not scaling_covered(p):
             continue
         s = (scaling or {}).get(p.name)
-        one = lmcc.get(Point(p.model, p.variant, p.entry, p.n, p.batch, 1).name, {})
-        two = lmcc.get(p.name, {})
-        medians = "%.2fx" % (one["median"] / two["median"]) if "median" in one and "median" in two else "-"
+        m = medians_ratio(p, lmcc)
+        medians = "%.2fx" % m if m is not None else "-"
         if s is None:
             side = "-"
         elif "skipped" in s:
@@ -804,10 +809,8 @@ def scaling_section(points, lmcc, scaling):
             side = "%.2fx (%d/%d%s)" % (s["scaling"], s["won"], s["rounds"], "" if s["identical"] else
                                         ", results differ")
         times = "%.2f / %.2f" % (s["one_ms"], s["two_ms"]) if s and "scaling" in s else "-"
-        verdict = "-"
-        ratio = s["scaling"] if s and "scaling" in s else (one["median"] / two["median"] if medians != "-" else None)
-        if ratio is not None:
-            verdict = "yes" if ratio >= 2 / 1.15 else "**no**"
+        ratio, _ = two_thread_ratio(p, lmcc, scaling)
+        verdict = "-" if ratio is None else "yes" if ratio >= 2 / 1.15 else "**no**"
         rows.append("| %s | %s | %d | %d | %s | %s | %s | %s |" % (p.model, p.entry, p.n, p.batch, times, side,
                                                                     medians, verdict))
     if not rows:
