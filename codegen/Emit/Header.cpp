@@ -92,7 +92,7 @@ int @name@_score_pairs(@name@_model *m, const int32_t *src, const int32_t *src_l
  * LM_DECODE_L2R / LM_DECODE_R2L (beam search of `beam` hypotheses, ranked by log-likelihood / predicted tokens),
  * LM_DECODE_MASK_PREDICT (`iterations` CMLM passes for each of the length head's `length_beam` best lengths of at
  * least one content token) or LM_DECODE_EASY_FIRST; rerank != 0 rescores the candidates with the mean of their teacher-forced L2R and R2L
- * log-likelihoods (/ n-1). max_target: the longest target an AR search builds (0: @NAME@_MAX_LEN - 1). Writes
+ * log-likelihoods (sums over the n - 1 predicted tokens). max_target: the longest target an AR search builds (0: @NAME@_MAX_LEN - 1). Writes
  * bos .. eos to tgt[0 .. capacity) (@NAME@_MAX_LEN always fits), its length to *tgt_length, the ranking score to
  * *score and the candidates compared to *candidates (both may be NULL). */
 int @name@_translate(@name@_model *m, const int32_t *src, int32_t src_length, int32_t mode, int32_t beam, int32_t length_beam, int32_t iterations, int32_t rerank, int32_t max_target, int32_t *tgt, int32_t capacity, int32_t *tgt_length, double *score, int32_t *candidates);

@@ -68,7 +68,8 @@ def main():
                      statistics.mean(r["token_nll"] for r in tail), statistics.mean(r["length_nll"] for r in tail)), ""]
     lines += ["## Results (one model, all four modes)", "",
               "Decoding: beam 4 (AR), length beam 5 and 10 iterations (NAR), `--rerank` = the mean of the "
-              "teacher-forced L2R and R2L log-likelihoods per token over the candidates (the beam's finished "
+              "teacher-forced L2R and R2L log-likelihoods (sums over the predicted tokens, as issue 19's contract says: no "
+              "length normalization) over the candidates (the beam's finished "
               "hypotheses, or the length beam's). BLEU = sacreBLEU corpus BLEU over token ids (tokenize none). "
               "Time = wall-clock per sentence at batch 1, one thread, compiled decoding (`lmcc translate`: "
               "lm_rt_translate on the library's encode/step/decode kernels; encoder included).", "",

@@ -235,11 +235,11 @@ Translation translate(Decoder &decoder, const Tokens &tk, const Options &o) {
   }
   if (cands.empty())
     throw std::runtime_error("translate: no hypothesis finished");
+  // Self-reranking (issue 19's contract, the paper's 2.4): the mean of the two directions' teacher-forced
+  // log-likelihoods, each the sum over the candidate's n - 1 predicted tokens (not normalized by length).
   if (o.rerank)
-    for (Translation &t : cands) {
-      const double n1 = double(t.tgt.size() - 1);
-      t.score = 0.5 * (decoder.teacherForced(t.tgt, true) + decoder.teacherForced(t.tgt, false)) / n1;
-    }
+    for (Translation &t : cands)
+      t.score = 0.5 * (decoder.teacherForced(t.tgt, true) + decoder.teacherForced(t.tgt, false));
   size_t best = 0;
   for (size_t c = 1; c < cands.size(); ++c)
     if (cands[c].score > cands[best].score)

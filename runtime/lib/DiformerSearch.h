@@ -16,7 +16,8 @@
 //    seeing bos, eos and the positions whose current prediction is more confident than its own;
 //    stops early when no token changes;
 //  * rerank: every candidate (the length beam's, or the beam's finished hypotheses) is scored by
-//    the mean of its teacher-forced L2R and R2L log-likelihoods, each divided by n - 1.
+//    the mean of its teacher-forced L2R and R2L log-likelihoods (sums over its n - 1 predicted
+//    tokens; no length normalization: the contract's formula, so shorter candidates are favoured).
 // Spec-free: liblmrt links it. Its containers are Vec (Recycled.h): a steady-state lm_rt_translate call takes
 // nothing from the system allocator (tests/cli/alloc.test).
 //

@@ -236,7 +236,7 @@ LM_API int lm_rt_score_pairs(lm_model *m, const int32_t *src, const int32_t *src
  * `beam` hypotheses, only the new row computed per step, ranked by log-likelihood / predicted tokens),
  * LM_DECODE_MASK_PREDICT (CMLM, `iterations` passes for each of the length head's `length_beam` best lengths of
  * at least one content token) or LM_DECODE_EASY_FIRST (DisCo-style passes); rerank != 0 rescores the candidates with the mean of their
- * teacher-forced L2R and R2L log-likelihoods divided by n - 1. max_target bounds the target an AR search
+ * teacher-forced L2R and R2L log-likelihoods (sums over the n - 1 predicted tokens). max_target bounds the target an AR search
  * builds (bos..eos; 0: max_len - 1, else 2..max_len-1). Writes the translation (bos .. eos) to tgt[0..capacity),
  * its length to *tgt_length (also when it does not fit: then LM_ERR_ARGUMENT), its ranking score to *score and
  * the number of candidates compared to *candidates (score and candidates may be NULL). */

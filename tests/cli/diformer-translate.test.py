@@ -6,7 +6,9 @@
                                            max(1, |score|)), the same candidate counts
   onepass LMCC SPEC WEIGHTS SRC            the incremental path equals the one-pass score: l2r and r2l decoding
                                            with --beam 1, then lmcc score of each output with DIRS l2r / r2l:
-                                           score / (n - 1) equals the decoder's score within 1e-5
+                                           score / (n - 1) equals the decoder's score within 1e-5; with
+                                           --rerank (l2r, mask-predict) the score is the mean of the two
+                                           directions' lmcc scores (sums, not per token) within 1e-5
   capi LIB NAME SRC LMCC SPEC WEIGHTS      <name>_translate through ctypes gives lmcc translate's output for every
                                            mode; bad arguments fail with LM_ERR_ARGUMENT and say why
 """
@@ -69,6 +71,26 @@ def onepass(lmcc, spec, weights, src):
                 sys.exit("%s line %d: incremental %r vs one pass %r" % (mode, i + 1, o["score"], one))
             count += 1
     print("%d decodings: incremental = one pass within %.3g <= 1e-05" % (count, worst))
+    # --rerank: the score is the mean of the teacher-forced L2R and R2L log-likelihoods (issue 19), each the
+    # sum over the n - 1 predicted tokens that lmcc score gives for DIRS l2r / r2l: no length normalization.
+    worst, count = 0.0, 0
+    for mode in ("l2r", "mask-predict"):
+        outs = run(lmcc, spec, weights, src, "--mode", mode, "--beam", "3", "--length-beam", "3", "--iterations", "3",
+                   "--rerank")
+        both = []
+        for dirs in ("l2r", "r2l"):
+            lines = ["%s ||| %s ||| %s" % (s, " ".join(map(str, o["ids"])), dirs) for s, o in zip(sources, outs)]
+            both.append(subprocess.run([lmcc, "score", spec, "--weights", weights, "--ids", "-"],
+                                       input="\n".join(lines) + "\n", check=True, capture_output=True,
+                                       text=True).stdout.splitlines())
+        for i, (o, l2r, r2l) in enumerate(zip(outs, *both)):
+            mean = 0.5 * (json.loads(l2r)["score"] + json.loads(r2l)["score"])
+            d = abs(mean - o["score"]) / max(1.0, abs(mean))
+            worst = max(worst, d)
+            if d > 1e-5:
+                sys.exit("%s --rerank line %d: score %r vs mean of the two directions %r" % (mode, i + 1, o["score"], mean))
+            count += 1
+    print("%d reranked decodings: score = mean of the L2R and R2L log-likelihoods within %.3g <= 1e-05" % (count, worst))
 
 
 def capi(lib_path, name, src, lmcc, spec, weights):

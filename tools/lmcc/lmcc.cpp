@@ -1080,7 +1080,7 @@ int main(int argc, char **argv) {
       ->capture_default_str()->check(CLI::Range(1, 1000));
   translate->add_option("--iterations", o.translate.iterations, "refinement passes of mask-predict / easy-first")
       ->capture_default_str()->check(CLI::Range(1, 1000));
-  translate->add_flag("--rerank", o.translate.rerank, "rank candidates by the mean of teacher-forced L2R and R2L");
+  translate->add_flag("--rerank", o.translate.rerank, "rank candidates by the mean of their teacher-forced L2R and R2L log-likelihoods");
   auto *translateReference = translate->add_flag(
       "--reference", o.reference, "decode on the reference executor (the numeric oracle) instead of compiled code");
   addThreads(translate);
