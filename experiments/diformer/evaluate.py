@@ -57,7 +57,9 @@ def main():
               "clip 1.0, length_loss 0.1, with lmcc's compiled trainer (the library compiled with --train: "
               "lm_rt_train_step_pairs), one thread. The first run of this page (lmcc 1cdf502) trained on the "
               "reference executor at 432 ms per step on another machine; the compiled step and the reference step "
-              "measured side by side on this one: 111 vs 194 ms (30 steps, same losses to 6 digits).", ""]
+              "measured side by side on the second run's machine (a Xeon): 111 vs 194 ms (30 steps, same losses to 6 "
+              "digits). This run: an AMD EPYC Zen 5, lmcc 8fbe473 (self-reranking by the contract's sums; the "
+              "runs before ranked by per-token means).", ""]
     if log:
         first, last = log[0], log[-1]
         tail = log[-50:]
@@ -127,7 +129,7 @@ def main():
               "keys/values (computed once per token id: input isolation), the source's cross-attention keys/values "
               "(once per source); an AR step computes only the new row of each hypothesis. The length beam's candidates refine side "
               "by side, but the compiled decoder runs one pass per candidate: one call for all of them, padded to "
-              "the longest, measured slower here (mask-predict 18.6 vs 14.5 ms per sentence). Rerank time "
+              "the longest, measured slower on the Xeon (mask-predict 18.6 vs 14.5 ms per sentence). Rerank time "
               "includes re-encoding the source for each teacher-forced scoring.",
               "* Not measured: batches of several sources (lm_rt_translate decodes one source per call).",
               ""]
