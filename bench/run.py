@@ -182,7 +182,7 @@ class Workspace:
             for line in text.splitlines():
                 name, _, rest = line.partition(":")
                 fields = dict(kv.split("=") for kv in rest.split())
-                if "flops" in fields:  # the memory model's lines (sentence_bytes=...) follow the FLOP lines
+                if "flops" in fields:
                     self.flop_cache[(model, variant, name.strip(), n)] = int(fields["flops"])
         return self.flop_cache[key]
 

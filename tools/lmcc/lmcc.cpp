@@ -388,11 +388,16 @@ int runTrainData(Options o, bool resumeGiven) {
   return lmcc::cli::runTrainCorpus(spec, r, hooks);
 }
 
-void printStats(const std::vector<lmcc::codegen::EntryStats> &stats) {
+/// Issue 6's `--stats` lines, one per entry point: `<entry>: flops=<int> temp_bytes=<int>`, then the entry's
+/// further fields when `extra` has any (the runtime's memory model of score and embed), on the same line.
+void printStats(const std::vector<lmcc::codegen::EntryStats> &stats,
+                const std::map<std::string, std::string> &extra = {}) {
   for (const auto &entry : stats)
-    if (entry.entry.rfind("fold_", 0) != 0) // load-time functions (lm-fold-constants) are not entry points
+    if (entry.entry.rfind("fold_", 0) != 0) { // load-time functions (lm-fold-constants) are not entry points
+      auto more = extra.find(entry.entry);
       std::cout << (entry.entry == "loss_grad" ? std::string("train") : entry.entry) << ": flops=" << entry.flops
-                << " temp_bytes=" << entry.tempBytes << "\n";
+                << " temp_bytes=" << entry.tempBytes << (more == extra.end() ? "" : more->second) << "\n";
+    }
 }
 
 int runStats(const Options &o, const lmcc::ModelSpec &spec) {
@@ -406,9 +411,10 @@ int runStats(const Options &o, const lmcc::ModelSpec &spec) {
     std::cerr << "lmcc: " << o.spec << ": " << error << "\n";
     return kExitInternal;
   }
-  printStats(lmcc::codegen::countStats(*module, o.statsN));
   // The runtime's memory model (what it cuts calls with): one sentence of n tokens, one thread; with bf16 weights
-  // on an AMX target, the GEMMs' rounded input copies included (as compileLibrary builds it).
+  // on an AMX target, the GEMMs' rounded input copies included (as compileLibrary builds it). Appended to the
+  // entry's line: one line per entry point, as issue 6's contract has it.
+  std::map<std::string, std::string> memory;
   const bool amxCopies = o.weightsDtype == "bf16" && lmcc::codegen::targetHasAmx(o.cpu);
   for (const char *entry : {"score", "embed"}) {
     lmcc::codegen::MemoryModel mm =
@@ -416,27 +422,27 @@ int runStats(const Options &o, const lmcc::ModelSpec &spec) {
     if (mm.perSentence.empty())
       continue;
     const int64_t n = o.statsN, sentence = mm.perSentence[n], copy = mm.perCopy[n];
-    std::cout << entry << ": sentence_bytes=" << sentence << " copy_bytes=" << copy;
-    {
-      // --max-memory, else the runtime's default (a quarter of the physical memory: lm_set_workspace_limit(0)
-      // returns it when no limit was set, and leaves the default in place).
-      const int64_t limit = o.maxMemoryMB > 0 ? o.maxMemoryMB << 20 : lm_set_workspace_limit(0);
-      // Mask-and-predict scoring and embedding cut a sentence's copies into windows (ABI 10 for embed).
-      const bool splits = spec.method == lmcc::ScoreMethod::MaskAndPredict && spec.mlm;
-      int64_t copies = copy > 0 ? n : 0;
-      if (sentence + copies * copy > limit)
-        copies = splits && copy > 0 ? (limit - sentence) / copy : -1;
-      if (copies < (copy > 0 ? 1 : 0))
-        std::cout << " limit_bytes=" << limit << " fits=no needs_bytes="
-                  << sentence + (splits ? copy : copy * n); // the runtime refuses such a call (LM_ERR_MEMORY)
-      else
-        std::cout << " limit_bytes=" << limit << " copies_per_call=" << copies
-                  << " peak_bytes=" << sentence + copies * copy;
-    }
+    std::ostringstream line;
+    line << " sentence_bytes=" << sentence << " copy_bytes=" << copy;
+    // --max-memory, else the runtime's default (a quarter of the physical memory: lm_set_workspace_limit(0)
+    // returns it when no limit was set, and leaves the default in place).
+    const int64_t limit = o.maxMemoryMB > 0 ? o.maxMemoryMB << 20 : lm_set_workspace_limit(0);
+    // Mask-and-predict scoring and embedding cut a sentence's copies into windows (ABI 10 for embed).
+    const bool splits = spec.method == lmcc::ScoreMethod::MaskAndPredict && spec.mlm;
+    int64_t copies = copy > 0 ? n : 0;
+    if (sentence + copies * copy > limit)
+      copies = splits && copy > 0 ? (limit - sentence) / copy : -1;
+    if (copies < (copy > 0 ? 1 : 0))
+      line << " limit_bytes=" << limit << " fits=no needs_bytes="
+           << sentence + (splits ? copy : copy * n); // the runtime refuses such a call (LM_ERR_MEMORY)
+    else
+      line << " limit_bytes=" << limit << " copies_per_call=" << copies << " peak_bytes=" << sentence + copies * copy;
     // What each thread past the first adds (its work items' scratch): the call above on T threads needs
     // (T - 1) * thread_bytes more.
-    std::cout << " thread_bytes=" << mm.perThread[n] << "\n";
+    line << " thread_bytes=" << mm.perThread[n];
+    memory[entry] = line.str();
   }
+  printStats(lmcc::codegen::countStats(*module, o.statsN), memory);
   return kExitOk;
 }
 
@@ -938,7 +944,7 @@ int main(int argc, char **argv) {
   auto *compile = app.add_subcommand("compile", "compile a model into DIR/lib<name>.so and DIR/<name>.h");
   compile->add_option("SPEC", o.spec, "model spec (TOML)")->required();
   compile->add_option("-o,--output", o.output, "output directory (required unless --stats)");
-  compile->add_flag("--stats", o.stats, "print '<entry>: flops=<int> temp_bytes=<int>' per entry point");
+  compile->add_flag("--stats", o.stats, "print '<entry>: flops=<int> temp_bytes=<int> [memory model]' per entry point");
   compile->add_option("--n", o.statsN, "sentence length for --stats (batch 1)");
   compile->add_option("--max-memory", o.maxMemoryMB,
                       "with --stats: the workspace limit in MB; prints the masked copies per call and the peak")
