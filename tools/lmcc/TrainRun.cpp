@@ -118,9 +118,10 @@ private:
   int fd_ = -1;
 };
 
-/// Test-only fault injection (LMCC_TRAIN_KILL_AT="step:K", "checkpoint:K" or "term:K"): SIGKILL
-/// ourselves after step K or in the middle of writing checkpoint K (after its weights, before the
-/// rename), or SIGTERM ourselves after step K.
+/// Test-only fault injection (LMCC_TRAIN_KILL_AT="step:K", "checkpoint:K", "term:K", "term-data:0" or
+/// "term-loaded:0"): SIGKILL ourselves after step K or in the middle of writing checkpoint K (after its
+/// weights, before the rename), or SIGTERM ourselves after step K, once the data is read (before the model is
+/// compiled) or once the model is compiled (before the first step).
 struct KillPoint {
   std::string where;
   int64_t step = -1;
@@ -139,7 +140,7 @@ struct KillPoint {
       return;
     if (where == point)
       ::raise(SIGKILL);
-    if (where == "term" && std::string(point) == "step")
+    if ((where == "term" && std::string(point) == "step") || where == "term-" + std::string(point))
       ::raise(SIGTERM);
   }
 };
@@ -479,12 +480,29 @@ void Run::trimLog(int64_t step) {
 }
 
 int Run::run() {
+  // SIGINT / SIGTERM from the start (issue 16: finish the current step, write a checkpoint, exit 130): one that
+  // arrives while the data is read or the model compiled stops the run before its first step (below).
+  struct sigaction action {};
+  action.sa_handler = onStopSignal;
+  sigemptyset(&action.sa_mask);
+  struct sigaction oldInt {}, oldTerm {};
+  sigaction(SIGINT, &action, &oldInt);
+  sigaction(SIGTERM, &action, &oldTerm);
+  struct Restore {
+    struct sigaction &i, &t;
+    ~Restore() {
+      sigaction(SIGINT, &i, nullptr);
+      sigaction(SIGTERM, &t, nullptr);
+    }
+  } restore{oldInt, oldTerm};
+
   if (o_.batchTokens < 1)
     throw RunError("--batch-tokens " + std::to_string(o_.batchTokens) + ": must be positive");
   if (o_.logEvery < 1 || o_.validEvery < 0 || o_.checkpointEvery < 0 || o_.keep < 1)
     throw RunError("--log-every and --keep must be positive, --valid-every and --checkpoint-every >= 0 (0 = only at "
                    "the end)");
   loadData(); // every data error before anything is compiled or written
+  kill_.at("data", 0);
   total_ = o_.steps > 0 ? o_.steps : spec_.train.steps;
 
   std::error_code ec;
@@ -531,6 +549,14 @@ int Run::run() {
     hooks_.writeInitWeights(init.string());
     weights = init.string();
   }
+  if (stopSignal.load()) { // before compiling: nothing to keep; RUN_DIR left as it was (a rerun starts afresh)
+    fs::remove(init, ec);
+    if (wroteRecord)
+      fs::remove(dir_ / "run.json", ec);
+    std::fprintf(stderr, "lmcc train: stopped by signal %d before the first step; nothing written\n",
+                 stopSignal.load());
+    return 130;
+  }
   try {
     model_ = hooks_.load(weights);
   } catch (...) { // bad --weights (or a compile failure): leave RUN_DIR as it was, so that it can be reused
@@ -540,6 +566,7 @@ int Run::run() {
     throw;
   }
   fs::remove(init, ec);
+  kill_.at("loaded", 0);
   started_ = std::chrono::steady_clock::now(); // compiling is not training time
   lm_rt_set_num_threads(o_.threads);
   lm_train_desc settings = *reinterpret_cast<const lm_model_desc *const *>(model_)[0]->train;
@@ -567,20 +594,6 @@ int Run::run() {
                "%lld steps\n",
                train_.sentences.size(), batches_.size(), valid_.sentences.size(), validName_.c_str(),
                static_cast<long long>(total_));
-
-  struct sigaction action {};
-  action.sa_handler = onStopSignal;
-  sigemptyset(&action.sa_mask);
-  struct sigaction oldInt {}, oldTerm {};
-  sigaction(SIGINT, &action, &oldInt);
-  sigaction(SIGTERM, &action, &oldTerm);
-  struct Restore {
-    struct sigaction &i, &t;
-    ~Restore() {
-      sigaction(SIGINT, &i, nullptr);
-      sigaction(SIGTERM, &t, nullptr);
-    }
-  } restore{oldInt, oldTerm};
 
   bool checkpointed = from.has_value();
   while (step < total_ && !stopSignal.load()) {
