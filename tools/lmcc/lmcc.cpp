@@ -283,8 +283,11 @@ int runTrainBatches(Options o) {
     throw UsageError("lmcc train needs -o DIR");
   if (o.weights.empty() && o.resume.empty())
     throw UsageError("lmcc train needs --weights W (initial weights) or --resume DIR");
+  // Issue 14's synopsis gives --weights W on every call and `--resume DIR continues from them`: with both, the
+  // run continues from DIR's weights and optimizer state, and W is not read.
   if (!o.weights.empty() && !o.resume.empty())
-    throw UsageError("--weights and --resume: give one (--resume continues from DIR's weights and optimizer state)");
+    std::cerr << "lmcc train: note: --resume " << o.resume << ": continuing from its weights and optimizer state; --weights "
+              << o.weights << " is not read\n";
   if (std::error_code ec; fs::exists(fs::path(o.output) / "run.json", ec))
     throw InputError(o.output + ": a run directory of lmcc train --data (holds run.json); --batches writes "
                                 "weights.safetensors and trainer.safetensors: use another directory");
@@ -968,8 +971,10 @@ int main(int argc, char **argv) {
   };
   auto addPipelineFlags = [&](CLI::App *cmd) {
     cmd->add_flag("--naive", o.naive, "run no optimization pass (decomposed attention, n-pass mask-and-predict)");
+    // --no-<pass> with the pass's name (issue 6: `--no-<pass>` drops one; --no-lm-fuse-attention) or without its
+    // lm- prefix (--no-fuse-attention).
     for (const std::string &flag : lmcc::defaultPipeline())
-      cmd->add_flag("--no-" + flag.substr(3), o.noPass[flag], "drop the " + flag + " pass");
+      cmd->add_flag("--no-" + flag.substr(3) + ",--no-" + flag, o.noPass[flag], "drop the " + flag + " pass");
     cmd->add_option("--gemm", o.gemm,
                     "generated: vector microkernels over weights packed at load time; eigen: the runtime's Eigen GEMM")
         ->check(CLI::IsMember({"generated", "eigen"}))
