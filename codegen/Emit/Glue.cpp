@@ -278,7 +278,7 @@ void @name@_free(@name@_model *m) { lm_rt_free((lm_model *)m); }
 #define LMCC_WEAK
 #endif
 LMCC_WEAK const char *lm_last_error(void) { return lm_rt_last_error(); }
-LMCC_WEAK int lm_set_num_threads(int n) { return lm_rt_set_num_threads(n); }
+LMCC_WEAK int lm_set_num_threads(int n) { return lm_rt_set_num_threads(n) < 0 ? LM_ERR_ARGUMENT : LM_OK; }
 LMCC_WEAK int64_t lm_set_workspace_limit(int64_t bytes) { return lm_rt_set_workspace_limit(bytes); }
 LMCC_WEAK int lm_tokenizer_load(const char *vocab_path, int lowercase, lm_tokenizer **out) {
   return lm_rt_tokenizer_load(vocab_path, lowercase, out);

@@ -34,6 +34,11 @@ extern "C" {
 #ifndef LM_ABI_VERSION
 #define LM_ABI_VERSION @ABI@
 #endif
+/* The status codes int functions return (0 = ok); also in lmrt.h. */
+#ifndef LM_STATUS_CODES_DECLARED
+#define LM_STATUS_CODES_DECLARED
+enum { LM_OK = 0, LM_ERR_ARGUMENT = 1, LM_ERR_WEIGHTS = 2, LM_ERR_MEMORY = 3, LM_ERR_INTERNAL = 4, LM_ERR_NONFINITE = 5 };
+#endif
 /* Diformer: words of hidden-key bits per target row (see <name>_score_pairs). */
 #ifndef LM_HIDDEN_WORDS
 #define LM_HIDDEN_WORDS(max_len) (((max_len) + 31) / 32)
@@ -106,8 +111,8 @@ void @name@_free(@name@_model *m);
 /* The message of the last failed call on this thread ("" if none; a successful call does not clear it).
  * Valid until the next failing call on this thread. */
 const char *lm_last_error(void);
-/* Threads used by later calls, process-wide (default 1). Returns the previous value, or -1 (with
- * lm_last_error() set) when n < 1. Results do not depend on the thread count. */
+/* Threads used by later calls, process-wide (default 1). Returns 0 (LM_OK), or LM_ERR_ARGUMENT (with
+ * lm_last_error() set, the setting unchanged) when n < 1. Results do not depend on the thread count. */
 int lm_set_num_threads(int n);
 /* Bounds the temporaries of each later call (all its threads together) to about `bytes`: calls are cut into
  * smaller pieces to stay under it (mask-and-predict scoring splits a sentence's masked copies), with the
@@ -315,7 +320,7 @@ private:
 
 /* lm_set_num_threads, throwing Error when n < 1. */
 inline void set_num_threads(int n) {
-  if (lm_set_num_threads(n) < 0)
+  if (lm_set_num_threads(n) != LM_OK)
     throw Error(1, lm_last_error());
 }
 

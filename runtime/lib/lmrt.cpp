@@ -1193,7 +1193,7 @@ void lm_rt_tokenizer_free(lm_tokenizer *tok) { delete tok; }
 const char *lm_last_error(void) { return t_errorText; }
 const char *lm_rt_last_error(void) { return t_errorText; }
 
-int lm_set_num_threads(int n) { return lm_rt_set_num_threads(n); }
+int lm_set_num_threads(int n) { return lm_rt_set_num_threads(n) < 0 ? LM_ERR_ARGUMENT : LM_OK; }
 
 int64_t lm_set_workspace_limit(int64_t bytes) { return lm_rt_set_workspace_limit(bytes); }
 

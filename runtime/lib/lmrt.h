@@ -35,7 +35,10 @@ extern "C" {
 #endif
 #endif
 
-/* Status codes returned by every lm_rt_* and <name>_* function. */
+/* Status codes returned by every lm_rt_* and <name>_* function (and lm_set_num_threads); generated headers
+ * declare them too, under the same guard. */
+#ifndef LM_STATUS_CODES_DECLARED
+#define LM_STATUS_CODES_DECLARED
 enum {
   LM_OK = 0,
   LM_ERR_ARGUMENT = 1, /* a bad argument: NULL pointer, batch/stride/length out of range, id outside the vocabulary */
@@ -45,6 +48,7 @@ enum {
   LM_ERR_NONFINITE = 5 /* the computation gave a NaN or infinity (e.g. weights with huge values): the message names
                           the entry point and the first bad batch row; the outputs must not be used */
 };
+#endif
 
 /* MLIR's C interface for ranked memrefs (llvm.emit_c_interface). */
 typedef struct { float *allocated, *aligned; int64_t offset, sizes[1], strides[1]; } lm_memref1f;
@@ -304,7 +308,8 @@ LM_API void lm_rt_trainer_free(lm_trainer *t);
  * The pointer stays valid until the next failing call on this thread. */
 LM_API const char *lm_last_error(void);
 /* Threads used by later calls (>= 1, process-wide, default 1; at most the machine's concurrency is used);
- * returns the previous value, or -1 (and sets the error) if n < 1. Results do not depend on the thread
+ * returns LM_OK, or LM_ERR_ARGUMENT (and sets the error; the setting unchanged) if n < 1 (issue 4's C ABI: status
+ * codes). lm_rt_set_num_threads (below) returns the previous value instead, or -1. Results do not depend on the thread
  * count: batches are always cut into the same chunks of consecutive sentences, each computed by one thread. */
 LM_API int lm_set_num_threads(int n);
 /* The same two functions under runtime names. Every generated lib<name>.so defines lm_last_error and

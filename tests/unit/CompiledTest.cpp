@@ -308,7 +308,7 @@ TEST_P(Compiled, MatchesReference) {
   // (entry, head) items over the threads).
   std::vector<std::vector<float>> aloneAtOneThread;
   for (int threads : {1, 2}) {
-    ASSERT_GE(lm_set_num_threads(threads), 1);
+    ASSERT_EQ(lm_set_num_threads(threads), LM_OK);
     if (threads == 2) {
       std::vector<float> lp2(ids.size(), sentinel), scores2(batch);
       lm_rt_workspace_peak_bytes(/*reset=*/1);
@@ -595,7 +595,7 @@ void scoreAndEmbed(const ModelSpec &spec, const driver::LibraryOptions &options,
                    const std::string &weightsPath, const Packed &packed, int threads, Outputs &out) {
   Loaded loaded;
   ASSERT_NO_FATAL_FAILURE(loadLibrary(spec, options, outputDir, weightsPath, loaded));
-  ASSERT_GE(lm_set_num_threads(threads), 1);
+  ASSERT_EQ(lm_set_num_threads(threads), LM_OK);
   const int32_t batch = int32_t(packed.lengths.size()), stride = int32_t(spec.dims.maxLen);
   out.lp.assign(packed.ids.size(), 0.0f), out.scores.assign(batch, 0.0f);
   ASSERT_EQ(lm_rt_score(loaded.model, packed.ids.data(), packed.lengths.data(), batch, stride, out.lp.data(),
@@ -654,7 +654,7 @@ TEST_P(CompiledBf16, AgreesWithFp32) {
     ASSERT_EQ(lm_rt_score(model, ids.data(), lengths.data(), batch, stride, lp.data(), scores.data()), LM_OK)
         << lm_last_error();
   };
-  ASSERT_GE(lm_set_num_threads(1), 1);
+  ASSERT_EQ(lm_set_num_threads(1), LM_OK);
   std::vector<float> want, got, got2;
   ASSERT_NO_FATAL_FAILURE(score(fp32.model, want));
   ASSERT_NO_FATAL_FAILURE(score(bf16.model, got));
@@ -670,7 +670,7 @@ TEST_P(CompiledBf16, AgreesWithFp32) {
     }
   if (dot)
     EXPECT_GT(worst, 0) << "the dot products gave the fp32 numbers exactly: were the activations rounded?";
-  ASSERT_GE(lm_set_num_threads(2), 1);
+  ASSERT_EQ(lm_set_num_threads(2), LM_OK);
   ASSERT_NO_FATAL_FAILURE(score(bf16.model, got2));
   EXPECT_EQ(got, got2) << "2 threads changed a number";
   std::printf("%s %s: max |bf16 - fp32| per token %.3g\n", spec.name.c_str(), target.name, worst);
@@ -837,7 +837,7 @@ TEST(LogprobHead, EigenChunksMatchReference) {
   auto expected = reference::score(spec, weights, sentences, 2);
   std::vector<float> first;
   for (int threads : {1, 2}) {
-    ASSERT_GE(lm_set_num_threads(threads), 1);
+    ASSERT_EQ(lm_set_num_threads(threads), LM_OK);
     std::vector<float> lp(packed.ids.size(), 0.0f), scores(batch);
     ASSERT_EQ(lm_rt_score(loaded.model, packed.ids.data(), packed.lengths.data(), batch, stride, lp.data(),
                           scores.data()),

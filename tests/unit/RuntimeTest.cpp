@@ -771,19 +771,21 @@ TEST_F(RuntimeTest, ConcurrentCallsOnOneModelParallelCalls) {
   });
 }
 
+// lm_set_num_threads returns a status (issue 4's C ABI); lm_rt_set_num_threads the previous value.
 TEST_F(RuntimeTest, NumThreads) {
-  EXPECT_EQ(lm_set_num_threads(4), 1);
-  EXPECT_EQ(lm_set_num_threads(2), 4);
-  EXPECT_EQ(lm_set_num_threads(0), -1);
+  EXPECT_EQ(lm_set_num_threads(4), LM_OK);
+  EXPECT_EQ(lm_rt_set_num_threads(2), 4);
+  EXPECT_EQ(lm_set_num_threads(0), LM_ERR_ARGUMENT);
   EXPECT_NE(std::string(lm_last_error()).find("n = 0"), std::string::npos) << lm_last_error();
-  EXPECT_EQ(lm_set_num_threads(-3), -1);
-  EXPECT_EQ(lm_set_num_threads(1), 2) << "a refused call keeps the previous value";
+  EXPECT_EQ(lm_set_num_threads(-3), LM_ERR_ARGUMENT);
+  EXPECT_EQ(lm_rt_set_num_threads(1), 2) << "a refused call keeps the previous value";
+  EXPECT_EQ(lm_rt_set_num_threads(0), -1);
   EXPECT_EQ(lm_rt_set_num_threads(1), 1);
   EXPECT_STREQ(lm_rt_last_error(), lm_last_error());
 }
 
 TEST_F(RuntimeTest, LastErrorIsPerThread) {
-  EXPECT_EQ(lm_set_num_threads(0), -1);
+  EXPECT_EQ(lm_set_num_threads(0), LM_ERR_ARGUMENT);
   std::string other = "unset";
   std::thread([&] { other = lm_last_error(); }).join();
   EXPECT_EQ(other, "");
@@ -1070,6 +1072,7 @@ int use(void) {
   int r = alpha_lm_load("w", &a) + beta_lm_load(0, &b);
   r += alpha_lm_score(a, ids, len, 1, 2, lp, sc) + beta_lm_embed(b, ids, len, 1, 2, out);
   r += lm_set_num_threads(2) + (lm_last_error() != 0) + LM_ABI_VERSION + BETA_LM_VOCAB + BETA_LM_EMBEDDED_WEIGHTS;
+  r += (lm_set_num_threads(1) != LM_OK) + LM_ERR_NONFINITE; /* the status codes come with the header */
   alpha_lm_free(a);
   beta_lm_free(b);
   return r;
