@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -65,8 +66,13 @@ std::vector<int32_t> parseInts(const std::string &field, const std::string &wher
   while (in >> tok) {
     char *end = nullptr;
     long long v = std::strtoll(tok.c_str(), &end, 10);
-    if (*end || tok.empty() || v < INT32_MIN || v > INT32_MAX)
-      throw std::invalid_argument(where + ": '" + tok + "' is not an integer");
+    // end at the token's last byte: an embedded NUL ("12\0xyz") is not an integer (issue 21), nor is "12abc"
+    if (end != tok.c_str() + tok.size() || tok.empty() || v < INT32_MIN || v > INT32_MAX) {
+      std::string shown;
+      for (char c : tok)
+        shown += c == '\0' ? std::string("\\0") : std::string(1, c);
+      throw std::invalid_argument(where + ": '" + shown + "' is not an integer");
+    }
     out.push_back(int32_t(v));
   }
   return out;
@@ -167,10 +173,22 @@ std::vector<df::Example> parseBatch(const ModelSpec &spec, const nlohmann::json 
     e.tgt = intList(tgt[b], at + ": tgt");
     const int64_t n = int64_t(e.tgt.size());
     if (hasDirs) {
-      if (!j["dirs"][b].is_string())
-        throw std::invalid_argument(at + ": dirs must be a string of R, L, S, - (one per target row)");
+      // A string ("RSLL") or a list of one-letter strings (["R", "S", "L", "L"]): issue 19's "one-letter strings
+      // per row".
+      const auto &d = j["dirs"][b];
+      std::string letters;
+      if (d.is_string())
+        letters = d.get<std::string>();
+      else if (d.is_array() && std::all_of(d.begin(), d.end(), [](const nlohmann::json &x) {
+                 return x.is_string() && x.get_ref<const std::string &>().size() == 1;
+               }))
+        for (const auto &x : d)
+          letters += x.get<std::string>();
+      else
+        throw std::invalid_argument(at + ": dirs must be a string of R, L, S, - or a list of such one-letter strings "
+                                         "(one per target row)");
       try {
-        e.dirs = df::parseDirections(j["dirs"][b].get<std::string>(), n);
+        e.dirs = df::parseDirections(letters, n);
       } catch (const std::invalid_argument &err) {
         throw std::invalid_argument(at + ": " + err.what());
       }
@@ -239,6 +257,8 @@ struct PairArrays {
 /// from (a non-finite result names its input).
 std::vector<df::Score> scoreCompiled(const ModelSpec &spec, CompiledModel &compiled,
                                      const std::vector<df::Example> &examples, const std::vector<std::string> &origins) {
+  if (examples.empty()) // empty input: nothing to score (the runtime refuses a batch of 0)
+    return {};
   PairArrays a(spec, examples);
   const int32_t batch = a.batch, tgtStride = a.tgtStride;
   const size_t B = size_t(batch);
