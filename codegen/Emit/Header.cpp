@@ -155,8 +155,9 @@ extern "C" {
 /* Training (the library was compiled with --train). The batch loss is (1/T) * sum of each row's
  * cross-entropy over the T rows with a target: row i of sentence b (inputs[b*stride + i]) predicts
  * targets[b*stride + i], a token id, or -1 for no prediction; label smoothing from the spec's [train].
- * A batch without any target, a target outside [-1, @NAME@_VOCAB), or a NaN/inf loss or gradient is an
- * error (status 1, lm_last_error() set; nothing is changed). */
+ * A batch without any target or a target outside [-1, @NAME@_VOCAB) is an error (status 1); a NaN/inf loss or
+ * gradient is status 5 (LM_ERR_NONFINITE), the message naming the entry point and the first batch row with a
+ * non-finite loss term (or the gradient's tensor). Either way lm_last_error() is set and nothing is changed. */
 typedef struct @name@_trainer @name@_trainer;
 
 /* The loss of a batch and, when grad is not NULL, its gradient: @NAME@_N_PARAMS floats laid out as

@@ -23,6 +23,7 @@
 #include <vector>
 
 using lmrt::detail::argument;
+using lmrt::detail::nonFiniteResult;
 using lmrt::detail::descNumel;
 using lmrt::detail::descShape;
 using lmrt::detail::memref1;
@@ -98,21 +99,44 @@ void pack(const lm_model *m, const int32_t *inputs, const int32_t *targets, cons
     argument("the batch has no target (every target is -1)");
 }
 
-/// (1/T) sum ce, summed in row order in double; an error when not finite.
-double meanLoss(const std::vector<float> &ce, int64_t targets) {
+/// A non-finite loss of entry point `entry` (issue 21: LM_ERR_NONFINITE, the entry and the first bad batch row;
+/// `perRow` loss terms a row in `terms`, then `extra` one more term a row, e.g. the length term).
+[[noreturn]] void nonFiniteLoss(const char *entry, double loss, const std::vector<float> &terms, int64_t perRow,
+                                const std::vector<float> *extra = nullptr) {
+  int64_t row = -1;
+  for (size_t i = 0; i < terms.size() && row < 0; ++i)
+    if (!std::isfinite(terms[i]))
+      row = int64_t(i) / perRow;
+  for (size_t i = 0; extra && i < extra->size() && row < 0; ++i)
+    if (!std::isfinite((*extra)[i]))
+      row = int64_t(i);
+  nonFiniteResult(std::string(entry) + ": the loss is not finite (" + lmcc::valueString(float(loss)) + ")" +
+                  (row >= 0 ? "; first non-finite term in batch row " + std::to_string(row) : std::string()) +
+                  "; the weights are left unchanged");
+}
+
+/// (1/T) sum ce ([rows, n]), summed in row order in double; an error when not finite.
+double meanLoss(const char *entry, const std::vector<float> &ce, int64_t n, int64_t targets) {
   double sum = 0;
   for (float v : ce)
     sum += v;
   const double loss = sum / double(targets);
   if (!std::isfinite(loss))
-    argument("the loss is not finite (" + lmcc::valueString(float(loss)) + "); the weights are left unchanged");
+    nonFiniteLoss(entry, loss, ce, n);
   return loss;
+}
+
+/// A non-finite gradient element of entry point `entry` (LM_ERR_NONFINITE; the gradient sums over the rows, so
+/// it names the tensor and index).
+[[noreturn]] void nonFiniteGradient(const char *entry, const lm_tensor_desc &t, int64_t k) {
+  nonFiniteResult(std::string(entry) + ": the gradient of tensor " + lmcc::quoted(t.name) +
+                  " is not finite at flat index " + std::to_string(k) + "; the weights are left unchanged");
 }
 
 /// Runs the loss_grad kernel on the packed batch into `grads` (the weight layout, zeroed first); dropout
 /// masks of training step `step`. `checkGrads`: reject a non-finite gradient here (a train step leaves
 /// that to the optimizer, which checks before it changes anything).
-double lossAndGrad(lm_model *m, Packed &p, float *grads, int64_t step, bool checkGrads) {
+double lossAndGrad(const char *entry, lm_model *m, Packed &p, float *grads, int64_t step, bool checkGrads) {
   const lm_model_desc &d = *m->desc;
   lmrt::setDropoutContext(uint64_t(d.train->seed), uint64_t(step));
   std::fill(grads, grads + d.total_floats, 0.0f);
@@ -123,21 +147,20 @@ double lossAndGrad(lm_model *m, Packed &p, float *grads, int64_t step, bool chec
   lm_memref1i len = memref1(p.lengths.data(), p.batch);
   lm_memref2f ceRef = memref2(ce.data(), p.batch, p.n);
   d.loss_grad(&w, &in, &tg, &len, &ceRef, &g);
-  const double loss = meanLoss(ce, p.targets);
+  const double loss = meanLoss(entry, ce, p.n, p.targets);
   for (int32_t i = 0; checkGrads && i < d.num_tensors; ++i) {
     const lm_tensor_desc &t = d.tensors[i];
     const float *slot = grads + t.offset;
     for (int64_t k = 0; k < descNumel(t); ++k)
       if (!std::isfinite(slot[k]))
-        argument("the gradient of tensor " + lmcc::quoted(t.name) + " is not finite at flat index " +
-                 std::to_string(k) + "; the weights are left unchanged");
+        nonFiniteGradient(entry, t, k);
   }
   return loss;
 }
 
 /// The pair loss: sum ce / sum_b n_b + length_loss * mean_b(-length_logprob), in double in row order.
-double pairLoss(const lm_model_desc &d, const std::vector<float> &ce, const std::vector<float> &lengthLp,
-                const std::vector<int32_t> &tgtLengths, double *nll) {
+double pairLoss(const char *entry, const lm_model_desc &d, const std::vector<float> &ce,
+                const std::vector<float> &lengthLp, int64_t n, const std::vector<int32_t> &tgtLengths, double *nll) {
   double tokens = 0, sum = 0, length = 0;
   for (int32_t n : tgtLengths)
     tokens += n;
@@ -151,12 +174,12 @@ double pairLoss(const lm_model_desc &d, const std::vector<float> &ce, const std:
     nll[1] = length / double(lengthLp.size());
   }
   if (!std::isfinite(loss))
-    argument("the loss is not finite (" + lmcc::valueString(float(loss)) + "); the weights are left unchanged");
+    nonFiniteLoss(entry, loss, ce, n, &lengthLp);
   return loss;
 }
 
 /// The pair_loss_grad kernel on checked pairs (packed into `p`) into `grads` (zeroed first); see lossAndGrad.
-double pairLossAndGrad(lm_model *m, const int32_t *src, const int32_t *srcLengths, int32_t srcStride,
+double pairLossAndGrad(const char *entry, lm_model *m, const int32_t *src, const int32_t *srcLengths, int32_t srcStride,
                        const int32_t *tgt, const int32_t *tgtLengths, int32_t tgtStride, const int32_t *dirs,
                        const uint32_t *hidden, int32_t batch, PackedPairs &packed, float *grads, bool checkGrads,
                        double *nll) {
@@ -178,24 +201,24 @@ double pairLossAndGrad(lm_model *m, const int32_t *src, const int32_t *srcLength
   lm_memref2f ceRef = memref2(ce.data(), p.rows, p.n);
   lm_memref1f lenRef = memref1(lengthLp.data(), p.rows);
   d.pair_loss_grad(&w, &srcRef, &srcLenRef, &tgtRef, &tgtLenRef, &rowsRef, &ceRef, &lenRef, &g);
-  const double loss = pairLoss(d, ce, lengthLp, p.tgtLen, nll);
+  const double loss = pairLoss(entry, d, ce, lengthLp, p.n, p.tgtLen, nll);
   for (int32_t i = 0; checkGrads && i < d.num_tensors; ++i) {
     const lm_tensor_desc &t = d.tensors[i];
     for (int64_t k = 0; k < descNumel(t); ++k)
       if (!std::isfinite(grads[t.offset + k]))
-        argument("the gradient of tensor " + lmcc::quoted(t.name) + " is not finite at flat index " +
-                 std::to_string(k) + "; the weights are left unchanged");
+        nonFiniteGradient(entry, t, k);
   }
   return loss;
 }
 
 /// One optimizer step on the gradient in t->grads (the all-reduce point is before this call).
-void applyStep(lm_trainer *t, double *lr, double *gradNorm) {
+void applyStep(const char *entry, lm_trainer *t, double *lr, double *gradNorm) {
   lmcc::train::Optimizer::StepInfo info;
   try {
     info = t->optimizer->step(t->model->weights, t->grads.data());
   } catch (const lmcc::train::NonFiniteGradient &e) {
-    argument(std::string("the gradient is not finite: ") + e.what() + "; the weights are left unchanged");
+    nonFiniteResult(std::string(entry) + ": the gradient is not finite: " + e.what() +
+                    "; the weights are left unchanged");
   }
   rerunInit(t->model);
   if (lr)
@@ -286,7 +309,7 @@ int lm_rt_loss_and_grad(lm_model *m, const int32_t *inputs, const int32_t *targe
     Packed p;
     pack(m, inputs, targets, lengths, batch, stride, p);
     std::vector<float> grads(d.total_floats);
-    const double value = lossAndGrad(m, p, grads.data(), 0, /*checkGrads=*/true);
+    const double value = lossAndGrad("loss_and_grad", m, p, grads.data(), 0, /*checkGrads=*/true);
     if (grad)
       packGradient(d, grads, grad);
     if (loss)
@@ -301,8 +324,9 @@ int lm_rt_pair_loss_and_grad(lm_model *m, const int32_t *src, const int32_t *src
     const lm_model_desc &d = trainable(m);
     std::vector<float> grads(d.total_floats);
     PackedPairs packed;
-    const double value = pairLossAndGrad(m, src, src_lengths, src_stride, tgt, tgt_lengths, tgt_stride, dirs, hidden,
-                                         batch, packed, grads.data(), /*checkGrads=*/true, nll);
+    const double value = pairLossAndGrad("pair_loss_and_grad", m, src, src_lengths, src_stride, tgt, tgt_lengths,
+                                         tgt_stride, dirs, hidden, batch, packed, grads.data(), /*checkGrads=*/true,
+                                         nll);
     if (grad)
       packGradient(d, grads, grad);
     if (loss)
@@ -317,10 +341,11 @@ int lm_rt_train_step_pairs(lm_trainer *t, const int32_t *src, const int32_t *src
   return guardedCall([&] {
     if (!t)
       argument("the trainer is NULL");
-    const double value = pairLossAndGrad(t->model, src, src_lengths, src_stride, tgt, tgt_lengths, tgt_stride, dirs,
-                                         hidden, batch, t->pairs, t->grads.data(), /*checkGrads=*/false, nll);
+    const double value = pairLossAndGrad("train_step_pairs", t->model, src, src_lengths, src_stride, tgt, tgt_lengths,
+                                         tgt_stride, dirs, hidden, batch, t->pairs, t->grads.data(),
+                                         /*checkGrads=*/false, nll);
     // <- a data-parallel run would all-reduce t->grads here.
-    applyStep(t, lr, gradNorm);
+    applyStep("train_step_pairs", t, lr, gradNorm);
     if (loss)
       *loss = float(value);
   });
@@ -339,7 +364,7 @@ int lm_rt_loss(lm_model *m, const int32_t *inputs, const int32_t *targets, const
     lm_memref1i len = memref1(p.lengths.data(), p.batch);
     lm_memref2f ceRef = memref2(ce.data(), p.batch, p.n);
     d.loss(&w, &in, &tg, &len, &ceRef);
-    const double value = meanLoss(ce, p.targets);
+    const double value = meanLoss("loss", ce, p.n, p.targets);
     if (loss)
       *loss = float(value);
     if (targetsOut)
@@ -392,9 +417,10 @@ int lm_rt_train_step_ex(lm_trainer *t, const int32_t *inputs, const int32_t *tar
       argument("the trainer is NULL");
     Packed &p = t->packed;
     pack(t->model, inputs, targets, lengths, batch, stride, p);
-    const double value = lossAndGrad(t->model, p, t->grads.data(), t->optimizer->steps(), /*checkGrads=*/false);
+    const double value =
+        lossAndGrad("train_step", t->model, p, t->grads.data(), t->optimizer->steps(), /*checkGrads=*/false);
     // <- a data-parallel run would all-reduce t->grads here.
-    applyStep(t, lr, gradNorm);
+    applyStep("train_step", t, lr, gradNorm);
     if (loss)
       *loss = float(value);
   });
