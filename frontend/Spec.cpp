@@ -267,10 +267,18 @@ std::string reservedNameReason(const std::string &name) {
 /// Bytes of the fp32 weights (embeddings, every layer, the head) of a spec, in double to stay exact enough
 /// for any size; the same count `lmcc check` compares with the machine's memory.
 double weightBytes(const ModelSpec &s) {
-  const double d = double(s.dims.dModel), ff = double(s.dims.dFF), L = double(s.dims.layers);
-  const double layer = 4 * d * d + 4 * d + 2 * d * ff + d + ff + 4 * d;
-  return 4 * (double(s.dims.vocab) * d + double(s.dims.maxLen) * d + L * layer + d * d + 4 * d +
-              double(s.dims.vocab));
+  const double d = double(s.dims.dModel);
+  // A layer of self-attention (4 d^2), an FFN of width ff and the norms; a Diformer decoder layer adds
+  // cross-attention (4 d^2 more).
+  auto layer = [&](double ff, bool cross) { return (cross ? 8 : 4) * d * d + 2 * d * ff + 12 * d + ff; };
+  double layers = double(s.dims.layers) * layer(double(s.dims.dFF), false);
+  if (s.diformer)
+    layers = double(s.diformer->encoder.layers) * layer(double(s.diformer->encoder.dFF), false) +
+             double(s.diformer->decoder.layers) * layer(double(s.diformer->decoder.dFF), true) +
+             3 * double(s.dims.maxLen) * d; // length head, the decoder's two position tables
+  if (s.ngram) // n - 1 heads of in [h, d] and out [d, h]
+    layers += double(s.ngram->n - 1) * 2 * d * double(s.ngram->hiddenWidth(s.dims.dModel));
+  return 4 * (double(s.dims.vocab) * d + double(s.dims.maxLen) * d + layers + d * d + 4 * d + double(s.dims.vocab));
 }
 
 void validate(const ModelSpec &s, const Positions &pos, const Reader &r) {
@@ -303,6 +311,22 @@ void validate(const ModelSpec &s, const Positions &pos, const Reader &r) {
     fail(s.dims.dModel > 65536 ? "dims.d_model" : "dims.d_ff",
          "d_model at most 65536 and d_ff at most 1048576, got " + std::to_string(s.dims.dModel) + " and " +
              std::to_string(s.dims.dFF));
+  // The same limits for the Diformer's stacks and the n-gram heads (issue 21: `check` accepts nothing that breaks
+  // later).
+  if (s.diformer)
+    for (auto [name, d] : {std::pair<std::string, const StackDims *>{"encoder", &s.diformer->encoder},
+                           {"decoder", &s.diformer->decoder}}) {
+      if (d->layers > 1024)
+        fail(name + ".layers", "at most 1024 layers, got " + std::to_string(d->layers));
+      if (d->heads > (int64_t(1) << 31))
+        fail(name + ".heads", "must be a positive integer below 2^31, got " + std::to_string(d->heads));
+      if (d->dFF > 1048576)
+        fail(name + ".d_ff", "at most 1048576, got " + std::to_string(d->dFF));
+    }
+  if (s.ngram && s.ngram->dHidden > 1048576)
+    fail("ngram.d_hidden", "at most 1048576, got " + std::to_string(s.ngram->dHidden));
+  if (s.ngram && s.ngram->n > 1024)
+    fail("ngram.n", "at most 1024 heads, got " + std::to_string(s.ngram->n));
   {
     const double bytes = weightBytes(s);
     const long pages = ::sysconf(_SC_PHYS_PAGES), pageSize = ::sysconf(_SC_PAGE_SIZE);
