@@ -234,7 +234,8 @@ std::vector<ExpectedTensor> expectedList(const ModelSpec &spec) {
 struct HfTarget {
   enum Kind {
     Unknown,   ///< not a BertForMaskedLM tensor: an error
-    Ignore,    ///< pooler, next-sentence head, position_ids, tied decoder weight
+    Ignore,    ///< pooler, next-sentence head, position_ids
+    TiedDecoder, ///< the decoder weight under a tied spec: must equal the word embeddings
     Canonical, ///< renamed to `name`
     Position,  ///< position table (cut, token-type row 0 folded in)
     TokenType, ///< token-type table (row 0 folded into the position table)
@@ -323,9 +324,9 @@ HfTarget mapHfName(const std::string &hfName, const ModelSpec &spec) {
     } else if (n == "predictions.decoder.bias") {
       t.kind = HfTarget::DecoderBias;
     } else if (n == "predictions.decoder.weight") {
-      // With tied embeddings the decoder weight is a copy of the word embeddings.
+      // With tied embeddings the decoder weight is a copy of the word embeddings (checked below).
       if (spec.tied)
-        t.kind = HfTarget::Ignore;
+        t.kind = HfTarget::TiedDecoder;
       else
         return canonical(names::headOutputWeight());
     }
@@ -440,7 +441,8 @@ WeightSet importHuggingFaceBert(const WeightSet &hf, const ModelSpec &spec,
   std::map<std::string, std::string> sourceOf; // canonical name -> HF name
   std::vector<std::string> unknown;
   const std::pair<const std::string, Tensor> *position = nullptr, *tokenType = nullptr,
-                                             *headBias = nullptr, *decoderBias = nullptr;
+                                             *headBias = nullptr, *decoderBias = nullptr, *tiedDecoder = nullptr;
+  bool anyHead = false; // a cls.* tensor: a BertForMaskedLM checkpoint, not a BertModel one
 
   auto put = [&](const std::string &canonical, const std::string &hfName, Tensor t) {
     auto [it, inserted] = sourceOf.emplace(canonical, hfName);
@@ -452,9 +454,11 @@ WeightSet importHuggingFaceBert(const WeightSet &hf, const ModelSpec &spec,
 
   for (const auto &entry : hf.tensors) {
     const HfTarget target = mapHfName(entry.first, spec);
+    anyHead = anyHead || startsWith(entry.first, "cls.predictions.");
     switch (target.kind) {
     case HfTarget::Unknown: unknown.push_back(entry.first); break;
     case HfTarget::Ignore: break;
+    case HfTarget::TiedDecoder: tiedDecoder = &entry; break;
     case HfTarget::Canonical: put(target.name, entry.first, entry.second); break;
     case HfTarget::Position:
     case HfTarget::TokenType:
@@ -485,6 +489,19 @@ WeightSet importHuggingFaceBert(const WeightSet &hf, const ModelSpec &spec,
                                         : std::string()));
   }
 
+  // A BertModel checkpoint has no masked-LM head: a spec with one cannot use it (it can embed with mlm = false).
+  if (spec.mlm && !anyHead)
+    throw WeightError(path + ": a Hugging Face BertModel checkpoint (no cls.predictions.* masked-LM head), but the "
+                      "spec has an output head; set [head] mlm = false to embed with it (lmcc import-hf does so "
+                      "for such a folder)");
+  // A tied spec drops the decoder weight: only if it is the word embeddings (else the scores would silently be
+  // another model's).
+  if (tiedDecoder) {
+    auto word = out.tensors.find(names::embedToken());
+    if (word != out.tensors.end() && !sameTensor(word->second, tiedDecoder->second))
+      tensorError(path, tiedDecoder->first, "differs from the word embeddings, but the spec ties the output head to "
+                                            "them ([head] tied = true); set [head] tied = false");
+  }
   // The MLM output bias: HF stores the same parameter under one or both names.
   if (headBias && decoderBias && !sameTensor(headBias->second, decoderBias->second))
     tensorError(path, decoderBias->first, "differs from " + lmcc::quoted(headBias->first));
@@ -603,6 +620,8 @@ void checkHuggingFaceConfig(const std::string &weightsPath, const ModelSpec &spe
       mismatch("hidden_act", "\"" + act + "\"", std::string("[block] activation = \"") +
                                                      toString(spec.activation) + "\" (use \"" + want + "\")");
   }
+  if (spec.mlm && spec.tied && j.contains("tie_word_embeddings") && j["tie_word_embeddings"] == false)
+    mismatch("tie_word_embeddings", "false", "[head] tied = true (set tied = false)");
   if (j.contains("position_embedding_type") && j["position_embedding_type"] != "absolute")
     mismatch("position_embedding_type", j["position_embedding_type"].dump(), "learned absolute positions");
 }

@@ -965,7 +965,11 @@ struct FakeBert {
     add("cls.predictions.transform.LayerNorm.bias", {D});
     add("cls.predictions.bias", {V});
     set.tensors["cls.predictions.decoder.bias"] = set.tensors["cls.predictions.bias"];
-    add("cls.predictions.decoder.weight", {V, D});
+    // A tied checkpoint's decoder weight is the word embeddings (an untied one its own matrix).
+    if (spec.tied)
+      set.tensors["cls.predictions.decoder.weight"] = set.tensors[b + "embeddings.word_embeddings.weight"];
+    else
+      add("cls.predictions.decoder.weight", {V, D});
     add("cls.seq_relationship.weight", {2, D});
     add("cls.seq_relationship.bias", {2});
   }
@@ -1028,6 +1032,16 @@ TEST_F(WeightsTest, ImportAcceptsNamesWithoutBertPrefixAndExactPositionTable) {
   EXPECT_TRUE(bitwiseEqual(withPrefix, without));
   const WeightSet exact = importHuggingFaceBert(FakeBert(spec, true, /*rows=*/6).set, spec, "c");
   EXPECT_TRUE(bitwiseEqual(exact.get("embed.position").data, withPrefix.get("embed.position").data));
+}
+
+// Under a tied spec the decoder weight is dropped only when it is the word embeddings: another matrix would make
+// the scores silently another model's.
+TEST_F(WeightsTest, ImportRefusesAnUntiedDecoderUnderATiedSpec) {
+  ModelSpec spec = tinySpec();
+  FakeBert hf(spec);
+  hf.set.tensors["cls.predictions.decoder.weight"].data[3] += 1.0f;
+  expectError([&] { importHuggingFaceBert(hf.set, spec, "hf"); },
+                    {"'cls.predictions.decoder.weight'", "differs from the word embeddings", "tied = false"});
 }
 
 TEST_F(WeightsTest, ImportMapsTheDecoderWhenUntied) {

@@ -777,7 +777,8 @@ int runImportHf(const Options &o) {
     << "vocab = " << vocab << "\nmax_len = " << maxLen << "\nd_model = " << need("hidden_size")
     << "\nheads = " << need("num_attention_heads") << "\nd_ff = " << need("intermediate_size")
     << "\nlayers = " << need("num_hidden_layers") << "\n\n[block]\nactivation = \"" << activation << "\"\neps = " << eps
-    << "\n\n[head]\nmlm = " << (mlm ? "true" : "false") << "\n\n[tokens]\n" << tokensTable << "\n[embed]\npool = \""
+    << "\n\n[head]\nmlm = " << (mlm ? "true" : "false")
+    << (mlm && c.value("tie_word_embeddings", true) == false ? "\ntied = false" : "") << "\n\n[tokens]\n" << tokensTable << "\n[embed]\npool = \""
     << pooling << "\"\nnormalize = " << (normalize ? "true" : "false") << "\n\n[tokenizer]\nvocab = "
     << jsonString(vocabRel) << "\nlowercase = " << (lowercase ? "true" : "false") << "\n" << tokenizerTable;
   std::string text = t.str();
