@@ -441,6 +441,10 @@ int lm_rt_trainer_save(lm_trainer *t, const char *path) {
       argument("path is NULL");
     lmcc::WeightSet state = canonicalWeights(t->model);
     t->optimizer->saveState(state);
+    // The RNG (issue 14: weights + moments + step + RNG): counter-based (Philox), every draw keyed by the [train]
+    // seed and the step, so its whole state is the seed beside optimizer.step.
+    state.metadata["rng.generator"] = "philox4x32-10 keyed by ([train] seed, step)";
+    state.metadata["rng.seed"] = std::to_string(t->model->desc->train->seed);
     lmcc::writeSafetensors(path, state);
   });
 }
