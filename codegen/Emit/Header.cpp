@@ -343,7 +343,8 @@ std::string generateHeader(const ModelFacts &spec, bool embedWeights) {
      << " * (family " << spec.family << ", spec hash " << spec.specHash << "). Do not edit.\n"
      << " *\n"
      << " * Build: cc app.c -I DIR -L DIR -l" << name << " (lib" << name
-     << ".so finds liblmrt.so in its own directory).\n"
+     << ".so finds liblmrt.so in its own directory); from the --static archive: cc app.c -I DIR DIR/lib" << name
+     << ".a -L DIR -llmrt -lm -Wl,-rpath,DIR.\n"
      << " * Conventions:\n"
      << " *  - Functions returning int return 0 on success, else a non-zero status (1 invalid argument,\n"
      << " *    2 weights, 3 out of memory, 4 internal error, 5 a NaN or infinity in the results: the message\n"

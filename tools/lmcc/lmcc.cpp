@@ -955,7 +955,7 @@ int main(int argc, char **argv) {
       ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
   compile->add_option("--weights", o.weights, "weights to validate now (and bake in with --embed-weights)");
   compile->add_flag("--embed-weights", o.embedWeights, "bake the weights into the library (_load takes NULL)");
-  compile->add_flag("--static", o.staticArchive, "also write lib<name>.a (link it with liblmrt.so)");
+  compile->add_flag("--static", o.staticArchive, "also write lib<name>.a (link: cc app.c -I DIR DIR/lib<name>.a -L DIR -llmrt -lm -Wl,-rpath,DIR)");
   compile->add_option("--cpu", o.cpu, "target CPU (LLVM name, e.g. znver4, skylake-avx512); default: this host")
       ->check([](const std::string &v) { return v.empty() ? std::string("an empty CPU name") : std::string(); });
   compile->add_option("--l1-ways", o.l1Ways,
