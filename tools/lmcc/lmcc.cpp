@@ -1104,6 +1104,7 @@ int main(int argc, char **argv) {
   tokenize->add_option("--text", o.text, "UTF-8 text, one sentence per line ('-' = stdin)")->required();
   tokenize->add_flag("--tokens", o.tokens, "print the pieces instead of the ids");
   tokenize->add_flag("--truncate", o.truncate, "cut sentences longer than max_len (bos, pieces, eos)");
+  addThreads(tokenize); // issue 17: every command takes --threads (tokenizing streams on one thread)
 
   auto *vocab = app.add_subcommand("vocab", "build a WordPiece vocabulary from a corpus (deterministic)");
   vocab->add_option("--corpus", o.corpus, "UTF-8 text ('-' = stdin)")->required();
@@ -1112,6 +1113,7 @@ int main(int argc, char **argv) {
   vocab->add_flag("--word-level", o.wordLevel, "whole words: the specials, then the size-5 most frequent words "
                                                "(every other word tokenizes to [UNK])");
   vocab->add_option("-o,--output", o.output, "output vocabulary (one token a line)")->required();
+  addThreads(vocab); // accepted as by every command; counting runs on one thread
 
   auto *importHf = app.add_subcommand("import-hf", "write a spec for a Hugging Face BERT or sentence-transformers folder");
   importHf->add_option("DIR", o.input, "model folder (config.json, vocab.txt, model.safetensors, ...)")->required();
