@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -335,6 +336,24 @@ void validate(const ModelSpec &s, const Positions &pos, const Reader &r) {
       char buf[160];
       std::snprintf(buf, sizeof buf, "the fp32 weights alone need %.3g GiB, more than this machine's %.3g GiB",
                     bytes / double(1 << 30), memory / double(1 << 30));
+      fail("dims", buf);
+    }
+    // One sentence of max_len tokens needs at least a layer's activations at once (the residual stream, q, k, v,
+    // the attention output and the FFN's hidden rows: 6 d + d_ff floats a token, the widest stack's d_ff); the
+    // runtime grows its workspaces with the calls made and cuts mask-and-predict copies to its limit, but one
+    // such sentence must fit beside the weights (issue 21: check estimates weight and workspace memory).
+    double dFF = double(s.dims.dFF);
+    if (s.diformer)
+      dFF = std::max(double(s.diformer->encoder.dFF), double(s.diformer->decoder.dFF));
+    if (s.ngram)
+      dFF = std::max(dFF, double(s.ngram->hiddenWidth(s.dims.dModel)));
+    const double workspace = 4 * double(s.dims.maxLen) * (6 * double(s.dims.dModel) + dFF);
+    if (memory > 0 && bytes + workspace > memory) {
+      char buf[240];
+      std::snprintf(buf, sizeof buf,
+                    "the fp32 weights need %.3g GiB and one sentence of max_len tokens about %.3g GiB of workspace, "
+                    "more than this machine's %.3g GiB",
+                    bytes / double(1 << 30), workspace / double(1 << 30), memory / double(1 << 30));
       fail("dims", buf);
     }
   }
