@@ -414,12 +414,15 @@ int runStats(const Options &o, const lmcc::ModelSpec &spec) {
     std::cerr << "lmcc: " << o.spec << ": " << error << "\n";
     return kExitInternal;
   }
-  // The runtime's memory model (what it cuts calls with): one sentence of n tokens, one thread; with bf16 weights
-  // on an AMX target, the GEMMs' rounded input copies included (as compileLibrary builds it). Appended to the
-  // entry's line: one line per entry point, as issue 6's contract has it.
+  // With --max-memory, the runtime's memory model (what it cuts calls with): one sentence of n tokens, one
+  // thread; with bf16 weights on an AMX target, the GEMMs' rounded input copies included (as compileLibrary builds
+  // it). Appended to the entry's line: one line per entry point, and without --max-memory exactly issue 6's
+  // `<entry>: flops=<integer> temp_bytes=<integer>`.
   std::map<std::string, std::string> memory;
   const bool amxCopies = o.weightsDtype == "bf16" && lmcc::codegen::targetHasAmx(o.cpu);
   for (const char *entry : {"score", "embed"}) {
+    if (o.maxMemoryMB <= 0)
+      break;
     lmcc::codegen::MemoryModel mm =
         lmcc::codegen::memoryModel(*module, entry, o.statsN, amxCopies, o.gemm == "generated");
     if (mm.perSentence.empty())
@@ -427,9 +430,7 @@ int runStats(const Options &o, const lmcc::ModelSpec &spec) {
     const int64_t n = o.statsN, sentence = mm.perSentence[n], copy = mm.perCopy[n];
     std::ostringstream line;
     line << " sentence_bytes=" << sentence << " copy_bytes=" << copy;
-    // --max-memory, else the runtime's default (a quarter of the physical memory: lm_set_workspace_limit(0)
-    // returns it when no limit was set, and leaves the default in place).
-    const int64_t limit = o.maxMemoryMB > 0 ? o.maxMemoryMB << 20 : lm_set_workspace_limit(0);
+    const int64_t limit = o.maxMemoryMB << 20;
     // Mask-and-predict scoring and embedding cut a sentence's copies into windows (ABI 10 for embed).
     const bool splits = spec.method == lmcc::ScoreMethod::MaskAndPredict && spec.mlm;
     int64_t copies = copy > 0 ? n : 0;
@@ -948,7 +949,7 @@ int main(int argc, char **argv) {
   auto *compile = app.add_subcommand("compile", "compile a model into DIR/lib<name>.so and DIR/<name>.h");
   compile->add_option("SPEC", o.spec, "model spec (TOML)")->required();
   compile->add_option("-o,--output", o.output, "output directory (required unless --stats)");
-  compile->add_flag("--stats", o.stats, "print '<entry>: flops=<int> temp_bytes=<int> [memory model]' per entry point");
+  compile->add_flag("--stats", o.stats, "print '<entry>: flops=<int> temp_bytes=<int>' per entry point (with --max-memory, the memory model after them)");
   compile->add_option("--n", o.statsN, "sentence length for --stats (batch 1)");
   compile->add_option("--max-memory", o.maxMemoryMB,
                       "with --stats: the workspace limit in MB; prints the masked copies per call and the peak")
