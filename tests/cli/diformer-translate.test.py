@@ -55,20 +55,30 @@ def modes(lmcc, spec, weights, src, *flags):
     print("%d translations agree: max relative score difference %.3g <= 0.0001" % (count, worst))
 
 
+def scores(lmcc, spec, weights, sources, outs, dirs):
+    """lmcc score of each translation (teacher forced with DIRS l2r or r2l): its log-likelihood, a sum."""
+    lines = ["%s ||| %s ||| %s" % (s, " ".join(map(str, o["ids"])), dirs) for s, o in zip(sources, outs)]
+    out = subprocess.run([lmcc, "score", spec, "--weights", weights, "--ids", "-"], input="\n".join(lines) + "\n",
+                         check=True, capture_output=True, text=True).stdout.splitlines()
+    return [json.loads(line)["score"] for line in out]
+
+
+def within(got, want, what):
+    """The relative difference of got from want; exits naming `what` above 1e-5."""
+    d = abs(got - want) / max(1.0, abs(want))
+    if d > 1e-5:
+        sys.exit("%s: %r vs %r" % (what, got, want))
+    return d
+
+
 def onepass(lmcc, spec, weights, src):
     sources = open(src).read().splitlines()
     worst, count = 0.0, 0
     for mode, dirs in (("l2r", "l2r"), ("r2l", "r2l")):
         outs = run(lmcc, spec, weights, src, "--mode", mode, "--beam", "1")
-        lines = ["%s ||| %s ||| %s" % (s, " ".join(map(str, o["ids"])), dirs) for s, o in zip(sources, outs)]
-        scored = subprocess.run([lmcc, "score", spec, "--weights", weights, "--ids", "-"], input="\n".join(lines) + "\n",
-                                check=True, capture_output=True, text=True).stdout.splitlines()
-        for i, (o, line) in enumerate(zip(outs, scored)):
-            one = json.loads(line)["score"] / (len(o["ids"]) - 1)
-            d = abs(one - o["score"]) / max(1.0, abs(one))
-            worst = max(worst, d)
-            if d > 1e-5:
-                sys.exit("%s line %d: incremental %r vs one pass %r" % (mode, i + 1, o["score"], one))
+        for i, (o, ll) in enumerate(zip(outs, scores(lmcc, spec, weights, sources, outs, dirs))):
+            one = ll / (len(o["ids"]) - 1)
+            worst = max(worst, within(o["score"], one, "%s line %d: incremental vs one pass" % (mode, i + 1)))
             count += 1
     print("%d decodings: incremental = one pass within %.3g <= 1e-05" % (count, worst))
     # --rerank: the score is the mean of the teacher-forced L2R and R2L log-likelihoods (issue 19), each the
@@ -77,18 +87,10 @@ def onepass(lmcc, spec, weights, src):
     for mode in ("l2r", "mask-predict"):
         outs = run(lmcc, spec, weights, src, "--mode", mode, "--beam", "3", "--length-beam", "3", "--iterations", "3",
                    "--rerank")
-        both = []
-        for dirs in ("l2r", "r2l"):
-            lines = ["%s ||| %s ||| %s" % (s, " ".join(map(str, o["ids"])), dirs) for s, o in zip(sources, outs)]
-            both.append(subprocess.run([lmcc, "score", spec, "--weights", weights, "--ids", "-"],
-                                       input="\n".join(lines) + "\n", check=True, capture_output=True,
-                                       text=True).stdout.splitlines())
+        both = [scores(lmcc, spec, weights, sources, outs, dirs) for dirs in ("l2r", "r2l")]
         for i, (o, l2r, r2l) in enumerate(zip(outs, *both)):
-            mean = 0.5 * (json.loads(l2r)["score"] + json.loads(r2l)["score"])
-            d = abs(mean - o["score"]) / max(1.0, abs(mean))
-            worst = max(worst, d)
-            if d > 1e-5:
-                sys.exit("%s --rerank line %d: score %r vs mean of the two directions %r" % (mode, i + 1, o["score"], mean))
+            what = "%s --rerank line %d: score vs the mean of the two directions" % (mode, i + 1)
+            worst = max(worst, within(o["score"], 0.5 * (l2r + r2l), what))
             count += 1
     print("%d reranked decodings: score = mean of the L2R and R2L log-likelihoods within %.3g <= 1e-05" % (count, worst))
 
