@@ -304,8 +304,11 @@ void validate(const ModelSpec &s, const Positions &pos, const Reader &r) {
     if (value < 1 || value > (int64_t(1) << 31))
       fail(field, "must be a positive integer below 2^31, got " + std::to_string(value));
   // Sizes lmcc can build: the IR has ops per layer and the kernels index with 32-bit lengths.
-  if (s.dims.layers > 1024)
-    fail("dims.layers", "at most 1024 layers, got " + std::to_string(s.dims.layers));
+  auto atMost = [&](const std::string &field, int64_t value, int64_t most, const std::string &unit) {
+    if (value > most)
+      fail(field, "at most " + std::to_string(most) + unit + ", got " + std::to_string(value));
+  };
+  atMost("dims.layers", s.dims.layers, 1024, " layers");
   if (s.dims.maxLen > 65536)
     fail("dims.max_len", "at most 65536 positions, got " + std::to_string(s.dims.maxLen));
   if (s.dims.dModel > 65536 || s.dims.dFF > 1048576)
@@ -317,17 +320,15 @@ void validate(const ModelSpec &s, const Positions &pos, const Reader &r) {
   if (s.diformer)
     for (auto [name, d] : {std::pair<std::string, const StackDims *>{"encoder", &s.diformer->encoder},
                            {"decoder", &s.diformer->decoder}}) {
-      if (d->layers > 1024)
-        fail(name + ".layers", "at most 1024 layers, got " + std::to_string(d->layers));
+      atMost(name + ".layers", d->layers, 1024, " layers");
       if (d->heads > (int64_t(1) << 31))
         fail(name + ".heads", "must be a positive integer below 2^31, got " + std::to_string(d->heads));
-      if (d->dFF > 1048576)
-        fail(name + ".d_ff", "at most 1048576, got " + std::to_string(d->dFF));
+      atMost(name + ".d_ff", d->dFF, 1048576, "");
     }
-  if (s.ngram && s.ngram->dHidden > 1048576)
-    fail("ngram.d_hidden", "at most 1048576, got " + std::to_string(s.ngram->dHidden));
-  if (s.ngram && s.ngram->n > 1024)
-    fail("ngram.n", "at most 1024 heads, got " + std::to_string(s.ngram->n));
+  if (s.ngram) {
+    atMost("ngram.d_hidden", s.ngram->dHidden, 1048576, "");
+    atMost("ngram.n", s.ngram->n, 1024, " heads");
+  }
   {
     const double bytes = weightBytes(s);
     const long pages = ::sysconf(_SC_PHYS_PAGES), pageSize = ::sysconf(_SC_PAGE_SIZE);
