@@ -63,14 +63,6 @@ std::vector<int64_t> WeightLayout::loadedOffsets() const {
   return out;
 }
 
-int64_t WeightLayout::bytes(Kind kind) const {
-  int64_t total = 0;
-  for (const Entry &e : entries)
-    if (e.kind == kind)
-      total += numelOf(e.tensor) * 4;
-  return total;
-}
-
 std::string packKey(const std::vector<std::string> &names) {
   std::string key = "pack:";
   for (size_t i = 0; i < names.size(); ++i)

@@ -77,8 +77,6 @@ struct WeightLayout {
   /// The tensors the runtime loads from safetensors (Kind::Loaded), in layout order.
   std::vector<LayoutTensor> loadedTensors() const;
   std::vector<int64_t> loadedOffsets() const;
-  /// Bytes of each kind (for --stats).
-  int64_t bytes(Kind kind) const;
 };
 
 /// The layout of an optimized lm module. `packGemmWeights`: lay out the panel form of every weight an

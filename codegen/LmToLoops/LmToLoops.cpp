@@ -186,9 +186,14 @@ struct LmToLoopsPass : lmcc::impl::LmToLoopsBase<LmToLoopsPass> {
       module.emitError("lm-to-loops: weights-dtype must be f32 or bf16 and bf16-dot amx, yes, no or host");
       return signalPassFailure();
     }
-    if (l1Ways < -1) {
-      module.emitError("lm-to-loops: l1-ways must be a number of ways, 0 (this host's) or -1 (unknown), got ")
+    if (l1Ways < -1 || l1Ways > 64) {
+      module.emitError("lm-to-loops: l1-ways must be a number of ways (1 to 64), 0 (this host's) or -1 (unknown), got ")
           << int64_t(l1Ways);
+      return signalPassFailure();
+    }
+    if (vectorBits != 0 && vectorBits != 256 && vectorBits != 512) {
+      module.emitError("lm-to-loops: vector-bits must be 512 (AVX-512), 256 (AVX2) or 0 (this host's), got ")
+          << int64_t(vectorBits);
       return signalPassFailure();
     }
     bool bf16 = weightsDtype == "bf16";

@@ -4,6 +4,8 @@
 // RUN: lmcc-opt --lm-to-loops="vector-bits=256 l1-ways=4" %s | FileCheck %s --check-prefix=AVX2
 // RUN: lmcc-opt --lm-to-loops="vector-bits=512 l1-ways=8 weights-dtype=bf16 bf16-dot=yes" %s | FileCheck %s --check-prefix=DOT
 // RUN: not lmcc-opt --lm-to-loops="l1-ways=-2" %s 2>&1 | FileCheck %s --check-prefix=BAD
+// RUN: not lmcc-opt --lm-to-loops="l1-ways=65" %s 2>&1 | FileCheck %s --check-prefix=BAD65
+// RUN: not lmcc-opt --lm-to-loops="vector-bits=128" %s 2>&1 | FileCheck %s --check-prefix=BITS
 // l1-ways (GemmTile::forDepth): on an L1 with fewer ways than the 12 x 32 tile has rows, a weight whose depth is a
 // multiple of 1024 (A's rows 4 KB apart, all in the same L1 sets) gets the 5 x 64 fp32 tile, for its product and
 // for its packing at load time (64-wide column slices: a panel's one slice is K x 64 floats); other depths, wider
@@ -34,7 +36,9 @@
 // DOT-DAG: func.func private @lm_gemm_1024x512_bias_12x32_bf16dot
 // DOT-DAG: func.func private @lm_gemm_8x1024_12x32_bf16dot
 
-// BAD: l1-ways must be a number of ways, 0 (this host's) or -1 (unknown), got -2
+// BAD: l1-ways must be a number of ways (1 to 64), 0 (this host's) or -1 (unknown), got -2
+// BAD65: l1-ways must be a number of ways (1 to 64), 0 (this host's) or -1 (unknown), got 65
+// BITS: vector-bits must be 512 (AVX-512), 256 (AVX2) or 0 (this host's), got 128
 module @m attributes {lm.model = #lm.model<name = "m", vocab = 11, max_len = 6, d_model = 512, heads = 2, d_ff = 1024,
                                            layers = 1, pad = 0, eos = 1, unk = 2, bos = 3, mask = 4>} {
   func.func @embed(%ids: tensor<?x?xi32>, %len: tensor<?xi32>) -> tensor<?x8xf32> {
