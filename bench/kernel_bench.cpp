@@ -21,7 +21,8 @@
 // draws them (DirectionalRows); LMCC_KERNEL_BENCH_DIRECTION=R, L or S gives every row but the first (R) and the
 // last (L) that direction (S rows still hide their random keys), to time the directions apart.
 // Counters: GFLOPs (GFLOP/s), GBs (GB/s) and peak_frac (of the 1-thread peak measured at
-// start-up). Run: build/bench/kernel_bench --benchmark_min_time=0.2
+// start-up), rates over wall-clock time (as the peak's). OpenBLAS runs on one thread. The measured peak and tile
+// go to stderr, so stdout is the benchmark library's report alone. Run: build/bench/kernel_bench --benchmark_min_time=0.2
 // A kernel's library (lib<kernel>.so) is deleted once loaded (its mapping stays); with LMCC_KERNEL_BENCH_KEEP set
 // it stays in its temporary directory (printed), e.g. for `perf annotate`.
 //
@@ -284,10 +285,21 @@ void BM_ReadBandwidth(benchmark::State &state) {
   state.counters["GBs"] = benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsRate);
 }
 
-void report(benchmark::State &state, const Shape &s) {
-  double flops = 2.0 * s.m * s.n * s.k * state.iterations();
-  state.counters["GFLOPs"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsRate);
-  state.counters["peak_frac"] = benchmark::Counter(flops / 1e9 / g_peak, benchmark::Counter::kIsRate);
+/// Wall-clock seconds since construction: the kernels' rates are over wall time, as the peak's (UseRealTime), not
+/// over the process's CPU time (which a descheduled run undercounts), and keep their benchmark names.
+struct WallClock {
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  double seconds() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); }
+};
+
+/// GFLOPs and peak_frac of `flops` FLOPs done in `seconds` of wall time.
+void setRates(benchmark::State &state, double flops, double seconds) {
+  state.counters["GFLOPs"] = flops / 1e9 / seconds;
+  state.counters["peak_frac"] = flops / 1e9 / seconds / g_peak;
+}
+
+void report(benchmark::State &state, const Shape &s, double seconds) {
+  setRates(state, 2.0 * s.m * s.n * s.k * state.iterations(), seconds);
 }
 
 /// A zeroed buffer of `floats` in 2 MB-aligned memory advised as huge pages, as liblmrt holds a model's weights.
@@ -332,38 +344,42 @@ void BM_Generated(benchmark::State &state, Shape s) {
   MemRef<2> wm = view(w.data(), s.n, s.k), pm = view(packed.data, panelRows, lmcc::codegen::kPanel);
   pack(&wm, &pm); // once, as at model load
   MemRef<2> am = view(a.data(), s.m, s.k), cm = view(c.data(), s.m, s.n);
+  const WallClock wall;
   for (auto _ : state) {
     gemm(&am, &pm, &cm);
     benchmark::ClobberMemory();
   }
+  const double seconds = wall.seconds();
   // Spot check against a naive dot product.
   double ref = 0;
   for (int64_t k = 0; k < s.k; ++k)
     ref += double(a[k]) * w[(s.n - 1) * s.k + k];
   if (std::abs(ref - c[s.n - 1]) > 1e-3 * (1 + std::abs(ref)))
     state.SkipWithError("generated GEMM result differs from the naive product");
-  report(state, s);
+  report(state, s, seconds);
 }
 
 void BM_Eigen(benchmark::State &state, Shape s) {
   using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   Matrix a = Matrix::Random(s.m, s.k), w = Matrix::Random(s.n, s.k), c(s.m, s.n);
+  const WallClock wall;
   for (auto _ : state) {
     c.noalias() = a * w.transpose();
     benchmark::ClobberMemory();
   }
-  report(state, s);
+  report(state, s, wall.seconds());
 }
 
 #ifdef LMCC_HAVE_OPENBLAS
 void BM_OpenBLAS(benchmark::State &state, Shape s) {
   std::vector<float> a = randomVector(s.m * s.k, 1), w = randomVector(s.n * s.k, 2), c(s.m * s.n);
+  const WallClock wall;
   for (auto _ : state) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(s.m), int(s.n), int(s.k), 1.0f, a.data(), int(s.k),
                 w.data(), int(s.k), 0.0f, c.data(), int(s.n));
     benchmark::ClobberMemory();
   }
-  report(state, s);
+  report(state, s, wall.seconds());
 }
 #endif
 
@@ -520,10 +536,12 @@ void BM_Attention(benchmark::State &state, lm::MaskKind mask, std::string name, 
       return;
     }
   }
+  const WallClock wall;
   for (auto _ : state) {
     run(kernel);
     benchmark::ClobberMemory();
   }
+  const double seconds = wall.seconds();
   // Spot check: the last row (directional: the middle one; the last is L and sees itself alone) of head 0 against a
   // direct softmax(q (k + rel_k)^T / 8) (v + rel_v).
   int64_t i = directional ? n / 2 : n - 1;
@@ -550,9 +568,7 @@ void BM_Attention(benchmark::State &state, lm::MaskKind mask, std::string name, 
   ref = sum > 0 ? ref / sum : 0;
   if (std::abs(ref - out[((batch - 1) * n + i) * kModel]) > 1e-4 * (1 + std::abs(ref)))
     state.SkipWithError("generated attention differs from a direct softmax(q k^T) v");
-  double flops = 4.0 * kModel * visible.visiblePairs(batch) * state.iterations();
-  state.counters["GFLOPs"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsRate);
-  state.counters["peak_frac"] = benchmark::Counter(flops / 1e9 / g_peak, benchmark::Counter::kIsRate);
+  setRates(state, 4.0 * kModel * visible.visiblePairs(batch) * state.iterations(), seconds);
 }
 
 /// The backward of lm.attention over [batch, n, 512], 8 heads, generated (`generated`) or liblmrt's
@@ -621,10 +637,12 @@ void BM_AttentionGrad(benchmark::State &state, lm::MaskKind mask, std::string na
       return;
     }
   }
+  const WallClock wall;
   for (auto _ : state) {
     run(kernel);
     benchmark::ClobberMemory();
   }
+  const double seconds = wall.seconds();
   // Spot check: dv of the last key of head 0, feature 0, in the last sentence: sum_i p_ij dO_i.
   const int64_t b = batch - 1, j = n - 1;
   double ref = 0;
@@ -650,9 +668,7 @@ void BM_AttentionGrad(benchmark::State &state, lm::MaskKind mask, std::string na
   }
   if (std::abs(ref - dv[(b * n + j) * kModel]) > 1e-4 * (1 + std::abs(ref)))
     state.SkipWithError("the backward's dv differs from a direct sum_i p_ij dO_i");
-  double flops = 10.0 * kModel * visible.visiblePairs(batch) * state.iterations();
-  state.counters["GFLOPs"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsRate);
-  state.counters["peak_frac"] = benchmark::Counter(flops / 1e9 / g_peak, benchmark::Counter::kIsRate);
+  setRates(state, 10.0 * kModel * visible.visiblePairs(batch) * state.iterations(), seconds);
 }
 
 /// The attention benchmarks (forward, relative forward, generated and runtime backwards) under `prefix`; with an
@@ -744,10 +760,15 @@ int main(int argc, char **argv) {
     args = {argv[0], interleave, reps, aggregates};
     args.insert(args.end(), argv + 4, argv + argc);
   }
+#ifdef LMCC_HAVE_OPENBLAS
+  openblas_set_num_threads(1); // the GEMM rows compare kernels on one thread (as OPENBLAS_NUM_THREADS=1 would)
+#endif
   g_peak = lmcc::bench::measurePeak(g_avx512, /*threads=*/1, /*repetitions=*/3); // 1.3 G FMAs each
   const lmcc::codegen::GemmTile deep = lmcc::codegen::GemmTile::forDepth(g_tile, 1024, lmcc::codegen::hostL1Ways());
-  std::printf("measured FP32 FMA peak: %.1f GFLOP/s (1 thread, %s); generated GEMM tile %lld x %lld (%lld x %lld at "
-              "depths that are a multiple of 1024; L1D %lld-way)\n",
+  // On stderr: stdout is the benchmark library's report (--benchmark_format=json must parse as JSON).
+  std::fprintf(stderr,
+               "measured FP32 FMA peak: %.1f GFLOP/s (1 thread, %s); generated GEMM tile %lld x %lld (%lld x %lld at "
+               "depths that are a multiple of 1024; L1D %lld-way)\n",
               g_peak, g_avx512 ? "AVX-512" : "AVX2", (long long)g_tile.rows, (long long)g_tile.cols(),
               (long long)deep.rows, (long long)deep.cols(), (long long)lmcc::codegen::hostL1Ways());
   if (!dirA.empty()) {

@@ -1,6 +1,6 @@
-// The generated GEMM (codegen/LmToLoops/Gemm.cpp) against a naive loop: odd shapes, N not a multiple of the 64-wide
-// panel, every M from 1 to 70 (and row counts that cut into several row blocks), weights packed once, in both register
-// tiles (bit-identical to each other).
+// The generated GEMM (codegen/LmToLoops/Gemm.cpp) against a naive loop and the runtime's Eigen GEMM (--gemm=eigen,
+// lm_rt_sgemm_nt): odd shapes, N not a multiple of the 64-wide panel, every M from 1 to 70 (and row counts that cut
+// into several row blocks), weights packed once, in both register tiles (bit-identical to each other).
 #include "codegen/Emit/Object.h"
 #include "codegen/LmToLoops/Gemm.h"
 #include "codegen/LmToLoops/KernelAbi.h"
@@ -26,13 +26,15 @@ namespace {
 using namespace lmcc::codegen::abi;
 
 // (N, K): the panel edge cases and the shapes of the tiny test models. Odd shapes, then every (N, K) of the bundled
-// models (T-TA/biLM/uniLM paper size: projections, stacked K/V, FFN, vocabulary; BERT-base). Shapes packing to more
-// than 1 MiB take the prefetching kernel; depths over 512 run in chunks of 128 (601: four and a partial one; 3072
-// at M >= 47: two blocks of rows).
+// models (T-TA/biLM/uniLM paper size: projections, stacked K/V, FFN, vocabulary; BERT-base; the Diformer's stacked
+// projections and 32000-word vocabulary, the n-gram heads' 1024-wide projection). Shapes packing to more than 1 MiB
+// take the prefetching kernel; depths over 512 run in chunks of 128 (601: four and a partial one; 3072 at M >= 47:
+// two blocks of rows).
 const std::vector<std::pair<int64_t, int64_t>> kShapes = {
-    {1, 5},      {16, 7},      {63, 33},   {64, 8},     {65, 19},    {67, 30},    {130, 17},
-    {30, 46},    {120, 30},    {4133, 71}, {100, 601}, {512, 512},  {1536, 512}, {3072, 512}, {2048, 512},
-    {512, 2048}, {30522, 512}, {768, 768}, {2304, 768}, {3072, 768}, {768, 3072}, {30522, 768}};
+    {1, 5},       {16, 7},      {63, 33},    {64, 8},     {65, 19},    {67, 30},    {130, 17},   {30, 46},
+    {120, 30},    {4133, 71},   {100, 601},  {512, 512},  {1536, 512}, {3072, 512}, {2048, 512}, {512, 2048},
+    {30522, 512}, {768, 768},   {2304, 768}, {3072, 768}, {768, 3072}, {30522, 768}, {1024, 512}, {6144, 512},
+    {32000, 512}};
 
 // Every register tile runs on any x86-64 with AVX2 (512-bit vectors are split in two there): the AVX-512 and AVX2
 // tiles and AVX-512's tile of deep weights on an 8-way L1 (5 x 64, GemmTile::forDepth).
@@ -109,6 +111,12 @@ TEST_F(GemmTest, MatchesNaiveProductForEveryRowCount) {
           ASSERT_NEAR(c[0][i * n + j], ref, 1e-4 * (1 + std::fabs(ref)))
               << shape << " m=" << m << " [" << i << "," << j << "]";
         }
+      // The runtime's Eigen GEMM (another summation order): the same products within float rounding.
+      std::vector<float> eigen(m * n);
+      lm_rt_sgemm_nt(m, n, k, a.data(), k, w.data(), k, nullptr, eigen.data(), n);
+      for (int64_t x = 0; x < m * n; ++x)
+        ASSERT_NEAR(c[0][x], eigen[x], 1e-4 * (1 + std::fabs(eigen[x])))
+            << shape << " m=" << m << " [" << x / n << "," << x % n << "] against Eigen";
       // Every tile computes the same ordered FMA chain per element: bit-identical results.
       for (size_t t = 1; t < kTiles.size(); ++t)
         ASSERT_EQ(0, std::memcmp(c[0].data(), c[t].data(), c[0].size() * sizeof(float)))

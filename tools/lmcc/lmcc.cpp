@@ -1197,6 +1197,21 @@ int main(int argc, char **argv) {
                                        "(ties: the smallest), then applied to --nbest")->excludes(rerankLambda);
   rerank->add_option("--length-penalty", o.lengthPenalty, "add P times the hypothesis' words to its score");
 
+  // An unknown command word: name it and the commands (CLI11 alone says "A subcommand is required").
+  if (argc > 1 && argv[1][0] != '-') {
+    std::vector<std::string> names;
+    for (const CLI::App *sub : app.get_subcommands([](CLI::App *) { return true; }))
+      names.push_back(sub->get_name());
+    if (std::find(names.begin(), names.end(), argv[1]) == names.end()) {
+      std::string list;
+      for (const std::string &name : names)
+        list += (list.empty() ? "" : ", ") + name;
+      std::cerr << "error: unknown command '" << argv[1] << "'; the commands are " << list << "\n";
+      if (std::string(argv[1]) == "bench")
+        std::cerr << "benchmarks run from the source tree: scripts/bench.sh [--quick] (README: Benchmarks)\n";
+      return kExitUsage;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError &e) {
@@ -1218,6 +1233,8 @@ int main(int argc, char **argv) {
     return rc;
   };
   auto dispatch = [&]() -> int {
+    if (o.weightsDtype == "bf16" && o.gemm == "eigen") // options that exclude each other: a usage error (exit 2)
+      throw UsageError("--weights-dtype bf16 needs --gemm generated (the Eigen GEMM reads fp32 weights)");
     if (*check)
       return runCheck(o);
     if (*emit)
