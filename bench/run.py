@@ -55,6 +55,7 @@ PEER_METHODS = {("tta", "score"): ["tta-score"], ("tta", "embed"): ["tta-embed"]
 # peers a few seconds apart, are what make a 10-20% verdict repeatable.
 ROUNDS = ((0.5, 8), (2.0, 4), (None, 2))
 ROUND_SECONDS = 0.25  # each contender's calls per round
+KERNEL_BENCH_D = 512  # kernel_bench's attention operands: [batch, n, 512] fp32, 8 heads (its kModel)
 # Side-by-side thread scaling (model_bench --ab at 1 and 2 threads), by the 1-thread median: (up to seconds, rounds);
 # entries with longer calls keep the ratio of the grid's medians.
 SCALING_ROUNDS = ((0.5, 8), (2.0, 4), (10.0, 2))
@@ -586,6 +587,44 @@ def machine_text(limits, start=None, end=None, end_note="at its end"):
     return text
 
 
+def l3_cache_bytes():
+    """The L3 cache size of cpu0 (the instance its core shares, from sysfs; getconf's LEVEL3_CACHE_SIZE where sysfs
+    has none: on an EPYC VM it gave the whole package's 384 MiB against sysfs's 32 MiB per instance), None if
+    neither says."""
+    try:
+        m = re.fullmatch(r"(\d+)([KMG]?)", Path("/sys/devices/system/cpu/cpu0/cache/index3/size").read_text().strip())
+        if m:
+            return int(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2)]
+    except OSError:
+        pass
+    try:
+        return int(subprocess.run(["getconf", "LEVEL3_CACHE_SIZE"], capture_output=True, text=True).stdout) or None
+    except (OSError, ValueError):
+        return None
+
+
+def below_bound_note(ws, limits, points, lmcc, l3):
+    """The sentence under the entry table where some entry ran faster than its roofline bound (x bound < 1): the
+    bound reads every weight byte from DRAM once per call, while part of a call's weights can stay in the L3 from
+    one call to the next. [] when none did."""
+    below = []
+    for p in points:
+        r = lmcc.get(p.name, {})
+        if p.variant != "opt" or "median" not in r:
+            continue
+        xb = r["median"] / roofline(ws, limits, p)[0]
+        if xb < 1:
+            below.append("%s %s n %d batch %d threads %d (%.2f, %.1f MB of weights)" % (
+                p.model, p.entry, p.n, p.batch, p.threads, xb, weight_bytes(ws, p.model, p.entry) / 1e6))
+    if not below:
+        return []
+    size = "of unknown size" if not l3 else "%d %s (cpu0's)" % ((l3 >> 20, "MiB") if l3 % (1 << 20) == 0 else
+                                                               (l3 >> 10, "KiB"))
+    return ["x bound below 1 on %s: the bound counts every weight byte as read from memory once per call, but the "
+            "L3 cache here is %s, so part of those weights stays in it from one call to the next and is read at cache "
+            "speed." % ("; ".join(below), size), ""]
+
+
 def weight_bytes(ws, model, entry):
     """Bytes of the weights one call reads at least once: every tensor for score (the tied or untied
     vocabulary head reads the whole token table), all but the token table and the head for embed
@@ -607,6 +646,12 @@ def roofline(ws, limits, p):
     """(the roofline bound of point p's call in seconds, its FLOPs): max(FLOPs / peak, weight bytes / bandwidth)."""
     flops = ws.flops(p.model, p.variant, p.entry, p.n) * p.batch
     return max(flops / limits[("peak", p.threads)], weight_bytes(ws, p.model, p.entry) / limits[("bw", p.threads)]), flops
+
+
+def kernel_of_bound(limits, flops, nbytes, seconds):
+    """A kernel_bench kernel's roofline bound on one thread, max(FLOPs / peak, bytes / read bandwidth), over its
+    measured seconds per call: 1.0 at the bound, below it the share of the bound's speed the kernel reaches."""
+    return max(flops / limits[("peak", 1)], nbytes / limits[("bw", 1)]) / seconds
 
 
 def best_peer(p, peer):
@@ -848,6 +893,15 @@ def free_stem(out_dir, stem):
     raise SystemExit("bench: %s has reports %s through %s-z already" % (out_dir, stem, stem))
 
 
+def report_stem(out_dir, date, suffixes):
+    """The report's file stem (its plots share it): `date` when out_dir has no <date>.md yet, whatever the kind of
+    run (issue 7: the command writes bench/results/<date>.md; the title says the mode); else date + the mode's
+    suffixes (-quick, -only, -partial) through free_stem, so that a second run on one day keeps the first's files."""
+    if not (out_dir / (date + ".md")).exists():
+        return date
+    return free_stem(out_dir, date + suffixes)
+
+
 def timing_text(rounds):
     """How the run timed its entries: rounds = {"rounds": ROUNDS, "seconds": ROUND_SECONDS} as it ran, None for a run
     from before the rounds (one model_bench process for lmcc's entries, the peers minutes later)."""
@@ -865,12 +919,13 @@ def timing_text(rounds):
 
 
 def write_report(ws, date, quick, limits, kernels, points, lmcc, peer, out_dir, versions, wall, machine, only=None,
-                 command=None, profiles=None, rounds=None, partial=False, scaling=None):
+                 command=None, profiles=None, rounds=None, partial=False, scaling=None, l3=None):
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = free_stem(out_dir, date + ("-quick" if quick else "") + ("-only" if only else "") +
-                     ("-partial" if partial else ""))
+    stem = report_stem(out_dir, date, ("-quick" if quick else "") + ("-only" if only else "") +
+                       ("-partial" if partial else ""))
     flags = flags_of(quick, only)
-    md = ["# lmcc benchmarks, %s%s" % (date, " (%s)" % flags.strip() if flags else ""), "",
+    mode = [flags.strip() or "full grid"] + (["partial run"] if partial else [])  # the file name may not say it
+    md = ["# lmcc benchmarks, %s (%s)" % (date, ", ".join(mode)), "",
           "Command: `%s` (%.0f s wall). %s" % (command or command_line(flags), wall, versions), "",
           "Machine: " + machine, "",
           "Times are medians in milliseconds per call (± the spread: population standard deviation over the samples "
@@ -909,6 +964,7 @@ def write_report(ws, date, quick, limits, kernels, points, lmcc, peer, out_dir, 
             md.append("| %s | %s | %d | %d | %d | %s | %.2f | - | - | - | - | - | %s | - |" % (
                 p.model, p.entry, p.n, p.batch, p.threads, r.get("skipped", r.get("error", "?")), b * 1e3, cells or "-"))
     md.append("")
+    md += below_bound_note(ws, limits, points, lmcc, l3)
     md += gaps_section(find_gaps(ws, limits, points, lmcc, peer, scaling), profiles or {})
     md += scaling_section(points, lmcc, scaling)
     failed = {k: v for k, v in peer.items() if "error" in v}
@@ -962,31 +1018,45 @@ def write_report(ws, date, quick, limits, kernels, points, lmcc, peer, out_dir, 
     # Kernels
     peak1 = limits[("peak", 1)] / 1e9
     md += ["## GEMM kernels (1 thread, GFLOP/s and fraction of the measured peak)", "",
-           "| M x K x N | generated | of peak | Eigen | of peak | OpenBLAS | of peak |", "|---|---|---|---|---|---|---|"]
+           "`of bound`: the kernel's roofline bound / its median time (1.00 = at the bound), the bound max(2 M K N / "
+           "peak, 4 (M K + K N + M N) bytes / read bandwidth) with this run's 1-thread peak and bandwidth.", "",
+           "| M x K x N | generated | of peak | of bound | Eigen | of peak | of bound | OpenBLAS | of peak | of bound |",
+           "|" + "---|" * 10]
     shapes = sorted({k.split("/")[2] for k in kernels if k.startswith("gemm/generated/")},
                     key=lambda s: [int(x) for x in s.split("x")])
     for s in shapes:
         row = [s]
+        m, k, n = (int(x) for x in s.split("x"))
         for lib in ("generated", "eigen", "openblas"):
             r = kernels.get("gemm/%s/%s" % (lib, s))
-            row += ["%.1f" % r["GFLOPs"], "%.0f%%" % (100 * r["GFLOPs"] / peak1)] if r and "GFLOPs" in r else ["-", "-"]
+            row += ["%.1f" % r["GFLOPs"], "%.0f%%" % (100 * r["GFLOPs"] / peak1),
+                    "%.2f" % kernel_of_bound(limits, 2.0 * m * k * n, 4 * (m * k + k * n + m * n), r["median"])] \
+                if r and "GFLOPs" in r and "median" in r else ["-", "-", "-"]
         md.append("| " + " | ".join(row) + " |")
     md += ["", "## Attention kernels (8 heads, d 512, 1 thread)", "",
            "`forward`: lm.attention, generated; `backward`: lm.attention_grad, generated (its vector form, what "
            "compiled training runs here); `backward (C++)`: the runtime's lm_rt_attention_grad (head sizes off "
            "multiples of 16). `+ relative`: with Shaw relative positions clipped at 16. Mask `directional`: the "
            "Diformer's per-row directions and hidden keys as its `directional` objective draws them. FLOPs: 4 d "
-           "(forward) and 10 d (backward) per visible query-key pair, the relative terms' work not counted.", "",
-           "| kernel | mask | n | batch | ms | GFLOP/s | of peak |", "|---|---|---|---|---|---|---|"]
+           "(forward) and 10 d (backward) per visible query-key pair, the relative terms' work not counted. "
+           "`of bound`: the kernel's roofline bound / its median time (1.00 = at the bound), the bound max(FLOPs / "
+           "peak, bytes / read bandwidth) with this run's 1-thread peak and bandwidth and the [batch, n, 512] fp32 "
+           "buffers each call reads or writes once: 4 forward (q, k, v read, out written), 7 backward (q, k, v, dO "
+           "read, dq, dk, dv written; the relative tables and mask rows not counted).", "",
+           "| kernel | mask | n | batch | ms | GFLOP/s | of peak | of bound |", "|" + "---|" * 8]
     kinds = {"attention": "forward", "attention_grad": "backward", "attention_grad_rt": "backward (C++)",
              "attention_rel": "forward + relative", "attention_grad_rel": "backward + relative",
              "attention_grad_rt_rel": "backward (C++) + relative"}
     for k, r in kernels.items():
         parts = k.split("/")
         if parts[0] in kinds and len(parts) == 4 and "GFLOPs" in r:
-            md.append("| %s | %s | %s | %s | %.3f | %.1f | %.0f%% |" % (kinds[parts[0]], parts[1], parts[2][2:],
-                                                                        parts[3][6:], r["median"] * 1e3,
-                                                                        r["GFLOPs"], 100 * r["GFLOPs"] / peak1))
+            n, batch = int(parts[2][2:]), int(parts[3][6:])
+            buffers = 7 if parts[0].startswith("attention_grad") else 4
+            of_bound = kernel_of_bound(limits, r["GFLOPs"] * 1e9 * r["median"],
+                                       4 * buffers * batch * n * KERNEL_BENCH_D, r["median"])
+            md.append("| %s | %s | %d | %d | %.3f | %.1f | %.0f%% | %.2f |" % (
+                kinds[parts[0]], parts[1], n, batch, r["median"] * 1e3, r["GFLOPs"], 100 * r["GFLOPs"] / peak1,
+                of_bound))
     md.append("")
     plots = make_plots(ws, points, lmcc, peer, limits, out_dir, stem)
     md += ["## Plots", ""] + ["![%s](%s)" % (p.stem, p.name) for p in plots] + [""]
@@ -1087,12 +1157,76 @@ def make_plots(ws, points, lmcc, peer, limits, out_dir, stem):
         files.append(out_dir / (stem + "-roofline.png"))
         fig.savefig(files[-1], dpi=110)
         plt.close(fig)
+    # 4. fraction of the measured FP32 peak reached (the call's FLOPs / time / peak at its thread count) per entry.
+    labels, fracs, colors = [], [], []
+    for p in points:
+        r = lmcc.get(p.name, {})
+        if p.variant != "opt" or "median" not in r:
+            continue
+        labels.append("%s %s n%d b%d t%d" % (p.model, p.entry, p.n, p.batch, p.threads))
+        fracs.append(roofline(ws, limits, p)[1] / r["median"] / limits[("peak", p.threads)])
+        colors.append({"tta": "C0", "bilm": "C1", "unilm": "C2", "bert": "C3"}[p.model])
+    if labels:
+        fig, ax = plt.subplots(figsize=(max(8, 0.18 * len(labels)), 4.5))
+        ax.bar(range(len(labels)), fracs, color=colors)
+        ax.axhline(0.7, color="black", linestyle="--", linewidth=0.8,
+                   label="issue 7's target for compute-bound entries (batch 32, batched PLL): 70% of peak")
+        ax.set_xticks(range(len(labels)))
+        ax.set_xticklabels(labels, fontsize=5, rotation=90)
+        ax.set_ylim(0, 1.15 * max(1.0, max(fracs)))  # headroom for the legend
+        ax.set_ylabel("GFLOP/s / FP32 FMA peak")
+        ax.set_title("Fraction of the measured FP32 peak (at the entry's thread count) reached")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        files.append(out_dir / (stem + "-peak.png"))
+        fig.savefig(files[-1], dpi=110)
+        plt.close(fig)
     return files
 
 
-def report_from(args):
+def torch_label(version):
+    """The PyTorch peer as the report names it: the PyPI wheel (issue 7: as a user installs it), which on Linux x86-64
+    is the CUDA build (a "+cu" version), run on the CPU here."""
+    return "PyTorch %s (PyPI wheel, %s)" % (version, "CUDA build, run on the CPU" if "+cu" in version else "CPU")
+
+
+def check_args(ap, args):
+    """Refuses bad arguments before any work, with the usage line and exit status 2 (ap.error): an --only that is no
+    regular expression or matches no entry, a --report-from file that cannot be read or is not a run's raw results.
+    Returns --report-from's raw results (None without it)."""
+    if args.only is not None:
+        try:
+            re.compile(args.only)
+        except re.error as e:
+            ap.error("--only %r is not a valid regular expression: %s" % (args.only, e))
+    if args.max_call is not None and args.max_call <= 0:
+        ap.error("--max-call %g: give a positive number of seconds" % args.max_call)
+    if not args.report_from:
+        if not make_plan(args.quick, args.only):
+            ap.error("no entry of the%s grid matches --only %r (names are like %s)"
+                     % (" --quick" if args.quick else "", args.only, make_plan(args.quick)[0].name))
+        return None
+    try:
+        raw = json.loads(Path(args.report_from).read_text())
+    except OSError as e:
+        ap.error("--report-from %s: cannot read it (%s)" % (args.report_from, e.strerror or e))
+    except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
+        ap.error("--report-from %s is not valid JSON (%s)" % (args.report_from, e))
+    if not isinstance(raw, dict):
+        missing = ["JSON object"]
+    else:
+        missing = [k for k in ("limits", "kernels", "lmcc", "peers", "meta") if k not in raw]
+        if "meta" in raw:
+            meta = raw["meta"] if isinstance(raw["meta"], dict) else {}
+            missing += ["meta." + k for k in ("date", "quick", "versions", "wall") if k not in meta]
+    if missing:
+        ap.error("--report-from %s is not the raw results of a bench/run.py run (no %s)"
+                 % (args.report_from, ", ".join(missing)))
+    return raw
+
+
+def report_from(args, raw):
     """Writes the report of an earlier run from its raw.json (the machine's limits re-measured now)."""
-    raw = json.loads(Path(args.report_from).read_text())
     start = {(k.split("/")[0], int(k.split("/")[1])): v for k, v in raw["limits"].items()}
     if "limits_end" in raw:
         end, note = {(k.split("/")[0], int(k.split("/")[1])): v for k, v in raw["limits_end"].items()}, "at its end"
@@ -1104,16 +1238,20 @@ def report_from(args):
     meta = raw["meta"]
     ws = Workspace(args.work)
     points = make_plan(meta["quick"], meta.get("only"))
+    # Its PyTorch named as torch_label() names it now (runs before it called a "+cu" wheel "CPU").
+    versions = re.sub(r"PyTorch (\S+) \(PyPI wheel, CPU\)", lambda m: torch_label(m.group(1)), meta["versions"])
     path = write_report(ws, meta["date"], meta["quick"], limits, raw["kernels"], points, raw["lmcc"],
-                        raw["peers"], Path(args.out), meta["versions"], meta["wall"],
-                        machine_text(limits, start, end, note), meta.get("only"), command=meta.get("command"),
-                        profiles=raw.get("profiles"), rounds=meta.get("rounds"), partial=raw.get("partial", False),
-                        scaling=raw.get("scaling"))
+                        raw["peers"], Path(args.out), versions, meta["wall"], machine_text(limits, start, end, note),
+                        meta.get("only"), command=meta.get("command"), profiles=raw.get("profiles"), rounds=meta.get("rounds"),
+                        partial=raw.get("partial", False), scaling=raw.get("scaling"),
+                        l3=meta.get("l3", l3_cache_bytes()))  # runs before the L3 was recorded: this machine's
     log("wrote %s" % path)
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    script = bool(os.environ.get("LMCC_BENCH_SCRIPT"))  # run by scripts/bench.sh: its name and its --no-train
+    ap = argparse.ArgumentParser(prog="scripts/bench.sh" if script else None, description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="n = 20, batch 1, 1 thread, short runs (< 3 minutes)")
     ap.add_argument("--work", default=os.environ.get("LMCC_BENCH_WORK", str(Path.home() / ".cache/lmcc-bench/work")),
                     help="weights, libraries, ids and raw results (default ~/.cache/lmcc-bench/work)")
@@ -1126,10 +1264,19 @@ def main():
                          " machine limits only from kernel_bench (re-measuring a report's gap entries)")
     ap.add_argument("--report-from", metavar="RAW_JSON",
                     help="only write the report of an earlier run from its raw.json (in --work)")
+    ap.add_argument("--check-args", action="store_true",
+                    help="only check the arguments and exit (status 2 and the usage on a bad one): scripts/bench.sh "
+                         "runs this before it installs or builds anything")
+    if script:
+        ap.add_argument("--no-train", action="store_true",
+                        help="the full grid without the training grid that follows it (scripts/bench-train.sh)")
     args = ap.parse_args()
+    raw = check_args(ap, args)
+    if args.check_args:
+        return
     check_build()  # the build's stamp: the run measures this one
     if args.report_from:
-        return report_from(args)
+        return report_from(args, raw)
     start = time.time()
     est_limit = args.max_call or (5.0 if args.quick else 60.0)
     ws = Workspace(args.work)
@@ -1140,9 +1287,7 @@ def main():
     kernels = run_kernel_bench(args.quick, ws.work / ("kernel_bench%s.json" % tag), machine_only=bool(args.only))
     limits = machine_limits(kernels)
     log(machine_text(limits))
-    points = make_plan(args.quick, args.only)
-    if not points:
-        sys.exit("run.py: no entry matches --only %s" % args.only)
+    points = make_plan(args.quick, args.only)  # not empty: check_args
     for p in points:  # weights and libraries first, so that compiling does not overlap timing
         ws.weights(p.model)
         ws.library(p.model, p.variant)
@@ -1153,12 +1298,13 @@ def main():
     command = command_line(flags_of(args.quick, args.only))
     rounds = {"rounds": ROUNDS, "seconds": ROUND_SECONDS} if paired else None
     raw_path = ws.work / ("raw%s.json" % tag)
+    l3 = l3_cache_bytes()
 
     def save_raw(lmcc, peer, partial, **more):
         """raw<tag>.json, written to a temporary name and renamed: after every entry (`partial`: a stopped run's
         report can still be written from it with --report-from) and at the end."""
         meta = {"date": date, "quick": args.quick, "only": args.only, "versions": versions,
-                "wall": time.time() - start, "command": command, "rounds": rounds}
+                "wall": time.time() - start, "command": command, "rounds": rounds, "l3": l3}
         data = {"limits": {"%s/%d" % k: v for k, v in limits.items()}, "kernels": kernels, "lmcc": lmcc,
                 "peers": peer, "meta": meta, "partial": partial}
         data.update(more)
@@ -1173,7 +1319,7 @@ def main():
     if paired:
         import onnxruntime
         import torch
-        versions += ", PyTorch %s (PyPI wheel, CPU)" % torch.__version__ + ", ONNX Runtime %s (PyPI)" % onnxruntime.__version__
+        versions += ", %s, ONNX Runtime %s (PyPI)" % (torch_label(torch.__version__), onnxruntime.__version__)
         peer = run_rounds(ws, [p for p in points if p in paired or p.name in naive], lmcc, limits, args.quick,
                           est_limit, checkpoint=lambda so_far: save_raw(lmcc, so_far, True))
     scaling = thread_scaling(ws, points, lmcc)
@@ -1188,7 +1334,7 @@ def main():
     save_raw(lmcc, peer, False, limits_end={"%s/%d" % k: v for k, v in end.items()}, profiles=profiles,
              scaling=scaling)
     path = write_report(ws, date, args.quick, used, kernels, points, lmcc, peer, Path(args.out), versions, wall,
-                        machine_text(used, limits, end), args.only, command, profiles, rounds, scaling=scaling)
+                        machine_text(used, limits, end), args.only, command, profiles, rounds, scaling=scaling, l3=l3)
     log("wrote %s (%.0f s)" % (path, time.time() - start))
 
 
