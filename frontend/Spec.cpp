@@ -247,6 +247,23 @@ std::string reservedNameReason(const std::string &name) {
                                                   "resolv", "gcc",    "gcc_s", "stdc++", "supc++",  "atomic",
                                                   "anl",    "nsl",    "mvec", "z",      "tbb",      "utf8proc",
                                                   "omp",    "gomp",   "BrokenLocale"};
+  // The header's C++ part wraps the model in `namespace <name>`: a global type, function or object of the C or
+  // POSIX library with that name (from any header an application includes beside it) is redeclared as a different
+  // kind of entity and the application does not compile.
+  static const std::set<std::string> globals = {
+      "size_t", "ssize_t", "ptrdiff_t", "intptr_t", "uintptr_t", "intmax_t", "uintmax_t", "max_align_t", "nullptr_t",
+      "int8_t", "int16_t", "int32_t", "int64_t", "uint8_t", "uint16_t", "uint32_t", "uint64_t", "wint_t", "FILE",
+      "fpos_t", "va_list", "time_t", "clock_t", "timespec", "timeval", "tm", "div_t", "ldiv_t", "lldiv_t",
+      "sig_atomic_t", "jmp_buf", "off_t", "pid_t", "mode_t", "std", "INT_MAX", "INT_MIN", "UINT_MAX", "LONG_MAX",
+      "SIZE_MAX", "free", "malloc", "calloc", "realloc", "exit", "abort", "atexit", "printf", "fprintf", "sprintf",
+      "snprintf", "scanf", "puts", "putchar", "getchar", "fopen", "fclose", "fread", "fwrite", "fflush", "perror",
+      "memcpy", "memmove", "memset", "memcmp", "strlen", "strcpy", "strcmp", "strncmp", "strdup", "qsort",
+      "bsearch", "atoi", "atof", "strtol", "abs", "labs", "rand", "srand", "getenv", "system", "clock", "sqrt",
+      "exp", "log", "pow", "sin", "cos", "floor", "ceil", "fabs", "round", "open", "close", "read", "write",
+      "sleep", "fork", "pipe", "dup", "kill", "raise", "select", "socket", "index"};
+  if (globals.count(name))
+    return "is a type, function or macro of the C or POSIX library; the header's C++ namespace of that name would "
+           "not compile beside it";
   if (name == "lmrt" || name.rfind("lm_", 0) == 0 || name.rfind("lmrt_", 0) == 0)
     return "collides with the runtime (liblmrt.so, the lm_ and lmrt_ functions)";
   if (libraries.count(name))
@@ -833,8 +850,14 @@ void checkAsciiOutsideStrings(const std::string &text, const std::string &path) 
   bool key = true;        // reading a key (or a table header), not a value
   bool bare = false;      // inside a bare value
   std::string containers; // the open arrays ('[') and inline tables ('{') of the value being read
+  size_t dots = 0;        // the dots of the key being read: toml++ nests a table per dot, recursively
   while (i < n) {
     const char c = text[i];
+    if (key && c == '.' && ++dots > 64) // 50,000 levels overflowed toml++'s stack (issue 21: never a crash)
+      throw SpecError(path + ":" + std::to_string(line) + ":" + std::to_string(i - lineStart + 1), "",
+                      "invalid TOML for lmcc: a key nested deeper than 64 levels");
+    if (c == '\n' || c == '=' || c == ',')
+      dots = 0;
     if (c == '#') {
       while (i < n && text[i] != '\n')
         ++i;
@@ -921,9 +944,18 @@ ModelSpec loadSpec(const std::string &path) {
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw SpecError(path, "", "cannot open the spec file");
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return parseSpec(buffer.str(), path);
+  // At most 16 MiB (a spec is a few hundred bytes; /dev/zero or a mistaken data file would fill the memory).
+  constexpr std::streamsize kMaxSpecBytes = std::streamsize(16) << 20;
+  std::string text;
+  char chunk[1 << 16];
+  while (in.read(chunk, sizeof chunk) || in.gcount() > 0) {
+    text.append(chunk, size_t(in.gcount()));
+    if (std::streamsize(text.size()) > kMaxSpecBytes)
+      throw SpecError(path, "", "is larger than 16 MiB: not a spec file");
+  }
+  if (in.bad())
+    throw SpecError(path, "", "cannot read the spec file");
+  return parseSpec(text, path);
 }
 
 std::string toJson(const ModelSpec &spec) {

@@ -102,7 +102,8 @@ int @name@_score_pairs(@name@_model *m, const int32_t *src, const int32_t *src_l
  * *score and the candidates compared to *candidates (both may be NULL). */
 int @name@_translate(@name@_model *m, const int32_t *src, int32_t src_length, int32_t mode, int32_t beam, int32_t length_beam, int32_t iterations, int32_t rerank, int32_t max_target, int32_t *tgt, int32_t capacity, int32_t *tgt_length, double *score, int32_t *candidates);
 
-/* Frees a model (NULL is allowed). The model must not be in use by another thread. */
+/* Frees a model (NULL is allowed). The model must not be in use by another thread. As with free(), a freed model
+ * is gone: passing it to any function afterwards (a second free included) is undefined behaviour. */
 void @name@_free(@name@_model *m);
 
 /* Shared by all lmcc model headers (defined by every lmcc model library, all behaving alike). */

@@ -4,6 +4,7 @@
 #include <utf8proc.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -136,12 +137,20 @@ void appendLower(std::u32string &out, char32_t c) {
 }
 
 std::string readFile(const std::string &path, const char *what) {
+  if (std::error_code ec; std::filesystem::is_directory(path, ec))
+    throw TokenizerError(path + ": is a directory, not a " + what);
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw TokenizerError(path + ": cannot open the " + what);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  // At most 256 MiB (BERT's vocabulary is 0.2 MiB): /dev/zero or a mistaken corpus would fill the memory.
+  std::string text;
+  char chunk[1 << 16];
+  while (in.read(chunk, sizeof chunk) || in.gcount() > 0) {
+    text.append(chunk, size_t(in.gcount()));
+    if (text.size() > (size_t(256) << 20))
+      throw TokenizerError(path + ": larger than 256 MiB: not a " + std::string(what));
+  }
+  return text;
 }
 
 /// The vocabulary's lines (a final newline does not start a line; "\r\n" accepted).

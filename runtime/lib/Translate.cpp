@@ -188,9 +188,10 @@ void translateImpl(lm_model *m, const int32_t *src, int32_t srcLength, int32_t m
   if (mode < LM_DECODE_L2R || mode > LM_DECODE_EASY_FIRST)
     argument("mode = " + std::to_string(mode) + " must be LM_DECODE_L2R (0), LM_DECODE_R2L (1), "
              "LM_DECODE_MASK_PREDICT (2) or LM_DECODE_EASY_FIRST (3)");
-  if (beam < 1 || lengthBeam < 1 || iterations < 1)
+  if (beam < 1 || lengthBeam < 1 || iterations < 1 || beam > 1000 || lengthBeam > 1000 || iterations > 1000)
     argument("beam = " + std::to_string(beam) + ", length_beam = " + std::to_string(lengthBeam) +
-             " and iterations = " + std::to_string(iterations) + " must be at least 1");
+             " and iterations = " + std::to_string(iterations) + " must be in [1, 1000] (lmcc translate's range; a "
+             "beam's rows are held at once)");
   if (maxTarget != 0 && (maxTarget < 2 || maxTarget > d->max_len - 1))
     argument("max_target = " + std::to_string(maxTarget) + " must be 0 or in [2, max_len-1=" +
              std::to_string(d->max_len - 1) + "]");

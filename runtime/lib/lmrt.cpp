@@ -1149,9 +1149,14 @@ int lm_rt_tokenizer_load(const char *vocab_path, int lowercase, lm_tokenizer **o
     std::ifstream in(vocab_path, std::ios::binary);
     if (!in)
       argumentError(std::string(vocab_path) + ": cannot open the vocabulary");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    std::string text = ss.str();
+    // At most 256 MiB (BERT's vocabulary is 0.2 MiB): /dev/zero or a mistaken corpus would fill the memory.
+    std::string text;
+    char chunk[1 << 16];
+    while (in.read(chunk, sizeof chunk) || in.gcount() > 0) {
+      text.append(chunk, size_t(in.gcount()));
+      if (text.size() > (size_t(256) << 20))
+        argumentError(std::string(vocab_path) + ": larger than 256 MiB: not a vocabulary");
+    }
     try {
       lmcc::SpecialIds specials = lmcc::Tokenizer::conventionalSpecials(text, vocab_path);
       *out = new lm_tokenizer{lmcc::Tokenizer::fromText(text, vocab_path, lowercase != 0, specials)};
@@ -1166,6 +1171,8 @@ int lm_rt_tokenize(const lm_tokenizer *tok, const char *utf8, size_t len, int32_
   return guarded([&] {
     if (!tok || !n || (!utf8 && len) || (!ids && capacity))
       argumentError("lm_tokenize: NULL tokenizer, text, ids or n");
+    if (len > (size_t(1) << 31)) // no sentence is 2 GiB; (size_t)-1 (a strlen mistake) read past the text
+      argumentError("lm_tokenize: len " + std::to_string(len) + " is over 2 GiB: not the length of a sentence");
     std::vector<int32_t> out;
     try {
       out = tok->tokenizer.encodeSentence(std::string_view(utf8 ? utf8 : "", len), "lm_tokenize");

@@ -243,7 +243,8 @@ LM_API int lm_rt_score_pairs(lm_model *m, const int32_t *src, const int32_t *src
  * teacher-forced L2R and R2L log-likelihoods (sums over the n - 1 predicted tokens). max_target bounds the target an AR search
  * builds (bos..eos; 0: max_len - 1, else 2..max_len-1). Writes the translation (bos .. eos) to tgt[0..capacity),
  * its length to *tgt_length (also when it does not fit: then LM_ERR_ARGUMENT), its ranking score to *score and
- * the number of candidates compared to *candidates (score and candidates may be NULL). */
+ * the number of candidates compared to *candidates (score and candidates may be NULL). beam, length_beam and
+ * iterations are in [1, 1000]. */
 #ifndef LM_DECODE_MODES_DECLARED /* also in every lmcc model header */
 #define LM_DECODE_MODES_DECLARED
 enum { LM_DECODE_L2R = 0, LM_DECODE_R2L = 1, LM_DECODE_MASK_PREDICT = 2, LM_DECODE_EASY_FIRST = 3 };
@@ -434,7 +435,7 @@ LM_API uint64_t lm_rt_workspace_peak_bytes(int reset);
 typedef struct lm_tokenizer lm_tokenizer;
 #endif
 LM_API int lm_tokenizer_load(const char *vocab_path, int lowercase, lm_tokenizer **out);
-/* Tokenizes len bytes of UTF-8 text as one sentence: bos, the WordPiece ids, eos. *n receives the
+/* Tokenizes len bytes (at most 2 GiB) of UTF-8 text as one sentence: bos, the WordPiece ids, eos. *n receives the
  * number of ids; when it exceeds capacity, nothing is written to ids and LM_ERR_ARGUMENT is returned
  * with *n set (call again with a larger buffer). Invalid UTF-8 is LM_ERR_ARGUMENT naming the byte offset. */
 LM_API int lm_tokenize(const lm_tokenizer *tok, const char *utf8, size_t len, int32_t *ids, size_t capacity,
@@ -443,6 +444,7 @@ LM_API int lm_tokenize(const lm_tokenizer *tok, const char *utf8, size_t len, in
 LM_API const char *lm_token_piece(const lm_tokenizer *tok, int32_t id);
 /* The number of vocabulary entries. */
 LM_API int32_t lm_tokenizer_vocab_size(const lm_tokenizer *tok);
+/* Frees a tokenizer (NULL is allowed); using it afterwards (a second free included) is undefined behaviour. */
 LM_API void lm_tokenizer_free(lm_tokenizer *tok);
 /* The same five functions under runtime names: every generated lib<name>.so re-exports lm_tokenizer_* as
  * forwarders to these (as lm_last_error), so that a program linked with -l<name> alone finds them. */

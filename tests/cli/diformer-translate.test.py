@@ -126,6 +126,7 @@ def capi(lib_path, name, src, lmcc, spec, weights):
     print("C API: %d translations equal lmcc translate's" % (len(sources) * 8))
     s = sources[0]
     for what, args in [("mode 4", dict(ids=s, mode=4)), ("beam 0", dict(ids=s, mode=0, beam=0)),
+                       ("beam 1001", dict(ids=s, mode=0, beam=1001)),
                        ("iterations 0", dict(ids=s, mode=2, iterations=0)),
                        ("max_target 1", dict(ids=s, mode=0, max_target=1)),
                        ("empty source", dict(ids=[], mode=0)), ("id outside the vocabulary", dict(ids=[7000], mode=0)),

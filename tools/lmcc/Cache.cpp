@@ -107,6 +107,10 @@ fs::path entryDir(const fs::path &cache, const ModelSpec &spec, const driver::Li
 std::string damage(const fs::path &dir) {
   json manifest;
   try {
+    std::error_code ec;
+    const fs::file_status status = fs::symlink_status(dir / "manifest.json", ec);
+    if (fs::exists(status) && (!fs::is_regular_file(status) || fs::file_size(dir / "manifest.json", ec) > (1u << 20)))
+      return "manifest.json is not a regular file of at most 1 MiB";
     std::ifstream in(dir / "manifest.json");
     if (!in)
       return "no manifest.json";
@@ -118,6 +122,13 @@ std::string damage(const fs::path &dir) {
       if (!files.is_object() || !files.contains(required))
         return "manifest.json does not record " + required;
     for (const auto &[file, hash] : files.items()) {
+      // The entry's own regular files only: a name with a path in it, or a link (to /dev/zero, say, which hashed
+      // forever), is damage, not something to read.
+      std::error_code ec;
+      if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..")
+        return "manifest.json names a file outside the entry (" + file + ")";
+      if (!fs::is_regular_file(fs::symlink_status(dir / file, ec)))
+        return file + " is not a regular file";
       const std::string actual = fileHash(dir / file);
       if (actual.empty())
         return file + " is missing or unreadable";

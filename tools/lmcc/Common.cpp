@@ -26,24 +26,36 @@ namespace lmcc::cli {
 namespace fs = std::filesystem;
 
 std::string readInput(const std::string &path, const char *what) {
-  if (path == "-") {
-    std::stringstream ss;
-    ss << std::cin.rdbuf();
-    if (std::cin.bad())
-      throw InputError(std::string("<stdin>: read error (the ") + what + ")");
-    return ss.str();
+  const std::string name = path == "-" ? std::string("<stdin>") : path;
+  std::ifstream file;
+  if (path != "-") {
+    std::error_code ec;
+    if (fs::is_directory(path, ec))
+      throw InputError(path + ": is a directory, not the " + what);
+    file.open(path, std::ios::binary);
+    if (!file)
+      throw InputError(path + ": cannot open the " + what + ": " + std::strerror(errno));
   }
-  std::error_code ec;
-  if (fs::is_directory(path, ec))
-    throw InputError(path + ": is a directory, not the " + what);
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw InputError(path + ": cannot open the " + what + ": " + std::strerror(errno));
-  std::stringstream ss;
-  ss << in.rdbuf();
+  std::istream &in = path == "-" ? std::cin : file;
+  // Bounded as the line readers are: a line of at most 16 MiB, 4 GiB in all (/dev/zero or a binary file given by
+  // mistake would otherwise fill the memory before any error).
+  constexpr size_t kMaxLineBytes = size_t(16) << 20, kMaxBytes = size_t(4) << 30;
+  std::string text;
+  size_t lineStart = 0, lines = 1;
+  char chunk[1 << 16];
+  while (in.read(chunk, sizeof chunk) || in.gcount() > 0) {
+    const size_t from = text.size();
+    text.append(chunk, size_t(in.gcount()));
+    for (size_t at = text.find('\n', from); at != std::string::npos; at = text.find('\n', at + 1))
+      lineStart = at + 1, ++lines;
+    if (text.size() - lineStart > kMaxLineBytes)
+      throw InputError(name + ":" + std::to_string(lines) + ": a line longer than 16 MiB (the " + what + ")");
+    if (text.size() > kMaxBytes)
+      throw InputError(name + ": larger than 4 GiB (the " + what + ")");
+  }
   if (in.bad())
-    throw InputError(path + ": read error (the " + what + ")");
-  return ss.str();
+    throw InputError(name + ": read error (the " + what + ")");
+  return text;
 }
 
 // --- LineReader ---------------------------------------------------------------------

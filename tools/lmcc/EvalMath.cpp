@@ -44,15 +44,39 @@ double pearson(const std::vector<double> &x, const std::vector<double> &y) {
   const size_t n = std::min(x.size(), y.size());
   if (n < 2)
     return std::nan("");
-  const double mx = std::accumulate(x.begin(), x.begin() + n, 0.0) / double(n);
-  const double my = std::accumulate(y.begin(), y.begin() + n, 0.0) / double(n);
-  double sxy = 0, sxx = 0, syy = 0;
+  // Each series divided by its largest magnitude, centred, and divided by its largest deviation: every sum below
+  // stays within n, so gold scores of 1e300 (whose squares overflow) or 1e-300 (whose squares underflow) give the
+  // correlation of the same numbers at any scale. Empty: every value equal (or none finite).
+  auto standardized = [n](const std::vector<double> &v) {
+    double scale = 0;
+    for (size_t i = 0; i < n; ++i)
+      scale = std::max(scale, std::fabs(v[i]));
+    std::vector<double> u(n);
+    if (!(scale > 0) || !std::isfinite(scale))
+      return std::vector<double>();
+    double mean = 0;
+    for (size_t i = 0; i < n; ++i)
+      mean += (u[i] = v[i] / scale);
+    mean /= double(n);
+    double spread = 0;
+    for (double &a : u)
+      spread = std::max(spread, std::fabs(a -= mean));
+    if (!(spread > 0))
+      return std::vector<double>();
+    for (double &a : u)
+      a /= spread;
+    return u;
+  };
+  const std::vector<double> a = standardized(x), b = standardized(y);
+  if (a.empty() || b.empty())
+    return std::nan("");
+  double sab = 0, saa = 0, sbb = 0;
   for (size_t i = 0; i < n; ++i) {
-    sxy += (x[i] - mx) * (y[i] - my);
-    sxx += (x[i] - mx) * (x[i] - mx);
-    syy += (y[i] - my) * (y[i] - my);
+    sab += a[i] * b[i];
+    saa += a[i] * a[i];
+    sbb += b[i] * b[i];
   }
-  return sxx > 0 && syy > 0 ? sxy / std::sqrt(sxx * syy) : std::nan("");
+  return sab / std::sqrt(saa * sbb);
 }
 
 std::vector<double> averageRanks(const std::vector<double> &x) {

@@ -1,5 +1,6 @@
 //===- TrainRun.cpp - `lmcc train --data`: a training run over a corpus --------===//
 #include "tools/lmcc/TrainRun.h"
+#include "tools/lmcc/Common.h"
 
 #include "runtime/train/Objectives.h"
 
@@ -34,16 +35,13 @@ using nlohmann::json;
 std::atomic<int> stopSignal{0};
 extern "C" void onStopSignal(int sig) { stopSignal.store(sig); }
 
+/// lmcc's bounded reader (readInput: a directory, a line over 16 MiB or 4 GiB in all are errors), as a RunError.
 std::string readFile(const std::string &path, const char *what) {
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) // as lmcc's readInput: an ifstream would read a directory as empty
-    throw RunError(path + ": is a directory, not the " + std::string(what));
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw RunError(path + ": cannot open the " + std::string(what));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  try {
+    return readInput(path, what);
+  } catch (const InputError &e) {
+    throw RunError(e.what());
+  }
 }
 
 /// fsync() of a file or directory: what a rename after it makes durable.
@@ -589,7 +587,16 @@ int Run::run() {
     std::fprintf(stderr, "lmcc train: %s has no complete checkpoint; starting from step 0\n", o_.runDir.c_str());
   }
   trimLog(step);
+  // state.json's place in the data, checked before it is used (issue 21: a damaged checkpoint is an error naming
+  // it, not a crash or a silently different run): every epoch has a batch, so at most `step` epochs have passed.
+  if (from && (epoch_ < 0 || epoch_ > step || batchIndex_ < 0 || !std::isfinite(tokens_) || tokens_ < 0))
+    throw RunError((from->dir / "state.json").string() + ": epoch " + std::to_string(epoch_) + ", batch " +
+                   std::to_string(batchIndex_) + " and tokens are not a position the run at step " +
+                   std::to_string(step) + " can have reached");
   batches_ = train::epochBatches(train_.sentences, o_.batchTokens, uint64_t(spec_.train.seed), uint64_t(epoch_));
+  if (from && batchIndex_ > static_cast<int64_t>(batches_.size()))
+    throw RunError((from->dir / "state.json").string() + ": batch " + std::to_string(batchIndex_) +
+                   " is past the epoch's " + std::to_string(batches_.size()) + " batches");
   std::fprintf(stderr, "lmcc train: %zu training sentences (%zu batches an epoch), %zu validation sentences (%s); "
                "%lld steps\n",
                train_.sentences.size(), batches_.size(), valid_.sentences.size(), validName_.c_str(),

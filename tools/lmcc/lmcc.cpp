@@ -66,6 +66,26 @@ int runCheck(const Options &o) {
   return kExitOk;
 }
 
+/// `text` into the file `path`: a regular file (or a new one) by a temporary file renamed over it, so that a full
+/// disk or a kill leaves the old file whole (issue 21: never half-written output); a device or pipe written directly.
+void writeOutputFile(const std::string &path, const std::string &text) {
+  std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::status(path, ec);
+  if (std::filesystem::exists(st) && !std::filesystem::is_regular_file(st) && !std::filesystem::is_directory(st)) {
+    std::ofstream out(path, std::ios::binary);
+    if (!(out << text) || !out.flush())
+      throw InputError(path + ": cannot write");
+    return;
+  }
+  if (std::filesystem::is_directory(st))
+    throw InputError(path + ": is a directory");
+  try {
+    writeAtomically(path, text);
+  } catch (const lmcc::cli::RunError &e) {
+    throw InputError(e.what());
+  }
+}
+
 int runEmit(const Options &o) {
   lmcc::ModelSpec spec = lmcc::loadSpec(o.spec);
   std::string text = lmcc::emitMLIR(spec, o.train);
@@ -73,13 +93,10 @@ int runEmit(const Options &o) {
     std::cerr << "lmcc: internal error: the IR built for " << o.spec << " does not verify\n";
     return kExitInternal;
   }
-  if (o.output.empty()) {
+  if (o.output.empty())
     std::cout << text;
-  } else {
-    std::ofstream out(o.output);
-    if (!(out << text))
-      throw InputError(o.output + ": cannot write");
-  }
+  else
+    writeOutputFile(o.output, text);
   return kExitOk;
 }
 
@@ -476,6 +493,23 @@ int runCompile(const Options &o) {
     if (!fs::exists(out) && !fs::is_directory(parent))
       throw InputError(o.output + ": the parent directory " + parent.string() +
                        " does not exist (-o creates only the last level)");
+    // Writable: a probe directory made and removed where the library's files will go (/proc, a read-only mount).
+    auto probe = [](const std::string &flag, const fs::path &where) {
+      const fs::path p = where / (".lmcc-probe-" + std::to_string(::getpid()));
+      std::error_code ec;
+      if (!fs::create_directory(p, ec))
+        throw InputError(flag + ": cannot create files in " + where.string() + (ec ? ": " + ec.message() : ""));
+      fs::remove(p, ec);
+    };
+    probe(o.output, fs::exists(out) ? out : parent);
+    if (!o.dumpIR.empty()) {
+      const fs::path dump = fs::path(o.dumpIR).lexically_normal();
+      const fs::path dumpParent = dump.has_parent_path() ? dump.parent_path() : fs::path(".");
+      if (fs::exists(dump) && !fs::is_directory(dump))
+        throw InputError("--dump-ir " + o.dumpIR + ": cannot create the directory (a file of that name exists)");
+      if (fs::is_directory(dump) || fs::is_directory(dumpParent))
+        probe("--dump-ir " + o.dumpIR, fs::is_directory(dump) ? dump : dumpParent);
+    }
   }
   lmcc::driver::LibraryOptions options;
   applyPipelineFlags(o, options);
@@ -539,9 +573,7 @@ int runVocab(const Options &o) {
   std::string text;
   for (const std::string &piece : vocab)
     text += piece + "\n";
-  std::ofstream out(o.output, std::ios::binary);
-  if (!(out << text) || !out.flush())
-    throw InputError(o.output + ": cannot write");
+  writeOutputFile(o.output, text);
   if (int64_t(vocab.size()) < o.vocabSize)
     std::cerr << "lmcc vocab: note: the corpus supports only " << vocab.size() << " entries ("
               << (o.wordLevel ? "distinct words" : "no pair occurs twice more") << "); wrote " << vocab.size()
