@@ -1134,53 +1134,40 @@ def make_plots(ws, points, lmcc, peer, limits, out_dir, stem):
         files.append(out_dir / (stem + "-speedup.png"))
         fig.savefig(files[-1], dpi=110)
         plt.close(fig)
-    # 3. fraction of the roofline bound reached (bound / time) per entry point.
-    labels, fracs, colors = [], [], []
-    for p in points:
-        r = lmcc.get(p.name, {})
-        if p.variant != "opt" or "median" not in r:
-            continue
-        labels.append("%s %s n%d b%d t%d" % (p.model, p.entry, p.n, p.batch, p.threads))
-        fracs.append(roofline(ws, limits, p)[0] / r["median"])
-        colors.append({"tta": "C0", "bilm": "C1", "unilm": "C2", "bert": "C3"}[p.model])
-    if labels:
+    # 3. fraction of the roofline bound reached (bound / time) and 4. fraction of the measured FP32 peak reached (the
+    # call's FLOPs / time / peak at its thread count), one bar per entry point.
+    def entry_bars(suffix, fraction, target, target_label, ylabel, title, headroom):
+        labels, fracs, colors = [], [], []
+        for p in points:
+            r = lmcc.get(p.name, {})
+            if p.variant != "opt" or "median" not in r:
+                continue
+            labels.append("%s %s n%d b%d t%d" % (p.model, p.entry, p.n, p.batch, p.threads))
+            fracs.append(fraction(p, r["median"]))
+            colors.append({"tta": "C0", "bilm": "C1", "unilm": "C2", "bert": "C3"}[p.model])
+        if not labels:
+            return
         fig, ax = plt.subplots(figsize=(max(8, 0.18 * len(labels)), 4.5))
         ax.bar(range(len(labels)), fracs, color=colors)
-        ax.axhline(1 / 1.3, color="black", linestyle="--", linewidth=0.8,
-                   label="target at batch >= 8: within 1.3x of the bound")
+        ax.axhline(target, color="black", linestyle="--", linewidth=0.8, label=target_label)
         ax.set_xticks(range(len(labels)))
         ax.set_xticklabels(labels, fontsize=5, rotation=90)
-        ax.set_ylabel("roofline bound / time")
-        ax.set_title("Fraction of the roofline bound (max(FLOPs/peak, bytes/bandwidth)) reached")
+        if headroom:
+            ax.set_ylim(0, 1.15 * max(1.0, max(fracs)))  # headroom for the legend
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
         ax.legend(fontsize=7)
         fig.tight_layout()
-        files.append(out_dir / (stem + "-roofline.png"))
+        files.append(out_dir / (stem + suffix))
         fig.savefig(files[-1], dpi=110)
         plt.close(fig)
-    # 4. fraction of the measured FP32 peak reached (the call's FLOPs / time / peak at its thread count) per entry.
-    labels, fracs, colors = [], [], []
-    for p in points:
-        r = lmcc.get(p.name, {})
-        if p.variant != "opt" or "median" not in r:
-            continue
-        labels.append("%s %s n%d b%d t%d" % (p.model, p.entry, p.n, p.batch, p.threads))
-        fracs.append(roofline(ws, limits, p)[1] / r["median"] / limits[("peak", p.threads)])
-        colors.append({"tta": "C0", "bilm": "C1", "unilm": "C2", "bert": "C3"}[p.model])
-    if labels:
-        fig, ax = plt.subplots(figsize=(max(8, 0.18 * len(labels)), 4.5))
-        ax.bar(range(len(labels)), fracs, color=colors)
-        ax.axhline(0.7, color="black", linestyle="--", linewidth=0.8,
-                   label="issue 7's target for compute-bound entries (batch 32, batched PLL): 70% of peak")
-        ax.set_xticks(range(len(labels)))
-        ax.set_xticklabels(labels, fontsize=5, rotation=90)
-        ax.set_ylim(0, 1.15 * max(1.0, max(fracs)))  # headroom for the legend
-        ax.set_ylabel("GFLOP/s / FP32 FMA peak")
-        ax.set_title("Fraction of the measured FP32 peak (at the entry's thread count) reached")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        files.append(out_dir / (stem + "-peak.png"))
-        fig.savefig(files[-1], dpi=110)
-        plt.close(fig)
+
+    entry_bars("-roofline.png", lambda p, t: roofline(ws, limits, p)[0] / t, 1 / 1.3,
+               "target at batch >= 8: within 1.3x of the bound", "roofline bound / time",
+               "Fraction of the roofline bound (max(FLOPs/peak, bytes/bandwidth)) reached", False)
+    entry_bars("-peak.png", lambda p, t: roofline(ws, limits, p)[1] / t / limits[("peak", p.threads)], 0.7,
+               "issue 7's target for compute-bound entries (batch 32, batched PLL): 70% of peak",
+               "GFLOP/s / FP32 FMA peak", "Fraction of the measured FP32 peak (at the entry's thread count) reached", True)
     return files
 
 
