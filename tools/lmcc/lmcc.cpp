@@ -1229,6 +1229,28 @@ int main(int argc, char **argv) {
                                        "(ties: the smallest), then applied to --nbest")->excludes(rerankLambda);
   rerank->add_option("--length-penalty", o.lengthPenalty, "add P times the hypothesis' words to its score");
 
+  // Integer options are decimal, as the ids files are: CLI11 converts with strtoll(base 0), which read --seed 010 as
+  // 8 and --threads 0x2 as 2. Each integer option's value must be [+-]digits; leading zeros are dropped.
+  const CLI::Validator decimal(
+      [](std::string &value) -> std::string {
+        if (value.empty()) // the option's own check, or CLI11's conversion, says what an empty value is
+          return "";
+        const size_t sign = value[0] == '-' || value[0] == '+' ? 1 : 0;
+        if (value.size() == sign || !std::all_of(value.begin() + long(sign), value.end(), ::isdigit))
+          return "'" + value + "' is not a decimal integer";
+        const size_t first = std::min(value.find_first_not_of('0', sign), value.size() - 1);
+        value = value.substr(0, sign) + value.substr(first);
+        return "";
+      },
+      "", "decimal");
+  std::function<void(CLI::App *)> decimalIntegers = [&](CLI::App *cmd) {
+    for (CLI::Option *opt : cmd->get_options())
+      if (opt->get_type_name().rfind("INT", 0) == 0 || opt->get_type_name().rfind("UINT", 0) == 0)
+        opt->transform(decimal);
+    for (CLI::App *sub : cmd->get_subcommands([](CLI::App *) { return true; }))
+      decimalIntegers(sub);
+  };
+  decimalIntegers(&app);
   // An unknown command word: name it and the commands (CLI11 alone says "A subcommand is required").
   if (argc > 1 && argv[1][0] != '-') {
     std::vector<std::string> names;
