@@ -622,6 +622,10 @@ void checkHuggingFaceConfig(const std::string &weightsPath, const ModelSpec &spe
   }
   if (spec.mlm && spec.tied && j.contains("tie_word_embeddings") && j["tie_word_embeddings"] == false)
     mismatch("tie_word_embeddings", "false", "[head] tied = true (set tied = false)");
+  // is_decoder: HF's BERT with causal self-attention; its weights under a bidirectional family would score as
+  // another model with no error.
+  if (j.contains("is_decoder") && j["is_decoder"] == true && spec.family != Family::UniLM)
+    mismatch("is_decoder", "true (causal self-attention)", "a bidirectional family (family = \"unilm\" is causal)");
   if (j.contains("position_embedding_type") && j["position_embedding_type"] != "absolute")
     mismatch("position_embedding_type", j["position_embedding_type"].dump(), "learned absolute positions");
 }

@@ -667,6 +667,10 @@ int runImportHf(const Options &o) {
   if (c.value("model_type", "bert") != "bert")
     throw InputError(configPath.string() + ": model_type \"" + c.value("model_type", "") +
                      "\" is not supported (import-hf reads BERT models)");
+  if (c.contains("is_decoder") && c["is_decoder"] == true)
+    throw InputError(configPath.string() + ": is_decoder = true (a causal BERT) is not supported by import-hf, "
+                     "which writes a bidirectional spec; write a family = \"unilm\" spec and pass the folder as "
+                     "--weights");
   if (c.value("position_embedding_type", "absolute") != "absolute")
     throw InputError(configPath.string() + ": position_embedding_type \"" + c.value("position_embedding_type", "") +
                      "\" is not supported (learned absolute positions are)");
