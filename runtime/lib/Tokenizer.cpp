@@ -332,8 +332,10 @@ int32_t Tokenizer::find(std::string_view p) const {
   return it == ids.end() ? -1 : it->second;
 }
 
+std::string Tokenizer::readVocabulary(const std::string &path) { return readFile(path, "vocabulary"); }
+
 Tokenizer Tokenizer::fromFile(const std::string &path, bool lowercase, const SpecialIds &specials) {
-  return fromText(readFile(path, "vocabulary"), path, lowercase, specials);
+  return fromText(readVocabulary(path), path, lowercase, specials);
 }
 
 Tokenizer Tokenizer::fromText(const std::string &text, const std::string &path, bool lowercase,

@@ -43,6 +43,8 @@ public:
   /// start a line; "\r\n" line ends accepted). Empty lines, duplicate tokens, invalid UTF-8 and
   /// files over 2^31 lines are errors naming `path:line`.
   static Tokenizer fromFile(const std::string &path, bool lowercase, const SpecialIds &specials);
+  /// The text of a vocabulary file (at most 256 MiB; a directory or an unreadable file is a TokenizerError).
+  static std::string readVocabulary(const std::string &path);
   /// Same, from the vocabulary text; `path` only names it in messages.
   static Tokenizer fromText(const std::string &text, const std::string &path, bool lowercase,
                             const SpecialIds &specials);

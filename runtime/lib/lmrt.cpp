@@ -1146,18 +1146,8 @@ int lm_rt_tokenizer_load(const char *vocab_path, int lowercase, lm_tokenizer **o
     *out = nullptr;
     if (!vocab_path)
       argumentError("lm_tokenizer_load: vocab_path is NULL");
-    std::ifstream in(vocab_path, std::ios::binary);
-    if (!in)
-      argumentError(std::string(vocab_path) + ": cannot open the vocabulary");
-    // At most 256 MiB (BERT's vocabulary is 0.2 MiB): /dev/zero or a mistaken corpus would fill the memory.
-    std::string text;
-    char chunk[1 << 16];
-    while (in.read(chunk, sizeof chunk) || in.gcount() > 0) {
-      text.append(chunk, size_t(in.gcount()));
-      if (text.size() > (size_t(256) << 20))
-        argumentError(std::string(vocab_path) + ": larger than 256 MiB: not a vocabulary");
-    }
     try {
+      const std::string text = lmcc::Tokenizer::readVocabulary(vocab_path); // bounded: /dev/zero is an error
       lmcc::SpecialIds specials = lmcc::Tokenizer::conventionalSpecials(text, vocab_path);
       *out = new lm_tokenizer{lmcc::Tokenizer::fromText(text, vocab_path, lowercase != 0, specials)};
     } catch (const lmcc::TokenizerError &e) {
