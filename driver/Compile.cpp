@@ -23,6 +23,7 @@
 #include "runtime/weights/ModelWeights.h"
 
 #include "mlir/IR/MLIRContext.h"
+#include "llvm/Support/ErrorHandling.h"
 #include "llvm/Support/raw_ostream.h"
 
 #include <cerrno>
@@ -33,6 +34,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <new>
 #include <set>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -159,7 +161,31 @@ mlir::OwningOpRef<mlir::ModuleOp> buildOptimizedModule(mlir::MLIRContext &contex
   return differentiate();
 }
 
+namespace {
+/// LLVM is not exception-safe: a std::bad_alloc thrown inside its passes unwound through the objects they were
+/// updating (under ulimit -v, a crash in ~ScalarEvolution), and its own allocation failures abort. While a
+/// library compiles, running out of memory ends the process instead: a message, the temporary directories
+/// removed, exit status 5 (lmcc's "out of memory").
+class CompileOutOfMemory {
+public:
+  CompileOutOfMemory() : previous_(std::set_new_handler(&exit)) {
+    llvm::install_bad_alloc_error_handler([](void *, const char *, bool) { exit(); });
+  }
+  ~CompileOutOfMemory() {
+    llvm::remove_bad_alloc_error_handler();
+    std::set_new_handler(previous_);
+  }
+  CompileOutOfMemory(const CompileOutOfMemory &) = delete;
+  CompileOutOfMemory &operator=(const CompileOutOfMemory &) = delete;
+
+private:
+  [[noreturn]] static void exit() { exitOutOfMemory("lmcc: error: out of memory while compiling the library"); }
+  std::new_handler previous_;
+};
+} // namespace
+
 std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options, CompileReport *report) {
+  const CompileOutOfMemory outOfMemory;
   if (spec.family == Family::Diformer && options.train &&
       (spec.train.dropout > 0 || spec.train.attentionDropout > 0 || spec.train.labelSmoothing > 0))
     return "family \"diformer\": the directional objective has no dropout and no label smoothing (as the "

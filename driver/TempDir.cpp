@@ -22,7 +22,8 @@ std::atomic<bool> live[kSlots];
 std::mutex slotsMutex;
 std::once_flag installed;
 
-extern "C" void removeTempDirsAndDie(int sig) {
+/// Removes every live TempDir (async-signal-safe: fork + execve of rm -rf).
+void removeLiveTempDirs() {
   for (int i = 0; i < kSlots; ++i) {
     if (!live[i].load())
       continue;
@@ -40,6 +41,10 @@ extern "C" void removeTempDirsAndDie(int sig) {
       ::waitpid(pid, &status, 0);
     }
   }
+}
+
+extern "C" void removeTempDirsAndDie(int sig) {
+  removeLiveTempDirs();
   ::signal(sig, SIG_DFL);
   ::raise(sig);
 }
@@ -58,6 +63,15 @@ void installHandlers() {
 }
 
 } // namespace
+
+void exitOutOfMemory(const char *message) {
+  const size_t length = std::strlen(message);
+  if (::write(STDERR_FILENO, message, length) < 0 || ::write(STDERR_FILENO, "\n", 1) < 0) {
+    // nothing more to say
+  }
+  removeLiveTempDirs();
+  ::_exit(5);
+}
 
 TempDir::TempDir(std::filesystem::path path) : path_(std::move(path)) {
   std::filesystem::remove_all(path_);

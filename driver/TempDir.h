@@ -31,4 +31,9 @@ private:
   int slot_ = -1;
 };
 
+/// Writes `message` (and a newline) to stderr, removes every live TempDir and ends the process with exit status
+/// 5 (lmcc's "out of memory"), without unwinding: what running out of memory inside LLVM, which is not
+/// exception-safe, leaves to do (driver/Compile.cpp).
+[[noreturn]] void exitOutOfMemory(const char *message);
+
 } // namespace lmcc::driver

@@ -34,6 +34,7 @@
 #include <tbb/task_arena.h>
 
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -41,6 +42,7 @@
 #include <cerrno>
 #include <atomic>
 #include <cmath>
+#include <csetjmp>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -136,6 +138,7 @@ template <typename F> int guarded(F &&body) noexcept {
 // --- Formatting -------------------------------------------------------------------
 
 using lmrt::detail::descShape;
+using lmrt::detail::runKernel;
 using lmrt::detail::memref1;
 using lmrt::detail::memref2;
 using lmrt::detail::memref3;
@@ -334,7 +337,7 @@ void loadImpl(const lm_model_desc *desc, const char *path, lm_model **out) {
   }
   if (desc->init) { // tensors folded at load time (lm-fold-constants)
     lm_memref1f weights = memref1(model->weights, desc->total_floats);
-    desc->init(&weights);
+    runKernel("load", [&] { desc->init(&weights); });
   }
   *out = model.release();
 }
@@ -420,10 +423,32 @@ template <typename F> void forEachPiece(int64_t count, int threads, F &&run) {
 
 std::atomic<int64_t> g_workspaceLimit{0}; // 0: the default
 
+/// The default workspace limit: a quarter of the memory the machine or the process's cgroup (memory.max of
+/// cgroup v2, a container's limit) has, and at most half of what the address-space and data limits (ulimit -v,
+/// -d) leave the process when it is first asked (its libraries and weights already mapped): a limited process
+/// cuts its calls into pieces that fit rather than runs out of memory inside a kernel (runKernel).
 int64_t defaultWorkspaceLimit() {
   static const int64_t bytes = [] {
     const long pages = ::sysconf(_SC_PHYS_PAGES), size = ::sysconf(_SC_PAGE_SIZE);
-    return pages > 0 && size > 0 ? int64_t(pages) * size / 4 : int64_t(1) << 30;
+    const uint64_t page = size > 0 ? uint64_t(size) : 4096;
+    uint64_t machine = pages > 0 ? uint64_t(pages) * page : uint64_t(4) << 30;
+    if (std::ifstream cgroup("/sys/fs/cgroup/memory.max"); cgroup) {
+      uint64_t max = 0;
+      if (cgroup >> max && max > 0) // "max" (no limit) does not parse
+        machine = std::min(machine, max);
+    }
+    uint64_t limit = machine / 4;
+    // /proc/self/statm: sizes in pages; the first is the address space, the sixth data + stack.
+    uint64_t used[7] = {};
+    if (std::ifstream statm("/proc/self/statm"); statm)
+      for (uint64_t &u : used)
+        statm >> u;
+    for (auto [resource, inUse] : {std::pair{RLIMIT_AS, used[0] * page}, std::pair{RLIMIT_DATA, used[5] * page}}) {
+      struct rlimit r {};
+      if (::getrlimit(resource, &r) == 0 && r.rlim_cur != RLIM_INFINITY)
+        limit = std::min<uint64_t>(limit, uint64_t(r.rlim_cur) > inUse ? (uint64_t(r.rlim_cur) - inUse) / 2 : 1);
+    }
+    return int64_t(std::min<uint64_t>(std::max<uint64_t>(limit, 1), uint64_t(INT64_MAX)));
   }();
   return bytes;
 }
@@ -842,9 +867,9 @@ void scoreImpl(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t 
     if (withSpans) {
       pieceSpans(*ws, piece, lengths, n, spans, stride);
       lm_memref2i spansRef = memref2(ws->spans.data(), rows, n);
-      d->span_score(&w, &idsRef, &lengthsRef, &spansRef, &logprobsRef, &scoresRef, &nScoredRef);
+      runKernel("score", [&] { d->span_score(&w, &idsRef, &lengthsRef, &spansRef, &logprobsRef, &scoresRef, &nScoredRef); });
     } else {
-      d->score(&w, &idsRef, &lengthsRef, &logprobsRef, &scoresRef, &nScoredRef);
+      runKernel("score", [&] { d->score(&w, &idsRef, &lengthsRef, &logprobsRef, &scoresRef, &nScoredRef); });
     }
     for (int64_t r = 0; r < rows; ++r) {
       const int32_t len = lengths[b0 + r];
@@ -904,7 +929,8 @@ void pairsImpl(lm_model *m, const int32_t *src, const int32_t *srcLengths, int32
     lm_memref2f lpRef = memref2(ws->logprobs.data(), rows, n);
     lm_memref1f scRef = memref1(ws->scores.data(), rows), lenRef = memref1(ws->lengthLogprobs.data(), rows);
     lm_memref1i nRef = memref1(ws->nScored.data(), rows);
-    d->pair_score(&w, &srcRef, &srcLenRef, &tgtRef, &tgtLenRef, &rowsRef, &lpRef, &scRef, &nRef, &lenRef);
+    runKernel("score_pairs",
+              [&] { d->pair_score(&w, &srcRef, &srcLenRef, &tgtRef, &tgtLenRef, &rowsRef, &lpRef, &scRef, &nRef, &lenRef); });
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t b = b0 + r;
       if (tokenLogprobs)
@@ -1006,7 +1032,7 @@ void spanEmbed(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t 
     lm_memref1i lengthsRef = memref1(ws->lengths.data(), rows);
     lm_memref2i spansRef = memref2(ws->spans.data(), rows, n);
     lm_memref3f statesRef = memref3(ws->states.data(), rows, n, D);
-    d->span_embed(&w, &idsRef, &lengthsRef, &spansRef, &statesRef);
+    runKernel("embed", [&] { d->span_embed(&w, &idsRef, &lengthsRef, &spansRef, &statesRef); });
     Workspace::Gathered *g = rows > 1 ? nullptr : windowed(b0);
     if (!g) { // whole sentences
       for (int64_t r = 0; r < rows; ++r)
@@ -1058,7 +1084,7 @@ void embedImpl(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t 
     lm_memref2i idsRef = memref2(ws->ids.data(), rows, n);
     lm_memref1i lengthsRef = memref1(ws->lengths.data(), rows);
     lm_memref2f outRef = memref2(out + b0 * d->d_model, rows, d->d_model); // dense rows of the caller's buffer
-    d->embed(&w, &idsRef, &lengthsRef, &outRef);
+    runKernel("embed", [&] { d->embed(&w, &idsRef, &lengthsRef, &outRef); });
   });
   for (int64_t i = 0; i < int64_t(batch) * d->d_model; ++i)
     if (!std::isfinite(out[i]))
@@ -1238,6 +1264,49 @@ namespace {
 /// blocks that hold them), and their peak (lm_rt_workspace_peak_bytes): what the memory model bounds.
 std::atomic<uint64_t> g_liveBytes{0}, g_peakBytes{0};
 
+struct KernelGuard;
+
+/// The header in front of every kernel temporary (64 bytes).
+struct BlockHeader {
+  uint64_t capacity, mapped;       ///< mapped: the mapping's length (0: from aligned_alloc)
+  uint64_t requested;              ///< the size the kernel asked for, while the block is in use
+  KernelGuard *guard;              ///< the kernel call it was allocated in (runKernel), while in use; else null
+  BlockHeader *prev, *next;        ///< that call's blocks in use
+};
+
+/// One call of a generated entry point (runKernel): where a temporary the system cannot give unwinds to, and
+/// the temporaries the call holds (linked through their headers by whichever thread allocated them), which the
+/// unwinding frees. The generated code has no cleanups of its own (its buffers are these temporaries), so a
+/// longjmp over its frames loses nothing else.
+struct KernelGuard {
+  std::jmp_buf landing;
+  const char *entry = nullptr;
+  std::mutex mutex;               ///< guards `blocks` (the call's tasks allocate on every thread)
+  BlockHeader *blocks = nullptr;  ///< the temporaries in use
+  std::atomic<bool> failed{false};
+  uint64_t failedBytes = 0, liveAtFailure = 0;
+
+  void link(BlockHeader *h) {
+    std::lock_guard<std::mutex> lock(mutex);
+    h->guard = this, h->prev = nullptr, h->next = blocks;
+    if (blocks)
+      blocks->prev = h;
+    blocks = h;
+  }
+  void unlink(BlockHeader *h) {
+    std::lock_guard<std::mutex> lock(mutex);
+    (h->prev ? h->prev->next : blocks) = h->next;
+    if (h->next)
+      h->next->prev = h->prev;
+    h->guard = nullptr;
+  }
+};
+
+/// The kernel call this thread computes for (its own runKernel, or the call whose tasks it runs), and the task
+/// it runs (lm_rt_parallel_for): an allocation failure unwinds to the task, else to the call.
+thread_local KernelGuard *t_kernel = nullptr;
+thread_local std::jmp_buf *t_task = nullptr;
+
 /// A thread's cache of freed kernel temporaries. Every block has a 64-byte header in front that records its
 /// capacity and how it was allocated, so free needs no lookup. Blocks of 1 MB or more are mapped pages of their
 /// own (munmap gives them back to the system at once, where malloc's heap could keep them resident). A request
@@ -1247,10 +1316,7 @@ std::atomic<uint64_t> g_liveBytes{0}, g_peakBytes{0};
 /// hands back the largest cached blocks, only as many as it must (dropping the whole cache there made a
 /// 16-sentence biLM PLL call at n = 128 on two threads map 36 GB of fresh pages, 9 million page faults).
 struct WorkspaceCache {
-  struct Header {
-    uint64_t capacity, mapped; ///< mapped: the mapping's length (0: from aligned_alloc)
-    uint64_t requested;        ///< the size the kernel asked for, while the block is in use
-  };
+  using Header = BlockHeader;
   static constexpr uint64_t kHeader = 64, kMapFrom = uint64_t(1) << 20;
   static_assert(sizeof(Header) <= kHeader);
   static uint64_t share() { return uint64_t(workspaceLimit() / effectiveThreads()); }
@@ -1291,10 +1357,13 @@ struct WorkspaceCache {
           return nullptr;
       }
       ++systemAllocations;
-      *reinterpret_cast<Header *>(block) = {total - kHeader, mapped, 0};
+      *reinterpret_cast<Header *>(block) = {total - kHeader, mapped, 0, nullptr, nullptr, nullptr};
     }
     Header *header = reinterpret_cast<Header *>(block);
     header->requested = size;
+    header->guard = nullptr;
+    if (KernelGuard *g = t_kernel)
+      g->link(header);
     liveBytes += header->capacity;
     const uint64_t live = g_liveBytes.fetch_add(size, std::memory_order_relaxed) + size;
     uint64_t peak = g_peakBytes.load(std::memory_order_relaxed);
@@ -1307,7 +1376,9 @@ struct WorkspaceCache {
     if (!ptr)
       return;
     char *block = static_cast<char *>(ptr) - kHeader;
-    const Header *header = reinterpret_cast<Header *>(block);
+    Header *header = reinterpret_cast<Header *>(block);
+    if (header->guard)
+      header->guard->unlink(header);
     const uint64_t capacity = header->capacity;
     liveBytes -= std::min(liveBytes, capacity); // a block may be freed by another thread than its allocator
     g_liveBytes.fetch_sub(header->requested, std::memory_order_relaxed);
@@ -1370,13 +1441,95 @@ WorkspaceCache &workspaceCache() {
   return cache;
 }
 
+/// Out of the task or kernel call this thread computes for (t_task, else t_kernel's landing); called with one.
+[[noreturn]] void unwindKernel() {
+  if (t_task)
+    std::longjmp(*t_task, 1);
+  std::longjmp(t_kernel->landing, 1);
+}
+
+/// A kernel temporary of `size` bytes: from the thread's cache or the system. When the system has none, the
+/// call it is for fails (runKernel: LM_ERR_MEMORY); outside one (a kernel called directly, as the tests and
+/// benchmarks do) the process stops with the reason rather than let the kernel write through a null pointer.
+void *allocateTemporary(uint64_t alignment, uint64_t size) {
+  if (void *p = workspaceCache().get(alignment, size))
+    return p;
+  KernelGuard *g = t_kernel;
+  if (!g) {
+    std::fprintf(stderr, "lmcc runtime: out of memory: a kernel temporary of %llu bytes could not be allocated\n",
+                 static_cast<unsigned long long>(size));
+    std::abort();
+  }
+  {
+    std::lock_guard<std::mutex> lock(g->mutex);
+    if (!g->failed.load()) {
+      g->failedBytes = size;
+      g->liveAtFailure = g_liveBytes.load(std::memory_order_relaxed);
+    }
+  }
+  g->failed.store(true);
+  unwindKernel();
+}
+
+/// Task [begin, end) of a kernel call's parallel loop on this thread, under the call's guard `g` (or none):
+/// an allocation failure in it ends the task (and marks the call failed: later tasks do not start).
+void runTask(KernelGuard *g, lm_task_fn fn, void *ctx, int64_t begin, int64_t end) {
+  if (!g) {
+    fn(ctx, begin, end);
+    return;
+  }
+  if (g->failed.load(std::memory_order_relaxed))
+    return;
+  KernelGuard *const outerKernel = t_kernel;
+  std::jmp_buf *const outerTask = t_task;
+  std::jmp_buf landing;
+  t_kernel = g;
+  t_task = &landing;
+  if (setjmp(landing) == 0)
+    fn(ctx, begin, end);
+  t_kernel = outerKernel;
+  t_task = outerTask;
+}
+
 } // namespace
+
+namespace lmrt::detail {
+void runKernel(const char *entry, lmcc::FunctionRef<void()> kernel) {
+  if (t_kernel) { // inside another call's guard (its tasks): that one's
+    kernel();
+    return;
+  }
+  thread_local KernelGuard guard;
+  guard.entry = entry;
+  guard.failed.store(false);
+  guard.failedBytes = guard.liveAtFailure = 0;
+  t_kernel = &guard;
+  if (setjmp(guard.landing) != 0) {
+    t_kernel = nullptr;
+    // Every task has ended (lm_rt_parallel_for unwinds only after its loop): free what the call held.
+    while (guard.blocks)
+      workspaceCache().put(reinterpret_cast<char *>(guard.blocks) + WorkspaceCache::kHeader);
+    throw Failure{LM_ERR_MEMORY, std::string(entry) + ": out of memory: a kernel temporary of " +
+                                     megabytes(double(guard.failedBytes)) + " could not be allocated (" +
+                                     megabytes(double(guard.liveAtFailure)) +
+                                     " of temporaries in use); free memory, or lower the batch or the workspace "
+                                     "limit (lm_set_workspace_limit, lmcc --max-memory)"};
+  }
+  kernel();
+  t_kernel = nullptr;
+  // Temporaries still in use after the call (none in a generated kernel) are no longer the call's.
+  std::lock_guard<std::mutex> lock(guard.mutex);
+  for (BlockHeader *h = guard.blocks; h; h = h->next)
+    h->guard = nullptr;
+  guard.blocks = nullptr;
+}
+} // namespace lmrt::detail
 
 extern "C" {
 
-void *_mlir_memref_to_llvm_alloc(uint64_t size) { return workspaceCache().get(16, size); }
+void *_mlir_memref_to_llvm_alloc(uint64_t size) { return allocateTemporary(16, size); }
 void *_mlir_memref_to_llvm_aligned_alloc(uint64_t alignment, uint64_t size) {
-  return workspaceCache().get(alignment, size);
+  return allocateTemporary(alignment, size);
 }
 void _mlir_memref_to_llvm_free(void *ptr) { workspaceCache().put(ptr); }
 uint64_t lm_rt_workspace_system_allocations(void) { return workspaceCache().systemAllocations; }
@@ -1406,9 +1559,14 @@ extern "C" void lm_rt_parallel_for(int64_t n, lm_task_fn fn, void *ctx) {
   }
   // Whole pieces only: every panel is computed the same way whatever the split, so results do
   // not depend on the thread count.
+  KernelGuard *const g = t_kernel;
   arenaFor(threads).execute([&] {
     tbb::parallel_for(
         tbb::blocked_range<int64_t>(0, n, std::max<int64_t>(1, n / (4 * threads))),
-        [&](const tbb::blocked_range<int64_t> &r) { fn(ctx, r.begin(), r.end()); }, tbb::simple_partitioner());
+        [&](const tbb::blocked_range<int64_t> &r) { runTask(g, fn, ctx, r.begin(), r.end()); },
+        tbb::simple_partitioner());
   });
+  // A task ran out of memory: out of the kernel, now that the loop (and its C++ frames) is done.
+  if (g && g->failed.load())
+    unwindKernel();
 }

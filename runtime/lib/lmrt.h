@@ -322,7 +322,9 @@ LM_API int lm_rt_set_num_threads(int n);
  * descriptor's memory model: a call is cut into pieces under it (fewer sentences at once; one sentence's
  * masked copies in windows), with the same results; when one piece cannot fit, the call fails with
  * LM_ERR_MEMORY naming what it needs. The runtime's cache of freed temporaries is held under it too.
- * 0 = the default, a quarter of the physical memory. Returns the previous limit in bytes (the default's
+ * 0 = the default: a quarter of the physical memory (or of the cgroup's memory.max), at most half of what
+ * ulimit -v / -d leave the process. A temporary the system refuses even so (a limit set above what the process
+ * may map) ends the call with LM_ERR_MEMORY naming its size, the call's temporaries freed. Returns the previous limit in bytes (the default's
  * value when none was set), or -1 when bytes < 0. Process-wide. */
 LM_API int64_t lm_set_workspace_limit(int64_t bytes);
 LM_API int64_t lm_rt_set_workspace_limit(int64_t bytes);

@@ -28,9 +28,14 @@ std::vector<int32_t> parseIdLine(std::string_view line, const std::string &where
     ++column;
     errno = 0;
     char *end = nullptr;
-    const long long value = std::strtoll(token.c_str(), &end, 10);
+    // An id is decimal digits, a negative one '-' and digits (reported as outside the vocabulary); strtoll alone
+    // also took a '+', leading \v or \f and "-0".
+    const size_t digitsFrom = token[0] == '-' ? 1 : 0;
+    const bool digits = token.size() > digitsFrom &&
+                        token.find_first_not_of("0123456789", digitsFrom) == std::string::npos;
+    const long long value = digits ? std::strtoll(token.c_str(), &end, 10) : 0;
     const std::string at = where + ": token " + std::to_string(column);
-    if (end != token.c_str() + token.size() || errno == ERANGE) { // also a NUL byte inside the token
+    if (!digits || end != token.c_str() + token.size() || errno == ERANGE) { // also a NUL byte inside the token
       std::string shown;                                          // control bytes shown as \xNN
       for (unsigned char c : token.substr(0, 40)) {
         char buf[8];
@@ -39,7 +44,7 @@ std::vector<int32_t> parseIdLine(std::string_view line, const std::string &where
       }
       throw CorpusError(at + " '" + shown + (token.size() > 40 ? "...'" : "'") + " is not an integer token id");
     }
-    if (value < 0 || value >= vocab)
+    if (digitsFrom == 1 || value >= vocab)
       throw CorpusError(at + " (id " + token + ") is outside the vocabulary [0, " + std::to_string(vocab) + ")");
     ids.push_back(static_cast<int32_t>(value));
     i = j;

@@ -53,6 +53,11 @@ TEST(Corpus, ErrorsNameFileLineAndToken) {
   EXPECT_EQ(message("3 50 1\n"), "c.txt:1: token 2 (id 50) is outside the vocabulary [0, 50)");
   EXPECT_EQ(message("3 -1 1\n"), "c.txt:1: token 2 (id -1) is outside the vocabulary [0, 50)");
   EXPECT_EQ(message(std::string("3 4\0" "5 1\n", 8)), "c.txt:1: token 2 '4\\x005' is not an integer token id");
+  // Decimal digits only: no sign but a '-' (negative ids are outside the vocabulary, "-0" as well), no leading \v.
+  EXPECT_EQ(message("3 +4 1\n"), "c.txt:1: token 2 '+4' is not an integer token id");
+  EXPECT_EQ(message("3 -0 1\n"), "c.txt:1: token 2 (id -0) is outside the vocabulary [0, 50)");
+  EXPECT_EQ(message("3 \v4 1\n"), "c.txt:1: token 2 '\\x0b4' is not an integer token id");
+  EXPECT_EQ(message("3 - 1\n"), "c.txt:1: token 2 '-' is not an integer token id");
   EXPECT_EQ(message("3 99999999999999999999 1\n"),
             "c.txt:1: token 2 '99999999999999999999' is not an integer token id");
   // An encoder's ids are checked too.

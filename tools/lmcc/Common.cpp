@@ -378,6 +378,8 @@ CompiledModel::CompiledModel(const ModelSpec &spec, const Options &o, const std:
   int status = lm_rt_load(descriptor(), path.c_str(), &model);
   if (!converted.empty())
     fs::remove(converted);
+  if (status == LM_ERR_MEMORY) // not the weights' fault: exit 5, as every out of memory
+    throw ResourceError(path + ": " + lm_last_error());
   if (status != LM_OK)
     throw InputError(lm_last_error());
 }
@@ -414,7 +416,14 @@ void writeWeightsFile(const std::string &path, const WeightSet &weights) {
                      "): " + e.code().message());
   }
   const fs::path file = tmp->path() / "weights.safetensors";
-  writeSafetensors(file.string(), weights);
+  try {
+    writeSafetensors(file.string(), weights);
+  } catch (const WeightError &e) { // named by the temporary file: say the path asked for
+    std::string reason = e.what();
+    if (reason.rfind(file.string() + ": ", 0) == 0)
+      reason.erase(0, file.string().size() + 2);
+    throw InputError(path + ": " + reason);
+  }
   if (std::rename(file.c_str(), path.c_str()) != 0)
     throw InputError(path + ": cannot rename the written file into place: " + std::strerror(errno));
 }

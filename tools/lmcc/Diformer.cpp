@@ -65,9 +65,12 @@ std::vector<int32_t> parseInts(const std::string &field, const std::string &wher
   std::string tok;
   while (in >> tok) {
     char *end = nullptr;
-    long long v = std::strtoll(tok.c_str(), &end, 10);
+    // Decimal digits, '-' and digits for a negative one (not '+3', nor a leading \v that strtoll skips).
+    const size_t digitsFrom = tok[0] == '-' ? 1 : 0;
+    const bool digits = tok.size() > digitsFrom && tok.find_first_not_of("0123456789", digitsFrom) == std::string::npos;
+    long long v = digits ? std::strtoll(tok.c_str(), &end, 10) : 0;
     // end at the token's last byte: an embedded NUL ("12\0xyz") is not an integer (issue 21), nor is "12abc"
-    if (end != tok.c_str() + tok.size() || tok.empty() || v < INT32_MIN || v > INT32_MAX) {
+    if (!digits || end != tok.c_str() + tok.size() || v < INT32_MIN || v > INT32_MAX) {
       std::string shown;
       for (char c : tok)
         shown += c == '\0' ? std::string("\\0") : std::string(1, c);
@@ -549,10 +552,14 @@ int diformerTranslate(const ModelSpec &spec, const std::string &weights, const s
     if (compiled) {
       std::vector<int32_t> tgt(size_t(spec.dims.maxLen));
       int32_t length = 0, candidates = 0;
-      if (lm_rt_translate(compiled->model, src.data(), int32_t(src.size()), int32_t(d.mode), d.beam, d.lengthBeam,
-                          d.iterations, d.rerank ? 1 : 0, int32_t(d.maxTarget), tgt.data(), int32_t(tgt.size()),
-                          &length, &t.score, &candidates) != LM_OK)
+      if (int status = lm_rt_translate(compiled->model, src.data(), int32_t(src.size()), int32_t(d.mode), d.beam,
+                                       d.lengthBeam, d.iterations, d.rerank ? 1 : 0, int32_t(d.maxTarget), tgt.data(),
+                                       int32_t(tgt.size()), &length, &t.score, &candidates);
+          status != LM_OK) {
+        if (status == LM_ERR_MEMORY) // exit 5, as every out of memory
+          throw ResourceError(where + ": " + lm_rt_last_error());
         throw std::invalid_argument(where + ": " + lm_rt_last_error());
+      }
       t.tgt.assign(tgt.begin(), tgt.begin() + length);
       t.candidates = candidates;
     } else {

@@ -34,6 +34,7 @@
 
 #include <cctype>
 #include <chrono>
+#include <csignal>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -950,6 +951,9 @@ int runScoreOrEmbed(const Options &o, bool score) {
 } // namespace
 
 int main(int argc, char **argv) {
+  // A write past the file-size limit (ulimit -f) fails with EFBIG and is reported, its temporary file removed;
+  // SIGXFSZ's default action killed lmcc mid-write and left the temporary behind.
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"lmcc: a compile-time specialized compiler for Transformer language models"};
   app.footer(kExitCodes);
   app.set_version_flag("--version", std::string("lmcc ") + LMCC_VERSION);
@@ -1100,7 +1104,9 @@ int main(int argc, char **argv) {
       ->check(CLI::Range(int64_t(1), int64_t(1) << 40))
       ->capture_default_str()
       ->needs(dataOpt);
-  train->add_option("--save-every", o.saveEvery, "diformer: also write the weights every N steps");
+  train->add_option("--save-every", o.saveEvery, "diformer: also write the weights every N steps (0: only at the end)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 40))
+      ->capture_default_str();
   auto *trainReference = train->add_flag("--reference", o.reference,
                                          "diformer --batches: train on the reference executor (the numeric oracle)");
   addThreads(train);
