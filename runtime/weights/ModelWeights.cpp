@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/weights/ModelWeights.h"
+#include "runtime/weights/UniqueJson.h"
 
 #include "runtime/weights/Format.h"
 #include "runtime/weights/WeightNames.h"
@@ -571,7 +572,9 @@ void checkHuggingFaceConfig(const std::string &weightsPath, const ModelSpec &spe
     return;
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
+    j = parseUniqueJson(std::string(std::istreambuf_iterator<char>(in), {}));
+  } catch (const DuplicateJsonKey &e) {
+    throw WeightError(where + ": " + e.what());
   } catch (const std::exception &e) { // JSON errors, and read errors
     throw WeightError(where + ": not valid JSON: " + e.what());
   }

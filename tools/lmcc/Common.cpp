@@ -1,5 +1,6 @@
 //===- Common.cpp - What the lmcc subcommands share -----------------------===//
 #include "tools/lmcc/Common.h"
+#include "runtime/weights/UniqueJson.h"
 
 #include "runtime/train/Corpus.h"
 #include "runtime/weights/ModelWeights.h"
@@ -246,9 +247,11 @@ void appendNumber(std::string &out, double v, const std::string &what) {
 
 nlohmann::json parseJson(const std::string &text, const std::string &where) {
   try {
-    return nlohmann::json::parse(text);
+    return parseUniqueJson(text);
   } catch (const nlohmann::json::exception &e) { // syntax, or a number out of range (1e400)
     throw InputError(where + ": invalid JSON: " + e.what());
+  } catch (const DuplicateJsonKey &e) {
+    throw InputError(where + ": " + e.what());
   }
 }
 

@@ -1,5 +1,6 @@
 //===- Eval.cpp - lmcc sts, blimp, rerank ---------------------------------===//
 #include "tools/lmcc/Eval.h"
+#include "runtime/weights/UniqueJson.h"
 
 #include "tools/lmcc/EvalMath.h"
 #include "tools/lmcc/Scorer.h"
@@ -139,9 +140,11 @@ PaperModels readPaperModels(const fs::path &path) {
       continue;
     nlohmann::ordered_json j; // the models in the file's order
     try {
-      j = nlohmann::ordered_json::parse(line);
+      j = parseUniqueJson<nlohmann::ordered_json>(line);
     } catch (const nlohmann::json::exception &e) { // syntax, or a number out of range
       throw InputError(in.where() + ": invalid JSON: " + e.what());
+    } catch (const DuplicateJsonKey &e) {
+      throw InputError(in.where() + ": " + e.what());
     }
     if (!j.is_object() || !j.contains("UID") || !j["UID"].is_string())
       throw InputError(in.where() + ": expected an object with a \"UID\" string");

@@ -18,6 +18,7 @@
 #include "runtime/lib/lmrt.h"
 #include "runtime/lib/Tokenizer.h"
 #include "runtime/weights/ModelWeights.h"
+#include "runtime/weights/UniqueJson.h"
 #include "tools/lmcc/Cache.h"
 #include "tools/lmcc/Common.h"
 #include "tools/lmcc/Eval.h"
@@ -593,12 +594,14 @@ nlohmann::json readJsonFile(const fs::path &path, bool required) {
     return nlohmann::json();
   }
   try {
-    nlohmann::json j = nlohmann::json::parse(in);
+    nlohmann::json j = lmcc::parseUniqueJson(std::string(std::istreambuf_iterator<char>(in), {}));
     if (!j.is_object() && !j.is_array())
       throw InputError(path.string() + ": expected a JSON object");
     return j;
   } catch (const nlohmann::json::exception &e) {
     throw InputError(path.string() + ": not valid JSON: " + e.what());
+  } catch (const lmcc::DuplicateJsonKey &e) {
+    throw InputError(path.string() + ": " + e.what());
   }
 }
 
