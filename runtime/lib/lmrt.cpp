@@ -1490,15 +1490,16 @@ void runTask(KernelGuard *g, lm_task_fn fn, void *ctx, int64_t begin, int64_t en
   }
   if (g->failed.load(std::memory_order_relaxed))
     return;
-  KernelGuard *const outerKernel = t_kernel;
-  std::jmp_buf *const outerTask = t_task;
+  struct Restore { // the thread's call and task as they were, also when fn throws
+    KernelGuard *const kernel;
+    std::jmp_buf *const task;
+    ~Restore() { t_kernel = kernel, t_task = task; }
+  } const restore{t_kernel, t_task};
   std::jmp_buf landing;
   t_kernel = g;
   t_task = &landing;
   if (setjmp(landing) == 0)
     fn(ctx, begin, end);
-  t_kernel = outerKernel;
-  t_task = outerTask;
 }
 
 } // namespace
@@ -1513,6 +1514,16 @@ void runKernel(const char *entry, lmcc::FunctionRef<void()> kernel) {
   guard.entry = entry;
   guard.failed.store(false);
   guard.failedBytes = guard.liveAtFailure = 0;
+  struct End { // also when the kernel throws: temporaries still in use (none in a generated kernel) leave the call
+    KernelGuard &guard;
+    ~End() {
+      t_kernel = nullptr;
+      std::lock_guard<KernelGuard::SpinLock> lock(guard.mutex);
+      for (BlockHeader *h = guard.blocks; h; h = h->next)
+        h->guard = nullptr;
+      guard.blocks = nullptr;
+    }
+  } const end{guard};
   t_kernel = &guard;
   if (setjmp(guard.landing) != 0) {
     t_kernel = nullptr;
@@ -1526,12 +1537,6 @@ void runKernel(const char *entry, lmcc::FunctionRef<void()> kernel) {
                                      "limit (lm_set_workspace_limit, lmcc --max-memory)"};
   }
   kernel();
-  t_kernel = nullptr;
-  // Temporaries still in use after the call (none in a generated kernel) are no longer the call's.
-  std::lock_guard<KernelGuard::SpinLock> lock(guard.mutex);
-  for (BlockHeader *h = guard.blocks; h; h = h->next)
-    h->guard = nullptr;
-  guard.blocks = nullptr;
 }
 } // namespace lmrt::detail
 
