@@ -65,6 +65,11 @@ void installHandlers() {
 } // namespace
 
 void exitOutOfMemory(const char *message) {
+  // One thread says it and exits; another that runs out at the same time waits for that.
+  static std::atomic_flag exiting = ATOMIC_FLAG_INIT;
+  if (exiting.test_and_set())
+    for (;;)
+      ::pause();
   const size_t length = std::strlen(message);
   if (::write(STDERR_FILENO, message, length) < 0 || ::write(STDERR_FILENO, "\n", 1) < 0) {
     // nothing more to say
