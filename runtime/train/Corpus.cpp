@@ -12,6 +12,17 @@
 
 namespace lmcc::train {
 
+std::optional<long long> parseDecimal(const std::string &token) {
+  const size_t digitsFrom = !token.empty() && token[0] == '-' ? 1 : 0;
+  if (token.size() <= digitsFrom || token.find_first_not_of("0123456789", digitsFrom) != std::string::npos)
+    return std::nullopt;
+  errno = 0;
+  const long long value = std::strtoll(token.c_str(), nullptr, 10);
+  if (errno == ERANGE)
+    return std::nullopt;
+  return value;
+}
+
 std::vector<int32_t> parseIdLine(std::string_view line, const std::string &where, int64_t vocab) {
   std::vector<int32_t> ids;
   size_t i = 0;
@@ -26,16 +37,10 @@ std::vector<int32_t> parseIdLine(std::string_view line, const std::string &where
       ++j;
     const std::string token(line.substr(i, j - i));
     ++column;
-    errno = 0;
-    char *end = nullptr;
-    // An id is decimal digits, a negative one '-' and digits (reported as outside the vocabulary); strtoll alone
-    // also took a '+', leading \v or \f and "-0".
-    const size_t digitsFrom = token[0] == '-' ? 1 : 0;
-    const bool digits = token.size() > digitsFrom &&
-                        token.find_first_not_of("0123456789", digitsFrom) == std::string::npos;
-    const long long value = digits ? std::strtoll(token.c_str(), &end, 10) : 0;
+    // A negative id ('-' and digits, "-0" too) is reported as outside the vocabulary.
+    const std::optional<long long> value = parseDecimal(token);
     const std::string at = where + ": token " + std::to_string(column);
-    if (!digits || end != token.c_str() + token.size() || errno == ERANGE) { // also a NUL byte inside the token
+    if (!value) {                                                 // also a NUL byte inside the token
       std::string shown;                                          // control bytes shown as \xNN
       for (unsigned char c : token.substr(0, 40)) {
         char buf[8];
@@ -44,9 +49,9 @@ std::vector<int32_t> parseIdLine(std::string_view line, const std::string &where
       }
       throw CorpusError(at + " '" + shown + (token.size() > 40 ? "...'" : "'") + " is not an integer token id");
     }
-    if (digitsFrom == 1 || value >= vocab)
+    if (token[0] == '-' || *value >= vocab)
       throw CorpusError(at + " (id " + token + ") is outside the vocabulary [0, " + std::to_string(vocab) + ")");
-    ids.push_back(static_cast<int32_t>(value));
+    ids.push_back(static_cast<int32_t>(*value));
     i = j;
   }
   return ids;

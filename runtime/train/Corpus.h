@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <functional>
 #include <stdexcept>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -60,6 +61,10 @@ struct CorpusLimits {
 /// start a line, "\r\n" is accepted. Ids outside [0, vocab) are an error naming the line.
 Corpus readCorpus(std::string_view text, const std::string &name, const LineEncoder &encode,
                   const CorpusLimits &limits);
+
+/// The integer a token spells in decimal: digits, or '-' and digits; nothing for anything else ('+3', a leading
+/// \v or \f that strtoll would skip, "12abc", an embedded NUL) or past the range of long long.
+std::optional<long long> parseDecimal(const std::string &token);
 
 /// Parses a line of whitespace-separated token ids (the `--ids` format); errors name `where` and
 /// the token's column.

@@ -572,7 +572,7 @@ void checkHuggingFaceConfig(const std::string &weightsPath, const ModelSpec &spe
     return;
   nlohmann::json j;
   try {
-    j = parseUniqueJson(std::string(std::istreambuf_iterator<char>(in), {}));
+    j = parseUniqueJson(in);
   } catch (const DuplicateJsonKey &e) {
     throw WeightError(where + ": " + e.what());
   } catch (const std::exception &e) { // JSON errors, and read errors

@@ -12,6 +12,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace lmcc {
@@ -20,8 +21,9 @@ struct DuplicateJsonKey : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// nlohmann::json::parse(text) (its exceptions for invalid JSON), refusing a key that appears twice in one object.
-template <typename Json = nlohmann::json> Json parseUniqueJson(const std::string &text) {
+/// Json::parse(input) (a string or a stream; its exceptions for invalid JSON), refusing a key that appears twice in
+/// one object.
+template <typename Json = nlohmann::json, typename Input> Json parseUniqueJson(Input &&input) {
   struct Level {
     bool object;
     std::set<std::string> keys;
@@ -67,7 +69,7 @@ template <typename Json = nlohmann::json> Json parseUniqueJson(const std::string
     }
     return true;
   };
-  Json j = Json::parse(text, onEvent);
+  Json j = Json::parse(std::forward<Input>(input), onEvent);
   if (!duplicate.empty())
     throw DuplicateJsonKey("key \"" + duplicate + "\" appears twice in the object at " + where);
   return j;

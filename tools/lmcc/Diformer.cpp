@@ -5,6 +5,7 @@
 #include "runtime/lib/Tokenizer.h"
 #include "runtime/reference/Diformer.h"
 #include "runtime/reference/DiformerDecode.h"
+#include "runtime/train/Corpus.h"
 #include "runtime/train/Optimizer.h"
 #include "runtime/weights/ModelWeights.h"
 
@@ -64,19 +65,15 @@ std::vector<int32_t> parseInts(const std::string &field, const std::string &wher
   std::istringstream in(field);
   std::string tok;
   while (in >> tok) {
-    char *end = nullptr;
-    // Decimal digits, '-' and digits for a negative one (not '+3', nor a leading \v that strtoll skips).
-    const size_t digitsFrom = tok[0] == '-' ? 1 : 0;
-    const bool digits = tok.size() > digitsFrom && tok.find_first_not_of("0123456789", digitsFrom) == std::string::npos;
-    long long v = digits ? std::strtoll(tok.c_str(), &end, 10) : 0;
-    // end at the token's last byte: an embedded NUL ("12\0xyz") is not an integer (issue 21), nor is "12abc"
-    if (!digits || end != tok.c_str() + tok.size() || v < INT32_MIN || v > INT32_MAX) {
+    // Decimal only: not '+3', a leading \v, "12abc" or an embedded NUL ("12\0xyz", issue 21).
+    const std::optional<long long> v = train::parseDecimal(tok);
+    if (!v || *v < INT32_MIN || *v > INT32_MAX) {
       std::string shown;
       for (char c : tok)
         shown += c == '\0' ? std::string("\\0") : std::string(1, c);
       throw std::invalid_argument(where + ": '" + shown + "' is not an integer");
     }
-    out.push_back(int32_t(v));
+    out.push_back(int32_t(*v));
   }
   return out;
 }

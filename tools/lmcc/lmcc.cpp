@@ -594,7 +594,7 @@ nlohmann::json readJsonFile(const fs::path &path, bool required) {
     return nlohmann::json();
   }
   try {
-    nlohmann::json j = lmcc::parseUniqueJson(std::string(std::istreambuf_iterator<char>(in), {}));
+    nlohmann::json j = lmcc::parseUniqueJson(in);
     if (!j.is_object() && !j.is_array())
       throw InputError(path.string() + ": expected a JSON object");
     return j;
