@@ -352,10 +352,11 @@ LogicalResult LengthLogprobOp::verify() {
     if (failed(expectRank(*this, "target_lengths [B]", getTargetLengths(), 1)) ||
         failed(expectRank(*this, "result [B]", getResult(), 1)))
       return failure();
-  } else if (failed(expectRank(*this, "result [B, max_len] (no target_lengths)", getResult(), 2)) ||
-             failed(expectDim(*this, "result width vs weight rows", tensorOf(getResult()).getDimSize(1),
-                              tensorOf(getWeight()).getDimSize(0)))) {
+  } else if (failed(expectRank(*this, "result [B, max_len] (no target_lengths)", getResult(), 2))) {
     return failure();
+  } else if (const int64_t width = tensorOf(getResult()).getDimSize(1), rows = tensorOf(getWeight()).getDimSize(0);
+             width != rows) { // static: max_len is a model dim (a ? here crashed the lowering)
+    return emitOpError() << "result width vs weight rows: expected " << rows << ", got " << dimStr(width);
   }
   if (failed(expectDim(*this, "weight width vs hidden width", tensorOf(getWeight()).getDimSize(1),
                        getHidden().getType().getDimSize(2))))
@@ -590,6 +591,9 @@ LogicalResult WdrConjugateOp::verify() {
     return failure();
   if (getHead() < 2)
     return emitOpError("head must be >= 2 (head 1 has no conjugate), got ") << getHead();
+  if (getHead() > 26) // the spec's bound on [ngram] n with wdr (frontend/Spec.cpp: C(j-1, i) exact in fp32)
+    return emitOpError("head must be <= 26 (the binomial coefficients C(head-1, i) stay exact in fp32), got ")
+           << getHead();
   return expectDim(*this, "result width vs table dim 1", tensorOf(getResult()).getDimSize(2),
                    tensorOf(getTable()).getDimSize(1));
 }

@@ -16,8 +16,11 @@ include "mlir/Interfaces/InferTypeOpInterface.td"
 include "mlir/IR/CommonAttrConstraints.td"
 include "mlir/IR/OpBase.td"
 
-def Lm_F32Tensor : RankedTensorOf<[F32]>;
-def Lm_I32Tensor : RankedTensorOf<[I32]>;
+// Every lm value has a rank >= 1 (a batch, a vector of weights or lengths): no op is defined on scalars, and the
+// verifiers and lowerings index dimensions.
+def Lm_NotScalar : CPred<"::llvm::cast<::mlir::ShapedType>($_self).getRank() >= 1">;
+def Lm_F32Tensor : RankedTensorOf<[F32], [Lm_NotScalar], "ranked tensor of rank >= 1">;
+def Lm_I32Tensor : RankedTensorOf<[I32], [Lm_NotScalar], "ranked tensor of rank >= 1">;
 
 //===----------------------------------------------------------------------===//
 // Parameters and embeddings

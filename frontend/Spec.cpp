@@ -318,7 +318,7 @@ void validate(const ModelSpec &s, const Positions &pos, const Reader &r) {
                                                    {"dims.d_model", s.dims.dModel}, {"dims.heads", s.dims.heads},
                                                    {"dims.d_ff", s.dims.dFF},       {"dims.layers", s.dims.layers}};
   for (auto [field, value] : dims)
-    if (value < 1 || value > (int64_t(1) << 31))
+    if (value < 1 || value >= (int64_t(1) << 31))
       fail(field, "must be a positive integer below 2^31, got " + std::to_string(value));
   // Sizes lmcc can build: the IR has ops per layer and the kernels index with 32-bit lengths.
   auto atMost = [&](const std::string &field, int64_t value, int64_t most, const std::string &unit) {
@@ -338,7 +338,7 @@ void validate(const ModelSpec &s, const Positions &pos, const Reader &r) {
     for (auto [name, d] : {std::pair<std::string, const StackDims *>{"encoder", &s.diformer->encoder},
                            {"decoder", &s.diformer->decoder}}) {
       atMost(name + ".layers", d->layers, 1024, " layers");
-      if (d->heads > (int64_t(1) << 31))
+      if (d->heads >= (int64_t(1) << 31))
         fail(name + ".heads", "must be a positive integer below 2^31, got " + std::to_string(d->heads));
       atMost(name + ".d_ff", d->dFF, 1048576, "");
     }
@@ -443,6 +443,12 @@ void validate(const ModelSpec &s, const Positions &pos, const Reader &r) {
       fail("ngram.n", "must be at least 2 (the main head plus n-1 n-gram heads), got " + std::to_string(s.ngram->n));
     if (s.ngram->n > s.dims.maxLen)
       fail("ngram.n", "must not exceed max_len");
+    // The word-difference conjugate sums C(j-1, i) W[x] for every head j: up to n = 26 the coefficients are exact
+    // in fp32 (C(25, 12) = 5,200,300 < 2^24) and in the int64 products that compute them; past it they were not
+    // (wrong numbers from n = 64 on) and the unrolled conjugate grew as n^2 (lm.wdr_conjugate's verifier: the same).
+    if (s.ngram->wdr && s.ngram->n > 26)
+      fail("ngram.n", "must be at most 26 with wdr = true (the conjugate's binomial coefficients stay exact in fp32 "
+                      "up to C(25, 12)), got " + std::to_string(s.ngram->n));
     if (!(s.ngram->ensembleLambda >= 0 && s.ngram->ensembleLambda <= 1))
       fail("ngram.ensemble_lambda", "must be in [0, 1]");
     if (s.ngram->dHidden < 1)

@@ -118,7 +118,8 @@ int lm_set_num_threads(int n);
 /* Bounds the temporaries of each later call (all its threads together) to about `bytes`: calls are cut into
  * smaller pieces to stay under it (mask-and-predict scoring splits a sentence's masked copies), with the
  * same results. A call that cannot fit (one masked copy, or one sentence, needs more) fails with
- * LM_ERR_MEMORY naming what it needs. 0 restores the default, a quarter of the physical memory.
+ * LM_ERR_MEMORY naming what it needs; training and translation calls, which cannot be cut, fail so when
+ * their temporaries would pass it. Loading is not bounded. 0 restores the default, a quarter of the physical memory.
  * Process-wide. Returns the previous limit in bytes, or -1 (with lm_last_error() set) when bytes < 0. */
 int64_t lm_set_workspace_limit(int64_t bytes);
 #endif

@@ -56,10 +56,18 @@ void packPairs(PairBatch &p, const lm_model_desc *d, const int32_t *src, const i
 [[noreturn]] void argument(std::string message);
 [[noreturn]] void internal(std::string message);
 [[noreturn]] void nonFiniteResult(std::string message); ///< LM_ERR_NONFINITE
-/// Calls a generated entry point (`kernel`): a kernel temporary the system cannot allocate, on this thread or
-/// in the call's parallel tasks, ends the call with an LM_ERR_MEMORY naming `entry` (thrown, for guardedCall)
-/// and frees the temporaries it held, instead of a write through a null pointer.
-void runKernel(const char *entry, lmcc::FunctionRef<void()> kernel);
+/// How runKernel holds a call to the workspace limit (lm_set_workspace_limit).
+enum class Bound {
+  Planned,   ///< the caller cut the call into pieces under the limit with the library's memory model (scoring)
+  Held,      ///< no memory model (training, translation): a temporary that would take the call's kernel
+             ///< temporaries past the limit ends it with LM_ERR_MEMORY, as one the system refuses does
+  Unbounded, ///< the load-time folding of the weights (once per model)
+};
+/// Calls a generated entry point (`kernel`): a kernel temporary the system cannot allocate (or, Bound::Held, one
+/// over the workspace limit), on this thread or in the call's parallel tasks, ends the call with an LM_ERR_MEMORY
+/// naming `entry` (thrown, for guardedCall) and frees the temporaries it held, instead of a write through a null
+/// pointer.
+void runKernel(const char *entry, lmcc::FunctionRef<void()> kernel, Bound bound);
 /// Runs `body`, converting whatever it throws into a status code and lm_last_error().
 int guardedCall(lmcc::FunctionRef<void()> body) noexcept;
 /// The model, ids and lengths checks of lm_rt_score (ids in the vocabulary, 1 <= length <= max_len, stride).

@@ -26,6 +26,7 @@ using lmrt::detail::argument;
 using lmrt::detail::nonFiniteResult;
 using lmrt::detail::descNumel;
 using lmrt::detail::descShape;
+using lmrt::detail::Bound;
 using lmrt::detail::runKernel;
 using lmrt::detail::memref1;
 using lmrt::detail::memref2;
@@ -147,7 +148,7 @@ double lossAndGrad(const char *entry, lm_model *m, Packed &p, float *grads, int6
   lm_memref2i in = memref2(p.inputs.data(), p.batch, p.n), tg = memref2(p.target.data(), p.batch, p.n);
   lm_memref1i len = memref1(p.lengths.data(), p.batch);
   lm_memref2f ceRef = memref2(ce.data(), p.batch, p.n);
-  runKernel(entry, [&] { d.loss_grad(&w, &in, &tg, &len, &ceRef, &g); });
+  runKernel(entry, [&] { d.loss_grad(&w, &in, &tg, &len, &ceRef, &g); }, Bound::Held);
   const double loss = meanLoss(entry, ce, p.n, p.targets);
   for (int32_t i = 0; checkGrads && i < d.num_tensors; ++i) {
     const lm_tensor_desc &t = d.tensors[i];
@@ -201,7 +202,9 @@ double pairLossAndGrad(const char *entry, lm_model *m, const int32_t *src, const
   lm_memref3i rowsRef = p.rowsRef();
   lm_memref2f ceRef = memref2(ce.data(), p.rows, p.n);
   lm_memref1f lenRef = memref1(lengthLp.data(), p.rows);
-  runKernel("train", [&] { d.pair_loss_grad(&w, &srcRef, &srcLenRef, &tgtRef, &tgtLenRef, &rowsRef, &ceRef, &lenRef, &g); });
+  runKernel(
+      "train", [&] { d.pair_loss_grad(&w, &srcRef, &srcLenRef, &tgtRef, &tgtLenRef, &rowsRef, &ceRef, &lenRef, &g); },
+      Bound::Held);
   const double loss = pairLoss(entry, d, ce, lengthLp, p.n, p.tgtLen, nll);
   for (int32_t i = 0; checkGrads && i < d.num_tensors; ++i) {
     const lm_tensor_desc &t = d.tensors[i];
@@ -220,6 +223,8 @@ void applyStep(const char *entry, lm_trainer *t, double *lr, double *gradNorm) {
   } catch (const lmcc::train::NonFiniteGradient &e) {
     nonFiniteResult(std::string(entry) + ": the gradient is not finite: " + e.what() +
                     "; the weights are left unchanged");
+  } catch (const lmcc::train::NonFiniteUpdate &e) {
+    nonFiniteResult(std::string(entry) + ": " + e.what() + "; the weights are left unchanged");
   }
   rerunInit(t->model);
   if (lr)
@@ -239,7 +244,7 @@ void packGradient(const lm_model_desc &d, const std::vector<float> &grads, float
 void rerunInit(lm_model *m) {
   if (m->desc->init) {
     lm_memref1f w = memref1(m->weights, m->desc->total_floats);
-    runKernel("train", [&] { m->desc->init(&w); });
+    runKernel("train", [&] { m->desc->init(&w); }, Bound::Unbounded);
   }
 }
 
@@ -364,7 +369,7 @@ int lm_rt_loss(lm_model *m, const int32_t *inputs, const int32_t *targets, const
     lm_memref2i in = memref2(p.inputs.data(), p.batch, p.n), tg = memref2(p.target.data(), p.batch, p.n);
     lm_memref1i len = memref1(p.lengths.data(), p.batch);
     lm_memref2f ceRef = memref2(ce.data(), p.batch, p.n);
-    runKernel("train", [&] { d.loss(&w, &in, &tg, &len, &ceRef); });
+    runKernel("train", [&] { d.loss(&w, &in, &tg, &len, &ceRef); }, Bound::Held);
     const double value = meanLoss("loss", ce, p.n, p.targets);
     if (loss)
       *loss = float(value);

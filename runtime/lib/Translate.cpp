@@ -37,7 +37,7 @@ public:
     lm_memref1i lenRef = memref1(len.data(), 1);
     lm_memref2f lpRef = memref2(lengths.data(), 1, d->max_len);
     lm_memref3f kvRef = memref3(crossKV.data(), 1, M, K);
-    runKernel("translate", [&] { d->pair_encode(&w, &srcRef, &lenRef, &lpRef, &kvRef); });
+    runKernel("translate", [&] { d->pair_encode(&w, &srcRef, &lenRef, &lpRef, &kvRef); }, Bound::Held);
     finite(crossKV, "translate (encoder)");
     finite(lengths, "translate (length head)");
     lengthLp.assign(lengths.begin(), lengths.end());
@@ -66,8 +66,9 @@ public:
     lm_memref1i srcLenRef = memref1(srcLen.data(), B), tgtLenRef = memref1(tgtLen.data(), B),
                 posRef = memref1(positions.data(), B);
     lm_memref3i rowsRef = memref3(rows.data(), B, n, W);
-    runKernel("translate",
-              [&] { d->pair_step(&w, &selfRef, &crossRef, &srcLenRef, &tgtLenRef, &rowsRef, &posRef, &outRef); });
+    runKernel(
+        "translate", [&] { d->pair_step(&w, &selfRef, &crossRef, &srcLenRef, &tgtLenRef, &rowsRef, &posRef, &outRef); },
+        Bound::Held);
     finite(out, "translate (decoding step)");
     return out;
   }
@@ -92,7 +93,9 @@ public:
                   outRef = memref3(all.data(), 1, n, V);
       lm_memref1i srcLenRef = memref1(srcLen.data(), 1), tgtLenRef = memref1(tgtLen.data(), 1);
       lm_memref3i rowsRef = memref3(rows.data(), 1, n, W);
-      runKernel("translate", [&] { d->pair_decode(&w, &selfRef, &crossRef, &srcLenRef, &tgtLenRef, &rowsRef, &outRef); });
+      runKernel(
+          "translate", [&] { d->pair_decode(&w, &selfRef, &crossRef, &srcLenRef, &tgtLenRef, &rowsRef, &outRef); },
+          Bound::Held);
       Vec<float> lp;
       for (int64_t r : p.rows)
         lp.insert(lp.end(), all.begin() + r * V, all.begin() + (r + 1) * V);
@@ -116,8 +119,10 @@ public:
     lm_memref3i rowsRef = pb.rowsRef();
     lm_memref2f lpRef = memref2(lp.data(), 1, n);
     lm_memref1f scRef = memref1(score.data(), 1), lenRef = memref1(length.data(), 1);
-    runKernel("translate",
-              [&] { d->pair_score(&w, &srcRef, &srcLenRef, &tgtRef, &tgtLenRef, &rowsRef, &lpRef, &scRef, &nRef, &lenRef); });
+    runKernel(
+        "translate",
+        [&] { d->pair_score(&w, &srcRef, &srcLenRef, &tgtRef, &tgtLenRef, &rowsRef, &lpRef, &scRef, &nRef, &lenRef); },
+        Bound::Held);
     finite(score, "translate (rerank)");
     return score[0];
   }
@@ -137,7 +142,7 @@ private:
       lm_memref1f w = weights();
       lm_memref2i idsRef = memref2(missing.data(), T, 1);
       lm_memref3f kvRef = memref3(kv.data(), T, 1, K);
-      runKernel("translate", [&] { d->pair_token_kv(&w, &idsRef, &kvRef); });
+      runKernel("translate", [&] { d->pair_token_kv(&w, &idsRef, &kvRef); }, Bound::Held);
       finite(kv, "translate (keys and values)");
       for (int64_t t = 0; t < T; ++t)
         cache.emplace(missing[size_t(t)], Vec<float>(kv.begin() + t * K, kv.begin() + (t + 1) * K));

@@ -138,6 +138,7 @@ template <typename F> int guarded(F &&body) noexcept {
 // --- Formatting -------------------------------------------------------------------
 
 using lmrt::detail::descShape;
+using lmrt::detail::Bound;
 using lmrt::detail::runKernel;
 using lmrt::detail::memref1;
 using lmrt::detail::memref2;
@@ -337,7 +338,7 @@ void loadImpl(const lm_model_desc *desc, const char *path, lm_model **out) {
   }
   if (desc->init) { // tensors folded at load time (lm-fold-constants)
     lm_memref1f weights = memref1(model->weights, desc->total_floats);
-    runKernel("load", [&] { desc->init(&weights); });
+    runKernel("load", [&] { desc->init(&weights); }, Bound::Unbounded);
   }
   *out = model.release();
 }
@@ -465,9 +466,15 @@ struct Piece {
   int32_t first = 0, last = std::numeric_limits<int32_t>::max();
 };
 
+/// A size in the runtime's messages: MB with one decimal, or KB / bytes below what that shows ("0.0 MB").
 std::string megabytes(double bytes) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.1f MB", bytes / (1 << 20));
+  char text[48];
+  if (bytes >= 0.05 * (1 << 20))
+    std::snprintf(text, sizeof text, "%.1f MB", bytes / (1 << 20));
+  else if (bytes >= 1024)
+    std::snprintf(text, sizeof text, "%.1f KB", bytes / 1024);
+  else
+    std::snprintf(text, sizeof text, "%.0f bytes", bytes);
   return text;
 }
 
@@ -721,7 +728,7 @@ void checkPairInputs(const lm_model *m, const int32_t *src, const int32_t *srcLe
     for (int32_t i = 0; i < n; ++i) {
       if (z[i] < 0 || z[i] > 3)
         argumentError(where("dirs", b, i) + " = " + std::to_string(z[i]) + " is not a direction (0 R, 1 L, 2 S, 3 skip)");
-      for (int64_t j = 0; hidden && j < int64_t(n) && j < W * 32; ++j) {
+      for (int64_t j = 0; hidden && j < W * 32; ++j) { // every bit of the row's words: none past n - 2 is set
         const uint32_t word = hidden[(int64_t(b) * tgtStride + i) * W + j / 32];
         if (!((word >> (j % 32)) & 1u))
           continue;
@@ -821,8 +828,10 @@ void pieceSpans(Workspace &ws, const Piece &piece, const int32_t *lengths, int64
     }
 }
 
+/// Scoring (lm_rt_score*); `spanEntry`: called as lm_rt_score_spans, which only mask-and-predict models take
+/// (with spans or NULL).
 void scoreImpl(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride,
-               const int32_t *spans, float *tokenLogprobs, float *scores, int32_t *nScored) {
+               const int32_t *spans, float *tokenLogprobs, float *scores, int32_t *nScored, bool spanEntry = false) {
   checkInputs(m, ids, lengths, batch, stride);
   if (!scores)
     argumentError("scores is NULL");
@@ -832,7 +841,7 @@ void scoreImpl(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t 
   if (!d->score && !d->span_score)
     argumentError("model " + quoted(d->name) + " is encoder only ([head] mlm = false): it has no score entry point; "
                   "use embed");
-  if (spans && !d->span_score)
+  if ((spans || spanEntry) && !d->span_score)
     argumentError("model " + quoted(d->name) + " does not score by mask-and-predict: spans do not apply");
   checkSpans(spans, lengths, batch, stride);
   const bool withSpans = d->span_score != nullptr;
@@ -867,9 +876,12 @@ void scoreImpl(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t 
     if (withSpans) {
       pieceSpans(*ws, piece, lengths, n, spans, stride);
       lm_memref2i spansRef = memref2(ws->spans.data(), rows, n);
-      runKernel("score", [&] { d->span_score(&w, &idsRef, &lengthsRef, &spansRef, &logprobsRef, &scoresRef, &nScoredRef); });
+      runKernel(
+          "score", [&] { d->span_score(&w, &idsRef, &lengthsRef, &spansRef, &logprobsRef, &scoresRef, &nScoredRef); },
+          Bound::Planned);
     } else {
-      runKernel("score", [&] { d->score(&w, &idsRef, &lengthsRef, &logprobsRef, &scoresRef, &nScoredRef); });
+      runKernel(
+          "score", [&] { d->score(&w, &idsRef, &lengthsRef, &logprobsRef, &scoresRef, &nScoredRef); }, Bound::Planned);
     }
     for (int64_t r = 0; r < rows; ++r) {
       const int32_t len = lengths[b0 + r];
@@ -929,8 +941,10 @@ void pairsImpl(lm_model *m, const int32_t *src, const int32_t *srcLengths, int32
     lm_memref2f lpRef = memref2(ws->logprobs.data(), rows, n);
     lm_memref1f scRef = memref1(ws->scores.data(), rows), lenRef = memref1(ws->lengthLogprobs.data(), rows);
     lm_memref1i nRef = memref1(ws->nScored.data(), rows);
-    runKernel("score_pairs",
-              [&] { d->pair_score(&w, &srcRef, &srcLenRef, &tgtRef, &tgtLenRef, &rowsRef, &lpRef, &scRef, &nRef, &lenRef); });
+    runKernel(
+        "score_pairs",
+        [&] { d->pair_score(&w, &srcRef, &srcLenRef, &tgtRef, &tgtLenRef, &rowsRef, &lpRef, &scRef, &nRef, &lenRef); },
+        Bound::Planned);
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t b = b0 + r;
       if (tokenLogprobs)
@@ -1032,7 +1046,7 @@ void spanEmbed(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t 
     lm_memref1i lengthsRef = memref1(ws->lengths.data(), rows);
     lm_memref2i spansRef = memref2(ws->spans.data(), rows, n);
     lm_memref3f statesRef = memref3(ws->states.data(), rows, n, D);
-    runKernel("embed", [&] { d->span_embed(&w, &idsRef, &lengthsRef, &spansRef, &statesRef); });
+    runKernel("embed", [&] { d->span_embed(&w, &idsRef, &lengthsRef, &spansRef, &statesRef); }, Bound::Planned);
     Workspace::Gathered *g = rows > 1 ? nullptr : windowed(b0);
     if (!g) { // whole sentences
       for (int64_t r = 0; r < rows; ++r)
@@ -1084,7 +1098,7 @@ void embedImpl(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t 
     lm_memref2i idsRef = memref2(ws->ids.data(), rows, n);
     lm_memref1i lengthsRef = memref1(ws->lengths.data(), rows);
     lm_memref2f outRef = memref2(out + b0 * d->d_model, rows, d->d_model); // dense rows of the caller's buffer
-    runKernel("embed", [&] { d->embed(&w, &idsRef, &lengthsRef, &outRef); });
+    runKernel("embed", [&] { d->embed(&w, &idsRef, &lengthsRef, &outRef); }, Bound::Planned);
   });
   for (int64_t i = 0; i < int64_t(batch) * d->d_model; ++i)
     if (!std::isfinite(out[i]))
@@ -1127,7 +1141,7 @@ int lm_rt_score_ex(lm_model *m, const int32_t *ids, const int32_t *lengths, int3
 
 int lm_rt_score_spans(lm_model *m, const int32_t *ids, const int32_t *lengths, int32_t batch, int32_t stride,
                       const int32_t *spans, float *token_logprobs, float *scores, int32_t *n_scored) {
-  return guarded([&] { scoreImpl(m, ids, lengths, batch, stride, spans, token_logprobs, scores, n_scored); });
+  return guarded([&] { scoreImpl(m, ids, lengths, batch, stride, spans, token_logprobs, scores, n_scored, true); });
 }
 
 int lm_rt_score_pairs(lm_model *m, const int32_t *src, const int32_t *src_lengths, int32_t src_stride,
@@ -1291,17 +1305,26 @@ struct KernelGuard {
   };
   std::jmp_buf landing;
   const char *entry = nullptr;
-  SpinLock mutex;                 ///< guards `blocks` (the call's tasks allocate on every thread)
+  SpinLock mutex;                 ///< guards `blocks` and `held` (the call's tasks allocate on every thread)
   BlockHeader *blocks = nullptr;  ///< the temporaries in use
+  uint64_t held = 0;              ///< their requested bytes
+  uint64_t limit = 0;             ///< Bound::Held: the workspace limit `held` stays under; else 0 (none)
   std::atomic<bool> failed{false};
+  bool overLimit = false;         ///< the failure was the limit's, not the system's
   uint64_t failedBytes = 0, liveAtFailure = 0;
 
-  void link(BlockHeader *h) {
+  /// Links a temporary of h->requested bytes to the call; false (nothing linked) when that would take a held
+  /// call past its limit.
+  bool link(BlockHeader *h) {
     std::lock_guard<SpinLock> lock(mutex);
+    if (limit && held + h->requested > limit)
+      return false;
+    held += h->requested;
     h->guard = this, h->prev = nullptr, h->next = blocks;
     if (blocks)
       blocks->prev = h;
     blocks = h;
+    return true;
   }
   void unlink(BlockHeader *h) {
     std::lock_guard<SpinLock> lock(mutex);
@@ -1309,6 +1332,7 @@ struct KernelGuard {
     if (h->next)
       h->next->prev = h->prev;
     h->guard = nullptr;
+    held -= h->requested;
   }
 };
 
@@ -1327,7 +1351,7 @@ thread_local std::jmp_buf *t_task = nullptr;
 /// 16-sentence biLM PLL call at n = 128 on two threads map 36 GB of fresh pages, 9 million page faults).
 struct WorkspaceCache {
   using Header = BlockHeader;
-  static constexpr uint64_t kHeader = 64, kMapFrom = uint64_t(1) << 20;
+  static constexpr uint64_t kHeader = 64, kMapFrom = uint64_t(1) << 20, kMaxRequest = uint64_t(1) << 62;
   static_assert(sizeof(Header) <= kHeader);
   static uint64_t share() { return uint64_t(workspaceLimit() / effectiveThreads()); }
   /// Cached blocks by capacity (equal ones in the order they were freed): a sorted vector, not a multimap, so
@@ -1335,10 +1359,15 @@ struct WorkspaceCache {
   std::vector<std::pair<uint64_t, char *>> blocks;
   uint64_t cachedBytes = 0, liveBytes = 0, systemAllocations = 0;
 
-  void *get(uint64_t alignment, uint64_t size) {
+  /// A block of `size` bytes, or null: the system has none (or the request is not one a kernel makes), or
+  /// (`overLimit` set) it would take the held call this thread computes for past its limit.
+  void *get(uint64_t alignment, uint64_t size, bool &overLimit) {
+    overLimit = false;
     alignment = std::max<uint64_t>(alignment, 16);
     if (alignment > kHeader || (alignment & (alignment - 1)))
       return nullptr; // kernels only ask for small powers of two (every block is 64-byte aligned)
+    if (size > kMaxRequest)
+      return nullptr; // no system has it, and the header's rounding below would wrap around
     char *block;
     auto fit = std::lower_bound(blocks.begin(), blocks.end(), size,
                                 [](const std::pair<uint64_t, char *> &b, uint64_t s) { return b.first < s; });
@@ -1372,10 +1401,14 @@ struct WorkspaceCache {
     Header *header = reinterpret_cast<Header *>(block);
     header->requested = size;
     header->guard = nullptr;
-    if (KernelGuard *g = t_kernel)
-      g->link(header);
     liveBytes += header->capacity;
-    const uint64_t live = g_liveBytes.fetch_add(size, std::memory_order_relaxed) + size;
+    g_liveBytes.fetch_add(size, std::memory_order_relaxed);
+    if (KernelGuard *g = t_kernel; g && !g->link(header)) { // over a held call's limit: back to the cache
+      put(block + kHeader);
+      overLimit = true;
+      return nullptr;
+    }
+    const uint64_t live = g_liveBytes.load(std::memory_order_relaxed);
     uint64_t peak = g_peakBytes.load(std::memory_order_relaxed);
     while (live > peak && !g_peakBytes.compare_exchange_weak(peak, live, std::memory_order_relaxed)) {
     }
@@ -1462,7 +1495,8 @@ WorkspaceCache &workspaceCache() {
 /// call it is for fails (runKernel: LM_ERR_MEMORY); outside one (a kernel called directly, as the tests and
 /// benchmarks do) the process stops with the reason rather than let the kernel write through a null pointer.
 void *allocateTemporary(uint64_t alignment, uint64_t size) {
-  if (void *p = workspaceCache().get(alignment, size))
+  bool overLimit;
+  if (void *p = workspaceCache().get(alignment, size, overLimit))
     return p;
   KernelGuard *g = t_kernel;
   if (!g) {
@@ -1474,7 +1508,8 @@ void *allocateTemporary(uint64_t alignment, uint64_t size) {
     std::lock_guard<KernelGuard::SpinLock> lock(g->mutex);
     if (!g->failed.load()) {
       g->failedBytes = size;
-      g->liveAtFailure = g_liveBytes.load(std::memory_order_relaxed);
+      g->liveAtFailure = overLimit ? g->held : g_liveBytes.load(std::memory_order_relaxed);
+      g->overLimit = overLimit;
     }
   }
   g->failed.store(true);
@@ -1505,7 +1540,7 @@ void runTask(KernelGuard *g, lm_task_fn fn, void *ctx, int64_t begin, int64_t en
 } // namespace
 
 namespace lmrt::detail {
-void runKernel(const char *entry, lmcc::FunctionRef<void()> kernel) {
+void runKernel(const char *entry, lmcc::FunctionRef<void()> kernel, Bound bound) {
   if (t_kernel) { // inside another call's guard (its tasks): that one's
     kernel();
     return;
@@ -1513,7 +1548,9 @@ void runKernel(const char *entry, lmcc::FunctionRef<void()> kernel) {
   thread_local KernelGuard guard;
   guard.entry = entry;
   guard.failed.store(false);
-  guard.failedBytes = guard.liveAtFailure = 0;
+  guard.overLimit = false;
+  guard.failedBytes = guard.liveAtFailure = guard.held = 0;
+  guard.limit = bound == Bound::Held ? uint64_t(workspaceLimit()) : 0;
   struct End { // also when the kernel throws: temporaries still in use (none in a generated kernel) leave the call
     KernelGuard &guard;
     ~End() {
@@ -1530,6 +1567,13 @@ void runKernel(const char *entry, lmcc::FunctionRef<void()> kernel) {
     // Every task has ended (lm_rt_parallel_for unwinds only after its loop): free what the call held.
     while (guard.blocks)
       workspaceCache().put(reinterpret_cast<char *>(guard.blocks) + WorkspaceCache::kHeader);
+    if (guard.overLimit)
+      throw Failure{LM_ERR_MEMORY, std::string(entry) + ": a kernel temporary of " +
+                                       megabytes(double(guard.failedBytes)) + " would take the call's temporaries (" +
+                                       megabytes(double(guard.liveAtFailure)) + " in use) past the workspace limit of " +
+                                       megabytes(double(guard.limit)) +
+                                       "; raise it (lm_set_workspace_limit, lmcc --max-memory) or lower the " +
+                                       (std::string_view(entry) == "translate" ? "beam" : "batch")};
     throw Failure{LM_ERR_MEMORY, std::string(entry) + ": out of memory: a kernel temporary of " +
                                      megabytes(double(guard.failedBytes)) + " could not be allocated (" +
                                      megabytes(double(guard.liveAtFailure)) +

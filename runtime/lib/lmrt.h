@@ -321,7 +321,10 @@ LM_API int lm_rt_set_num_threads(int n);
 /* Bounds the temporaries of each later call (all its threads together) to about `bytes`, with the
  * descriptor's memory model: a call is cut into pieces under it (fewer sentences at once; one sentence's
  * masked copies in windows), with the same results; when one piece cannot fit, the call fails with
- * LM_ERR_MEMORY naming what it needs. The runtime's cache of freed temporaries is held under it too.
+ * LM_ERR_MEMORY naming what it needs. Calls without a memory model (training: loss_and_grad, train_step; the
+ * Diformer's translate) are held to it as they run: a temporary that would take the call's temporaries past it
+ * ends the call with LM_ERR_MEMORY. Loading a model is not bounded. The runtime's cache of freed temporaries is
+ * held under it too.
  * 0 = the default: a quarter of the physical memory (or of the cgroup's memory.max), at most half of what
  * ulimit -v / -d leave the process. A temporary the system refuses even so (a limit set above what the process
  * may map) ends the call with LM_ERR_MEMORY naming its size, the call's temporaries freed. Returns the previous limit in bytes (the default's

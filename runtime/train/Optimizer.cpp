@@ -5,7 +5,9 @@
 #include "runtime/weights/Format.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <type_traits>
 #include <limits>
 #include <set>
@@ -151,6 +153,14 @@ double Optimizer::gradNorm(const float *grads) const {
   return std::sqrt(sum);
 }
 
+namespace {
+std::string numberText(double x) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.6g", x);
+  return text;
+}
+} // namespace
+
 Optimizer::StepInfo Optimizer::step(float *params, float *grads) {
   // Nothing changes unless every gradient is finite. The norm (a double sum of float squares, which cannot
   // overflow) is finite exactly when every element is; only then is the first bad element looked for.
@@ -177,22 +187,29 @@ Optimizer::StepInfo Optimizer::step(float *params, float *grads) {
   const double stepSize = lr / bc1;
   const bool decoupled = config_.kind == OptimizerConfig::AdamW, sgd = config_.kind == OptimizerConfig::SGD;
 
-  forEachChunk([&](const Chunk &c) {
+  // The update of chunk c, stored (kStore) or only computed: returns the first element it makes non-finite (a
+  // huge lr overflows float: the weights were saved as inf or NaN), else -1. Both passes compute every element
+  // the same way, so nothing is stored unless every updated weight is finite.
+  auto chunkUpdate = [&](const Chunk &c, auto store) -> int64_t {
+    constexpr bool kStore = decltype(store)::value;
     const ParamSlot &slot = slots_[c.slot];
     float *p = params + slot.offset;
     float *g = grads + slot.offset;
-    if (clip)
-      for (int64_t k = c.begin; k < c.end; ++k)
-        g[k] = static_cast<float>(static_cast<double>(g[k]) * coef);
+    const auto clipped = [&](int64_t k) { return clip ? static_cast<float>(static_cast<double>(g[k]) * coef) : g[k]; };
     if (sgd) {
       const bool decay = slot.shape.size() >= 2;
       for (int64_t k = c.begin; k < c.end; ++k) {
-        double d = static_cast<double>(g[k]);
+        const float gk = clipped(k);
+        double d = static_cast<double>(gk);
         if (decay)
           d += wd * static_cast<double>(p[k]);
-        p[k] = static_cast<float>(static_cast<double>(p[k]) - lr * d);
+        const float pk = static_cast<float>(static_cast<double>(p[k]) - lr * d);
+        if constexpr (kStore)
+          g[k] = gk, p[k] = pk;
+        else if (!std::isfinite(pk))
+          return k;
       }
-      return;
+      return int64_t(-1);
     }
     const bool decay = slot.shape.size() >= 2 && wd != 0.0;
     float *m = const_cast<float *>(expAvg_.data()) + slot.offset;
@@ -203,6 +220,10 @@ Optimizer::StepInfo Optimizer::step(float *params, float *grads) {
     const float w1 = static_cast<float>(1.0 - b1), b2f = static_cast<float>(b2), w2 = static_cast<float>(1.0 - b2);
     const float bc2f = static_cast<float>(bc2Sqrt), epsf = static_cast<float>(eps);
     const float step = static_cast<float>(stepSize);
+    if constexpr (kStore)
+      if (clip)
+        for (int64_t k = c.begin; k < c.end; ++k)
+          g[k] = clipped(k);
     // One loop per decay mode, on restrict pointers, so that the compiler vectorizes it (sqrt and division
     // are correctly rounded: the same numbers as one element at a time).
     auto update = [&](auto mode) {
@@ -212,25 +233,51 @@ Optimizer::StepInfo Optimizer::step(float *params, float *grads) {
       float *__restrict mp = m + c.begin;
       float *__restrict vp = v + c.begin;
       const int64_t n = c.end - c.begin;
-      for (int64_t k = 0; k < n; ++k) {
-        float pk = pp[k], gk = gp[k];
+      // An element's moments (m, v: old in, new out) and its next weight, from its weight and gradient (values
+      // only: the loops below keep their restrict pointers, and vectorize).
+      const auto advance = [=](float pk, float gk, float &m, float &v) {
         if constexpr (kMode == 1)
           pk *= shrink;   // torch.optim.AdamW: decay before the update
         if constexpr (kMode == 2)
           gk += wdf * pk; // torch.optim.Adam: L2 added to the gradient
-        const float mk = mp[k] + w1 * (gk - mp[k]);
-        const float vk = b2f * vp[k] + w2 * gk * gk;
-        mp[k] = mk, vp[k] = vk;
-        pp[k] = pk - step * (mk / (std::sqrt(vk) / bc2f + epsf));
+        m = m + w1 * (gk - m);
+        v = b2f * v + w2 * gk * gk;
+        return pk - step * (m / (std::sqrt(v) / bc2f + epsf));
+      };
+      bool finite = true;
+      for (int64_t k = 0; k < n; ++k) {
+        float mk = mp[k], vk = vp[k];
+        const float next = advance(pp[k], kStore ? gp[k] : clipped(c.begin + k), mk, vk);
+        if constexpr (kStore)
+          mp[k] = mk, vp[k] = vk, pp[k] = next;
+        else
+          finite &= std::isfinite(next);
       }
+      for (int64_t k = 0; !finite && k < n; ++k) { // the first non-finite one, for the message
+        float mk = mp[k], vk = vp[k];
+        if (!std::isfinite(advance(pp[k], clipped(c.begin + k), mk, vk)))
+          return c.begin + k;
+      }
+      return int64_t(-1);
     };
     if (!decay)
-      update(std::integral_constant<int, 0>{});
-    else if (decoupled)
-      update(std::integral_constant<int, 1>{});
-    else
-      update(std::integral_constant<int, 2>{});
+      return update(std::integral_constant<int, 0>{});
+    if (decoupled)
+      return update(std::integral_constant<int, 1>{});
+    return update(std::integral_constant<int, 2>{});
+  };
+  std::atomic<bool> overflows{false};
+  forEachChunk([&](const Chunk &c) {
+    if (chunkUpdate(c, std::false_type{}) >= 0)
+      overflows.store(true, std::memory_order_relaxed);
   });
+  if (overflows.load())
+    for (const Chunk &c : chunks_)
+      if (const int64_t k = chunkUpdate(c, std::false_type{}); k >= 0)
+        throw NonFiniteUpdate("the update makes tensor " + quoted(slots_[c.slot].name) + " element " +
+                              std::to_string(k) + " non-finite at lr = " + numberText(lr) +
+                              " (float overflows: lower [train] lr)");
+  forEachChunk([&](const Chunk &c) { chunkUpdate(c, std::true_type{}); });
   ++steps_;
   return info;
 }

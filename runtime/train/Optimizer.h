@@ -56,6 +56,11 @@ struct ParamSlot {
 struct NonFiniteGradient : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+/// An update that would make a weight inf or NaN (a finite gradient times a huge lr): step() throws it before
+/// changing anything.
+struct NonFiniteUpdate : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 class Optimizer {
 public:

@@ -22,6 +22,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <tuple>
 
 namespace lmcc {
 
@@ -585,6 +586,16 @@ void checkHuggingFaceConfig(const std::string &weightsPath, const ModelSpec &spe
     throw WeightError(where + ": \"" + key + "\" is " + have + " but " + specName + " has " + want +
                       " (the checkpoint does not match the spec)");
   };
+  // A key of another JSON type than HF writes is refused, as import-hf refuses it (`"hidden_act": null` was skipped).
+  for (auto [key, ok, type] : {std::tuple{"model_type", &nlohmann::json::is_string, "a string"},
+                               std::tuple{"hidden_act", &nlohmann::json::is_string, "a string"},
+                               std::tuple{"position_embedding_type", &nlohmann::json::is_string, "a string"},
+                               std::tuple{"layer_norm_eps", &nlohmann::json::is_number, "a number"},
+                               std::tuple{"max_position_embeddings", &nlohmann::json::is_number_integer, "an integer"},
+                               std::tuple{"tie_word_embeddings", &nlohmann::json::is_boolean, "true or false"},
+                               std::tuple{"is_decoder", &nlohmann::json::is_boolean, "true or false"}})
+    if (j.contains(key) && !(j[key].*ok)())
+      throw WeightError(where + ": \"" + key + "\" must be " + type + ", got " + j[key].dump());
   if (j.contains("model_type") && j["model_type"] != "bert")
     mismatch("model_type", j["model_type"].dump(), "a BERT model (model_type \"bert\")");
   const std::pair<const char *, std::pair<int64_t, const char *>> ints[] = {

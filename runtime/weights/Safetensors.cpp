@@ -287,6 +287,11 @@ json parseHeaderJson(const std::string &path, const std::string &text) {
       duplicate = parsed.get<std::string>();
     return true;
   };
+  // nlohmann's lexer ends the input at a NUL byte (`{...}\0garbage` parsed as `{...}`); the format pads the header
+  // with spaces, and safetensors itself refuses a NUL.
+  if (const size_t at = text.find('\0'); at != std::string::npos)
+    headerError(path, "a NUL byte at header offset " + std::to_string(at) + " (the header is JSON text, padded with "
+                      "spaces)");
   json header;
   try {
     header = json::parse(text.begin(), text.end(), onEvent);

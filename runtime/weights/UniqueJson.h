@@ -12,6 +12,8 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -69,7 +71,21 @@ template <typename Json = nlohmann::json, typename Input> Json parseUniqueJson(I
     }
     return true;
   };
-  Json j = Json::parse(std::forward<Input>(input), onEvent);
+  // nlohmann's lexer ends the input at a NUL byte, so `{...}\0 garbage` parsed as `{...}`: JSON text has no NUL.
+  auto nulByte = [](size_t at) {
+    return Json::parse_error::create(101, at, "syntax error: a NUL byte (JSON text has none)", nullptr);
+  };
+  Json j;
+  if constexpr (std::is_convertible_v<Input, std::string_view>) {
+    const std::string_view text(input);
+    if (const size_t at = text.find('\0'); at != std::string_view::npos)
+      throw nulByte(at + 1);
+    j = Json::parse(text, onEvent);
+  } else {
+    j = Json::parse(input, onEvent);
+    if (input.peek() != std::char_traits<char>::eof()) // stopped at a NUL before the end
+      throw nulByte(size_t(input.tellg()));
+  }
   if (!duplicate.empty())
     throw DuplicateJsonKey("key \"" + duplicate + "\" appears twice in the object at " + where);
   return j;

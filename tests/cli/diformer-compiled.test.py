@@ -164,6 +164,7 @@ def capi(lib_path, name, max_len, bos, eos):
         ("bad direction", [7], [bos, 7, eos], [0, 4, 1], []),
         ("hidden on an R row", [7], [bos, 7, 9, eos], [0, 0, 2, 1], [(1, 2)]),
         ("hidden bos", [7], [bos, 7, 9, eos], [0, 2, 2, 1], [(1, 0)]),
+        ("hidden past eos", [7], [bos, 7, 9, eos], [0, 2, 2, 1], [(1, 33)]),
         ("target without bos", [7], [7, 7, eos], [0, 2, 1], []),
         ("target too long", [7], [bos] + [7] * (max_len - 2) + [eos], [0] + [2] * (max_len - 2) + [1], []),
         ("id outside the vocabulary", [7000], [bos, eos], [0, 1], []),

@@ -320,3 +320,37 @@ func.func @dropout_rank(%x: tensor<?x8xf32>) {
   %y = lm.dropout %x {rate = 0.5 : f64, site = 0 : i64} : tensor<?x8xf32>
   return
 }
+
+// -----
+
+// No lm op takes a scalar: rank-0 tensors are refused by the operand types (they crashed ConcatOp's verifier).
+func.func @concat_scalar(%a: tensor<4xf32>) {
+  // expected-error @+1 {{result #0 must be ranked tensor of rank >= 1}}
+  %c = lm.concat %a, %a : (tensor<4xf32>, tensor<4xf32>) -> tensor<f32>
+  return
+}
+
+// -----
+
+func.func @add_scalar(%a: tensor<f32>) {
+  // expected-error @+1 {{must be ranked tensor of rank >= 1}}
+  %c = lm.add %a, %a : tensor<f32>
+  return
+}
+
+// -----
+
+func.func @wdr_head_wide(%E: tensor<11x8xf32>, %ids: tensor<?x?xi32>, %len: tensor<?xi32>) {
+  // expected-error @+1 {{head must be <= 26 (the binomial coefficients C(head-1, i) stay exact in fp32), got 27}}
+  %c = lm.wdr_conjugate %E, %ids, %len {head = 27 : i64} : (tensor<11x8xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x?x8xf32>
+  return
+}
+
+// -----
+
+func.func @length_logprob_dynamic_width(%h: tensor<?x?x8xf32>, %len: tensor<?xi32>) {
+  %W = lm.weight "length.weight" : tensor<9x8xf32>
+  // expected-error @+1 {{result width vs weight rows: expected 9, got ?}}
+  %l = lm.length_logprob %h, %len, %W : (tensor<?x?x8xf32>, tensor<?xi32>, tensor<9x8xf32>) -> tensor<?x?xf32>
+  return
+}

@@ -410,6 +410,12 @@ TEST_P(Compiled, MatchesReference) {
               LM_ERR_ARGUMENT);
   } else {
     EXPECT_EQ(spanStatus, LM_ERR_ARGUMENT) << "spans apply to mask-and-predict models only";
+    // Also without spans (NULL: the original PLL): lm_rt_score_spans takes mask-and-predict models only.
+    EXPECT_EQ(lm_rt_score_spans(model, ids.data(), lengths.data(), batch, stride, nullptr, spanLp.data(),
+                                spanScores.data(), nullptr),
+              LM_ERR_ARGUMENT);
+    EXPECT_NE(std::string(lm_last_error()).find("does not score by mask-and-predict"), std::string::npos)
+        << lm_last_error();
   }
 
   // Under a workspace limit the call is cut into pieces (one sentence at a time; a sentence's masked

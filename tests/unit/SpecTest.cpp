@@ -208,6 +208,14 @@ TEST(SpecErrors, ImpossibleValues) {
   EXPECT_NE(errorOf(base("tta", "[attention]\nrelative_positions = -2\n")).find("'attention.relative_positions'"),
             std::string::npos);
   EXPECT_NE(errorOf(base("ngram", "[ngram]\nn = 1\n")).find("'ngram.n': must be at least 2"), std::string::npos);
+  // The word-difference conjugate's coefficients C(n-1, i) are exact in fp32 up to n = 26 (past 62 the int64
+  // products computing them overflowed: wrong numbers with rc 0); without wdr the heads have no coefficients.
+  const std::string wide = "name = \"m\"\nfamily = \"ngram\"\n[dims]\nvocab = 50\nmax_len = 40\nd_model = 12\n"
+                           "heads = 3\nd_ff = 20\nlayers = 1\n[ngram]\n";
+  EXPECT_NE(errorOf(wide + "n = 27\nwdr = true\n").find("'ngram.n': must be at most 26 with wdr = true"),
+            std::string::npos);
+  EXPECT_EQ(parseSpec(wide + "n = 26\nwdr = true\n", "t.toml").ngram->n, 26);
+  EXPECT_EQ(parseSpec(wide + "n = 27\nwdr = false\n", "t.toml").ngram->n, 27);
   EXPECT_NE(errorOf(base("ngram", "[ngram]\nensemble_lambda = 1.5\n")).find("'ngram.ensemble_lambda'"),
             std::string::npos);
   EXPECT_NE(errorOf(base("tta", "[embedding]\nposition = \"none\"\n")).find("t.toml:11:12: error: 'embedding.position'"),

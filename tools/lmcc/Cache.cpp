@@ -161,8 +161,11 @@ std::string cachedLibrary(const ModelSpec &spec, driver::LibraryOptions options)
   const fs::path cache = cacheDir();
   const std::string libName = "lib" + spec.name + ".so";
   const fs::path dir = entryDir(cache, spec, options);
-  if (fs::exists(dir)) {
-    if (std::string why = damage(dir); why.empty())
+  std::error_code statusError;
+  if (const fs::file_status status = fs::symlink_status(dir, statusError); fs::exists(status)) {
+    // A symbolic link (dangling ones included, which fs::exists(dir) does not see) is no entry lmcc made: removed
+    // (the link, not its target) and refilled, as a damaged entry is.
+    if (std::string why = fs::is_symlink(status) ? "a symbolic link, not a cache entry" : damage(dir); why.empty())
       return (dir / libName).string();
     else {
       warn(dir, why);
@@ -224,7 +227,7 @@ int runCache(const std::string &action) {
   }
   std::vector<fs::path> entries;
   for (const auto &e : fs::directory_iterator(cache))
-    if (e.is_directory())
+    if (e.is_directory() || e.is_symlink())
       entries.push_back(e.path());
   std::sort(entries.begin(), entries.end());
   if (action == "clean") {
@@ -248,6 +251,11 @@ int runCache(const std::string &action) {
     const std::string name = p.filename().string();
     if (name.rfind(".tmp-", 0) == 0) {
       std::printf("  %s  (a temporary of a running or killed lmcc)\n", name.c_str());
+      continue;
+    }
+    if (fs::is_symlink(p)) {
+      std::printf("  %s  (a symbolic link, not a cache entry: replaced when its model is next compiled)\n",
+                  name.c_str());
       continue;
     }
     uintmax_t bytes = 0;

@@ -344,10 +344,14 @@ int diformerGrad(const ModelSpec &spec, const std::string &weights, const std::s
     std::vector<float> grad(size_t(lm_rt_num_params(d)));
     float loss = 0;
     double nll[2] = {0, 0};
-    if (lm_rt_pair_loss_and_grad(compiled->model, a.src.data(), a.srcLen.data(), a.srcStride, a.tgt.data(),
-                                 a.tgtLen.data(), a.tgtStride, a.dirs.data(), a.hidden.data(), a.batch, &loss, nll,
-                                 grad.data()) != LM_OK)
+    if (int status = lm_rt_pair_loss_and_grad(compiled->model, a.src.data(), a.srcLen.data(), a.srcStride,
+                                              a.tgt.data(), a.tgtLen.data(), a.tgtStride, a.dirs.data(),
+                                              a.hidden.data(), a.batch, &loss, nll, grad.data());
+        status != LM_OK) {
+      if (status == LM_ERR_MEMORY) // exit 5, as every out of memory
+        throw ResourceError(batch + ": " + lm_rt_last_error());
       throw std::invalid_argument(batch + ": " + lm_rt_last_error());
+    }
     WeightSet grads = unpackGradient(d, grad);
     int64_t tokens = 0;
     for (int32_t n : a.tgtLen)
@@ -444,10 +448,15 @@ int diformerTrain(const ModelSpec &spec, const std::string &weights, const std::
       PairArrays a(spec, examples);
       float loss = 0;
       double nll[2] = {0, 0}, lr = 0, gradNorm = 0;
-      if (lm_rt_train_step_pairs(trainer, a.src.data(), a.srcLen.data(), a.srcStride, a.tgt.data(), a.tgtLen.data(),
-                                 a.tgtStride, a.dirs.data(), a.hidden.data(), a.batch, &loss, nll, &lr,
-                                 &gradNorm) != LM_OK)
-        throw std::invalid_argument(batchesPath + ": step " + std::to_string(step + 1) + ": " + lm_rt_last_error());
+      if (int status = lm_rt_train_step_pairs(trainer, a.src.data(), a.srcLen.data(), a.srcStride, a.tgt.data(),
+                                              a.tgtLen.data(), a.tgtStride, a.dirs.data(), a.hidden.data(), a.batch,
+                                              &loss, nll, &lr, &gradNorm);
+          status != LM_OK) {
+        const std::string why = batchesPath + ": step " + std::to_string(step + 1) + ": " + lm_rt_last_error();
+        if (status == LM_ERR_MEMORY) // exit 5, as every out of memory
+          throw ResourceError(why);
+        throw std::invalid_argument(why);
+      }
       int64_t tokens = 0;
       for (int32_t n : a.tgtLen)
         tokens += n;

@@ -74,11 +74,14 @@ std::vector<reference::ScoreResult> Scorer::score(const SentenceBatch &batch) {
       std::copy(spans[b].begin(), spans[b].end(), padded.begin() + size_t(b) * p.stride);
   }
   const auto start = std::chrono::steady_clock::now();
-  if (int status = rows ? lm_rt_score_spans(compiled->model, p.ids.data(), p.lengths.data(), rows, p.stride,
-                                            original ? nullptr : padded.data(), lp.data(), scores.data(),
-                                            nScored.data())
-                        : LM_OK;
-      status != LM_OK)
+  // Spans only where a sentence has other than the original PLL's (lm_rt_score_spans refuses models that do not
+  // score by mask-and-predict).
+  const int status = rows == 0 ? LM_OK
+                     : original ? lm_rt_score_ex(compiled->model, p.ids.data(), p.lengths.data(), rows, p.stride,
+                                                 lp.data(), scores.data(), nScored.data())
+                                : lm_rt_score_spans(compiled->model, p.ids.data(), p.lengths.data(), rows, p.stride,
+                                                    padded.data(), lp.data(), scores.data(), nScored.data());
+  if (status != LM_OK)
     throwRuntimeStatus(status, batch.origins);
   ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   std::vector<reference::ScoreResult> results(rows);

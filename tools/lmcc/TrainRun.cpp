@@ -34,6 +34,25 @@ using nlohmann::json;
 
 std::atomic<int> stopSignal{0};
 extern "C" void onStopSignal(int sig) { stopSignal.store(sig); }
+} // namespace
+
+StopSignals::StopSignals() {
+  stopSignal.store(0);
+  struct sigaction action {};
+  action.sa_handler = onStopSignal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, &oldInt_);
+  sigaction(SIGTERM, &action, &oldTerm_);
+}
+
+StopSignals::~StopSignals() {
+  sigaction(SIGINT, &oldInt_, nullptr);
+  sigaction(SIGTERM, &oldTerm_, nullptr);
+}
+
+int StopSignals::caught() { return stopSignal.load(); }
+
+namespace {
 
 /// lmcc's bounded reader (readInput: a directory, a line over 16 MiB or 4 GiB in all are errors), as a RunError.
 std::string readFile(const std::string &path, const char *what) {
@@ -70,6 +89,8 @@ void appendLine(const fs::path &path, const std::string &line) {
 }
 
 void check(int status, const std::string &what) {
+  if (status == LM_ERR_MEMORY) // exit 5, as every out of memory
+    throw ResourceError(what + ": " + lm_rt_last_error());
   if (status != LM_OK)
     throw RunError(what + ": " + lm_rt_last_error());
 }
@@ -92,9 +113,12 @@ class RunLock {
 public:
   explicit RunLock(const fs::path &dir) {
     const fs::path path = dir / "lock";
-    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    // O_NOFOLLOW: a symbolic link planted as the lock would otherwise have its target truncated (as log.jsonl and
+    // the other run files, a lock that is not a regular file is refused).
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd_ < 0)
-      throw RunError(path.string() + ": cannot open: " + std::strerror(errno));
+      throw RunError(path.string() + (errno == ELOOP ? std::string(": exists and is not a regular file")
+                                                     : ": cannot open: " + std::string(std::strerror(errno))));
     if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
       const int err = errno;
       ::close(fd_);
@@ -480,19 +504,7 @@ void Run::trimLog(int64_t step) {
 int Run::run() {
   // SIGINT / SIGTERM from the start (issue 16: finish the current step, write a checkpoint, exit 130): one that
   // arrives while the data is read or the model compiled stops the run before its first step (below).
-  struct sigaction action {};
-  action.sa_handler = onStopSignal;
-  sigemptyset(&action.sa_mask);
-  struct sigaction oldInt {}, oldTerm {};
-  sigaction(SIGINT, &action, &oldInt);
-  sigaction(SIGTERM, &action, &oldTerm);
-  struct Restore {
-    struct sigaction &i, &t;
-    ~Restore() {
-      sigaction(SIGINT, &i, nullptr);
-      sigaction(SIGTERM, &t, nullptr);
-    }
-  } restore{oldInt, oldTerm};
+  const StopSignals signals;
 
   if (o_.batchTokens < 1)
     throw RunError("--batch-tokens " + std::to_string(o_.batchTokens) + ": must be positive");
@@ -547,12 +559,12 @@ int Run::run() {
     hooks_.writeInitWeights(init.string());
     weights = init.string();
   }
-  if (stopSignal.load()) { // before compiling: nothing to keep; RUN_DIR left as it was (a rerun starts afresh)
+  if (StopSignals::caught()) { // before compiling: nothing to keep; RUN_DIR left as it was (a rerun starts afresh)
     fs::remove(init, ec);
     if (wroteRecord)
       fs::remove(dir_ / "run.json", ec);
     std::fprintf(stderr, "lmcc train: stopped by signal %d before the first step; nothing written\n",
-                 stopSignal.load());
+                 StopSignals::caught());
     return 130;
   }
   try {
@@ -567,6 +579,7 @@ int Run::run() {
   kill_.at("loaded", 0);
   started_ = std::chrono::steady_clock::now(); // compiling is not training time
   lm_rt_set_num_threads(o_.threads);
+  lm_rt_set_workspace_limit(o_.maxMemoryMB << 20); // 0: the runtime's default
   lm_train_desc settings = *reinterpret_cast<const lm_model_desc *const *>(model_)[0]->train;
   settings.steps = total_;
   check(lm_rt_trainer_new_ex(model_, &settings, &trainer_), "trainer");
@@ -603,7 +616,7 @@ int Run::run() {
                static_cast<long long>(total_));
 
   bool checkpointed = from.has_value();
-  while (step < total_ && !stopSignal.load()) {
+  while (step < total_ && !StopSignals::caught()) {
     if (batchIndex_ == static_cast<int64_t>(batches_.size())) {
       ++epoch_, batchIndex_ = 0;
       batches_ = train::epochBatches(train_.sentences, o_.batchTokens, uint64_t(spec_.train.seed), uint64_t(epoch_));
@@ -626,18 +639,18 @@ int Run::run() {
     else
       progress(step, false);
     checkpointed = false;
-    if (last || stopSignal.load() || (o_.checkpointEvery > 0 && step % o_.checkpointEvery == 0)) {
+    if (last || StopSignals::caught() || (o_.checkpointEvery > 0 && step % o_.checkpointEvery == 0)) {
       writeCheckpoint(step);
       checkpointed = true;
     }
   }
   endLine();
-  if (stopSignal.load()) {
+  if (StopSignals::caught()) {
     if (!checkpointed)
       writeCheckpoint(step);
     std::fprintf(stderr, "lmcc train: stopped by signal %d after step %lld; checkpoint-%lld written (--resume "
                  "continues)\n",
-                 stopSignal.load(), static_cast<long long>(step), static_cast<long long>(step));
+                 StopSignals::caught(), static_cast<long long>(step), static_cast<long long>(step));
     return 130;
   }
   if (!checkpointed) // resumed at the end: the checkpoint exists; the final weights may not

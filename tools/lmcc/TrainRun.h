@@ -18,6 +18,8 @@
 #include "runtime/lib/lmrt.h"
 #include "runtime/train/Corpus.h"
 
+#include <signal.h>
+
 #include <cstdint>
 #include <functional>
 #include <stdexcept>
@@ -30,12 +32,27 @@ struct RunError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// While alive, SIGINT and SIGTERM are caught instead of ending the process (issue 16: a training loop finishes its
+/// step, writes its weights and optimizer state, and exits 130); caught() says which arrived (0: none).
+class StopSignals {
+public:
+  StopSignals();
+  ~StopSignals();
+  StopSignals(const StopSignals &) = delete;
+  StopSignals &operator=(const StopSignals &) = delete;
+  static int caught();
+
+private:
+  struct sigaction oldInt_ {}, oldTerm_ {};
+};
+
 struct TrainRunOptions {
   std::string data, valid, weights, runDir;
   bool ids = false, dropLong = false, resume = false;
   int64_t steps = 0; ///< 0: the spec's [train] steps (the schedule's total is the run's length either way)
   int64_t batchTokens = 8192;
   int threads = 1;
+  int64_t maxMemoryMB = 0; ///< the runtime's workspace limit (--max-memory); 0: its default
   int64_t logEvery = 25, validEvery = 250, checkpointEvery = 500, keep = 3;
 };
 

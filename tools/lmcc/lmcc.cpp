@@ -239,6 +239,7 @@ int runGrad(Options o) {
     if (!o.reference) {
       o.train = true;
       lm_set_num_threads(o.threads);
+      lm_set_workspace_limit(o.maxMemoryMB << 20); // 0: the runtime's default
       compiled.emplace(spec, o, o.weights);
     }
     return lmcc::cli::diformerGrad(spec, o.weights, o.batch, o.output, o.threads, compiled ? &*compiled : nullptr);
@@ -258,11 +259,16 @@ int runGrad(Options o) {
     o.train = true;
     CompiledModel m(spec, o);
     lm_set_num_threads(o.threads);
+    lm_set_workspace_limit(o.maxMemoryMB << 20); // 0: the runtime's default
     const lm_model_desc *d = m.desc();
     std::vector<float> grad(size_t(lm_rt_num_params(d)));
-    if (lm_rt_loss_and_grad(m.model, b.inputs.data(), b.targets.data(), b.lengths.data(), b.batch, b.stride, &loss,
-                            grad.data()) != LM_OK)
+    if (int status = lm_rt_loss_and_grad(m.model, b.inputs.data(), b.targets.data(), b.lengths.data(), b.batch,
+                                         b.stride, &loss, grad.data());
+        status != LM_OK) {
+      if (status == LM_ERR_MEMORY) // exit 5, as every out of memory
+        throw ResourceError(lm_last_error());
       throw InputError(lm_last_error());
+    }
     out = lmcc::cli::unpackGradient(d, grad);
   }
   out.metadata["name"] = spec.name;
@@ -287,10 +293,15 @@ int runTrainBatches(Options o) {
   lmcc::ModelSpec spec = lmcc::loadSpec(o.spec);
   checkTrainable(spec, o.spec);
   if (spec.family == lmcc::Family::Diformer) { // directional objective; --reference: the Eigen oracle
+    if (!o.resume.empty()) // was ignored: the run started over from a seeded model
+      throw UsageError("--resume: a Diformer run keeps no optimizer state to continue from (it writes "
+                       "DIR/weights.safetensors only); start a new run from its weights with --weights " +
+                       (fs::path(o.resume) / "weights.safetensors").string());
     lmcc::cli::CompileFn compile;
     if (!o.reference) {
       o.train = true;
       lm_set_num_threads(o.threads);
+      lm_set_workspace_limit(o.maxMemoryMB << 20); // 0: the runtime's default
       compile = [&](const std::string &path) { return std::make_unique<CompiledModel>(spec, o, path); };
     }
     return lmcc::cli::diformerTrain(spec, o.weights, o.batches, o.output, o.steps, o.saveEvery, o.threads, compile);
@@ -318,6 +329,7 @@ int runTrainBatches(Options o) {
   o.train = true;
   CompiledModel m(spec, o, o.resume.empty() ? o.weights : (resume / "weights.safetensors").string());
   lm_set_num_threads(o.threads);
+  lm_set_workspace_limit(o.maxMemoryMB << 20); // 0: the runtime's default
   lm_trainer *trainer = nullptr;
   if (lm_rt_trainer_new(m.model, &trainer) != LM_OK)
     throw InputError(lm_last_error());
@@ -334,20 +346,32 @@ int runTrainBatches(Options o) {
         lm_rt_trainer_save(trainer, (fs::path(o.output) / "trainer.safetensors").c_str()) != LM_OK)
       throw InputError(lm_last_error());
   };
+  // SIGINT / SIGTERM: the step in progress finishes, the weights and optimizer state are written, exit 130 (as
+  // lmcc train --data; they ended the process with every step lost).
+  const lmcc::cli::StopSignals signals;
   for (int64_t k = 0; k < steps; ++k) {
+    if (const int sig = lmcc::cli::StopSignals::caught()) {
+      save();
+      std::fprintf(stderr, "lmcc train: stopped by signal %d after step %lld; the weights and optimizer state are in "
+                           "%s (--resume %s continues)\n",
+                   sig, static_cast<long long>(lm_rt_trainer_steps(trainer)), o.output.c_str(), o.output.c_str());
+      return 130;
+    }
     const int64_t step = lm_rt_trainer_steps(trainer);
     const TrainBatch &b = batches[size_t(step % int64_t(batches.size()))];
     float loss = 0;
     double lr = 0, norm = 0;
-    if (lm_rt_train_step_ex(trainer, b.inputs.data(), b.targets.data(), b.lengths.data(), b.batch, b.stride, &loss,
-                            &lr, &norm) != LM_OK) {
-      const std::string why = lm_last_error();
+    if (int status = lm_rt_train_step_ex(trainer, b.inputs.data(), b.targets.data(), b.lengths.data(), b.batch,
+                                         b.stride, &loss, &lr, &norm);
+        status != LM_OK) {
+      std::string why = "step " + std::to_string(step + 1) + ": " + lm_last_error();
       if (k > 0) { // the steps done are kept: --resume DIR continues from them
         save();
-        throw InputError("step " + std::to_string(step + 1) + ": " + why + "; the weights and optimizer state after " +
-                         "step " + std::to_string(step) + " are in " + o.output);
+        why += "; the weights and optimizer state after step " + std::to_string(step) + " are in " + o.output;
       }
-      throw InputError("step " + std::to_string(step + 1) + ": " + why);
+      if (status == LM_ERR_MEMORY) // exit 5, as every out of memory
+        throw ResourceError(why);
+      throw InputError(why);
     }
     std::string line = "{\"step\":" + std::to_string(step + 1) + ",\"loss\":";
     appendNumber(line, loss, "loss at step " + std::to_string(step + 1));
@@ -382,6 +406,7 @@ int runTrainData(Options o, bool resumeGiven) {
   if (!o.resume.empty() && fs::path(o.resume) != fs::path(o.output))
     throw UsageError("--resume " + o.resume + " and -o " + o.output + " name different run directories");
   r.runDir = o.output, r.weights = o.weights, r.resume = resumeGiven, r.steps = o.steps, r.threads = o.threads;
+  r.maxMemoryMB = o.maxMemoryMB;
   std::optional<lmcc::Tokenizer> tok;
   lmcc::cli::TrainRunHooks hooks;
   if (r.ids) {
@@ -608,7 +633,7 @@ nlohmann::json readJsonFile(const fs::path &path, bool required) {
 /// `lmcc import-hf DIR -o SPEC.toml`: a spec for a Hugging Face BERT folder (config.json, vocab.txt,
 /// tokenizer_config.json) or a sentence-transformers folder (modules.json, the Transformer module's
 /// sentence_bert_config.json with max_seq_length, the Pooling module's config.json, Normalize).
-int runImportHf(const Options &o) {
+int importHf(const Options &o) {
   const fs::path dir = o.input;
   if (!fs::is_directory(dir))
     throw InputError(o.input + ": not a directory (import-hf reads a Hugging Face model folder)");
@@ -668,17 +693,40 @@ int runImportHf(const Options &o) {
       throw InputError(configPath.string() + ": \"" + key + "\" is missing or not an integer");
     return c[key].get<int64_t>();
   };
-  if (c.value("model_type", "bert") != "bert")
-    throw InputError(configPath.string() + ": model_type \"" + c.value("model_type", "") +
-                     "\" is not supported (import-hf reads BERT models)");
-  if (c.contains("is_decoder") && c["is_decoder"] == true)
+  // Optional keys of one JSON type: a value of another type is an error naming the key (nlohmann's value()
+  // throws a type_error that named neither).
+  auto typed = [&](const char *key, bool ok, const char *type) {
+    if (!ok)
+      throw InputError(configPath.string() + ": \"" + key + "\" must be " + type + ", got " + c[key].dump());
+  };
+  auto stringValue = [&](const char *key, const char *fallback) -> std::string {
+    if (!c.contains(key))
+      return fallback;
+    typed(key, c[key].is_string(), "a string");
+    return c[key].get<std::string>();
+  };
+  auto number = [&](const char *key, double fallback) -> double {
+    if (!c.contains(key))
+      return fallback;
+    typed(key, c[key].is_number(), "a number");
+    return c[key].get<double>();
+  };
+  auto flag = [&](const char *key, bool fallback) -> bool {
+    if (!c.contains(key))
+      return fallback;
+    typed(key, c[key].is_boolean(), "true or false");
+    return c[key].get<bool>();
+  };
+  if (const std::string type = stringValue("model_type", "bert"); type != "bert")
+    throw InputError(configPath.string() + ": model_type \"" + type + "\" is not supported (import-hf reads BERT models)");
+  if (flag("is_decoder", false))
     throw InputError(configPath.string() + ": is_decoder = true (a causal BERT) is not supported by import-hf, "
                      "which writes a bidirectional spec; write a family = \"unilm\" spec and pass the folder as "
                      "--weights");
-  if (c.value("position_embedding_type", "absolute") != "absolute")
-    throw InputError(configPath.string() + ": position_embedding_type \"" + c.value("position_embedding_type", "") +
+  if (const std::string type = stringValue("position_embedding_type", "absolute"); type != "absolute")
+    throw InputError(configPath.string() + ": position_embedding_type \"" + type +
                      "\" is not supported (learned absolute positions are)");
-  std::string act = c.value("hidden_act", "gelu");
+  std::string act = stringValue("hidden_act", "gelu");
   const char *activation = act == "gelu" ? "gelu" : act == "gelu_new" || act == "gelu_pytorch_tanh" ? "gelu_tanh"
                            : act == "relu" ? "relu" : nullptr;
   if (!activation)
@@ -805,7 +853,8 @@ int runImportHf(const Options &o) {
     vocabRel = fs::absolute(vocabPath).string();
 
   char eps[64];
-  const double epsValue = c.value("layer_norm_eps", 1e-12);
+  const double epsValue = number("layer_norm_eps", 1e-12);
+  const bool tied = flag("tie_word_embeddings", true);
   for (int precision = 1; precision <= 17; ++precision) { // the shortest text that reads back the same
     std::snprintf(eps, sizeof eps, "%.*g", precision, epsValue);
     if (std::strtod(eps, nullptr) == epsValue)
@@ -819,7 +868,7 @@ int runImportHf(const Options &o) {
     << "\nheads = " << need("num_attention_heads") << "\nd_ff = " << need("intermediate_size")
     << "\nlayers = " << need("num_hidden_layers") << "\n\n[block]\nactivation = \"" << activation << "\"\neps = " << eps
     << "\n\n[head]\nmlm = " << (mlm ? "true" : "false")
-    << (mlm && c.value("tie_word_embeddings", true) == false ? "\ntied = false" : "") << "\n\n[tokens]\n" << tokensTable << "\n[embed]\npool = \""
+    << (mlm && !tied ? "\ntied = false" : "") << "\n\n[tokens]\n" << tokensTable << "\n[embed]\npool = \""
     << pooling << "\"\nnormalize = " << (normalize ? "true" : "false") << "\n\n[tokenizer]\nvocab = "
     << jsonString(vocabRel) << "\nlowercase = " << (lowercase ? "true" : "false") << "\n" << tokenizerTable;
   std::string text = t.str();
@@ -832,6 +881,14 @@ int runImportHf(const Options &o) {
     writeAtomically(vocabPath.string(), vocabText);
   writeAtomically(o.output, text);
   return kExitOk;
+}
+
+int runImportHf(const Options &o) {
+  try {
+    return importHf(o);
+  } catch (const nlohmann::json::exception &e) { // a value of another JSON type than the folder's files should have
+    throw InputError(o.input + ": a JSON value of an unexpected type: " + e.what());
+  }
 }
 
 int runScoreOrEmbed(const Options &o, bool score) {
@@ -857,6 +914,7 @@ int runScoreOrEmbed(const Options &o, bool score) {
     std::optional<CompiledModel> compiled;
     if (!o.reference) {
       lm_set_num_threads(o.threads);
+      lm_set_workspace_limit(o.maxMemoryMB << 20); // 0: the runtime's default
       compiled.emplace(spec, o, o.weights);
     }
     return lmcc::cli::diformerScore(spec, o.weights, o.text.empty() ? o.ids : o.text, tok ? &*tok : nullptr,
@@ -992,11 +1050,12 @@ int main(int argc, char **argv) {
   auto *compile = app.add_subcommand("compile", "compile a model into DIR/lib<name>.so and DIR/<name>.h");
   compile->add_option("SPEC", o.spec, "model spec (TOML)")->required();
   compile->add_option("-o,--output", o.output, "output directory (required unless --stats)");
-  compile->add_flag("--stats", o.stats, "print '<entry>: flops=<int> temp_bytes=<int>' per entry point (with --max-memory, the memory model after them)");
-  compile->add_option("--n", o.statsN, "sentence length for --stats (batch 1)");
+  auto *stats = compile->add_flag("--stats", o.stats, "print '<entry>: flops=<int> temp_bytes=<int>' per entry point (with --max-memory, the memory model after them)");
+  compile->add_option("--n", o.statsN, "sentence length for --stats (batch 1)")->needs(stats);
   compile->add_option("--max-memory", o.maxMemoryMB,
                       "with --stats: the workspace limit in MB; prints the masked copies per call and the peak")
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 40))
+      ->needs(stats);
   compile->add_option("--weights", o.weights, "weights to validate now (and bake in with --embed-weights)");
   compile->add_flag("--embed-weights", o.embedWeights, "bake the weights into the library (_load takes NULL)");
   compile->add_flag("--static", o.staticArchive, "also write lib<name>.a (link: cc app.c -I DIR DIR/lib<name>.a -L DIR -llmrt -lm -Wl,-rpath,DIR)");
@@ -1062,6 +1121,7 @@ int main(int argc, char **argv) {
       grad->add_flag("--reference", o.reference, "compute with the reference executor (the numeric oracle)");
   addThreads(grad);
   addPipelineFlags(grad);
+  addMaxMemory(grad); // the workspace limit holds training calls too (LM_ERR_MEMORY past it)
   excludePipelineFlags(grad, gradReference);
 
   auto *train = app.add_subcommand(
@@ -1114,6 +1174,7 @@ int main(int argc, char **argv) {
                                          "diformer --batches: train on the reference executor (the numeric oracle)");
   addThreads(train);
   addPipelineFlags(train);
+  addMaxMemory(train);
   excludePipelineFlags(train, trainReference);
 
   auto *cache = app.add_subcommand("cache", "the compiled-library cache of score/embed/train: list or clean");
@@ -1143,6 +1204,7 @@ int main(int argc, char **argv) {
       "--reference", o.reference, "decode on the reference executor (the numeric oracle) instead of compiled code");
   addThreads(translate);
   addPipelineFlags(translate);
+  addMaxMemory(translate);
   excludePipelineFlags(translate, translateReference);
 
   auto *tokenize = app.add_subcommand("tokenize", "tokenize text with the spec's [tokenizer]: ids, one sentence a line");
@@ -1154,7 +1216,14 @@ int main(int argc, char **argv) {
 
   auto *vocab = app.add_subcommand("vocab", "build a WordPiece vocabulary from a corpus (deterministic)");
   vocab->add_option("--corpus", o.corpus, "UTF-8 text ('-' = stdin)")->required();
-  vocab->add_option("--size", o.vocabSize, "vocabulary entries, specials included")->required();
+  vocab->add_option("--size", o.vocabSize, "vocabulary entries, specials included")
+      ->required()
+      ->check([](const std::string &v) { // token ids are int32 (runVocab says what the lower bound is)
+        errno = 0;
+        const long long size = std::strtoll(v.c_str(), nullptr, 10);
+        return errno == ERANGE || size > INT32_MAX ? "at most 2^31 - 1 entries (token ids are int32), got " + v
+                                                   : std::string();
+      });
   vocab->add_flag("--lowercase", o.lowercase, "BERT uncased normalization (lowercase, strip accents)");
   vocab->add_flag("--word-level", o.wordLevel, "whole words: the specials, then the size-5 most frequent words "
                                                "(every other word tokenizes to [UNK])");
@@ -1342,6 +1411,7 @@ int main(int argc, char **argv) {
       std::optional<CompiledModel> compiled;
       if (!o.reference) {
         lm_set_num_threads(o.threads);
+        lm_set_workspace_limit(o.maxMemoryMB << 20); // 0: the runtime's default
         compiled.emplace(spec, o, o.weights);
       }
       return lmcc::cli::diformerTranslate(spec, o.weights, o.text.empty() ? o.ids : o.text, tok ? &*tok : nullptr,
