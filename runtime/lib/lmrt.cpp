@@ -1313,18 +1313,21 @@ struct KernelGuard {
   bool overLimit = false;         ///< the failure was the limit's, not the system's
   uint64_t failedBytes = 0, liveAtFailure = 0;
 
-  /// Links a temporary of h->requested bytes to the call; false (nothing linked) when that would take a held
-  /// call past its limit.
-  bool link(BlockHeader *h) {
+  /// Whether `bytes` more of temporaries keep a held call under its limit (two of its tasks asking at once may
+  /// both be told yes: the limit is about, not exact).
+  bool fits(uint64_t bytes) {
+    if (!limit)
+      return true;
     std::lock_guard<SpinLock> lock(mutex);
-    if (limit && held + h->requested > limit)
-      return false;
+    return held + bytes <= limit;
+  }
+  void link(BlockHeader *h) {
+    std::lock_guard<SpinLock> lock(mutex);
     held += h->requested;
     h->guard = this, h->prev = nullptr, h->next = blocks;
     if (blocks)
       blocks->prev = h;
     blocks = h;
-    return true;
   }
   void unlink(BlockHeader *h) {
     std::lock_guard<SpinLock> lock(mutex);
@@ -1368,6 +1371,10 @@ struct WorkspaceCache {
       return nullptr; // kernels only ask for small powers of two (every block is 64-byte aligned)
     if (size > kMaxRequest)
       return nullptr; // no system has it, and the header's rounding below would wrap around
+    if (KernelGuard *g = t_kernel; g && !g->fits(size)) { // past a held call's limit: no block taken
+      overLimit = true;
+      return nullptr;
+    }
     char *block;
     auto fit = std::lower_bound(blocks.begin(), blocks.end(), size,
                                 [](const std::pair<uint64_t, char *> &b, uint64_t s) { return b.first < s; });
@@ -1401,14 +1408,10 @@ struct WorkspaceCache {
     Header *header = reinterpret_cast<Header *>(block);
     header->requested = size;
     header->guard = nullptr;
+    if (KernelGuard *g = t_kernel)
+      g->link(header);
     liveBytes += header->capacity;
-    g_liveBytes.fetch_add(size, std::memory_order_relaxed);
-    if (KernelGuard *g = t_kernel; g && !g->link(header)) { // over a held call's limit: back to the cache
-      put(block + kHeader);
-      overLimit = true;
-      return nullptr;
-    }
-    const uint64_t live = g_liveBytes.load(std::memory_order_relaxed);
+    const uint64_t live = g_liveBytes.fetch_add(size, std::memory_order_relaxed) + size;
     uint64_t peak = g_peakBytes.load(std::memory_order_relaxed);
     while (live > peak && !g_peakBytes.compare_exchange_weak(peak, live, std::memory_order_relaxed)) {
     }

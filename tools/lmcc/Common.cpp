@@ -290,6 +290,17 @@ void Progress::draw() {
 
 // --- Running the model --------------------------------------------------------------
 
+void throwCallStatus(int status, const std::string &message) {
+  if (status == LM_ERR_MEMORY)
+    throw ResourceError(message);
+  throw InputError(message);
+}
+
+void setRuntime(const Options &o) {
+  lm_set_num_threads(o.threads);
+  lm_set_workspace_limit(o.maxMemoryMB << 20);
+}
+
 void throwRuntimeStatus(int status, const std::vector<std::string> &rows) {
   std::string message = lm_last_error();
   if (status == LM_ERR_MEMORY)

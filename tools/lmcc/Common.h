@@ -169,6 +169,14 @@ private:
 /// from ("ids.txt:3"); a non-finite result is then reported for the input of its row, not the batch row.
 [[noreturn]] void throwRuntimeStatus(int status, const std::vector<std::string> &rows = {});
 
+/// A failed training or translation call (no batch rows to name): out of memory is exit 5, anything else the input's
+/// (exit 1), its message `message`.
+[[noreturn]] void throwCallStatus(int status, const std::string &message);
+
+/// The runtime's process-wide settings of a command: its threads and workspace limit (--max-memory MB; 0: the
+/// runtime's default).
+void setRuntime(const Options &o);
+
 /// Sentences padded to one stride for the runtime's batched entries.
 struct Padded {
   std::vector<int32_t> ids, lengths;

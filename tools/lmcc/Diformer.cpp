@@ -348,9 +348,7 @@ int diformerGrad(const ModelSpec &spec, const std::string &weights, const std::s
                                               a.tgt.data(), a.tgtLen.data(), a.tgtStride, a.dirs.data(),
                                               a.hidden.data(), a.batch, &loss, nll, grad.data());
         status != LM_OK) {
-      if (status == LM_ERR_MEMORY) // exit 5, as every out of memory
-        throw ResourceError(batch + ": " + lm_rt_last_error());
-      throw std::invalid_argument(batch + ": " + lm_rt_last_error());
+      throwCallStatus(status, batch + ": " + lm_rt_last_error());
     }
     WeightSet grads = unpackGradient(d, grad);
     int64_t tokens = 0;
@@ -452,10 +450,7 @@ int diformerTrain(const ModelSpec &spec, const std::string &weights, const std::
                                               a.tgtLen.data(), a.tgtStride, a.dirs.data(), a.hidden.data(), a.batch,
                                               &loss, nll, &lr, &gradNorm);
           status != LM_OK) {
-        const std::string why = batchesPath + ": step " + std::to_string(step + 1) + ": " + lm_rt_last_error();
-        if (status == LM_ERR_MEMORY) // exit 5, as every out of memory
-          throw ResourceError(why);
-        throw std::invalid_argument(why);
+        throwCallStatus(status, batchesPath + ": step " + std::to_string(step + 1) + ": " + lm_rt_last_error());
       }
       int64_t tokens = 0;
       for (int32_t n : a.tgtLen)
@@ -562,9 +557,7 @@ int diformerTranslate(const ModelSpec &spec, const std::string &weights, const s
                                        d.lengthBeam, d.iterations, d.rerank ? 1 : 0, int32_t(d.maxTarget), tgt.data(),
                                        int32_t(tgt.size()), &length, &t.score, &candidates);
           status != LM_OK) {
-        if (status == LM_ERR_MEMORY) // exit 5, as every out of memory
-          throw ResourceError(where + ": " + lm_rt_last_error());
-        throw std::invalid_argument(where + ": " + lm_rt_last_error());
+        throwCallStatus(status, where + ": " + lm_rt_last_error());
       }
       t.tgt.assign(tgt.begin(), tgt.begin() + length);
       t.candidates = candidates;

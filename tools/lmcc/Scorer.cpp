@@ -44,8 +44,7 @@ void Scorer::load() {
     return;
   }
   compiled = std::make_unique<CompiledModel>(spec, o);
-  lm_set_num_threads(o.threads);
-  lm_set_workspace_limit(o.maxMemoryMB << 20); // 0: the runtime's default
+  setRuntime(o);
 }
 
 std::vector<reference::ScoreResult> Scorer::score(const SentenceBatch &batch) {

@@ -238,8 +238,7 @@ int runGrad(Options o) {
     std::optional<CompiledModel> compiled;
     if (!o.reference) {
       o.train = true;
-      lm_set_num_threads(o.threads);
-      lm_set_workspace_limit(o.maxMemoryMB << 20); // 0: the runtime's default
+      setRuntime(o);
       compiled.emplace(spec, o, o.weights);
     }
     return lmcc::cli::diformerGrad(spec, o.weights, o.batch, o.output, o.threads, compiled ? &*compiled : nullptr);
@@ -258,16 +257,13 @@ int runGrad(Options o) {
   } else {
     o.train = true;
     CompiledModel m(spec, o);
-    lm_set_num_threads(o.threads);
-    lm_set_workspace_limit(o.maxMemoryMB << 20); // 0: the runtime's default
+    setRuntime(o);
     const lm_model_desc *d = m.desc();
     std::vector<float> grad(size_t(lm_rt_num_params(d)));
     if (int status = lm_rt_loss_and_grad(m.model, b.inputs.data(), b.targets.data(), b.lengths.data(), b.batch,
                                          b.stride, &loss, grad.data());
         status != LM_OK) {
-      if (status == LM_ERR_MEMORY) // exit 5, as every out of memory
-        throw ResourceError(lm_last_error());
-      throw InputError(lm_last_error());
+      throwCallStatus(status, lm_last_error());
     }
     out = lmcc::cli::unpackGradient(d, grad);
   }
@@ -300,8 +296,7 @@ int runTrainBatches(Options o) {
     lmcc::cli::CompileFn compile;
     if (!o.reference) {
       o.train = true;
-      lm_set_num_threads(o.threads);
-      lm_set_workspace_limit(o.maxMemoryMB << 20); // 0: the runtime's default
+      setRuntime(o);
       compile = [&](const std::string &path) { return std::make_unique<CompiledModel>(spec, o, path); };
     }
     return lmcc::cli::diformerTrain(spec, o.weights, o.batches, o.output, o.steps, o.saveEvery, o.threads, compile);
@@ -328,8 +323,7 @@ int runTrainBatches(Options o) {
         throw InputError((resume / file).string() + ": not found (--resume needs a directory written by lmcc train)");
   o.train = true;
   CompiledModel m(spec, o, o.resume.empty() ? o.weights : (resume / "weights.safetensors").string());
-  lm_set_num_threads(o.threads);
-  lm_set_workspace_limit(o.maxMemoryMB << 20); // 0: the runtime's default
+  setRuntime(o);
   lm_trainer *trainer = nullptr;
   if (lm_rt_trainer_new(m.model, &trainer) != LM_OK)
     throw InputError(lm_last_error());
@@ -369,9 +363,7 @@ int runTrainBatches(Options o) {
         save();
         why += "; the weights and optimizer state after step " + std::to_string(step) + " are in " + o.output;
       }
-      if (status == LM_ERR_MEMORY) // exit 5, as every out of memory
-        throw ResourceError(why);
-      throw InputError(why);
+      throwCallStatus(status, why);
     }
     std::string line = "{\"step\":" + std::to_string(step + 1) + ",\"loss\":";
     appendNumber(line, loss, "loss at step " + std::to_string(step + 1));
@@ -913,8 +905,7 @@ int runScoreOrEmbed(const Options &o, bool score) {
       tok = loadTokenizer(spec);
     std::optional<CompiledModel> compiled;
     if (!o.reference) {
-      lm_set_num_threads(o.threads);
-      lm_set_workspace_limit(o.maxMemoryMB << 20); // 0: the runtime's default
+      setRuntime(o);
       compiled.emplace(spec, o, o.weights);
     }
     return lmcc::cli::diformerScore(spec, o.weights, o.text.empty() ? o.ids : o.text, tok ? &*tok : nullptr,
@@ -1410,8 +1401,7 @@ int main(int argc, char **argv) {
         tok = loadTokenizer(spec);
       std::optional<CompiledModel> compiled;
       if (!o.reference) {
-        lm_set_num_threads(o.threads);
-        lm_set_workspace_limit(o.maxMemoryMB << 20); // 0: the runtime's default
+        setRuntime(o);
         compiled.emplace(spec, o, o.weights);
       }
       return lmcc::cli::diformerTranslate(spec, o.weights, o.text.empty() ? o.ids : o.text, tok ? &*tok : nullptr,
