@@ -47,7 +47,7 @@ void runItems(Loops &L, ArrayRef<Value> operands, int64_t heads, int64_t width, 
               const std::function<void(Value, Value)> &emit) {
   auto &b = L.b;
   Location loc = L.loc;
-  Value items = b.create<arith::MulIOp>(loc, L.B, L.idx(heads));
+  Value items = b.create<arith::MulIOp>(loc, L.B(), L.idx(heads));
   // Whole buffers, or static row-major views at an offset (a relative table in the weight buffer).
   auto whole = [](Value m) { return !m || Loops::readableAtAddress(llvm::cast<MemRefType>(m.getType())); };
   if (!llvm::all_of(operands, whole)) {
@@ -58,9 +58,9 @@ void runItems(Loops &L, ArrayRef<Value> operands, int64_t heads, int64_t width, 
   // Query rows x keys x width multiply-adds of every entry: below 2^16 (a few microseconds) the call stays on
   // this thread.
   Value work = b.create<arith::MulIOp>(
-      loc, b.create<arith::MulIOp>(loc, L.B, b.create<arith::MulIOp>(loc, rows, keys)), L.idx(width));
+      loc, b.create<arith::MulIOp>(loc, L.B(), b.create<arith::MulIOp>(loc, rows, keys)), L.idx(width));
   SmallVector<Value> fields(addresses.begin(), addresses.end());
-  fields.append({i64(L.B), i64(rows), i64(keys)});
+  fields.append({i64(L.B()), i64(rows), i64(keys)});
   L.parallelFor(task(), items, fields, L.lt(work, L.idx(1 << 16)));
 }
 
@@ -290,7 +290,7 @@ LogicalResult lowerVector(lm::AttentionOp a, Loops &L) {
   Value queryPositions = a.getQueryPositions() ? L.in(a.getQueryPositions()) : Value();
   Value relK = a.getRelKey() ? L.in(a.getRelKey()) : Value(), relV = a.getRelValue() ? L.in(a.getRelValue()) : Value();
   Value maskRows = a.getMaskData() ? L.in(a.getMaskData()) : Value();
-  VectorOperands ops{q, k, v, out, queryPositions, L.B, relK, relV, maskRows};
+  VectorOperands ops{q, k, v, out, queryPositions, L.B(), relK, relV, maskRows};
   Value rows = L.b.create<memref::DimOp>(L.loc, q, 1), keys = L.b.create<memref::DimOp>(L.loc, k, 1);
   runItems(L, {q, k, v, L.lengths, queryPositions, relK, relV, maskRows}, a.getHeads(), a.getType().getDimSize(2),
            rows, keys,
@@ -328,7 +328,7 @@ LogicalResult lowerScalar(lm::AttentionOp a, Loops &L) {
   Value queryPositions = a.getQueryPositions() ? L.in(a.getQueryPositions()) : Value();
   Value rows = a.getMaskData() ? L.in(a.getMaskData()) : Value(); // the directional mask's rows
   Value queryRows = queryPositions ? L.idx(1) : Value(b.create<memref::DimOp>(loc, q, 1));
-  L.nest({L.B, L.idx(H), queryRows}, [&](ValueRange iv) {
+  L.nest({L.B(), L.idx(H), queryRows}, [&](ValueRange iv) {
     Value bi = iv[0], h = iv[1], row = iv[2];
     Value i =
         queryPositions ? Value(b.create<arith::IndexCastOp>(loc, b.getIndexType(), L.load(queryPositions, bi))) : row;

@@ -329,10 +329,10 @@ LogicalResult lowerVectorAttentionGrad(lm::AttentionGradOp op, Loops &L) {
   Value relK = relative ? L.in(op.getRelKey()) : Value(), relV = relative ? L.in(op.getRelValue()) : Value();
   // The items' table gradients [2 B H, T, dh], summed in item order below: the same bits for any thread count.
   Value relGrads = relative ? L.alloc(MemRefType::get({ShapedType::kDynamic, T, dh}, L.f32()),
-                                      {b.create<arith::MulIOp>(loc, L.B, L.idx(2 * H))})
+                                      {b.create<arith::MulIOp>(loc, L.B(), L.idx(2 * H))})
                             : Value();
   Value maskRows = op.getMaskData() ? L.in(op.getMaskData()) : Value();
-  GradOperands ops{dO, q, k, v, dq, dk, dv, queryLengths, L.B, relK, relV, relGrads, maskRows};
+  GradOperands ops{dO, q, k, v, dq, dk, dv, queryLengths, L.B(), relK, relV, relGrads, maskRows};
   Value rows = b.create<memref::DimOp>(loc, q, 1), keys = b.create<memref::DimOp>(loc, k, 1);
   runItems(L, {dO, q, k, v, L.lengths, queryLengths, relK, relV, maskRows}, H, D, rows, keys,
            {L.address(dO), L.address(q), L.address(k), L.address(v), L.address(dq), L.address(dk), L.address(dv),
@@ -344,7 +344,7 @@ LogicalResult lowerVectorAttentionGrad(lm::AttentionGradOp op, Loops &L) {
     return L.setAll(op, {dq, dk, dv});
   Value dRelK = L.alloc(L.typeOf(op.getDRelative()[0])), dRelV = L.alloc(L.typeOf(op.getDRelative()[1]));
   VectorKernel K(L, dh, op.getMask());
-  Value items = b.create<arith::MulIOp>(loc, L.B, L.idx(H));
+  Value items = b.create<arith::MulIOp>(loc, L.B(), L.idx(H));
   auto [first, last] = K.tableRows(op.getClip()); // the other table rows get nothing under this mask
   for (auto [which, out] : {std::pair{int64_t(0), dRelK}, std::pair{int64_t(1), dRelV}})
     L.nest({L.idx(T), L.idx(dh / kLanes)}, [&](ValueRange tc) {

@@ -104,8 +104,8 @@ struct TokenLossLowering : LmLowering<lm::TokenLossOp> {
         .ptr(op.getBias() ? L.in(op.getBias()) : Value())
         .ptr(L.in(op.getTargets()))
         .ptr(L.in(op.getLengths()))
-        .i64(L.B)
-        .i64(L.N)
+        .i64(L.B())
+        .i64(L.N())
         .i64(w.getDimSize(1))
         .i64(w.getDimSize(0))
         .f64(op.getSmoothing().convertToDouble())
@@ -130,8 +130,8 @@ struct TokenLossGradLowering : LmLowering<lm::TokenLossGradOp> {
         .ptr(L.in(op.getTargets()))
         .ptr(L.in(op.getLengths()))
         .ptr(L.in(op.getLse()))
-        .i64(L.B)
-        .i64(L.N)
+        .i64(L.B())
+        .i64(L.N())
         .i64(w.getDimSize(1))
         .i64(w.getDimSize(0))
         .f64(op.getSmoothing().convertToDouble())
@@ -153,8 +153,8 @@ struct CrossEntropyLowering : LmLowering<lm::CrossEntropyOp> {
         .ptr(L.in(op.getLogprobs()))
         .ptr(L.in(op.getTargets()))
         .ptr(L.in(op.getLengths()))
-        .i64(L.B)
-        .i64(L.N)
+        .i64(L.B())
+        .i64(L.N())
         .i64(lastDim(op.getLogprobs()))
         .f64(op.getSmoothing().convertToDouble())
         .ptr(ce)
@@ -170,8 +170,8 @@ struct CrossEntropyGradLowering : LmLowering<lm::CrossEntropyGradOp> {
     Call{L}
         .ptr(L.in(op.getTargets()))
         .ptr(L.in(op.getLengths()))
-        .i64(L.B)
-        .i64(L.N)
+        .i64(L.B())
+        .i64(L.N())
         .i64(lastDim(op.getResult()))
         .f64(op.getSmoothing().convertToDouble())
         .i32(op.getPerLength() ? 1 : 0)
@@ -290,8 +290,8 @@ struct AttentionGradLowering : LmLowering<lm::AttentionGradOp> {
         .ptr(rel ? L.in(op.getRelKey()) : Value())
         .ptr(rel ? L.in(op.getRelValue()) : Value())
         .i64(int64_t(op.getClip()))
-        .i64(L.B)
-        .i64(L.N)
+        .i64(L.B())
+        .i64(L.N())
         .i64(M)
         .i64(lastDim(op.getQuery()))
         .i64(int64_t(op.getHeads()))
@@ -358,7 +358,7 @@ template <typename Op> struct DropoutLowering : LmLowering<Op> {
       for (int64_t axis = 0; axis < 4; ++axis)
         call.i64(Value(L.b.create<memref::DimOp>(L.loc, x, axis)));
     } else {
-      call.i64(L.B).i64(L.N).i64(lastDim(op->getOperand(0)));
+      call.i64(L.B()).i64(L.N()).i64(lastDim(op->getOperand(0)));
     }
     call.f64(op.getRate().convertToDouble()).i64(int64_t(op.getSite())).ptr(out);
     call.emit(probabilities ? "lm_rt_dropout_heads" : "lm_rt_dropout");
@@ -375,8 +375,8 @@ struct EmbedGradLowering : LmLowering<lm::EmbedGradOp> {
         .ptr(L.in(op.getGrad()))
         .ptr(L.in(op.getIds()))
         .ptr(L.in(op.getLengths()))
-        .i64(L.B)
-        .i64(L.N)
+        .i64(L.B())
+        .i64(L.N())
         .i64(t.getDimSize(1))
         .i64(t.getDimSize(0))
         .ptr(out)
@@ -393,8 +393,8 @@ struct PositionsGradLowering : LmLowering<lm::PositionsGradOp> {
     Call{L}
         .ptr(L.in(op.getGrad()))
         .ptr(L.in(op.getLengths()))
-        .i64(L.B)
-        .i64(L.N)
+        .i64(L.B())
+        .i64(L.N())
         .i64(t.getDimSize(1))
         .i64(t.getDimSize(0))
         .ptr(out)

@@ -24,7 +24,7 @@ struct DecoderQueriesLowering : LmLowering<lm::DecoderQueriesOp> {
     Value rows = L.in(op.getRows()), dir = L.in(op.getDirection()), l2r = L.in(op.getL2r()),
           r2l = L.in(op.getR2l()), out = L.alloc(op.getType());
     const int64_t D = op.getType().getDimSize(2);
-    L.nest({L.B, L.N}, [&](ValueRange iv) {
+    L.nest({L.B(), L.N()}, [&](ValueRange iv) {
       Value n = L.lengthOf(iv[0]), i = iv[1];
       Value z = L.load(rows, {iv[0], i, L.idx(0)});
       Value inside = L.lt(i, n);
@@ -51,7 +51,7 @@ struct DirectionalTargetsLowering : LmLowering<lm::DirectionalTargetsOp> {
     Location loc = L.loc;
     L.lengths = L.in(op.getLengths());
     Value tgt = L.in(op.getTargets()), rows = L.in(op.getRows()), out = L.alloc(op.getType());
-    L.nest({L.B, L.N}, [&](ValueRange iv) {
+    L.nest({L.B(), L.N()}, [&](ValueRange iv) {
       Value n = L.lengthOf(iv[0]), i = iv[1];
       Value z = L.load(rows, {iv[0], i, L.idx(0)});
       auto is = [&](int64_t code) { return L.cmp(arith::CmpIPredicate::eq, z, L.i32c(code)); };

@@ -229,6 +229,15 @@ struct LmToLoopsPass : lmcc::impl::LmToLoopsBase<LmToLoopsPass> {
           !dialect->getFoldAttrHelper().isAttrPresent(fn))
         fn.erase();
     }
+    // The runtime calls every kernel with its own batch (and length): an argument whose leading dimension is
+    // static cannot take it.
+    for (auto fn : module.getOps<func::FuncOp>())
+      for (auto [i, type] : llvm::enumerate(fn.getArgumentTypes()))
+        if (auto t = llvm::dyn_cast<RankedTensorType>(type); t && !t.isDynamicDim(0)) {
+          fn.emitError() << "lm-to-loops: argument #" << i << " of @" << fn.getSymName() << " has the type " << t
+                         << ", whose leading (batch) dimension is static: kernels run over any batch, so write it `?`";
+          return signalPassFailure();
+        }
     declareRuntime(module, context);
 
     TypeConverter converter;
@@ -246,7 +255,7 @@ struct LmToLoopsPass : lmcc::impl::LmToLoopsBase<LmToLoopsPass> {
     populateBackwardPatterns(converter, patterns, context);
     populateNGramPatterns(converter, patterns, context);
     populateDiformerPatterns(converter, patterns, context);
-    if (failed(applyPartialConversion(module, target, std::move(patterns))))
+    if (failed(applyPartialConversion(module, target, std::move(patterns))) || context.missingSizes)
       return signalPassFailure();
     foldCastPairs(module);
     if (failed(buildInitKernel(module, context, model.getName(), model.getPad())))

@@ -36,7 +36,7 @@ struct TokenLogprobLowering : LmLowering<lm::TokenLogprobOp> {
     int64_t D = ht.getDimSize(2), V = L.typeOf(t.getWeight()).getDimSize(0), shift = t.getShift();
     const int64_t chunks = logprob::chunks(V), width = logprob::scratchWidth(V);
     Value h = L.in(t.getHidden()), ids = L.in(t.getTargets()), out = L.alloc(t.getType());
-    // Rows are (entry, position) pairs of the hidden states: [R0, R1, D] (R1 is L.N, or 1 when pruned).
+    // Rows are (entry, position) pairs of the hidden states: [R0, R1, D] (R1 is L.N(), or 1 when pruned).
     auto hs = L.sizes(ht);
     Value R0 = hs[0], R1 = hs[1];
     Value rows = b.create<arith::MulIOp>(loc, R0, R1);
@@ -276,9 +276,9 @@ struct SentenceScoreLowering : LmLowering<lm::SentenceScoreOp> {
     Value tokenLp = outputs[0], scores = outputs[1], nScored = outputs[2];
     int64_t first = s.getFirst();
     SmallVector<int32_t> skip(s.getSkip());
-    L.nest({L.B}, [&](ValueRange bi) {
+    L.nest({L.B()}, [&](ValueRange bi) {
       Value len = L.lengthOf(bi[0]);
-      auto loop = b.create<scf::ForOp>(loc, L.idx(0), L.N, L.idx(1), ValueRange{L.f64c(0), L.i32c(0)});
+      auto loop = b.create<scf::ForOp>(loc, L.idx(0), L.N(), L.idx(1), ValueRange{L.f64c(0), L.i32c(0)});
       {
         OpBuilder::InsertionGuard guard(b);
         b.setInsertionPointToStart(loop.getBody());
@@ -329,7 +329,7 @@ struct MeanPoolLowering : LmLowering<lm::MeanPoolOp> {
       });
     };
     if (m.getCls()) { // row 0 of every sentence
-      L.nest({L.B}, [&](ValueRange bi) {
+      L.nest({L.B()}, [&](ValueRange bi) {
         L.nest({L.idx(D)}, [&](ValueRange c) { L.store(L.load(h, {bi[0], L.idx(0), c[0]}), out, {bi[0], c[0]}); });
         if (m.getNormalize())
           normalizeRow(bi[0]);
@@ -337,7 +337,7 @@ struct MeanPoolLowering : LmLowering<lm::MeanPoolOp> {
       L.b.replaceOp(m, outputs);
       return success();
     }
-    L.nest({L.B}, [&](ValueRange bi) {
+    L.nest({L.B()}, [&](ValueRange bi) {
       Value len = L.lengthOf(bi[0]);
       auto excluded = [&](Value t) { return L.isOneOf(L.load(ids, {bi[0], t}), exclude); };
       Value kept = L.reduce(L.idx(0), len, L.i32c(0), [&](Value t, Value acc) {

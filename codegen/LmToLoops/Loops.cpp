@@ -47,10 +47,10 @@ Loops::Loops(ConversionPatternRewriter &rewriter, Operation *op, ValueRange oper
     for (int64_t i = 0; i < type.getRank(); ++i) {
       if (!ShapedType::isDynamic(type.getDimSize(i)))
         continue;
-      if (seen == 0 && !B)
-        B = b.create<memref::DimOp>(loc, v, i);
-      if (seen == 1 && !N)
-        N = b.create<memref::DimOp>(loc, v, i);
+      if (seen == 0 && !B_)
+        B_ = b.create<memref::DimOp>(loc, v, i);
+      if (seen == 1 && !N_)
+        N_ = b.create<memref::DimOp>(loc, v, i);
       ++seen;
     }
   }
@@ -86,7 +86,7 @@ SmallVector<Value> Loops::sizes(ShapedType t) {
   bool seenBatch = false;
   for (int64_t d : t.getShape()) {
     if (ShapedType::isDynamic(d)) {
-      out.push_back(seenBatch ? N : B);
+      out.push_back(seenBatch ? N() : B());
       seenBatch = true;
     } else {
       out.push_back(idx(d));
@@ -101,6 +101,14 @@ SmallVector<Value> Loops::dims(Value buffer) {
   for (int64_t i = 0; i < type.getRank(); ++i)
     out.push_back(type.isDynamicDim(i) ? Value(b.create<memref::DimOp>(loc, buffer, i)) : idx(type.getDimSize(i)));
   return out;
+}
+
+Value Loops::missingSize(StringRef what) {
+  op->emitError() << "lm-to-loops takes the " << what
+                  << " from a dynamic (`?`) dimension of the op's operands, and they have none: kernels run over any "
+                     "batch and sequence length, so write those dimensions `?`";
+  context.missingSizes = true;
+  return idx(1);
 }
 
 Value Loops::alloc(ShapedType t) { return alloc(t, sizes(t)); }

@@ -52,6 +52,9 @@ struct LoweringContext {
   GemmTile tile = GemmTile::forVectorBits(256); ///< the target's tile (tileFor: a weight's)
   int64_t l1Ways = 0;        ///< ways of the target's L1 data cache (0: unknown)
   int64_t maxLen = 0;        ///< the model's max_len (folded tables)
+  /// Set when a lowering needed a batch size or sequence length no operand carried (Loops::B, Loops::N): the
+  /// error is on the op; the pass fails after the conversion.
+  mutable bool missingSizes = false;
   /// The tile of the GEMM of a packed weight of depth k: its packing and its product (GemmTile::forDepth).
   GemmTile tileFor(int64_t k) const { return GemmTile::forDepth(tile, k, l1Ways); }
 };
@@ -145,7 +148,12 @@ public:
   mlir::ConversionPatternRewriter &b;
   mlir::Location loc;
   const LoweringContext &context;
-  mlir::Value B, N;
+  /// The batch size and the sequence length: the first and second `?` of the op's operand buffers. Where the
+  /// operands have fewer `?` (hand-written IR with static sizes), an error on the op and the size 1 in its place;
+  /// the pass then fails (LoweringContext::missingSizes). Const: a lowering whose leading size is another count
+  /// passes its own sizes to alloc rather than assigning these.
+  const mlir::Value B() { return B_ ? B_ : (B_ = missingSize("batch size")); }
+  const mlir::Value N() { return N_ ? N_ : (N_ = missingSize("sequence length")); }
 
   /// The buffer of `original`, one of the op's operands.
   mlir::Value in(mlir::Value original) const;
@@ -295,8 +303,11 @@ public:
   mlir::Value lengths; ///< the op's key-padding lengths buffer, when it has one
 
 private:
+  mlir::Value missingSize(llvm::StringRef what);
+
   mlir::Operation *op;
   mlir::ValueRange operands;
+  mlir::Value B_, N_;
 };
 
 /// buffer = emitActivation(kind, buffer) elementwise, in place (a row task where the layout allows): lm.linear

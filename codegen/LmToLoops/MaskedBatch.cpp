@@ -39,7 +39,7 @@ struct MaskedBatchLowering : LmLowering<lm::MaskedBatchOp> {
     Value spans = m.getSpans() ? L.in(m.getSpans()) : Value();
     L.lengths = lens;
     auto one = [&](Value exists) { return L.select(exists, L.idx(1), L.idx(0)); };
-    Value total = L.reduce(L.idx(0), L.B, L.idx(0), [&](Value bi, Value acc) {
+    Value total = L.reduce(L.idx(0), L.B(), L.idx(0), [&](Value bi, Value acc) {
       Value len = L.lengthOf(bi);
       if (!spans)
         return b.create<arith::AddIOp>(loc, acc, len).getResult();
@@ -51,17 +51,17 @@ struct MaskedBatchLowering : LmLowering<lm::MaskedBatchOp> {
     auto newBuffer = [&](ArrayRef<int64_t> shape, ValueRange dynSizes) -> Value {
       return b.create<memref::AllocOp>(loc, MemRefType::get(shape, L.i32()), dynSizes, b.getI64IntegerAttr(64));
     };
-    Value copies = newBuffer({dyn, dyn}, {total, L.N}), targets = newBuffer({dyn, dyn}, {total, L.N});
+    Value copies = newBuffer({dyn, dyn}, {total, L.N()}), targets = newBuffer({dyn, dyn}, {total, L.N()});
     Value copyLengths = newBuffer({dyn}, {total}), positions = newBuffer({dyn}, {total}), owner = newBuffer({dyn}, {total});
     Value ends = newBuffer({dyn}, {total});
     Value mask = L.i32c(m.getMaskToken());
     auto toI32 = [&](Value v) { return b.create<arith::IndexCastOp>(loc, L.i32(), v); };
-    L.reduce(L.idx(0), L.B, L.idx(0), [&](Value bi, Value offset) {
+    L.reduce(L.idx(0), L.B(), L.idx(0), [&](Value bi, Value offset) {
       Value len = L.lengthOf(bi);
       return L.reduce(L.idx(0), len, offset, [&](Value pos, Value c) {
         CopySpan span = copySpan(L, spans, bi, pos, len);
         L.when(span.exists, [&] {
-          L.nest({L.N}, [&](ValueRange t) {
+          L.nest({L.N()}, [&](ValueRange t) {
             Value id = L.load(ids, {bi, t[0]});
             Value masked = L.andI(L.ge(t[0], pos), L.lt(t[0], span.end));
             L.store(L.select(masked, mask, id), copies, {c, t[0]});
@@ -119,7 +119,7 @@ struct MaskAndPredictLowering : LmLowering<lm::MaskAndPredictOp> {
     Block &body = m.getBody().front();
     auto yield = cast<lm::YieldOp>(body.getTerminator());
     Value yielded = yield.getValue();
-    auto loop = b.create<scf::ForOp>(loc, L.idx(0), L.N, L.idx(1));
+    auto loop = b.create<scf::ForOp>(loc, L.idx(0), L.N(), L.idx(1));
     {
       OpBuilder::InsertionGuard guard(b);
       b.setInsertionPoint(loop.getBody()->getTerminator());
@@ -131,9 +131,9 @@ struct MaskAndPredictLowering : LmLowering<lm::MaskAndPredictOp> {
                         [&] { return i; });
       };
       Value masked = L.alloc(L.typeOf(m.getIds()));
-      L.nest({L.B}, [&](ValueRange bi) {
+      L.nest({L.B()}, [&](ValueRange bi) {
         Value end = spanOf(bi[0]);
-        L.nest({L.N}, [&](ValueRange t) {
+        L.nest({L.N()}, [&](ValueRange t) {
           Value v = L.load(ids, {bi[0], t[0]});
           Value hit = L.andI(L.ge(t[0], i), L.lt(t[0], end));
           L.store(L.select(hit, mask, v), masked, {bi[0], t[0]});
@@ -143,7 +143,7 @@ struct MaskAndPredictLowering : LmLowering<lm::MaskAndPredictOp> {
       Value y = b.getRemappedValue(yielded);
       b.eraseOp(yield);
       SmallVector<Value> rest(outSizes.begin() + 2, outSizes.end());
-      L.nest({L.B}, [&](ValueRange bi) {
+      L.nest({L.B()}, [&](ValueRange bi) {
         L.when(L.lt(i, spanOf(bi[0])), [&] {
           L.nest(rest, [&](ValueRange r) {
             SmallVector<Value> at = {bi[0], i};
@@ -178,10 +178,11 @@ struct SpliceCopiesLowering : LmLowering<lm::SpliceCopiesOp> {
   LogicalResult lower(lm::SpliceCopiesOp sp, Loops &L) const override {
     Value sentence = L.in(sp.getSentence()), masked = L.in(sp.getMasked());
     Value positions = L.in(sp.getPositions()), owners = L.in(sp.getOwners()), ends = L.in(sp.getEnds());
-    // B here is the copies' count: read it off `positions` [C] (sentence and masked are [B, N, ...]).
-    L.B = L.b.create<memref::DimOp>(L.loc, positions, 0);
-    Value out = L.alloc(sp.getType());
-    L.nest(L.sizes(sp.getType()), [&](ValueRange iv) {
+    // The leading size here is the copies' count: read it off `positions` [C] (sentence and masked are [B, N, ...]).
+    SmallVector<Value> sizes = L.sizes(sp.getType());
+    sizes[0] = L.b.create<memref::DimOp>(L.loc, positions, 0);
+    Value out = L.alloc(sp.getType(), sizes);
+    L.nest(sizes, [&](ValueRange iv) {
       Value owner = L.toIndex(L.load(owners, iv[0]));
       Value first = L.toIndex(L.load(positions, iv[0])), end = L.toIndex(L.load(ends, iv[0]));
       SmallVector<Value> from(iv.begin(), iv.end());

@@ -91,7 +91,7 @@ struct HeadCall {
                           : L.b.create<LLVM::ZeroOp>(L.loc, LLVM::LLVMPointerType::get(L.b.getContext())).getResult());
   }
   void sizes(int64_t D, int64_t V) {
-    for (Value v : {L.B, L.N})
+    for (Value v : {L.B(), L.N()})
       args.push_back(L.b.create<arith::IndexCastOp>(L.loc, L.b.getI64Type(), v));
     args.push_back(L.i64c(D));
     args.push_back(L.i64c(V));
