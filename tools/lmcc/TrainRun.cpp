@@ -265,6 +265,8 @@ private:
   void logPoint(int64_t step, bool validated);
   void progress(int64_t step, bool force);
   void writeCheckpoint(int64_t step);
+  /// Sets the place in the data (epoch, batch, tokens, the epoch's batches) after `step` steps from the start.
+  void seekTo(int64_t step);
   void pruneCheckpoints();
   void trimLog(int64_t step);
   /// Ends a progress line redrawn in place (terminal only).
@@ -439,6 +441,22 @@ void Run::logPoint(int64_t step, bool validated) {
   }
 }
 
+void Run::seekTo(int64_t step) {
+  epoch_ = 0, batchIndex_ = 0, tokens_ = 0;
+  batches_ = train::epochBatches(train_.sentences, o_.batchTokens, uint64_t(spec_.train.seed), 0);
+  for (int64_t left = step; left > 0;) {
+    if (batchIndex_ == static_cast<int64_t>(batches_.size())) {
+      ++epoch_, batchIndex_ = 0;
+      batches_ = train::epochBatches(train_.sentences, o_.batchTokens, uint64_t(spec_.train.seed), uint64_t(epoch_));
+    }
+    const int64_t take = std::min<int64_t>(left, static_cast<int64_t>(batches_.size()) - batchIndex_);
+    for (int64_t b = batchIndex_; b < batchIndex_ + take; ++b)
+      for (int64_t i : batches_[b])
+        tokens_ += double(train_.sentences[i].size());
+    batchIndex_ += take, left -= take;
+  }
+}
+
 void Run::writeCheckpoint(int64_t step) {
   const fs::path final = dir_ / ("checkpoint-" + std::to_string(step));
   const fs::path tmp = dir_ / (".checkpoint-" + std::to_string(step) + ".tmp-" + std::to_string(::getpid()));
@@ -601,15 +619,20 @@ int Run::run() {
   }
   trimLog(step);
   // state.json's place in the data, checked before it is used (issue 21: a damaged checkpoint is an error naming
-  // it, not a crash or a silently different run): every epoch has a batch, so at most `step` epochs have passed.
-  if (from && (epoch_ < 0 || epoch_ > step || batchIndex_ < 0 || !std::isfinite(tokens_) || tokens_ < 0))
-    throw RunError((from->dir / "state.json").string() + ": epoch " + std::to_string(epoch_) + ", batch " +
-                   std::to_string(batchIndex_) + " and tokens are not a position the run at step " +
-                   std::to_string(step) + " can have reached");
-  batches_ = train::epochBatches(train_.sentences, o_.batchTokens, uint64_t(spec_.train.seed), uint64_t(epoch_));
-  if (from && batchIndex_ > static_cast<int64_t>(batches_.size()))
-    throw RunError((from->dir / "state.json").string() + ": batch " + std::to_string(batchIndex_) +
-                   " is past the epoch's " + std::to_string(batches_.size()) + " batches");
+  // it, not a crash or a silently different run). run.json fixes the data, --batch-tokens and the seed, so the
+  // place is a function of the step: recomputed, and the state must say the same.
+  if (from) {
+    const int64_t epoch = epoch_, batch = batchIndex_;
+    const double tokens = tokens_;
+    seekTo(step);
+    if (epoch != epoch_ || batch != batchIndex_ || !(tokens == tokens_))
+      throw RunError((from->dir / "state.json").string() + ": epoch " + std::to_string(epoch) + ", batch " +
+                     std::to_string(batch) + ", tokens " + number(tokens) + ", but step " + std::to_string(step) +
+                     " of this run is at epoch " + std::to_string(epoch_) + ", batch " + std::to_string(batchIndex_) +
+                     ", tokens " + number(tokens_) + " (an edited state, or another run's checkpoint)");
+  } else {
+    batches_ = train::epochBatches(train_.sentences, o_.batchTokens, uint64_t(spec_.train.seed), 0);
+  }
   std::fprintf(stderr, "lmcc train: %zu training sentences (%zu batches an epoch), %zu validation sentences (%s); "
                "%lld steps\n",
                train_.sentences.size(), batches_.size(), valid_.sentences.size(), validName_.c_str(),
