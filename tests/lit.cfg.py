@@ -30,3 +30,13 @@ try:
         config.available_features.add("amx")
 except OSError:
     pass
+# A full disk on demand: a small tmpfs mounted in a private mount namespace (root, util-linux's unshare). Tests
+# of what a write failing with ENOSPC leaves behind (cli/disk-full.test) say REQUIRES: tmpfs-mount and are
+# reported UNSUPPORTED where mounting is not allowed.
+import subprocess
+try:
+    if subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=4k tmpfs /mnt"],
+                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10).returncode == 0:
+        config.available_features.add("tmpfs-mount")
+except (OSError, subprocess.SubprocessError):
+    pass

@@ -465,17 +465,22 @@ void Run::writeCheckpoint(int64_t step) {
   fs::create_directory(tmp, ec);
   if (ec)
     throw RunError(tmp.string() + ": " + ec.message());
-  check(lm_rt_save_weights(model_, (tmp / "weights.safetensors").c_str()), "checkpoint " + std::to_string(step));
-  kill_.at("checkpoint", step);
-  check(lm_rt_trainer_save(trainer_, (tmp / "trainer.safetensors").c_str()), "checkpoint " + std::to_string(step));
-  json state;
-  state["step"] = step;
-  state["epoch"] = epoch_;
-  state["batch"] = batchIndex_;
-  state["tokens"] = tokens_;
-  state["rng"] = {{"generator", "philox4x32-10"}, {"seed", spec_.train.seed}, {"counter_step", step}};
-  writeAtomically(tmp / "state.json", state.dump(1) + "\n");
-  flushToDisk(tmp);
+  try { // a failure (a full disk) leaves no partial checkpoint behind
+    check(lm_rt_save_weights(model_, (tmp / "weights.safetensors").c_str()), "checkpoint " + std::to_string(step));
+    kill_.at("checkpoint", step);
+    check(lm_rt_trainer_save(trainer_, (tmp / "trainer.safetensors").c_str()), "checkpoint " + std::to_string(step));
+    json state;
+    state["step"] = step;
+    state["epoch"] = epoch_;
+    state["batch"] = batchIndex_;
+    state["tokens"] = tokens_;
+    state["rng"] = {{"generator", "philox4x32-10"}, {"seed", spec_.train.seed}, {"counter_step", step}};
+    writeAtomically(tmp / "state.json", state.dump(1) + "\n");
+    flushToDisk(tmp);
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
   if (fs::exists(final)) // the same step written again (a resumed run that had finished): same contents
     fs::remove_all(final);
   fs::rename(tmp, final, ec);
@@ -568,29 +573,32 @@ int Run::run() {
     wroteRecord = true;
   }
 
-  // The model: the checkpoint's weights, the given ones, or seeded ones.
+  // The model: the checkpoint's weights, the given ones, or seeded ones. Until it is loaded, a failure (a full
+  // disk while writing seeded weights, bad --weights, a compile failure, a signal) leaves RUN_DIR as it was, so
+  // that it can be reused.
   std::string weights = o_.weights;
   const fs::path init = dir_ / (".init-" + std::to_string(::getpid()) + ".safetensors");
-  if (from)
-    weights = (from->dir / "weights.safetensors").string();
-  else if (weights.empty()) {
-    hooks_.writeInitWeights(init.string());
-    weights = init.string();
-  }
-  if (StopSignals::caught()) { // before compiling: nothing to keep; RUN_DIR left as it was (a rerun starts afresh)
+  auto undo = [&] {
     fs::remove(init, ec);
     if (wroteRecord)
       fs::remove(dir_ / "run.json", ec);
-    std::fprintf(stderr, "lmcc train: stopped by signal %d before the first step; nothing written\n",
-                 StopSignals::caught());
-    return 130;
-  }
+  };
   try {
+    if (from)
+      weights = (from->dir / "weights.safetensors").string();
+    else if (weights.empty()) {
+      hooks_.writeInitWeights(init.string());
+      weights = init.string();
+    }
+    if (StopSignals::caught()) { // before compiling: nothing to keep (a rerun starts afresh)
+      undo();
+      std::fprintf(stderr, "lmcc train: stopped by signal %d before the first step; nothing written\n",
+                   StopSignals::caught());
+      return 130;
+    }
     model_ = hooks_.load(weights);
-  } catch (...) { // bad --weights (or a compile failure): leave RUN_DIR as it was, so that it can be reused
-    fs::remove(init, ec);
-    if (wroteRecord)
-      fs::remove(dir_ / "run.json", ec);
+  } catch (...) {
+    undo();
     throw;
   }
   fs::remove(init, ec);
