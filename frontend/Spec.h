@@ -146,9 +146,24 @@ struct ModelSpec {
 /// A spec error: `where` is "file:line:column" (or "file" when no position applies).
 struct SpecError : std::runtime_error {
   SpecError(const std::string &where, const std::string &field, const std::string &what)
-      : std::runtime_error(where + ": error: " + (field.empty() ? "" : "'" + field + "': ") + what),
+      : std::runtime_error(printable(where + ": error: " + (field.empty() ? "" : "'" + field + "': ") + what)),
         where(where), field(field) {}
   std::string where, field;
+
+  /// The message with control bytes other than newline and tab written as \xNN: a spec's strings may hold any
+  /// (TOML's "\u0000"), and a NUL ended the message where it was printed as a C string.
+  static std::string printable(const std::string &text) {
+    std::string out;
+    for (unsigned char c : text) {
+      if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7f) {
+        static const char hex[] = "0123456789abcdef";
+        out += {'\\', 'x', hex[c >> 4], hex[c & 15]};
+      } else {
+        out += char(c);
+      }
+    }
+    return out;
+  }
 };
 
 /// Parses and validates a spec file; throws SpecError.

@@ -204,6 +204,10 @@ TEST(SpecErrors, ImpossibleValues) {
                 .find("'dims.layers'"),
             std::string::npos);
   EXPECT_NE(errorOf("name = \"2fast\"\n" + base("tta").substr(11)).find("is not a C identifier"), std::string::npos);
+  // A NUL (TOML's \u0000) in an echoed string is written \x00, and the message goes on past it (a C-string print of
+  // the message ended at the NUL before).
+  EXPECT_NE(errorOf("name = \"a\\u0000b\"\n" + base("tta").substr(11)).find("\"a\\x00b\" is not a C identifier"),
+            std::string::npos);
   EXPECT_NE(errorOf(base("tta", "[block]\neps = 0\n")).find("'block.eps': must be a positive"), std::string::npos);
   EXPECT_NE(errorOf(base("tta", "[attention]\nrelative_positions = -2\n")).find("'attention.relative_positions'"),
             std::string::npos);
