@@ -306,9 +306,14 @@ json parseHeaderJson(const std::string &path, const std::string &text) {
 }
 
 WeightSet readImpl(const std::string &path) {
+  // The reader seeks (the file's size bounds the header and every tensor), so only a regular file will do; a FIFO
+  // was opened, and waited for a writer forever.
   std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
+  const auto status = std::filesystem::status(path, ec);
+  if (std::filesystem::is_directory(status))
     throw WeightError(path + ": cannot read: is a directory");
+  if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status))
+    throw WeightError(path + ": cannot read: not a regular file (a pipe or device; weights are read with seeks)");
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw WeightError(path + ": cannot open: " + std::strerror(errno));
