@@ -514,38 +514,54 @@ std::vector<std::string> buildWordPieceVocab(const std::string &corpus, const st
     std::string merged = symbols[size_t(merge.first)] + second.substr(2);
     int32_t mergedId = symbol(merged);
     add(merged);
-    std::set<size_t> affected = where[merge];
+    // Each word holding the pair: its non-overlapping occurrences merged left to right. Only the pairs that touch a
+    // merged position change (the others are the same neighbours before and after), so only those are counted
+    // out and in: a merge costs its occurrences, not the lengths of the words holding them (100-letter words
+    // made every merge recount whole words). `where` may name words that no longer hold a pair (entries are
+    // not removed); such a word has no occurrence and is left as it is.
+    const std::set<size_t> affected = std::move(where[merge]);
+    where.erase(merge);
     std::set<Pair> touched;
+    std::vector<int32_t> parts;
+    std::vector<char> fresh; // parts[k] is a merged symbol made by this merge
     for (size_t wi : affected) {
       Word &w = words[wi];
-      for (size_t i = 0; i + 1 < w.parts.size(); ++i) { // remove this word's old pairs
-        Pair p{w.parts[i], w.parts[i + 1]};
-        if ((pairCount[p] -= w.count) == 0)
-          pairCount.erase(p);
-        where[p].erase(wi);
-        touched.insert(p);
-      }
-      std::vector<int32_t> parts;
-      for (size_t i = 0; i < w.parts.size(); ++i) {
-        if (i + 1 < w.parts.size() && w.parts[i] == merge.first && w.parts[i + 1] == merge.second) {
-          parts.push_back(mergedId);
+      const std::vector<int32_t> &old = w.parts;
+      parts.clear(), fresh.clear();
+      std::vector<char> gone(old.size(), 0); // old[i] is part of a merged occurrence
+      for (size_t i = 0; i < old.size(); ++i) {
+        if (i + 1 < old.size() && old[i] == merge.first && old[i + 1] == merge.second) {
+          parts.push_back(mergedId), fresh.push_back(1);
+          gone[i] = gone[i + 1] = 1;
           ++i;
         } else {
-          parts.push_back(w.parts[i]);
+          parts.push_back(old[i]), fresh.push_back(0);
         }
       }
-      w.parts = std::move(parts);
-      for (size_t i = 0; i + 1 < w.parts.size(); ++i) {
-        Pair p{w.parts[i], w.parts[i + 1]};
-        pairCount[p] += w.count;
-        where[p].insert(wi);
-        touched.insert(p);
-      }
+      if (parts.size() == old.size())
+        continue;
+      for (size_t i = 0; i + 1 < old.size(); ++i)
+        if (gone[i] || gone[i + 1]) {
+          Pair p{old[i], old[i + 1]};
+          if (p == merge)
+            continue; // its count is erased below
+          if ((pairCount[p] -= w.count) == 0)
+            pairCount.erase(p);
+          touched.insert(p);
+        }
+      for (size_t k = 0; k + 1 < parts.size(); ++k)
+        if (fresh[k] || fresh[k + 1]) {
+          Pair p{parts[k], parts[k + 1]};
+          pairCount[p] += w.count;
+          where[p].insert(wi);
+          touched.insert(p);
+        }
+      w.parts = parts;
     }
-    where.erase(merge);
+    pairCount.erase(merge);
+    touched.erase(merge);
     for (const Pair &p : touched)
       push(p);
-    touched.clear();
   }
   return vocab;
 }

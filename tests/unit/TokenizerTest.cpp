@@ -16,6 +16,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
 
 using namespace lmcc;
@@ -259,5 +261,77 @@ TEST(VocabBuilder, DeterministicAndCoversTheCorpus) {
     ADD_FAILURE() << "no error";
   } catch (const TokenizerError &e) {
     EXPECT_STREQ(e.what(), "c.txt:2: invalid UTF-8 at byte 4 (0xFF)");
+  }
+}
+
+/// The vocabulary builder's merges by the definition, recounting every pair of every word after each merge
+/// (ASCII lowercase words split on spaces; symbols as strings, "##" on non-initial ones): the builder updates its
+/// counts incrementally, around the merged occurrences only, and must pick the same merges.
+std::vector<std::string> wordPieceByDefinition(const std::string &corpus, size_t size,
+                                               const std::vector<std::string> &specials) {
+  std::map<std::string, int64_t> counts;
+  std::istringstream in(corpus);
+  for (std::string w; in >> w;)
+    ++counts[w];
+  std::vector<std::pair<std::vector<std::string>, int64_t>> words;
+  std::set<char> alphabet;
+  for (const auto &[w, c] : counts) {
+    std::vector<std::string> parts;
+    for (size_t i = 0; i < w.size(); ++i)
+      parts.push_back((i ? "##" : "") + std::string(1, w[i])), alphabet.insert(w[i]);
+    words.emplace_back(parts, c);
+  }
+  std::vector<std::string> vocab = specials;
+  auto add = [&](const std::string &p) {
+    if (std::find(vocab.begin(), vocab.end(), p) == vocab.end())
+      vocab.push_back(p);
+  };
+  for (char c : alphabet)
+    add(std::string(1, c)), add("##" + std::string(1, c));
+  while (vocab.size() < size) {
+    std::map<std::pair<std::string, std::string>, int64_t> pairs;
+    for (const auto &[parts, c] : words)
+      for (size_t i = 0; i + 1 < parts.size(); ++i)
+        pairs[{parts[i], parts[i + 1]}] += c;
+    const std::pair<std::string, std::string> *best = nullptr;
+    int64_t bestCount = 1; // a pair must occur at least twice
+    for (const auto &[p, c] : pairs) // in string order: the first of the most frequent wins ties
+      if (c > bestCount)
+        best = &p, bestCount = c;
+    if (!best)
+      break;
+    const auto merge = *best;
+    const std::string merged = merge.first + merge.second.substr(2);
+    add(merged);
+    for (auto &[parts, c] : words) {
+      std::vector<std::string> next;
+      for (size_t i = 0; i < parts.size(); ++i)
+        if (i + 1 < parts.size() && parts[i] == merge.first && parts[i + 1] == merge.second)
+          next.push_back(merged), ++i;
+        else
+          next.push_back(parts[i]);
+      parts = next;
+    }
+  }
+  return vocab;
+}
+
+TEST(VocabBuilder, MergesAsTheDefinition) {
+  const std::vector<std::string> specials{"[PAD]", "[EOS]", "[UNK]", "[SOS]", "[MASK]"};
+  // Runs of one letter (a merge of (a, ##a) leaves odd tails), alternations, and words of random length over a
+  // small alphabet (many pairs per word, many words per pair).
+  std::string corpus = "aaaaaaa aaa aa a aaaa abababab ababa baba aab aaab aaaab bbbbb bb abba abbba\n";
+  uint64_t state = 12345;
+  auto next = [&] { return (state = state * 6364136223846793005ull + 1442695040888963407ull) >> 33; };
+  for (int w = 0; w < 600; ++w) {
+    const size_t length = 1 + next() % 40;
+    for (size_t i = 0; i < length; ++i)
+      corpus += char('a' + next() % 4);
+    corpus += w % 10 == 9 ? '\n' : ' ';
+  }
+  for (size_t size : {20u, 60u, 200u, 2000u}) {
+    SCOPED_TRACE(size);
+    EXPECT_EQ(buildWordPieceVocab(corpus, "c.txt", int64_t(size), false, specials),
+              wordPieceByDefinition(corpus, size, specials));
   }
 }
