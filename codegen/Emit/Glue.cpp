@@ -310,6 +310,18 @@ LMCC_EXPORT int @name@_train_step(@name@_trainer *t, const int32_t *inputs, cons
     const int32_t *lengths, int32_t batch, int32_t stride, float *loss) {
   return lm_rt_train_step((lm_trainer *)t, inputs, targets, lengths, batch, stride, loss);
 }
+LMCC_EXPORT int @name@_pair_loss_and_grad(@name@_model *m, const int32_t *src, const int32_t *src_lengths,
+    int32_t src_stride, const int32_t *tgt, const int32_t *tgt_lengths, int32_t tgt_stride, const int32_t *dirs,
+    const uint32_t *hidden, int32_t batch, float *loss, double *nll, float *grad) {
+  return lm_rt_pair_loss_and_grad((lm_model *)m, src, src_lengths, src_stride, tgt, tgt_lengths, tgt_stride, dirs,
+      hidden, batch, loss, nll, grad);
+}
+LMCC_EXPORT int @name@_train_step_pairs(@name@_trainer *t, const int32_t *src, const int32_t *src_lengths,
+    int32_t src_stride, const int32_t *tgt, const int32_t *tgt_lengths, int32_t tgt_stride, const int32_t *dirs,
+    const uint32_t *hidden, int32_t batch, float *loss, double *nll) {
+  return lm_rt_train_step_pairs((lm_trainer *)t, src, src_lengths, src_stride, tgt, tgt_lengths, tgt_stride, dirs,
+      hidden, batch, loss, nll, NULL, NULL);
+}
 LMCC_EXPORT int @name@_trainer_save(@name@_trainer *t, const char *path) {
   return lm_rt_trainer_save((lm_trainer *)t, path);
 }

@@ -175,6 +175,17 @@ int @name@_trainer_new(@name@_model *m, @name@_trainer **out);
 /* One optimizer step on a batch: gradient, global-norm clipping, update with the scheduled learning rate. */
 int @name@_train_step(@name@_trainer *t, const int32_t *inputs, const int32_t *targets, const int32_t *lengths,
                        int32_t batch, int32_t stride, float *loss);
+/* Diformer (family "diformer"; it has no ids-only training, so its _loss_and_grad and _train_step return an error,
+ * and other models return one here): the directional loss of source/target pairs, laid out as for
+ * @name@_score_pairs, and its gradient (grad may be NULL); nll (may be NULL) receives 2 doubles: the token NLL
+ * per target token and the mean length NLL, the loss's two terms. _train_step_pairs: one optimizer step on it. */
+int @name@_pair_loss_and_grad(@name@_model *m, const int32_t *src, const int32_t *src_lengths, int32_t src_stride,
+                               const int32_t *tgt, const int32_t *tgt_lengths, int32_t tgt_stride,
+                               const int32_t *dirs, const uint32_t *hidden, int32_t batch, float *loss, double *nll,
+                               float *grad);
+int @name@_train_step_pairs(@name@_trainer *t, const int32_t *src, const int32_t *src_lengths, int32_t src_stride,
+                             const int32_t *tgt, const int32_t *tgt_lengths, int32_t tgt_stride, const int32_t *dirs,
+                             const uint32_t *hidden, int32_t batch, float *loss, double *nll);
 /* Weights + optimizer moments + step count in one safetensors file (written to a temporary name, then
  * renamed); _trainer_load restores them into the trainer and its model. */
 int @name@_trainer_save(@name@_trainer *t, const char *path);

@@ -75,8 +75,9 @@ void pack(const lm_model *m, const int32_t *inputs, const int32_t *targets, cons
           int32_t stride, Packed &p) {
   lmrt::detail::checkModelInputs(m, inputs, lengths, batch, stride);
   if (m->desc->pair_score)
-    argument("model " + lmcc::quoted(m->desc->name) + " is a Diformer: it trains on source/target pairs "
-             "(lm_rt_pair_loss_and_grad, lm_rt_train_step_pairs)");
+    argument("model " + lmcc::quoted(m->desc->name) + " is a Diformer: it trains on source/target pairs (" +
+             std::string(m->desc->name) + "_pair_loss_and_grad and _train_step_pairs; lm_rt_pair_loss_and_grad, "
+             "lm_rt_train_step_pairs)");
   if (!targets)
     argument("targets is NULL");
   const lm_model_desc &d = *m->desc;

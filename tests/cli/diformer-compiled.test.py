@@ -178,9 +178,45 @@ def capi(lib_path, name, max_len, bos, eos):
     print("ids-only score: rc %d: %s" % (rc, lib.lm_last_error().decode()))
 
 
+def capitrain(lib_path, name, batch_path, max_len):
+    """<name>_pair_loss_and_grad and <name>_train_step_pairs on batch.json's pairs (library compiled with --train);
+    <name>_loss_and_grad, which a Diformer does not have, is an error."""
+    import ctypes
+    lib = ctypes.CDLL(lib_path)
+    lib.lm_last_error.restype = ctypes.c_char_p
+    b = json.load(open(batch_path))
+    count, words = len(b["src"]), (max_len + 31) // 32
+    ss, ts = max(map(len, b["src"])), max(map(len, b["tgt"]))
+    S, T = (ctypes.c_int32 * (count * ss))(), (ctypes.c_int32 * (count * ts))()
+    D, H = (ctypes.c_int32 * (count * ts))(), (ctypes.c_uint32 * (count * ts * words))()
+    SL, TL = (ctypes.c_int32 * count)(*map(len, b["src"])), (ctypes.c_int32 * count)(*map(len, b["tgt"]))
+    for k in range(count):
+        for i, v in enumerate(b["src"][k]):
+            S[k * ss + i] = v
+        for i, v in enumerate(b["tgt"][k]):
+            T[k * ts + i] = v
+            D[k * ts + i] = "RLS-".index(b["dirs"][k][i])
+            for j in b["hide"][k][i]:
+                H[(k * ts + i) * words + j // 32] |= 1 << (j % 32)
+    model, trainer = ctypes.c_void_p(), ctypes.c_void_p()
+    assert getattr(lib, name + "_load")(None, ctypes.byref(model)) == 0, lib.lm_last_error()
+    loss, nll = ctypes.c_float(), (ctypes.c_double * 2)()
+    rc = getattr(lib, name + "_pair_loss_and_grad")(model, S, SL, ss, T, TL, ts, D, H, count, ctypes.byref(loss),
+                                                     nll, None)
+    print("pair_loss_and_grad: rc %d, loss %.9g" % (rc, loss.value))
+    assert getattr(lib, name + "_trainer_new")(model, ctypes.byref(trainer)) == 0, lib.lm_last_error()
+    step = ctypes.c_float()
+    rc = getattr(lib, name + "_train_step_pairs")(trainer, S, SL, ss, T, TL, ts, D, H, count, ctypes.byref(step), None)
+    print("train_step_pairs: rc %d, loss %.9g" % (rc, step.value))
+    rc = getattr(lib, name + "_loss_and_grad")(model, T, TL, TL, count, ts, ctypes.byref(loss), None)
+    print("loss_and_grad: rc %d: %s" % (rc, lib.lm_last_error().decode()))
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "gen":
         gen(*map(int, sys.argv[2:7]), sys.argv[7])
+    elif sys.argv[1] == "capitrain":
+        capitrain(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
     elif sys.argv[1] == "capi":
         capi(sys.argv[2], sys.argv[3], *map(int, sys.argv[4:7]))
     elif sys.argv[1] == "batch":
