@@ -449,6 +449,8 @@ void Run::seekTo(int64_t step) {
       ++epoch_, batchIndex_ = 0;
       batches_ = train::epochBatches(train_.sentences, o_.batchTokens, uint64_t(spec_.train.seed), uint64_t(epoch_));
     }
+    if (batches_.empty()) // not for a corpus that was read (every sentence is in a batch), but never a loop forever
+      throw RunError("epoch " + std::to_string(epoch_) + " has no batch");
     const int64_t take = std::min<int64_t>(left, static_cast<int64_t>(batches_.size()) - batchIndex_);
     for (int64_t b = batchIndex_; b < batchIndex_ + take; ++b)
       for (int64_t i : batches_[b])
