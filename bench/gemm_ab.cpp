@@ -9,14 +9,17 @@
 //       tile lmcc picks for this host and that depth (GemmTile::forDepth) or RxC (rows x columns, e.g. 6x64), or
 //       the bf16 AMX kernel (`amx`: weights packed as bf16 pairs; only against another AMX build, on a host with
 //       AMX-BF16), into the shared library OUT.so;
-//   gemm_ab compare A.so B.so [--rounds R] [--cold] M K N [M K N ...]
+//   gemm_ab compare A.so B.so [--rounds R] [--cold] [--train] M K N [M K N ...]
 //       loads both libraries, packs one random weight per shape with each library's own packer (as at model load),
 //       checks that both compute bit-identical C (every element is the same ordered FMA chain whatever the tile,
 //       block or chunk: Gemm.h), then times R rounds (default 20), each calling A and B for about 15 ms, the order
 //       reversed every other round, and prints per shape: B's speedup over A as the median over rounds of
 //       A's time / B's time, the rounds B won, and each one's best and median GFLOP/s. --cold: the packed weight is
 //       flushed from every cache level (clflush, untimed) before each call, as in a model call, where the other
-//       layers' weights have evicted it (a repeated GEMM otherwise reads its weight from L2/L3).
+//       layers' weights have evicted it (a repeated GEMM otherwise reads its weight from L2/L3). --train: times
+//       the training GEMM instead (lm_train_gemm_<tile>, lmrt.h's lm_rt_gemm_fn: the depth, strides and panels
+//       given at run time, as TrainKernels.cpp calls it) on the same packed weight; the libraries must have been
+//       built with one fp32 tile for every shape.
 //
 // To judge a code generation change: `build` with the old tree's gemm_ab (a git worktree) and with the new one,
 // then `compare old.so new.so` with either. A verdict near 1.00x that B won in neither nearly all nor nearly none of
@@ -65,7 +68,7 @@ struct Shape {
 
 [[noreturn]] void usage() {
   fail("usage: gemm_ab build OUT.so [--tile RxC|amx] M K N [M K N ...]\n"
-       "       gemm_ab compare A.so B.so [--rounds R] [--cold] M K N [M K N ...]");
+       "       gemm_ab compare A.so B.so [--rounds R] [--cold] [--train] M K N [M K N ...]");
 }
 
 int64_t positive(const std::string &text, const char *what) {
@@ -110,9 +113,13 @@ void build(const std::string &out, const std::function<lmcc::codegen::GemmTile(i
     module->lookupSymbol<mlir::func::FuncOp>("lm_bench_gemm_" + from).setSymName("ab_gemm_" + to);
     names += " " + to + ":" + tile;
   }
-  // Every shape was built in every tile: only the chosen pairs are compiled.
+  // Every shape was built in every tile: only the chosen pairs are compiled. The training GEMM (run-time depth and
+  // strides, lmrt.h's lm_rt_gemm_fn) is kept as ab_train_gemm where one fp32 tile serves every shape.
+  const bool oneTrainGemm = tiles.size() == 1 && !tiles[0].bf16();
   for (auto fn : llvm::to_vector(module->getOps<mlir::func::FuncOp>()))
-    if (llvm::StringRef name = fn.getSymName(); name.starts_with("lm_bench_") || name.starts_with("lm_train_gemm_"))
+    if (llvm::StringRef name = fn.getSymName(); oneTrainGemm && name == "lm_train_gemm_" + tiles[0].name())
+      fn.setSymName("ab_train_gemm");
+    else if (name.starts_with("lm_bench_") || name.starts_with("lm_train_gemm_"))
       fn.erase();
   if (std::string err = lmcc::codegen::emitKernelLibrary(*module, out); !err.empty())
     fail(err);
@@ -144,6 +151,13 @@ struct Library {
     if (!(handle = ::dlopen(p.c_str(), RTLD_NOW | RTLD_LOCAL)))
       fail("cannot load " + file + ": " + ::dlerror());
   }
+  /// A function exported under its own name (no _mlir_ciface_ wrapper).
+  template <typename Fn> Fn plain(const std::string &name) const {
+    auto fn = reinterpret_cast<Fn>(::dlsym(handle, name.c_str()));
+    if (!fn)
+      fail(path + " has no " + name + " (built with one fp32 tile for every shape?)");
+    return fn;
+  }
   template <typename Fn> Fn symbol(const std::string &name) const {
     auto fn = reinterpret_cast<Fn>(::dlsym(handle, ("_mlir_ciface_" + name).c_str()));
     if (!fn)
@@ -167,12 +181,15 @@ void flush(const void *p, size_t bytes) {
   _mm_mfence();
 }
 
-void compare(const Library &a, const Library &b, int rounds, bool cold, const std::vector<Shape> &shapes) {
+void compare(const Library &a, const Library &b, int rounds, bool cold, bool train, const std::vector<Shape> &shapes) {
   for (const Shape &s : shapes) // every function present before any timing
     for (const Library *l : {&a, &b})
       l->symbol<PackFn>("ab_pack_" + suffix(s)), l->symbol<GemmFn>("ab_gemm_" + suffix(s));
-  std::printf("B = %s over A = %s, %d rounds%s\n", b.path.c_str(), a.path.c_str(), rounds,
-              cold ? ", the weight flushed from the caches before each call" : "");
+  if (train)
+    a.plain<lm_rt_gemm_fn>("ab_train_gemm"), b.plain<lm_rt_gemm_fn>("ab_train_gemm");
+  std::printf("B = %s over A = %s, %d rounds%s%s\n", b.path.c_str(), a.path.c_str(), rounds,
+              cold ? ", the weight flushed from the caches before each call" : "",
+              train ? ", the training GEMM (run-time depth and strides)" : "");
   std::printf("%-18s %-9s %-9s %-8s %-11s %-11s %-11s %-11s\n", "M x K x N", "identical", "speedup", "B won",
               "A best", "A median", "B best", "B median");
   std::mt19937 rng(1);
@@ -191,9 +208,18 @@ void compare(const Library &a, const Library &b, int rounds, bool cold, const st
     MemRef<2> ca = view(outA.data, s.m, s.n), cb = view(outB.data, s.m, s.n);
     a.symbol<PackFn>("ab_pack_" + suffix(s))(&wm, &pa);
     b.symbol<PackFn>("ab_pack_" + suffix(s))(&wm, &pb);
-    auto gemmA = a.symbol<GemmFn>("ab_gemm_" + suffix(s)), gemmB = b.symbol<GemmFn>("ab_gemm_" + suffix(s));
-    gemmA(&am, &pa, &ca);
-    gemmB(&am, &pb, &cb);
+    // One call of a library's GEMM (the model's, or with --train the training GEMM on the same operands).
+    auto caller = [&](const Library &l) -> std::function<void(MemRef<2> *, MemRef<2> *)> {
+      if (!train)
+        return [&am, gemm = l.symbol<GemmFn>("ab_gemm_" + suffix(s))](MemRef<2> *p, MemRef<2> *c) { gemm(&am, p, c); };
+      const int64_t panels = (s.n + lmcc::codegen::kPanel - 1) / lmcc::codegen::kPanel;
+      return [&am, s, panels, gemm = l.plain<lm_rt_gemm_fn>("ab_train_gemm")](MemRef<2> *p, MemRef<2> *c) {
+        gemm(am.aligned, s.k, s.m, s.k, p->aligned, c->aligned, s.n, s.n, 0, panels, 0);
+      };
+    };
+    auto gemmA = caller(a), gemmB = caller(b);
+    gemmA(&pa, &ca);
+    gemmB(&pb, &cb);
     const bool identical = std::memcmp(outA.data, outB.data, size_t(s.m) * s.n * 4) == 0;
     // Where both pack alike (the same tile), both read the same packed weight and write the same C: the pages under
     // a buffer (huge or not, their cache sets) then cannot favour one side (two processes' paired ratios of one
@@ -203,18 +229,18 @@ void compare(const Library &a, const Library &b, int rounds, bool cold, const st
     const double flops = 2.0 * s.m * s.k * s.n;
     const int reps = std::max(1, int(2e9 / flops)); // about 15 ms at 130 GFLOP/s
     const size_t packedBytes = size_t(rows) * lmcc::codegen::kPanel * 4;
-    auto seconds = [&](GemmFn gemm, MemRef<2> *p, MemRef<2> *c) {
+    auto seconds = [&](const std::function<void(MemRef<2> *, MemRef<2> *)> &gemm, MemRef<2> *p, MemRef<2> *c) {
       if (!cold) {
         auto start = std::chrono::steady_clock::now();
         for (int r = 0; r < reps; ++r)
-          gemm(&am, p, c);
+          gemm(p, c);
         return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / reps;
       }
       double total = 0;
       for (int r = 0; r < reps; ++r) {
         flush(p->aligned, packedBytes);
         auto start = std::chrono::steady_clock::now();
-        gemm(&am, p, c);
+        gemm(p, c);
         total += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       }
       return total / reps;
@@ -295,7 +321,7 @@ int run(const std::vector<std::string> &args) {
     lm_rt_request_amx(); // AMX builds need the tile state; harmless without them
     std::vector<std::string> rest(args.begin() + 3, args.end());
     int rounds = 20;
-    bool cold = false;
+    bool cold = false, train = false;
     for (bool more = true; more;) {
       more = false;
       if (rest.size() >= 2 && rest[0] == "--rounds") {
@@ -304,9 +330,12 @@ int run(const std::vector<std::string> &args) {
       } else if (!rest.empty() && rest[0] == "--cold") {
         cold = true;
         rest.erase(rest.begin()), more = true;
+      } else if (!rest.empty() && rest[0] == "--train") {
+        train = true;
+        rest.erase(rest.begin()), more = true;
       }
     }
-    compare(a, b, rounds, cold, shapesOf(rest));
+    compare(a, b, rounds, cold, train, shapesOf(rest));
   } else {
     usage();
   }

@@ -142,7 +142,10 @@ TEST_F(GemmTest, TrainGemmIsTheOrderedFmaChain) {
                                    {23, 0, 70, 1, 70, 0, 2, false},     {23, 0, 70, 1, 70, 0, 2, true},
                                    {70, 33, 130, 40, 131, 0, 3, false}, {70, 33, 130, 33, 130, 1, 3, true},
                                    {129, 517, 64, 600, 64, 0, 1, true}, {5, 2048, 200, 2048, 256, 2, 4, false},
-                                   {300, 64, 511, 64, 512, 0, 8, false}};
+                                   {300, 64, 511, 64, 512, 0, 8, false},
+                                   // Run-time depths up to 512 are one chunk; A over 1 MB then comes in 128 KB blocks.
+                                   {40, 512, 64, 512, 64, 0, 1, false}, {700, 500, 100, 503, 101, 0, 2, true},
+                                   {61, 513, 70, 513, 70, 0, 2, true}};
   for (auto tile : kTiles) {
     auto gemm = reinterpret_cast<TrainGemmFn>(::dlsym(library.handle, ("lm_train_gemm_" + tile.name()).c_str()));
     ASSERT_NE(gemm, nullptr) << tile.name();
