@@ -101,6 +101,7 @@ Optimizer::Optimizer(OptimizerConfig config, std::vector<ParamSlot> slots)
     for (int64_t b = 0; b < numel_[i]; b += kChunk)
       chunks_.push_back({i, b, std::min(numel_[i], b + kChunk)});
   partial_.assign(chunks_.size(), 0.0); // every chunk writes its own entry
+  partialAbs_.assign(chunks_.size(), 0.0f);
 }
 
 double Optimizer::scheduleFactor(int64_t s) const {
@@ -153,6 +154,39 @@ double Optimizer::gradNorm(const float *grads) const {
   return std::sqrt(sum);
 }
 
+double Optimizer::gradNormAndWeightSum(const float *params, const float *grads, double *weightSum) const {
+  std::vector<double> &partial = partial_;
+  std::vector<float> &partialAbs = partialAbs_;
+  forEachChunk([&](const Chunk &c) {
+    const float *g = grads + slots_[c.slot].offset, *p = params + slots_[c.slot].offset;
+    // gradNorm's sums, element for element (the same norm), and |p| summed in float: only a bound, so the
+    // order does not matter, and inf or NaN carries through to the total.
+    double sums[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    float abs[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t k = c.begin;
+    for (; k + 8 <= c.end; k += 8)
+      for (int i = 0; i < 8; ++i) {
+        sums[i] += static_cast<double>(g[k + i]) * static_cast<double>(g[k + i]);
+        abs[i] += std::fabs(p[k + i]);
+      }
+    for (; k < c.end; ++k) {
+      sums[(k - c.begin) % 8] += static_cast<double>(g[k]) * static_cast<double>(g[k]);
+      abs[(k - c.begin) % 8] += std::fabs(p[k]);
+    }
+    double sum = 0.0;
+    float total = 0.0f;
+    for (int i = 0; i < 8; ++i)
+      sum += sums[i], total += abs[i];
+    partial[size_t(&c - chunks_.data())] = sum;
+    partialAbs[size_t(&c - chunks_.data())] = total;
+  });
+  double sum = 0.0, total = 0.0;
+  for (size_t i = 0; i < partial.size(); ++i)
+    sum += partial[i], total += static_cast<double>(partialAbs[i]);
+  *weightSum = total;
+  return std::sqrt(sum);
+}
+
 namespace {
 std::string numberText(double x) {
   char text[32];
@@ -165,7 +199,8 @@ Optimizer::StepInfo Optimizer::step(float *params, float *grads) {
   // Nothing changes unless every gradient is finite. The norm (a double sum of float squares, which cannot
   // overflow) is finite exactly when every element is; only then is the first bad element looked for.
   StepInfo info;
-  info.gradNorm = gradNorm(grads);
+  double weightSum = 0;
+  info.gradNorm = gradNormAndWeightSum(params, grads, &weightSum);
   if (!std::isfinite(info.gradNorm))
     for (size_t i = 0; i < slots_.size(); ++i) {
       const float *g = grads + slots_[i].offset;
@@ -220,16 +255,13 @@ Optimizer::StepInfo Optimizer::step(float *params, float *grads) {
     const float w1 = static_cast<float>(1.0 - b1), b2f = static_cast<float>(b2), w2 = static_cast<float>(1.0 - b2);
     const float bc2f = static_cast<float>(bc2Sqrt), epsf = static_cast<float>(eps);
     const float step = static_cast<float>(stepSize);
-    if constexpr (kStore)
-      if (clip)
-        for (int64_t k = c.begin; k < c.end; ++k)
-          g[k] = clipped(k);
     // One loop per decay mode, on restrict pointers, so that the compiler vectorizes it (sqrt and division
-    // are correctly rounded: the same numbers as one element at a time).
+    // are correctly rounded: the same numbers as one element at a time); the stored pass writes the clipped
+    // gradient back in the same loop.
     auto update = [&](auto mode) {
       constexpr int kMode = decltype(mode)::value; // 0: no decay, 1: decoupled (AdamW), 2: L2 (Adam)
       float *__restrict pp = p + c.begin;
-      const float *__restrict gp = g + c.begin;
+      float *__restrict gp = g + c.begin;
       float *__restrict mp = m + c.begin;
       float *__restrict vp = v + c.begin;
       const int64_t n = c.end - c.begin;
@@ -247,9 +279,10 @@ Optimizer::StepInfo Optimizer::step(float *params, float *grads) {
       bool finite = true;
       for (int64_t k = 0; k < n; ++k) {
         float mk = mp[k], vk = vp[k];
-        const float next = advance(pp[k], kStore ? gp[k] : clipped(c.begin + k), mk, vk);
+        const float gk = clip ? static_cast<float>(static_cast<double>(gp[k]) * coef) : gp[k];
+        const float next = advance(pp[k], gk, mk, vk);
         if constexpr (kStore)
-          mp[k] = mk, vp[k] = vk, pp[k] = next;
+          mp[k] = mk, vp[k] = vk, pp[k] = next, gp[k] = gk;
         else
           finite &= std::isfinite(next);
       }
@@ -266,11 +299,26 @@ Optimizer::StepInfo Optimizer::step(float *params, float *grads) {
       return update(std::integral_constant<int, 1>{});
     return update(std::integral_constant<int, 2>{});
   };
+  // Whether an update can overflow, bounded from the magnitudes (relative slack far above float rounding): a weight
+  // |p| <= weightSum, a clipped gradient |g| <= gradNorm * coef, a moment |m| <= momentBound_ and a denominator
+  // sqrt(v) / bc2 + eps >= eps, so |next| <= |p| max(1, 1 - lr wd) + lr / bc1 |m| / eps (AdamW; Adam adds wd |p| to
+  // the gradient, SGD takes lr (|g| + wd |p|)). Only when the bound reaches the float range (or a weight is not
+  // finite: weightSum is then inf or NaN) is every update computed first to find the one that overflows.
+  const double gradBound = info.gradNorm * coef * (1 + 1e-6);
+  const double decayedGrad = config_.kind == OptimizerConfig::AdamW ? gradBound : gradBound + wd * weightSum;
+  const double momentBound = std::max(momentBound_, decayedGrad) * (1 + 1e-6);
+  const double squareBound = std::max(squareBound_, decayedGrad * decayedGrad) * (1 + 1e-6);
+  const double updateBound =
+      sgd ? weightSum + lr * decayedGrad
+          : weightSum * std::max(1.0, std::fabs(1.0 - lr * wd)) + std::fabs(stepSize) * momentBound / eps;
+  const bool mayOverflow = !(updateBound * 2 < double(std::numeric_limits<float>::max()) &&
+                             squareBound < double(std::numeric_limits<float>::max()));
   std::atomic<bool> overflows{false};
-  forEachChunk([&](const Chunk &c) {
-    if (chunkUpdate(c, std::false_type{}) >= 0)
-      overflows.store(true, std::memory_order_relaxed);
-  });
+  if (mayOverflow)
+    forEachChunk([&](const Chunk &c) {
+      if (chunkUpdate(c, std::false_type{}) >= 0)
+        overflows.store(true, std::memory_order_relaxed);
+    });
   if (overflows.load())
     for (const Chunk &c : chunks_)
       if (const int64_t k = chunkUpdate(c, std::false_type{}); k >= 0)
@@ -278,6 +326,7 @@ Optimizer::StepInfo Optimizer::step(float *params, float *grads) {
                               std::to_string(k) + " non-finite at lr = " + numberText(lr) +
                               " (float overflows: lower [train] lr)");
   forEachChunk([&](const Chunk &c) { chunkUpdate(c, std::true_type{}); });
+  momentBound_ = momentBound, squareBound_ = squareBound;
   ++steps_;
   return info;
 }
@@ -350,8 +399,12 @@ void Optimizer::loadState(const WeightSet &in) {
     if (name.rfind("optimizer.", 0) == 0 && !expected.count(name))
       stateError("tensor " + quoted(name) + ": unexpected (no such parameter for a \"" +
                  std::string(kindName(config_.kind)) + "\" optimizer)");
+  double mMax = 0, vMax = 0;
+  for (size_t k = 0; k < m.size(); ++k)
+    mMax = std::max(mMax, double(std::fabs(m[k]))), vMax = std::max(vMax, double(v[k]));
   expAvg_ = std::move(m);
   expAvgSq_ = std::move(v);
+  momentBound_ = mMax, squareBound_ = vMax;
   steps_ = steps;
 }
 

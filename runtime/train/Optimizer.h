@@ -128,6 +128,14 @@ private:
   std::vector<Chunk> chunks_;
   ParallelFor parallel_;
   mutable std::vector<double> partial_; ///< gradNorm's per-chunk sums (sized once: a step allocates nothing)
+  mutable std::vector<float> partialAbs_; ///< step's per-chunk sums of |weight| (inf or NaN when one is not finite)
+  /// Bounds on every |exp_avg| and exp_avg_sq element: the largest loaded (loadState), grown by each step's
+  /// largest clipped gradient (a moment is a weighted mean of its old value and the gradient). With the weights'
+  /// and gradients' magnitudes they bound every update, so that step() looks for an update that overflows (a
+  /// pass over weights, gradients and moments) only when the bound does not exclude one.
+  double momentBound_ = 0, squareBound_ = 0;
+  /// Sum of |params| over every slot (NaN or inf when a weight is not finite), with the gradient's norm.
+  double gradNormAndWeightSum(const float *params, const float *grads, double *weightSum) const;
   void forEachChunk(FunctionRef<void(const Chunk &)> body) const;
   int64_t steps_ = 0;
 };

@@ -442,6 +442,59 @@ TEST(Optimizer, NonFiniteGradientChangesNothing) {
   }
 }
 
+// step() looks for an overflowing update only when a bound on the magnitudes does not exclude one: every way to
+// overflow must still be found (and change nothing), and an update near the float range must still be made.
+TEST(Optimizer, NonFiniteUpdateChangesNothing) {
+  const float big = std::numeric_limits<float>::max() * 0.99f, inf = std::numeric_limits<float>::infinity();
+  struct Case {
+    const char *what;
+    OptimizerConfig::Kind kind;
+    double lr, eps, weightDecay;
+    std::vector<float> p, g;
+    bool overflows;
+  };
+  const std::vector<Case> cases = {
+      {"adamw, a huge lr", OptimizerConfig::AdamW, 1e38, 1e-6, 0.01, {1, 2, 3, 4, 5, 6, 7}, std::vector<float>(7, 0.5f), true},
+      {"adamw, weights near the float range pushed over it", OptimizerConfig::AdamW, 1e37, 1e-6, 0.0,
+       {big, big, big, big, 1, 1, 1}, std::vector<float>(7, -1.0f), true},
+      {"adamw, weights near the float range, small steps", OptimizerConfig::AdamW, 1e-3, 1e-6, 0.0,
+       {big, big, big, big, 1, 1, 1}, std::vector<float>(7, -1.0f), false},
+      {"adamw, a weight already infinite", OptimizerConfig::AdamW, 1e-3, 1e-6, 0.01, {1, inf, 3, 4, 5, 6, 7},
+       std::vector<float>(7, 0.5f), true},
+      {"adamw, a NaN weight", OptimizerConfig::AdamW, 1e-3, 1e-6, 0.01, {1, 2, 3, 4, 5, std::nanf(""), 7},
+       std::vector<float>(7, 0.5f), true},
+      {"adam, L2 of a huge weight", OptimizerConfig::Adam, 1e20, 1e-8, 1e10, {big, 2, 3, 4, 5, 6, 7},
+       std::vector<float>(7, 0.5f), true},
+      {"sgd, a huge lr", OptimizerConfig::SGD, 1e38, 1e-6, 0.0, {1, 2, 3, 4, 5, 6, 7}, std::vector<float>(7, 30.0f),
+       true},
+  };
+  for (const Case &t : cases) {
+    OptimizerConfig c;
+    c.kind = t.kind, c.lr = t.lr, c.eps = t.eps, c.weightDecay = t.weightDecay, c.clipNorm = 0;
+    Optimizer opt(c, {{"w", {2, 2}, 0}, {"bias", {3}, 4}});
+    std::vector<float> p = t.p, g = t.g;
+    const std::vector<float> p0 = p, g0 = g;
+    WeightSet before;
+    opt.saveState(before);
+    try {
+      opt.step(p.data(), g.data());
+      EXPECT_FALSE(t.overflows) << t.what << ": expected NonFiniteUpdate";
+      for (float x : p)
+        EXPECT_TRUE(std::isfinite(x)) << t.what;
+      EXPECT_EQ(opt.steps(), 1) << t.what;
+    } catch (const train::NonFiniteUpdate &e) {
+      EXPECT_TRUE(t.overflows) << t.what << ": " << e.what();
+      EXPECT_EQ(std::memcmp(p.data(), p0.data(), p.size() * sizeof(float)), 0) << t.what;
+      EXPECT_EQ(std::memcmp(g.data(), g0.data(), g.size() * sizeof(float)), 0) << t.what;
+      EXPECT_EQ(opt.steps(), 0) << t.what;
+      WeightSet after;
+      opt.saveState(after);
+      for (const auto &[name, tensor] : before.tensors)
+        EXPECT_EQ(after.tensors.at(name).data, tensor.data) << t.what << " " << name;
+    }
+  }
+}
+
 TEST(Optimizer, RejectsBadSettingsAndSlots) {
   auto make = [](OptimizerConfig c, std::vector<ParamSlot> s) { Optimizer o(c, std::move(s)); };
   std::vector<ParamSlot> ok = {{"a", {2}, 0}};
