@@ -16,7 +16,10 @@
 //   - attention_grad_rel/<mask>, attention_grad_rt_rel/<mask>: the backwards below with those relative positions,
 //   - attention_grad/<mask>: lm.attention_grad as compiled training runs it (its generated vector form), 1 thread,
 //   - attention_grad_rt/<mask>: the runtime's C++ backward (lm_rt_attention_grad, liblmrt: head sizes off the
-//     vector form), 1 thread.
+//     vector form), 1 thread,
+//   - optimizer/adamw_step: one step of the trainer's optimizer (runtime/train/Optimizer.cpp: norm, clipping,
+//     AdamW) over the 25,076,736 parameters of the bundled T-TA / uniLM / biLM base models, 1 thread (memory-bound:
+//     GBs counts the bytes of weights, gradients and moments it must read and write, 7 floats a parameter).
 // Mask `directional` is the Diformer's: per-row directions and hidden keys drawn as its `directional` objective
 // draws them (DirectionalRows); LMCC_KERNEL_BENCH_DIRECTION=R, L or S gives every row but the first (R) and the
 // last (L) that direction (S rows still hide their random keys), to time the directions apart.
@@ -44,6 +47,7 @@
 #include "codegen/LmToLoops/KernelAbi.h"
 #include "codegen/LmToLoops/Lowering.h"
 #include "runtime/lib/TrainKernels.h"
+#include "runtime/train/Optimizer.h"
 #include "runtime/lib/lmrt.h"
 
 #include "mlir/IR/MLIRContext.h"
@@ -741,6 +745,41 @@ private:
 
 } // namespace
 
+/// One AdamW step (the specs' default [train]: clipping at 1.0 active, weight decay on matrices) over the base
+/// models' tensors: the token embedding, three layers of q/k/v/o and the FFN with their biases.
+void BM_OptimizerStep(benchmark::State &state) {
+  std::vector<lmcc::train::ParamSlot> slots;
+  int64_t floats = 0;
+  auto add = [&](const std::string &name, std::vector<int64_t> shape) {
+    int64_t n = 1;
+    for (int64_t d : shape)
+      n *= d;
+    slots.push_back({name, std::move(shape), floats});
+    floats += n;
+  };
+  add("embed", {30522, 512});
+  for (int l = 0; l < 3; ++l) {
+    const std::string layer = "layers." + std::to_string(l) + ".";
+    for (const char *w : {"q", "k", "v", "o"})
+      add(layer + w + ".weight", {512, 512}), add(layer + w + ".bias", {512});
+    add(layer + "ffn.in.weight", {2048, 512}), add(layer + "ffn.in.bias", {2048});
+    add(layer + "ffn.out.weight", {512, 2048}), add(layer + "ffn.out.bias", {512});
+  }
+  lmcc::train::Optimizer optimizer(lmcc::train::OptimizerConfig{}, slots);
+  std::vector<float> params(floats), grads(floats), fresh(floats);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  for (int64_t i = 0; i < floats; ++i)
+    params[i] = normal(rng), fresh[i] = normal(rng);
+  for (auto _ : state) {
+    state.PauseTiming();
+    std::memcpy(grads.data(), fresh.data(), sizeof(float) * floats); // step() clips the gradient in place
+    state.ResumeTiming();
+    optimizer.step(params.data(), grads.data());
+  }
+  state.counters["GBs"] = benchmark::Counter(double(floats) * 7 * 4 / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
 int main(int argc, char **argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if ((mode == "--build-attention" && argc != 3) || (mode == "--attention-ab" && argc < 4)) {
@@ -791,6 +830,7 @@ int main(int argc, char **argv) {
 #endif
   }
   registerAttention("", {});
+  benchmark::RegisterBenchmark("optimizer/adamw_step", BM_OptimizerStep)->UseRealTime()->Unit(benchmark::kMillisecond);
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   if (!g_libraryDir.empty() && !std::getenv("LMCC_KERNEL_BENCH_KEEP")) { // the loaded libraries are deleted already
