@@ -132,26 +132,8 @@ void Optimizer::forEachChunk(FunctionRef<void(const Chunk &)> body) const {
 }
 
 double Optimizer::gradNorm(const float *grads) const {
-  std::vector<double> &partial = partial_;
-  forEachChunk([&](const Chunk &c) {
-    const float *g = grads + slots_[c.slot].offset;
-    // Eight running sums (element k into sum k % 8, so that the loop vectorizes), added in order at the end.
-    double sums[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int64_t k = c.begin;
-    for (; k + 8 <= c.end; k += 8)
-      for (int i = 0; i < 8; ++i)
-        sums[i] += static_cast<double>(g[k + i]) * static_cast<double>(g[k + i]);
-    for (; k < c.end; ++k)
-      sums[(k - c.begin) % 8] += static_cast<double>(g[k]) * static_cast<double>(g[k]);
-    double sum = 0.0;
-    for (double s : sums)
-      sum += s;
-    partial[size_t(&c - chunks_.data())] = sum;
-  });
-  double sum = 0.0;
-  for (double s : partial)
-    sum += s;
-  return std::sqrt(sum);
+  double unused = 0;
+  return gradNormAndWeightSum(grads, grads, &unused);
 }
 
 double Optimizer::gradNormAndWeightSum(const float *params, const float *grads, double *weightSum) const {
@@ -159,8 +141,8 @@ double Optimizer::gradNormAndWeightSum(const float *params, const float *grads, 
   std::vector<float> &partialAbs = partialAbs_;
   forEachChunk([&](const Chunk &c) {
     const float *g = grads + slots_[c.slot].offset, *p = params + slots_[c.slot].offset;
-    // gradNorm's sums, element for element (the same norm), and |p| summed in float: only a bound, so the
-    // order does not matter, and inf or NaN carries through to the total.
+    // Eight running sums of squares (element k into sum k % 8, so that the loop vectorizes), added in order at the
+    // end; and |p| summed in float: only a bound, so the order does not matter, and inf or NaN carries through.
     double sums[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     float abs[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     int64_t k = c.begin;
@@ -308,11 +290,15 @@ Optimizer::StepInfo Optimizer::step(float *params, float *grads) {
   const double decayedGrad = config_.kind == OptimizerConfig::AdamW ? gradBound : gradBound + wd * weightSum;
   const double momentBound = std::max(momentBound_, decayedGrad) * (1 + 1e-6);
   const double squareBound = std::max(squareBound_, decayedGrad * decayedGrad) * (1 + 1e-6);
+  const double epsFloat = static_cast<float>(eps); // what the update divides by: 0 for an eps under float's range
   const double updateBound =
       sgd ? weightSum + lr * decayedGrad
-          : weightSum * std::max(1.0, std::fabs(1.0 - lr * wd)) + std::fabs(stepSize) * momentBound / eps;
-  const bool mayOverflow = !(updateBound * 2 < double(std::numeric_limits<float>::max()) &&
-                             squareBound < double(std::numeric_limits<float>::max()));
+          : weightSum * std::max(1.0, std::fabs(1.0 - lr * wd)) + std::fabs(stepSize) * momentBound / epsFloat;
+  // The float scalars of the update must be finite (an lr past the float range times a zero moment is NaN), and eps
+  // must not round to 0 (a zero moment over a zero denominator).
+  const double floatMax = double(std::numeric_limits<float>::max());
+  const bool mayOverflow = !(updateBound * 2 < floatMax && squareBound < floatMax && std::fabs(stepSize) < floatMax &&
+                             std::fabs(1.0 - lr * wd) < floatMax && wd < floatMax && (sgd || epsFloat > 0));
   std::atomic<bool> overflows{false};
   if (mayOverflow)
     forEachChunk([&](const Chunk &c) {
