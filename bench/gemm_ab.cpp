@@ -151,18 +151,19 @@ struct Library {
     if (!(handle = ::dlopen(p.c_str(), RTLD_NOW | RTLD_LOCAL)))
       fail("cannot load " + file + ": " + ::dlerror());
   }
-  /// A function exported under its own name (no _mlir_ciface_ wrapper).
-  template <typename Fn> Fn plain(const std::string &name) const {
-    auto fn = reinterpret_cast<Fn>(::dlsym(handle, name.c_str()));
+  /// The function exported as `exported` (fails naming `name`, with `hint`).
+  template <typename Fn> Fn lookup(const std::string &exported, const std::string &name, const char *hint) const {
+    auto fn = reinterpret_cast<Fn>(::dlsym(handle, exported.c_str()));
     if (!fn)
-      fail(path + " has no " + name + " (built with one fp32 tile for every shape?)");
+      fail(path + " has no " + name + " (" + hint + ")");
     return fn;
   }
+  /// A function exported under its own name (no _mlir_ciface_ wrapper).
+  template <typename Fn> Fn plain(const std::string &name) const {
+    return lookup<Fn>(name, name, "built with one fp32 tile for every shape?");
+  }
   template <typename Fn> Fn symbol(const std::string &name) const {
-    auto fn = reinterpret_cast<Fn>(::dlsym(handle, ("_mlir_ciface_" + name).c_str()));
-    if (!fn)
-      fail(path + " has no " + name + " (build it with the same shapes)");
-    return fn;
+    return lookup<Fn>("_mlir_ciface_" + name, name, "build it with the same shapes");
   }
 };
 

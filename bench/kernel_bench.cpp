@@ -18,8 +18,9 @@
 //   - attention_grad_rt/<mask>: the runtime's C++ backward (lm_rt_attention_grad, liblmrt: head sizes off the
 //     vector form), 1 thread,
 //   - optimizer/adamw_step: one step of the trainer's optimizer (runtime/train/Optimizer.cpp: norm, clipping,
-//     AdamW) over the 25,076,736 parameters of the bundled T-TA / uniLM / biLM base models, 1 thread (memory-bound:
-//     GBs counts the bytes of weights, gradients and moments it must read and write, 7 floats a parameter).
+//     AdamW) over the base models' embedding, matrices and biases (25,076,736 of their 25,445,178 parameters; the
+//     norms and position tables left out), 1 thread (memory-bound: GBs counts weights, gradients and moments read
+//     and weights and moments written once, 7 floats a parameter).
 // Mask `directional` is the Diformer's: per-row directions and hidden keys drawn as its `directional` objective
 // draws them (DirectionalRows); LMCC_KERNEL_BENCH_DIRECTION=R, L or S gives every row but the first (R) and the
 // last (L) that direction (S rows still hide their random keys), to time the directions apart.

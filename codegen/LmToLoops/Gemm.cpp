@@ -184,7 +184,7 @@ void emitGemmBody(OpBuilder &b, Location loc, const GemmBody &op, GemmTile tile)
   if (dynamicK) {
     Value aFloats = b.create<arith::MulIOp>(loc, M, depth);
     Value wide = b.create<arith::OrIOp>(
-        loc, b.create<arith::XOrIOp>(loc, shallow, b.create<arith::ConstantIntOp>(loc, 1, 1)),
+        loc, b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::sgt, depth, cidx(kMaxUnchunked)),
         b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ule, aFloats, cidx(2 * kBlockBytes / 4)));
     Value blockFloats = b.create<arith::SelectOp>(loc, wide, cidx(kBlockBytes / 4), cidx((128 << 10) / 4));
     Value rows = b.create<arith::MulIOp>(

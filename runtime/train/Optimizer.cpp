@@ -212,7 +212,8 @@ Optimizer::StepInfo Optimizer::step(float *params, float *grads) {
     const ParamSlot &slot = slots_[c.slot];
     float *p = params + slot.offset;
     float *g = grads + slot.offset;
-    const auto clipped = [&](int64_t k) { return clip ? static_cast<float>(static_cast<double>(g[k]) * coef) : g[k]; };
+    const auto clipOf = [=](float x) { return clip ? static_cast<float>(static_cast<double>(x) * coef) : x; };
+    const auto clipped = [&](int64_t k) { return clipOf(g[k]); };
     if (sgd) {
       const bool decay = slot.shape.size() >= 2;
       for (int64_t k = c.begin; k < c.end; ++k) {
@@ -261,7 +262,7 @@ Optimizer::StepInfo Optimizer::step(float *params, float *grads) {
       bool finite = true;
       for (int64_t k = 0; k < n; ++k) {
         float mk = mp[k], vk = vp[k];
-        const float gk = clip ? static_cast<float>(static_cast<double>(gp[k]) * coef) : gp[k];
+        const float gk = clipOf(gp[k]);
         const float next = advance(pp[k], gk, mk, vk);
         if constexpr (kStore)
           mp[k] = mk, vp[k] = vk, pp[k] = next, gp[k] = gk;
@@ -355,6 +356,7 @@ void Optimizer::loadState(const WeightSet &in) {
                "\" is not a non-negative integer");
 
   std::vector<float> m, v;
+  double mMax = 0, vMax = 0; // the moments' bounds (momentBound_, squareBound_)
   std::set<std::string> expected;
   if (hasMoments()) {
     m.assign(static_cast<size_t>(numFloats_), 0.0f);
@@ -371,8 +373,10 @@ void Optimizer::loadState(const WeightSet &in) {
         if (t.shape != p.shape || static_cast<int64_t>(t.data.size()) != numel_[i])
           stateError("tensor " + quoted(name) + ": shape " + shapeString(t.shape) + ", expected " +
                      shapeString(p.shape));
+        double &bound = which == 0 ? mMax : vMax;
         for (size_t k = 0; k < t.data.size(); ++k) {
           float x = t.data[k];
+          bound = std::max(bound, double(std::fabs(x)));
           if (!std::isfinite(x) || (which == 1 && x < 0))
             stateError("tensor " + quoted(name) + ": element " + std::to_string(k) + " is " + valueString(x) +
                        (which == 1 ? " (must be finite and >= 0)" : " (must be finite)"));
@@ -385,9 +389,6 @@ void Optimizer::loadState(const WeightSet &in) {
     if (name.rfind("optimizer.", 0) == 0 && !expected.count(name))
       stateError("tensor " + quoted(name) + ": unexpected (no such parameter for a \"" +
                  std::string(kindName(config_.kind)) + "\" optimizer)");
-  double mMax = 0, vMax = 0;
-  for (size_t k = 0; k < m.size(); ++k)
-    mMax = std::max(mMax, double(std::fabs(m[k]))), vMax = std::max(vMax, double(v[k]));
   expAvg_ = std::move(m);
   expAvgSq_ = std::move(v);
   momentBound_ = mMax, squareBound_ = vMax;
