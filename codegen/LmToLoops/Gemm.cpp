@@ -90,43 +90,101 @@ static Value loadBf16Pair(OpBuilder &b, Location loc, Value m, Value row, Value 
   return bf16Pair(b, loc, lo, hi.getResult(0));
 }
 
+/// A 16 x 16 block in 16 vectors (rows) -> its transpose (rows = the block's columns): log2(16) stages, each swapping
+/// the off-diagonal h x h blocks of every 2h x 2h block (h = 8, 4, 2, 1) with one two-vector shuffle per row.
+static SmallVector<Value> transpose16(OpBuilder &b, Location loc, SmallVector<Value> rows) {
+  for (int64_t h = 8; h >= 1; h /= 2) {
+    SmallVector<int64_t> low, high; // row i (bit h clear) keeps its low columns, row i + h its high ones
+    for (int64_t c = 0; c < 16; ++c) {
+      low.push_back(c & h ? 16 + c - h : c);
+      high.push_back(c & h ? 16 + c : c + h);
+    }
+    for (int64_t i = 0; i < 16; ++i)
+      if (!(i & h)) {
+        Value top = rows[i], bottom = rows[i + h];
+        rows[i] = b.create<vector::ShuffleOp>(loc, top, bottom, low);
+        rows[i + h] = b.create<vector::ShuffleOp>(loc, top, bottom, high);
+      }
+  }
+  return rows;
+}
+
 void emitPack(OpBuilder &b, Location loc, Value weight, Value packed, int64_t n, int64_t k, GemmTile tile) {
   // Column j of panel p (row p*64 + j of W) becomes the stride-c column jj = j % c of slice g = j / c: flat(P)[p*K*64 +
-  // g*K*c + kv*c + jj] for kv < K (Gemm.h), zero past N. One W row is read in order per (p, j); no division per
-  // element (the trainer re-packs every weight after each step).
+  // g*K*c + kv*c + jj] for kv < K (Gemm.h), zero past N. The loops run in the packed buffer's order (slice, kv): 16
+  // words of 16 rows of W at a time, transposed in registers, then stored as 16 whole vectors; the last K mod 16
+  // words of each row one by one. In W's row order (one word at a time, each row's words c apart) the packed lines
+  // left L1 before they were full: packing the base models' 25M weights took 84-118 ms on a Xeon, now 17-18 ms (the
+  // trainer re-packs every weight after each step; bench/results/2026-12-04-pack.md).
   auto cidx = [&](int64_t v) -> Value { return b.create<arith::ConstantIndexOp>(loc, v); };
   const bool bf16 = tile.bf16();
-  const int64_t kk = packedDepth(k, bf16), c = tile.cols();
+  const int64_t kk = packedDepth(k, bf16), c = tile.cols(), vectorWords = bf16 ? k / 32 * 16 : kk / 16 * 16;
   Value flat = b.create<memref::CollapseShapeOp>(loc, packed, ArrayRef<ReassociationIndices>{{0, 1}});
   Value fzero = b.create<arith::ConstantOp>(loc, b.getF32FloatAttr(0));
+  auto vec = VectorType::get({16}, b.getF32Type());
+  Value zeroVec = b.create<vector::BroadcastOp>(loc, vec, fzero);
+  // The vectors are stored nontemporally (the packed copy is not read back during the pack; without the line reads
+  // of ordinary stores the pack took half the time) when P starts 64-byte aligned, as the runtime's weight buffer
+  // does: every vector is then at a multiple of 16 words from its start.
+  auto metadata = b.create<memref::ExtractStridedMetadataOp>(loc, flat);
+  Value start = b.create<arith::AddIOp>(
+      loc, b.create<memref::ExtractAlignedPointerAsIndexOp>(loc, flat),
+      b.create<arith::MulIOp>(loc, metadata.getOffset(), cidx(4)));
+  Value aligned = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq,
+                                          b.create<arith::RemUIOp>(loc, start, cidx(64)), cidx(0));
   OpBuilder::InsertionGuard guard(b);
-  auto lp = b.create<scf::ForOp>(loc, cidx(0), cidx((n + kPanel - 1) / kPanel), cidx(1));
-  b.setInsertionPointToStart(lp.getBody());
-  auto lj = b.create<scf::ForOp>(loc, cidx(0), cidx(kPanel), cidx(1));
-  b.setInsertionPointToStart(lj.getBody());
-  Value p = lp.getInductionVar(), j = lj.getInductionVar();
-  Value row = b.create<arith::AddIOp>(loc, b.create<arith::MulIOp>(loc, p, cidx(kPanel)), j);
-  Value g = b.create<arith::DivUIOp>(loc, j, cidx(c)), jj = b.create<arith::RemUIOp>(loc, j, cidx(c));
-  Value base = b.create<arith::AddIOp>(
-      loc, b.create<arith::AddIOp>(loc, b.create<arith::MulIOp>(loc, p, cidx(kk * kPanel)), b.create<arith::MulIOp>(loc, g, cidx(kk * c))),
-      jj);
-  Value inside = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::slt, row, cidx(n));
-  auto branch = b.create<scf::IfOp>(loc, inside, /*withElseRegion=*/true);
-  auto column = [&](bool real) {
-    auto lk = b.create<scf::ForOp>(loc, cidx(0), cidx(kk), cidx(1));
-    OpBuilder::InsertionGuard inner(b);
-    b.setInsertionPointToStart(lk.getBody());
-    Value kv = lk.getInductionVar();
-    Value word = !real ? fzero
-                 : bf16 ? loadBf16Pair(b, loc, weight, row, kv, k)
-                        : Value(b.create<memref::LoadOp>(loc, weight, ValueRange{row, kv}));
-    Value at = b.create<arith::AddIOp>(loc, base, b.create<arith::MulIOp>(loc, kv, cidx(c)));
-    b.create<memref::StoreOp>(loc, word, flat, ValueRange{at});
+  auto ls = b.create<scf::ForOp>(loc, cidx(0), cidx((n + kPanel - 1) / kPanel * (kPanel / c)), cidx(1));
+  b.setInsertionPointToStart(ls.getBody());
+  Value q = ls.getInductionVar(); // slice q = p * (64 / c) + g: rows q*c.. of W, words q*K*c.. of P
+  Value firstRow = b.create<arith::MulIOp>(loc, q, cidx(c));
+  Value sliceBase = b.create<arith::MulIOp>(loc, q, cidx(kk * c));
+  // Row jj of the slice: whether W has it, and a row to read in its place (rows past N are zeros).
+  auto rowOf = [&](int64_t jj) {
+    Value row = b.create<arith::AddIOp>(loc, firstRow, cidx(jj));
+    Value inside = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::slt, row, cidx(n));
+    return std::pair<Value, Value>{inside, b.create<arith::MinUIOp>(loc, row, cidx(n - 1))};
   };
-  b.setInsertionPointToStart(branch.thenBlock());
-  column(true);
-  b.setInsertionPointToStart(branch.elseBlock());
-  column(false);
+  if (vectorWords > 0) {
+    auto lb = b.create<scf::ForOp>(loc, cidx(0), cidx(vectorWords), cidx(16));
+    OpBuilder::InsertionGuard inner(b);
+    b.setInsertionPointToStart(lb.getBody());
+    Value kv0 = lb.getInductionVar();
+    for (int64_t h = 0; h < c / 16; ++h) {
+      SmallVector<Value> rows;
+      for (int64_t r = 0; r < 16; ++r) {
+        auto [inside, safe] = rowOf(16 * h + r);
+        Value words =
+            bf16 ? bf16PairWords(b, loc,
+                                 b.create<vector::LoadOp>(loc, VectorType::get({32}, b.getF32Type()), weight,
+                                                          ValueRange{safe, b.create<arith::MulIOp>(loc, kv0, cidx(2))}))
+                 : Value(b.create<vector::LoadOp>(loc, vec, weight, ValueRange{safe, kv0}));
+        rows.push_back(b.create<arith::SelectOp>(loc, inside, words, zeroVec));
+      }
+      SmallVector<Value> cols = transpose16(b, loc, rows);
+      auto stores = b.create<scf::IfOp>(loc, aligned, /*withElseRegion=*/true);
+      for (bool nontemporal : {true, false}) {
+        OpBuilder::InsertionGuard g2(b);
+        b.setInsertionPointToStart(nontemporal ? stores.thenBlock() : stores.elseBlock());
+        for (int64_t i = 0; i < 16; ++i) {
+          Value kv = b.create<arith::AddIOp>(loc, kv0, cidx(i));
+          Value at = b.create<arith::AddIOp>(
+              loc, b.create<arith::AddIOp>(loc, sliceBase, b.create<arith::MulIOp>(loc, kv, cidx(c))), cidx(16 * h));
+          b.create<vector::StoreOp>(loc, cols[i], flat, ValueRange{at}, nontemporal);
+        }
+      }
+    }
+  }
+  auto lk = b.create<scf::ForOp>(loc, cidx(vectorWords), cidx(kk), cidx(1));
+  b.setInsertionPointToStart(lk.getBody());
+  Value kv = lk.getInductionVar();
+  Value at = b.create<arith::AddIOp>(loc, sliceBase, b.create<arith::MulIOp>(loc, kv, cidx(c)));
+  for (int64_t jj = 0; jj < c; ++jj) {
+    auto [inside, safe] = rowOf(jj);
+    Value word = bf16 ? loadBf16Pair(b, loc, weight, safe, kv, k)
+                      : Value(b.create<memref::LoadOp>(loc, weight, ValueRange{safe, kv}));
+    b.create<memref::StoreOp>(loc, b.create<arith::SelectOp>(loc, inside, word, fzero), flat,
+                              ValueRange{b.create<arith::AddIOp>(loc, at, cidx(jj))});
+  }
 }
 
 std::string GemmTile::name() const {

@@ -14,20 +14,21 @@
 // WAYS8-DAG: func.func private @lm_gemm_1024x512_bias_12x32
 // WAYS8-DAG: func.func private @lm_gemm_8x1024_5x64
 // WAYS8-DAG: func.func private @lm_gemm_task_8x1024_5x64
+// The packer's slices are c columns x K words: 32 x 512 = 16384 for the 1024 x 512 weight, 64 x 1024 = 65536 (5 x 64
+// tile) or 32 x 1024 = 32768 (12 x 32) for the 8 x 1024 one.
 // WAYS8-LABEL: func.func @m_init_kernel
-// WAYS8: arith.divui %{{.*}}, %c32{{(_[0-9]+)?}} : index
 // WAYS8: arith.constant 16384 : index
-// WAYS8: arith.divui %{{.*}}, %c64{{(_[0-9]+)?}} : index
+// WAYS8: arith.constant 65536 : index
 // WAYS8: return
 
 // WAYS12-DAG: func.func private @lm_gemm_1024x512_bias_12x32
 // WAYS12-DAG: func.func private @lm_gemm_8x1024_12x32
 // WAYS12-NOT: 5x64
 // WAYS12-LABEL: func.func @m_init_kernel
-// WAYS12: arith.divui %{{.*}}, %c32{{(_[0-9]+)?}} : index
 // WAYS12: arith.constant 16384 : index
-// WAYS12: arith.divui %{{.*}}, %c32{{(_[0-9]+)?}} : index
-// WAYS12-NOT: arith.divui %{{.*}}, %c64
+// WAYS12-NOT: arith.constant 65536 : index
+// WAYS12: arith.constant 32768 : index
+// WAYS12-NOT: arith.constant 65536 : index
 // WAYS12: return
 
 // AVX2-DAG: func.func private @lm_gemm_1024x512_bias_6x16

@@ -326,6 +326,70 @@ TEST(GemmBf16, DotKernelRoundsActivationsExactly) {
   }
 }
 
+// The packer (Gemm.cpp emitPack) against the documented layout (Gemm.h), word for word, computed here from W:
+// flat(P)[p*K*64 + g*K*c + kv*c + jj] = W[p*64 + g*c + jj][kv], zero past N; bf16 words are the pair (W[.][2 kv],
+// W[.][2 kv + 1]) rounded to nearest even, low then high half, the high one zero past an odd K. Depths that are and
+// are not multiples of 16 (the vector steps and the word-by-word rest), N past the last panel, every tile's slice
+// width; P 64-byte aligned (nontemporal vector stores) and 4 bytes off (ordinary ones); every word written.
+TEST(GemmPack, WritesTheDocumentedLayout) {
+  using lmcc::codegen::GemmTile;
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 5},  {16, 7},   {63, 33},  {65, 19},  {67, 30},
+                                                           {130, 17}, {100, 601}, {70, 64}, {33, 1101}, {64, 32}};
+  const std::vector<GemmTile> tiles = {GemmTile::forVectorBits(512), GemmTile::forVectorBits(256),
+                                       GemmTile::forDepth(GemmTile::forVectorBits(512), 1024, 8),
+                                       GemmTile::forTarget(512, true, false), GemmTile::forTarget(256, true, false)};
+  mlir::MLIRContext context;
+  auto module = lmcc::codegen::buildGemmModule(context, shapes, tiles);
+  lmcc::test::KernelLibrary library;
+  ASSERT_NO_FATAL_FAILURE(library.build(*module, "gemm-pack"));
+  std::mt19937 rng(13);
+  std::uniform_real_distribution<float> u(-2, 2);
+  auto bits = [](float x) {
+    uint32_t w;
+    std::memcpy(&w, &x, 4);
+    return w;
+  };
+  for (auto [n, k] : shapes) {
+    const std::string shape = std::to_string(n) + "x" + std::to_string(k);
+    std::vector<float> w(n * k);
+    for (float &x : w)
+      x = u(rng);
+    for (const GemmTile &tile : tiles) {
+      auto pack = reinterpret_cast<PackFn>(
+          ::dlsym(library.handle, ("_mlir_ciface_lm_bench_pack_" + shape + "_" + tile.name()).c_str()));
+      ASSERT_TRUE(pack) << shape << " " << tile.name();
+      const int64_t c = tile.cols(), kk = lmcc::codegen::packedDepth(k, tile.bf16());
+      const int64_t rows = lmcc::codegen::packedRows(n, k, tile.bf16()), words = rows * lmcc::codegen::kPanel;
+      for (int64_t skew : {0, 1}) {
+        std::vector<float> storage(words + 16 + 1, 7.0f);
+        float *p = storage.data();
+        while (reinterpret_cast<uintptr_t>(p) % 64)
+          ++p;
+        p += skew;
+        MemRef<2> wm = view(w.data(), n, k), pm = view(p, rows, lmcc::codegen::kPanel);
+        pack(&wm, &pm);
+        const std::string where = shape + " " + tile.name() + (skew ? " (P unaligned)" : " (P aligned)");
+        for (int64_t q = 0; q < words / (kk * c); ++q)
+          for (int64_t kv = 0; kk && kv < kk; ++kv)
+            for (int64_t jj = 0; jj < c; ++jj) {
+              const int64_t row = q * c + jj;
+              uint32_t expect = 0;
+              if (row < n && !tile.bf16()) {
+                expect = bits(w[row * k + kv]);
+              } else if (row < n) {
+                const uint32_t lo = bits(lmcc::test::roundToBf16(w[row * k + 2 * kv])) >> 16;
+                const uint32_t hi = 2 * kv + 1 < k ? bits(lmcc::test::roundToBf16(w[row * k + 2 * kv + 1])) >> 16 : 0;
+                expect = lo | hi << 16;
+              }
+              ASSERT_EQ(bits(p[q * kk * c + kv * c + jj]), expect)
+                  << where << ": slice " << q << " word " << kv << " column " << jj;
+            }
+        ASSERT_EQ(bits(p[words]), bits(7.0f)) << where << ": written past P";
+      }
+    }
+  }
+}
+
 // The tile follows the target's vector registers, for named CPUs as for the host.
 TEST(GemmTile, FollowsTheTargetsVectorWidth) {
   EXPECT_EQ(lmcc::codegen::targetVectorBits("skylake-avx512"), 512);
