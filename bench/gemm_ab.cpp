@@ -20,6 +20,11 @@
 //       the training GEMM instead (lm_train_gemm_<tile>, lmrt.h's lm_rt_gemm_fn: the depth, strides and panels
 //       given at run time, as TrainKernels.cpp calls it) on the same packed weight; the libraries must have been
 //       built with one fp32 tile for every shape.
+//   gemm_ab init A.so B.so MODEL [--rounds R]
+//       loads two libraries of one model compiled by `lmcc compile` (lib<MODEL>.so), runs each one's init kernel
+//       (<MODEL>_init_kernel: every GEMM weight packed, the load-time folds) on the same random weights in a 64-byte
+//       aligned buffer, as lm_rt_load and the trainer after every step do, R rounds (default 10) in alternating
+//       order, and prints each one's best and median time and B's speedup; the two buffers must end bit-identical.
 //
 // To judge a code generation change: `build` with the old tree's gemm_ab (a git worktree) and with the new one,
 // then `compare old.so new.so` with either. A verdict near 1.00x that B won in neither nearly all nor nearly none of
@@ -68,7 +73,8 @@ struct Shape {
 
 [[noreturn]] void usage() {
   fail("usage: gemm_ab build OUT.so [--tile RxC|amx] M K N [M K N ...]\n"
-       "       gemm_ab compare A.so B.so [--rounds R] [--cold] [--train] M K N [M K N ...]");
+       "       gemm_ab compare A.so B.so [--rounds R] [--cold] [--train] M K N [M K N ...]\n"
+       "       gemm_ab init A.so B.so MODEL [--rounds R]");
 }
 
 int64_t positive(const std::string &text, const char *what) {
@@ -272,6 +278,53 @@ void compare(const Library &a, const Library &b, int rounds, bool cold, bool tra
   }
 }
 
+/// gemm_ab init: the init kernels of two libraries of `model`, alternately, on the same weights.
+void compareInit(const Library &a, const Library &b, const std::string &model, int rounds) {
+  const Library *libs[2] = {&a, &b};
+  const lm_model_desc *desc[2];
+  for (int s = 0; s < 2; ++s) {
+    desc[s] = libs[s]->lookup<const lm_model_desc *(*)()>(model + "_descriptor", model + "_descriptor",
+                                                          "a library of this model, from lmcc compile")();
+    if (!desc[s]->init)
+      fail(libs[s]->path + ": model " + model + " has no init kernel (nothing is packed or folded at load time)");
+  }
+  if (desc[0]->total_floats != desc[1]->total_floats)
+    fail("the two libraries lay out " + std::to_string(desc[0]->total_floats) + " and " +
+         std::to_string(desc[1]->total_floats) + " floats of weights: not the same model");
+  const int64_t n = desc[0]->total_floats;
+  Buffer w0{size_t(n)}, w1{size_t(n)};
+  float *w[2] = {w0.data, w1.data};
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (int64_t i = 0; i < n; ++i)
+    w[0][i] = u(rng);
+  std::memcpy(w[1], w[0], size_t(n) * 4);
+  std::vector<double> ms[2];
+  for (int r = 0; r < rounds; ++r)
+    for (int k = 0; k < 2; ++k) {
+      const int s = r % 2 ? 1 - k : k;
+      lm_memref1f m{w[s], w[s], 0, {n}, {1}};
+      const auto t0 = std::chrono::steady_clock::now();
+      desc[s]->init(&m);
+      ms[s].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+  std::vector<double> ratio;
+  for (int r = 0; r < rounds; ++r)
+    ratio.push_back(ms[0][r] / ms[1][r]);
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const int won = int(std::count_if(ratio.begin(), ratio.end(), [](double x) { return x > 1; }));
+  std::printf("%s init (%lld floats of weights): A best %.2f ms median %.2f ms, B best %.2f ms median %.2f ms; "
+              "B %.2fx, %d/%d rounds\n",
+              model.c_str(), static_cast<long long>(n), *std::min_element(ms[0].begin(), ms[0].end()), median(ms[0]),
+              *std::min_element(ms[1].begin(), ms[1].end()), median(ms[1]), median(ratio), won, rounds);
+  if (std::memcmp(w[0], w[1], size_t(n) * 4) != 0)
+    fail(model + ": the two init kernels' buffers differ");
+  std::printf("identical buffers\n");
+}
+
 } // namespace
 
 int run(const std::vector<std::string> &args);
@@ -337,6 +390,11 @@ int run(const std::vector<std::string> &args) {
       }
     }
     compare(a, b, rounds, cold, train, shapesOf(rest));
+  } else if (mode == "init") {
+    if (args.size() != 4 && !(args.size() == 6 && args[4] == "--rounds"))
+      usage();
+    Library a(args[1]), b(args[2]);
+    compareInit(a, b, args[3], args.size() == 6 ? int(std::min<int64_t>(positive(args[5], "--rounds"), 1000)) : 10);
   } else {
     usage();
   }
