@@ -114,7 +114,7 @@ void emitPack(OpBuilder &b, Location loc, Value weight, Value packed, int64_t n,
   // g*K*c + kv*c + jj] for kv < K (Gemm.h), zero past N. The loops run in the packed buffer's order (slice, kv): 16
   // words of 16 rows of W at a time, transposed in registers, then stored as 16 whole vectors; the last K mod 16
   // words of each row one by one. In W's row order (one word at a time, each row's words c apart) the packed lines
-  // left L1 before they were full: packing the base models' 25M weights took 84-118 ms on a Xeon, now 17-18 ms (the
+  // left L1 before they were full: packing the base models' 25M weights took 67-113 ms on a Xeon, now 14-18 ms (the
   // trainer re-packs every weight after each step; bench/results/2026-12-04-pack.md).
   auto cidx = [&](int64_t v) -> Value { return b.create<arith::ConstantIndexOp>(loc, v); };
   const bool bf16 = tile.bf16();

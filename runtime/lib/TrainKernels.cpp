@@ -155,7 +155,6 @@ int64_t liveRows(const int32_t *targets, const int32_t *lengths, int64_t B, int6
   return R;
 }
 
-/// The generated GEMM of the model's library (lmrt.h lm_rt_gemm_fn) and the width of its packed column slices.
 /// 16 floats (GCC's generic vectors: one zmm, two ymm or four xmm registers as the ISA of this copy has them).
 typedef float V16 __attribute__((vector_size(64)));
 typedef int32_t I16 __attribute__((vector_size(64)));
@@ -185,6 +184,7 @@ inline __attribute__((always_inline)) void transpose16(V16 *rows) {
   transposeStage<1>(rows);
 }
 
+/// The generated GEMM of the model's library (lmrt.h lm_rt_gemm_fn) and the width of its packed column slices.
 struct Gemm {
   lm_rt_gemm_fn fn;
   int64_t cols;
@@ -207,7 +207,7 @@ struct Gemm {
         }
         // 16 x 16 blocks (16 words of 16 source rows) transposed in registers and stored whole, the last K mod 16
         // words one by one. Word by word down the slice (writes cols words apart) the loss head's three packs of
-        // the 62.5 MB vocabulary a step took 41 ms each on a Xeon; blocked so, 33 ms; transposed in registers, 8.
+        // the 62.5 MB vocabulary a step took 35-41 ms each on a Xeon; blocked so, 33 ms; transposed in registers, 17-19.
         int64_t k0 = 0;
         if (cols % 16 == 0)
           for (; k0 + 16 <= K; k0 += 16)
