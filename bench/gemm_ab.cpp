@@ -299,8 +299,9 @@ void compareInit(const Library &a, const Library &b, const std::string &model, i
   for (int64_t i = 0; i < n; ++i)
     w[0][i] = u(rng);
   std::memcpy(w[1], w[0], size_t(n) * 4);
-  std::vector<double> ms[2];
-  for (int r = 0; r < rounds; ++r)
+  std::vector<double> ms[2], ratios;
+  int won = 0;
+  for (int r = 0; r < rounds; ++r) {
     for (int k = 0; k < 2; ++k) {
       const int s = r % 2 ? 1 - k : k;
       lm_memref1f m{w[s], w[s], 0, {n}, {1}};
@@ -308,18 +309,13 @@ void compareInit(const Library &a, const Library &b, const std::string &model, i
       desc[s]->init(&m);
       ms[s].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
-  std::vector<double> ratio;
-  for (int r = 0; r < rounds; ++r)
-    ratio.push_back(ms[0][r] / ms[1][r]);
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
-  const int won = int(std::count_if(ratio.begin(), ratio.end(), [](double x) { return x > 1; }));
+    ratios.push_back(ms[0].back() / ms[1].back());
+    won += ms[1].back() < ms[0].back();
+  }
   std::printf("%s init (%lld floats of weights): A best %.2f ms median %.2f ms, B best %.2f ms median %.2f ms; "
               "B %.2fx, %d/%d rounds\n",
               model.c_str(), static_cast<long long>(n), *std::min_element(ms[0].begin(), ms[0].end()), median(ms[0]),
-              *std::min_element(ms[1].begin(), ms[1].end()), median(ms[1]), median(ratio), won, rounds);
+              *std::min_element(ms[1].begin(), ms[1].end()), median(ms[1]), median(ratios), won, rounds);
   if (std::memcmp(w[0], w[1], size_t(n) * 4) != 0)
     fail(model + ": the two init kernels' buffers differ");
   std::printf("identical buffers\n");
