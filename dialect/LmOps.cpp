@@ -728,6 +728,9 @@ LogicalResult EmbedGradOp::verify() {
   auto r = getResult().getType();
   if (!r.hasStaticShape())
     return emitOpError("the table gradient must have a static shape");
+  if (getInto() && getInto().getType() != r)
+    return emitOpError("into (the gradient added to) must have the result's type ") << r << ", got "
+                                                                                    << getInto().getType();
   return expectDim(*this, "grad width vs table width", getGrad().getType().getDimSize(2), r.getDimSize(1));
 }
 

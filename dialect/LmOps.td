@@ -934,20 +934,24 @@ def Lm_RelativeValuesGradOp : Lm_Op<"relative_values_grad", [Pure]> {
 }
 
 def Lm_EmbedGradOp : Lm_Op<"embed_grad", [Pure]> {
-  let summary = "VJP of lm.embed: dtable[v] = sum of dy[b, t] over valid (b, t) with ids[b, t] = v";
+  let summary = "VJP of lm.embed: dtable[v] = acc[v] + the sum of dy[b, t] over valid (b, t) with ids[b, t] = v";
   let description = [{
     grad dy [B, N, D], the forward's ids [B, N] and the lengths [B] that pad them; the result is the
     table's gradient [V, D] (static: the table's type). A scatter-add in float, sentences and positions in
-    order; rows t >= lengths[b] are never read, table rows no id reaches are 0, and the compiled kernel
-    skips ids outside [0, V) (the reference refuses them). A tied table's other uses (the output head's dW)
-    are added by lm-autodiff with lm.add before its lm.param_grad.
+    order; rows t >= lengths[b] are never read, and the compiled kernel skips ids outside [0, V) (the
+    reference refuses them). Without `into`, table rows no id reaches are 0. With `into(%acc)` (the dense
+    gradient of a tied table's other uses: the output head's dW), row v is acc[v] + s_v, s_v the row's
+    scatter sum (from 0, in order), and rows no id reaches are acc's: lm.add of acc and the plain form,
+    without the zeroed table and the pass over two [V, D] tables (lm-autodiff emits this form for tied
+    tables; the lowering writes into acc's buffer when this op is its only use).
     ```mlir
     %dE = lm.embed_grad %dx, %ids, %lengths : (tensor<?x?x512xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<30522x512xf32>
+    %dT = lm.embed_grad %dx, %ids, %lengths into(%dW) : (tensor<?x?x512xf32>, tensor<?x?xi32>, tensor<?xi32>, tensor<30522x512xf32>) -> tensor<30522x512xf32>
     ```
   }];
-  let arguments = (ins Lm_F32Tensor:$grad, Lm_I32Tensor:$ids, Lm_I32Tensor:$lengths);
+  let arguments = (ins Lm_F32Tensor:$grad, Lm_I32Tensor:$ids, Lm_I32Tensor:$lengths, Optional<Lm_F32Tensor>:$into);
   let results = (outs Lm_F32Tensor:$result);
-  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let assemblyFormat = "$grad `,` $ids `,` $lengths (`into` `(` $into^ `)`)? attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
 }
 

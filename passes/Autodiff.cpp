@@ -8,7 +8,8 @@
 // ("adjoint") emits its vector-Jacobian product as lm ops before the return. The seed is
 // implicit: the loss op's VJP (lm.token_loss_grad / lm.cross_entropy_grad) is d ce = 1/T on
 // every row with a target, T counted by the op itself. The gradient of each canonical weight is
-// the sum over its lm.weight ops (tied tables) and is written by one lm.param_grad.
+// the sum over its lm.weight ops (tied tables) and is written by one lm.param_grad; an embedding's scatter
+// adds into the dense gradient its tied table already has (lm.embed_grad into).
 //
 //===----------------------------------------------------------------------===//
 #include "passes/Passes.h"
@@ -305,7 +306,22 @@ private:
       Value len = lengthsOf(embed.getIds());
       if (!len)
         return embed.emitOpError("lm-autodiff: the ids of an embedding in a pair loss must be src or tgt");
-      accumulate(embed.getTable(), b.create<lm::EmbedGradOp>(loc, embed.getTable().getType(), dy, embed.getIds(), len));
+      // A tied table already has a dense gradient (the output head's, which comes later in the forward): the
+      // scatter adds into it (lm.embed_grad into) rather than into a zeroed table that an lm.add then sums.
+      Value table = embed.getTable();
+      Value *pending = nullptr;
+      if (adjoint.count(table))
+        pending = &adjoint[table];
+      else if (auto w = table.getDefiningOp<lm::WeightOp>()) {
+        auto it = llvm::find_if(weightGrads, [&](auto &entry) { return entry.first == w.getName(); });
+        if (it != weightGrads.end())
+          pending = &it->second;
+      }
+      auto g = b.create<lm::EmbedGradOp>(loc, table.getType(), dy, embed.getIds(), len, pending ? *pending : Value());
+      if (pending)
+        *pending = g;
+      else
+        adjoint[table] = g;
       return success();
     }
     if (auto pos = dyn_cast<lm::PositionsOp>(op)) {

@@ -36,6 +36,7 @@ void declareTrainingRuntime(OpBuilder &b, Location loc) {
   declare("lm_rt_relative_scores_grad", {ptr, ptr, ptr, i64, i64, i64, i64, i64, ptr, ptr});
   declare("lm_rt_relative_values_grad", {ptr, ptr, ptr, i64, i64, i64, i64, i64, ptr, ptr});
   declare("lm_rt_embed_grad", {ptr, ptr, ptr, i64, i64, i64, i64, ptr});
+  declare("lm_rt_embed_grad_add", {ptr, ptr, ptr, i64, i64, i64, i64, ptr});
   declare("lm_rt_positions_grad", {ptr, ptr, i64, i64, i64, i64, ptr});
   declare("lm_rt_cross_entropy", {ptr, ptr, ptr, i64, i64, i64, f64, ptr});
   declare("lm_rt_cross_entropy_grad", {ptr, ptr, i64, i64, i64, f64, i32, ptr});
@@ -45,6 +46,13 @@ void declareTrainingRuntime(OpBuilder &b, Location loc) {
 }
 
 namespace {
+
+/// The temporary (memref.alloc) `buffer` is, through the casts to the generic layout of converted tensors; else null.
+memref::AllocOp temporaryOf(Value buffer) {
+  while (auto cast = buffer.getDefiningOp<memref::CastOp>())
+    buffer = cast.getSource();
+  return buffer.getDefiningOp<memref::AllocOp>();
+}
 
 /// The runtime call of one op: pointers of buffers, sizes as i64, attributes as constants.
 struct Call {
@@ -366,11 +374,23 @@ template <typename Op> struct DropoutLowering : LmLowering<Op> {
   }
 };
 
+/// lm.embed_grad: lm_rt_embed_grad into a fresh buffer; with `into`, lm_rt_embed_grad_add into acc's buffer where
+/// the op is its only use and it is a temporary of its own (else into a copy of it).
 struct EmbedGradLowering : LmLowering<lm::EmbedGradOp> {
   using LmLowering::LmLowering;
   LogicalResult lower(lm::EmbedGradOp op, Loops &L) const override {
-    Value out = L.alloc(op.getType());
     auto t = op.getType();
+    Value out;
+    if (Value into = op.getInto()) {
+      out = L.in(into);
+      if (!into.hasOneUse() || !temporaryOf(out)) {
+        Value acc = out;
+        out = L.alloc(t);
+        L.b.create<memref::CopyOp>(L.loc, acc, out);
+      }
+    } else {
+      out = L.alloc(t);
+    }
     Call{L}
         .ptr(L.in(op.getGrad()))
         .ptr(L.in(op.getIds()))
@@ -380,7 +400,7 @@ struct EmbedGradLowering : LmLowering<lm::EmbedGradOp> {
         .i64(t.getDimSize(1))
         .i64(t.getDimSize(0))
         .ptr(out)
-        .emit("lm_rt_embed_grad");
+        .emit(op.getInto() ? "lm_rt_embed_grad_add" : "lm_rt_embed_grad");
     return L.set(op, out);
   }
 };
@@ -403,7 +423,11 @@ struct PositionsGradLowering : LmLowering<lm::PositionsGradOp> {
   }
 };
 
-/// Copies the gradient into the weight's slot of the gradient buffer (the entry's last argument).
+/// Marks the copies of weight gradients into their slots, for writeGradientsInPlace.
+constexpr StringLiteral kParamGradCopy = "lmcc.param_grad";
+
+/// Copies the gradient into the weight's slot of the gradient buffer (the entry's last argument): a memref.copy
+/// (a memcpy) marked for writeGradientsInPlace, which makes the gradient's own buffer the slot where it can.
 struct ParamGradLowering : LmLowering<lm::ParamGradOp> {
   using LmLowering::LmLowering;
   LogicalResult lower(lm::ParamGradOp op, Loops &L) const override {
@@ -411,20 +435,82 @@ struct ParamGradLowering : LmLowering<lm::ParamGradOp> {
     if (!entry)
       return op.emitOpError("weight '") << op.getName() << "' has no slot in the weight layout";
     auto fn = op->getParentOfType<func::FuncOp>();
-    Value grads = fn.getArguments().back();
-    Value g = L.in(op.getGrad());
-    auto shape = op.getGrad().getType().getShape();
-    Value slot = weightView(L.b, L.loc, grads, entry->offset, shape);
-    SmallVector<Value> ubs;
-    for (int64_t d : shape)
-      ubs.push_back(L.idx(d));
-    L.nest(ubs, [&](ValueRange iv) { L.store(L.load(g, iv), slot, iv); });
+    Value slot = weightView(L.b, L.loc, fn.getArguments().back(), entry->offset, op.getGrad().getType().getShape());
+    L.b.create<memref::CopyOp>(L.loc, L.in(op.getGrad()), slot)->setAttr(kParamGradCopy, L.b.getUnitAttr());
     L.b.eraseOp(op);
     return success();
   }
 };
 
+/// The address (i64) `offset` floats into the buffer `m` (its aligned pointer, which for an entry's argument is
+/// where its data starts).
+Value addressAt(OpBuilder &b, Location loc, Value m, int64_t offset) {
+  Value base = b.create<memref::ExtractAlignedPointerAsIndexOp>(loc, m);
+  Value address = b.create<arith::IndexCastOp>(loc, b.getI64Type(), base);
+  return b.create<arith::AddIOp>(loc, address,
+                                 b.create<arith::ConstantOp>(loc, b.getI64IntegerAttr(offset * int64_t(sizeof(float)))));
+}
+
 } // namespace
+
+void writeGradientsInPlace(ModuleOp module, const WeightLayout &layout) {
+  module.walk([&](func::FuncOp fn) {
+    SmallVector<memref::CopyOp> copies;
+    fn.walk([&](memref::CopyOp copy) {
+      if (copy->hasAttr(kParamGradCopy))
+        copies.push_back(copy);
+    });
+    if (copies.empty())
+      return;
+    Value grads;
+    std::set<int64_t> written;
+    for (memref::CopyOp copy : copies) {
+      copy->removeAttr(kParamGradCopy);
+      auto slot = copy.getTarget().getDefiningOp<memref::ReinterpretCastOp>();
+      grads = slot.getSource();
+      const int64_t offset = slot.getStaticOffsets()[0];
+      written.insert(offset);
+      // The gradient's buffer becomes the slot when it is a temporary of the copy's block that nothing touches
+      // after the copy: its producer then writes the slot, and the copy, the temporary and its peak go.
+      memref::AllocOp alloc = temporaryOf(copy.getSource());
+      if (!alloc || alloc->getBlock() != copy->getBlock() || !alloc.getType().getLayout().isIdentity() ||
+          !alloc.getType().hasStaticShape())
+        continue;
+      bool usedAfter = false;
+      for (Operation *user : alloc->getUsers())
+        if (Operation *at = copy->getBlock()->findAncestorOpInBlock(*user); !at || copy->isBeforeInBlock(at))
+          usedAfter = true;
+      if (usedAfter)
+        continue;
+      OpBuilder b(alloc);
+      MemRefType type = alloc.getType();
+      SmallVector<Value> sizes, strides;
+      int64_t stride = 1;
+      for (int64_t d = type.getRank() - 1; d >= 0; --d) {
+        sizes.insert(sizes.begin(), b.create<arith::ConstantOp>(alloc.getLoc(), b.getI64IntegerAttr(type.getDimSize(d))));
+        strides.insert(strides.begin(), b.create<arith::ConstantOp>(alloc.getLoc(), b.getI64IntegerAttr(stride)));
+        stride *= type.getDimSize(d);
+      }
+      Value view = memrefAt(b, alloc.getLoc(), addressAt(b, alloc.getLoc(), grads, offset), sizes, strides, type);
+      copy.erase();
+      alloc.replaceAllUsesWith(view);
+      alloc.erase();
+      if (slot->use_empty())
+        slot.erase();
+    }
+    // Every tensor's slot is written: those the loss does not reach (no lm.param_grad) are zeroed first thing.
+    OpBuilder b = OpBuilder::atBlockBegin(&fn.getBody().front());
+    Location loc = fn.getLoc();
+    for (const WeightLayout::Entry &e : layout.entries) {
+      const int64_t bytes = numelOf(e.tensor) * int64_t(sizeof(float));
+      if (e.kind != WeightLayout::Kind::Loaded || written.count(e.offset) || bytes == 0)
+        continue;
+      Value p = b.create<LLVM::IntToPtrOp>(loc, LLVM::LLVMPointerType::get(b.getContext()), addressAt(b, loc, grads, e.offset));
+      b.create<LLVM::MemsetOp>(loc, p, b.create<LLVM::ConstantOp>(loc, b.getI8Type(), b.getI8IntegerAttr(0)),
+                               b.create<LLVM::ConstantOp>(loc, b.getI64Type(), b.getI64IntegerAttr(bytes)), false);
+    }
+  });
+}
 
 void populateBackwardPatterns(TypeConverter &converter, RewritePatternSet &patterns, const LoweringContext &context) {
   patterns.add<TokenLossLowering, TokenLossGradLowering, CrossEntropyLowering, CrossEntropyGradLowering,

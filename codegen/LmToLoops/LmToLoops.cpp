@@ -258,6 +258,7 @@ struct LmToLoopsPass : lmcc::impl::LmToLoopsBase<LmToLoopsPass> {
     if (failed(applyPartialConversion(module, target, std::move(patterns))) || context.missingSizes)
       return signalPassFailure();
     foldCastPairs(module);
+    writeGradientsInPlace(module, *context.layout);
     if (failed(buildInitKernel(module, context, model.getName(), model.getPad())))
       return signalPassFailure();
     deallocateAfterLastUse(module);

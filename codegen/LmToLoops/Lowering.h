@@ -117,6 +117,10 @@ void configureLowering(mlir::TypeConverter &converter, mlir::ConversionTarget &t
 /// and erases the casts nobody uses.
 void foldCastPairs(mlir::ModuleOp module);
 
+/// The training entries' weight gradients: lm.param_grad's copy into the slot (a memcpy) goes where the gradient's
+/// buffer is a temporary of the entry, which becomes the slot itself (its producer writes there); the slots of
+/// tensors without an lm.param_grad are zeroed at the entry's start, so that every tensor's slot is written.
+void writeGradientsInPlace(mlir::ModuleOp module, const WeightLayout &layout);
 /// Frees every buffer right after its last use in the block that allocates it (the pass's last step).
 void deallocateAfterLastUse(mlir::ModuleOp module);
 

@@ -4,6 +4,8 @@
 #include "runtime/lib/lmrt.h"
 #include "runtime/train/FunctionRef.h"
 
+#include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -14,6 +16,14 @@ struct lm_model {
 };
 
 namespace lmrt::detail {
+struct FreeDeleter {
+  void operator()(void *p) const noexcept { std::free(p); }
+};
+using FloatBuffer = std::unique_ptr<float[], FreeDeleter>;
+/// n floats (uninitialized), LM_WEIGHT_ALIGNMENT-aligned: the weight buffer and the trainer's gradient (which the
+/// kernels write in the weights' layout). Throws std::bad_alloc.
+FloatBuffer allocateFloats(int64_t n);
+
 /// MLIR's C interface descriptors of dense row-major buffers (what the compiled kernels take).
 inline lm_memref1f memref1(float *p, int64_t n) { return {p, p, 0, {n}, {1}}; }
 inline lm_memref1i memref1(int32_t *p, int64_t n) { return {p, p, 0, {n}, {1}}; }

@@ -94,6 +94,10 @@ void lm_rt_embed_grad(const float *dy, const int32_t *ids, const int32_t *length
                       int64_t V, float *out) {
   LMRT_DISPATCH(embedGrad, dy, ids, lengths, B, N, D, V, out)
 }
+void lm_rt_embed_grad_add(const float *dy, const int32_t *ids, const int32_t *lengths, int64_t B, int64_t N, int64_t D,
+                          int64_t V, float *out) {
+  LMRT_DISPATCH(embedGradAdd, dy, ids, lengths, B, N, D, V, out)
+}
 void lm_rt_positions_grad(const float *dy, const int32_t *lengths, int64_t B, int64_t N, int64_t D, int64_t L,
                           float *out) {
   LMRT_DISPATCH(positionsGrad, dy, lengths, B, N, D, L, out)

@@ -780,6 +780,38 @@ void embedGrad(const float *dy, const int32_t *ids, const int32_t *lengths, int6
     }
 }
 
+void embedGradAdd(const float *dy, const int32_t *ids, const int32_t *lengths, int64_t B, int64_t N, int64_t D,
+                  int64_t V, float *out) {
+  // Each reached row's scatter sum starts from 0 and adds its rows of dy in order (embedGrad's float sums),
+  // then lands on out's row once: out + embedGrad bit for bit on the rows ids reach, untouched elsewhere. The
+  // rows of one id are chained (first[v], next[r]) in a pass over the ids, so no [V, D] table is zeroed.
+  Buffer<int64_t> first(V, -1), last(V), next(B * N);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < std::min<int64_t>(lengths[b], N); ++t) {
+      const int32_t id = ids[b * N + t];
+      if (id < 0 || id >= V)
+        continue;
+      const int64_t r = b * N + t;
+      next[r] = -1;
+      (first[id] < 0 ? first[id] : next[last[id]]) = r;
+      last[id] = r;
+    }
+  Scratch sum(D);
+  for (int64_t v = 0; v < V; ++v) {
+    if (first[v] < 0)
+      continue;
+    std::fill(sum.data(), sum.data() + D, 0.0f);
+    for (int64_t r = first[v]; r >= 0; r = next[r]) {
+      const float *g = dy + r * D;
+      for (int64_t c = 0; c < D; ++c)
+        sum[c] += g[c];
+    }
+    float *row = out + v * D;
+    for (int64_t c = 0; c < D; ++c)
+      row[c] += sum[c];
+  }
+}
+
 void positionsGrad(const float *dy, const int32_t *lengths, int64_t B, int64_t N, int64_t D, int64_t L, float *out) {
   std::memset(out, 0, sizeof(float) * L * D);
   for (int64_t b = 0; b < B; ++b)

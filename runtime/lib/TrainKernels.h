@@ -56,6 +56,8 @@
                           int64_t M, int64_t dh, int64_t clip, float *dp, float *dRel);                          \
   void embedGrad(const float *dy, const int32_t *ids, const int32_t *lengths, int64_t B, int64_t N, int64_t D,  \
                  int64_t V, float *out);                                                                          \
+  void embedGradAdd(const float *dy, const int32_t *ids, const int32_t *lengths, int64_t B, int64_t N,         \
+                    int64_t D, int64_t V, float *out);                                                            \
   void positionsGrad(const float *dy, const int32_t *lengths, int64_t B, int64_t N, int64_t D, int64_t L,       \
                      float *out);                                                                                 \
   void crossEntropy(const float *lp, const int32_t *targets, const int32_t *lengths, int64_t B, int64_t N,      \

@@ -50,7 +50,7 @@ struct PackedPairs {
 struct lm_trainer {
   lm_model *model = nullptr;
   std::unique_ptr<lmcc::train::Optimizer> optimizer;
-  std::vector<float> grads; ///< the weight buffer's layout
+  lmrt::detail::FloatBuffer grads; ///< the weight buffer's layout (the kernel writes every tensor's slot)
   Packed packed;            ///< the last step's batch (its buffers reused: a steady-state step allocates nothing)
   PackedPairs pairs;        ///< the same for a Diformer's steps
 };
@@ -136,13 +136,12 @@ double meanLoss(const char *entry, const std::vector<float> &ce, int64_t n, int6
                   " is not finite at flat index " + std::to_string(k) + "; the weights are left unchanged");
 }
 
-/// Runs the loss_grad kernel on the packed batch into `grads` (the weight layout, zeroed first); dropout
+/// Runs the loss_grad kernel on the packed batch into `grads` (the weight layout: it writes every tensor's slot); dropout
 /// masks of training step `step`. `checkGrads`: reject a non-finite gradient here (a train step leaves
 /// that to the optimizer, which checks before it changes anything).
 double lossAndGrad(const char *entry, lm_model *m, Packed &p, float *grads, int64_t step, bool checkGrads) {
   const lm_model_desc &d = *m->desc;
   lmrt::setDropoutContext(uint64_t(d.train->seed), uint64_t(step));
-  std::fill(grads, grads + d.total_floats, 0.0f);
   std::vector<float> &ce = p.ce;
   ce.assign(size_t(p.batch * p.n), 0.0f);
   lm_memref1f w = memref1(m->weights, d.total_floats), g = memref1(grads, d.total_floats);
@@ -181,7 +180,7 @@ double pairLoss(const char *entry, const lm_model_desc &d, const std::vector<flo
   return loss;
 }
 
-/// The pair_loss_grad kernel on checked pairs (packed into `p`) into `grads` (zeroed first); see lossAndGrad.
+/// The pair_loss_grad kernel on checked pairs (packed into `p`) into `grads`; see lossAndGrad.
 double pairLossAndGrad(const char *entry, lm_model *m, const int32_t *src, const int32_t *srcLengths, int32_t srcStride,
                        const int32_t *tgt, const int32_t *tgtLengths, int32_t tgtStride, const int32_t *dirs,
                        const uint32_t *hidden, int32_t batch, PackedPairs &packed, float *grads, bool checkGrads,
@@ -193,7 +192,6 @@ double pairLossAndGrad(const char *entry, lm_model *m, const int32_t *src, const
   lmrt::detail::checkPairInputs(m, src, srcLengths, srcStride, tgt, tgtLengths, tgtStride, dirs, hidden, batch);
   lmrt::detail::PairBatch &p = packed.batch;
   lmrt::detail::packPairs(p, &d, src, srcLengths, srcStride, tgt, tgtLengths, tgtStride, dirs, hidden, 0, batch);
-  std::fill(grads, grads + d.total_floats, 0.0f);
   std::vector<float> &ce = packed.ce, &lengthLp = packed.lengthLp;
   ce.assign(size_t(p.rows * p.n), 0.0f);
   lengthLp.assign(size_t(p.rows), 0.0f);
@@ -220,7 +218,7 @@ double pairLossAndGrad(const char *entry, lm_model *m, const int32_t *src, const
 void applyStep(const char *entry, lm_trainer *t, double *lr, double *gradNorm) {
   lmcc::train::Optimizer::StepInfo info;
   try {
-    info = t->optimizer->step(t->model->weights, t->grads.data());
+    info = t->optimizer->step(t->model->weights, t->grads.get());
   } catch (const lmcc::train::NonFiniteGradient &e) {
     nonFiniteResult(std::string(entry) + ": the gradient is not finite: " + e.what() +
                     "; the weights are left unchanged");
@@ -235,10 +233,10 @@ void applyStep(const char *entry, lm_trainer *t, double *lr, double *gradNorm) {
 }
 
 /// The gradient in the weight buffer's layout -> the packed layout (tensor after tensor, lm_rt_param_info).
-void packGradient(const lm_model_desc &d, const std::vector<float> &grads, float *out) {
+void packGradient(const lm_model_desc &d, const float *grads, float *out) {
   for (int32_t i = 0; i < d.num_tensors; ++i) {
     const lm_tensor_desc &t = d.tensors[i];
-    out = std::copy(grads.begin() + t.offset, grads.begin() + t.offset + descNumel(t), out);
+    out = std::copy(grads + t.offset, grads + t.offset + descNumel(t), out);
   }
 }
 
@@ -315,10 +313,10 @@ int lm_rt_loss_and_grad(lm_model *m, const int32_t *inputs, const int32_t *targe
     const lm_model_desc &d = trainable(m);
     Packed p;
     pack(m, inputs, targets, lengths, batch, stride, p);
-    std::vector<float> grads(d.total_floats);
-    const double value = lossAndGrad("loss_and_grad", m, p, grads.data(), 0, /*checkGrads=*/true);
+    lmrt::detail::FloatBuffer grads = lmrt::detail::allocateFloats(d.total_floats);
+    const double value = lossAndGrad("loss_and_grad", m, p, grads.get(), 0, /*checkGrads=*/true);
     if (grad)
-      packGradient(d, grads, grad);
+      packGradient(d, grads.get(), grad);
     if (loss)
       *loss = float(value);
   });
@@ -329,13 +327,13 @@ int lm_rt_pair_loss_and_grad(lm_model *m, const int32_t *src, const int32_t *src
                              const uint32_t *hidden, int32_t batch, float *loss, double nll[2], float *grad) {
   return guardedCall([&] {
     const lm_model_desc &d = trainable(m);
-    std::vector<float> grads(d.total_floats);
+    lmrt::detail::FloatBuffer grads = lmrt::detail::allocateFloats(d.total_floats);
     PackedPairs packed;
     const double value = pairLossAndGrad("pair_loss_and_grad", m, src, src_lengths, src_stride, tgt, tgt_lengths,
-                                         tgt_stride, dirs, hidden, batch, packed, grads.data(), /*checkGrads=*/true,
+                                         tgt_stride, dirs, hidden, batch, packed, grads.get(), /*checkGrads=*/true,
                                          nll);
     if (grad)
-      packGradient(d, grads, grad);
+      packGradient(d, grads.get(), grad);
     if (loss)
       *loss = float(value);
   });
@@ -349,7 +347,7 @@ int lm_rt_train_step_pairs(lm_trainer *t, const int32_t *src, const int32_t *src
     if (!t)
       argument("the trainer is NULL");
     const double value = pairLossAndGrad("train_step_pairs", t->model, src, src_lengths, src_stride, tgt, tgt_lengths,
-                                         tgt_stride, dirs, hidden, batch, t->pairs, t->grads.data(),
+                                         tgt_stride, dirs, hidden, batch, t->pairs, t->grads.get(),
                                          /*checkGrads=*/false, nll);
     // <- a data-parallel run would all-reduce t->grads here.
     applyStep("train_step_pairs", t, lr, gradNorm);
@@ -412,7 +410,7 @@ int lm_rt_trainer_new_ex(lm_model *m, const lm_train_desc *settings, lm_trainer 
           },
           &body);
     });
-    t->grads.assign(d.total_floats, 0.0f);
+    t->grads = lmrt::detail::allocateFloats(d.total_floats);
     *out = t.release();
   });
 }
@@ -425,7 +423,7 @@ int lm_rt_train_step_ex(lm_trainer *t, const int32_t *inputs, const int32_t *tar
     Packed &p = t->packed;
     pack(t->model, inputs, targets, lengths, batch, stride, p);
     const double value =
-        lossAndGrad("train_step", t->model, p, t->grads.data(), t->optimizer->steps(), /*checkGrads=*/false);
+        lossAndGrad("train_step", t->model, p, t->grads.get(), t->optimizer->steps(), /*checkGrads=*/false);
     // <- a data-parallel run would all-reduce t->grads here.
     applyStep("train_step", t, lr, gradNorm);
     if (loss)

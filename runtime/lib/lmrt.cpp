@@ -137,6 +137,7 @@ template <typename F> int guarded(F &&body) noexcept {
 
 // --- Formatting -------------------------------------------------------------------
 
+using lmrt::detail::allocateFloats;
 using lmrt::detail::descShape;
 using lmrt::detail::Bound;
 using lmrt::detail::runKernel;
@@ -201,26 +202,6 @@ void checkDescriptor(const lm_model_desc *desc) {
 }
 
 // --- Loading ------------------------------------------------------------------
-
-struct FreeDeleter {
-  void operator()(void *p) const noexcept { std::free(p); }
-};
-
-/// A model's weight buffer. One of 2 MB or more is 2 MB-aligned and advised as huge pages (MADV_HUGEPAGE; a no-op
-/// where transparent huge pages are off): scoring a short sentence streams every weight from memory once per call,
-/// and with 4 KB pages the 10-token vocabulary projection ran 1.2-1.5x slower (bench/results/2026-11-25-stream.md).
-std::unique_ptr<void, FreeDeleter> allocateWeights(int64_t totalFloats) {
-  constexpr size_t kHugePage = size_t(2) << 20;
-  size_t bytes = static_cast<size_t>(totalFloats) * sizeof(float);
-  const size_t alignment = bytes >= kHugePage ? kHugePage : kWeightAlignment;
-  bytes = std::max((bytes + alignment - 1) / alignment * alignment, alignment);
-  void *p = std::aligned_alloc(alignment, bytes);
-  if (!p)
-    throw std::bad_alloc();
-  if (alignment == kHugePage)
-    ::madvise(p, bytes, MADV_HUGEPAGE); // advice only: without THP the pages stay 4 KB
-  return std::unique_ptr<void, FreeDeleter>(p);
-}
 
 lmcc::WeightSet readFile(const std::string &path) {
   try {
@@ -325,15 +306,15 @@ void loadImpl(const lm_model_desc *desc, const char *path, lm_model **out) {
       // Read-only use in place: the kernels never write to the weights (no init kernel).
       model->weights = const_cast<float *>(desc->embedded_weights);
     } else {
-      auto buffer = allocateWeights(desc->total_floats);
+      auto buffer = allocateFloats(desc->total_floats);
       std::memcpy(buffer.get(), desc->embedded_weights, static_cast<size_t>(desc->total_floats) * sizeof(float));
-      model->weights = static_cast<float *>(buffer.get());
+      model->weights = buffer.get();
       model->owned = buffer.release();
     }
   } else {
-    auto buffer = allocateWeights(desc->total_floats);
-    loadFile(desc, path, static_cast<float *>(buffer.get()));
-    model->weights = static_cast<float *>(buffer.get());
+    auto buffer = allocateFloats(desc->total_floats);
+    loadFile(desc, path, buffer.get());
+    model->weights = buffer.get();
     model->owned = buffer.release();
   }
   if (desc->init) { // tensors folded at load time (lm-fold-constants)
@@ -637,6 +618,22 @@ template <typename T> void grow(std::vector<T> &v, size_t n) {
 } // namespace
 
 namespace lmrt::detail {
+
+/// One of 2 MB or more is 2 MB-aligned and advised as huge pages (MADV_HUGEPAGE; a no-op where transparent huge
+/// pages are off): scoring a short sentence streams every weight from memory once per call, and with 4 KB pages
+/// the 10-token vocabulary projection ran 1.2-1.5x slower (bench/results/2026-11-25-stream.md).
+FloatBuffer allocateFloats(int64_t n) {
+  constexpr size_t kHugePage = size_t(2) << 20;
+  size_t bytes = static_cast<size_t>(n) * sizeof(float);
+  const size_t alignment = bytes >= kHugePage ? kHugePage : kWeightAlignment;
+  bytes = std::max((bytes + alignment - 1) / alignment * alignment, alignment);
+  void *p = std::aligned_alloc(alignment, bytes);
+  if (!p)
+    throw std::bad_alloc();
+  if (alignment == kHugePage)
+    ::madvise(p, bytes, MADV_HUGEPAGE); // advice only: without THP the pages stay 4 KB
+  return FloatBuffer(static_cast<float *>(p));
+}
 [[noreturn]] void argument(std::string message) { argumentError(std::move(message)); }
 [[noreturn]] void internal(std::string message) { internalError(std::move(message)); }
 [[noreturn]] void nonFiniteResult(std::string message) { throw Failure{LM_ERR_NONFINITE, std::move(message)}; }

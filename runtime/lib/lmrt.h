@@ -86,8 +86,8 @@ typedef void (*lm_pair_score_kernel)(lm_memref1f *weights, lm_memref2i *src, lm_
                                      lm_memref1f *length_logprobs);
 /* The Diformer's training entries (lmcc compile --train): the inputs of lm_pair_score_kernel; ce [rows, n] each
  * row's cross-entropy (0 for skipped rows), length_logprobs [rows]; the loss is sum ce / sum_b n_b +
- * length_loss * mean_b(-length_logprobs), and grads its gradient in the weight buffer's layout (zeroed by
- * the caller). */
+ * length_loss * mean_b(-length_logprobs), and grads its gradient in the weight buffer's layout (as
+ * lm_loss_grad_kernel's). */
 typedef void (*lm_pair_loss_kernel)(lm_memref1f *weights, lm_memref2i *src, lm_memref1i *src_lengths, lm_memref2i *tgt,
                                     lm_memref1i *tgt_lengths, lm_memref3i *dirs, lm_memref2f *ce,
                                     lm_memref1f *length_logprobs);
@@ -116,8 +116,8 @@ typedef void (*lm_pair_step_kernel)(lm_memref1f *weights, lm_memref3f *self_kv, 
 typedef void (*lm_init_kernel)(lm_memref1f *weights);
 /* Training (lmcc compile --train). inputs, targets [rows, n] (target -1: no prediction at that row),
  * lengths [rows]; ce [rows, n]: each row's cross-entropy (0 where no target); grads: the gradient of
- * (1/T) sum ce in the weight buffer's layout (the caller zeroes it; tensors the batch does not reach
- * stay zero). */
+ * (1/T) sum ce in the weight buffer's layout: every tensor's slot is written (0 where the loss does not reach
+ * it; the caller need not zero it), the rest of the buffer (folded tables, packed copies) is left as it was. */
 typedef void (*lm_loss_kernel)(lm_memref1f *weights, lm_memref2i *inputs, lm_memref2i *targets, lm_memref1i *lengths,
                                lm_memref2f *ce);
 typedef void (*lm_loss_grad_kernel)(lm_memref1f *weights, lm_memref2i *inputs, lm_memref2i *targets,
@@ -397,6 +397,9 @@ LM_API void lm_rt_relative_values_grad(const float *dOut, const float *p, const 
                                        int64_t M, int64_t dh, int64_t clip, float *dp, float *d_rel);
 LM_API void lm_rt_embed_grad(const float *dy, const int32_t *ids, const int32_t *lengths, int64_t B, int64_t N,
                              int64_t D, int64_t V, float *out);
+/* out[v] += the scatter sum of lm_rt_embed_grad's row v, for the rows v some id reaches (others untouched). */
+LM_API void lm_rt_embed_grad_add(const float *dy, const int32_t *ids, const int32_t *lengths, int64_t B, int64_t N,
+                                 int64_t D, int64_t V, float *out);
 LM_API void lm_rt_positions_grad(const float *dy, const int32_t *lengths, int64_t B, int64_t N, int64_t D, int64_t L,
                                  float *out);
 LM_API void lm_rt_cross_entropy(const float *lp, const int32_t *targets, const int32_t *lengths, int64_t B, int64_t N,

@@ -38,11 +38,16 @@ module @m attributes {lm.model = #lm.model<name = "m", vocab = 11, max_len = 9, 
 // CHECK: memref.alloc(%{{.*}}) {alignment = 64 : i64} : memref<?x5x16xf32>
 // CHECK: memref.alloca() : memref<17xi64>
 // CHECK: func.call @lm_attention_grad_task_causal_h2_d32_s0x3e800000_rel2(
-// CHECK: memref.alloc() {alignment = 64 : i64} : memref<5x16xf32>
+// The sums are stored straight into rel_k's gradient slot (float 352 = byte 1408 of the gradient buffer), not
+// into a temporary copied there afterwards.
+// CHECK: arith.addi %{{.*}}, %c1408_i64 : i64
+// CHECK: %[[DRK:.*]] = builtin.unrealized_conversion_cast {{.*}} to memref<5x16xf32>
 // CHECK: scf.for
 // CHECK: scf.for
 // CHECK: scf.for {{.*}} iter_args
 // CHECK: arith.addf {{.*}} : vector<16xf32>
+// CHECK: vector.store %{{.*}}, %[[DRK]][
+// CHECK-NOT: memref.copy
 // CHECK-NOT: lm_rt_attention_grad
 // CHECK-NOT: lm.attention
 

@@ -354,3 +354,11 @@ func.func @length_logprob_dynamic_width(%h: tensor<?x?x8xf32>, %len: tensor<?xi3
   %l = lm.length_logprob %h, %len, %W : (tensor<?x?x8xf32>, tensor<?xi32>, tensor<9x8xf32>) -> tensor<?x?xf32>
   return
 }
+
+// -----
+
+func.func @embed_grad_into_type(%dy: tensor<?x?x8xf32>, %ids: tensor<?x?xi32>, %len: tensor<?xi32>, %acc: tensor<10x8xf32>) -> tensor<11x8xf32> {
+  // expected-error @+1 {{into (the gradient added to) must have the result's type 'tensor<11x8xf32>', got 'tensor<10x8xf32>'}}
+  %g = lm.embed_grad %dy, %ids, %len into(%acc) : (tensor<?x?x8xf32>, tensor<?x?xi32>, tensor<?xi32>, tensor<10x8xf32>) -> tensor<11x8xf32>
+  return %g : tensor<11x8xf32>
+}

@@ -129,3 +129,13 @@ func.func @ngram(%ids: tensor<?x?xi32>, %len: tensor<?xi32>, %h: tensor<?x?x8xf3
       -> tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<11x8xf32>, tensor<11xf32>
   return %ce : tensor<?x?xf32>
 }
+
+// lm.embed_grad, plain and added into a tied table's other gradient.
+// CHECK-LABEL: func.func @embed_grad
+func.func @embed_grad(%dy: tensor<?x?x8xf32>, %ids: tensor<?x?xi32>, %len: tensor<?xi32>, %dW: tensor<11x8xf32>) -> tensor<11x8xf32> {
+  // CHECK: lm.embed_grad %{{.+}}, %{{.+}}, %{{.+}} : (tensor<?x?x8xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<11x8xf32>
+  %a = lm.embed_grad %dy, %ids, %len : (tensor<?x?x8xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<11x8xf32>
+  // CHECK: lm.embed_grad %{{.+}}, %{{.+}}, %{{.+}} into(%{{.+}}) : (tensor<?x?x8xf32>, tensor<?x?xi32>, tensor<?xi32>, tensor<11x8xf32>) -> tensor<11x8xf32>
+  %b = lm.embed_grad %dy, %ids, %len into(%a) : (tensor<?x?x8xf32>, tensor<?x?xi32>, tensor<?xi32>, tensor<11x8xf32>) -> tensor<11x8xf32>
+  return %b : tensor<11x8xf32>
+}
