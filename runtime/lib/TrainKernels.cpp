@@ -43,20 +43,25 @@ using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMa
 using Array = Eigen::Map<Eigen::ArrayXf, Eigen::AlignedMax>;
 using ConstArray = Eigen::Map<const Eigen::ArrayXf>;
 
-/// sum_i double(x[i]) in eight running sums (element i into sum i % 8), added in order: vectorizes, and the order
-/// depends on n alone.
-double sumDouble(const float *x, int64_t n) {
+/// sum_{i < n} term(i) (double) in eight running sums (term i into sum i % 8), added in order: vectorizes, and the
+/// order depends on n alone.
+template <typename F> double sum8(int64_t n, F term) {
   double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
     for (int j = 0; j < 8; ++j)
-      s[j] += double(x[i + j]);
+      s[j] += term(i + j);
   for (; i < n; ++i)
-    s[i % 8] += double(x[i]);
+    s[i % 8] += term(i);
   double total = 0;
   for (double v : s)
     total += v;
   return total;
+}
+
+/// sum_i double(x[i]), as sum8.
+double sumDouble(const float *x, int64_t n) {
+  return sum8(n, [=](int64_t i) { return double(x[i]); });
 }
 
 /// Runs f(i) for i in [0, n) on the runtime's arena, pieces of whole indices.
@@ -199,6 +204,12 @@ struct Gemm {
         float *slice = out + p * K * 64 + g * K * cols;
         const int64_t n0 = p * 64 + g * cols, nn = std::clamp<int64_t>(N - n0, 0, cols);
         if (byRows) {
+          if (nn == cols && cols % 16 == 0) { // whole rows in 64-byte copies the compiler inlines (no memcpy call)
+            for (int64_t k = 0; k < K; ++k)
+              for (int64_t j = 0; j < cols; j += 16)
+                std::memcpy(slice + k * cols + j, src + k * ld + n0 + j, sizeof(V16));
+            continue;
+          }
           for (int64_t k = 0; k < K; ++k) {
             std::memcpy(slice + k * cols, src + k * ld + n0, sizeof(float) * size_t(nn));
             std::fill(slice + k * cols + nn, slice + (k + 1) * cols, 0.0f);
@@ -237,13 +248,29 @@ struct Gemm {
   }
 };
 
-/// out[c][r] = in[r][c] for columns [c0, c1) of the [rows, ld] matrix `in` (out: [*, rows]).
+/// out[c][r] = in[r][c] for columns [c0, c1) of the [rows, ld] matrix `in` (out: [*, rows]): 16 x 16 blocks
+/// transposed in registers and stored as whole rows, the edges word by word.
 void transposeColumns(const float *in, int64_t rows, int64_t ld, int64_t c0, int64_t c1, float *out) {
-  constexpr int64_t kRows = 64;
-  for (int64_t r0 = 0; r0 < rows; r0 += kRows)
+  int64_t r0 = 0;
+  for (; r0 + 16 <= rows; r0 += 16) {
+    int64_t c = c0;
+    for (; c + 16 <= c1; c += 16) {
+      V16 block[16]; // in registers: every loop over it unrolled
+#pragma GCC unroll 16
+      for (int64_t j = 0; j < 16; ++j)
+        std::memcpy(&block[j], in + (r0 + j) * ld + c, sizeof(V16));
+      transpose16(block);
+#pragma GCC unroll 16
+      for (int64_t k = 0; k < 16; ++k)
+        std::memcpy(out + (c + k) * rows + r0, &block[k], sizeof(V16));
+    }
+    for (; c < c1; ++c)
+      for (int64_t j = 0; j < 16; ++j)
+        out[c * rows + r0 + j] = in[(r0 + j) * ld + c];
+  }
+  for (; r0 < rows; ++r0)
     for (int64_t c = c0; c < c1; ++c)
-      for (int64_t r = r0; r < std::min(rows, r0 + kRows); ++r)
-        out[c * rows + r] = in[r * ld + c];
+      out[c * rows + r0] = in[r0 * ld + c];
 }
 
 } // namespace
@@ -501,28 +528,24 @@ void layerNormGrad(const float *dy, const float *x, const float *gamma, int64_t 
   Buffer<double> pg(nb * D, 0.0), pb(nb * D, 0.0);
   parallelFor(nb, [&](int64_t blk) {
     Buffer<double> xhat(D), g(D);
+    double *__restrict xh = xhat.data(), *__restrict gr = g.data();
+    double *__restrict pgb = pg.data() + blk * D, *__restrict pbb = pb.data() + blk * D;
     for (int64_t r = blk * kRowBlock; r < std::min(rows, (blk + 1) * kRowBlock); ++r) {
-      const float *xr = x + r * D, *dyr = dy + r * D;
-      double mean = 0, var = 0;
-      for (int64_t c = 0; c < D; ++c)
-        mean += xr[c];
-      mean /= double(D);
-      for (int64_t c = 0; c < D; ++c)
-        var += (xr[c] - mean) * (xr[c] - mean);
-      var /= double(D);
+      const float *__restrict xr = x + r * D, *__restrict dyr = dy + r * D;
+      // The four row sums in eight running sums each (sum8): they vectorize, and their order depends on D alone.
+      const double mean = sum8(D, [&](int64_t c) { return double(xr[c]); }) / double(D);
+      const double var = sum8(D, [&](int64_t c) { return (xr[c] - mean) * (xr[c] - mean); }) / double(D);
       const double inv = 1.0 / std::sqrt(var + eps);
-      double mg = 0, mgx = 0;
       for (int64_t c = 0; c < D; ++c) {
-        xhat[c] = (xr[c] - mean) * inv;
-        g[c] = double(dyr[c]) * gamma[c];
-        mg += g[c];
-        mgx += g[c] * xhat[c];
-        pg[blk * D + c] += double(dyr[c]) * xhat[c];
-        pb[blk * D + c] += dyr[c];
+        xh[c] = (xr[c] - mean) * inv;
+        gr[c] = double(dyr[c]) * gamma[c];
+        pgb[c] += double(dyr[c]) * xh[c];
+        pbb[c] += dyr[c];
       }
-      mg /= double(D), mgx /= double(D);
+      const double mg = sum8(D, [&](int64_t c) { return gr[c]; }) / double(D);
+      const double mgx = sum8(D, [&](int64_t c) { return gr[c] * xh[c]; }) / double(D);
       for (int64_t c = 0; c < D; ++c)
-        dx[r * D + c] = float(inv * (g[c] - mg - xhat[c] * mgx));
+        dx[r * D + c] = float(inv * (gr[c] - mg - xh[c] * mgx));
     }
   });
   for (int64_t c = 0; c < D; ++c) {

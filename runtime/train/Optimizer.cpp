@@ -240,9 +240,11 @@ Optimizer::StepInfo Optimizer::step(float *params, float *grads) {
     const float step = static_cast<float>(stepSize);
     // One loop per decay mode, on restrict pointers, so that the compiler vectorizes it (sqrt and division
     // are correctly rounded: the same numbers as one element at a time); the stored pass writes the clipped
-    // gradient back in the same loop.
-    auto update = [&](auto mode) {
+    // gradient back in the same loop when clipping changed it (kClip), and leaves it alone otherwise (a 4-byte
+    // store a parameter less: the same numbers).
+    auto update = [&](auto mode, auto clipping) {
       constexpr int kMode = decltype(mode)::value; // 0: no decay, 1: decoupled (AdamW), 2: L2 (Adam)
+      constexpr bool kClip = decltype(clipping)::value;
       float *__restrict pp = p + c.begin;
       float *__restrict gp = g + c.begin;
       float *__restrict mp = m + c.begin;
@@ -262,11 +264,13 @@ Optimizer::StepInfo Optimizer::step(float *params, float *grads) {
       bool finite = true;
       for (int64_t k = 0; k < n; ++k) {
         float mk = mp[k], vk = vp[k];
-        const float gk = clipOf(gp[k]);
+        const float gk = kClip ? static_cast<float>(static_cast<double>(gp[k]) * coef) : gp[k];
         const float next = advance(pp[k], gk, mk, vk);
-        if constexpr (kStore)
-          mp[k] = mk, vp[k] = vk, pp[k] = next, gp[k] = gk;
-        else
+        if constexpr (kStore) {
+          mp[k] = mk, vp[k] = vk, pp[k] = next;
+          if constexpr (kClip)
+            gp[k] = gk;
+        } else
           finite &= std::isfinite(next);
       }
       for (int64_t k = 0; !finite && k < n; ++k) { // the first non-finite one, for the message
@@ -276,11 +280,14 @@ Optimizer::StepInfo Optimizer::step(float *params, float *grads) {
       }
       return int64_t(-1);
     };
+    const auto withClip = [&](auto mode) {
+      return clip ? update(mode, std::true_type{}) : update(mode, std::false_type{});
+    };
     if (!decay)
-      return update(std::integral_constant<int, 0>{});
+      return withClip(std::integral_constant<int, 0>{});
     if (decoupled)
-      return update(std::integral_constant<int, 1>{});
-    return update(std::integral_constant<int, 2>{});
+      return withClip(std::integral_constant<int, 1>{});
+    return withClip(std::integral_constant<int, 2>{});
   };
   // Whether an update can overflow, bounded from the magnitudes (relative slack far above float rounding): a weight
   // |p| <= weightSum, a clipped gradient |g| <= gradNorm * coef, a moment |m| <= momentBound_ and a denominator
