@@ -12,6 +12,10 @@ unilm causal), batch shape B x n and thread count, in this order and each in its
   2. bench/train_peers.py on the same weights and batch, after checking that its loss and
      tests/golden/torch_ref.py's equal lmcc's first-step loss within 1e-4 (an entry that fails the
      check is reported, not timed).
+--rounds R (default 3) repeats the pair R times, the order reversed every other round (lmcc, torch; torch,
+lmcc; ...): on a shared host the same entry moves 10-20% between processes minutes apart, so the speedup is
+the median over rounds of that round's torch ms / lmcc ms, with the rounds lmcc won, and each system's ms/step
+the median of its rounds' medians.
 Train FLOPs per step: `lmcc compile SPEC --stats --n n --train` (the `train:` line, per sentence at
 batch 1) times B. Peak: train_bench --peak-only at each thread count (FP32 FMA chains), measured
 once at the start. Raw JSON lines go to <out>.jsonl next to the report; the report is rewritten
@@ -88,6 +92,11 @@ def useful_flops(stats_flops_per_sentence, B, n, targets, d_model, vocab):
     return stats_flops_per_sentence * B - (B * n - targets) * 8 * d_model * vocab
 
 
+def median(xs):
+    xs = sorted(xs)
+    return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
+
+
 def fmt(v, spec="%.0f"):
     return "-" if v is None else spec % v
 
@@ -103,12 +112,13 @@ def write_report(path, args, header, rows, missing):
           "",
           "lmcc %s; %s, AdamW `%s`. Each entry: one warm-up step, then %d timed steps "
           "(median ms/step; the same batch every step); every system in its own process, lmcc and torch of an "
-          "entry back to back. Batches: B random sentences of exactly n tokens (bos, uniform non-special ids, eos), "
+          "entry back to back, %d round(s) in alternating order (speedup: the median of the rounds' torch / lmcc "
+          "ratios and the rounds lmcc won; ms/step: the median of each system's round medians). Batches: B random sentences of exactly n tokens (bos, uniform non-special ids, eos), "
           "the family's objective (tta autoencoding, bilm masked, unilm causal) by lmcc's makeExamples; torch "
           "trains on the identical batch (dumped by train_bench) and its loss on it was checked against lmcc's "
           "first-step loss (and tests/golden/torch_ref.py's) within 1e-4 before timing. Optimizer from the specs' "
           "default [train] (AdamW lr 1e-4, betas 0.9/0.999, eps 1e-6, weight decay 0.01 on rank >= 2, clip 1.0, "
-          "linear schedule)." % (header["lmcc"], header["torch"], args.adamw, args.steps),
+          "linear schedule)." % (header["lmcc"], header["torch"], args.adamw, args.steps, args.rounds),
           "",
           "**Noise**: the machine was shared with other engineers' builds (load average %s at the start, %s at "
           "the end), so timings are noisy; compare lmcc and torch within a row (run back to back) rather than "
@@ -132,13 +142,14 @@ def write_report(path, args, header, rows, missing):
           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         L, T = r.get("lmcc"), r.get("torch")
-        speed = (T["ms_per_step"] / L["ms_per_step"]) if (L and T and "ms_per_step" in T) else None
+        ratios = r.get("ratios", [])
+        speed = ("%.2fx, %d/%d" % (median(ratios), sum(x > 1 for x in ratios), len(ratios))) if ratios else None
         tt = T if (T and "ms_per_step" in T) else None
         lg = L and L.get("grad_ms", -1) > 0 and L["grad_ms"]
         md.append("| %s | %s | %d | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
             r["model"], r["objective"], r["B"], r["n"], r["threads"],
             fmt(L and L["ms_per_step"]), fmt(tt and tt["ms_per_step"]) if tt else (T.get("note", "-") if T else "-"),
-            fmt(speed, "%.2fx"), fmt(L and L["tokens_per_s"]), fmt(tt and tt["tokens_per_s"]),
+            fmt(speed, "%s"), fmt(L and L["tokens_per_s"]), fmt(tt and tt["tokens_per_s"]),
             fmt(L and L["peak_rss_mb"]), fmt(tt and tt["peak_rss_mb"]),
             fmt(L and 100 * L["roofline_fraction"], "%.1f%%"), fmt(tt and 100 * tt["roofline_fraction"], "%.1f%%"),
             fmt(L and L["spread_pct"], "%.1f%%"), fmt(tt and tt["spread_pct"], "%.1f%%"),
@@ -167,6 +178,7 @@ def main(argv):
     ap.add_argument("--shapes", default="32x64,8x128")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3, help="lmcc / torch pairs per entry, alternating order")
     ap.add_argument("--breakdown", action=argparse.BooleanOptionalAction, default=True,
                     help="lmcc: also time loss_and_grad alone (train_bench --breakdown)")
     ap.add_argument("--adamw", default="fused", choices=("fused", "foreach", "for-loop"))
@@ -217,46 +229,80 @@ def main(argv):
             stats_flops = float(m.group(1))
             batch = work / ("%s-%dx%d.json" % (model, B, n))
             for t in threads:
-                row = {"model": model, "B": B, "n": n, "threads": t, "objective": "?", "stats_flops": stats_flops * B}
+                row = {"model": model, "B": B, "n": n, "threads": t, "objective": "?", "stats_flops": stats_flops * B,
+                       "ratios": []}
                 rows.append(row)
-                log("%s B %d n %d threads %d: lmcc" % (model, B, n, t))
-                p = run([a.train_bench, "--spec", spec, "--lib", lib, "--weights", weights, "--batch", B, "--n", n,
-                         "--threads", t, "--steps", a.steps, "--flops", "%.0f" % (stats_flops * B),
-                         "--peak-gflops", header["peak"][t], "--dump-batch", batch, "--lmcc", a.lmcc]
-                        + (["--breakdown"] if a.breakdown else []), check=False)
-                L = last_json(p.stdout) if p.returncode == 0 else None
-                if L is None:
-                    missing.append("%s %dx%d t%d lmcc failed: %s" % (model, B, n, t, p.stderr.strip()[-300:]))
-                    log(missing[-1])
-                    write_report(a.out, a, header, rows, missing)
-                    continue
-                flops = useful_flops(stats_flops, B, n, L["targets"], L["d_model"], L["vocab"])
-                L["train_flops_per_step"] = flops
-                L["gflops"] = flops / (L["ms_per_step"] / 1e3) / 1e9
-                L["roofline_fraction"] = L["gflops"] / header["peak"][t]
-                row["lmcc"], row["objective"] = L, L["objective"]
-                with raw_path.open("a") as f:
-                    f.write(json.dumps(L) + "\n")
-                log("  lmcc %.0f ms/step, loss %.6f, %.0f MB" % (L["ms_per_step"], L["first_loss"],
-                                                                 L["peak_rss_mb"]))
-                log("%s B %d n %d threads %d: torch" % (model, B, n, t))
-                p = run(peers + ["--spec", spec, "--weights", weights, "--batch-file", batch, "--threads", t,
-                                 "--steps", a.steps, "--expect-loss", "%.9g" % L["first_loss"], "--flops",
-                                 "%.0f" % flops, "--peak-gflops", header["peak"][t], "--adamw", a.adamw],
-                        check=False)
-                T = last_json(p.stdout)
-                if T is None or p.returncode != 0:
-                    note = "check failed" if (T and T.get("check") == "fail") else "failed"
-                    missing.append("%s %dx%d t%d torch %s: %s" % (model, B, n, t, note,
-                                                                 json.dumps(T) if T else p.stderr.strip()[-300:]))
-                    log(missing[-1])
-                    row["torch"] = {"note": note}
-                else:
-                    row["torch"] = T
-                    with raw_path.open("a") as f:
-                        f.write(json.dumps(T) + "\n")
+                entry = "%s %dx%d t%d" % (model, B, n, t)
+
+                def lmcc_round(rnd):
+                    log("%s B %d n %d threads %d: lmcc (round %d)" % (model, B, n, t, rnd + 1))
+                    p = run([a.train_bench, "--spec", spec, "--lib", lib, "--weights", weights, "--batch", B,
+                             "--n", n, "--threads", t, "--steps", a.steps, "--flops", "%.0f" % (stats_flops * B),
+                             "--peak-gflops", header["peak"][t], "--dump-batch", batch, "--lmcc", a.lmcc]
+                            + (["--breakdown"] if a.breakdown and rnd == 0 else []), check=False)
+                    L = last_json(p.stdout) if p.returncode == 0 else None
+                    if L is None:
+                        missing.append("%s lmcc failed: %s" % (entry, p.stderr.strip()[-300:]))
+                        log(missing[-1])
+                        return None
+                    log("  lmcc %.0f ms/step, loss %.6f, %.0f MB" % (L["ms_per_step"], L["first_loss"],
+                                                                     L["peak_rss_mb"]))
+                    return L
+
+                def torch_round(rnd, first_loss):
+                    log("%s B %d n %d threads %d: torch (round %d)" % (model, B, n, t, rnd + 1))
+                    p = run(peers + ["--spec", spec, "--weights", weights, "--batch-file", batch, "--threads", t,
+                                     "--steps", a.steps, "--expect-loss", "%.9g" % first_loss, "--flops", "0",
+                                     "--peak-gflops", header["peak"][t], "--adamw", a.adamw], check=False)
+                    T = last_json(p.stdout)
+                    if T is None or p.returncode != 0:
+                        note = "check failed" if (T and T.get("check") == "fail") else "failed"
+                        missing.append("%s torch %s: %s" % (entry, note, json.dumps(T) if T else
+                                                            p.stderr.strip()[-300:]))
+                        log(missing[-1])
+                        return {"note": note}
                     log("  torch %.0f ms/step, loss %.6f (torch_ref %.6f), %.0f MB" % (
                         T["ms_per_step"], T["check_torch"], T["check_torch_ref"], T["peak_rss_mb"]))
+                    return T
+
+                # Round 0 runs lmcc first (torch checks its loss against lmcc's and trains on the batch it wrote).
+                Ls, Ts = [], []
+                for rnd in range(a.rounds):
+                    if rnd % 2 == 0:
+                        L = lmcc_round(rnd)
+                        T = torch_round(rnd, L["first_loss"]) if L else None
+                    else:
+                        T = torch_round(rnd, Ls[0]["first_loss"])
+                        L = lmcc_round(rnd)
+                    if not L or not T or "ms_per_step" not in T:
+                        row["torch"] = T if T and "ms_per_step" not in T else row.get("torch")
+                        break
+                    Ls.append(L), Ts.append(T)
+                    row["ratios"].append(T["ms_per_step"] / L["ms_per_step"])
+                if Ls:
+                    # The first round's fields (losses, breakdown, targets), the median of the rounds' step times.
+                    L = dict(Ls[0], ms_per_step=median([x["ms_per_step"] for x in Ls]),
+                             rounds_ms=[x["ms_per_step"] for x in Ls],
+                             peak_rss_mb=max(x["peak_rss_mb"] for x in Ls))
+                    L["tokens_per_s"] = B * n / (L["ms_per_step"] / 1e3)
+                    flops = useful_flops(stats_flops, B, n, L["targets"], L["d_model"], L["vocab"])
+                    L["train_flops_per_step"] = flops
+                    L["gflops"] = flops / (L["ms_per_step"] / 1e3) / 1e9
+                    L["roofline_fraction"] = L["gflops"] / header["peak"][t]
+                    row["lmcc"], row["objective"] = L, L["objective"]
+                if Ts:
+                    T = dict(Ts[0], ms_per_step=median([x["ms_per_step"] for x in Ts]),
+                             rounds_ms=[x["ms_per_step"] for x in Ts],
+                             peak_rss_mb=max(x["peak_rss_mb"] for x in Ts))
+                    T["tokens_per_s"] = B * n / (T["ms_per_step"] / 1e3)
+                    T["train_flops_per_step"] = row["lmcc"]["train_flops_per_step"]
+                    T["gflops"] = T["train_flops_per_step"] / (T["ms_per_step"] / 1e3) / 1e9
+                    T["roofline_fraction"] = T["gflops"] / header["peak"][t]
+                    row["torch"] = T
+                for sysname in ("lmcc", "torch"):
+                    if row.get(sysname) and "ms_per_step" in row[sysname]:
+                        with raw_path.open("a") as f:
+                            f.write(json.dumps(row[sysname]) + "\n")
                 header["load_end"] = "%.1f" % os.getloadavg()[0]
                 write_report(a.out, a, header, rows, missing)
     header["load_end"] = "%.1f" % os.getloadavg()[0]
