@@ -451,6 +451,25 @@ Value addressAt(OpBuilder &b, Location loc, Value m, int64_t offset) {
                                  b.create<arith::ConstantOp>(loc, b.getI64IntegerAttr(offset * int64_t(sizeof(float)))));
 }
 
+/// Whether the buffer `v` (or a view of it, followed through casts and views) is used after `copy`, in its block,
+/// by anything but a load, or where the block cannot order it.
+bool usedAfter(Value v, Operation *copy) {
+  for (Operation *user : v.getUsers()) {
+    if (auto view = dyn_cast<ViewLikeOpInterface>(user); view && view.getViewSource() == v) {
+      if (usedAfter(user->getResult(0), copy))
+        return true;
+      continue;
+    }
+    Operation *at = copy->getBlock()->findAncestorOpInBlock(*user);
+    if (!at)
+      return true;
+    if (copy->isBeforeInBlock(at) && !isa<memref::LoadOp, vector::LoadOp, vector::MaskedLoadOp, vector::TransferReadOp,
+                                           memref::DimOp>(user))
+      return true;
+  }
+  return false;
+}
+
 } // namespace
 
 void writeGradientsInPlace(ModuleOp module, const WeightLayout &layout) {
@@ -470,17 +489,14 @@ void writeGradientsInPlace(ModuleOp module, const WeightLayout &layout) {
       grads = slot.getSource();
       const int64_t offset = slot.getStaticOffsets()[0];
       written.insert(offset);
-      // The gradient's buffer becomes the slot when it is a temporary of the copy's block that nothing touches
-      // after the copy: its producer then writes the slot, and the copy, the temporary and its peak go.
+      // The gradient's buffer becomes the slot when it is a temporary of the copy's block that nothing but loads
+      // touches after the copy (a later write would change the slot): its producer then writes the slot, and the
+      // copy, the temporary and its peak go.
       memref::AllocOp alloc = temporaryOf(copy.getSource());
       if (!alloc || alloc->getBlock() != copy->getBlock() || !alloc.getType().getLayout().isIdentity() ||
           !alloc.getType().hasStaticShape())
         continue;
-      bool usedAfter = false;
-      for (Operation *user : alloc->getUsers())
-        if (Operation *at = copy->getBlock()->findAncestorOpInBlock(*user); !at || copy->isBeforeInBlock(at))
-          usedAfter = true;
-      if (usedAfter)
+      if (usedAfter(alloc, copy))
         continue;
       OpBuilder b(alloc);
       MemRefType type = alloc.getType();
