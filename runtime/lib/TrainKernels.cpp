@@ -791,23 +791,14 @@ void relativeValuesGrad(const float *dOut, const float *p, const float *rel, int
 void embedGrad(const float *dy, const int32_t *ids, const int32_t *lengths, int64_t B, int64_t N, int64_t D,
                int64_t V, float *out) {
   std::memset(out, 0, sizeof(float) * V * D);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < std::min<int64_t>(lengths[b], N); ++t) {
-      const int32_t id = ids[b * N + t];
-      if (id < 0 || id >= V)
-        continue;
-      float *row = out + int64_t(id) * D;
-      const float *g = dy + (b * N + t) * D;
-      for (int64_t c = 0; c < D; ++c)
-        row[c] += g[c];
-    }
+  embedGradAdd(dy, ids, lengths, B, N, D, V, out);
 }
 
 void embedGradAdd(const float *dy, const int32_t *ids, const int32_t *lengths, int64_t B, int64_t N, int64_t D,
                   int64_t V, float *out) {
-  // Each reached row's scatter sum starts from 0 and adds its rows of dy in order (embedGrad's float sums),
-  // then lands on out's row once: out + embedGrad bit for bit on the rows ids reach, untouched elsewhere. The
-  // rows of one id are chained (first[v], next[r]) in a pass over the ids, so no [V, D] table is zeroed.
+  // Each reached row's scatter sum starts from 0 and adds its rows of dy in order (float, sentences and positions
+  // in order), then lands on out's row once; rows no id reaches are untouched. The rows of one id are chained
+  // (first[v], next[r]) in a pass over the ids, so no [V, D] table is zeroed.
   Buffer<int64_t> first(V, -1), last(V), next(B * N);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < std::min<int64_t>(lengths[b], N); ++t) {

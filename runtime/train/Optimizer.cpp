@@ -264,7 +264,7 @@ Optimizer::StepInfo Optimizer::step(float *params, float *grads) {
       bool finite = true;
       for (int64_t k = 0; k < n; ++k) {
         float mk = mp[k], vk = vp[k];
-        const float gk = kClip ? static_cast<float>(static_cast<double>(gp[k]) * coef) : gp[k];
+        const float gk = kClip ? clipOf(gp[k]) : gp[k];
         const float next = advance(pp[k], gk, mk, vk);
         if constexpr (kStore) {
           mp[k] = mk, vp[k] = vk, pp[k] = next;

@@ -117,12 +117,11 @@ std::vector<float> kernelGradient(const Trained &lib, const Batch &b, float fill
       targets[size_t(s) * n + i] = b.targets[size_t(s) * b.stride + i];
     }
   std::vector<float> ce(inputs.size()), grads(size_t(d.total_floats), fill);
-  lm_memref1f w = {lib.model->weights, lib.model->weights, 0, {d.total_floats}, {1}};
-  lm_memref1f g = {grads.data(), grads.data(), 0, {d.total_floats}, {1}};
-  lm_memref2i in = {inputs.data(), inputs.data(), 0, {b.batch, n}, {n, 1}};
-  lm_memref2i tg = {targets.data(), targets.data(), 0, {b.batch, n}, {n, 1}};
-  lm_memref1i len = {lengths.data(), lengths.data(), 0, {b.batch}, {1}};
-  lm_memref2f ceRef = {ce.data(), ce.data(), 0, {b.batch, n}, {n, 1}};
+  using lmrt::detail::memref1, lmrt::detail::memref2;
+  lm_memref1f w = memref1(lib.model->weights, d.total_floats), g = memref1(grads.data(), d.total_floats);
+  lm_memref2i in = memref2(inputs.data(), b.batch, n), tg = memref2(targets.data(), b.batch, n);
+  lm_memref1i len = memref1(lengths.data(), b.batch);
+  lm_memref2f ceRef = memref2(ce.data(), b.batch, n);
   d.loss_grad(&w, &in, &tg, &len, &ceRef, &g);
   std::vector<float> packed;
   for (int32_t i = 0; i < d.num_tensors; ++i) {
