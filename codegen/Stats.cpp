@@ -121,6 +121,12 @@ Wide ownFlops(Operation *op, Sizes z) {
     auto w = g.getWeight().getType();
     return 3 * 2 * rows(g.getHidden(), z) * w.getDimSize(1) * w.getDimSize(0);
   }
+  // Counted as the token_loss and token_loss_grad it replaces (invariant under lm-fuse-loss-grad), though its
+  // lowering computes the logits once.
+  if (auto f = llvm::dyn_cast<lm::TokenLossAndGradOp>(op)) {
+    auto w = f.getWeight().getType();
+    return 4 * 2 * rows(f.getHidden(), z) * w.getDimSize(1) * w.getDimSize(0);
+  }
   // The n-gram heads: one vocabulary projection per head (and three in the backward), as token_loss.
   if (auto nl = llvm::dyn_cast<lm::NgramLossOp>(op)) {
     auto w = nl.getWeight().getType();

@@ -582,6 +582,23 @@ LogicalResult TokenLossGradOp::verify() {
   return verifySmoothing(*this, getSmoothing());
 }
 
+LogicalResult TokenLossAndGradOp::verify() {
+  if (failed(verifyHead(*this, getHidden(), getWeight(), getBias())))
+    return failure();
+  auto h = getHidden().getType();
+  if (failed(verifyTargets(*this, getTargets(), getLengths(), h.getDimSize(0), h.getDimSize(1))))
+    return failure();
+  for (Value r : {getLoss(), getLse()})
+    if (failed(expectType(*this, "results", r, getTargets().getType().clone(h.getElementType()))))
+      return failure();
+  if (failed(expectType(*this, "d_hidden", getDHidden(), h)) ||
+      failed(expectType(*this, "d_weight", getDWeight(), getWeight().getType())) ||
+      failed(expectType(*this, "d_bias", getDBias(),
+                        RankedTensorType::get({getWeight().getType().getDimSize(0)}, h.getElementType()))))
+    return failure();
+  return verifySmoothing(*this, getSmoothing());
+}
+
 // --- N-gram heads (issue 18) ---
 
 LogicalResult WdrConjugateOp::verify() {

@@ -781,6 +781,26 @@ def Lm_TokenLossGradOp : Lm_Op<"token_loss_grad", [Pure]> {
   let hasVerifier = 1;
 }
 
+def Lm_TokenLossAndGradOp : Lm_Op<"token_loss_and_grad", [Pure]> {
+  let summary = "lm.token_loss and its lm.token_loss_grad in one: (ce, lse, dh, dW, dbias), the logits computed once";
+  let description = [{
+    Results as lm.token_loss's (ce, lse) followed by lm.token_loss_grad's (d_hidden, d_weight, d_bias) of the
+    same operands and attributes, bit for bit: the backward reuses the forward's logits (the live rows' logits
+    with the bias added, kept while they take at most 512 MiB of the call's workspace) instead of computing
+    them again, and recomputes them (the same GEMM, the same bits) beyond that. lm-fuse-loss-grad forms it from a
+    token_loss whose lse feeds a token_loss_grad of the same operands.
+    ```mlir
+    %ce, %lse, %dh, %dW, %db = lm.token_loss_and_grad %h, %E, %bias, %targets, %lengths {smoothing = 0.0 : f64} : (tensor<?x?x512xf32>, tensor<30522x512xf32>, tensor<30522xf32>, tensor<?x?xi32>, tensor<?xi32>) -> (tensor<?x?xf32>, tensor<?x?xf32>, tensor<?x?x512xf32>, tensor<30522x512xf32>, tensor<30522xf32>)
+    ```
+  }];
+  let arguments = (ins Lm_F32Tensor:$hidden, Lm_F32Tensor:$weight, Optional<Lm_F32Tensor>:$bias, Lm_I32Tensor:$targets,
+                       Lm_I32Tensor:$lengths, F64Attr:$smoothing, UnitAttr:$per_length);
+  let results = (outs Lm_F32Tensor:$loss, Lm_F32Tensor:$lse, Lm_F32Tensor:$d_hidden, Lm_F32Tensor:$d_weight,
+                      Lm_F32Tensor:$d_bias);
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
 def Lm_LogSoftmaxGradOp : Lm_Op<"log_softmax_grad", [Pure, SameOperandsAndResultType]> {
   let summary = "VJP of lm.log_softmax: dx = dy - exp(y) sum(dy) over the last axis (y its result)";
   let description = [{

@@ -128,6 +128,22 @@ mlir::OwningOpRef<mlir::ModuleOp> buildOptimizedModule(mlir::MLIRContext &contex
       return nullptr;
     }
     dump(options.dumpDir, stepName("lm-autodiff").c_str(), *module);
+    if (!options.naive)
+      for (const std::string &flag : trainingPipeline()) {
+        if (options.disabledPasses.count(flag))
+          continue;
+        std::set<std::string> others;
+        for (const std::string &f : trainingPipeline())
+          if (f != flag)
+            others.insert(f);
+        mlir::PassManager pm(&context);
+        addTrainingPasses(pm, others);
+        if (mlir::failed(pm.run(*module))) {
+          *error = "pass " + flag + " failed";
+          return nullptr;
+        }
+        dump(options.dumpDir, stepName(flag).c_str(), *module);
+      }
     // [train] attention_dropout kept the loss's attention decomposed; lm-autodiff took the evaluating `loss`
     // entry's dropouts out, so validation gets the fused attention back (loss_grad's dropouts still stop it).
     if (spec.train.attentionDropout > 0 && !options.naive && !options.disabledPasses.count("lm-fuse-attention")) {

@@ -24,4 +24,11 @@ const std::vector<std::string> &defaultPipeline();
 /// Adds the default pipeline minus `disabled` (pass flags such as "lm-fuse-attention").
 void addOptimizationPasses(mlir::OpPassManager &pm, const std::set<std::string> &disabled);
 
+/// The passes that run on the differentiated module (after lm-autodiff, `lmcc compile --train` without --naive),
+/// by flag; --no-<pass> drops one as it does the default pipeline's.
+const std::vector<std::string> &trainingPipeline();
+
+/// Adds the training pipeline minus `disabled`.
+void addTrainingPasses(mlir::OpPassManager &pm, const std::set<std::string> &disabled);
+
 } // namespace lmcc

@@ -104,6 +104,17 @@ def LmFuseActivation : Pass<"lm-fuse-activation", "::mlir::ModuleOp"> {
   let dependentDialects = ["::lmcc::lm::LmDialect"];
 }
 
+def LmFuseLossGrad : Pass<"lm-fuse-loss-grad", "::mlir::ModuleOp"> {
+  let summary = "Fuse lm.token_loss and the lm.token_loss_grad of its lse into lm.token_loss_and_grad";
+  let description = [{
+    Runs after lm-autodiff: in the loss_grad entry the loss head's forward (lm.token_loss) and its VJP
+    (lm.token_loss_grad, reading the forward's lse) project the same hidden rows onto the vocabulary. The fused
+    op computes the logits once and keeps them for the backward (the live rows' [R, V] logits, while they take
+    at most 512 MiB), where the pair computed them twice; the numbers are the pair's, bit for bit.
+  }];
+  let dependentDialects = ["::lmcc::lm::LmDialect"];
+}
+
 def LmAutodiff : Pass<"lm-autodiff", "::mlir::ModuleOp"> {
   let summary = "Reverse-mode differentiation of the training loss: a `loss_grad` entry with the VJP of every lm op";
   let description = [{

@@ -33,4 +33,14 @@ void addOptimizationPasses(mlir::OpPassManager &pm, const std::set<std::string> 
   }
 }
 
+const std::vector<std::string> &trainingPipeline() {
+  static const std::vector<std::string> passes = {"lm-fuse-loss-grad"};
+  return passes;
+}
+
+void addTrainingPasses(mlir::OpPassManager &pm, const std::set<std::string> &disabled) {
+  if (!disabled.count("lm-fuse-loss-grad"))
+    pm.addPass(createLmFuseLossGrad());
+}
+
 } // namespace lmcc

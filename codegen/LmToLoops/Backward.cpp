@@ -25,6 +25,8 @@ void declareTrainingRuntime(OpBuilder &b, Location loc) {
   // The kernels running GEMMs end with the library's training GEMM: (lm_rt_gemm_fn, column-slice width).
   declare("lm_rt_token_loss", {ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, f64, ptr, ptr, ptr, i64});
   declare("lm_rt_token_loss_grad", {ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, f64, i32, ptr, ptr, ptr, ptr, i64});
+  declare("lm_rt_token_loss_and_grad",
+          {ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, f64, i32, i64, ptr, ptr, ptr, ptr, ptr, ptr, i64});
   declare("lm_rt_ngram_head_loss", {ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, f64, i64, f64, i32, ptr, ptr, ptr, i64});
   declare("lm_rt_ngram_head_grad",
           {ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, f64, i64, f64, i32, ptr, ptr, ptr, ptr, i64});
@@ -150,6 +152,40 @@ struct TokenLossGradLowering : LmLowering<lm::TokenLossGradOp> {
         .gemm()
         .emit("lm_rt_token_loss_grad");
     return L.setAll(op, {dh, dW, db});
+  }
+};
+
+/// The live rows' logits are kept for the backward while they take at most this much (lm.token_loss_and_grad).
+constexpr int64_t kKeptLogitsBytes = int64_t(512) << 20;
+
+struct TokenLossAndGradLowering : LmLowering<lm::TokenLossAndGradOp> {
+  using LmLowering::LmLowering;
+  LogicalResult lower(lm::TokenLossAndGradOp op, Loops &L) const override {
+    Value ce = L.alloc(op.getLoss().getType()), lse = L.alloc(op.getLse().getType());
+    Value dh = L.alloc(op.getDHidden().getType()), dW = L.alloc(op.getDWeight().getType()),
+          db = L.alloc(op.getDBias().getType());
+    auto w = op.getWeight().getType();
+    Call{L}
+        .ptr(L.in(op.getHidden()))
+        .ptr(L.in(op.getWeight()))
+        .ptr(op.getBias() ? L.in(op.getBias()) : Value())
+        .ptr(L.in(op.getTargets()))
+        .ptr(L.in(op.getLengths()))
+        .i64(L.B())
+        .i64(L.N())
+        .i64(w.getDimSize(1))
+        .i64(w.getDimSize(0))
+        .f64(op.getSmoothing().convertToDouble())
+        .i32(op.getPerLength() ? 1 : 0)
+        .i64(kKeptLogitsBytes)
+        .ptr(ce)
+        .ptr(lse)
+        .ptr(dh)
+        .ptr(dW)
+        .ptr(op.getDBias().use_empty() ? Value() : db)
+        .gemm()
+        .emit("lm_rt_token_loss_and_grad");
+    return L.setAll(op, {ce, lse, dh, dW, db});
   }
 };
 
@@ -529,7 +565,7 @@ void writeGradientsInPlace(ModuleOp module, const WeightLayout &layout) {
 }
 
 void populateBackwardPatterns(TypeConverter &converter, RewritePatternSet &patterns, const LoweringContext &context) {
-  patterns.add<TokenLossLowering, TokenLossGradLowering, CrossEntropyLowering, CrossEntropyGradLowering,
+  patterns.add<TokenLossLowering, TokenLossGradLowering, TokenLossAndGradLowering, CrossEntropyLowering, CrossEntropyGradLowering,
                SoftmaxGradLowering<lm::SoftmaxGradOp, 0>, SoftmaxGradLowering<lm::LogSoftmaxGradOp, 1>,
                LinearGradLowering, LayerNormGradLowering, ActivationGradLowering, AttentionGradLowering,
                EmbedGradLowering, PositionsGradLowering, ParamGradLowering,

@@ -24,6 +24,11 @@ using FloatBuffer = std::unique_ptr<float[], FreeDeleter>;
 /// kernels write in the weights' layout). Throws std::bad_alloc.
 FloatBuffer allocateFloats(int64_t n);
 
+/// A kernel temporary of `size` bytes from this thread's workspace cache (as _mlir_memref_to_llvm_aligned_alloc),
+/// or null where that would fail the call (past its workspace limit, or the system has none): for temporaries a
+/// kernel can do without. Freed with _mlir_memref_to_llvm_free.
+void *tryAllocateTemporary(uint64_t alignment, uint64_t size);
+
 /// MLIR's C interface descriptors of dense row-major buffers (what the compiled kernels take).
 inline lm_memref1f memref1(float *p, int64_t n) { return {p, p, 0, {n}, {1}}; }
 inline lm_memref1i memref1(int32_t *p, int64_t n) { return {p, p, 0, {n}, {1}}; }

@@ -49,6 +49,13 @@ void lm_rt_token_loss_grad(const float *h, const float *W, const float *bias, co
   LMRT_DISPATCH(tokenLossGrad, h, W, bias, targets, lengths, lse, B, N, D, V, smoothing, per_length, dh, dW, dbias, gemm,
                 gemm_cols)
 }
+void lm_rt_token_loss_and_grad(const float *h, const float *W, const float *bias, const int32_t *targets,
+                               const int32_t *lengths, int64_t B, int64_t N, int64_t D, int64_t V, double smoothing,
+                               int32_t per_length, int64_t keep_bytes, float *ce, float *lse, float *dh, float *dW,
+                               float *dbias, lm_rt_gemm_fn gemm, int64_t gemm_cols) {
+  LMRT_DISPATCH(tokenLossAndGrad, h, W, bias, targets, lengths, B, N, D, V, smoothing, per_length, keep_bytes, ce, lse,
+                dh, dW, dbias, gemm, gemm_cols)
+}
 void lm_rt_ngram_head_loss(const float *u, const float *W, const float *bias, const int32_t *targets,
                            const int32_t *lengths, int64_t B, int64_t N, int64_t D, int64_t V, double smoothing,
                            int64_t shift, double weight, int32_t first, float *total, float *lse, lm_rt_gemm_fn gemm,

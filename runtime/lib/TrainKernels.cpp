@@ -15,6 +15,7 @@
 // number of threads.
 //
 //===----------------------------------------------------------------------===//
+#include "runtime/lib/Internal.h"
 #include "runtime/lib/TrainKernels.h"
 #include "runtime/lib/lmrt.h"
 #include "runtime/train/Philox.h"
@@ -275,10 +276,12 @@ void transposeColumns(const float *in, int64_t rows, int64_t ld, int64_t c0, int
 
 } // namespace
 
-void tokenLoss(const float *h, const float *W, const float *bias, const int32_t *targets, const int32_t *lengths,
-               int64_t B, int64_t N, int64_t D, int64_t V, double smoothing, float *ce, float *lse, lm_rt_gemm_fn gemm,
-               int64_t gemmCols) {
-  const Gemm G{gemm, gemmCols};
+namespace {
+/// tokenLoss; with `keep`, every tile's logits (bias added) stay there for tokenLossGradScaled: tile t's R x
+/// kVocabTile block (row stride kVocabTile) at t R kVocabTile, R the live rows.
+void tokenLossKeeping(const float *h, const float *W, const float *bias, const int32_t *targets,
+                      const int32_t *lengths, int64_t B, int64_t N, int64_t D, int64_t V, double smoothing, float *ce,
+                      float *lse, const Gemm &G, float *keep) {
   const int64_t rows = B * N;
   // Only rows that predict something: the others get ce = lse = 0 (the masked objective has a target on
   // ~15% of its rows). Their hidden states are gathered so that the GEMMs run on them alone.
@@ -309,19 +312,20 @@ void tokenLoss(const float *h, const float *W, const float *bias, const int32_t 
   };
   parallelFor(slices, [&](int64_t s) {
     const Stats st = slice(s);
-    Scratch logits(R * kVocabTile), exps(kVocabTile); // exps aligned (see Array)
+    Scratch scratch(keep ? 0 : R * kVocabTile), exps(kVocabTile); // exps aligned (see Array)
     Scratch Wt(Gemm::packedSize(D, kVocabTile));
     for (int64_t tile = s; tile < tiles; tile += slices) {
       const int64_t v0 = tile * kVocabTile, nv = std::min(kVocabTile, V - v0);
+      float *logits = keep ? keep + tile * R * kVocabTile : scratch.data();
       // logits = Hl W[v0 : v0 + nv]^T: B[k = d][n = v] = W[v0 + v][d].
       G.pack(W + v0 * D, D, /*byRows=*/false, D, nv, Wt.data(), 0, Gemm::panels(nv));
-      G.run(Hl.data(), D, R, D, Wt.data(), logits.data(), kVocabTile, nv, false);
+      G.run(Hl.data(), D, R, D, Wt.data(), logits, kVocabTile, nv, false);
       if (bias)
         for (int64_t r = 0; r < R; ++r)
-          Eigen::Map<Eigen::RowVectorXf>(logits.data() + r * kVocabTile, nv) +=
+          Eigen::Map<Eigen::RowVectorXf>(logits + r * kVocabTile, nv) +=
               Eigen::Map<const Eigen::RowVectorXf>(bias + v0, nv);
       for (int64_t r = 0; r < R; ++r) {
-        const float *row = logits.data() + r * kVocabTile;
+        const float *row = logits + r * kVocabTile;
         const auto x = ConstArray(row, nv);
         const double m = std::max(st.mx[r], double(x.maxCoeff()));
         // Exponentials in float (the logits are float; Eigen's vectorized exp), summed in double.
@@ -356,11 +360,13 @@ void tokenLoss(const float *h, const float *W, const float *bias, const int32_t 
   }
 }
 
-namespace {
-/// tokenLossGrad with the seed d ce = invT given (the n-gram heads: w_j / T of the causal targets).
+/// tokenLossGrad with the seed d ce = invT given (the n-gram heads: w_j / T of the causal targets). With `kept`
+/// (tokenLossKeeping's), each tile's logits are read from there (and overwritten) instead of computed again: the
+/// same GEMM on the same rows gave them, so the same bits.
 void tokenLossGradScaled(const float *h, const float *W, const float *bias, const int32_t *targets,
                          const int32_t *lengths, const float *lse, int64_t B, int64_t N, int64_t D, int64_t V,
-                         double smoothing, double invT, float *dh, float *dW, float *dbias, const Gemm &gemm) {
+                         double smoothing, double invT, float *dh, float *dW, float *dbias, const Gemm &gemm,
+                         float *kept) {
   const int64_t rows = B * N;
   const double off = smoothing / double(V);
   // Rows that predict something; the others have a zero logit gradient.
@@ -377,34 +383,38 @@ void tokenLossGradScaled(const float *h, const float *W, const float *bias, cons
   parallelFor(Gemm::panels(D), [&](int64_t p) { gemm.pack(Hl.data(), D, /*byRows=*/true, R, D, Hp.data(), p, p + 1); });
   Scratch dhSlices(slices * R * D); // slice s's dh at [s R D]
   parallelFor(slices, [&](int64_t s) {
-    Scratch G(R * kVocabTile);
-    Scratch Wt(Gemm::packedSize(D, kVocabTile)), Wr(Gemm::packedSize(kVocabTile, D));
+    Scratch scratch(kept ? 0 : R * kVocabTile);
+    Scratch Wt(kept ? 0 : Gemm::packedSize(D, kVocabTile)), Wr(Gemm::packedSize(kVocabTile, D));
     Scratch Gt(kVocabTile * R);
     for (int64_t tile = s; tile < tiles; tile += slices) {
       const int64_t v0 = tile * kVocabTile, nv = std::min(kVocabTile, V - v0);
       const float *Wtile = W + v0 * D;
-      // The logits again: G = Hl Wtile^T (B[k = d][n = v] = Wtile[v][d]).
-      gemm.pack(Wtile, D, /*byRows=*/false, D, nv, Wt.data(), 0, Gemm::panels(nv));
-      gemm.run(Hl.data(), D, R, D, Wt.data(), G.data(), kVocabTile, nv, false);
+      float *const G = kept ? kept + tile * R * kVocabTile : scratch.data();
+      if (!kept) {
+        // The logits again: G = Hl Wtile^T (B[k = d][n = v] = Wtile[v][d]), then the bias as the forward adds it.
+        gemm.pack(Wtile, D, /*byRows=*/false, D, nv, Wt.data(), 0, Gemm::panels(nv));
+        gemm.run(Hl.data(), D, R, D, Wt.data(), G, kVocabTile, nv, false);
+        if (bias)
+          for (int64_t i = 0; i < R; ++i)
+            Eigen::Map<Eigen::RowVectorXf>(G + i * kVocabTile, nv) += Eigen::Map<const Eigen::RowVectorXf>(bias + v0, nv);
+      }
       for (int64_t i = 0; i < R; ++i) {
         const int32_t y = targets[live[i]];
         const double l = lse[live[i]];
-        float *row = G.data() + i * kVocabTile;
+        float *row = G + i * kVocabTile;
         const float lf = float(l), offf = float(off), invTf = float(invT);
         auto g = Array(row, nv);
-        if (bias)
-          g += ConstArray(bias + v0, nv);
         g = ((g - lf).exp() - offf) * invTf;
         if (y >= v0 && y < v0 + nv)
           row[y - v0] -= float((1 - smoothing) * invT);
       }
       // dW[v0 : v0 + nv] = G^T Hl.
-      transposeColumns(G.data(), R, kVocabTile, 0, nv, Gt.data());
+      transposeColumns(G, R, kVocabTile, 0, nv, Gt.data());
       gemm.run(Gt.data(), R, nv, R, Hp.data(), dW + v0 * D, D, D, false);
       if (dbias) {
         Buffer<double> acc(nv, 0.0); // each column summed over the rows in order
         for (int64_t i = 0; i < R; ++i) {
-          const float *row = G.data() + i * kVocabTile;
+          const float *row = G + i * kVocabTile;
           for (int64_t c = 0; c < nv; ++c)
             acc[c] += row[c];
         }
@@ -413,7 +423,7 @@ void tokenLossGradScaled(const float *h, const float *W, const float *bias, cons
       }
       // dh (this slice's) += G Wtile: B[k = v][n = d] = Wtile[v][d].
       gemm.pack(Wtile, D, /*byRows=*/true, nv, D, Wr.data(), 0, Gemm::panels(D));
-      gemm.run(G.data(), kVocabTile, R, nv, Wr.data(), dhSlices.data() + s * R * D, D, D, /*accumulate=*/tile != s);
+      gemm.run(G, kVocabTile, R, nv, Wr.data(), dhSlices.data() + s * R * D, D, D, /*accumulate=*/tile != s);
     }
   });
   std::memset(dh, 0, sizeof(float) * rows * D);
@@ -427,12 +437,43 @@ void tokenLossGradScaled(const float *h, const float *W, const float *bias, cons
 
 } // namespace
 
+void tokenLoss(const float *h, const float *W, const float *bias, const int32_t *targets, const int32_t *lengths,
+               int64_t B, int64_t N, int64_t D, int64_t V, double smoothing, float *ce, float *lse, lm_rt_gemm_fn gemm,
+               int64_t gemmCols) {
+  tokenLossKeeping(h, W, bias, targets, lengths, B, N, D, V, smoothing, ce, lse, Gemm{gemm, gemmCols}, nullptr);
+}
+
 void tokenLossGrad(const float *h, const float *W, const float *bias, const int32_t *targets, const int32_t *lengths,
                    const float *lse, int64_t B, int64_t N, int64_t D, int64_t V, double smoothing, int32_t perLength,
                    float *dh, float *dW, float *dbias, lm_rt_gemm_fn gemm, int64_t gemmCols) {
   const int64_t T = denominator(targets, lengths, B, N, perLength);
   tokenLossGradScaled(h, W, bias, targets, lengths, lse, B, N, D, V, smoothing, T > 0 ? 1.0 / double(T) : 0.0, dh,
-                      dW, dbias, Gemm{gemm, gemmCols});
+                      dW, dbias, Gemm{gemm, gemmCols}, nullptr);
+}
+
+void tokenLossAndGrad(const float *h, const float *W, const float *bias, const int32_t *targets,
+                      const int32_t *lengths, int64_t B, int64_t N, int64_t D, int64_t V, double smoothing,
+                      int32_t perLength, int64_t keepBytes, float *ce, float *lse, float *dh, float *dW, float *dbias,
+                      lm_rt_gemm_fn gemm, int64_t gemmCols) {
+  const Gemm G{gemm, gemmCols};
+  // The live rows' logits, kVocabTile columns a tile (the last one padded), when they fit keepBytes and the
+  // workspace gives them (else computed twice, as the unfused pair does).
+  const int64_t R = countTargets(targets, lengths, B, N);
+  const int64_t keepFloats = blocks(V, kVocabTile) * R * kVocabTile;
+  float *kept = nullptr;
+  if (R > 0 && keepFloats <= keepBytes / int64_t(sizeof(float)))
+    kept = static_cast<float *>(lmrt::detail::tryAllocateTemporary(64, uint64_t(keepFloats) * sizeof(float)));
+  struct Release {
+    float *p;
+    ~Release() {
+      if (p)
+        _mlir_memref_to_llvm_free(p);
+    }
+  } const release{kept};
+  tokenLossKeeping(h, W, bias, targets, lengths, B, N, D, V, smoothing, ce, lse, G, kept);
+  const int64_t T = denominator(targets, lengths, B, N, perLength);
+  tokenLossGradScaled(h, W, bias, targets, lengths, lse, B, N, D, V, smoothing, T > 0 ? 1.0 / double(T) : 0.0, dh,
+                      dW, dbias, G, kept);
 }
 
 namespace {
@@ -452,7 +493,7 @@ void ngramHeadLoss(const float *u, const float *W, const float *bias, const int3
   Buffer<int32_t> y(B * N);
   shiftedTargets(targets, lengths, B, N, shift, y.data());
   Scratch ce(B * N);
-  tokenLoss(u, W, bias, y.data(), lengths, B, N, D, V, smoothing, ce.data(), lse, gemm, gemmCols);
+  tokenLossKeeping(u, W, bias, y.data(), lengths, B, N, D, V, smoothing, ce.data(), lse, Gemm{gemm, gemmCols}, nullptr);
   for (int64_t r = 0; r < B * N; ++r)
     total[r] = float((first ? 0.0 : double(total[r])) + weight * double(ce[r]));
 }
@@ -467,12 +508,12 @@ void ngramHeadGrad(const float *u, const float *W, const float *bias, const int3
   const double scale = T > 0 ? weight / double(T) : 0.0;
   if (first) {
     tokenLossGradScaled(u, W, bias, y.data(), lengths, lse, B, N, D, V, smoothing, scale, du, dW, dbias,
-                        Gemm{gemm, gemmCols});
+                        Gemm{gemm, gemmCols}, nullptr);
     return;
   }
   Scratch dWj(V * D), dbj(dbias ? V : 0);
   tokenLossGradScaled(u, W, bias, y.data(), lengths, lse, B, N, D, V, smoothing, scale, du, dWj.data(),
-                      dbias ? dbj.data() : nullptr, Gemm{gemm, gemmCols});
+                      dbias ? dbj.data() : nullptr, Gemm{gemm, gemmCols}, nullptr);
   for (int64_t i = 0; i < V * D; ++i)
     dW[i] += dWj[i];
   if (dbias)

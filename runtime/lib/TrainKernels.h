@@ -31,6 +31,10 @@
                      const int32_t *lengths, const float *lse, int64_t B, int64_t N, int64_t D, int64_t V,        \
                      double smoothing, int32_t perLength, float *dh, float *dW, float *dbias, lm_rt_gemm_fn gemm, \
                      int64_t gemmCols);                                                                           \
+  void tokenLossAndGrad(const float *h, const float *W, const float *bias, const int32_t *targets,              \
+                        const int32_t *lengths, int64_t B, int64_t N, int64_t D, int64_t V, double smoothing,     \
+                        int32_t perLength, int64_t keepBytes, float *ce, float *lse, float *dh, float *dW,         \
+                        float *dbias, lm_rt_gemm_fn gemm, int64_t gemmCols);                                      \
   void ngramHeadLoss(const float *u, const float *W, const float *bias, const int32_t *targets,                 \
                      const int32_t *lengths, int64_t B, int64_t N, int64_t D, int64_t V, double smoothing,        \
                      int64_t shift, double weight, int32_t first, float *total, float *lse, lm_rt_gemm_fn gemm,    \

@@ -1540,6 +1540,11 @@ void runTask(KernelGuard *g, lm_task_fn fn, void *ctx, int64_t begin, int64_t en
 } // namespace
 
 namespace lmrt::detail {
+void *tryAllocateTemporary(uint64_t alignment, uint64_t size) {
+  bool overLimit;
+  return workspaceCache().get(alignment, size, overLimit);
+}
+
 void runKernel(const char *entry, lmcc::FunctionRef<void()> kernel, Bound bound) {
   if (t_kernel) { // inside another call's guard (its tasks): that one's
     kernel();

@@ -367,6 +367,13 @@ LM_API void lm_rt_token_loss_grad(const float *h, const float *W, const float *b
                                   const int32_t *lengths, const float *lse, int64_t B, int64_t N, int64_t D, int64_t V,
                                   double smoothing, int32_t per_length, float *dh, float *dW, float *dbias,
                                   lm_rt_gemm_fn gemm, int64_t gemm_cols);
+/* lm.token_loss_and_grad: lm_rt_token_loss then lm_rt_token_loss_grad on the lse it wrote (the same results, bit for
+ * bit), the live rows' logits computed once and kept for the backward when they take at most keep_bytes (and the
+ * call's workspace has room for them), computed again otherwise. dbias may be NULL. */
+LM_API void lm_rt_token_loss_and_grad(const float *h, const float *W, const float *bias, const int32_t *targets,
+                                      const int32_t *lengths, int64_t B, int64_t N, int64_t D, int64_t V,
+                                      double smoothing, int32_t per_length, int64_t keep_bytes, float *ce, float *lse,
+                                      float *dh, float *dW, float *dbias, lm_rt_gemm_fn gemm, int64_t gemm_cols);
 /* One head of lm.ngram_loss: targets shifted by `shift` (-1 past the sentence), total = [total +] weight * ce
  * (first != 0: overwritten); the gradient seeds d ce = weight / T, T counted on the unshifted targets, and
  * writes (first) or adds into dW and dbias (dbias may be NULL). */

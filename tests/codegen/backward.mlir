@@ -1,4 +1,5 @@
 // RUN: lmcc-opt %s --lm-to-loops | FileCheck %s
+// RUN: lmcc-opt %s --lm-fuse-loss-grad --lm-to-loops | FileCheck %s --check-prefix=FUSED
 // lm-to-loops, Backward.cpp: the training loss and backward ops become calls of the runtime's training
 // kernels on their buffers; lm.param_grad writes the gradient buffer (the last argument of the
 // `<model>_loss_grad_kernel`): each gradient's buffer is its slot there, and the slots of tensors the loss does not
@@ -62,3 +63,18 @@ module @m attributes {lm.model = #lm.model<name = "m", vocab = 11, max_len = 9, 
 // CHECK: vector.fma
 // CHECK: arith.select
 // CHECK: vector.maskedstore
+
+// lm-fuse-loss-grad first: the pair is one runtime call with the keep limit (512 MiB), the token table's gradient
+// still written where its slot lies (no copy) and added into by the embedding's scatter.
+// FUSED-LABEL: func.func @m_loss_grad_kernel(
+// FUSED-SAME: %{{[^:]+}}: memref<?xf32>, %{{[^:]+}}: memref<?x?xi32>, %{{[^:]+}}: memref<?x?xi32>, %{{[^:]+}}: memref<?xi32>, %{{[^:]+}}: memref<?x?xf32>, %[[G:[^:]+]]: memref<?xf32>)
+// FUSED-NOT: call @lm_rt_token_loss(
+// FUSED: memref.extract_aligned_pointer_as_index %[[G]]
+// FUSED: arith.addi %{{.+}}, %c0_i64{{(_[0-9]+)?}} : i64
+// FUSED: %[[DE:.+]] = builtin.unrealized_conversion_cast %{{.+}} : !llvm.struct<{{.+}}> to memref<11x8xf32>
+// FUSED: call @lm_rt_token_loss_and_grad({{.*}}, %c536870912_i64{{(_[0-9]+)?}}, {{.*}}) :
+// FUSED-NOT: call @lm_rt_token_loss_grad(
+// FUSED: call @lm_rt_linear_grad(
+// FUSED: call @lm_rt_embed_grad_add(
+// FUSED-NOT: memref.copy
+// FUSED: return

@@ -362,3 +362,11 @@ func.func @embed_grad_into_type(%dy: tensor<?x?x8xf32>, %ids: tensor<?x?xi32>, %
   %g = lm.embed_grad %dy, %ids, %len into(%acc) : (tensor<?x?x8xf32>, tensor<?x?xi32>, tensor<?xi32>, tensor<10x8xf32>) -> tensor<11x8xf32>
   return %g : tensor<11x8xf32>
 }
+
+// -----
+
+func.func @token_loss_and_grad_dweight(%h: tensor<?x?x8xf32>, %E: tensor<11x8xf32>, %y: tensor<?x?xi32>, %len: tensor<?xi32>) {
+  // expected-error @+1 {{d_weight must be 'tensor<11x8xf32>', got 'tensor<10x8xf32>'}}
+  %ce, %lse, %dh, %dE, %db = lm.token_loss_and_grad %h, %E, %y, %len {smoothing = 0.0 : f64} : (tensor<?x?x8xf32>, tensor<11x8xf32>, tensor<?x?xi32>, tensor<?xi32>) -> (tensor<?x?xf32>, tensor<?x?xf32>, tensor<?x?x8xf32>, tensor<10x8xf32>, tensor<11xf32>)
+  return
+}

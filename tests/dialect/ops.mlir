@@ -130,6 +130,14 @@ func.func @ngram(%ids: tensor<?x?xi32>, %len: tensor<?xi32>, %h: tensor<?x?x8xf3
   return %ce : tensor<?x?xf32>
 }
 
+// lm.token_loss_and_grad (lm-fuse-loss-grad's), with a bias and per_length.
+// CHECK-LABEL: func.func @token_loss_and_grad
+func.func @token_loss_and_grad(%h: tensor<?x?x8xf32>, %E: tensor<11x8xf32>, %b: tensor<11xf32>, %y: tensor<?x?xi32>, %len: tensor<?xi32>) -> tensor<11x8xf32> {
+  // CHECK: lm.token_loss_and_grad %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}} {per_length, smoothing = 1.000000e-01 : f64} : (tensor<?x?x8xf32>, tensor<11x8xf32>, tensor<11xf32>, tensor<?x?xi32>, tensor<?xi32>) -> (tensor<?x?xf32>, tensor<?x?xf32>, tensor<?x?x8xf32>, tensor<11x8xf32>, tensor<11xf32>)
+  %ce, %lse, %dh, %dE, %db = lm.token_loss_and_grad %h, %E, %b, %y, %len {per_length, smoothing = 1.0e-01 : f64} : (tensor<?x?x8xf32>, tensor<11x8xf32>, tensor<11xf32>, tensor<?x?xi32>, tensor<?xi32>) -> (tensor<?x?xf32>, tensor<?x?xf32>, tensor<?x?x8xf32>, tensor<11x8xf32>, tensor<11xf32>)
+  return %dE : tensor<11x8xf32>
+}
+
 // lm.embed_grad, plain and added into a tied table's other gradient.
 // CHECK-LABEL: func.func @embed_grad
 func.func @embed_grad(%dy: tensor<?x?x8xf32>, %ids: tensor<?x?xi32>, %len: tensor<?xi32>, %dW: tensor<11x8xf32>) -> tensor<11x8xf32> {

@@ -969,6 +969,49 @@ TEST(TrainKernels, TokenLossOverTheGemmContractAndAlignmentFree) {
   }
 }
 
+// lm_rt_token_loss_and_grad (lm.token_loss_and_grad, lm-fuse-loss-grad) against the pair it replaces: the same
+// bits, with the logits kept (keep_bytes room for all three tiles) and recomputed (keep_bytes 0 or one float short),
+// with and without a bias, label smoothing and per_length, and dbias NULL. A keep path that read a tile's logits
+// from the wrong place, or before the bias, fails it.
+TEST(TrainKernels, TokenLossAndGradIsThePairBitForBit) {
+  const int64_t B = 3, N = 5, D = 19, V = 1100, tiles = 3;
+  auto h = randoms(B * N * D, 11, 2.0f), W = randoms(V * D, 12), bias = randoms(V, 13);
+  std::vector<int32_t> lengths = {5, 3, 4}, targets(B * N, -1);
+  std::mt19937 rng(14);
+  int64_t live = 0;
+  for (int64_t r = 0; r < B * N; ++r)
+    if (r % N < lengths[r / N] && r % 4 != 2)
+      targets[r] = int32_t(rng() % V), ++live;
+  const int64_t keepAll = tiles * live * 512 * int64_t(sizeof(float));
+  for (const float *b : std::initializer_list<const float *>{bias.data(), nullptr})
+    for (double smoothing : {0.0, 0.1})
+      for (int32_t perLength : {0, 1}) {
+        std::vector<float> ce(B * N), lse(B * N), dh(B * N * D), dW(V * D), db(V);
+        lm_rt_token_loss(h.data(), W.data(), b, targets.data(), lengths.data(), B, N, D, V, smoothing, ce.data(),
+                         lse.data(), naiveGemm<64>, 64);
+        lm_rt_token_loss_grad(h.data(), W.data(), b, targets.data(), lengths.data(), lse.data(), B, N, D, V, smoothing,
+                              perLength, dh.data(), dW.data(), db.data(), naiveGemm<64>, 64);
+        for (int64_t keepBytes : {keepAll, keepAll - 4, int64_t(0)})
+          for (bool withDbias : {true, false}) {
+            // NaN-filled: every result element must be written.
+            const float nan = std::numeric_limits<float>::quiet_NaN();
+            std::vector<float> ce2(B * N, nan), lse2(B * N, nan), dh2(B * N * D, nan), dW2(V * D, nan), db2(V, nan);
+            lm_rt_token_loss_and_grad(h.data(), W.data(), b, targets.data(), lengths.data(), B, N, D, V, smoothing,
+                                      perLength, keepBytes, ce2.data(), lse2.data(), dh2.data(), dW2.data(),
+                                      withDbias ? db2.data() : nullptr, naiveGemm<64>, 64);
+            const std::string at = std::string(b ? "bias" : "no bias") + ", smoothing " + std::to_string(smoothing) +
+                                   ", per_length " + std::to_string(perLength) + ", keep_bytes " +
+                                   std::to_string(keepBytes);
+            for (auto [x, y, name] : {std::tuple{&ce, &ce2, "ce"}, {&lse, &lse2, "lse"}, {&dh, &dh2, "dh"},
+                                      {&dW, &dW2, "dW"}, {&db, &db2, "dbias"}}) {
+              if (x == &db && !withDbias)
+                continue;
+              EXPECT_EQ(0, std::memcmp(x->data(), y->data(), x->size() * sizeof(float))) << name << " (" << at << ")";
+            }
+          }
+      }
+}
+
 // --- Generated header and glue ---------------------------------------------------------
 
 /// What MLIRGen records in the lm.model / lm.family / lm.spec_hash attributes for `s`.

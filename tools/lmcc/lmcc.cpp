@@ -1070,6 +1070,9 @@ int main(int argc, char **argv) {
     // lm- prefix (--no-fuse-attention).
     for (const std::string &flag : lmcc::defaultPipeline())
       cmd->add_flag("--no-" + flag.substr(3) + ",--no-" + flag, o.noPass[flag], "drop the " + flag + " pass");
+    for (const std::string &flag : lmcc::trainingPipeline())
+      cmd->add_flag("--no-" + flag.substr(3) + ",--no-" + flag, o.noPass[flag],
+                    "drop the " + flag + " pass (after lm-autodiff, --train)");
     cmd->add_option("--gemm", o.gemm,
                     "generated: vector microkernels over weights packed at load time; eigen: the runtime's Eigen GEMM")
         ->check(CLI::IsMember({"generated", "eigen"}))

@@ -1,0 +1,64 @@
+//===- FuseLossGrad.cpp - lm-fuse-loss-grad ---------------------------------===//
+//
+// %ce, %lse = token_loss(h, W, b, y, len); ...; %dh, %dW, %db = token_loss_grad(h, W, b, y, len, %lse)
+//   ==>  %ce, %lse, %dh, %dW, %db = token_loss_and_grad(h, W, b, y, len)   (at the token_loss)
+// when the grad's operands and attributes are the token_loss's and it reads that lse. Runs after lm-autodiff
+// (the loss_grad entry has both ops); the fused op's lowering keeps the forward's logits for the backward
+// instead of computing them twice (runtime/lib/TrainKernels.cpp), the same bits either way.
+//
+//===----------------------------------------------------------------------===//
+#include "passes/Passes.h"
+
+#include "mlir/IR/PatternMatch.h"
+#include "mlir/Transforms/GreedyPatternRewriteDriver.h"
+
+namespace lmcc {
+#define GEN_PASS_DEF_LMFUSELOSSGRAD
+#include "passes/Passes.h.inc"
+} // namespace lmcc
+
+using namespace mlir;
+using namespace lmcc;
+
+namespace {
+
+struct FuseLossGradPattern : OpRewritePattern<lm::TokenLossOp> {
+  using OpRewritePattern::OpRewritePattern;
+
+  LogicalResult matchAndRewrite(lm::TokenLossOp loss, PatternRewriter &rewriter) const override {
+    lm::TokenLossGradOp grad;
+    for (Operation *user : loss.getLse().getUsers())
+      if (auto g = dyn_cast<lm::TokenLossGradOp>(user)) {
+        if (grad)
+          return rewriter.notifyMatchFailure(loss, "two token_loss_grad read its lse");
+        grad = g;
+      }
+    if (!grad)
+      return rewriter.notifyMatchFailure(loss, "no token_loss_grad reads its lse");
+    // The same operands (SSA values: they dominate the token_loss, where the fused op goes) and attributes.
+    if (grad.getHidden() != loss.getHidden() || grad.getWeight() != loss.getWeight() ||
+        grad.getBias() != loss.getBias() || grad.getTargets() != loss.getTargets() ||
+        grad.getLengths() != loss.getLengths() || grad.getLse() != loss.getLse() ||
+        grad.getSmoothing() != loss.getSmoothing() || grad.getPerLength() != loss.getPerLength())
+      return rewriter.notifyMatchFailure(loss, "the token_loss_grad differs in an operand or attribute");
+    SmallVector<Type> types{loss.getLoss().getType(), loss.getLse().getType()};
+    llvm::append_range(types, grad->getResultTypes());
+    auto fused = rewriter.create<lm::TokenLossAndGradOp>(loss.getLoc(), types, loss.getHidden(), loss.getWeight(),
+                                                         loss.getBias(), loss.getTargets(), loss.getLengths(),
+                                                         loss.getSmoothingAttr(), loss.getPerLengthAttr());
+    rewriter.replaceOp(grad, fused->getResults().drop_front(2));
+    rewriter.replaceOp(loss, fused->getResults().take_front(2));
+    return success();
+  }
+};
+
+struct LmFuseLossGrad : lmcc::impl::LmFuseLossGradBase<LmFuseLossGrad> {
+  void runOnOperation() override {
+    RewritePatternSet patterns(&getContext());
+    patterns.add<FuseLossGradPattern>(&getContext());
+    if (failed(applyPatternsAndFoldGreedily(getOperation(), std::move(patterns))))
+      signalPassFailure();
+  }
+};
+
+} // namespace
