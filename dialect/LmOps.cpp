@@ -545,17 +545,33 @@ LogicalResult CrossEntropyOp::verify() {
   return verifySmoothing(*this, getSmoothing());
 }
 
-LogicalResult TokenLossOp::verify() {
-  if (failed(verifyHead(*this, getHidden(), getWeight(), getBias())))
+namespace {
+/// lm.token_loss's operands and its (ce, lse) results, shared by lm.token_loss_and_grad.
+template <typename Op> LogicalResult verifyTokenLoss(Op op) {
+  if (failed(verifyHead(op, op.getHidden(), op.getWeight(), op.getBias())))
     return failure();
-  auto h = getHidden().getType();
-  if (failed(verifyTargets(*this, getTargets(), getLengths(), h.getDimSize(0), h.getDimSize(1))))
+  auto h = op.getHidden().getType();
+  if (failed(verifyTargets(op, op.getTargets(), op.getLengths(), h.getDimSize(0), h.getDimSize(1))))
     return failure();
-  for (Value r : {getLoss(), getLse()})
-    if (failed(expectType(*this, "results", r, getTargets().getType().clone(getHidden().getType().getElementType()))))
+  for (Value r : {op.getLoss(), op.getLse()})
+    if (failed(expectType(op, "results", r, op.getTargets().getType().clone(h.getElementType()))))
       return failure();
-  return verifySmoothing(*this, getSmoothing());
+  return verifySmoothing(op, op.getSmoothing());
 }
+
+/// The (d_hidden, d_weight, d_bias) results of lm.token_loss_grad and lm.token_loss_and_grad.
+template <typename Op> LogicalResult verifyTokenLossGrads(Op op) {
+  auto h = op.getHidden().getType();
+  if (failed(expectType(op, "d_hidden", op.getDHidden(), h)) ||
+      failed(expectType(op, "d_weight", op.getDWeight(), op.getWeight().getType())) ||
+      failed(expectType(op, "d_bias", op.getDBias(),
+                        RankedTensorType::get({op.getWeight().getType().getDimSize(0)}, h.getElementType()))))
+    return failure();
+  return success();
+}
+} // namespace
+
+LogicalResult TokenLossOp::verify() { return verifyTokenLoss(*this); }
 
 LogicalResult CrossEntropyGradOp::verify() {
   if (failed(expectRank(*this, "result [B, N, V]", getResult(), 3)))
@@ -574,29 +590,15 @@ LogicalResult TokenLossGradOp::verify() {
   auto h = getHidden().getType();
   if (failed(verifyTargets(*this, getTargets(), getLengths(), h.getDimSize(0), h.getDimSize(1))) ||
       failed(expectType(*this, "lse", getLse(), getTargets().getType().clone(h.getElementType()))) ||
-      failed(expectType(*this, "d_hidden", getDHidden(), h)) ||
-      failed(expectType(*this, "d_weight", getDWeight(), getWeight().getType())) ||
-      failed(expectType(*this, "d_bias", getDBias(),
-                        RankedTensorType::get({getWeight().getType().getDimSize(0)}, h.getElementType()))))
+      failed(verifyTokenLossGrads(*this)))
     return failure();
   return verifySmoothing(*this, getSmoothing());
 }
 
 LogicalResult TokenLossAndGradOp::verify() {
-  if (failed(verifyHead(*this, getHidden(), getWeight(), getBias())))
+  if (failed(verifyTokenLoss(*this)))
     return failure();
-  auto h = getHidden().getType();
-  if (failed(verifyTargets(*this, getTargets(), getLengths(), h.getDimSize(0), h.getDimSize(1))))
-    return failure();
-  for (Value r : {getLoss(), getLse()})
-    if (failed(expectType(*this, "results", r, getTargets().getType().clone(h.getElementType()))))
-      return failure();
-  if (failed(expectType(*this, "d_hidden", getDHidden(), h)) ||
-      failed(expectType(*this, "d_weight", getDWeight(), getWeight().getType())) ||
-      failed(expectType(*this, "d_bias", getDBias(),
-                        RankedTensorType::get({getWeight().getType().getDimSize(0)}, h.getElementType()))))
-    return failure();
-  return verifySmoothing(*this, getSmoothing());
+  return verifyTokenLossGrads(*this);
 }
 
 // --- N-gram heads (issue 18) ---

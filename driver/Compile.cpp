@@ -117,7 +117,29 @@ mlir::OwningOpRef<mlir::ModuleOp> buildOptimizedModule(mlir::MLIRContext &contex
     return std::string(prefix) + what + ".mlir";
   };
   dump(options.dumpDir, stepName("lm").c_str(), *module);
-  // Training: differentiate the loss as the optimization passes left it (none with --naive).
+  // The passes of `flags` but those disabled, one pass manager each (`add` given the others as disabled), each
+  // result dumped; false (with *error) when one fails.
+  auto runPipeline = [&](const std::vector<std::string> &flags,
+                         void (*add)(mlir::OpPassManager &, const std::set<std::string> &)) {
+    for (const std::string &flag : flags) {
+      if (options.disabledPasses.count(flag))
+        continue;
+      std::set<std::string> others;
+      for (const std::string &f : flags)
+        if (f != flag)
+          others.insert(f);
+      mlir::PassManager pm(&context);
+      add(pm, others);
+      if (mlir::failed(pm.run(*module))) {
+        *error = "pass " + flag + " failed";
+        return false;
+      }
+      dump(options.dumpDir, stepName(flag).c_str(), *module);
+    }
+    return true;
+  };
+  // Training: differentiate the loss as the optimization passes left it (none with --naive), then the training
+  // pipeline's passes.
   auto differentiate = [&]() -> mlir::OwningOpRef<mlir::ModuleOp> {
     if (!options.train)
       return std::move(module);
@@ -128,22 +150,8 @@ mlir::OwningOpRef<mlir::ModuleOp> buildOptimizedModule(mlir::MLIRContext &contex
       return nullptr;
     }
     dump(options.dumpDir, stepName("lm-autodiff").c_str(), *module);
-    if (!options.naive)
-      for (const std::string &flag : trainingPipeline()) {
-        if (options.disabledPasses.count(flag))
-          continue;
-        std::set<std::string> others;
-        for (const std::string &f : trainingPipeline())
-          if (f != flag)
-            others.insert(f);
-        mlir::PassManager pm(&context);
-        addTrainingPasses(pm, others);
-        if (mlir::failed(pm.run(*module))) {
-          *error = "pass " + flag + " failed";
-          return nullptr;
-        }
-        dump(options.dumpDir, stepName(flag).c_str(), *module);
-      }
+    if (!options.naive && !runPipeline(trainingPipeline(), addTrainingPasses))
+      return nullptr;
     // [train] attention_dropout kept the loss's attention decomposed; lm-autodiff took the evaluating `loss`
     // entry's dropouts out, so validation gets the fused attention back (loss_grad's dropouts still stop it).
     if (spec.train.attentionDropout > 0 && !options.naive && !options.disabledPasses.count("lm-fuse-attention")) {
@@ -157,23 +165,8 @@ mlir::OwningOpRef<mlir::ModuleOp> buildOptimizedModule(mlir::MLIRContext &contex
     }
     return std::move(module);
   };
-  if (options.naive)
-    return differentiate();
-  for (const std::string &flag : defaultPipeline()) {
-    if (options.disabledPasses.count(flag))
-      continue;
-    std::set<std::string> others;
-    for (const std::string &f : defaultPipeline())
-      if (f != flag)
-        others.insert(f);
-    mlir::PassManager pm(&context);
-    addOptimizationPasses(pm, others);
-    if (mlir::failed(pm.run(*module))) {
-      *error = "pass " + flag + " failed";
-      return nullptr;
-    }
-    dump(options.dumpDir, stepName(flag).c_str(), *module);
-  }
+  if (!options.naive && !runPipeline(defaultPipeline(), addOptimizationPasses))
+    return nullptr;
   return differentiate();
 }
 

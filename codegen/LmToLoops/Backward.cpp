@@ -103,22 +103,27 @@ Value rowsOf(Loops &L, ShapedType t) {
 
 int64_t lastDim(Value v) { return llvm::cast<ShapedType>(v.getType()).getShape().back(); }
 
+/// The loss head's operands as the token-loss kernels take them first: h, W, bias (or NULL), targets, lengths.
+template <typename Op> Call &headOperands(Call &c, Op op) {
+  return c.ptr(c.L.in(op.getHidden()))
+      .ptr(c.L.in(op.getWeight()))
+      .ptr(op.getBias() ? c.L.in(op.getBias()) : Value())
+      .ptr(c.L.in(op.getTargets()))
+      .ptr(c.L.in(op.getLengths()));
+}
+
+/// B, N, D, V and the smoothing, as the token-loss kernels take them.
+template <typename Op> Call &headSizes(Call &c, Op op) {
+  auto w = op.getWeight().getType();
+  return c.i64(c.L.B()).i64(c.L.N()).i64(w.getDimSize(1)).i64(w.getDimSize(0)).f64(op.getSmoothing().convertToDouble());
+}
+
 struct TokenLossLowering : LmLowering<lm::TokenLossOp> {
   using LmLowering::LmLowering;
   LogicalResult lower(lm::TokenLossOp op, Loops &L) const override {
     Value ce = L.alloc(op.getLoss().getType()), lse = L.alloc(op.getLse().getType());
-    auto w = op.getWeight().getType();
-    Call{L}
-        .ptr(L.in(op.getHidden()))
-        .ptr(L.in(op.getWeight()))
-        .ptr(op.getBias() ? L.in(op.getBias()) : Value())
-        .ptr(L.in(op.getTargets()))
-        .ptr(L.in(op.getLengths()))
-        .i64(L.B())
-        .i64(L.N())
-        .i64(w.getDimSize(1))
-        .i64(w.getDimSize(0))
-        .f64(op.getSmoothing().convertToDouble())
+    Call call{L};
+    headSizes(headOperands(call, op), op)
         .ptr(ce)
         .ptr(lse)
         .gemm()
@@ -132,19 +137,8 @@ struct TokenLossGradLowering : LmLowering<lm::TokenLossGradOp> {
   LogicalResult lower(lm::TokenLossGradOp op, Loops &L) const override {
     Value dh = L.alloc(op.getDHidden().getType()), dW = L.alloc(op.getDWeight().getType()),
           db = L.alloc(op.getDBias().getType());
-    auto w = op.getWeight().getType();
-    Call{L}
-        .ptr(L.in(op.getHidden()))
-        .ptr(L.in(op.getWeight()))
-        .ptr(op.getBias() ? L.in(op.getBias()) : Value())
-        .ptr(L.in(op.getTargets()))
-        .ptr(L.in(op.getLengths()))
-        .ptr(L.in(op.getLse()))
-        .i64(L.B())
-        .i64(L.N())
-        .i64(w.getDimSize(1))
-        .i64(w.getDimSize(0))
-        .f64(op.getSmoothing().convertToDouble())
+    Call call{L};
+    headSizes(headOperands(call, op).ptr(L.in(op.getLse())), op)
         .i32(op.getPerLength() ? 1 : 0)
         .ptr(dh)
         .ptr(dW)
@@ -164,18 +158,8 @@ struct TokenLossAndGradLowering : LmLowering<lm::TokenLossAndGradOp> {
     Value ce = L.alloc(op.getLoss().getType()), lse = L.alloc(op.getLse().getType());
     Value dh = L.alloc(op.getDHidden().getType()), dW = L.alloc(op.getDWeight().getType()),
           db = L.alloc(op.getDBias().getType());
-    auto w = op.getWeight().getType();
-    Call{L}
-        .ptr(L.in(op.getHidden()))
-        .ptr(L.in(op.getWeight()))
-        .ptr(op.getBias() ? L.in(op.getBias()) : Value())
-        .ptr(L.in(op.getTargets()))
-        .ptr(L.in(op.getLengths()))
-        .i64(L.B())
-        .i64(L.N())
-        .i64(w.getDimSize(1))
-        .i64(w.getDimSize(0))
-        .f64(op.getSmoothing().convertToDouble())
+    Call call{L};
+    headSizes(headOperands(call, op), op)
         .i32(op.getPerLength() ? 1 : 0)
         .i64(kKeptLogitsBytes)
         .ptr(ce)
