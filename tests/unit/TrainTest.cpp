@@ -297,7 +297,9 @@ TEST_P(TrainCompiled, GradientsMatchReference) {
   const std::string fullIR = trainingIR(full);
   std::vector<std::pair<std::string, driver::LibraryOptions>> pipelines{{"opt", {}}, {"eigen", {}}};
   pipelines[1].second.gemm = "eigen";
-  for (const std::string &flag : defaultPipeline()) {
+  std::vector<std::string> flags = defaultPipeline();
+  flags.insert(flags.end(), trainingPipeline().begin(), trainingPipeline().end());
+  for (const std::string &flag : flags) {
     driver::LibraryOptions o;
     o.train = true;
     o.disabledPasses = {flag};
@@ -305,6 +307,9 @@ TEST_P(TrainCompiled, GradientsMatchReference) {
       pipelines.push_back({"no-" + flag.substr(3), o});
   }
   EXPECT_GE(pipelines.size(), 3u) << "dropping lm-fuse-logprob must change the training IR";
+  // The loss head's forward and backward are one lm.token_loss_and_grad (lm-fuse-loss-grad): without it, the pair.
+  EXPECT_EQ(std::count_if(pipelines.begin(), pipelines.end(), [](const auto &p) { return p.first == "no-fuse-loss-grad"; }),
+            1);
   // Attention dropout keeps the training entry's attention decomposed (lm-fuse-attention finds dropout between
   // softmax and the value product); without it, dropping the pass must change the training IR.
   const bool attentionDropout = spec.train.attentionDropout > 0;
