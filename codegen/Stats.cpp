@@ -132,6 +132,10 @@ Wide ownFlops(Operation *op, Sizes z) {
     auto w = nl.getWeight().getType();
     return int64_t(nl.getHeads().size()) * 2 * rows(nl.getHeads()[0], z) * w.getDimSize(1) * w.getDimSize(0);
   }
+  if (auto f = llvm::dyn_cast<lm::NgramLossAndGradOp>(op)) { // as the pair it replaces (lm-fuse-loss-grad)
+    auto w = f.getWeight().getType();
+    return int64_t(f.getHeads().size()) * 4 * 2 * rows(f.getHeads()[0], z) * w.getDimSize(1) * w.getDimSize(0);
+  }
   if (auto g = llvm::dyn_cast<lm::NgramLossGradOp>(op)) {
     auto w = g.getWeight().getType();
     return int64_t(g.getHeads().size()) * 3 * 2 * rows(g.getHeads()[0], z) * w.getDimSize(1) * w.getDimSize(0);

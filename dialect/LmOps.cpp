@@ -652,24 +652,41 @@ LogicalResult NgramLossOp::verify() {
   return verifySmoothing(*this, getSmoothing());
 }
 
+namespace {
+/// The heads and their d_heads, the targets, d_weight and d_bias of lm.ngram_loss_grad and lm.ngram_loss_and_grad
+/// (the caller checks the counts).
+template <typename Op> LogicalResult verifyNgramGrads(Op op) {
+  auto h = tensorOf(op.getHeads()[0]);
+  for (auto [u, du] : llvm::zip(op.getHeads(), op.getDHeads()))
+    if (failed(verifyHead(op, u, op.getWeight(), op.getBias())) || failed(expectType(op, "every head", u, h)) ||
+        failed(expectType(op, "d_heads", du, h)))
+      return failure();
+  if (failed(verifyTargets(op, op.getTargets(), op.getLengths(), h.getDimSize(0), h.getDimSize(1))))
+    return failure();
+  for (Value l : op.getLse())
+    if (failed(expectType(op, "lse", l, op.getTargets().getType().clone(h.getElementType()))))
+      return failure();
+  if (failed(expectType(op, "d_weight", op.getDWeight(), op.getWeight().getType())) ||
+      failed(expectType(op, "d_bias", op.getDBias(),
+                        RankedTensorType::get({op.getWeight().getType().getDimSize(0)}, h.getElementType()))))
+    return failure();
+  return verifySmoothing(op, op.getSmoothing());
+}
+} // namespace
+
+LogicalResult NgramLossAndGradOp::verify() {
+  if (getHeads().size() < 2 || getLse().size() != getHeads().size() || getDHeads().size() != getHeads().size())
+    return emitOpError("needs n >= 2 heads and as many lse and d_heads results");
+  Type rowType = getTargets().getType().clone(tensorOf(getHeads()[0]).getElementType());
+  if (failed(expectType(*this, "loss", getLoss(), rowType)))
+    return failure();
+  return verifyNgramGrads(*this);
+}
+
 LogicalResult NgramLossGradOp::verify() {
   if (getHeads().size() < 2 || getLse().size() != getHeads().size() || getDHeads().size() != getHeads().size())
     return emitOpError("needs n >= 2 heads and as many lse operands and d_heads results");
-  auto h = tensorOf(getHeads()[0]);
-  for (auto [u, du] : llvm::zip(getHeads(), getDHeads()))
-    if (failed(verifyHead(*this, u, getWeight(), getBias())) || failed(expectType(*this, "every head", u, h)) ||
-        failed(expectType(*this, "d_heads", du, h)))
-      return failure();
-  if (failed(verifyTargets(*this, getTargets(), getLengths(), h.getDimSize(0), h.getDimSize(1))))
-    return failure();
-  for (Value l : getLse())
-    if (failed(expectType(*this, "lse", l, getTargets().getType().clone(h.getElementType()))))
-      return failure();
-  if (failed(expectType(*this, "d_weight", getDWeight(), getWeight().getType())) ||
-      failed(expectType(*this, "d_bias", getDBias(),
-                        RankedTensorType::get({getWeight().getType().getDimSize(0)}, h.getElementType()))))
-    return failure();
-  return verifySmoothing(*this, getSmoothing());
+  return verifyNgramGrads(*this);
 }
 
 LogicalResult LinearGradOp::verify() {

@@ -751,6 +751,34 @@ def Lm_NgramLossGradOp : Lm_Op<"ngram_loss_grad", [Pure, AttrSizedOperandSegment
   let hasVerifier = 1;
 }
 
+def Lm_NgramLossAndGradOp : Lm_Op<"ngram_loss_and_grad", [Pure, AttrSizedOperandSegments, AttrSizedResultSegments]> {
+  let summary = "lm.ngram_loss and its lm.ngram_loss_grad in one, each head's logits computed once";
+  let description = [{
+    Results as lm.ngram_loss's (ce, one lse per head) followed by lm.ngram_loss_grad's (one d_head per head, d_weight,
+    d_bias) of the same operands and smoothing, bit for bit: head by head, the forward's logits are kept for that
+    head's backward as lm.token_loss_and_grad keeps them (the sums over heads run in head order either way).
+    lm-fuse-loss-grad forms it.
+    ```mlir
+    %ce, %lse1, %lse2, %d1, %d2, %dW, %db = lm.ngram_loss_and_grad heads(%h, %u2 : tensor<?x?x512xf32>, tensor<?x?x512xf32>)
+        weight(%W : tensor<30522x512xf32>) bias(%b : tensor<30522xf32>)
+        targets(%targets, %lengths : tensor<?x?xi32>, tensor<?xi32>) {smoothing = 1.0e-01 : f64}
+        -> tensor<?x?xf32> lse(tensor<?x?xf32>, tensor<?x?xf32>) d_heads(tensor<?x?x512xf32>, tensor<?x?x512xf32>)
+           tensor<30522x512xf32>, tensor<30522xf32>
+    ```
+  }];
+  let arguments = (ins Variadic<Lm_F32Tensor>:$heads, Lm_F32Tensor:$weight, Optional<Lm_F32Tensor>:$bias,
+                       Lm_I32Tensor:$targets, Lm_I32Tensor:$lengths, F64Attr:$smoothing);
+  let results = (outs Lm_F32Tensor:$loss, Variadic<Lm_F32Tensor>:$lse, Variadic<Lm_F32Tensor>:$d_heads,
+                      Lm_F32Tensor:$d_weight, Lm_F32Tensor:$d_bias);
+  let assemblyFormat = [{
+    `heads` `(` $heads `:` type($heads) `)` `weight` `(` $weight `:` type($weight) `)`
+    (`bias` `(` $bias^ `:` type($bias) `)`)? `targets` `(` $targets `,` $lengths `:` type($targets) `,`
+    type($lengths) `)` attr-dict `->` type($loss) `lse` `(` type($lse) `)` `d_heads` `(` type($d_heads) `)`
+    type($d_weight) `,` type($d_bias)
+  }];
+  let hasVerifier = 1;
+}
+
 def Lm_CrossEntropyGradOp : Lm_Op<"cross_entropy_grad", [Pure]> {
   let summary = "VJP of lm.cross_entropy seeded with d ce = 1/T: dlp[b, t, v] = -((1-e)[v = y] + e/V) / T";
   let description = [{

@@ -2,7 +2,8 @@
 //
 // %ce, %lse = token_loss(h, W, b, y, len); ...; %dh, %dW, %db = token_loss_grad(h, W, b, y, len, %lse)
 //   ==>  %ce, %lse, %dh, %dW, %db = token_loss_and_grad(h, W, b, y, len)   (at the token_loss)
-// when the grad's operands and attributes are the token_loss's and it reads that lse. Runs after lm-autodiff
+// when the grad's operands and attributes are the token_loss's and it reads that lse; likewise ngram_loss and the
+// ngram_loss_grad of its lse results -> ngram_loss_and_grad. Runs after lm-autodiff
 // (the loss_grad entry has both ops); the fused op's lowering keeps the forward's logits for the backward
 // instead of computing them twice (runtime/lib/TrainKernels.cpp), the same bits either way.
 //
@@ -52,10 +53,43 @@ struct FuseLossGradPattern : OpRewritePattern<lm::TokenLossOp> {
   }
 };
 
+/// The same for the n-gram heads: lm.ngram_loss and the lm.ngram_loss_grad of all its lse results.
+struct FuseNgramLossGradPattern : OpRewritePattern<lm::NgramLossOp> {
+  using OpRewritePattern::OpRewritePattern;
+
+  LogicalResult matchAndRewrite(lm::NgramLossOp loss, PatternRewriter &rewriter) const override {
+    if (loss.getLse().empty())
+      return failure();
+    lm::NgramLossGradOp grad;
+    for (Value lse : loss.getLse())
+      for (Operation *user : lse.getUsers())
+        if (auto g = dyn_cast<lm::NgramLossGradOp>(user)) {
+          if (grad && g != grad)
+            return rewriter.notifyMatchFailure(loss, "two ngram_loss_grad read its lse");
+          grad = g;
+        }
+    if (!grad)
+      return rewriter.notifyMatchFailure(loss, "no ngram_loss_grad reads its lse");
+    if (grad.getHeads() != loss.getHeads() || grad.getWeight() != loss.getWeight() ||
+        grad.getBias() != loss.getBias() || grad.getTargets() != loss.getTargets() ||
+        grad.getLengths() != loss.getLengths() || grad.getLse() != loss.getLse() ||
+        grad.getSmoothing() != loss.getSmoothing())
+      return rewriter.notifyMatchFailure(loss, "the ngram_loss_grad differs in an operand or attribute");
+    const int64_t n = int64_t(loss.getHeads().size());
+    auto fused = rewriter.create<lm::NgramLossAndGradOp>(
+        loss.getLoc(), loss.getLoss().getType(), loss.getLse().getTypes(), grad.getDHeads().getTypes(),
+        grad.getDWeight().getType(), grad.getDBias().getType(), loss.getHeads(), loss.getWeight(), loss.getBias(),
+        loss.getTargets(), loss.getLengths(), loss.getSmoothingAttr());
+    rewriter.replaceOp(grad, fused->getResults().drop_front(1 + n));
+    rewriter.replaceOp(loss, fused->getResults().take_front(1 + n));
+    return success();
+  }
+};
+
 struct LmFuseLossGrad : lmcc::impl::LmFuseLossGradBase<LmFuseLossGrad> {
   void runOnOperation() override {
     RewritePatternSet patterns(&getContext());
-    patterns.add<FuseLossGradPattern>(&getContext());
+    patterns.add<FuseLossGradPattern, FuseNgramLossGradPattern>(&getContext());
     if (failed(applyPatternsAndFoldGreedily(getOperation(), std::move(patterns))))
       signalPassFailure();
   }

@@ -28,6 +28,8 @@ void declareTrainingRuntime(OpBuilder &b, Location loc) {
   declare("lm_rt_token_loss_and_grad",
           {ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, f64, i32, i64, ptr, ptr, ptr, ptr, ptr, ptr, i64});
   declare("lm_rt_ngram_head_loss", {ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, f64, i64, f64, i32, ptr, ptr, ptr, i64});
+  declare("lm_rt_ngram_head_loss_and_grad",
+          {ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, f64, i64, f64, i32, i64, ptr, ptr, ptr, ptr, ptr, ptr, i64});
   declare("lm_rt_ngram_head_grad",
           {ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, f64, i64, f64, i32, ptr, ptr, ptr, ptr, i64});
   declare("lm_rt_linear_grad", {ptr, ptr, ptr, i64, i64, i64, ptr, ptr, ptr, ptr, i64});
@@ -549,7 +551,8 @@ void writeGradientsInPlace(ModuleOp module, const WeightLayout &layout) {
 }
 
 void populateBackwardPatterns(TypeConverter &converter, RewritePatternSet &patterns, const LoweringContext &context) {
-  patterns.add<TokenLossLowering, TokenLossGradLowering, TokenLossAndGradLowering, CrossEntropyLowering, CrossEntropyGradLowering,
+  patterns.add<TokenLossLowering, TokenLossGradLowering, TokenLossAndGradLowering, CrossEntropyLowering,
+               CrossEntropyGradLowering,
                SoftmaxGradLowering<lm::SoftmaxGradOp, 0>, SoftmaxGradLowering<lm::LogSoftmaxGradOp, 1>,
                LinearGradLowering, LayerNormGradLowering, ActivationGradLowering, AttentionGradLowering,
                EmbedGradLowering, PositionsGradLowering, ParamGradLowering,

@@ -96,6 +96,22 @@ struct HeadCall {
     args.push_back(L.i64c(D));
     args.push_back(L.i64c(V));
   }
+  /// Head u's operands (u, W, bias or NULL, targets, lengths), then `lse` when given, then the sizes.
+  template <typename Op> void head(Op op, Value u, Value lse = Value()) {
+    for (Value v : {u, Value(op.getWeight())})
+      ptr(L.in(v));
+    ptr(op.getBias() ? L.in(op.getBias()) : Value());
+    for (Value v : {op.getTargets(), op.getLengths()})
+      ptr(L.in(v));
+    if (lse)
+      ptr(L.in(lse));
+    auto w = op.getWeight().getType();
+    sizes(w.getDimSize(1), w.getDimSize(0));
+  }
+  /// Head j's (1-based of n) smoothing, shift, weight and first flag.
+  void headTerms(double smoothing, int64_t j, int64_t n) {
+    args.append({L.f64c(smoothing), L.i64c(j - 1), L.f64c(headWeight(j, n)), L.i32c(j == 1)});
+  }
 };
 
 LogicalResult replaceResults(Loops &L, Operation *op, ArrayRef<Value> buffers) {
@@ -111,20 +127,13 @@ LogicalResult replaceResults(Loops &L, Operation *op, ArrayRef<Value> buffers) {
 struct NgramLossLowering : LmLowering<lm::NgramLossOp> {
   using LmLowering::LmLowering;
   LogicalResult lower(lm::NgramLossOp op, Loops &L) const override {
-    auto w = op.getWeight().getType();
     const int64_t n = int64_t(op.getHeads().size());
     SmallVector<Value> results{L.alloc(op.getLoss().getType())};
     for (int64_t j = 1; j <= n; ++j) {
       Value lse = L.alloc(llvm::cast<ShapedType>(op.getLse()[j - 1].getType()));
       HeadCall c{L};
-      c.ptr(L.in(op.getHeads()[j - 1]));
-      c.ptr(L.in(op.getWeight()));
-      c.ptr(op.getBias() ? L.in(op.getBias()) : Value());
-      c.ptr(L.in(op.getTargets()));
-      c.ptr(L.in(op.getLengths()));
-      c.sizes(w.getDimSize(1), w.getDimSize(0));
-      c.args.append({L.f64c(op.getSmoothing().convertToDouble()), L.i64c(j - 1), L.f64c(headWeight(j, n)),
-                     L.i32c(j == 1)});
+      c.head(op, op.getHeads()[j - 1]);
+      c.headTerms(op.getSmoothing().convertToDouble(), j, n);
       c.ptr(results[0]);
       c.ptr(lse);
       c.args.append(L.trainGemm());
@@ -138,7 +147,6 @@ struct NgramLossLowering : LmLowering<lm::NgramLossOp> {
 struct NgramLossGradLowering : LmLowering<lm::NgramLossGradOp> {
   using LmLowering::LmLowering;
   LogicalResult lower(lm::NgramLossGradOp op, Loops &L) const override {
-    auto w = op.getWeight().getType();
     const int64_t n = int64_t(op.getHeads().size());
     SmallVector<Value> results;
     for (Value du : op.getDHeads())
@@ -146,15 +154,8 @@ struct NgramLossGradLowering : LmLowering<lm::NgramLossGradOp> {
     Value dW = L.alloc(op.getDWeight().getType()), db = L.alloc(op.getDBias().getType());
     for (int64_t j = 1; j <= n; ++j) {
       HeadCall c{L};
-      c.ptr(L.in(op.getHeads()[j - 1]));
-      c.ptr(L.in(op.getWeight()));
-      c.ptr(op.getBias() ? L.in(op.getBias()) : Value());
-      c.ptr(L.in(op.getTargets()));
-      c.ptr(L.in(op.getLengths()));
-      c.ptr(L.in(op.getLse()[j - 1]));
-      c.sizes(w.getDimSize(1), w.getDimSize(0));
-      c.args.append({L.f64c(op.getSmoothing().convertToDouble()), L.i64c(j - 1), L.f64c(headWeight(j, n)),
-                     L.i32c(j == 1)});
+      c.head(op, op.getHeads()[j - 1], op.getLse()[j - 1]);
+      c.headTerms(op.getSmoothing().convertToDouble(), j, n);
       c.ptr(results[j - 1]);
       c.ptr(dW);
       c.ptr(op.getDBias().use_empty() ? Value() : db);
@@ -166,10 +167,47 @@ struct NgramLossGradLowering : LmLowering<lm::NgramLossGradOp> {
   }
 };
 
+/// The keep limit of lm_rt_ngram_head_loss_and_grad: as lm.token_loss_and_grad's (Backward.cpp).
+constexpr int64_t kKeptLogitsBytes = int64_t(512) << 20;
+
+struct NgramLossAndGradLowering : LmLowering<lm::NgramLossAndGradOp> {
+  using LmLowering::LmLowering;
+  LogicalResult lower(lm::NgramLossAndGradOp op, Loops &L) const override {
+    const int64_t n = int64_t(op.getHeads().size());
+    Value total = L.alloc(op.getLoss().getType());
+    SmallVector<Value> lse, dHeads;
+    for (int64_t j = 0; j < n; ++j) {
+      lse.push_back(L.alloc(llvm::cast<ShapedType>(op.getLse()[j].getType())));
+      dHeads.push_back(L.alloc(llvm::cast<ShapedType>(op.getDHeads()[j].getType())));
+    }
+    Value dW = L.alloc(op.getDWeight().getType()), db = L.alloc(op.getDBias().getType());
+    // Head by head, forward then backward (the sums over heads in head order, as the pair's).
+    for (int64_t j = 1; j <= n; ++j) {
+      HeadCall c{L};
+      c.head(op, op.getHeads()[j - 1]);
+      c.headTerms(op.getSmoothing().convertToDouble(), j, n);
+      c.args.push_back(L.i64c(kKeptLogitsBytes));
+      c.ptr(total);
+      c.ptr(lse[j - 1]);
+      c.ptr(dHeads[j - 1]);
+      c.ptr(dW);
+      c.ptr(op.getDBias().use_empty() ? Value() : db);
+      c.args.append(L.trainGemm());
+      L.b.create<func::CallOp>(L.loc, "lm_rt_ngram_head_loss_and_grad", TypeRange{}, c.args);
+    }
+    SmallVector<Value> results{total};
+    llvm::append_range(results, lse);
+    llvm::append_range(results, dHeads);
+    results.append({dW, db});
+    return replaceResults(L, op, results);
+  }
+};
+
 } // namespace
 
 void populateNGramPatterns(TypeConverter &converter, RewritePatternSet &patterns, const LoweringContext &context) {
-  patterns.add<WdrConjugateLowering, NgramEnsembleLowering, NgramLossLowering, NgramLossGradLowering>(
+  patterns.add<WdrConjugateLowering, NgramEnsembleLowering, NgramLossLowering, NgramLossGradLowering,
+               NgramLossAndGradLowering>(
       converter, patterns.getContext(), context);
 }
 

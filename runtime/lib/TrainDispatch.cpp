@@ -70,6 +70,14 @@ void lm_rt_ngram_head_grad(const float *u, const float *W, const float *bias, co
   LMRT_DISPATCH(ngramHeadGrad, u, W, bias, targets, lengths, lse, B, N, D, V, smoothing, shift, weight, first, du, dW,
                 dbias, gemm, gemm_cols)
 }
+void lm_rt_ngram_head_loss_and_grad(const float *u, const float *W, const float *bias, const int32_t *targets,
+                                    const int32_t *lengths, int64_t B, int64_t N, int64_t D, int64_t V,
+                                    double smoothing, int64_t shift, double weight, int32_t first, int64_t keep_bytes,
+                                    float *total, float *lse, float *du, float *dW, float *dbias, lm_rt_gemm_fn gemm,
+                                    int64_t gemm_cols) {
+  LMRT_DISPATCH(ngramHeadLossAndGrad, u, W, bias, targets, lengths, B, N, D, V, smoothing, shift, weight, first,
+                keep_bytes, total, lse, du, dW, dbias, gemm, gemm_cols)
+}
 void lm_rt_linear_grad(const float *dy, const float *x, const float *W, int64_t rows, int64_t in, int64_t out,
                        float *dx, float *dW, float *db, lm_rt_gemm_fn gemm, int64_t gemm_cols) {
   LMRT_DISPATCH(linearGrad, dy, x, W, rows, in, out, dx, dW, db, gemm, gemm_cols)

@@ -396,7 +396,8 @@ void tokenLossGradScaled(const float *h, const float *W, const float *bias, cons
         gemm.run(Hl.data(), D, R, D, Wt.data(), G, kVocabTile, nv, false);
         if (bias)
           for (int64_t i = 0; i < R; ++i)
-            Eigen::Map<Eigen::RowVectorXf>(G + i * kVocabTile, nv) += Eigen::Map<const Eigen::RowVectorXf>(bias + v0, nv);
+            Eigen::Map<Eigen::RowVectorXf>(G + i * kVocabTile, nv) +=
+                Eigen::Map<const Eigen::RowVectorXf>(bias + v0, nv);
       }
       for (int64_t i = 0; i < R; ++i) {
         const int32_t y = targets[live[i]];
@@ -435,6 +436,28 @@ void tokenLossGradScaled(const float *h, const float *W, const float *bias, cons
   }
 }
 
+/// The buffer tokenLossKeeping keeps the logits of the rows of `targets` with a target in (kVocabTile columns a tile,
+/// the last one padded) when it takes at most keepBytes and the call's workspace gives it; else none (null), and
+/// the backward computes them again.
+class KeptLogits {
+public:
+  KeptLogits(const int32_t *targets, const int32_t *lengths, int64_t B, int64_t N, int64_t V, int64_t keepBytes) {
+    const int64_t floats = blocks(V, kVocabTile) * countTargets(targets, lengths, B, N) * kVocabTile;
+    if (floats > 0 && floats <= keepBytes / int64_t(sizeof(float)))
+      p_ = static_cast<float *>(lmrt::detail::tryAllocateTemporary(64, uint64_t(floats) * sizeof(float)));
+  }
+  ~KeptLogits() {
+    if (p_)
+      _mlir_memref_to_llvm_free(p_);
+  }
+  KeptLogits(const KeptLogits &) = delete;
+  KeptLogits &operator=(const KeptLogits &) = delete;
+  float *data() const { return p_; }
+
+private:
+  float *p_ = nullptr;
+};
+
 } // namespace
 
 void tokenLoss(const float *h, const float *W, const float *bias, const int32_t *targets, const int32_t *lengths,
@@ -456,24 +479,11 @@ void tokenLossAndGrad(const float *h, const float *W, const float *bias, const i
                       int32_t perLength, int64_t keepBytes, float *ce, float *lse, float *dh, float *dW, float *dbias,
                       lm_rt_gemm_fn gemm, int64_t gemmCols) {
   const Gemm G{gemm, gemmCols};
-  // The live rows' logits, kVocabTile columns a tile (the last one padded), when they fit keepBytes and the
-  // workspace gives them (else computed twice, as the unfused pair does).
-  const int64_t R = countTargets(targets, lengths, B, N);
-  const int64_t keepFloats = blocks(V, kVocabTile) * R * kVocabTile;
-  float *kept = nullptr;
-  if (R > 0 && keepFloats <= keepBytes / int64_t(sizeof(float)))
-    kept = static_cast<float *>(lmrt::detail::tryAllocateTemporary(64, uint64_t(keepFloats) * sizeof(float)));
-  struct Release {
-    float *p;
-    ~Release() {
-      if (p)
-        _mlir_memref_to_llvm_free(p);
-    }
-  } const release{kept};
-  tokenLossKeeping(h, W, bias, targets, lengths, B, N, D, V, smoothing, ce, lse, G, kept);
+  const KeptLogits kept(targets, lengths, B, N, V, keepBytes);
+  tokenLossKeeping(h, W, bias, targets, lengths, B, N, D, V, smoothing, ce, lse, G, kept.data());
   const int64_t T = denominator(targets, lengths, B, N, perLength);
   tokenLossGradScaled(h, W, bias, targets, lengths, lse, B, N, D, V, smoothing, T > 0 ? 1.0 / double(T) : 0.0, dh,
-                      dW, dbias, G, kept);
+                      dW, dbias, G, kept.data());
 }
 
 namespace {
@@ -487,15 +497,47 @@ void shiftedTargets(const int32_t *targets, const int32_t *lengths, int64_t B, i
 }
 } // namespace
 
+namespace {
+/// One n-gram head's loss over its shifted targets y: total = [total +] weight * ce (first: overwritten).
+void ngramHeadLossOn(const float *u, const float *W, const float *bias, const int32_t *y, const int32_t *lengths,
+                     int64_t B, int64_t N, int64_t D, int64_t V, double smoothing, double weight, int32_t first,
+                     float *total, float *lse, const Gemm &G, float *keep) {
+  Scratch ce(B * N);
+  tokenLossKeeping(u, W, bias, y, lengths, B, N, D, V, smoothing, ce.data(), lse, G, keep);
+  for (int64_t r = 0; r < B * N; ++r)
+    total[r] = float((first ? 0.0 : double(total[r])) + weight * double(ce[r]));
+}
+
+/// Its gradient seeded with weight / T (T the causal rows of the unshifted targets), written (first) or added into
+/// dW and dbias.
+void ngramHeadGradOn(const float *u, const float *W, const float *bias, const int32_t *targets, const int32_t *y,
+                     const int32_t *lengths, const float *lse, int64_t B, int64_t N, int64_t D, int64_t V,
+                     double smoothing, double weight, int32_t first, float *du, float *dW, float *dbias, const Gemm &G,
+                     float *kept) {
+  const int64_t T = countTargets(targets, lengths, B, N); // the causal rows: the loss's denominator
+  const double scale = T > 0 ? weight / double(T) : 0.0;
+  if (first) {
+    tokenLossGradScaled(u, W, bias, y, lengths, lse, B, N, D, V, smoothing, scale, du, dW, dbias, G, kept);
+    return;
+  }
+  Scratch dWj(V * D), dbj(dbias ? V : 0);
+  tokenLossGradScaled(u, W, bias, y, lengths, lse, B, N, D, V, smoothing, scale, du, dWj.data(),
+                      dbias ? dbj.data() : nullptr, G, kept);
+  for (int64_t i = 0; i < V * D; ++i)
+    dW[i] += dWj[i];
+  if (dbias)
+    for (int64_t v = 0; v < V; ++v)
+      dbias[v] += dbj[v];
+}
+} // namespace
+
 void ngramHeadLoss(const float *u, const float *W, const float *bias, const int32_t *targets, const int32_t *lengths,
                    int64_t B, int64_t N, int64_t D, int64_t V, double smoothing, int64_t shift, double weight,
                    int32_t first, float *total, float *lse, lm_rt_gemm_fn gemm, int64_t gemmCols) {
   Buffer<int32_t> y(B * N);
   shiftedTargets(targets, lengths, B, N, shift, y.data());
-  Scratch ce(B * N);
-  tokenLossKeeping(u, W, bias, y.data(), lengths, B, N, D, V, smoothing, ce.data(), lse, Gemm{gemm, gemmCols}, nullptr);
-  for (int64_t r = 0; r < B * N; ++r)
-    total[r] = float((first ? 0.0 : double(total[r])) + weight * double(ce[r]));
+  ngramHeadLossOn(u, W, bias, y.data(), lengths, B, N, D, V, smoothing, weight, first, total, lse, Gemm{gemm, gemmCols},
+                  nullptr);
 }
 
 void ngramHeadGrad(const float *u, const float *W, const float *bias, const int32_t *targets, const int32_t *lengths,
@@ -504,21 +546,21 @@ void ngramHeadGrad(const float *u, const float *W, const float *bias, const int3
                    int64_t gemmCols) {
   Buffer<int32_t> y(B * N);
   shiftedTargets(targets, lengths, B, N, shift, y.data());
-  const int64_t T = countTargets(targets, lengths, B, N); // the causal rows: the loss's denominator
-  const double scale = T > 0 ? weight / double(T) : 0.0;
-  if (first) {
-    tokenLossGradScaled(u, W, bias, y.data(), lengths, lse, B, N, D, V, smoothing, scale, du, dW, dbias,
-                        Gemm{gemm, gemmCols}, nullptr);
-    return;
-  }
-  Scratch dWj(V * D), dbj(dbias ? V : 0);
-  tokenLossGradScaled(u, W, bias, y.data(), lengths, lse, B, N, D, V, smoothing, scale, du, dWj.data(),
-                      dbias ? dbj.data() : nullptr, Gemm{gemm, gemmCols}, nullptr);
-  for (int64_t i = 0; i < V * D; ++i)
-    dW[i] += dWj[i];
-  if (dbias)
-    for (int64_t v = 0; v < V; ++v)
-      dbias[v] += dbj[v];
+  ngramHeadGradOn(u, W, bias, targets, y.data(), lengths, lse, B, N, D, V, smoothing, weight, first, du, dW, dbias,
+                  Gemm{gemm, gemmCols}, nullptr);
+}
+
+void ngramHeadLossAndGrad(const float *u, const float *W, const float *bias, const int32_t *targets,
+                          const int32_t *lengths, int64_t B, int64_t N, int64_t D, int64_t V, double smoothing,
+                          int64_t shift, double weight, int32_t first, int64_t keepBytes, float *total, float *lse,
+                          float *du, float *dW, float *dbias, lm_rt_gemm_fn gemm, int64_t gemmCols) {
+  const Gemm G{gemm, gemmCols};
+  Buffer<int32_t> y(B * N);
+  shiftedTargets(targets, lengths, B, N, shift, y.data());
+  const KeptLogits kept(y.data(), lengths, B, N, V, keepBytes);
+  ngramHeadLossOn(u, W, bias, y.data(), lengths, B, N, D, V, smoothing, weight, first, total, lse, G, kept.data());
+  ngramHeadGradOn(u, W, bias, targets, y.data(), lengths, lse, B, N, D, V, smoothing, weight, first, du, dW, dbias, G,
+                  kept.data());
 }
 
 void linearGrad(const float *dy, const float *x, const float *W, int64_t rows, int64_t in, int64_t out, float *dx,

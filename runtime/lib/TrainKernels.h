@@ -43,6 +43,11 @@
                      const int32_t *lengths, const float *lse, int64_t B, int64_t N, int64_t D, int64_t V,        \
                      double smoothing, int64_t shift, double weight, int32_t first, float *du, float *dW,         \
                      float *dbias, lm_rt_gemm_fn gemm, int64_t gemmCols);                                         \
+  void ngramHeadLossAndGrad(const float *u, const float *W, const float *bias, const int32_t *targets,          \
+                            const int32_t *lengths, int64_t B, int64_t N, int64_t D, int64_t V, double smoothing, \
+                            int64_t shift, double weight, int32_t first, int64_t keepBytes, float *total,         \
+                            float *lse, float *du, float *dW, float *dbias, lm_rt_gemm_fn gemm,                   \
+                            int64_t gemmCols);                                                                    \
   void linearGrad(const float *dy, const float *x, const float *W, int64_t rows, int64_t in, int64_t out,        \
                   float *dx, float *dW, float *db, lm_rt_gemm_fn gemm, int64_t gemmCols);                         \
   void layerNormGrad(const float *dy, const float *x, const float *gamma, int64_t rows, int64_t D, double eps,  \

@@ -385,6 +385,13 @@ LM_API void lm_rt_ngram_head_grad(const float *u, const float *W, const float *b
                                   const int32_t *lengths, const float *lse, int64_t B, int64_t N, int64_t D, int64_t V,
                                   double smoothing, int64_t shift, double weight, int32_t first, float *du, float *dW,
                                   float *dbias, lm_rt_gemm_fn gemm, int64_t gemm_cols);
+/* lm.ngram_loss_and_grad, one head: lm_rt_ngram_head_loss then lm_rt_ngram_head_grad on the lse it wrote (the same
+ * results, bit for bit), the head's logits kept between the two as lm_rt_token_loss_and_grad keeps them. */
+LM_API void lm_rt_ngram_head_loss_and_grad(const float *u, const float *W, const float *bias, const int32_t *targets,
+                                           const int32_t *lengths, int64_t B, int64_t N, int64_t D, int64_t V,
+                                           double smoothing, int64_t shift, double weight, int32_t first,
+                                           int64_t keep_bytes, float *total, float *lse, float *du, float *dW,
+                                           float *dbias, lm_rt_gemm_fn gemm, int64_t gemm_cols);
 LM_API void lm_rt_linear_grad(const float *dy, const float *x, const float *W, int64_t rows, int64_t in, int64_t out,
                               float *dx, float *dW, float *db, lm_rt_gemm_fn gemm, int64_t gemm_cols);
 LM_API void lm_rt_layer_norm_grad(const float *dy, const float *x, const float *gamma, int64_t rows, int64_t D,

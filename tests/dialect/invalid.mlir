@@ -370,3 +370,11 @@ func.func @token_loss_and_grad_dweight(%h: tensor<?x?x8xf32>, %E: tensor<11x8xf3
   %ce, %lse, %dh, %dE, %db = lm.token_loss_and_grad %h, %E, %y, %len {smoothing = 0.0 : f64} : (tensor<?x?x8xf32>, tensor<11x8xf32>, tensor<?x?xi32>, tensor<?xi32>) -> (tensor<?x?xf32>, tensor<?x?xf32>, tensor<?x?x8xf32>, tensor<10x8xf32>, tensor<11xf32>)
   return
 }
+
+// -----
+
+func.func @ngram_loss_and_grad_heads(%h: tensor<?x?x8xf32>, %u: tensor<?x?x8xf32>, %E: tensor<11x8xf32>, %y: tensor<?x?xi32>, %len: tensor<?xi32>) {
+  // expected-error @+1 {{needs n >= 2 heads and as many lse and d_heads results}}
+  %ce, %l1, %l2, %d1, %dE, %db = lm.ngram_loss_and_grad heads(%h, %u : tensor<?x?x8xf32>, tensor<?x?x8xf32>) weight(%E : tensor<11x8xf32>) targets(%y, %len : tensor<?x?xi32>, tensor<?xi32>) {smoothing = 0.0 : f64} -> tensor<?x?xf32> lse(tensor<?x?xf32>, tensor<?x?xf32>) d_heads(tensor<?x?x8xf32>) tensor<11x8xf32>, tensor<11xf32>
+  return
+}

@@ -127,6 +127,11 @@ func.func @ngram(%ids: tensor<?x?xi32>, %len: tensor<?xi32>, %h: tensor<?x?x8xf3
       weight(%E : tensor<11x8xf32>) bias(%b : tensor<11xf32>) targets(%ids, %len : tensor<?x?xi32>, tensor<?xi32>)
       lse(%l1, %l2 : tensor<?x?xf32>, tensor<?x?xf32>) {smoothing = 1.000000e-01 : f64}
       -> tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<11x8xf32>, tensor<11xf32>
+  // CHECK: lm.ngram_loss_and_grad heads({{.*}}) weight({{.*}}) bias({{.*}}) targets({{.*}}) {smoothing = 1.000000e-01 : f64} -> tensor<?x?xf32> lse(tensor<?x?xf32>, tensor<?x?xf32>) d_heads(tensor<?x?x8xf32>, tensor<?x?x8xf32>) tensor<11x8xf32>, tensor<11xf32>
+  %ce2, %m1, %m2, %e1, %e2, %eE, %eb = lm.ngram_loss_and_grad heads(%h, %m : tensor<?x?x8xf32>, tensor<?x?x8xf32>)
+      weight(%E : tensor<11x8xf32>) bias(%b : tensor<11xf32>) targets(%ids, %len : tensor<?x?xi32>, tensor<?xi32>)
+      {smoothing = 1.000000e-01 : f64} -> tensor<?x?xf32> lse(tensor<?x?xf32>, tensor<?x?xf32>)
+      d_heads(tensor<?x?x8xf32>, tensor<?x?x8xf32>) tensor<11x8xf32>, tensor<11xf32>
   return %ce : tensor<?x?xf32>
 }
 

@@ -63,6 +63,29 @@ func.func @forward_only(%h: tensor<?x?x8xf32>, %E: tensor<11x8xf32>, %targets: t
   return %ce : tensor<?x?xf32>
 }
 
+// The n-gram heads: lm.ngram_loss and the ngram_loss_grad of its lse results -> lm.ngram_loss_and_grad.
+// CHECK-LABEL: func.func @ngram(
+// CHECK-NOT: lm.ngram_loss heads
+// CHECK: [[CE:%.+]], %{{.+}}:2, [[DU:%.+]]:2, [[DW:%.+]], %{{.+}} = lm.ngram_loss_and_grad heads(%arg0, %arg1 : tensor<?x?x8xf32>, tensor<?x?x8xf32>) weight(%arg2 : tensor<11x8xf32>) targets(%arg3, %arg4 : tensor<?x?xi32>, tensor<?xi32>) {smoothing = 1.000000e-01 : f64} -> tensor<?x?xf32> lse(tensor<?x?xf32>, tensor<?x?xf32>) d_heads(tensor<?x?x8xf32>, tensor<?x?x8xf32>) tensor<11x8xf32>, tensor<11xf32>
+// CHECK-NOT: lm.ngram_loss_grad
+// CHECK: return [[CE]], [[DU]]#1, [[DW]]
+func.func @ngram(%h: tensor<?x?x8xf32>, %u: tensor<?x?x8xf32>, %W: tensor<11x8xf32>, %targets: tensor<?x?xi32>, %lengths: tensor<?xi32>) -> (tensor<?x?xf32>, tensor<?x?x8xf32>, tensor<11x8xf32>) {
+  %ce, %l1, %l2 = lm.ngram_loss heads(%h, %u : tensor<?x?x8xf32>, tensor<?x?x8xf32>) weight(%W : tensor<11x8xf32>) targets(%targets, %lengths : tensor<?x?xi32>, tensor<?xi32>) {smoothing = 1.0e-01 : f64} -> tensor<?x?xf32>, tensor<?x?xf32>, tensor<?x?xf32>
+  %d1, %d2, %dW, %db = lm.ngram_loss_grad heads(%h, %u : tensor<?x?x8xf32>, tensor<?x?x8xf32>) weight(%W : tensor<11x8xf32>) targets(%targets, %lengths : tensor<?x?xi32>, tensor<?xi32>) lse(%l1, %l2 : tensor<?x?xf32>, tensor<?x?xf32>) {smoothing = 1.0e-01 : f64} -> tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<11x8xf32>, tensor<11xf32>
+  return %ce, %d2, %dW : tensor<?x?xf32>, tensor<?x?x8xf32>, tensor<11x8xf32>
+}
+
+// Not fused: the grad reads the lse of another ngram_loss (here: a different smoothing).
+// CHECK-LABEL: func.func @ngram_other_smoothing(
+// CHECK: lm.ngram_loss heads
+// CHECK: lm.ngram_loss_grad
+// CHECK-NOT: lm.ngram_loss_and_grad
+func.func @ngram_other_smoothing(%h: tensor<?x?x8xf32>, %u: tensor<?x?x8xf32>, %W: tensor<11x8xf32>, %targets: tensor<?x?xi32>, %lengths: tensor<?xi32>) -> (tensor<?x?xf32>, tensor<11x8xf32>) {
+  %ce, %l1, %l2 = lm.ngram_loss heads(%h, %u : tensor<?x?x8xf32>, tensor<?x?x8xf32>) weight(%W : tensor<11x8xf32>) targets(%targets, %lengths : tensor<?x?xi32>, tensor<?xi32>) {smoothing = 0.0 : f64} -> tensor<?x?xf32>, tensor<?x?xf32>, tensor<?x?xf32>
+  %d1, %d2, %dW, %db = lm.ngram_loss_grad heads(%h, %u : tensor<?x?x8xf32>, tensor<?x?x8xf32>) weight(%W : tensor<11x8xf32>) targets(%targets, %lengths : tensor<?x?xi32>, tensor<?xi32>) lse(%l1, %l2 : tensor<?x?xf32>, tensor<?x?xf32>) {smoothing = 1.0e-01 : f64} -> tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<11x8xf32>, tensor<11xf32>
+  return %ce, %dW : tensor<?x?xf32>, tensor<11x8xf32>
+}
+
 // The uniLM's loss_grad entry gets the fused head; its evaluating `loss` entry keeps the plain token_loss.
 // MODEL-LABEL: func.func @loss(
 // MODEL: lm.token_loss %

@@ -312,18 +312,23 @@ TEST(NGram, PipelinesMatchReferenceOnOddSizes) {
       const std::string path = (dir / (spec.name + ".safetensors")).string();
       writeSafetensors(path, w);
       auto want = asJson(reference::score(spec, w, sentences, 1));
-      for (bool naive : {false, true}) {
-        if (naive && !(n == 3 && wdr)) // naive code compiles slowly: one case covers its lowering
+      // The optimized pipeline (the heads' loss and gradient one lm.ngram_loss_and_grad), the naive one, and the
+      // optimized one without lm-fuse-loss-grad (the pair); the last two for one case each (compile time).
+      for (const char *pipeline : {"optimized", "naive", "no-fuse-loss-grad"}) {
+        const bool naive = std::string(pipeline) == "naive";
+        if (std::string(pipeline) != "optimized" && !(n == 3 && wdr))
           continue;
         driver::LibraryOptions o;
         o.naive = naive;
         o.train = true;
-        Library lib(spec, o, naive ? "naive" : "opt", path);
-        expectScoresNear(lib.score(sentences), want, 1e-5, spec.name + (naive ? " naive" : " optimized"));
+        if (std::string(pipeline) == "no-fuse-loss-grad")
+          o.disabledPasses = {"lm-fuse-loss-grad"};
+        Library lib(spec, o, pipeline, path);
+        expectScoresNear(lib.score(sentences), want, 1e-5, spec.name + " " + pipeline);
         reference::LossAndGrad ref = reference::lossAndGrad(spec, w, train, targets, spec.train.labelSmoothing, 1);
         auto [loss, grads] = lib.lossAndGrad(train);
         EXPECT_NEAR(loss, ref.loss, 1e-5 * ref.loss) << spec.name;
-        expectGradsNear(grads, ref.grads, 1e-4, spec.name + (naive ? " naive" : " optimized"));
+        expectGradsNear(grads, ref.grads, 1e-4, spec.name + " " + pipeline);
       }
     }
   fs::remove_all(dir);

@@ -1012,6 +1012,53 @@ TEST(TrainKernels, TokenLossAndGradIsThePairBitForBit) {
       }
 }
 
+// lm_rt_ngram_head_loss_and_grad against lm_rt_ngram_head_loss then lm_rt_ngram_head_grad, head by head as the
+// lowerings call them (three heads, shifts 0..2, the first overwriting and the others adding): the same bits with
+// the logits kept and recomputed.
+TEST(TrainKernels, NgramHeadLossAndGradIsThePairBitForBit) {
+  const int64_t B = 3, N = 6, D = 19, V = 700, n = 3;
+  std::vector<std::vector<float>> heads;
+  for (int64_t j = 0; j < n; ++j)
+    heads.push_back(randoms(B * N * D, 21 + j, 2.0f));
+  auto W = randoms(V * D, 25), bias = randoms(V, 26);
+  std::vector<int32_t> lengths = {6, 4, 5}, targets(B * N, -1);
+  std::mt19937 rng(27);
+  for (int64_t r = 0; r < B * N; ++r)
+    if (r % N < lengths[r / N])
+      targets[r] = int32_t(rng() % V);
+  auto weight = [&](int64_t j) { return j == 0 ? 0.5 : 0.5 / double(n - 1); };
+  const double smoothing = 0.1;
+  std::vector<float> total(B * N), dW(V * D), db(V);
+  std::vector<std::vector<float>> lse(n, std::vector<float>(B * N)), du(n, std::vector<float>(B * N * D));
+  for (int64_t j = 0; j < n; ++j)
+    lm_rt_ngram_head_loss(heads[j].data(), W.data(), bias.data(), targets.data(), lengths.data(), B, N, D, V,
+                          smoothing, j, weight(j), j == 0, total.data(), lse[j].data(), naiveGemm<64>, 64);
+  for (int64_t j = 0; j < n; ++j)
+    lm_rt_ngram_head_grad(heads[j].data(), W.data(), bias.data(), targets.data(), lengths.data(), lse[j].data(), B, N,
+                          D, V, smoothing, j, weight(j), j == 0, du[j].data(), dW.data(), db.data(), naiveGemm<64>,
+                          64);
+  for (int64_t keepBytes : {int64_t(1) << 30, int64_t(0)}) {
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::vector<float> total2(B * N, nan), dW2(V * D, nan), db2(V, nan);
+    std::vector<std::vector<float>> lse2(n, std::vector<float>(B * N, nan)), du2(n, std::vector<float>(B * N * D, nan));
+    for (int64_t j = 0; j < n; ++j)
+      lm_rt_ngram_head_loss_and_grad(heads[j].data(), W.data(), bias.data(), targets.data(), lengths.data(), B, N, D,
+                                     V, smoothing, j, weight(j), j == 0, keepBytes, total2.data(), lse2[j].data(),
+                                     du2[j].data(), dW2.data(), db2.data(), naiveGemm<64>, 64);
+    const std::string at = "keep_bytes " + std::to_string(keepBytes);
+    auto same = [&](const std::vector<float> &x, const std::vector<float> &y, const std::string &name) {
+      EXPECT_EQ(0, std::memcmp(x.data(), y.data(), x.size() * sizeof(float))) << name << " (" << at << ")";
+    };
+    same(total, total2, "total");
+    same(dW, dW2, "dW");
+    same(db, db2, "dbias");
+    for (int64_t j = 0; j < n; ++j) {
+      same(lse[j], lse2[j], "lse of head " + std::to_string(j + 1));
+      same(du[j], du2[j], "du of head " + std::to_string(j + 1));
+    }
+  }
+}
+
 // --- Generated header and glue ---------------------------------------------------------
 
 /// What MLIRGen records in the lm.model / lm.family / lm.spec_hash attributes for `s`.

@@ -308,7 +308,8 @@ TEST_P(TrainCompiled, GradientsMatchReference) {
   }
   EXPECT_GE(pipelines.size(), 3u) << "dropping lm-fuse-logprob must change the training IR";
   // The loss head's forward and backward are one lm.token_loss_and_grad (lm-fuse-loss-grad): without it, the pair.
-  EXPECT_EQ(std::count_if(pipelines.begin(), pipelines.end(), [](const auto &p) { return p.first == "no-fuse-loss-grad"; }),
+  EXPECT_EQ(std::count_if(pipelines.begin(), pipelines.end(),
+                          [](const auto &p) { return p.first == "no-fuse-loss-grad"; }),
             1);
   // Attention dropout keeps the training entry's attention decomposed (lm-fuse-attention finds dropout between
   // softmax and the value product); without it, dropping the pass must change the training IR.
