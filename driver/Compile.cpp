@@ -138,8 +138,8 @@ mlir::OwningOpRef<mlir::ModuleOp> buildOptimizedModule(mlir::MLIRContext &contex
     }
     return true;
   };
-  // Training: differentiate the loss as the optimization passes left it (none with --naive), then the training
-  // pipeline's passes.
+  // Training: differentiate the loss as the optimization passes left it (none with --naive), then (after the
+  // attention re-fusion below) the training pipeline's passes.
   auto differentiate = [&]() -> mlir::OwningOpRef<mlir::ModuleOp> {
     if (!options.train)
       return std::move(module);
@@ -150,8 +150,6 @@ mlir::OwningOpRef<mlir::ModuleOp> buildOptimizedModule(mlir::MLIRContext &contex
       return nullptr;
     }
     dump(options.dumpDir, stepName("lm-autodiff").c_str(), *module);
-    if (!options.naive && !runPipeline(trainingPipeline(), addTrainingPasses))
-      return nullptr;
     // [train] attention_dropout kept the loss's attention decomposed; lm-autodiff took the evaluating `loss`
     // entry's dropouts out, so validation gets the fused attention back (loss_grad's dropouts still stop it).
     if (spec.train.attentionDropout > 0 && !options.naive && !options.disabledPasses.count("lm-fuse-attention")) {
@@ -163,6 +161,8 @@ mlir::OwningOpRef<mlir::ModuleOp> buildOptimizedModule(mlir::MLIRContext &contex
       }
       dump(options.dumpDir, stepName("lm-fuse-attention").c_str(), *module);
     }
+    if (!options.naive && !runPipeline(trainingPipeline(), addTrainingPasses))
+      return nullptr;
     return std::move(module);
   };
   if (!options.naive && !runPipeline(defaultPipeline(), addOptimizationPasses))
