@@ -23,17 +23,27 @@ using namespace lmcc;
 
 namespace {
 
+/// The one GradOp that reads any of `lse` (null when none does); failure when two different ones do.
+template <typename GradOp> FailureOr<GradOp> gradReading(ValueRange lse) {
+  GradOp grad;
+  for (Value l : lse)
+    for (Operation *user : l.getUsers())
+      if (auto g = dyn_cast<GradOp>(user)) {
+        if (grad && g != grad)
+          return failure();
+        grad = g;
+      }
+  return grad;
+}
+
 struct FuseLossGradPattern : OpRewritePattern<lm::TokenLossOp> {
   using OpRewritePattern::OpRewritePattern;
 
   LogicalResult matchAndRewrite(lm::TokenLossOp loss, PatternRewriter &rewriter) const override {
-    lm::TokenLossGradOp grad;
-    for (Operation *user : loss.getLse().getUsers())
-      if (auto g = dyn_cast<lm::TokenLossGradOp>(user)) {
-        if (grad)
-          return rewriter.notifyMatchFailure(loss, "two token_loss_grad read its lse");
-        grad = g;
-      }
+    FailureOr<lm::TokenLossGradOp> reading = gradReading<lm::TokenLossGradOp>(loss.getLse());
+    if (failed(reading))
+      return rewriter.notifyMatchFailure(loss, "two token_loss_grad read its lse");
+    lm::TokenLossGradOp grad = *reading;
     if (!grad)
       return rewriter.notifyMatchFailure(loss, "no token_loss_grad reads its lse");
     // The same operands (SSA values: they dominate the token_loss, where the fused op goes) and attributes.
@@ -58,16 +68,10 @@ struct FuseNgramLossGradPattern : OpRewritePattern<lm::NgramLossOp> {
   using OpRewritePattern::OpRewritePattern;
 
   LogicalResult matchAndRewrite(lm::NgramLossOp loss, PatternRewriter &rewriter) const override {
-    if (loss.getLse().empty())
-      return failure();
-    lm::NgramLossGradOp grad;
-    for (Value lse : loss.getLse())
-      for (Operation *user : lse.getUsers())
-        if (auto g = dyn_cast<lm::NgramLossGradOp>(user)) {
-          if (grad && g != grad)
-            return rewriter.notifyMatchFailure(loss, "two ngram_loss_grad read its lse");
-          grad = g;
-        }
+    FailureOr<lm::NgramLossGradOp> reading = gradReading<lm::NgramLossGradOp>(loss.getLse());
+    if (failed(reading))
+      return rewriter.notifyMatchFailure(loss, "two ngram_loss_grad read its lse");
+    lm::NgramLossGradOp grad = *reading;
     if (!grad)
       return rewriter.notifyMatchFailure(loss, "no ngram_loss_grad reads its lse");
     if (grad.getHeads() != loss.getHeads() || grad.getWeight() != loss.getWeight() ||

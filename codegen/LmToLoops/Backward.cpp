@@ -151,9 +151,6 @@ struct TokenLossGradLowering : LmLowering<lm::TokenLossGradOp> {
   }
 };
 
-/// The live rows' logits are kept for the backward while they take at most this much (lm.token_loss_and_grad).
-constexpr int64_t kKeptLogitsBytes = int64_t(512) << 20;
-
 struct TokenLossAndGradLowering : LmLowering<lm::TokenLossAndGradOp> {
   using LmLowering::LmLowering;
   LogicalResult lower(lm::TokenLossAndGradOp op, Loops &L) const override {

@@ -121,6 +121,10 @@ void foldCastPairs(mlir::ModuleOp module);
 /// buffer is a temporary of the entry, which becomes the slot itself (its producer writes there); the slots of
 /// tensors without an lm.param_grad are zeroed at the entry's start, so that every tensor's slot is written.
 void writeGradientsInPlace(mlir::ModuleOp module, const WeightLayout &layout);
+
+/// lm.token_loss_and_grad and lm.ngram_loss_and_grad keep the live rows' logits for their backward while they take
+/// at most this much (the runtime kernels' keep_bytes).
+constexpr int64_t kKeptLogitsBytes = int64_t(512) << 20;
 /// Frees every buffer right after its last use in the block that allocates it (the pass's last step).
 void deallocateAfterLastUse(mlir::ModuleOp module);
 

@@ -167,9 +167,6 @@ struct NgramLossGradLowering : LmLowering<lm::NgramLossGradOp> {
   }
 };
 
-/// The keep limit of lm_rt_ngram_head_loss_and_grad: as lm.token_loss_and_grad's (Backward.cpp).
-constexpr int64_t kKeptLogitsBytes = int64_t(512) << 20;
-
 struct NgramLossAndGradLowering : LmLowering<lm::NgramLossAndGradOp> {
   using LmLowering::LmLowering;
   LogicalResult lower(lm::NgramLossAndGradOp op, Loops &L) const override {
