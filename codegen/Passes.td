@@ -26,7 +26,8 @@ def LmToLoops : Pass<"lm-to-loops", "::mlir::ModuleOp"> {
            "element type of the packed GEMM weights: f32, or bf16 (pairs of bf16 in 32-bit words)">,
     Option<"bf16Dot", "bf16-dot", "std::string", "\"host\"",
            "with bf16 weights: amx = AMX tile dot products, yes = AVX512_BF16 dot products, no = widen to f32 in the "
-           "kernel, host = as this CPU (amx where it has AMX-BF16, else yes where it has AVX512_BF16)">,
+           "kernel, host = as this CPU (targetBf16Kernel: amx where it has AMX-BF16, else yes where it has AVX512_BF16 at "
+           "the FMA's rate)">,
     Option<"l1Ways", "l1-ways", "int64_t", "0",
            "ways of the target's L1 data cache, which picks the GEMM tile of weights whose depth is a multiple of "
            "1024 (GemmTile::forDepth); 0 = this host's, -1 = unknown (the target's tile for every weight)">

@@ -280,7 +280,8 @@ std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options,
   const std::vector<codegen::LayoutTensor> tensors = layout.loadedTensors();
   const std::vector<int64_t> offsets = layout.loadedOffsets();
   // The target's bf16 GEMM: AMX tiles where it has them (their rounded input copies count in the memory model).
-  const bool amx = codegen::targetHasAmx(options.cpu);
+  const codegen::Bf16Kernel bf16Kernel = codegen::targetBf16Kernel(options.cpu);
+  const bool amx = bf16Kernel == codegen::Bf16Kernel::Amx;
   // (The Diformer's pair scoring runs in fixed chunks of pairs: no memory model, no windows.)
   const bool generatedGemm = options.gemm == "generated";
   codegen::MemoryModel scoreMemory = diformer ? codegen::MemoryModel()
@@ -330,7 +331,7 @@ std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options,
   lowering.gemm = options.gemm;
   lowering.vectorBits = codegen::targetVectorBits(options.cpu);
   lowering.weightsDtype = options.weightsDtype;
-  lowering.bf16Dot = amx ? "amx" : codegen::targetHasBf16Dot(options.cpu) ? "yes" : "no";
+  lowering.bf16Dot = amx ? "amx" : bf16Kernel == codegen::Bf16Kernel::Dot ? "yes" : "no";
   // A named CPU's L1 is unknown here unless stated: its tile for every weight.
   lowering.l1Ways = options.l1Ways ? options.l1Ways : options.cpu.empty() ? 0 : -1;
   facts->amx = bf16 && amx; // the loader asks the OS for AMX tile state

@@ -102,6 +102,17 @@ bool targetHasBf16Dot(const std::string &cpu) { return targetHas(cpu, {"avx512f"
 
 bool targetHasAmx(const std::string &cpu) { return targetHas(cpu, {"avx512f", "avx512bf16", "amx-tile", "amx-bf16"}); }
 
+Bf16Kernel targetBf16Kernel(const std::string &cpu) {
+  if (targetHasAmx(cpu))
+    return Bf16Kernel::Amx;
+  if (!targetHasBf16Dot(cpu))
+    return Bf16Kernel::Widen;
+  const std::string name = cpu.empty() ? llvm::sys::getHostCPUName().str() : cpu;
+  static const char *const halfRate[] = {"sapphirerapids", "emeraldrapids", "graniterapids", "graniterapids-d",
+                                         "diamondrapids"};
+  return llvm::is_contained(halfRate, name) ? Bf16Kernel::Widen : Bf16Kernel::Dot;
+}
+
 int64_t hostL1Ways() {
   const long ways = ::sysconf(_SC_LEVEL1_DCACHE_ASSOC);
   return ways > 0 ? ways : 0;

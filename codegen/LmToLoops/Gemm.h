@@ -34,14 +34,20 @@ struct GemmTile {
   /// for 24 FMAs: half the B traffic per FMA of a 5 x 64 tile, which a core with two FMA ports needs from L1/L2;
   /// BLIS's SKX sgemm tile has the same shape). 256-bit (AVX2, 16): 6 x 16 in 12 ymm.
   static GemmTile forVectorBits(int64_t bits) { return bits >= 512 ? GemmTile{12, 2, 16} : GemmTile{6, 2, 8}; }
-  /// The tile for a target: `bf16` weights use AMX tiles when the target has AMX-BF16 (2 x 2 tiles of 16 x 16: 32
-  /// rows x 32 columns, the packing of the 12 x 32 tile), else dot products when it has AVX512_BF16 (512-bit tiles).
+  /// The tile for a target: `bf16` weights use AMX tiles when `hasAmx` (2 x 2 tiles of 16 x 16: 32 rows x 32
+  /// columns, the packing of the 12 x 32 tile), else dot products when `hasBf16Dot` (512-bit tiles), else widening
+  /// (targetBf16Kernel in codegen/Emit/Object.h says which a CPU gets).
   static GemmTile forTarget(int64_t bits, bool bf16, bool hasBf16Dot, bool hasAmx = false) {
     GemmTile t = forVectorBits(bits);
     if (bf16 && hasAmx && bits >= 512)
       return GemmTile{32, 2, 16, Weights::Bf16Amx};
     if (bf16)
       t.weights = hasBf16Dot && bits >= 512 ? Weights::Bf16Dot : Weights::Bf16Widen;
+    // The widening kernel holds four widened B vectors and two broadcasts of A per pair of k: with 12 x 32
+    // accumulators that is 31 zmm and LLVM spilled in the inner loop (T-TA n 128 0.62x the fp32 library on the
+    // Xeon of 2026-12-04); 10 x 32 fits (0.99x; 11 rows spilled, 8 rows measured 1.5% slower).
+    if (t.weights == Weights::Bf16Widen && bits >= 512)
+      t.rows = 10;
     return t;
   }
   /// The tile of a weight of depth `k` (A's rows k floats apart) on a target whose tile is `target` and whose L1

@@ -211,9 +211,12 @@ struct LmToLoopsPass : lmcc::impl::LmToLoopsBase<LmToLoopsPass> {
     LoweringContext context;
     context.layout = givenLayout ? givenLayout : &computed;
     context.generatedGemm = gemm == "generated";
-    const bool host = bf16Dot == "host", amx = host ? targetHasAmx("") : bf16Dot == "amx";
+    const Bf16Kernel kernel = bf16Dot == "host" ? targetBf16Kernel("")
+                              : bf16Dot == "amx" ? Bf16Kernel::Amx
+                              : bf16Dot == "yes" ? Bf16Kernel::Dot
+                                                 : Bf16Kernel::Widen;
     context.tile = GemmTile::forTarget(vectorBits ? vectorBits : targetVectorBits(""), bf16,
-                                       amx || (host ? targetHasBf16Dot("") : bf16Dot == "yes"), amx);
+                                       kernel != Bf16Kernel::Widen, kernel == Bf16Kernel::Amx);
     context.l1Ways = l1Ways == 0 ? hostL1Ways() : l1Ways == -1 ? 0 : int64_t(l1Ways);
     context.maxLen = model.getMaxLen();
 

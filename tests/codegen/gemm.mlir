@@ -4,6 +4,7 @@
 // RUN: not lmcc-opt --lm-to-loops="gemm=blas" %s 2>&1 | FileCheck %s --check-prefix=BAD
 // RUN: lmcc-opt --lm-to-loops="vector-bits=512 weights-dtype=bf16 bf16-dot=yes" %s | FileCheck %s --check-prefix=DOT
 // RUN: lmcc-opt --lm-to-loops="vector-bits=256 weights-dtype=bf16 bf16-dot=no" %s | FileCheck %s --check-prefix=WIDEN
+// RUN: lmcc-opt --lm-to-loops="vector-bits=512 weights-dtype=bf16 bf16-dot=no" %s | FileCheck %s --check-prefix=WIDEN512
 // RUN: lmcc-opt --lm-to-loops="vector-bits=512 weights-dtype=bf16 bf16-dot=amx" %s | FileCheck %s --check-prefix=AMX
 // RUN: not lmcc-opt --lm-to-loops="weights-dtype=bf16 bf16-dot=sometimes" %s 2>&1 | FileCheck %s --check-prefix=BADDOT
 // RUN: not lmcc-opt --lm-to-loops="gemm=eigen weights-dtype=bf16" %s 2>&1 | FileCheck %s --check-prefix=BF16EIGEN
@@ -44,6 +45,12 @@
 // WIDEN: arith.andi {{.*}} : vector<8xi32>
 // WIDEN-COUNT-2: vector.fma
 // WIDEN-NOT: dpbf16ps
+// With AVX-512 the widening kernel's tile has 10 rows (20 accumulators, the widened pairs and two broadcasts of A
+// fit the 32 zmm without spilling).
+// WIDEN512: func.func private @lm_gemm_16x8_bias_10x32_bf16
+// WIDEN512: arith.shli {{.*}} : vector<16xi32>
+// WIDEN512: arith.andi {{.*}} : vector<16xi32>
+// WIDEN512-NOT: dpbf16ps
 // BF16EIGEN: lm-to-loops: bf16 weights need the generated GEMM
 // bf16-dot=amx: the same packing (32-column slices of pairs). The caller rounds the input's rows to bf16 pairs once
 // (vcvtneps2bf16, a masked load past the depth of 8, one 16-pair step per row, rows padded to 32) before the threads

@@ -402,6 +402,24 @@ TEST(GemmTile, FollowsTheTargetsVectorWidth) {
 
 // Deep weights (depth a multiple of 1024) take the 5 x 64 tile where the L1 has fewer ways than the 12 x 32 tile has
 // rows; other depths, wider or unknown (0) L1s, AVX2 and bf16 weights keep the target's tile.
+// The bf16 kernel a named CPU gets: AMX where it has AMX-BF16 (Sapphire Rapids), dot products where it has
+// AVX512_BF16 without AMX (Zen 4, Cooper Lake), else widening (AVX-512 without BF16, AVX2). The half-rate rule for
+// Intel's AMX generation only applies where AMX is hidden (a VM on such a host): every named CPU of it has AMX.
+TEST(GemmTile, Bf16KernelFollowsTheTarget) {
+  using lmcc::codegen::Bf16Kernel;
+  using lmcc::codegen::targetBf16Kernel;
+  EXPECT_EQ(targetBf16Kernel("sapphirerapids"), Bf16Kernel::Amx);
+  EXPECT_EQ(targetBf16Kernel("graniterapids"), Bf16Kernel::Amx);
+  EXPECT_EQ(targetBf16Kernel("znver4"), Bf16Kernel::Dot);
+  EXPECT_EQ(targetBf16Kernel("cooperlake"), Bf16Kernel::Dot);
+  EXPECT_EQ(targetBf16Kernel("skylake-avx512"), Bf16Kernel::Widen);
+  EXPECT_EQ(targetBf16Kernel("znver3"), Bf16Kernel::Widen);
+  const Bf16Kernel host = targetBf16Kernel("");
+  EXPECT_EQ(host == Bf16Kernel::Amx, lmcc::codegen::targetHasAmx(""));
+  if (!lmcc::codegen::targetHasBf16Dot(""))
+    EXPECT_EQ(host, Bf16Kernel::Widen);
+}
+
 TEST(GemmTile, DeepWeightsOnNarrowL1sTakeFiveRows) {
   using lmcc::codegen::GemmTile;
   const GemmTile avx512 = GemmTile::forVectorBits(512);
@@ -411,7 +429,7 @@ TEST(GemmTile, DeepWeightsOnNarrowL1sTakeFiveRows) {
     EXPECT_EQ(GemmTile::forDepth(avx512, k, 0).name(), "12x32") << k;
     EXPECT_EQ(GemmTile::forDepth(GemmTile::forVectorBits(256), k, 4).name(), "6x16") << k;
     EXPECT_EQ(GemmTile::forDepth(GemmTile::forTarget(512, true, true), k, 8).name(), "12x32_bf16dot") << k;
-    EXPECT_EQ(GemmTile::forDepth(GemmTile::forTarget(512, true, false), k, 8).name(), "12x32_bf16") << k;
+    EXPECT_EQ(GemmTile::forDepth(GemmTile::forTarget(512, true, false), k, 8).name(), "10x32_bf16") << k;
   }
   for (int64_t k : {512, 768, 1536, 3000})
     EXPECT_EQ(GemmTile::forDepth(avx512, k, 8).name(), "12x32") << k;
