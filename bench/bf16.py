@@ -37,14 +37,16 @@ def cpu_flags():
     return set(Path("/proc/cpuinfo").read_text().split())
 
 
-def bf16_kernel():
-    """What lmcc's bf16 GEMM uses on this CPU (the driver's choice: AMX, else AVX512_BF16, else widening)."""
-    flags = cpu_flags()
-    if "avx512f" in flags and {"amx_tile", "amx_bf16"} <= flags:
+def bf16_kernel(ws):
+    """What lmcc's bf16 GEMM uses on this CPU: read off the bf16 library's kernels (the driver's choice,
+    codegen::targetBf16Kernel: AMX, else AVX512_BF16 dot products where they run at the FMA's rate, else widening)."""
+    symbols = suite.run(["nm", ws.library("tta", "bf16")])
+    if "_bf16amx" in symbols:
         return "AMX tile dot products (tdpbf16ps)"
-    if "avx512f" in flags and "avx512_bf16" in flags:
+    if "_bf16dot" in symbols:
         return "vdpbf16ps dot products"
-    return "bf16 weights widened to f32 in the kernel"
+    why = " (this CPU's vdpbf16ps runs below its FMA rate)" if "avx512_bf16" in cpu_flags() else ""
+    return "bf16 weights widened to f32 in the kernel" + why
 
 
 def time_torch(ws, model, n, batch, system, threads, budget=1.0):
@@ -139,7 +141,7 @@ def main():
           "AVX512_BF16 on this CPU: %s, AMX-BF16: %s (lmcc uses %s)." % (
               time.time() - start_wall, version, torch.__version__, args.threads,
               "yes" if "avx512_bf16" in cpu_flags() else "no", "yes" if "amx_bf16" in cpu_flags() else "no",
-              bf16_kernel()), "",
+              bf16_kernel(ws)), "",
           "Machine: " + suite.machine_text(limits), "",
           "## Speed (same weights and ids; medians in ms per call)", "",
           "`lmcc bf16` = `lmcc compile --weights-dtype bf16`: the GEMM weights (linear layers, vocabulary "
