@@ -111,7 +111,7 @@ void checkCommon(const lm_memref1f *w, const lm_memref2i *ids, const lm_memref1i
     if (buffer[i] != 0.0f)
       violation("tail not zeroed");
   const int64_t rows = ids->sizes[0], n = ids->sizes[1];
-  if (rows < 1 || rows > 8 || n < 1 || ids->strides[0] != n || ids->strides[1] != 1 || ids->offset != 0)
+  if (rows < 1 || rows > 32 || n < 1 || ids->strides[0] != n || ids->strides[1] != 1 || ids->offset != 0)
     violation("ids memref");
   if (lengths->sizes[0] != rows || lengths->strides[0] != 1)
     violation("lengths memref");
@@ -728,7 +728,35 @@ TEST_F(RuntimeTest, ChunksAndThreadCountsGiveIdenticalResults) {
     EXPECT_EQ(nScored, eN);
     EXPECT_EQ(out, eEmb);
   }
-  EXPECT_EQ(g_maxRows.load(), 8) << "37 sentences run as chunks of at most 8";
+  EXPECT_EQ(g_maxRows.load(), 32) << "37 sentences run as chunks of at most 32 (32 and 5)";
+}
+
+// Under a workspace limit a chunk of 32 sentences is cut in halves until they fit or have at most 8 sentences; a
+// chunk that still does not fit runs a sentence at a time. 1000 bytes per sentence (the fake memory model): 37
+// sentences are chunks of 32 and 5; 32 000 bytes fit them, 31 999 halves of 16, 15 999 quarters of 8 and 5 (the
+// last chunk of 5 never cut), 7999 then runs the 8s one sentence at a time and 4999 every sentence alone.
+TEST_F(RuntimeTest, ChunksAreHalvedUnderTheWorkspaceLimit) {
+  static const std::vector<int64_t> sentence(kMaxLen + 1, 1000);
+  lm_model_desc d = fakeDesc();
+  d.score_sentence_bytes = sentence.data();
+  ASSERT_EQ(lm_rt_load(&d, path("w.safetensors").c_str(), &model_), LM_OK) << lm_last_error();
+  Batch b = randomBatch(37, 13, 5);
+  std::vector<float> eLp, eScores, eEmb;
+  std::vector<int32_t> eN;
+  expected(b, eLp, eScores, eN, eEmb);
+  const int64_t previous = lm_set_workspace_limit(0);
+  for (auto [limit, rows] : {std::pair<int64_t, int64_t>{0, 32}, {32000, 32}, {31999, 16}, {16000, 16},
+                             {15999, 8}, {8000, 8}, {7999, 5}, {4999, 1}}) {
+    lm_set_workspace_limit(limit);
+    g_maxRows = 0;
+    std::vector<float> lp(b.ids.size(), kSentinel), scores(37);
+    ASSERT_EQ(lm_rt_score(model_, b.ids.data(), b.lengths.data(), 37, 13, lp.data(), scores.data()), LM_OK)
+        << "limit " << limit << ": " << lm_last_error();
+    EXPECT_EQ(g_maxRows.load(), rows) << "limit " << limit;
+    EXPECT_EQ(lp, eLp) << "limit " << limit;
+    EXPECT_EQ(scores, eScores) << "limit " << limit;
+  }
+  lm_set_workspace_limit(previous);
 }
 
 /// Four application threads score on one model at once, each call using `threadsPerCall`.
