@@ -33,9 +33,10 @@ bool targetHasAmx(const std::string &cpu);
 /// product of pairs doubles the FLOP rate; otherwise the pairs widened to f32 in the kernel.
 enum class Bf16Kernel { Amx, Dot, Widen };
 /// The bf16 kernel for the target CPU (empty = this host). Intel's cores since Sapphire Rapids issue vdpbf16ps at
-/// half the rate of their FMAs (an Emerald Rapids whose VM hides AMX, LLVM's "sapphirerapids": 1.35 G vdpbf16ps/s
-/// against 5.5 G vfmadd231ps/s, 16 independent chains each; bench/results/2026-12-04-bf16-widen.md): dot products
-/// there reach half the FP32 peak, the widening kernel its FMA rate with half the weight bytes, so they widen.
+/// a quarter of their FMAs' rate (an Emerald Rapids whose VM hides AMX, LLVM's "sapphirerapids": 1.35 G
+/// vdpbf16ps/s against 5.5 G vfmadd231ps/s, 16 independent chains each; bench/results/2026-12-04-bf16-widen.md):
+/// dot products there reach half the FP32 peak, the widening kernel its FMA rate with half the weight bytes, so
+/// they widen (only reachable where AMX is hidden: every such named CPU has AMX).
 Bf16Kernel targetBf16Kernel(const std::string &cpu);
 /// The ways of this host's L1 data cache (sysconf), or 0 where the system does not say.
 int64_t hostL1Ways();

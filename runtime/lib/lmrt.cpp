@@ -69,11 +69,11 @@ using lmcc::WeightError;
 
 /// Sentences per chunk of lm_rt_score_pairs, and the smallest chunk of the score and embed pieces (planPieces).
 constexpr int64_t kChunkRows = 8;
-/// The most sentences a score or embed piece takes: each piece streams every weight from memory once and runs its
-/// GEMMs on its rows alone, so a batch of short sentences gains from large ones. Pieces of 32 rather than 8
+/// The most sentences a score or embed piece run alone takes: each piece streams every weight from memory once and
+/// runs its GEMMs on its rows alone, so a batch of short sentences gains from large ones. Pieces of 32 rather than 8
 /// sentences (bench/results/2026-12-04-pieces.md; one library, the two plans alternating call by call in one
 /// process, bit-identical results): T-TA / uniLM score batch 32 n 10 one thread 1.08x, n 40 1.04x, n 128 1.01x,
-/// biLM PLL n 10 1.03x, T-TA n 10 two threads 1.02x.
+/// biLM PLL n 10 1.03x. Pieces side by side (planPieces) keep kChunkRows.
 constexpr int64_t kMaxChunkRows = 32;
 /// Temporaries past which a chunk of sentences runs sentence by sentence even where the limit allows more: a
 /// larger piece gains nothing in its GEMMs, and its activations only stream through memory and crowd the
@@ -477,9 +477,9 @@ struct Plan {
 /// Cuts a call into pieces whose temporaries (the descriptor's memory model: rows * sentence[n] + copies *
 /// copy[n]) fit the workspace limit shared by `threads` running pieces at once, less what the work items of
 /// `kernelThreads` threads hold beyond one thread's (kernelThreads - 1) * thread[n], n the call's longest sentence:
-/// at most kernelThreads items run at once, and each piece's term counts one. Chunks of kMaxChunkRows sentences,
-/// each cut in halves while over the limit or over kPieceBytes and longer than kChunkRows; a chunk still over them
-/// sentence by sentence; a sentence over the limit (`splitCopies`:
+/// at most kernelThreads items run at once, and each piece's term counts one. Chunks of kMaxChunkRows sentences
+/// (kChunkRows when pieces run side by side), each cut in halves while over the limit or over kPieceBytes and
+/// longer than kChunkRows; a chunk still over them sentence by sentence; a sentence over the limit (`splitCopies`:
 /// mask-and-predict scoring and embedding) in windows of its positions' masked copies. Results do not depend on
 /// the cut: every kernel computes each sentence, row and copy on its own (the generated GEMM's rows, attention per
 /// sentence or copy). A piece that does not fit even alone is an LM_ERR_MEMORY naming what it needs. Into `pieces`
@@ -530,15 +530,19 @@ void planPieces(std::vector<Piece> &pieces, const int32_t *lengths, int32_t batc
         pieces.push_back({b, 1, int32_t(first), int32_t(std::min<int64_t>(len, first + window))});
     }
   };
-  // Chunks of kMaxChunkRows, each cut in halves (recursively) while it does not fit and has more than kChunkRows.
+  // Pieces run one at a time take chunks of kMaxChunkRows sentences; pieces side by side keep kChunkRows (chunks of
+  // 16 at two threads read 0.97-1.03x, and fewer pieces than threads cut mask-and-predict copies into windows: the
+  // biLM PLL at batch 32 ran 0.87x in 32-sentence pieces). Each chunk is cut in halves (recursively) while it does
+  // not fit and has more than kChunkRows.
+  const int64_t chunk = threads > 1 ? kChunkRows : kMaxChunkRows;
   auto cut = [&](auto &self, int64_t b0, int64_t rows) -> void {
     if (rows > kChunkRows && !fits(b0, rows))
       self(self, b0, rows / 2), self(self, b0 + rows / 2, rows - rows / 2);
     else
       place(b0, rows);
   };
-  for (int64_t b0 = 0; b0 < batch; b0 += kMaxChunkRows)
-    cut(cut, b0, std::min<int64_t>(kMaxChunkRows, batch - b0));
+  for (int64_t b0 = 0; b0 < batch; b0 += chunk)
+    cut(cut, b0, std::min<int64_t>(chunk, batch - b0));
 }
 
 /// Fewer pieces than threads (a batch of one or two sentences): each sentence's masked copies are cut into as

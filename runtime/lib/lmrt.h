@@ -312,7 +312,7 @@ LM_API const char *lm_last_error(void);
  * returns LM_OK, or LM_ERR_ARGUMENT (and sets the error; the setting unchanged) if n < 1 (issue 4's C ABI: status
  * codes). lm_rt_set_num_threads (below) returns the previous value instead, or -1. Results do not depend on the thread
  * count: each sentence, row and masked copy is computed on its own, whatever chunk of consecutive sentences (up to
- * 32, fewer under the workspace limit) and thread it falls in. */
+ * 32 on one thread, 8 side by side, fewer under the workspace limit) and thread it falls in. */
 LM_API int lm_set_num_threads(int n);
 /* The same two functions under runtime names. Every generated lib<name>.so defines lm_last_error and
  * lm_set_num_threads as forwarders to these, so that a program linked with -l<name> alone finds them
