@@ -503,8 +503,8 @@ void planPieces(std::vector<Piece> &pieces, const int32_t *lengths, int32_t batc
     return !sentence || bytes(rows, n, copies) <= std::min(budget, kPieceBytes);
   };
   // A chunk that fits is one piece; one that does not, a sentence at a time, or in windows of masked copies.
-  auto place = [&](int64_t b0, int64_t rows) {
-    if (fits(b0, rows)) {
+  auto place = [&](int64_t b0, int64_t rows, bool fit) {
+    if (fit) {
       pieces.push_back({b0, rows});
       return;
     }
@@ -536,10 +536,11 @@ void planPieces(std::vector<Piece> &pieces, const int32_t *lengths, int32_t batc
   // not fit and has more than kChunkRows.
   const int64_t chunk = threads > 1 ? kChunkRows : kMaxChunkRows;
   auto cut = [&](auto &self, int64_t b0, int64_t rows) -> void {
-    if (rows > kChunkRows && !fits(b0, rows))
+    const bool fit = fits(b0, rows);
+    if (!fit && rows > kChunkRows)
       self(self, b0, rows / 2), self(self, b0 + rows / 2, rows - rows / 2);
     else
-      place(b0, rows);
+      place(b0, rows, fit);
   };
   for (int64_t b0 = 0; b0 < batch; b0 += chunk)
     cut(cut, b0, std::min<int64_t>(chunk, batch - b0));

@@ -400,8 +400,6 @@ TEST(GemmTile, FollowsTheTargetsVectorWidth) {
   EXPECT_EQ(lmcc::codegen::GemmTile::forVectorBits(256).cols(), 16);
 }
 
-// Deep weights (depth a multiple of 1024) take the 5 x 64 tile where the L1 has fewer ways than the 12 x 32 tile has
-// rows; other depths, wider or unknown (0) L1s, AVX2 and bf16 weights keep the target's tile.
 // The bf16 kernel a named CPU gets: AMX where it has AMX-BF16 (Sapphire Rapids), dot products where it has
 // AVX512_BF16 without AMX (Zen 4, Cooper Lake), else widening (AVX-512 without BF16, AVX2). The half-rate rule for
 // Intel's AMX generation only applies where AMX is hidden (a VM on such a host): every named CPU of it has AMX.
@@ -420,6 +418,8 @@ TEST(GemmTile, Bf16KernelFollowsTheTarget) {
     EXPECT_EQ(host, Bf16Kernel::Widen);
 }
 
+// Deep weights (depth a multiple of 1024) take the 5 x 64 tile where the L1 has fewer ways than the 12 x 32 tile has
+// rows; other depths, wider or unknown (0) L1s, AVX2 and bf16 weights keep the target's tile.
 TEST(GemmTile, DeepWeightsOnNarrowL1sTakeFiveRows) {
   using lmcc::codegen::GemmTile;
   const GemmTile avx512 = GemmTile::forVectorBits(512);
