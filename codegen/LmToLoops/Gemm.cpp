@@ -228,7 +228,10 @@ void emitGemmBody(OpBuilder &b, Location loc, const GemmBody &op, GemmTile tile)
   // block streams the weight from memory fewer times (bench/results/2026-11-28-chunks.md).
   constexpr int64_t kChunk = 128, kMaxUnchunked = 512, kBlockBytes = 512 << 10, kMaxBlockRows = 256;
   const bool chunked = dynamicK || packedDepth(k, bf16) > kMaxUnchunked;
-  // The bf16 dot kernel keeps its block of A as pairs on the stack: 128 KB of A (a 64 KB buffer) there.
+  // The bf16 dot kernel keeps its block of A as pairs on the stack: 128 KB of A (a 64 KB buffer) there. Unchunked
+  // depths keep 128 KB blocks whatever the weight: blocks of up to 512 KB for a weight streamed from beyond L2 and
+  // A of at most two such blocks (2026-11-29) were 1.00-1.08x slower in one-process A/B runs of the T-TA, uniLM and
+  // biLM libraries on the same Xeon on 2026-12-05 (bench/results/2026-12-05-gemm-blocks.md).
   const int64_t blockBytes = chunked && !dot ? kBlockBytes : 128 << 10, maxRows = std::max(R, kMaxBlockRows / R * R);
   // Bf16Dot: the block's rows of A as bf16 pairs (the activations rounded like the weights), [block row, pair].
   const int64_t staticBlockRows = dynamicK ? maxRows : std::clamp(blockBytes / (4 * k) / R * R, R, maxRows);
@@ -252,14 +255,6 @@ void emitGemmBody(OpBuilder &b, Location loc, const GemmBody &op, GemmTile tile)
         cidx(R));
     blockRows = b.create<arith::MinSIOp>(loc, cidx(maxRows), b.create<arith::MaxSIOp>(loc, cidx(R), rows));
   }
-  // An unchunked weight read from beyond L2 (`prefetch`): when all of A fits in two blocks of kBlockBytes, those
-  // (one or two passes over the weight, where 128 KB blocks made up to nine: the vocabulary projection of 320 rows,
-  // T-TA / uniLM scoring of 10-token sentences at batch 32, ran 6-11% faster). Larger A keeps the 128 KB blocks:
-  // kernel_bench's 16384x512x2048 ran 8% slower with 512 KB ones (bench/results/2026-11-29-gemm-blocks.md).
-  if (const int64_t wideRows = std::clamp(kBlockBytes / (4 * k) / R * R, R, maxRows);
-      prefetch && !chunked && !dot && wideRows > staticBlockRows)
-    blockRows = b.create<arith::SelectOp>(
-        loc, b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ule, M, cidx(2 * wideRows)), cidx(wideRows), blockRows);
   // Its rows are a line longer where a multiple of 1024 words would put them 4 KB apart: every row of a tile in the
   // same L1 sets, which 12 rows overflow on an 8-way L1 (GemmTile::forDepth; bench/results/2026-11-30-deep-tile.md).
   const int64_t pairRow = packedDepth(k, bf16) + (dot && GemmTile::rowsShareL1Sets(packedDepth(k, bf16)) ? 16 : 0);
