@@ -114,6 +114,14 @@ mlir::func::FuncOp getOrCreateTrainGemm(mlir::ModuleOp module, GemmTile tile);
 mlir::func::FuncOp getOrCreateGemmTask(mlir::ModuleOp module, int64_t n, int64_t k, bool withBias, GemmTile tile,
                                        llvm::StringRef activation = {});
 
+/// The same GEMM as a task split by rows instead of panels: ctx holds the 8 slots above plus the panel count and
+/// the rows of a piece (`unit`); pieces [begin, end) compute rows [begin unit, min(end unit, M)) of C over panels
+/// [first, first + count). A GEMM of many more rows than columns splits so (Loops::parallelGemm): each thread then
+/// reads its own rows of A once, where a split by panels makes every piece read all of A again. Every element is
+/// the same ordered FMA chain whichever way the call is split.
+mlir::func::FuncOp getOrCreateGemmRowTask(mlir::ModuleOp module, int64_t n, int64_t k, bool withBias, GemmTile tile,
+                                          llvm::StringRef activation = {});
+
 } // namespace lmcc::codegen
 
 namespace lmcc::codegen {

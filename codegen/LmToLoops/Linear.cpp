@@ -147,6 +147,44 @@ func::FuncOp getOrCreateGemmTask(ModuleOp module, int64_t n, int64_t k, bool wit
   return fn;
 }
 
+func::FuncOp getOrCreateGemmRowTask(ModuleOp module, int64_t n, int64_t k, bool withBias, GemmTile tile,
+                                    StringRef activation) {
+  std::string name = gemmName("lm_gemm_rows_task_", n, k, withBias, tile, activation);
+  if (auto existing = module.lookupSymbol<func::FuncOp>(name))
+    return existing;
+  func::FuncOp gemm = getOrCreateGemm(module, n, k, withBias, tile, activation);
+  OpBuilder b(module.getContext());
+  func::FuncOp fn = createTask(b, module, name);
+  Block *entry = &fn.getBody().front();
+  b.setInsertionPointToStart(entry);
+  Location loc = b.getUnknownLoc();
+  Type i64 = b.getI64Type();
+  auto slot = [&](int64_t i) { return taskField(b, loc, entry->getArgument(0), i); };
+  auto c64 = [&](int64_t v) -> Value { return b.create<LLVM::ConstantOp>(loc, i64, b.getI64IntegerAttr(v)); };
+  auto mul = [&](Value x, Value y) -> Value { return b.create<LLVM::MulOp>(loc, i64, x, y); };
+  auto add = [&](Value x, Value y) -> Value { return b.create<LLVM::AddOp>(loc, i64, x, y); };
+  auto index = [&](Value v) -> Value { return b.create<arith::IndexCastOp>(loc, b.getIndexType(), v); };
+  auto types = gemm.getArgumentTypes();
+  // Pieces [begin, end) are rows [begin * unit, min(end * unit, M)), every panel of the call.
+  Value M = slot(1), cols = slot(6), unit = slot(9);
+  Value r0 = mul(entry->getArgument(1), unit);
+  Value r1 = b.create<LLVM::SMinOp>(loc, i64, mul(entry->getArgument(2), unit), M);
+  Value m = b.create<LLVM::SubOp>(loc, i64, r1, r0);
+  const int64_t aCols = llvm::cast<MemRefType>(types[0]).getDimSize(1);
+  auto descriptor = [&](Value address, ArrayRef<Value> sizes, ArrayRef<Value> strides, Type type) {
+    return memrefAt(b, loc, address, sizes, strides, llvm::cast<MemRefType>(type));
+  };
+  Value A = descriptor(add(slot(0), mul(r0, c64(4 * aCols))), {m, c64(aCols)}, {c64(aCols), c64(1)}, types[0]);
+  Value P = descriptor(slot(2), {slot(3), c64(kPanel)}, {c64(kPanel), c64(1)}, types[1]);
+  Value bias = descriptor(slot(4), {c64(n)}, {c64(1)}, types[2]);
+  Value C = descriptor(add(slot(5), mul(r0, mul(cols, c64(4)))), {m, cols}, {cols, c64(1)}, types[3]);
+  Value first = index(slot(7));
+  Value last = index(add(slot(7), slot(8)));
+  b.create<func::CallOp>(loc, gemm, ValueRange{A, P, bias, C, first, last, first});
+  b.create<func::ReturnOp>(loc);
+  return fn;
+}
+
 OwningOpRef<ModuleOp> buildGemmModule(MLIRContext &context, const std::vector<std::pair<int64_t, int64_t>> &shapes,
                                       const std::vector<GemmTile> &tiles) {
   context.loadDialect<amx::AMXDialect, arith::ArithDialect, func::FuncDialect, memref::MemRefDialect, scf::SCFDialect,

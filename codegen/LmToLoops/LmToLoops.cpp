@@ -295,8 +295,10 @@ struct LmToLoopsPass : lmcc::impl::LmToLoopsBase<LmToLoopsPass> {
       if (names.empty() || !context.layout->find(packKey(names)))
         return;
       auto type = llvm::cast<ShapedType>(weight.getType());
-      getOrCreateGemmTask(module, type.getDimSize(0), type.getDimSize(1), bool(bias),
-                          context.tileFor(type.getDimSize(1)), activation);
+      const GemmTile tile = context.tileFor(type.getDimSize(1));
+      getOrCreateGemmTask(module, type.getDimSize(0), type.getDimSize(1), bool(bias), tile, activation);
+      if (isa<lm::LinearOp>(op) && tile.weights != GemmTile::Weights::Bf16Amx)
+        getOrCreateGemmRowTask(module, type.getDimSize(0), type.getDimSize(1), bool(bias), tile, activation);
     });
   }
 };

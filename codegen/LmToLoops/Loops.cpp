@@ -269,9 +269,32 @@ void Loops::parallelGemm(Value weight, int64_t n, int64_t k, Value inputAddress,
   Value biasAddress = bias ? address(in(bias)) : i64c(0);
   auto i64 = [&](Value index) { return b.create<arith::IndexCastOp>(loc, b.getI64Type(), index); };
   const int64_t packedRowCount = packedRows(n, k, tile.bf16());
-  parallelFor(task, panels,
-              {inputAddress, i64(rows), address(weightView(packed(weight)->offset, {packedRowCount, kPanel})),
-               i64c(packedRowCount), biasAddress, outAddress, cols, i64(first)});
+  SmallVector<Value> fields{inputAddress, i64(rows), address(weightView(packed(weight)->offset, {packedRowCount, kPanel})),
+                            i64c(packedRowCount), biasAddress, outAddress, cols, i64(first)};
+  if (tile.weights == GemmTile::Weights::Bf16Amx) { // (its input rows come padded to 32: split by panels only)
+    parallelFor(task, panels, fields);
+    return;
+  }
+  // At least twice as many rows as columns (and 16 tiles of them): about 16 pieces of rows (getOrCreateGemmRowTask),
+  // so that each thread reads its rows of A once. Split by panels, each of the (4 x threads) pieces read all of A
+  // again: with A beyond the caches (biLM PLL at n = 80 and 128, 6400 and 16384 rows a sentence) two threads ran
+  // 1.09-1.10x slower so (bench/results/2026-12-05-gemm-rows.md); level where A stays in L3.
+  Value many = b.create<arith::AndIOp>(
+      loc, b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::uge, rows, b.create<arith::MulIOp>(loc, panels, idx(2 * kPanel))),
+      b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::uge, rows, idx(16 * tile.rows)));
+  auto split = b.create<scf::IfOp>(loc, many, /*withElseRegion=*/true);
+  OpBuilder::InsertionGuard guard(b);
+  b.setInsertionPointToStart(split.thenBlock());
+  auto ceilDiv = [&](Value x, Value y) {
+    return b.create<arith::DivUIOp>(loc, b.create<arith::AddIOp>(loc, x, b.create<arith::SubIOp>(loc, y, idx(1))), y);
+  };
+  Value unit = b.create<arith::MulIOp>(loc, ceilDiv(ceilDiv(rows, idx(16)), idx(tile.rows)), idx(tile.rows));
+  SmallVector<Value> rowFields(fields);
+  rowFields.push_back(i64(panels));
+  rowFields.push_back(i64(unit));
+  parallelFor(getOrCreateGemmRowTask(module, n, k, bool(bias), tile, activation), ceilDiv(rows, unit), rowFields);
+  b.setInsertionPointToStart(split.elseBlock());
+  parallelFor(task, panels, fields);
 }
 
 Loops::GemmInput Loops::gemmInput(Value inputAddress, Value rows, int64_t k) {

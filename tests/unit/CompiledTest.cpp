@@ -822,6 +822,43 @@ TEST_P(DeepWeightTile, BitIdenticalToTheTargetsTile) {
 INSTANTIATE_TEST_SUITE_P(Families, DeepWeightTile, ::testing::Values("unilm_pre_untied", "bilm_mp", "tta_maskpos_pre"),
                          [](const ::testing::TestParamInfo<const char *> &info) { return std::string(info.param); });
 
+// A batch with many more rows than any weight has columns (40 sentences of up to 19 tokens, 30 features): every
+// GEMM splits its rows over the threads (Loops::parallelGemm, lm_gemm_rows_task_*) instead of its panels, in about
+// 16 pieces. Two and three threads give the one-thread bits (Compiled.MatchesReference checks those against the
+// reference executor, through the same row task).
+class GemmRowSplit : public ::testing::TestWithParam<const char *> {};
+
+TEST_P(GemmRowSplit, ThreadCountsGiveTheSameBits) {
+  ModelSpec spec = caseSpec(GetParam());
+  ASSERT_FALSE(spec.name.empty()) << GetParam();
+  fs::path dir = fs::temp_directory_path() / ("lmcc-gemm-rows-" + std::string(GetParam()) + "-" +
+                                              std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::string weightsPath = (dir / "w.safetensors").string();
+  writeSafetensors(weightsPath, randomWeights(spec, 21));
+  auto sentences = randomSentences(spec, 17, 40);
+  const int32_t stride = int32_t(spec.dims.maxLen);
+  const Packed packed = pack(sentences, stride);
+  driver::LibraryOptions options;
+  options.dumpDir = (dir / "ir").string();
+  Outputs one;
+  ASSERT_NO_FATAL_FAILURE(scoreAndEmbed(spec, options, dir / "lib", weightsPath, packed, 1, one));
+  for (int threads : {2, 3}) {
+    Outputs many;
+    ASSERT_NO_FATAL_FAILURE(scoreAndEmbed(spec, options, dir / "lib", weightsPath, packed, threads, many));
+    ASSERT_NO_FATAL_FAILURE(
+        expectSameBits(one, many, packed, stride, std::string(GetParam()) + ", " + std::to_string(threads) + " threads"));
+  }
+  std::ifstream in(dir / "ir" / "90-loops.mlir");
+  const std::string ir((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_TRUE(std::regex_search(ir, std::regex("func.constant @lm_gemm_rows_task_[0-9]+x30_bias_")))
+      << "no GEMM is split by rows";
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, GemmRowSplit, ::testing::Values("unilm_pre_untied", "bilm_mp", "tta_maskpos_pre"),
+                         [](const ::testing::TestParamInfo<const char *> &info) { return std::string(info.param); });
+
 // The log-probability head's scalar fallback (--gemm eigen: the runtime's GEMM per 512-column chunk, then the
 // chunk's rows as a row task) over five chunks with the rows' maxima in the last one: the reference executor's
 // numbers, and the same bits at 1 and 2 threads.
