@@ -111,45 +111,13 @@ func::FuncOp getOrCreateTrainGemm(ModuleOp module, GemmTile tile) {
   return fn;
 }
 
-func::FuncOp getOrCreateGemmTask(ModuleOp module, int64_t n, int64_t k, bool withBias, GemmTile tile,
-                                 StringRef activation) {
-  std::string name = gemmName("lm_gemm_task_", n, k, withBias, tile, activation);
-  if (auto existing = module.lookupSymbol<func::FuncOp>(name))
-    return existing;
-  func::FuncOp gemm = getOrCreateGemm(module, n, k, withBias, tile, activation);
-  OpBuilder b(module.getContext());
-  func::FuncOp fn = createTask(b, module, name);
-  Block *entry = &fn.getBody().front();
-  b.setInsertionPointToStart(entry);
-  Location loc = b.getUnknownLoc();
-  Type i64 = b.getI64Type();
-  auto slot = [&](int64_t i) { return taskField(b, loc, entry->getArgument(0), i); };
-  auto c64 = [&](int64_t v) -> Value { return b.create<LLVM::ConstantOp>(loc, i64, b.getI64IntegerAttr(v)); };
-  auto descriptor = [&](Value address, ArrayRef<Value> sizes, ArrayRef<Value> strides, Type type) {
-    return memrefAt(b, loc, address, sizes, strides, llvm::cast<MemRefType>(type));
-  };
-  auto types = gemm.getArgumentTypes();
-  Value M = slot(1), cols = slot(6);
-  const int64_t aCols = llvm::cast<MemRefType>(types[0]).getDimSize(1); // k, or the AMX kernel's pairs
-  Value A = descriptor(slot(0), {M, c64(aCols)}, {c64(aCols), c64(1)}, types[0]);
-  Value P = descriptor(slot(2), {slot(3), c64(kPanel)}, {c64(kPanel), c64(1)}, types[1]);
-  Value bias = descriptor(slot(4), {c64(n)}, {c64(1)}, types[2]);
-  Value C = descriptor(slot(5), {M, cols}, {cols, c64(1)}, types[3]);
-  // Pieces [begin, end) count from panel slot(7), which is C's column 0.
-  Value first = slot(7);
-  Value begin = b.create<arith::IndexCastOp>(loc, b.getIndexType(),
-                                             b.create<LLVM::AddOp>(loc, i64, first, entry->getArgument(1)));
-  Value end = b.create<arith::IndexCastOp>(loc, b.getIndexType(),
-                                           b.create<LLVM::AddOp>(loc, i64, first, entry->getArgument(2)));
-  Value base = b.create<arith::IndexCastOp>(loc, b.getIndexType(), first);
-  b.create<func::CallOp>(loc, gemm, ValueRange{A, P, bias, C, begin, end, base});
-  b.create<func::ReturnOp>(loc);
-  return fn;
-}
-
-func::FuncOp getOrCreateGemmRowTask(ModuleOp module, int64_t n, int64_t k, bool withBias, GemmTile tile,
-                                    StringRef activation) {
-  std::string name = gemmName("lm_gemm_rows_task_", n, k, withBias, tile, activation);
+/// The task function over pieces [begin, end) of one GEMM call (the fields: A, M, P, P's rows, bias, C, C's columns,
+/// the call's first panel, its panel count, the row unit). By panels: panels first + begin .. first + end of every
+/// row, C's column 0 at panel `first`. By rows: rows [begin * unit, min(end * unit, M)) of every panel of the call,
+/// A and C offset to the first of them.
+static func::FuncOp getOrCreateSplitTask(ModuleOp module, int64_t n, int64_t k, bool withBias, GemmTile tile,
+                                         StringRef activation, bool byRows) {
+  std::string name = gemmName(byRows ? "lm_gemm_rows_task_" : "lm_gemm_task_", n, k, withBias, tile, activation);
   if (auto existing = module.lookupSymbol<func::FuncOp>(name))
     return existing;
   func::FuncOp gemm = getOrCreateGemm(module, n, k, withBias, tile, activation);
@@ -165,24 +133,36 @@ func::FuncOp getOrCreateGemmRowTask(ModuleOp module, int64_t n, int64_t k, bool 
   auto add = [&](Value x, Value y) -> Value { return b.create<LLVM::AddOp>(loc, i64, x, y); };
   auto index = [&](Value v) -> Value { return b.create<arith::IndexCastOp>(loc, b.getIndexType(), v); };
   auto types = gemm.getArgumentTypes();
-  // Pieces [begin, end) are rows [begin * unit, min(end * unit, M)), every panel of the call.
-  Value M = slot(1), cols = slot(6), unit = slot(9);
-  Value r0 = mul(entry->getArgument(1), unit);
-  Value r1 = b.create<LLVM::SMinOp>(loc, i64, mul(entry->getArgument(2), unit), M);
-  Value m = b.create<LLVM::SubOp>(loc, i64, r1, r0);
-  const int64_t aCols = llvm::cast<MemRefType>(types[0]).getDimSize(1);
+  Value begin = entry->getArgument(1), end = entry->getArgument(2);
+  Value M = slot(1), cols = slot(6), first = slot(7), r0 = c64(0);
+  Value panelBegin = add(first, begin), panelEnd = add(first, end);
+  if (byRows) {
+    Value unit = slot(9);
+    r0 = mul(begin, unit);
+    M = b.create<LLVM::SubOp>(loc, i64, b.create<LLVM::SMinOp>(loc, i64, mul(end, unit), M), r0);
+    panelBegin = first, panelEnd = add(first, slot(8));
+  }
+  const int64_t aCols = llvm::cast<MemRefType>(types[0]).getDimSize(1); // k, or the AMX kernel's pairs
   auto descriptor = [&](Value address, ArrayRef<Value> sizes, ArrayRef<Value> strides, Type type) {
     return memrefAt(b, loc, address, sizes, strides, llvm::cast<MemRefType>(type));
   };
-  Value A = descriptor(add(slot(0), mul(r0, c64(4 * aCols))), {m, c64(aCols)}, {c64(aCols), c64(1)}, types[0]);
+  Value A = descriptor(add(slot(0), mul(r0, c64(4 * aCols))), {M, c64(aCols)}, {c64(aCols), c64(1)}, types[0]);
   Value P = descriptor(slot(2), {slot(3), c64(kPanel)}, {c64(kPanel), c64(1)}, types[1]);
   Value bias = descriptor(slot(4), {c64(n)}, {c64(1)}, types[2]);
-  Value C = descriptor(add(slot(5), mul(r0, mul(cols, c64(4)))), {m, cols}, {cols, c64(1)}, types[3]);
-  Value first = index(slot(7));
-  Value last = index(add(slot(7), slot(8)));
-  b.create<func::CallOp>(loc, gemm, ValueRange{A, P, bias, C, first, last, first});
+  Value C = descriptor(add(slot(5), mul(r0, mul(cols, c64(4)))), {M, cols}, {cols, c64(1)}, types[3]);
+  b.create<func::CallOp>(loc, gemm, ValueRange{A, P, bias, C, index(panelBegin), index(panelEnd), index(first)});
   b.create<func::ReturnOp>(loc);
   return fn;
+}
+
+func::FuncOp getOrCreateGemmTask(ModuleOp module, int64_t n, int64_t k, bool withBias, GemmTile tile,
+                                 StringRef activation) {
+  return getOrCreateSplitTask(module, n, k, withBias, tile, activation, /*byRows=*/false);
+}
+
+func::FuncOp getOrCreateGemmRowTask(ModuleOp module, int64_t n, int64_t k, bool withBias, GemmTile tile,
+                                    StringRef activation) {
+  return getOrCreateSplitTask(module, n, k, withBias, tile, activation, /*byRows=*/true);
 }
 
 OwningOpRef<ModuleOp> buildGemmModule(MLIRContext &context, const std::vector<std::pair<int64_t, int64_t>> &shapes,
