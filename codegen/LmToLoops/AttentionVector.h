@@ -245,9 +245,7 @@ struct VectorKernel {
   /// in one fixed order (every lane gets the same bits); the max is exact.
   Value allLanes(Value x, bool sum);
 
-  /// e^x lane-wise for x <= 88 (the softmax's s - max <= 0), exactly 0 for x <= -88 and -inf: x = n ln 2 + r
-  /// with n = round(x log2 e) (by adding 1.5 * 2^23), r in two parts of ln 2 (Cephes' split), e^r by Cephes'
-  /// expf polynomial (about 1 ulp) and 2^n from n's bits (n = -127 gives 0). NaN stays NaN.
+  /// e^x lane-wise: emitVectorExp (Lowering.h).
   Value expOf(Value x);
 
   /// Softmax numerators in place over S's blocks [from16, to): m_r = max_j S[r, j], p = e^(S - m_r) (0 where

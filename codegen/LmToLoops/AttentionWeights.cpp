@@ -20,27 +20,7 @@ Value VectorKernel::allLanes(Value x, bool sum) {
   return x;
 }
 
-Value VectorKernel::expOf(Value x) {
-  auto c = [&](float f) { return bcast(L.f32c(f)); };
-  auto fma = [&](Value x, Value y, Value z) { return b.create<vector::FMAOp>(loc, x, y, z); };
-  Value lowest = c(-88.0f);
-  x = b.create<arith::SelectOp>(loc, b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OLT, x, lowest), lowest, x);
-  Value magic = c(12582912.0f);
-  Value t = fma(x, c(1.44269504088896341f), magic);
-  Value n = b.create<arith::SubFOp>(loc, t, magic);
-  Value r = fma(n, c(-0.693359375f), x);
-  r = fma(n, c(2.12194440e-4f), r);
-  Value p = c(1.9875691500e-4f);
-  for (float k : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f, 1.0f, 1.0f})
-    p = fma(p, r, c(k));
-  auto i32 = VectorType::get({kLanes}, b.getI32Type());
-  auto splat = [&](int32_t v) {
-    return b.create<arith::ConstantOp>(loc, i32, DenseElementsAttr::get(i32, ArrayRef<int32_t>(v)));
-  };
-  Value bits = b.create<arith::ShLIOp>(loc, b.create<arith::BitcastOp>(loc, i32, t), splat(23));
-  bits = b.create<arith::AddIOp>(loc, bits, splat(127 << 23));
-  return b.create<arith::MulFOp>(loc, p, b.create<arith::BitcastOp>(loc, vt, bits));
-}
+Value VectorKernel::expOf(Value x) { return emitVectorExp(b, loc, x); }
 
 SmallVector<Value> VectorKernel::exponentiate(Value S, int64_t R, Value from16, Value to) {
   SmallVector<Value> sums;

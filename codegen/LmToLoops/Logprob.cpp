@@ -56,32 +56,66 @@ struct TokenLogprobLowering : LmLowering<lm::TokenLogprobOp> {
       Value id = b.create<arith::IndexCastOp>(loc, b.getIndexType(), L.load(ids, {bi, safe}));
       return std::pair<Value, Value>{exists, id};
     };
-    // Row r's partials of chunk c from row i of its logits C (the chunk's `cols` columns): the max exactly (f32),
-    // the exponentials 16 columns at a time in f32 lanes (at most kChunk / 16 terms each) and the last cols % 16
-    // one by one, summed in double; the target's logit when the chunk holds it.
+    // Row r's partials of chunk c from row i of its logits C (the chunk's `cols` columns): the max exactly (f32;
+    // four vector maxima over the columns by j mod 64, then their lanes combined: the same value in any order), the
+    // exponentials 16 columns at a time in f32 lanes (emitVectorExp; at most kChunk / 16 terms each, in column
+    // order, the lanes then added in pairs: l ^ 8, l ^ 4, l ^ 2, l ^ 1) and the last cols % 16 one by one, summed in
+    // double; the target's logit when the chunk holds it. With one maximum chain, math.exp and in-order lane
+    // reductions (vector.reduction: 15 dependent steps, NaN tests in the max's) these partials took 5.5% of T-TA
+    // scoring at batch 32 (perf), 1.023x that entry's time (bench/results/2026-12-05-logprob.md).
     auto partials = [&](Value C, Value i, Value r, Value c, Value cols, Value maxes, Value sums, Value targets,
                         Value ids, Value R1) {
       auto vec = VectorType::get({kLanes}, L.f32());
-      Value cols16 = b.create<arith::MulIOp>(loc, b.create<arith::DivUIOp>(loc, cols, L.idx(kLanes)), L.idx(kLanes));
-      auto vectorLoop = [&](Value init, const std::function<Value(Value, Value)> &step) {
-        auto loop = b.create<scf::ForOp>(loc, L.idx(0), cols16, L.idx(kLanes), ValueRange{init});
+      auto roundDown = [&](Value x, int64_t unit) {
+        return b.create<arith::MulIOp>(loc, b.create<arith::DivUIOp>(loc, x, L.idx(unit)), L.idx(unit));
+      };
+      Value cols16 = roundDown(cols, kLanes);
+      // step(x, accumulator) over the vectors [from, to) of row i with init.size() accumulators (accumulator w takes
+      // the vectors w, w + ways, ... of the range).
+      auto vectorLoop = [&](Value from, Value to, SmallVector<Value> init,
+                            const std::function<Value(Value, Value)> &step) {
+        const int64_t ways = init.size();
+        auto loop = b.create<scf::ForOp>(loc, from, to, L.idx(ways * kLanes), init);
         OpBuilder::InsertionGuard guard(b);
         b.setInsertionPointToStart(loop.getBody());
-        Value x = b.create<vector::LoadOp>(loc, vec, C, ValueRange{i, loop.getInductionVar()});
-        b.create<scf::YieldOp>(loc, step(x, loop.getRegionIterArgs()[0]));
-        return loop.getResult(0);
+        SmallVector<Value> next;
+        for (int64_t w = 0; w < ways; ++w) {
+          Value j = b.create<arith::AddIOp>(loc, loop.getInductionVar(), L.idx(w * kLanes));
+          next.push_back(step(b.create<vector::LoadOp>(loc, vec, C, ValueRange{i, j}), loop.getRegionIterArgs()[w]));
+        }
+        b.create<scf::YieldOp>(loc, next);
+        return SmallVector<Value>(loop.getResults());
       };
-      Value vmax = vectorLoop(b.create<vector::BroadcastOp>(loc, vec, L.f32c(-INFINITY)),
-                              [&](Value x, Value mx) { return b.create<arith::MaximumFOp>(loc, mx, x); });
-      Value m = L.reduce(cols16, cols, b.create<vector::ReductionOp>(loc, vector::CombiningKind::MAXIMUMF, vmax),
+      // The lanes of x combined in a butterfly; lane 0 of the result.
+      auto acrossLanes = [&](Value x, const std::function<Value(Value, Value)> &combine) -> Value {
+        for (int64_t w = kLanes / 2; w >= 1; w /= 2) {
+          SmallVector<int64_t> swap(kLanes);
+          for (int64_t l = 0; l < kLanes; ++l)
+            swap[l] = l ^ w;
+          x = combine(x, b.create<vector::ShuffleOp>(loc, x, x, swap));
+        }
+        return b.create<vector::ExtractOp>(loc, x, ArrayRef<int64_t>{0});
+      };
+      // The larger of x and y, y where either is NaN (x86's maxps): a NaN logit the max passes over still makes its
+      // exponential, the sum and the row's log-probability NaN.
+      auto greater = [&](Value x, Value y) -> Value {
+        return b.create<arith::SelectOp>(loc, b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGT, x, y), x, y);
+      };
+      Value cols64 = roundDown(cols, 4 * kLanes);
+      SmallVector<Value> four = vectorLoop(
+          L.idx(0), cols64, SmallVector<Value>(4, b.create<vector::BroadcastOp>(loc, vec, L.f32c(-INFINITY))), greater);
+      Value vmax = vectorLoop(cols64, cols16, {greater(greater(four[0], four[1]), greater(four[2], four[3]))},
+                              greater)[0];
+      Value m = L.reduce(cols16, cols, acrossLanes(vmax, greater),
                          [&](Value j, Value mx) { return b.create<arith::MaximumFOp>(loc, mx, L.load(C, {i, j})); });
       Value mV = b.create<vector::BroadcastOp>(loc, vec, m);
-      Value vsum = vectorLoop(b.create<vector::BroadcastOp>(loc, vec, L.f32c(0)), [&](Value x, Value acc) {
-        return b.create<arith::AddFOp>(loc, acc, b.create<math::ExpOp>(loc, b.create<arith::SubFOp>(loc, x, mV)));
-      });
+      Value vsum =
+          vectorLoop(L.idx(0), cols16, {b.create<vector::BroadcastOp>(loc, vec, L.f32c(0))}, [&](Value x, Value acc) {
+            return b.create<arith::AddFOp>(loc, acc, emitVectorExp(b, loc, b.create<arith::SubFOp>(loc, x, mV)));
+          })[0];
       Value m64 = L.toF64(m);
       Value sum = L.reduce(
-          cols16, cols, L.toF64(b.create<vector::ReductionOp>(loc, vector::CombiningKind::ADD, vsum)),
+          cols16, cols, L.toF64(acrossLanes(vsum, [&](Value x, Value y) -> Value { return b.create<arith::AddFOp>(loc, x, y); })),
           [&](Value j, Value acc) {
             return b.create<arith::AddFOp>(
                 loc, acc, b.create<math::ExpOp>(loc, b.create<arith::SubFOp>(loc, L.toF64(L.load(C, {i, j})), m64)));

@@ -2,7 +2,7 @@
 // RUN: lmcc emit-mlir %inputs/specs/tiny_unilm.toml | lmcc-opt --lm-fuse-attention --lm-to-loops="vector-bits=256" | FileCheck %s --check-prefix=NAIVE
 // lm.token_logprob over items of (128 rows, 512 vocabulary columns) in one task: each item's logits from the
 // GEMM's task (called by address, not inlined) into a [rows, 512] scratch (narrower for a smaller vocabulary: 67
-// words, 80 columns), then per row the chunk's max and the sum of its exponentials (16 lanes) and the target's
+// words, 80 columns), then per row the chunk's max and the sum of its exponentials (16 lanes, the lanes combined in butterflies) and the target's
 // logit; per row the chunks combined in double after the task; no [rows, V] buffer. lm.sentence_score writes the
 // score kernel's three outputs. Without lm-fuse-logprob the naive head is a log_softmax over a [B, N, V] buffer and
 // a gather that reads only rows below the sentence length.
@@ -23,9 +23,17 @@
 // CHECK-LABEL: func.func private @lm_logprob_items_67x30_bias_shift1_6x16
 // CHECK: memref.alloc({{.*}}) {alignment = 64 : i64} : memref<?x80xf32>
 // CHECK: llvm.call %{{.*}}(%{{.*}}, %c0_i64, %{{.*}}) : !llvm.ptr, (!llvm.ptr, i64, i64) -> ()
-// CHECK: vector.reduction <maximumf>
-// CHECK: math.exp {{.*}} : vector<16xf32>
-// CHECK: vector.reduction <add>
+// The max in four vector chains (by column mod 64), their lanes in a butterfly; the exponentials by emitVectorExp
+// (2^n from n's bits, not math.exp) summed in one vector chain, its lanes in a butterfly:
+// CHECK: scf.for {{.*}} step %c64{{.*}} iter_args({{.*}}) -> (vector<16xf32>, vector<16xf32>, vector<16xf32>, vector<16xf32>)
+// CHECK: arith.cmpf ogt, {{.*}} : vector<16xf32>
+// CHECK: vector.shuffle {{.*}} [8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7]
+// CHECK: arith.cmpf ogt, {{.*}} : vector<16xf32>
+// CHECK-NOT: math.exp {{.*}} : vector<16xf32>
+// CHECK: arith.shli {{.*}} : vector<16xi32>
+// CHECK: vector.shuffle {{.*}} [8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7]
+// CHECK: arith.addf {{.*}} : vector<16xf32>
+// CHECK: math.exp {{.*}} : f64
 // CHECK: memref.dealloc {{.*}} : memref<?x80xf32>
 
 // NAIVE-LABEL: func.func @tiny_unilm_score_kernel
