@@ -26,10 +26,12 @@
 #include "llvm/Support/ErrorHandling.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <atomic>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -172,15 +174,29 @@ mlir::OwningOpRef<mlir::ModuleOp> buildOptimizedModule(mlir::MLIRContext &contex
 
 namespace {
 /// LLVM is not exception-safe: a std::bad_alloc thrown inside its passes unwound through the objects they were
-/// updating (under ulimit -v, a crash in ~ScalarEvolution), and its own allocation failures abort. While a
-/// library compiles, running out of memory ends the process instead: a message, the temporary directories
+/// updating (under ulimit -v, a crash in ~ScalarEvolution), its own allocation failures abort, and MLIR creates
+/// operations with an unchecked malloc (a null dereference: lmcc's malloc covers that, tools/lmcc/OutOfMemory.cpp).
+/// While a library compiles, running out of memory ends the process instead: a message, the temporary directories
 /// removed, exit status 5 (lmcc's "out of memory").
+std::atomic<int> compiling{0}; ///< live CompileOutOfMemory objects (compilingLibrary)
+
 class CompileOutOfMemory {
 public:
   CompileOutOfMemory() : previous_(std::set_new_handler(&exit)) {
     llvm::install_bad_alloc_error_handler([](void *, const char *, bool) { exit(); });
+    // A thread LLVM or MLIR could not start (its stack not mapped: pthread_create's EAGAIN under ulimit -v) is a
+    // fatal error to LLVM, which aborted; it is running out of memory here. Other fatal errors say what they
+    // said before, then LLVM exits or aborts as before.
+    llvm::install_fatal_error_handler([](void *, const char *reason, bool) {
+      if (std::strstr(reason, "pthread_create failed"))
+        exit();
+      llvm::errs() << "LLVM ERROR: " << reason << "\n";
+    });
+    ++compiling;
   }
   ~CompileOutOfMemory() {
+    --compiling;
+    llvm::remove_fatal_error_handler();
     llvm::remove_bad_alloc_error_handler();
     std::set_new_handler(previous_);
   }
@@ -192,6 +208,8 @@ private:
   std::new_handler previous_;
 };
 } // namespace
+
+bool compilingLibrary() { return compiling.load(std::memory_order_relaxed) > 0; }
 
 std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options, CompileReport *report) {
   const CompileOutOfMemory outOfMemory;

@@ -36,4 +36,8 @@ private:
 /// exception-safe, leaves to do (driver/Compile.cpp).
 [[noreturn]] void exitOutOfMemory(const char *message);
 
+/// Whether a library is being compiled (compileLibrary's out-of-memory handling is installed): lmcc's malloc
+/// (tools/lmcc/OutOfMemory.cpp) then ends the process like the new handler when an allocation fails.
+bool compilingLibrary();
+
 } // namespace lmcc::driver
