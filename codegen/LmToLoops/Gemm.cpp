@@ -5,9 +5,9 @@
 // sequentially and never re-packs. The microkernel keeps a tile of C in vector registers across a chunk of the K loop
 // (scf.for iter_args), sized to the target: on AVX-512, 12 x 32 in 24 vector<16xf32>, 2 loads of B and 12 broadcasts of
 // A per k step for 24 FMAs; on AVX2, 6 x 16 in 12 vector<8xf32>, 2 loads and 6 broadcasts for 12 FMAs (the classic
-// 16-register tile). Rows come in blocks that keep A in L2; depths over 512 are cut into chunks of 128 whose slice of B
-// stays in L1 across the block's tiles; a block is cut into tiles of balanced heights; the last partial panel is
-// written with masked stores. Every output element is one FMA chain over k in order, whatever the tile, block or chunk,
+// 16-register tile). Rows come in blocks that keep A in L2; fp32 depths over 768 (bf16 over 512 pairs) are cut into
+// chunks of 128 whose slice of B stays in L1 across the block's tiles; a block is cut into tiles of balanced heights;
+// the last partial panel is written with masked stores. Every output element is one FMA chain over k in order, whatever the tile, block or chunk,
 // so the choice never changes a result. DESIGN.md records the recipe.
 // This file: the load-time packing and the fp32 / bf16 bodies; the AMX body is GemmAmx.cpp's, the GEMM functions
 // and lm.linear's lowering Linear.cpp's.
@@ -224,15 +224,22 @@ void emitGemmBody(OpBuilder &b, Location loc, const GemmBody &op, GemmTile tile)
   // sums waiting in `partial` between chunks (exact: each element is still one FMA chain over k in order). Without
   // chunks a tile streamed the whole K x W slice from L2, and K >= 2048 ran at 28-53% of peak on a core with two FMA
   // ports (80-83% with chunks); a slice of depth 512 or less streams fast enough (the 16384-row FFN of K 512 ran 20%
-  // faster unchunked). The rows of a block (about kBlockBytes of A, all of K) stay in L2 across the slices; a larger
-  // block streams the weight from memory fewer times (bench/results/2026-11-28-chunks.md).
-  constexpr int64_t kChunk = 128, kMaxUnchunked = 512, kBlockBytes = 512 << 10, kMaxBlockRows = 256;
-  const bool chunked = dynamicK || packedDepth(k, bf16) > kMaxUnchunked;
+  // faster unchunked), and so does an fp32 slice of depth 768 (BERT-base's), in blocks of 256 KB of A (84 rows):
+  // 1.03-1.05x over 128-deep chunks on a Xeon (gemm_ab --cold, 1600 rows), BERT-base PLL 1.02-1.04x
+  // (bench/results/2026-12-05-gemm-768.md). The rows of a block (about kBlockBytes of A, all of K) stay in L2
+  // across the slices; a larger block streams the weight from memory fewer times
+  // (bench/results/2026-11-28-chunks.md).
+  constexpr int64_t kChunk = 128, kMaxUnchunked = 512, kMaxUnchunkedF32 = 768, kBlockBytes = 512 << 10,
+                    kMaxBlockRows = 256;
+  const bool deepF32 = !dynamicK && !bf16 && k > kMaxUnchunked; // unchunked to kMaxUnchunkedF32
+  const bool chunked = dynamicK || packedDepth(k, bf16) > (bf16 ? kMaxUnchunked : kMaxUnchunkedF32);
   // The bf16 dot kernel keeps its block of A as pairs on the stack: 128 KB of A (a 64 KB buffer) there. Unchunked
   // depths keep 128 KB blocks whatever the weight: blocks of up to 512 KB for a weight streamed from beyond L2 and
   // A of at most two such blocks (2026-11-29) were 1.00-1.08x slower in one-process A/B runs of the T-TA, uniLM and
   // biLM libraries on the same Xeon on 2026-12-05 (bench/results/2026-12-05-gemm-blocks.md).
-  const int64_t blockBytes = chunked && !dot ? kBlockBytes : 128 << 10, maxRows = std::max(R, kMaxBlockRows / R * R);
+  // Unchunked depths over 512 take blocks of 256 KB, or one block when all of A fits in kBlockBytes (below).
+  const int64_t blockBytes = chunked && !dot ? kBlockBytes : (deepF32 ? 256 << 10 : 128 << 10),
+                maxRows = std::max(R, kMaxBlockRows / R * R);
   // Bf16Dot: the block's rows of A as bf16 pairs (the activations rounded like the weights), [block row, pair].
   const int64_t staticBlockRows = dynamicK ? maxRows : std::clamp(blockBytes / (4 * k) / R * R, R, maxRows);
   // A run-time depth (the training GEMM) of kMaxUnchunked or less takes what a fixed one would: one chunk, and blocks
@@ -254,6 +261,14 @@ void emitGemmBody(OpBuilder &b, Location loc, const GemmBody &op, GemmTile tile)
                                  cidx(R)),
         cidx(R));
     blockRows = b.create<arith::MinSIOp>(loc, cidx(maxRows), b.create<arith::MaxSIOp>(loc, cidx(R), rows));
+  }
+  if (deepF32) {
+    // Depth 768 at 400 and 1600 rows: 256 KB blocks 1.05-1.08x faster than 128-deep chunks, 512 KB ones level with
+    // 256 KB; at 100 rows (BERT-base PLL n = 10) 256 KB blocks (two) were 0.98x the chunks, one block 1.04-1.09x.
+    Value fits = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ule, b.create<arith::MulIOp>(loc, M, cidx(k)),
+                                         cidx(kBlockBytes / 4));
+    blockRows = b.create<arith::SelectOp>(loc, fits, cidx(std::clamp(kBlockBytes / (4 * k) / R * R, R, maxRows)),
+                                          blockRows);
   }
   // Its rows are a line longer where a multiple of 1024 words would put them 4 KB apart: every row of a tile in the
   // same L1 sets, which 12 rows overflow on an 8-way L1 (GemmTile::forDepth; bench/results/2026-11-30-deep-tile.md).

@@ -28,11 +28,11 @@ using namespace lmcc::codegen::abi;
 // (N, K): the panel edge cases and the shapes of the tiny test models. Odd shapes, then every (N, K) of the bundled
 // models (T-TA/biLM/uniLM paper size: projections, stacked K/V, FFN, vocabulary; BERT-base; the Diformer's stacked
 // projections and 32000-word vocabulary, the n-gram heads' 1024-wide projection). Shapes packing to more than 1 MiB
-// take the prefetching kernel; depths over 512 run in chunks of 128 (601: four and a partial one; 3072 at M >= 47:
-// two blocks of rows).
+// take the prefetching kernel; fp32 depths over 768 run in chunks of 128 (901: seven and a partial one; 3072 at
+// M >= 47: two blocks of rows), depths 513-768 unchunked in 256 KB blocks of rows (601, 768).
 const std::vector<std::pair<int64_t, int64_t>> kShapes = {
     {1, 5},       {16, 7},      {63, 33},    {64, 8},     {65, 19},    {67, 30},    {130, 17},   {30, 46},
-    {120, 30},    {4133, 71},   {100, 601},  {512, 512},  {1536, 512}, {3072, 512}, {2048, 512}, {512, 2048},
+    {120, 30},    {4133, 71},   {100, 601},  {100, 901},  {512, 512},  {1536, 512}, {3072, 512}, {2048, 512}, {512, 2048},
     {30522, 512}, {768, 768},   {2304, 768}, {3072, 768}, {768, 3072}, {30522, 768}, {1024, 512}, {6144, 512},
     {32000, 512}};
 
