@@ -204,12 +204,14 @@ public:
   CompileOutOfMemory &operator=(const CompileOutOfMemory &) = delete;
 
 private:
-  [[noreturn]] static void exit() { exitOutOfMemory("lmcc: error: out of memory while compiling the library"); }
+  [[noreturn]] static void exit() { exitCompileOutOfMemory(); }
   std::new_handler previous_;
 };
 } // namespace
 
 bool compilingLibrary() { return compiling.load(std::memory_order_relaxed) > 0; }
+
+void exitCompileOutOfMemory() { exitOutOfMemory("lmcc: error: out of memory while compiling the library"); }
 
 std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options, CompileReport *report) {
   const CompileOutOfMemory outOfMemory;

@@ -37,7 +37,10 @@ private:
 [[noreturn]] void exitOutOfMemory(const char *message);
 
 /// Whether a library is being compiled (compileLibrary's out-of-memory handling is installed): lmcc's malloc
-/// (tools/lmcc/OutOfMemory.cpp) then ends the process like the new handler when an allocation fails.
+/// (tools/lmcc/OutOfMemory.cpp) then ends the process with exitCompileOutOfMemory when an allocation fails.
 bool compilingLibrary();
+
+/// exitOutOfMemory with compileLibrary's message ("out of memory while compiling the library").
+[[noreturn]] void exitCompileOutOfMemory();
 
 } // namespace lmcc::driver

@@ -237,9 +237,7 @@ struct VectorKernel {
   void storeScores(Value S, Value jb, int64_t first, ArrayRef<Value> s, const Tile &t);
 
   /// max(x, y) lane-wise as x86's maxps (no NaN test: a NaN score still reaches the output through its exp).
-  Value greater(Value x, Value y) {
-    return b.create<arith::SelectOp>(loc, b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGT, x, y), x, y);
-  }
+  Value greater(Value x, Value y) { return emitGreater(b, loc, x, y); }
 
   /// Every lane the max (`sum` false) or the sum of x's lanes: a butterfly of 4 lane swaps. Its sums add in pairs
   /// in one fixed order (every lane gets the same bits); the max is exact.

@@ -10,14 +10,9 @@
 namespace lmcc::codegen::attention {
 
 Value VectorKernel::allLanes(Value x, bool sum) {
-  for (int64_t w = kLanes / 2; w >= 1; w /= 2) {
-    SmallVector<int64_t> swap(kLanes);
-    for (int64_t l = 0; l < kLanes; ++l)
-      swap[l] = l ^ w;
-    Value y = b.create<vector::ShuffleOp>(loc, x, x, swap);
-    x = sum ? Value(b.create<arith::AddFOp>(loc, x, y)) : greater(x, y);
-  }
-  return x;
+  return emitAcrossLanes(b, loc, x, [&](Value x, Value y) {
+    return sum ? Value(b.create<arith::AddFOp>(loc, x, y)) : greater(x, y);
+  });
 }
 
 Value VectorKernel::expOf(Value x) { return emitVectorExp(b, loc, x); }

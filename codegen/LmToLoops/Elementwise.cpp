@@ -476,6 +476,21 @@ Value emitVectorExp(OpBuilder &b, Location loc, Value x) {
   return b.create<arith::MulFOp>(loc, p, b.create<arith::BitcastOp>(loc, vt, bits));
 }
 
+Value emitGreater(OpBuilder &b, Location loc, Value x, Value y) {
+  return b.create<arith::SelectOp>(loc, b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGT, x, y), x, y);
+}
+
+Value emitAcrossLanes(OpBuilder &b, Location loc, Value x, const std::function<Value(Value, Value)> &combine) {
+  const int64_t lanes = llvm::cast<VectorType>(x.getType()).getNumElements();
+  for (int64_t w = lanes / 2; w >= 1; w /= 2) {
+    SmallVector<int64_t> swap(lanes);
+    for (int64_t l = 0; l < lanes; ++l)
+      swap[l] = l ^ w;
+    x = combine(x, b.create<vector::ShuffleOp>(loc, x, x, swap));
+  }
+  return x;
+}
+
 Value emitActivation(OpBuilder &b, Location loc, StringRef kind, Value x) {
   Type type = x.getType();
   auto c = [&](float v) -> Value {

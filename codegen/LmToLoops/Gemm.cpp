@@ -7,8 +7,8 @@
 // A per k step for 24 FMAs; on AVX2, 6 x 16 in 12 vector<8xf32>, 2 loads and 6 broadcasts for 12 FMAs (the classic
 // 16-register tile). Rows come in blocks that keep A in L2; fp32 depths over 768 (bf16 over 512 pairs) are cut into
 // chunks of 128 whose slice of B stays in L1 across the block's tiles; a block is cut into tiles of balanced heights;
-// the last partial panel is written with masked stores. Every output element is one FMA chain over k in order, whatever the tile, block or chunk,
-// so the choice never changes a result. DESIGN.md records the recipe.
+// the last partial panel is written with masked stores. Every output element is one FMA chain over k in order,
+// whatever the tile, block or chunk, so the choice never changes a result. DESIGN.md records the recipe.
 // This file: the load-time packing and the fp32 / bf16 bodies; the AMX body is GemmAmx.cpp's, the GEMM functions
 // and lm.linear's lowering Linear.cpp's.
 //
@@ -225,7 +225,7 @@ void emitGemmBody(OpBuilder &b, Location loc, const GemmBody &op, GemmTile tile)
   // chunks a tile streamed the whole K x W slice from L2, and K >= 2048 ran at 28-53% of peak on a core with two FMA
   // ports (80-83% with chunks); a slice of depth 512 or less streams fast enough (the 16384-row FFN of K 512 ran 20%
   // faster unchunked), and so does an fp32 slice of depth 768 (BERT-base's), in blocks of 256 KB of A (84 rows):
-  // 1.03-1.05x over 128-deep chunks on a Xeon (gemm_ab --cold, 1600 rows), BERT-base PLL 1.02-1.04x
+  // 1.02-1.06x over 128-deep chunks on a Xeon (gemm_ab --cold, 100-1600 rows), BERT-base PLL n 20-40 1.02-1.03x
   // (bench/results/2026-12-05-gemm-768.md). The rows of a block (about kBlockBytes of A, all of K) stay in L2
   // across the slices; a larger block streams the weight from memory fewer times
   // (bench/results/2026-11-28-chunks.md).

@@ -60,9 +60,10 @@ struct TokenLogprobLowering : LmLowering<lm::TokenLogprobOp> {
     // four vector maxima over the columns by j mod 64, then their lanes combined: the same value in any order), the
     // exponentials 16 columns at a time in f32 lanes (emitVectorExp; at most kChunk / 16 terms each, in column
     // order, the lanes then added in pairs: l ^ 8, l ^ 4, l ^ 2, l ^ 1) and the last cols % 16 one by one, summed in
-    // double; the target's logit when the chunk holds it. With one maximum chain, math.exp and in-order lane
+    // double; the target's logit when the chunk holds it. A NaN logit the max passes over (emitGreater) still makes
+    // its exponential, the sum and the row's log-probability NaN. With one maximum chain, math.exp and in-order lane
     // reductions (vector.reduction: 15 dependent steps, NaN tests in the max's) these partials took 5.5% of T-TA
-    // scoring at batch 32 (perf), 1.023x that entry's time (bench/results/2026-12-05-logprob.md).
+    // scoring at batch 32 (perf); now 2.5%, the entry 1.032x faster (bench/results/2026-12-05-logprob.md).
     auto partials = [&](Value C, Value i, Value r, Value c, Value cols, Value maxes, Value sums, Value targets,
                         Value ids, Value R1) {
       auto vec = VectorType::get({kLanes}, L.f32());
@@ -86,21 +87,12 @@ struct TokenLogprobLowering : LmLowering<lm::TokenLogprobOp> {
         b.create<scf::YieldOp>(loc, next);
         return SmallVector<Value>(loop.getResults());
       };
-      // The lanes of x combined in a butterfly; lane 0 of the result.
+      // Lane 0 of the lanes of x combined in a butterfly (emitAcrossLanes).
       auto acrossLanes = [&](Value x, const std::function<Value(Value, Value)> &combine) -> Value {
-        for (int64_t w = kLanes / 2; w >= 1; w /= 2) {
-          SmallVector<int64_t> swap(kLanes);
-          for (int64_t l = 0; l < kLanes; ++l)
-            swap[l] = l ^ w;
-          x = combine(x, b.create<vector::ShuffleOp>(loc, x, x, swap));
-        }
-        return b.create<vector::ExtractOp>(loc, x, ArrayRef<int64_t>{0});
+        return b.create<vector::ExtractOp>(loc, emitAcrossLanes(b, loc, x, combine), ArrayRef<int64_t>{0});
       };
-      // The larger of x and y, y where either is NaN (x86's maxps): a NaN logit the max passes over still makes its
-      // exponential, the sum and the row's log-probability NaN.
-      auto greater = [&](Value x, Value y) -> Value {
-        return b.create<arith::SelectOp>(loc, b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGT, x, y), x, y);
-      };
+      auto greater = [&](Value x, Value y) { return emitGreater(b, loc, x, y); };
+      auto add = [&](Value x, Value y) -> Value { return b.create<arith::AddFOp>(loc, x, y); };
       Value cols64 = roundDown(cols, 4 * kLanes);
       SmallVector<Value> four = vectorLoop(
           L.idx(0), cols64, SmallVector<Value>(4, b.create<vector::BroadcastOp>(loc, vec, L.f32c(-INFINITY))), greater);
@@ -115,7 +107,7 @@ struct TokenLogprobLowering : LmLowering<lm::TokenLogprobOp> {
           })[0];
       Value m64 = L.toF64(m);
       Value sum = L.reduce(
-          cols16, cols, L.toF64(acrossLanes(vsum, [&](Value x, Value y) -> Value { return b.create<arith::AddFOp>(loc, x, y); })),
+          cols16, cols, L.toF64(acrossLanes(vsum, add)),
           [&](Value j, Value acc) {
             return b.create<arith::AddFOp>(
                 loc, acc, b.create<math::ExpOp>(loc, b.create<arith::SubFOp>(loc, L.toF64(L.load(C, {i, j})), m64)));

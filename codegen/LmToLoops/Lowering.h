@@ -102,6 +102,15 @@ mlir::Value emitActivation(mlir::OpBuilder &b, mlir::Location loc, llvm::StringR
 /// instructions of math.exp's approximation, which also handles x > 88 and denormal results.
 mlir::Value emitVectorExp(mlir::OpBuilder &b, mlir::Location loc, mlir::Value x);
 
+/// max(x, y) lane-wise as x86's maxps: y where either is NaN (no NaN test; a softmax's NaN input still reaches its
+/// output through the exponential and the sum).
+mlir::Value emitGreater(mlir::OpBuilder &b, mlir::Location loc, mlir::Value x, mlir::Value y);
+
+/// Every lane of the vector x combined by `combine` (emitGreater, an add) in a butterfly of lane swaps (l ^ n/2, ...,
+/// l ^ 1): one fixed order, so every lane gets the same bits; a max is exact.
+mlir::Value emitAcrossLanes(mlir::OpBuilder &b, mlir::Location loc, mlir::Value x,
+                            const std::function<mlir::Value(mlir::Value, mlir::Value)> &combine);
+
 /// Task functions for lm_rt_parallel_for have the signature `(ctx: !llvm.ptr, begin: i64, end: i64)` and read
 /// their operands from i64 fields of ctx (addresses and sizes). The task's entry block argument 0 is ctx.
 mlir::func::FuncOp createTask(mlir::OpBuilder &b, mlir::ModuleOp module, llvm::StringRef name);

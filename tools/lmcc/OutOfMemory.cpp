@@ -12,6 +12,7 @@
 #include "driver/TempDir.h"
 
 #include <cstddef>
+#include <cstdlib> // glibc's features.h: __GLIBC__
 
 #if defined(__has_feature)
 #if __has_feature(address_sanitizer) || __has_feature(memory_sanitizer) || __has_feature(thread_sanitizer)
@@ -32,7 +33,7 @@ void *__libc_realloc(void *p, size_t size);
 namespace {
 void *checked(void *p, bool asked) {
   if (!p && asked && lmcc::driver::compilingLibrary())
-    lmcc::driver::exitOutOfMemory("lmcc: error: out of memory while compiling the library");
+    lmcc::driver::exitCompileOutOfMemory();
   return p;
 }
 } // namespace
