@@ -115,9 +115,9 @@ struct VectorOperands {
 ///           depend on its tile);
 ///   p.v     out_r = (sum_j p_rj v_j) / l_r over the tile's rows in groups of 4 x 64 (4 x 16 on 256-bit
 ///           targets) features, one value vector load per 4 FMAs (p_rj = 0 adds exactly nothing); zero when a row
-///           sees no key. A directional tile of S rows goes row by row over the keys each row sees
-///           (visibleWeightedRow: the same chains less their zero terms). When the operands exceed the threads' L2
-///           the rows are stored nontemporally (no read for ownership) and the q, k, v lines of the item after
+///           sees no key. A directional tile of S rows goes two rows at a time over the keys either row sees
+///           (visibleWeightedRows: the same chains less their zero terms). When the operands exceed the threads'
+///           L2 the rows are stored nontemporally (no read for ownership) and the q, k, v lines of the item after
 ///           next are prefetched over the tiles (two items ahead: 1.04-1.05x on the triangular masks at n 128
 ///           batch 32 over one ahead, level at n 80; bench/results/2026-12-01-directional.md).
 /// With Shaw relative positions (clip c, T = 2c + 1) a tile also computes its rows' T products q_r . rel_k[t]
@@ -230,8 +230,8 @@ void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Val
         dense();
         return;
       }
-      // Directional: a tile of S rows (each hides a random subset of the keys) row by row over the keys each row
-      // sees (visibleWeightedRow: the same bits), 4 feature vectors at a time (the 4 FMA chains a step).
+      // Directional: a tile of S rows (each hides a random subset of the keys) two rows at a time over the keys
+      // either row sees (visibleWeightedRows: the same bits), 4 feature vectors at a time (8 FMA chains a step).
       Value selective = L.ge(tile.ownKey[0], L.idx(0));
       for (int64_t r = 1; r < R; ++r)
         selective = L.andI(selective, L.ge(tile.ownKey[r], L.idx(0)));
@@ -239,12 +239,16 @@ void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Val
       OpBuilder::InsertionGuard guard(b);
       b.setInsertionPointToStart(split.thenBlock());
       const int64_t sparseChunks = std::min<int64_t>(chunks, 4);
-      for (int64_t r = 0; r < R; ++r) {
+      constexpr int64_t kPairRows = 2;
+      static_assert(kDirectionalTileRows % kPairRows == 0, "the S rows of a tile go in pairs");
+      for (int64_t r = 0; r < R; r += kPairRows) {
         if (r % pvRows == 0)
           prefetch(2 + r / pvRows);
+        const int64_t nr = std::min(kPairRows, R - r);
+        ArrayRef<Value> pos = ArrayRef<Value>(tile.pos).slice(r, nr);
         for (int64_t c0 = 0; c0 < chunks; c0 += sparseChunks) {
           int64_t nc = std::min(sparseChunks, chunks - c0);
-          finish(K.visibleWeightedRow(S, r, bi, tile.pos[r], len, vp, M16, c0, nc), r, 1, c0, nc);
+          finish(K.visibleWeightedRows(S, r, pos, bi, len, vp, M16, c0, nc), r, nr, c0, nc);
         }
       }
       b.setInsertionPointToStart(split.elseBlock());

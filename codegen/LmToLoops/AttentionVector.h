@@ -286,14 +286,18 @@ struct VectorKernel {
   scf::ForOp weightedRows(Value W, int64_t r0, int64_t nr, Value packed, Value M16, int64_t c0, int64_t nc, Value lo,
                           Value hi);
 
-  /// weightedRows for one S row of the directional mask (entry bi, position pos, keys [0, len)): acc[c] = sum_j
-  /// W[r, j] * row j's feature vector c0 + c of `packed` over the keys the row sees alone, in key order, found 32
-  /// keys at a time from its hidden-key word (bits cleared from len on and at its own key) by counting trailing
-  /// zeros. The keys skipped have W = 0 exactly, so every lane is the same chain of FMAs as weightedRows' over all
-  /// of [0, len): the same bits, for the work of the visible keys alone (an S row hides a random subset). (Values
-  /// are finite in a model; a non-finite value of a hidden key, which 0 * v turned into NaN, is not read.)
-  SmallVector<Value> visibleWeightedRow(Value W, int64_t r, Value bi, Value pos, Value len, Value packed, Value M16,
-                                        int64_t c0, int64_t nc);
+  /// weightedRows for S rows r0..r0+n of the directional mask (n = pos.size(), their positions; entry bi, keys
+  /// [0, len)): acc[r * nc + c] = sum_j W[r0 + r, j] * row j's feature vector c0 + c of `packed` over the keys one
+  /// of the rows sees, in key order, found 32 keys at a time from the rows' hidden-key words (bits cleared from len
+  /// on and at each row's own key, the rows' visible bits or-ed) by counting trailing zeros. A key skipped has
+  /// W = 0 exactly for every row, and so does a key another row of the group sees, so every lane is the same chain
+  /// of FMAs as weightedRows' over all of [0, len): the same bits, for the work of the keys the group sees (an S
+  /// row hides a random subset). Two rows a group: 8 FMA chains where one row has 4 (a single row's loop waited on
+  /// the FMA latency), each value vector loaded once for both, over about 3/4 of the keys where the two rows
+  /// apart visited 2 x 1/2. (Values are finite in a model; a non-finite value of a key no row of the group sees,
+  /// which 0 * v turned into NaN, is not read.)
+  SmallVector<Value> visibleWeightedRows(Value W, int64_t r0, ArrayRef<Value> pos, Value bi, Value len, Value packed,
+                                         Value M16, int64_t c0, int64_t nc);
 
   // Shaw relative positions (clip c, T = 2c + 1 table rows, index t(i, j) = clamp(j - i, -c, c) + c) in the vector
   // forms: the q_r . rel[t] products per row (T of them, not one per key), read back per key block as a

@@ -66,27 +66,33 @@ scf::ForOp VectorKernel::weightedRows(Value W, int64_t r0, int64_t nr, Value pac
   });
 }
 
-SmallVector<Value> VectorKernel::visibleWeightedRow(Value W, int64_t r, Value bi, Value pos, Value len, Value packed,
-                                                    Value M16, int64_t c0, int64_t nc) {
+SmallVector<Value> VectorKernel::visibleWeightedRows(Value W, int64_t r0, ArrayRef<Value> pos, Value bi, Value len,
+                                                     Value packed, Value M16, int64_t c0, int64_t nc) {
+  const int64_t nr = pos.size();
   SmallVector<Value> firstRows = packedFirstRows(M16, c0, nc);
   Value words = b.create<arith::DivUIOp>(loc, add(len, L.idx(31)), L.idx(32));
   Type i32 = L.i32();
   auto word32 = [&](Value index) { return b.create<arith::IndexCastOp>(loc, i32, index).getResult(); };
   Value allOnes = L.i32c(-1), zero32 = L.i32c(0), one32 = L.i32c(1);
-  auto sums = loop(L.idx(0), words, 1, SmallVector<Value>(nc, zeroV), [&](Value w, ValueRange acc) {
+  auto sums = loop(L.idx(0), words, 1, SmallVector<Value>(nr * nc, zeroV), [&](Value w, ValueRange acc) {
     Value start = b.create<arith::MulIOp>(loc, w, L.idx(32));
     // Keys from len on: bits from len - start on cleared (none when the word is below len - 32).
     Value remaining = b.create<arith::SubIOp>(loc, len, start);
     Value below = b.create<arith::SubIOp>(
         loc, b.create<arith::ShLIOp>(loc, one32, word32(b.create<arith::MinSIOp>(loc, remaining, L.idx(31)))), one32);
     Value inLength = L.select(L.lt(remaining, L.idx(32)), below, allOnes);
-    // Its own key: bit pos mod 32 of word pos / 32.
-    Value own =
-        L.select(L.eqI(b.create<arith::DivUIOp>(loc, pos, L.idx(32)), w),
-                 b.create<arith::ShLIOp>(loc, one32, word32(b.create<arith::RemUIOp>(loc, pos, L.idx(32)))), zero32);
-    Value hidden = L.load(maskRows, {bi, pos, add(L.idx(1), w)});
-    Value shown = b.create<arith::AndIOp>(
-        loc, b.create<arith::XOrIOp>(loc, b.create<arith::OrIOp>(loc, hidden, own), allOnes), inLength);
+    // The keys of this word some row sees: per row its hidden-key word less its own key (bit pos mod 32 of word
+    // pos / 32), within the length.
+    Value anyShown = zero32;
+    for (Value p : pos) {
+      Value own =
+          L.select(L.eqI(b.create<arith::DivUIOp>(loc, p, L.idx(32)), w),
+                   b.create<arith::ShLIOp>(loc, one32, word32(b.create<arith::RemUIOp>(loc, p, L.idx(32)))), zero32);
+      Value hidden = L.load(maskRows, {bi, p, add(L.idx(1), w)});
+      Value seen = b.create<arith::XOrIOp>(loc, b.create<arith::OrIOp>(loc, hidden, own), allOnes);
+      anyShown = b.create<arith::OrIOp>(loc, anyShown, seen);
+    }
+    Value shown = b.create<arith::AndIOp>(loc, anyShown, inLength);
     SmallVector<Type> types{i32};
     SmallVector<Value> init{shown};
     for (Value a : acc)
@@ -100,10 +106,14 @@ SmallVector<Value> VectorKernel::visibleWeightedRow(Value W, int64_t r, Value bi
           Value bits = args[0];
           Value j = add(start, L.toIndex(b.create<math::CountTrailingZerosOp>(loc, bits)));
           SmallVector<Value> next{b.create<arith::AndIOp>(loc, bits, b.create<arith::SubIOp>(loc, bits, one32))};
-          Value p = bcast(L.load(W, {L.idx(r), j}));
+          SmallVector<Value> v;
           for (int64_t c = 0; c < nc; ++c)
-            next.push_back(
-                b.create<vector::FMAOp>(loc, p, load(packed, ValueRange{add(firstRows[c], j), L.idx(0)}), args[1 + c]));
+            v.push_back(load(packed, ValueRange{add(firstRows[c], j), L.idx(0)}));
+          for (int64_t r = 0; r < nr; ++r) {
+            Value p = bcast(L.load(W, {L.idx(r0 + r), j}));
+            for (int64_t c = 0; c < nc; ++c)
+              next.push_back(b.create<vector::FMAOp>(loc, p, v[c], args[1 + r * nc + c]));
+          }
           b.create<scf::YieldOp>(loc, next);
         });
     return SmallVector<Value>(keys.getResults().drop_front());
