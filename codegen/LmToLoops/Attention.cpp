@@ -240,7 +240,6 @@ void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Val
       b.setInsertionPointToStart(split.thenBlock());
       const int64_t sparseChunks = std::min<int64_t>(chunks, 4);
       constexpr int64_t kPairRows = 2;
-      static_assert(kDirectionalTileRows % kPairRows == 0, "the S rows of a tile go in pairs");
       for (int64_t r = 0; r < R; r += kPairRows) {
         if (r % pvRows == 0)
           prefetch(2 + r / pvRows);

@@ -31,10 +31,10 @@ using namespace lmcc::codegen::abi;
 // take the prefetching kernel; fp32 depths over 768 run in chunks of 128 (901: seven and a partial one; 3072 at
 // M >= 47: two blocks of rows), depths 513-768 unchunked in 256 KB blocks of rows (601, 768).
 const std::vector<std::pair<int64_t, int64_t>> kShapes = {
-    {1, 5},       {16, 7},      {63, 33},    {64, 8},     {65, 19},    {67, 30},    {130, 17},   {30, 46},
-    {120, 30},    {4133, 71},   {100, 601},  {100, 901},  {512, 512},  {1536, 512}, {3072, 512}, {2048, 512}, {512, 2048},
-    {30522, 512}, {768, 768},   {2304, 768}, {3072, 768}, {768, 3072}, {30522, 768}, {1024, 512}, {6144, 512},
-    {32000, 512}};
+    {1, 5},       {16, 7},      {63, 33},    {64, 8},     {65, 19},    {67, 30},     {130, 17},   {30, 46},
+    {120, 30},    {4133, 71},   {100, 601},  {100, 901},  {512, 512},  {1536, 512},  {3072, 512}, {2048, 512},
+    {512, 2048},  {30522, 512}, {768, 768},  {2304, 768}, {3072, 768}, {768, 3072},  {30522, 768}, {1024, 512},
+    {6144, 512},  {32000, 512}};
 
 // Every register tile runs on any x86-64 with AVX2 (512-bit vectors are split in two there): the AVX-512 and AVX2
 // tiles and AVX-512's tile of deep weights on an 8-way L1 (5 x 64, GemmTile::forDepth).
