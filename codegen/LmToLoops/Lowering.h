@@ -96,7 +96,7 @@ mlir::LogicalResult buildInitKernel(mlir::ModuleOp module, const LoweringContext
 /// fused epilogue (lm.linear {activation}) and the activation op's row loop give the same bits.
 mlir::Value emitActivation(mlir::OpBuilder &b, mlir::Location loc, llvm::StringRef kind, mlir::Value x);
 
-/// e^x lane-wise (x a vector of f32) for x <= 88 (a softmax's x - max <= 0), exactly 0 for x <= -88 and -inf:
+/// e^x (x an f32 or a vector of f32, lane-wise) for x <= 88 (a softmax's x - max <= 0), exactly 0 for x <= -88 and -inf:
 /// x = n ln 2 + r with n = round(x log2 e) (by adding 1.5 * 2^23), r in two parts of ln 2 (Cephes' split), e^r by
 /// Cephes' expf polynomial (about 1 ulp) and 2^n from n's bits (n = -127 gives 0). NaN stays NaN. About half the
 /// instructions of math.exp's approximation, which also handles x > 88 and denormal results.

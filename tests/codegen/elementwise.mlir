@@ -32,9 +32,15 @@
 // CHECK: builtin.unrealized_conversion_cast {{.*}} to memref<?x8xf32>
 // CHECK: arith.extf {{.*}} : f32 to f64
 // CHECK: math.sqrt {{.*}} : f64
+// GELU without a division: e = exp(|x| R(|x|)) (R in Horner form), s = 2 - e or e by the sign of x.
 // CHECK-LABEL: func.func private @lm_rows_gelu_erf_c8
 // CHECK: scf.for
-// CHECK: math.erf
+// CHECK: math.absf
+// CHECK: arith.minimumf
+// CHECK-COUNT-10: math.fma
+// CHECK-NOT: arith.divf
+// CHECK: arith.select
+// CHECK-NOT: arith.divf
 // CHECK-LABEL: func.func private @lm_rows_add_c8
 // CHECK: arith.addf {{.*}} : f32
 // CHECK-LABEL: func.func @m_init_kernel

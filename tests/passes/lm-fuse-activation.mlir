@@ -60,7 +60,8 @@ func.func @shared(%x: tensor<?x?x8xf32>) -> tensor<?x?x12xf32> {
 // Lowered: the FFN input and head transform GEMMs carry the gelu as their epilogue (no activation row pass); with
 // the Eigen product, a row pass in place over its output.
 // LOOPS: func.func private @lm_gemm_2048x512_bias_6x16_gelu(
-// LOOPS: math.erf {{.*}} : vector<8xf32>
+// LOOPS: math.absf {{.*}} : vector<8xf32>
+// LOOPS: math.fma {{.*}} : vector<8xf32>
 // LOOPS: vector.maskedstore
 // LOOPS: func.func private @lm_gemm_task_2048x512_bias_6x16_gelu(
 // EIGEN: call @lm_rt_sgemm_nt
