@@ -509,11 +509,7 @@ Value emitAcrossLanes(OpBuilder &b, Location loc, Value x, const std::function<V
 
 Value emitActivation(OpBuilder &b, Location loc, StringRef kind, Value x) {
   Type type = x.getType();
-  auto c = [&](float v) -> Value {
-    if (auto vec = llvm::dyn_cast<VectorType>(type))
-      return b.create<arith::ConstantOp>(loc, vec, DenseElementsAttr::get(vec, v));
-    return b.create<arith::ConstantOp>(loc, b.getF32FloatAttr(v));
-  };
+  auto c = [&](float v) { return splat(b, loc, type, v); };
   if (kind == "relu")
     return b.create<arith::SelectOp>(loc, b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGT, x, c(0)), x, c(0));
   if (kind == "gelu") {
