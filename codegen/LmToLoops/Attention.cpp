@@ -189,11 +189,7 @@ void emitVectorItems(lm::AttentionOp a, Loops &L, const VectorOperands &ops, Val
       SmallVector<Value> sums = K.exponentiate(S, R, tile.from16, tile.to);
       if (relative)
         K.relativeWeights(S, tile.pos, tile.from16, K.roundDown(K.add(tile.to, L.idx(kLanes - 1))), clip, PT);
-      // p.v in tiles of pvRows rows x pvChunks feature vectors over the group's key range, feature vectors outer
-      // (each one's packed rows stay in the L1 for every row group).
-      SmallVector<Value> inv;
-      for (int64_t r = 0; r < R; ++r)
-        inv.push_back(K.inverse(sums[r]));
+      SmallVector<Value> inv = K.inverses(sums);
       // out_r = acc_r / l_r (+ the relative values' share), stored.
       auto finish = [&](SmallVector<Value> acc, int64_t r0g, int64_t nr, int64_t c0, int64_t nc) {
         if (relative)

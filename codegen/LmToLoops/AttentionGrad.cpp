@@ -164,9 +164,7 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
       }
       K.scores(ops.q, bi, base, tile, kt, scale, PQ, clip, M16, S);
       SmallVector<Value> sums = K.exponentiate(S, R, tile.from16, tile.to);
-      SmallVector<Value> inv;
-      for (int64_t r = 0; r < R; ++r)
-        inv.push_back(K.inverse(sums[r]));
+      SmallVector<Value> inv = K.inverses(sums);
       prefetch(1);
       K.products(ops.dO, bi, base, tile, vt, [&](Value jb, int64_t first, ArrayRef<Value> dp) {
         for (int64_t r = 0; r < int64_t(dp.size()); ++r) {
@@ -190,8 +188,7 @@ void emitVectorGradItems(lm::AttentionGradOp a, Loops &L, const GradOperands &op
           }
           return next;
         });
-        for (int64_t r = 0; r < n; ++r)
-          Dr.push_back(K.allLanes(dots.getResult(r), /*sum=*/true));
+        Dr.append(K.acrossRows(SmallVector<Value>(dots.getResults()), /*sum=*/true));
       });
       // dS = P (dP - D) scale in place of dP.
       K.loop(tile.from16, tile.to, kLanes, {}, [&](Value jb, ValueRange) {

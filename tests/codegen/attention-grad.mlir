@@ -85,13 +85,13 @@ module @m attributes {lm.model = #lm.model<name = "m", vocab = 11, max_len = 9, 
 // scores of 8 rows per key vector, masked only in blocks not fully visible, the softmax numerators
 // CHECK-COUNT-8: vector.fma {{.*}} : vector<16xf32>
 // CHECK: arith.select {{.*}} : vector<16xi1>, vector<16xf32>
-// CHECK: vector.shuffle %[[MX:.*]], %[[MX]] [8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7]
+// CHECK: vector.shuffle %[[MX0:.*]], %[[MX1:.*]] [0, 1, 2, 3, 4, 5, 6, 7, 24, 25, 26, 27, 28, 29, 30, 31]
 // CHECK: arith.shli {{.*}} : vector<16xi32>
 // dP = dO v^T as the scores, then P = p / l with D = sum P dP, then dS = P (dP - D) scale
 // CHECK-COUNT-8: vector.fma {{.*}} : vector<16xf32>
 // CHECK: arith.mulf {{.*}} : vector<16xf32>
 // CHECK: vector.fma {{.*}} : vector<16xf32>
-// CHECK: vector.shuffle %[[D:.*]], %[[D]] [8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7]
+// CHECK: vector.shuffle %[[D0:.*]], %[[D1:.*]] [0, 1, 2, 3, 4, 5, 6, 7, 24, 25, 26, 27, 28, 29, 30, 31]
 // CHECK: arith.subf {{.*}} : vector<16xf32>
 // CHECK: arith.mulf {{.*}} : vector<16xf32>
 // dq: rows past the length (repeats of the last) are not stored; nontemporal stores when streaming

@@ -56,15 +56,20 @@
 // WIDE-COUNT-8: vector.fma {{.*}} : vector<16xf32>
 // CHECK: scf.if
 // CHECK: arith.select {{.*}} : vector<16xi1>, vector<16xf32>
-// row maxima by a butterfly of lane swaps (every lane gets the max), e^(s - m) inline (2^n from n's bits), the
-// row sums by the same butterfly
-// CHECK: vector.shuffle %[[MX:.*]], %[[MX]] [8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7]
-// CHECK: vector.shuffle %[[MX1:.*]], %[[MX1]] [1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14]
+// row maxima by the rows' butterflies of lane swaps side by side (acrossRows: two rows a vector from the first
+// swap on, the last swap within one vector), each row's max then broadcast from its lane; e^(s - m) inline (2^n
+// from n's bits); the row sums the same way, and one division for the tile's 8 rows
+// CHECK: vector.shuffle %[[MX0:.*]], %[[MX1:.*]] [0, 1, 2, 3, 4, 5, 6, 7, 24, 25, 26, 27, 28, 29, 30, 31]
+// CHECK-NEXT: vector.shuffle %[[MX0]], %[[MX1]] [8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23]
+// CHECK: vector.shuffle %[[MX:.*]], %[[MX]] [1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14]
 // CHECK: arith.cmpf ogt
+// CHECK: vector.shuffle %[[M:.*]], %[[M]] [4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4]
 // CHECK: arith.shli {{.*}} : vector<16xi32>
-// CHECK: vector.shuffle %[[SUM:.*]], %[[SUM]] [8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7]
+// CHECK: vector.shuffle %[[S0:.*]], %[[S1:.*]] [0, 1, 2, 3, 4, 5, 6, 7, 24, 25, 26, 27, 28, 29, 30, 31]
 // CHECK: arith.addf {{.*}} : vector<16xf32>
 // CHECK: arith.divf {{.*}} : vector<16xf32>
+// CHECK-NOT: arith.divf
+// CHECK: vector.shuffle %[[INV:.*]], %[[INV]] [14, 14, 14, 14, 14, 14, 14, 14, 14, 14, 14, 14, 14, 14, 14, 14]
 // The output rows: nontemporal stores when streaming, plain ones otherwise; the streaming kernel never
 // prefetches them for writing.
 // CHECK: scf.if %[[NT]] {
