@@ -16,50 +16,9 @@ Value VectorKernel::allLanes(Value x, bool sum) {
 }
 
 SmallVector<Value> VectorKernel::acrossRows(ArrayRef<Value> xs, bool sum, const std::function<Value(Value)> &then) {
-  auto combine = [&](Value x, Value y) { return sum ? Value(b.create<arith::AddFOp>(loc, x, y)) : greater(x, y); };
-  // Combined vectors, and per lane the row (index into xs) whose butterfly the lane carries.
-  SmallVector<Value> vs(xs.begin(), xs.end());
-  SmallVector<SmallVector<int64_t>> owner;
-  for (size_t r = 0; r < xs.size(); ++r)
-    owner.push_back(SmallVector<int64_t>(kLanes, int64_t(r)));
-  // Before the swap of distance w a row's lanes l and l ^ 2w, l ^ 4w, ... hold the same value, so a group of 2w
-  // lanes is the row's whole state: the lower w lanes of each group take P's swap, the upper w Q's.
-  for (int64_t w = kLanes / 2; w >= 1; w /= 2) {
-    SmallVector<Value> next;
-    SmallVector<SmallVector<int64_t>> nextOwner;
-    for (size_t i = 0; i < vs.size(); i += 2) {
-      Value P = vs[i];
-      if (i + 1 == vs.size()) { // no partner: the butterfly's own step
-        SmallVector<int64_t> swap(kLanes);
-        for (int64_t l = 0; l < kLanes; ++l)
-          swap[l] = l ^ w;
-        next.push_back(combine(P, b.create<vector::ShuffleOp>(loc, P, P, swap)));
-        nextOwner.push_back(owner[i]);
-        continue;
-      }
-      SmallVector<int64_t> own(kLanes), other(kLanes), lanes(kLanes);
-      for (int64_t l = 0; l < kLanes; ++l) {
-        bool low = l % (2 * w) < w;
-        own[l] = low ? l : kLanes + l;
-        other[l] = low ? l + w : kLanes + l - w;
-        lanes[l] = low ? owner[i][l] : owner[i + 1][l];
-      }
-      Value Q = vs[i + 1];
-      Value mine = b.create<vector::ShuffleOp>(loc, P, Q, own);
-      next.push_back(combine(mine, b.create<vector::ShuffleOp>(loc, P, Q, other)));
-      nextOwner.push_back(lanes);
-    }
-    vs = std::move(next);
-    owner = std::move(nextOwner);
-  }
-  SmallVector<Value> out(xs.size());
-  for (auto [v, lanes] : llvm::zip(vs, owner)) {
-    Value done = then ? then(v) : v;
-    for (int64_t l = 0; l < kLanes; ++l)
-      if (!out[lanes[l]])
-        out[lanes[l]] = b.create<vector::ShuffleOp>(loc, done, done, SmallVector<int64_t>(kLanes, l));
-  }
-  return out;
+  return emitAcrossLanesOfEach(
+      b, loc, xs,
+      [&](Value x, Value y) { return sum ? Value(b.create<arith::AddFOp>(loc, x, y)) : greater(x, y); }, then);
 }
 
 Value VectorKernel::expOf(Value x) { return emitVectorExp(b, loc, x); }

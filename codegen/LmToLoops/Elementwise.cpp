@@ -507,6 +507,56 @@ Value emitAcrossLanes(OpBuilder &b, Location loc, Value x, const std::function<V
   return x;
 }
 
+SmallVector<Value> emitAcrossLanesOfEach(OpBuilder &b, Location loc, ArrayRef<Value> xs,
+                                         const std::function<Value(Value, Value)> &combine,
+                                         const std::function<Value(Value)> &then) {
+  if (xs.empty())
+    return {};
+  const int64_t lanes = llvm::cast<VectorType>(xs[0].getType()).getNumElements();
+  // The merged vectors, and per lane the index (into xs) of the vector whose butterfly the lane carries.
+  SmallVector<Value> vs(xs.begin(), xs.end());
+  SmallVector<SmallVector<int64_t>> owner;
+  for (size_t r = 0; r < xs.size(); ++r)
+    owner.push_back(SmallVector<int64_t>(lanes, int64_t(r)));
+  for (int64_t w = lanes / 2; w >= 1; w /= 2) {
+    SmallVector<Value> next;
+    SmallVector<SmallVector<int64_t>> nextOwner;
+    for (size_t i = 0; i < vs.size(); i += 2) {
+      Value P = vs[i];
+      if (i + 1 == vs.size()) { // no partner: the butterfly's own step
+        SmallVector<int64_t> swap(lanes);
+        for (int64_t l = 0; l < lanes; ++l)
+          swap[l] = l ^ w;
+        next.push_back(combine(P, b.create<vector::ShuffleOp>(loc, P, P, swap)));
+        nextOwner.push_back(owner[i]);
+        continue;
+      }
+      // The lower w lanes of each group of 2w take P's step, the upper w Q's.
+      SmallVector<int64_t> own(lanes), other(lanes), merged(lanes);
+      for (int64_t l = 0; l < lanes; ++l) {
+        bool low = l % (2 * w) < w;
+        own[l] = low ? l : lanes + l;
+        other[l] = low ? l + w : lanes + l - w;
+        merged[l] = low ? owner[i][l] : owner[i + 1][l];
+      }
+      Value Q = vs[i + 1];
+      Value mine = b.create<vector::ShuffleOp>(loc, P, Q, own);
+      next.push_back(combine(mine, b.create<vector::ShuffleOp>(loc, P, Q, other)));
+      nextOwner.push_back(merged);
+    }
+    vs = std::move(next);
+    owner = std::move(nextOwner);
+  }
+  SmallVector<Value> out(xs.size());
+  for (auto [v, owners] : llvm::zip(vs, owner)) {
+    Value done = then ? then(v) : v;
+    for (int64_t l = 0; l < lanes; ++l)
+      if (!out[owners[l]])
+        out[owners[l]] = b.create<vector::ShuffleOp>(loc, done, done, SmallVector<int64_t>(lanes, l));
+  }
+  return out;
+}
+
 Value emitActivation(OpBuilder &b, Location loc, StringRef kind, Value x) {
   Type type = x.getType();
   auto c = [&](float v) { return splat(b, loc, type, v); };

@@ -111,6 +111,16 @@ mlir::Value emitGreater(mlir::OpBuilder &b, mlir::Location loc, mlir::Value x, m
 mlir::Value emitAcrossLanes(mlir::OpBuilder &b, mlir::Location loc, mlir::Value x,
                             const std::function<mlir::Value(mlir::Value, mlir::Value)> &combine);
 
+/// emitAcrossLanes of every vector of xs at once, each result then `then` lane-wise (when given) and broadcast from
+/// one lane: the butterflies run side by side, two vectors' states in one from the first swap on (a group of 2w
+/// lanes holds a vector's whole state before the swap of distance w), so 8 vectors take 23 operations where apart
+/// they take 64, and `then` (a division, say) runs once for every 16 vectors. Lane l of a merged vector holds lane l
+/// of its vector's own butterfly, combined with its own value first, so the bits are emitAcrossLanes'.
+llvm::SmallVector<mlir::Value> emitAcrossLanesOfEach(mlir::OpBuilder &b, mlir::Location loc,
+                                                     llvm::ArrayRef<mlir::Value> xs,
+                                                     const std::function<mlir::Value(mlir::Value, mlir::Value)> &combine,
+                                                     const std::function<mlir::Value(mlir::Value)> &then = {});
+
 /// Task functions for lm_rt_parallel_for have the signature `(ctx: !llvm.ptr, begin: i64, end: i64)` and read
 /// their operands from i64 fields of ctx (addresses and sizes). The task's entry block argument 0 is ctx.
 mlir::func::FuncOp createTask(mlir::OpBuilder &b, mlir::ModuleOp module, llvm::StringRef name);
