@@ -26,12 +26,6 @@ namespace {
 
 using namespace mlir;
 
-struct Buffer1D { // a memref<?xf32> descriptor (the C interface of the kernels)
-  float *allocated, *aligned;
-  int64_t offset, size, stride;
-};
-using Kernel = void (*)(Buffer1D *, Buffer1D *);
-
 /// out[i] = activation(in[i]) for i < size: `vector` in steps of 16 (size a multiple of 16), else element by element.
 void addKernel(OpBuilder &b, ModuleOp module, StringRef name, StringRef kind, bool vector) {
   Location loc = b.getUnknownLoc();
@@ -66,29 +60,17 @@ double ulpOf(float y) {
   return std::max(double(std::nextafter(a, std::numeric_limits<float>::infinity()) - a), 1.4e-45);
 }
 
-class Activation : public ::testing::Test {
+class Activation : public lmcc::test::KernelTest {
 protected:
   void SetUp() override {
-    context.loadDialect<arith::ArithDialect, func::FuncDialect, math::MathDialect, memref::MemRefDialect,
-                        scf::SCFDialect, vector::VectorDialect, LLVM::LLVMDialect>();
-    OpBuilder b(&context);
-    module = ModuleOp::create(b.getUnknownLoc());
-    addKernel(b, *module, "gelu_vector", "gelu", true);
-    addKernel(b, *module, "gelu_scalar", "gelu", false);
-    ASSERT_NO_FATAL_FAILURE(library.build(*module, "activation"));
+    ASSERT_NO_FATAL_FAILURE(buildKernels("activation", [](OpBuilder &b, ModuleOp module) {
+      addKernel(b, module, "gelu_vector", "gelu", true);
+      addKernel(b, module, "gelu_scalar", "gelu", false);
+    }));
   }
-  std::vector<float> run(const char *name, std::vector<float> x) {
-    Kernel kernel = library.symbol<Kernel>(name);
-    EXPECT_NE(kernel, nullptr) << name;
-    std::vector<float> y(x.size());
-    Buffer1D in{x.data(), x.data(), 0, int64_t(x.size()), 1}, out{y.data(), y.data(), 0, int64_t(y.size()), 1};
-    if (kernel)
-      kernel(&in, &out);
-    return y;
+  std::vector<float> run(const std::string &name, std::vector<float> x) {
+    return library.runOnVector(name, std::move(x));
   }
-  MLIRContext context;
-  OwningOpRef<ModuleOp> module;
-  lmcc::test::KernelLibrary library;
 };
 
 TEST_F(Activation, GeluIsXPhiXWithinItsBounds) {

@@ -28,12 +28,6 @@ namespace {
 
 using namespace mlir;
 
-struct Buffer1D { // a memref<?xf32> descriptor (the C interface of the kernels)
-  float *allocated, *aligned;
-  int64_t offset, size, stride;
-};
-using Kernel = void (*)(Buffer1D *, Buffer1D *);
-
 constexpr int64_t kLanes = 16;
 const int64_t kCounts[] = {1, 2, 3, 5, 8, 9, 16, 17, 33};
 const char *const kKinds[] = {"sum", "max", "inverse"};
@@ -83,31 +77,19 @@ void addKernel(OpBuilder &b, ModuleOp module, const char *kind, int64_t n, bool 
   b.create<func::ReturnOp>(loc);
 }
 
-class LaneReduction : public ::testing::Test {
+class LaneReduction : public lmcc::test::KernelTest {
 protected:
   void SetUp() override {
-    context.loadDialect<arith::ArithDialect, func::FuncDialect, math::MathDialect, memref::MemRefDialect,
-                        scf::SCFDialect, vector::VectorDialect, LLVM::LLVMDialect>();
-    OpBuilder b(&context);
-    module = ModuleOp::create(b.getUnknownLoc());
-    for (const char *kind : kKinds)
-      for (int64_t n : kCounts)
-        for (bool merged : {false, true})
-          addKernel(b, *module, kind, n, merged);
-    ASSERT_NO_FATAL_FAILURE(library.build(*module, "lanereduction"));
+    ASSERT_NO_FATAL_FAILURE(buildKernels("lanereduction", [](OpBuilder &b, ModuleOp module) {
+      for (const char *kind : kKinds)
+        for (int64_t n : kCounts)
+          for (bool merged : {false, true})
+            addKernel(b, module, kind, n, merged);
+    }));
   }
   std::vector<float> run(const std::string &name, std::vector<float> x) {
-    Kernel kernel = library.symbol<Kernel>(name);
-    EXPECT_NE(kernel, nullptr) << name;
-    std::vector<float> y(x.size(), NAN);
-    Buffer1D in{x.data(), x.data(), 0, int64_t(x.size()), 1}, out{y.data(), y.data(), 0, int64_t(y.size()), 1};
-    if (kernel)
-      kernel(&in, &out);
-    return y;
+    return library.runOnVector(name, std::move(x));
   }
-  MLIRContext context;
-  OwningOpRef<ModuleOp> module;
-  lmcc::test::KernelLibrary library;
 };
 
 /// n vectors of values spread over many magnitudes and both signs (so that the order of a sum's additions shows in
