@@ -239,6 +239,9 @@ struct VectorKernel {
   /// max(x, y) lane-wise as x86's maxps (no NaN test: a NaN score still reaches the output through its exp).
   Value greater(Value x, Value y) { return emitGreater(b, loc, x, y); }
 
+  /// The sum (add) or the max (greater) of two vectors, as the lane reductions below combine them.
+  std::function<Value(Value, Value)> combiner(bool sum);
+
   /// Every lane the max (`sum` false) or the sum of x's lanes: a butterfly of 4 lane swaps. Its sums add in pairs
   /// in one fixed order (every lane gets the same bits); the max is exact.
   Value allLanes(Value x, bool sum);

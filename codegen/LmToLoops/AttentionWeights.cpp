@@ -9,16 +9,14 @@
 
 namespace lmcc::codegen::attention {
 
-Value VectorKernel::allLanes(Value x, bool sum) {
-  return emitAcrossLanes(b, loc, x, [&](Value x, Value y) {
-    return sum ? Value(b.create<arith::AddFOp>(loc, x, y)) : greater(x, y);
-  });
+std::function<Value(Value, Value)> VectorKernel::combiner(bool sum) {
+  return [this, sum](Value x, Value y) { return sum ? Value(b.create<arith::AddFOp>(loc, x, y)) : greater(x, y); };
 }
 
+Value VectorKernel::allLanes(Value x, bool sum) { return emitAcrossLanes(b, loc, x, combiner(sum)); }
+
 SmallVector<Value> VectorKernel::acrossRows(ArrayRef<Value> xs, bool sum, const std::function<Value(Value)> &then) {
-  return emitAcrossLanesOfEach(
-      b, loc, xs,
-      [&](Value x, Value y) { return sum ? Value(b.create<arith::AddFOp>(loc, x, y)) : greater(x, y); }, then);
+  return emitAcrossLanesOfEach(b, loc, xs, combiner(sum), then);
 }
 
 Value VectorKernel::expOf(Value x) { return emitVectorExp(b, loc, x); }

@@ -550,6 +550,10 @@ SmallVector<Value> emitAcrossLanesOfEach(OpBuilder &b, Location loc, ArrayRef<Va
   SmallVector<Value> out(xs.size());
   for (auto [v, owners] : llvm::zip(vs, owner)) {
     Value done = then ? then(v) : v;
+    if (llvm::all_equal(owners)) { // never merged (a lone vector): every lane is its butterfly's already
+      out[owners[0]] = done;
+      continue;
+    }
     for (int64_t l = 0; l < lanes; ++l)
       if (!out[owners[l]])
         out[owners[l]] = b.create<vector::ShuffleOp>(loc, done, done, SmallVector<int64_t>(lanes, l));
