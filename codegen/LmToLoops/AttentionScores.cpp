@@ -214,42 +214,28 @@ void VectorKernel::products(Value a, Value bi, Value base, const Tile &tile, Val
   Value end = L.select(L.lt(L.idx(half), rest), add(fullEnd, L.idx(kLanes)), fullEnd);
   rowGroups(tile.row.size(), geo.scoreRows, [&](int64_t r0, int64_t R) {
     ArrayRef<Value> row = ArrayRef<Value>(tile.row).slice(r0, R);
-    // One step: the segments' keys in one pass over the features (a segment: `width` keys from lane `offset` of
-    // the 16-key block jb). One broadcast of q feeds an FMA per segment; each score is the same FMA chain over
-    // the features in order whatever the step holds.
-    struct Segment {
-      Value jb;
-      int64_t width, offset;
-    };
-    auto step = [&](ArrayRef<Segment> segments) {
-      const int64_t n = segments.size();
-      SmallVector<VectorType> types;
-      SmallVector<Value> rows, zero, zeros;
-      for (const Segment &s : segments) {
-        types.push_back(VectorType::get({s.width}, L.f32()));
-        rows.push_back(transposedRow(s.jb, L.idx(0)));
-        zero.push_back(b.create<vector::BroadcastOp>(loc, types.back(), L.f32c(0)));
-      }
-      for (int64_t r = 0; r < R; ++r)
-        for (int64_t h = 0; h < n; ++h)
-          zeros.append(chains, zero[h]);
+    // One step: blocks starting at `at` (`width` keys each from lane `offset`) in one pass over the features. One
+    // broadcast of q feeds an FMA per block; each score is the same FMA chain over the features in order whatever
+    // the step holds.
+    auto step = [&](ArrayRef<Value> at, int64_t width, int64_t offset) {
+      const int64_t n = at.size();
+      auto type = VectorType::get({width}, L.f32());
+      SmallVector<Value> rows;
+      for (Value jb : at)
+        rows.push_back(transposedRow(jb, L.idx(0)));
+      SmallVector<Value> zeros(R * n * chains, b.create<vector::BroadcastOp>(loc, type, L.f32c(0)));
       auto dot = loop(L.idx(0), L.idx(dh), 4, zeros, [&](Value e0, ValueRange acc) {
         SmallVector<Value> next(acc.begin(), acc.end());
         for (int64_t u = 0; u < 4; ++u) {
           Value e = add(e0, L.idx(u));
           SmallVector<Value> kv;
           for (int64_t h = 0; h < n; ++h)
-            kv.push_back(
-                b.create<vector::LoadOp>(loc, types[h], t, ValueRange{add(rows[h], e), L.idx(segments[h].offset)}));
+            kv.push_back(b.create<vector::LoadOp>(loc, type, t, ValueRange{add(rows[h], e), L.idx(offset)}));
           for (int64_t r = 0; r < R; ++r) {
-            Value qe = L.load(a, {bi, row[r], add(base, e)});
-            llvm::SmallDenseMap<Type, Value, 2> broadcasts; // one per vector width
+            Value qe = b.create<vector::BroadcastOp>(loc, type, L.load(a, {bi, row[r], add(base, e)}));
             for (int64_t h = 0; h < n; ++h) {
-              Value &qv = broadcasts[types[h]];
-              if (!qv)
-                qv = b.create<vector::BroadcastOp>(loc, types[h], qe);
               int64_t slot = (r * n + h) * chains + u % chains;
-              next[slot] = b.create<vector::FMAOp>(loc, qv, kv[h], next[slot]);
+              next[slot] = b.create<vector::FMAOp>(loc, qe, kv[h], next[slot]);
             }
           }
         }
@@ -264,73 +250,73 @@ void VectorKernel::products(Value a, Value bi, Value base, const Tile &tile, Val
             s[r] =
                 b.create<arith::AddFOp>(loc, b.create<arith::AddFOp>(loc, s[r], dot.getResult(slot + 1)),
                                         b.create<arith::AddFOp>(loc, dot.getResult(slot + 2), dot.getResult(slot + 3)));
-          if (segments[h].width < kLanes)
-            s[r] = b.create<vector::InsertStridedSliceOp>(loc, s[r], zeroV, ArrayRef<int64_t>{segments[h].offset},
+          if (width < kLanes)
+            s[r] = b.create<vector::InsertStridedSliceOp>(loc, s[r], zeroV, ArrayRef<int64_t>{offset},
                                                           ArrayRef<int64_t>{1});
         }
-        use(segments[h].jb, r0, s);
+        use(at[h], r0, s);
       }
     };
-    auto fullBlocks = [&](Value jb, int64_t count) {
-      SmallVector<Segment> segments;
-      for (int64_t h = 0; h < count; ++h)
-        segments.push_back({h ? add(jb, L.idx(h * kLanes)) : jb, kLanes, 0});
-      return segments;
+    // `count` full blocks from jb.
+    auto blocksFrom = [&](Value jb, int64_t count) {
+      SmallVector<Value> at{jb};
+      for (int64_t h = 1; h < count; ++h)
+        at.push_back(add(jb, L.idx(h * kLanes)));
+      step(at, kLanes, 0);
     };
-    const Segment tailSegment{fullEnd, half, 0};
-    L.when(headHalf, [&] { step({{tile.from16, half, half}}); });
     const int64_t blocks = chains == 1 ? geo.scoreBlocks * std::max<int64_t>(1, geo.scoreRows / R) : 1;
-    if (blocks == 2) {
-      // Pairs of full blocks; a lone block or the tail's half block in one step with the last pair (24
-      // accumulators), a block and the tail's half block together: 8 rows' chains over one block alone are just
-      // the 8 FMAs in flight two ports of latency 4 need, and ran at two thirds of the pairs' rate
-      // (bench/results/2026-12-06-score-steps.md).
-      Value count = b.create<arith::DivUIOp>(loc, b.create<arith::SubIOp>(loc, end, first), L.idx(kLanes));
-      Value single = L.ne(b.create<arith::RemUIOp>(loc, count, L.idx(2)), L.idx(0));
-      Value pairs = b.create<arith::DivUIOp>(loc, count, L.idx(2));
-      Value peel = L.andI(L.ge(pairs, L.idx(1)), L.ne(single, tailHalf));
-      Value looped = L.select(peel, b.create<arith::SubIOp>(loc, pairs, L.idx(1)), pairs);
-      Value rest = add(first, b.create<arith::MulIOp>(loc, looped, L.idx(2 * kLanes)));
-      loop(first, rest, 2 * kLanes, {}, [&](Value jb, ValueRange) {
-        step(fullBlocks(jb, 2));
+    if (blocks == 1) {
+      L.when(headHalf, [&] { step({tile.from16}, half, half); });
+      loop(first, end, kLanes, {}, [&](Value jb, ValueRange) {
+        blocksFrom(jb, 1);
         return SmallVector<Value>{};
       });
-      auto branch = b.create<scf::IfOp>(loc, peel, /*withElse=*/true);
-      OpBuilder::InsertionGuard guard(b);
-      b.setInsertionPointToStart(branch.thenBlock());
-      auto lastPair = b.create<scf::IfOp>(loc, single, /*withElse=*/true);
-      b.setInsertionPointToStart(lastPair.thenBlock());
-      step(fullBlocks(rest, 3));
-      b.setInsertionPointToStart(lastPair.elseBlock());
-      SmallVector<Segment> pairAndHalf = fullBlocks(rest, 2);
-      pairAndHalf.push_back(tailSegment);
-      step(pairAndHalf);
-      b.setInsertionPointToStart(branch.elseBlock());
-      auto alone = b.create<scf::IfOp>(loc, single, /*withElse=*/true);
-      b.setInsertionPointToStart(alone.thenBlock());
-      auto withHalf = b.create<scf::IfOp>(loc, tailHalf, /*withElse=*/true);
-      b.setInsertionPointToStart(withHalf.thenBlock());
-      step({{rest, kLanes, 0}, tailSegment});
-      b.setInsertionPointToStart(withHalf.elseBlock());
-      step({{rest, kLanes, 0}});
-      b.setInsertionPointToStart(alone.elseBlock());
-      L.when(tailHalf, [&] { step({tailSegment}); });
+      L.when(tailHalf, [&] { step({fullEnd}, half, 0); });
       return;
     }
-    Value singles = first;
-    if (blocks > 1) {
-      Value groupsEnd = add(first, roundDown(b.create<arith::SubIOp>(loc, end, first), blocks * kLanes));
-      loop(first, groupsEnd, blocks * kLanes, {}, [&](Value jb, ValueRange) {
-        step(fullBlocks(jb, blocks));
-        return SmallVector<Value>{};
-      });
-      singles = groupsEnd;
-    }
-    loop(singles, end, kLanes, {}, [&](Value jb, ValueRange) {
-      step(fullBlocks(jb, 1));
+    // Several blocks a step (512 bits only): every block of [from16, to) 16 keys wide (a half block's 8 unseen
+    // keys cost no instruction more there, and storeScores masks them as before), `blocks` at a time (a single
+    // block's R + 1 loads for R FMAs kept the loop at the load ports of the two-FMA-port AVX-512 core), then the
+    // k < blocks left in one step, with the last group when k is at most half a group (at most 24 accumulators):
+    // a tile's rows' chains over one block alone are at most the 8 FMAs in flight two ports of latency 4 need,
+    // and 8 of them ran at two thirds of the pairs' rate (bench/results/2026-12-06-score-steps.md).
+    const int64_t G = blocks;
+    Value to16 = roundDown(add(tile.to, L.idx(kLanes - 1)));
+    Value covered = b.create<arith::MaxSIOp>(loc, b.create<arith::SubIOp>(loc, to16, tile.from16), L.idx(0));
+    Value count = b.create<arith::DivUIOp>(loc, covered, L.idx(kLanes));
+    Value groups = b.create<arith::DivUIOp>(loc, count, L.idx(G));
+    Value rem = b.create<arith::RemUIOp>(loc, count, L.idx(G));
+    Value peel = L.andI(L.andI(L.ge(groups, L.idx(1)), L.ge(rem, L.idx(1))), L.le(add(rem, rem), L.idx(G)));
+    Value looped = L.select(peel, b.create<arith::SubIOp>(loc, groups, L.idx(1)), groups);
+    Value lastGroup = add(tile.from16, b.create<arith::MulIOp>(loc, looped, L.idx(G * kLanes)));
+    Value leftAt = add(tile.from16, b.create<arith::MulIOp>(loc, groups, L.idx(G * kLanes)));
+    loop(tile.from16, lastGroup, G * kLanes, {}, [&](Value jb, ValueRange) {
+      blocksFrom(jb, G);
       return SmallVector<Value>{};
     });
-    L.when(tailHalf, [&] { step({tailSegment}); });
+    SmallVector<int64_t> ks;
+    for (int64_t k = 1; k < G; ++k)
+      ks.push_back(k);
+    auto cases = b.create<scf::IndexSwitchOp>(loc, TypeRange{}, rem, ks, ks.size());
+    OpBuilder::InsertionGuard guard(b);
+    auto caseBody = [&](Region &r) {
+      b.setInsertionPointToStart(&r.emplaceBlock());
+      b.create<scf::YieldOp>(loc);
+      b.setInsertionPointToStart(&r.front());
+    };
+    caseBody(cases.getDefaultRegion());
+    for (auto [k, r] : llvm::zip(ks, cases.getCaseRegions())) {
+      caseBody(r);
+      if (2 * k > G) {
+        blocksFrom(leftAt, k);
+        continue;
+      }
+      auto withGroup = b.create<scf::IfOp>(loc, peel, /*withElse=*/true);
+      b.setInsertionPointToStart(withGroup.thenBlock());
+      blocksFrom(lastGroup, G + k);
+      b.setInsertionPointToStart(withGroup.elseBlock());
+      blocksFrom(leftAt, k);
+    }
   });
 }
 

@@ -219,11 +219,12 @@ struct VectorKernel {
 
   /// For each group of geo.scoreRows rows of the tile and each 16-key block jb of the tile's key range
   /// [from16, to): the group's row vectors sum_e a[bi, row_r, base + e] * t(e, jb..jb+16) (one accumulator per
-  /// row, 4 partial chains per row when the tile has fewer than 4 rows; full blocks geo.scoreBlocks at a time when
-  /// it has 4 or more, and with pairs a lone last block or tail half block in one step with the last pair),
-  /// handed to use(jb, first, products) (first: the group's first row), each step's blocks in order. A block whose
-  /// lower (upper) half no row sees (the first block of an anticausal tile, the last of a causal one: 16-key
-  /// blocks over 8-row tiles) is computed 8 lanes wide, its other half 0.
+  /// row, 4 partial chains per row when the tile has fewer than 4 rows), handed to use(jb, first, products) (first:
+  /// the group's first row), each step's blocks in order. With geo.scoreBlocks * (scoreRows / rows) > 1 blocks a
+  /// step (512 bits, 4 or more rows) every block is 16 keys wide and the blocks left after the groups go in one step,
+  /// with the last group when they are at most half a group; otherwise one block a step, and a block whose lower
+  /// (upper) half no row sees (the first block of an anticausal tile, the last of a causal one: 16-key blocks over
+  /// 8-row tiles) is computed 8 lanes wide, its other half 0.
   void products(Value a, Value bi, Value base, const Tile &tile, Value t,
                 const std::function<void(Value, int64_t, ArrayRef<Value>)> &use);
 
