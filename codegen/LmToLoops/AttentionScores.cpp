@@ -202,16 +202,40 @@ void VectorKernel::products(Value a, Value bi, Value base, const Tile &tile, Val
                             const std::function<void(Value, int64_t, ArrayRef<Value>)> &use) {
   const int64_t chains = tile.row.size() >= 4 ? 1 : 4;
   const int64_t half = kLanes / 2;
-  // The first block's lower half unseen: its upper half alone, the full blocks from the next.
-  Value headHalf =
-      L.andI(L.ge(b.create<arith::SubIOp>(loc, tile.from, tile.from16), L.idx(half)), L.lt(tile.from, tile.to));
-  Value first = L.select(headHalf, add(tile.from16, L.idx(kLanes)), tile.from16);
-  // The last block's upper half unseen (1..8 keys past the full blocks): its lower half alone.
-  Value span = b.create<arith::MaxSIOp>(loc, b.create<arith::SubIOp>(loc, tile.to, first), L.idx(0));
-  Value fullEnd = add(first, roundDown(span));
-  Value rest = b.create<arith::SubIOp>(loc, add(first, span), fullEnd);
-  Value tailHalf = L.andI(L.lt(L.idx(0), rest), L.le(rest, L.idx(half)));
-  Value end = L.select(L.lt(L.idx(half), rest), add(fullEnd, L.idx(kLanes)), fullEnd);
+  // Blocks a step: several at 512 bits with 4 or more rows a group (every group of a tile has the same rows:
+  // kTileRows % scoreRows == 0).
+  const int64_t groupRows = std::min<int64_t>(geo.scoreRows, tile.row.size());
+  const int64_t G = chains == 1 ? geo.scoreBlocks * std::max<int64_t>(1, geo.scoreRows / groupRows) : 1;
+  // One block a step: the first block's lower half unseen: its upper half alone, the full blocks from the next;
+  // the last block's upper half unseen (1..8 keys past the full blocks): its lower half alone.
+  Value headHalf, first, fullEnd, tailHalf, end;
+  // Several (512 bits only): every block of [from16, to) 16 keys wide (a half block's 8 unseen keys cost no
+  // instruction more there, and storeScores masks them as before), G at a time (a single block's R + 1 loads for
+  // R FMAs kept the loop at the load ports of the two-FMA-port AVX-512 core), then the rem < G left in one step,
+  // with the last group when rem is at most half a group (at most 24 accumulators): a group's chains over one block
+  // alone are at most the 8 FMAs in flight two ports of latency 4 need, and 8 of them ran at two thirds of the
+  // pairs' rate (bench/results/2026-12-06-score-steps.md).
+  Value rem, peel, lastGroup, leftAt;
+  if (G == 1) {
+    headHalf =
+        L.andI(L.ge(b.create<arith::SubIOp>(loc, tile.from, tile.from16), L.idx(half)), L.lt(tile.from, tile.to));
+    first = L.select(headHalf, add(tile.from16, L.idx(kLanes)), tile.from16);
+    Value span = b.create<arith::MaxSIOp>(loc, b.create<arith::SubIOp>(loc, tile.to, first), L.idx(0));
+    fullEnd = add(first, roundDown(span));
+    Value rest = b.create<arith::SubIOp>(loc, add(first, span), fullEnd);
+    tailHalf = L.andI(L.lt(L.idx(0), rest), L.le(rest, L.idx(half)));
+    end = L.select(L.lt(L.idx(half), rest), add(fullEnd, L.idx(kLanes)), fullEnd);
+  } else {
+    Value to16 = roundDown(add(tile.to, L.idx(kLanes - 1)));
+    Value covered = b.create<arith::MaxSIOp>(loc, b.create<arith::SubIOp>(loc, to16, tile.from16), L.idx(0));
+    Value count = b.create<arith::DivUIOp>(loc, covered, L.idx(kLanes));
+    Value groups = b.create<arith::DivUIOp>(loc, count, L.idx(G));
+    rem = b.create<arith::RemUIOp>(loc, count, L.idx(G));
+    peel = L.andI(L.andI(L.ge(groups, L.idx(1)), L.ge(rem, L.idx(1))), L.le(add(rem, rem), L.idx(G)));
+    Value looped = L.select(peel, b.create<arith::SubIOp>(loc, groups, L.idx(1)), groups);
+    lastGroup = add(tile.from16, b.create<arith::MulIOp>(loc, looped, L.idx(G * kLanes)));
+    leftAt = add(tile.from16, b.create<arith::MulIOp>(loc, groups, L.idx(G * kLanes)));
+  }
   rowGroups(tile.row.size(), geo.scoreRows, [&](int64_t r0, int64_t R) {
     ArrayRef<Value> row = ArrayRef<Value>(tile.row).slice(r0, R);
     // One step: blocks starting at `at` (`width` keys each from lane `offset`) in one pass over the features. One
@@ -264,8 +288,7 @@ void VectorKernel::products(Value a, Value bi, Value base, const Tile &tile, Val
         at.push_back(add(jb, L.idx(h * kLanes)));
       step(at, kLanes, 0);
     };
-    const int64_t blocks = chains == 1 ? geo.scoreBlocks * std::max<int64_t>(1, geo.scoreRows / R) : 1;
-    if (blocks == 1) {
+    if (G == 1) {
       L.when(headHalf, [&] { step({tile.from16}, half, half); });
       loop(first, end, kLanes, {}, [&](Value jb, ValueRange) {
         blocksFrom(jb, 1);
@@ -274,22 +297,6 @@ void VectorKernel::products(Value a, Value bi, Value base, const Tile &tile, Val
       L.when(tailHalf, [&] { step({fullEnd}, half, 0); });
       return;
     }
-    // Several blocks a step (512 bits only): every block of [from16, to) 16 keys wide (a half block's 8 unseen
-    // keys cost no instruction more there, and storeScores masks them as before), `blocks` at a time (a single
-    // block's R + 1 loads for R FMAs kept the loop at the load ports of the two-FMA-port AVX-512 core), then the
-    // k < blocks left in one step, with the last group when k is at most half a group (at most 24 accumulators):
-    // a tile's rows' chains over one block alone are at most the 8 FMAs in flight two ports of latency 4 need,
-    // and 8 of them ran at two thirds of the pairs' rate (bench/results/2026-12-06-score-steps.md).
-    const int64_t G = blocks;
-    Value to16 = roundDown(add(tile.to, L.idx(kLanes - 1)));
-    Value covered = b.create<arith::MaxSIOp>(loc, b.create<arith::SubIOp>(loc, to16, tile.from16), L.idx(0));
-    Value count = b.create<arith::DivUIOp>(loc, covered, L.idx(kLanes));
-    Value groups = b.create<arith::DivUIOp>(loc, count, L.idx(G));
-    Value rem = b.create<arith::RemUIOp>(loc, count, L.idx(G));
-    Value peel = L.andI(L.andI(L.ge(groups, L.idx(1)), L.ge(rem, L.idx(1))), L.le(add(rem, rem), L.idx(G)));
-    Value looped = L.select(peel, b.create<arith::SubIOp>(loc, groups, L.idx(1)), groups);
-    Value lastGroup = add(tile.from16, b.create<arith::MulIOp>(loc, looped, L.idx(G * kLanes)));
-    Value leftAt = add(tile.from16, b.create<arith::MulIOp>(loc, groups, L.idx(G * kLanes)));
     loop(tile.from16, lastGroup, G * kLanes, {}, [&](Value jb, ValueRange) {
       blocksFrom(jb, G);
       return SmallVector<Value>{};
