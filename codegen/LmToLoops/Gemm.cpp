@@ -281,10 +281,17 @@ void emitGemmBody(OpBuilder &b, Location loc, const GemmBody &op, GemmTile tile)
   auto i32Vec = VectorType::get({L}, b.getI32Type());
   Value highHalf = b.create<arith::ConstantOp>(loc, i32Vec, DenseElementsAttr::get(i32Vec, int32_t(0xffff0000u)));
   Value sixteen = b.create<arith::ConstantOp>(loc, i32Vec, DenseElementsAttr::get(i32Vec, int32_t(16)));
+  // A k row of a slice is W floats: `lines` cache lines.
+  const int64_t lines = std::max<int64_t>(1, W / 16);
+  // The prefetch of one tile (below: tilesOver): at k step kv, line ((kv + row) * scale) >> 16 of the region starting
+  // at float `start`, or, when `fewTiles`, two lines of row kv from float `few` on.
+  struct Ahead {
+    Value start, row, scale, few;
+  };
   // One r x W tile at rows [m0, m0 + r) (row m0 - mb of the block) of the column slice starting at `slice` (panel p,
-  // group g). `aheads` are lines of the next slice, prefetched at the same k (the second only when `fewTiles`).
-  auto tileAt = [&](int64_t r, Value m0, Value mb, Value p, Value g, Value slice, ArrayRef<Value> aheads,
-                    Value fewTiles, Value kBegin, Value kEnd, Value firstChunk, Value lastChunk) {
+  // group g).
+  auto tileAt = [&](int64_t r, Value m0, Value mb, Value p, Value g, Value slice, const Ahead &ahead,
+                    bool few, Value kBegin, Value kEnd, Value firstChunk, Value lastChunk) {
     Value g0 = b.create<arith::MulIOp>(loc, g, cidx(W));
     Value blockRow = b.create<arith::SubIOp>(loc, m0, mb);
     SmallVector<Value> init(r * V, zeroVec);
@@ -314,18 +321,21 @@ void emitGemmBody(OpBuilder &b, Location loc, const GemmBody &op, GemmTile tile)
         // (prefetcht1): prefetching into L1 two slices ahead made the 10-row vocabulary projection 1.3-1.5x slower
         // than this, and no prefetch at all was in between (bench/results/2026-11-25-stream.md). Past the end,
         // clamped to the last float.
-        auto prefetchLine = [&](Value line) {
-          Value target = b.create<arith::MinSIOp>(loc, b.create<arith::AddIOp>(loc, line, kW), lastFloat);
+        auto prefetchLine = [&](Value floatAt) {
+          Value target = b.create<arith::MinSIOp>(loc, floatAt, lastFloat);
           b.create<memref::PrefetchOp>(loc, flatP, ValueRange{target},
                                        /*isWrite=*/false, /*localityHint=*/2,
                                        /*isDataCache=*/true);
         };
-        prefetchLine(aheads[0]);
-        if (aheads.size() > 1) {
-          auto second = b.create<scf::IfOp>(loc, fewTiles, /*withElse=*/false);
-          OpBuilder::InsertionGuard inner(b);
-          b.setInsertionPointToStart(second.thenBlock());
-          prefetchLine(aheads[1]);
+        if (few) {
+          Value row = b.create<arith::AddIOp>(loc, ahead.few, kW);
+          prefetchLine(row);
+          if (lines > 1)
+            prefetchLine(b.create<arith::AddIOp>(loc, row, cidx(16)));
+        } else {
+          Value line = b.create<arith::ShRUIOp>(
+              loc, b.create<arith::MulIOp>(loc, b.create<arith::AddIOp>(loc, kv, ahead.row), ahead.scale), cidx(16));
+          prefetchLine(b.create<arith::AddIOp>(loc, ahead.start, b.create<arith::MulIOp>(loc, line, cidx(16))));
         }
       }
       SmallVector<Value> bv;
@@ -467,8 +477,6 @@ void emitGemmBody(OpBuilder &b, Location loc, const GemmBody &op, GemmTile tile)
       b.create<memref::StoreOp>(loc, loadBf16Pair(b, loc, A, row, kv, k), A2, ValueRange{i, kv});
     }
     Value T = b.create<arith::DivUIOp>(loc, b.create<arith::AddIOp>(loc, Mb, cidx(R - 1)), cidx(R));
-    // A k row of the slice is W floats: `lines` cache lines (prefetch below).
-    const int64_t lines = std::max<int64_t>(1, W / 16);
     Value fewTiles = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ule, T, cidx(lines / 2));
     auto panels = b.create<scf::ForOp>(loc, pBegin, pEnd, cidx(1));
     b.setInsertionPointToStart(panels.getBody());
@@ -508,11 +516,18 @@ void emitGemmBody(OpBuilder &b, Location loc, const GemmBody &op, GemmTile tile)
     Value g = slices.getInductionVar();
     Value q = b.create<arith::AddIOp>(loc, b.create<arith::MulIOp>(loc, p, cidx(groups)), g);
     Value slice = b.create<arith::MulIOp>(loc, q, sliceFloats);
-    // The block's tiles over packed rows [kBegin, kEnd) of the slice. `distance`: how far ahead (in floats) the tiles
-    // prefetch: the next slice, or the next chunk (slices are contiguous, so past the slice's last chunk that is the
-    // next slice's first).
-    auto tilesOver = [&](Value kBegin, Value kEnd, Value firstChunk, Value lastChunk, Value distance) {
-      Value ahead = b.create<arith::AddIOp>(loc, slice, distance);
+    // The block's tiles over packed rows [kBegin, kEnd) of the slice.
+    auto tilesOver = [&](Value kBegin, Value kEnd, Value firstChunk, Value lastChunk) {
+      // While they pass over these rows the tiles prefetch the next ones (slices are contiguous: past the slice's
+      // last chunk that is the next slice's first), kEnd - kBegin rows from row kEnd: `span` x `lines` lines, spread
+      // evenly over the block's T x span k steps (tile t's step kv takes line (t span + kv - kBegin) lines / T, in
+      // 16-bit fixed point). Each tile prefetching line t mod lines of every row (2026-11-25 to 12-06) asked for all
+      // of the next slice in the block's first `lines` tiles; with the weight in memory those bursts stalled the
+      // tiles: BERT-base's 100-row GEMMs ran 1.16-1.24x faster spread, 1.02-1.06x with the weight in the caches
+      // (bench/results/2026-12-06-prefetch-spread.md).
+      Value span = b.create<arith::SubIOp>(loc, kEnd, kBegin);
+      Value regionStart = b.create<arith::AddIOp>(loc, slice, b.create<arith::MulIOp>(loc, kEnd, cidx(W)));
+      Value scale = b.create<arith::DivUIOp>(loc, cidx(lines << 16), T);
       auto tiles = b.create<scf::ForOp>(loc, cidx(0), T, cidx(1));
       OpBuilder::InsertionGuard guard(b);
       b.setInsertionPointToStart(tiles.getBody());
@@ -523,26 +538,39 @@ void emitGemmBody(OpBuilder &b, Location loc, const GemmBody &op, GemmTile tile)
           b.create<arith::DivUIOp>(loc, b.create<arith::MulIOp>(loc, b.create<arith::AddIOp>(loc, t, cidx(1)), Mb), T);
       Value height = b.create<arith::SubIOp>(loc, next, first);
       Value m0 = b.create<arith::AddIOp>(loc, mb, first);
-      // Tile t prefetches line t mod lines of each row ahead, and when the block has at most lines / 2 tiles (the
-      // vocabulary projection of a short sentence) also line t + lines / 2, so that the tiles bring all of it (a
-      // second line a k step for every tile made 20-row sentences 4-6% slower; one line a tile left half of the
-      // lines to demand misses).
-      SmallVector<Value> tileAheads;
-      for (int64_t i = 0; i < std::min<int64_t>(lines, 2); ++i) {
-        Value line =
-            b.create<arith::RemUIOp>(loc, i ? b.create<arith::AddIOp>(loc, t, cidx(lines / 2)) : t, cidx(lines));
-        tileAheads.push_back(b.create<arith::AddIOp>(loc, ahead, b.create<arith::MulIOp>(loc, line, cidx(16))));
+      // A block of at most lines / 2 tiles (the vocabulary projection of a short sentence) needs two or more lines a
+      // step: tile t takes lines 2t and 2t + 1 (mod lines) of each row, as many lines as the old scheme gave it, and
+      // kept its instructions: the spread's fixed-point line made the 10-row entries 3-7% slower (a second line a k
+      // step for every tile made 20-row sentences 4-6% slower; one line a step left half of the lines to demand
+      // misses).
+      Value fewLine = b.create<arith::RemUIOp>(loc, b.create<arith::MulIOp>(loc, t, cidx(2)), cidx(lines));
+      Ahead ahead{regionStart, b.create<arith::SubIOp>(loc, b.create<arith::MulIOp>(loc, t, span), kBegin), scale,
+                  b.create<arith::AddIOp>(loc, b.create<arith::SubIOp>(loc, regionStart,
+                                                                       b.create<arith::MulIOp>(loc, kBegin, cidx(W))),
+                                          b.create<arith::MulIOp>(loc, fewLine, cidx(16)))};
+      auto tileOfHeight = [&](bool few) {
+        for (int64_t r = R; r >= 1; --r) {
+          Value isR = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, height, cidx(r));
+          auto branch = b.create<scf::IfOp>(loc, isR, /*withElse=*/false);
+          OpBuilder::InsertionGuard inner(b);
+          b.setInsertionPointToStart(branch.thenBlock());
+          tileAt(r, m0, mb, p, g, slice, ahead, few, kBegin, kEnd, firstChunk, lastChunk);
+        }
+      };
+      if (!prefetch) {
+        tileOfHeight(false);
+        return;
       }
-      for (int64_t r = R; r >= 1; --r) {
-        Value isR = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, height, cidx(r));
-        auto branch = b.create<scf::IfOp>(loc, isR, /*withElse=*/false);
+      // Each way of prefetching has loops of its own (a branch between the two in the k loop cost 1.5-2.5%).
+      auto mode = b.create<scf::IfOp>(loc, fewTiles, /*withElse=*/true);
+      for (bool few : {true, false}) {
         OpBuilder::InsertionGuard inner(b);
-        b.setInsertionPointToStart(branch.thenBlock());
-        tileAt(r, m0, mb, p, g, slice, tileAheads, fewTiles, kBegin, kEnd, firstChunk, lastChunk);
+        b.setInsertionPointToStart(few ? mode.thenBlock() : mode.elseBlock());
+        tileOfHeight(few);
       }
     };
     if (!chunked) {
-      tilesOver(cidx(0), depth, Value(), Value(), sliceFloats);
+      tilesOver(cidx(0), depth, Value(), Value());
     } else {
       // At least one chunk: a zero depth still writes C (zeros, the bias, or C's old values).
       Value some = b.create<arith::MaxSIOp>(loc, depth, cidx(1));
@@ -552,8 +580,7 @@ void emitGemmBody(OpBuilder &b, Location loc, const GemmBody &op, GemmTile tile)
       Value kBegin = chunks.getInductionVar();
       Value kEnd = b.create<arith::MinSIOp>(loc, b.create<arith::AddIOp>(loc, kBegin, chunk), depth);
       tilesOver(kBegin, kEnd, b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, kBegin, cidx(0)),
-                b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, kEnd, depth),
-                b.create<arith::MulIOp>(loc, chunk, cidx(W)));
+                b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, kEnd, depth));
     }
   }
 }
