@@ -523,7 +523,7 @@ void emitGemmBody(OpBuilder &b, Location loc, const GemmBody &op, GemmTile tile)
       // evenly over the block's T x span k steps (tile t's step kv takes line (t span + kv - kBegin) lines / T, in
       // 16-bit fixed point). Each tile prefetching line t mod lines of every row (2026-11-25 to 12-06) asked for all
       // of the next slice in the block's first `lines` tiles; with the weight in memory those bursts stalled the
-      // tiles: BERT-base's 100-row GEMMs ran 1.16-1.24x faster spread, 1.02-1.06x with the weight in the caches
+      // tiles: BERT-base's 100-row GEMMs ran 1.16-1.21x faster spread, 1.00-1.05x with the weight in the caches
       // (bench/results/2026-12-06-prefetch-spread.md).
       Value span = b.create<arith::SubIOp>(loc, kEnd, kBegin);
       Value regionStart = b.create<arith::AddIOp>(loc, slice, b.create<arith::MulIOp>(loc, kEnd, cidx(W)));
@@ -540,7 +540,7 @@ void emitGemmBody(OpBuilder &b, Location loc, const GemmBody &op, GemmTile tile)
       Value m0 = b.create<arith::AddIOp>(loc, mb, first);
       // A block of at most lines / 2 tiles (the vocabulary projection of a short sentence) needs two or more lines a
       // step: tile t takes lines 2t and 2t + 1 (mod lines) of each row, as many lines as the old scheme gave it, and
-      // kept its instructions: the spread's fixed-point line made the 10-row entries 3-7% slower (a second line a k
+      // kept its instructions: the spread's fixed-point line made the 10-row entries 4-7% slower (a second line a k
       // step for every tile made 20-row sentences 4-6% slower; one line a step left half of the lines to demand
       // misses).
       Value fewLine = b.create<arith::RemUIOp>(loc, b.create<arith::MulIOp>(loc, t, cidx(2)), cidx(lines));
