@@ -525,9 +525,12 @@ void emitGemmBody(OpBuilder &b, Location loc, const GemmBody &op, GemmTile tile)
       // of the next slice in the block's first `lines` tiles; with the weight in memory those bursts stalled the
       // tiles: BERT-base's 100-row GEMMs ran 1.16-1.21x faster spread, 1.00-1.05x with the weight in the caches
       // (bench/results/2026-12-06-prefetch-spread.md).
-      Value span = b.create<arith::SubIOp>(loc, kEnd, kBegin);
-      Value regionStart = b.create<arith::AddIOp>(loc, slice, b.create<arith::MulIOp>(loc, kEnd, cidx(W)));
-      Value scale = b.create<arith::DivUIOp>(loc, cidx(lines << 16), T);
+      Value span, regionStart, scale;
+      if (prefetch) {
+        span = b.create<arith::SubIOp>(loc, kEnd, kBegin);
+        regionStart = b.create<arith::AddIOp>(loc, slice, b.create<arith::MulIOp>(loc, kEnd, cidx(W)));
+        scale = b.create<arith::DivUIOp>(loc, cidx(lines << 16), T);
+      }
       auto tiles = b.create<scf::ForOp>(loc, cidx(0), T, cidx(1));
       OpBuilder::InsertionGuard guard(b);
       b.setInsertionPointToStart(tiles.getBody());
@@ -543,11 +546,15 @@ void emitGemmBody(OpBuilder &b, Location loc, const GemmBody &op, GemmTile tile)
       // kept its instructions: the spread's fixed-point line made the 10-row entries 4-7% slower (a second line a k
       // step for every tile made 20-row sentences 4-6% slower; one line a step left half of the lines to demand
       // misses).
-      Value fewLine = b.create<arith::RemUIOp>(loc, b.create<arith::MulIOp>(loc, t, cidx(2)), cidx(lines));
-      Ahead ahead{regionStart, b.create<arith::SubIOp>(loc, b.create<arith::MulIOp>(loc, t, span), kBegin), scale,
-                  b.create<arith::AddIOp>(loc, b.create<arith::SubIOp>(loc, regionStart,
-                                                                       b.create<arith::MulIOp>(loc, kBegin, cidx(W))),
-                                          b.create<arith::MulIOp>(loc, fewLine, cidx(16)))};
+      Ahead ahead;
+      if (prefetch) {
+        Value fewLine = b.create<arith::RemUIOp>(loc, b.create<arith::MulIOp>(loc, t, cidx(2)), cidx(lines));
+        Value fewOffset = b.create<arith::MulIOp>(loc, fewLine, cidx(16));
+        Value rowZero = b.create<arith::SubIOp>(loc, regionStart, b.create<arith::MulIOp>(loc, kBegin, cidx(W)));
+        Value few = b.create<arith::AddIOp>(loc, rowZero, fewOffset);
+        Value row = b.create<arith::SubIOp>(loc, b.create<arith::MulIOp>(loc, t, span), kBegin);
+        ahead = {regionStart, row, scale, few};
+      }
       auto tileOfHeight = [&](bool few) {
         for (int64_t r = R; r >= 1; --r) {
           Value isR = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, height, cidx(r));

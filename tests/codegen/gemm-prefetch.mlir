@@ -21,12 +21,12 @@
 // CHECK: scf.for %[[TILE:arg[0-9]+]] = %{{.*}} to %[[T]]
 // CHECK: %[[TWOT:.+]] = arith.muli %[[TILE]], %c2
 // CHECK: %[[FEWLINE:.+]] = arith.remui %[[TWOT]], %c2
-// CHECK: %[[TSPAN:.+]] = arith.muli %[[TILE]], %[[SPAN]]
-// CHECK: %[[ROW:.+]] = arith.subi %[[TSPAN]], %[[KBEGIN]]
 // CHECK: %[[FEWOFF:.+]] = arith.muli %[[FEWLINE]], %c16
 // CHECK: %[[BEGINFLOATS:.+]] = arith.muli %[[KBEGIN]], %c32
 // CHECK: %[[FEWBASE:.+]] = arith.subi %[[REGION]], %[[BEGINFLOATS]]
 // CHECK: %[[FEWSTART:.+]] = arith.addi %[[FEWBASE]], %[[FEWOFF]]
+// CHECK: %[[TSPAN:.+]] = arith.muli %[[TILE]], %[[SPAN]]
+// CHECK: %[[ROW:.+]] = arith.subi %[[TSPAN]], %[[KBEGIN]]
 // CHECK: scf.if %[[FEW]] {
 // CHECK: scf.for %[[KV:arg[0-9]+]] =
 // CHECK: %[[KW:.+]] = arith.muli %[[KV]], %c32
