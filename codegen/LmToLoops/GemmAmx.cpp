@@ -80,9 +80,10 @@ Value emitRoundToPairs(OpBuilder &b, Location loc, Value A, int64_t k) {
 /// kUnroll steps. A whole tile is stored straight into C; a partial one (rows past M, columns past N) through Cs with
 /// masked stores. A depth that is not a multiple of 32 ends with a step whose B tile comes from a zero-padded copy of
 /// the slice's last pair-rows (`Bs`), A being zero there. Every C element is one sequence of tile products over k in
-/// order, so results do not depend on how M or the panels are split (the thread count). Zeroing the accumulators
-/// through memory first (tilestored, then tileloadd of the same lines) cost 45% of the FFN GEMM's time: they start in
-/// registers.
+/// order, so results do not depend on how M or the panels are split (the thread count). A weight over 1 MB is
+/// prefetched into L2 a slice ahead, two lines a step spread over the block (as in the vector body). Zeroing the
+/// accumulators through memory first (tilestored, then tileloadd of the same lines) cost 45% of the FFN GEMM's time:
+/// they start in registers.
 void emitAmxGemmBody(OpBuilder &b, Location loc, const GemmBody &op) {
   MLIRContext *ctx = b.getContext();
   const int64_t dyn = ShapedType::kDynamic, k = op.k;
@@ -124,9 +125,28 @@ void emitAmxGemmBody(OpBuilder &b, Location loc, const GemmBody &op) {
   };
   const int64_t cOffsets[4][2] = {{0, 0}, {0, 16}, {16, 0}, {16, 16}};
 
+  // A streamed weight (op.prefetch: over 1 MB) is prefetched into L2 one slice ahead, spread evenly over the block:
+  // the next slice's 2 x pairs lines over its T tiles x totalSteps steps x kPrefetches slots (slot u takes line
+  // u x scale >> 16, scale = 2 pairs / (T totalSteps kPrefetches) in 16-bit fixed point), as the vector body does;
+  // past the last slice, clamped to the weight's last float. With the weight flushed the 640-row vocabulary
+  // projection ran 1.19x faster, the model entries 1.00-1.07x; weights already in L2 pay 2-4% for the extra
+  // instructions (bench/results/2026-12-06-amx-prefetch.md).
+  constexpr int64_t kPrefetches = 2;
+  static_assert(16 % kPrefetches == 0, "a step's slots start at a multiple of kPrefetches");
+  Value flatP, lastFloat;
+  if (op.prefetch) {
+    auto flatType = MemRefType::get({dyn}, f32, StridedLayoutAttr::get(ctx, dyn, {1}));
+    flatP = b.create<memref::CollapseShapeOp>(loc, flatType, op.P, ArrayRef<ReassociationIndices>{{0, 1}});
+    lastFloat = b.create<arith::SubIOp>(loc, b.create<arith::MulIOp>(loc, sliceRows, cidx(W)), cidx(1));
+  }
+
   forLoop(cidx(0), M, blockRows, [&](Value mb) {
     Value Mb = b.create<arith::MinSIOp>(loc, b.create<arith::SubIOp>(loc, M, mb), cidx(blockRows));
     Value tiles = b.create<arith::DivUIOp>(loc, b.create<arith::AddIOp>(loc, Mb, cidx(kTileRows - 1)), cidx(kTileRows));
+    Value scale = op.prefetch ? Value(b.create<arith::DivUIOp>(
+                                    loc, cidx((2 * pairs) << 16),
+                                    b.create<arith::MulIOp>(loc, tiles, cidx(totalSteps * kPrefetches))))
+                              : Value();
     forLoop(op.pBegin, op.pEnd, 1, [&](Value p) {
       forLoop(cidx(0), cidx(groups), 1, [&](Value g) {
         Value q = b.create<arith::AddIOp>(loc, b.create<arith::MulIOp>(loc, p, cidx(groups)), g);
@@ -159,11 +179,32 @@ void emitAmxGemmBody(OpBuilder &b, Location loc, const GemmBody &op) {
         forLoop(cidx(0), tiles, 1, [&](Value t) {
           Value m0 = b.create<arith::MulIOp>(loc, t, cidx(kTileRows)); // in the block
           Value row0 = b.create<arith::AddIOp>(loc, mb, m0);             // in A and C
+          // The tile's first slot in fixed point and the next slice's first float (its line l is 16 floats on).
+          Value tileFixed, nextFloat;
+          if (op.prefetch) {
+            tileFixed = b.create<arith::MulIOp>(
+                loc, b.create<arith::MulIOp>(loc, t, cidx(totalSteps * kPrefetches)), scale);
+            nextFloat = b.create<arith::MulIOp>(loc, b.create<arith::AddIOp>(loc, slice, cidx(pairs)), cidx(W));
+          }
           // `count` steps from pair-row `first`: the last, when `padded`, reads B from Bs.
           auto run = [&](SmallVector<Value> acc, Value first, int64_t count, bool padded) {
+            // Slot (t totalSteps + first / 16 + s) kPrefetches + j in fixed point, one addition of scale a slot.
+            Value fixed;
+            if (op.prefetch)
+              fixed = b.create<arith::AddIOp>(
+                  loc, tileFixed,
+                  b.create<arith::MulIOp>(loc, b.create<arith::DivUIOp>(loc, first, cidx(16 / kPrefetches)), scale));
             for (int64_t s = 0; s < count; ++s) {
               Value kv = b.create<arith::AddIOp>(loc, first, cidx(16 * s));
               bool fromBs = padded && s + 1 == count;
+              if (op.prefetch)
+                for (int64_t j = 0; j < kPrefetches; ++j) {
+                  Value line = b.create<arith::ShRUIOp>(loc, fixed, cidx(16));
+                  Value at = b.create<arith::AddIOp>(loc, nextFloat, b.create<arith::MulIOp>(loc, line, cidx(16)));
+                  b.create<memref::PrefetchOp>(loc, flatP, ValueRange{b.create<arith::MinSIOp>(loc, at, lastFloat)},
+                                               /*isWrite=*/false, /*localityHint=*/2, /*isDataCache=*/true);
+                  fixed = b.create<arith::AddIOp>(loc, fixed, scale);
+                }
               Value a[2], w[2];
               for (int64_t h = 0; h < 2; ++h) {
                 a[h] = b.create<amx::TileLoadOp>(loc, pairTile, op.A,
