@@ -81,7 +81,7 @@ Value emitRoundToPairs(OpBuilder &b, Location loc, Value A, int64_t k) {
 /// masked stores. A depth that is not a multiple of 32 ends with a step whose B tile comes from a zero-padded copy of
 /// the slice's last pair-rows (`Bs`), A being zero there. Every C element is one sequence of tile products over k in
 /// order, so results do not depend on how M or the panels are split (the thread count). A weight over 1 MB is
-/// prefetched into L2 a slice ahead, two lines a step spread over the block (as in the vector body). Zeroing the
+/// prefetched into L2 a slice ahead by blocks of 16 tiles or more, two lines a step spread over the block. Zeroing the
 /// accumulators through memory first (tilestored, then tileloadd of the same lines) cost 45% of the FFN GEMM's time:
 /// they start in registers.
 void emitAmxGemmBody(OpBuilder &b, Location loc, const GemmBody &op) {
@@ -128,13 +128,16 @@ void emitAmxGemmBody(OpBuilder &b, Location loc, const GemmBody &op) {
   // A streamed weight (op.prefetch: over 1 MB) is prefetched into L2 one slice ahead, spread evenly over the block:
   // the next slice's 2 x pairs lines over its T tiles x totalSteps steps x kPrefetches slots (slot u takes line
   // u x scale >> 16, scale = 2 pairs / (T totalSteps kPrefetches) in 16-bit fixed point), as the vector body does;
-  // past the last slice, clamped to the weight's last float. With the weight flushed the 640-row vocabulary
-  // projection ran 1.19x faster, the model entries 1.00-1.07x; weights already in L2 pay 2-4% for the extra
-  // instructions (bench/results/2026-12-06-amx-prefetch.md).
-  constexpr int64_t kPrefetches = 2;
+  // past the last slice, clamped to the weight's last float. Only blocks of kPrefetchTiles tiles or more, where every
+  // line gets a slot (so only depths whose blocks can hold 512 rows): prefetching every few lines in smaller blocks
+  // made them 4-8% slower with the weight flushed (depths 2048 and 3072, 100 rows), as if the sparse requests got in
+  // the way of the hardware's stream. With the weight flushed the 640-row vocabulary projection runs 1.32x faster,
+  // T-TA scoring at batch 32 1.04-1.06x (bench/results/2026-12-06-amx-prefetch.md).
+  constexpr int64_t kPrefetches = 2, kPrefetchTiles = 16;
   static_assert(16 % kPrefetches == 0, "a step's slots start at a multiple of kPrefetches");
+  const bool prefetch = op.prefetch && blockRows >= kPrefetchTiles * kTileRows;
   Value flatP, lastFloat;
-  if (op.prefetch) {
+  if (prefetch) {
     auto flatType = MemRefType::get({dyn}, f32, StridedLayoutAttr::get(ctx, dyn, {1}));
     flatP = b.create<memref::CollapseShapeOp>(loc, flatType, op.P, ArrayRef<ReassociationIndices>{{0, 1}});
     lastFloat = b.create<arith::SubIOp>(loc, b.create<arith::MulIOp>(loc, sliceRows, cidx(W)), cidx(1));
@@ -143,7 +146,7 @@ void emitAmxGemmBody(OpBuilder &b, Location loc, const GemmBody &op) {
   forLoop(cidx(0), M, blockRows, [&](Value mb) {
     Value Mb = b.create<arith::MinSIOp>(loc, b.create<arith::SubIOp>(loc, M, mb), cidx(blockRows));
     Value tiles = b.create<arith::DivUIOp>(loc, b.create<arith::AddIOp>(loc, Mb, cidx(kTileRows - 1)), cidx(kTileRows));
-    Value scale = op.prefetch ? Value(b.create<arith::DivUIOp>(
+    Value scale = prefetch ? Value(b.create<arith::DivUIOp>(
                                     loc, cidx((2 * pairs) << 16),
                                     b.create<arith::MulIOp>(loc, tiles, cidx(totalSteps * kPrefetches))))
                               : Value();
@@ -176,12 +179,13 @@ void emitAmxGemmBody(OpBuilder &b, Location loc, const GemmBody &op) {
           }
         Value wholeSlice = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::sle,
                                                    b.create<arith::AddIOp>(loc, colW, cidx(W)), op.N);
-        forLoop(cidx(0), tiles, 1, [&](Value t) {
+        // The block's tiles over this slice, prefetching the next one or not (chosen per slice, below).
+        auto tilesLoop = [&](bool prefetching) { forLoop(cidx(0), tiles, 1, [&](Value t) {
           Value m0 = b.create<arith::MulIOp>(loc, t, cidx(kTileRows)); // in the block
           Value row0 = b.create<arith::AddIOp>(loc, mb, m0);             // in A and C
           // The tile's first slot in fixed point and the next slice's first float (its line l is 16 floats on).
           Value tileFixed, nextFloat;
-          if (op.prefetch) {
+          if (prefetching) {
             tileFixed = b.create<arith::MulIOp>(
                 loc, b.create<arith::MulIOp>(loc, t, cidx(totalSteps * kPrefetches)), scale);
             nextFloat = b.create<arith::MulIOp>(loc, b.create<arith::AddIOp>(loc, slice, cidx(pairs)), cidx(W));
@@ -190,14 +194,14 @@ void emitAmxGemmBody(OpBuilder &b, Location loc, const GemmBody &op) {
           auto run = [&](SmallVector<Value> acc, Value first, int64_t count, bool padded) {
             // Slot (t totalSteps + first / 16 + s) kPrefetches + j in fixed point, one addition of scale a slot.
             Value fixed;
-            if (op.prefetch)
+            if (prefetching)
               fixed = b.create<arith::AddIOp>(
                   loc, tileFixed,
                   b.create<arith::MulIOp>(loc, b.create<arith::DivUIOp>(loc, first, cidx(16 / kPrefetches)), scale));
             for (int64_t s = 0; s < count; ++s) {
               Value kv = b.create<arith::AddIOp>(loc, first, cidx(16 * s));
               bool fromBs = padded && s + 1 == count;
-              if (op.prefetch)
+              if (prefetching)
                 for (int64_t j = 0; j < kPrefetches; ++j) {
                   Value line = b.create<arith::ShRUIOp>(loc, fixed, cidx(16));
                   Value at = b.create<arith::AddIOp>(loc, nextFloat, b.create<arith::MulIOp>(loc, line, cidx(16)));
@@ -273,7 +277,18 @@ void emitAmxGemmBody(OpBuilder &b, Location loc, const GemmBody &op) {
                                               masks[j], v);
             });
           }
-        });
+        }); };
+        if (!prefetch) {
+          tilesLoop(false);
+          return;
+        }
+        auto many = b.create<scf::IfOp>(
+            loc, b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::uge, tiles, cidx(kPrefetchTiles)), true);
+        OpBuilder::InsertionGuard guard(b);
+        b.setInsertionPointToStart(many.thenBlock());
+        tilesLoop(true);
+        b.setInsertionPointToStart(many.elseBlock());
+        tilesLoop(false);
       });
     });
   });

@@ -3,8 +3,9 @@
 // prefetcht1) the next 32-column slice while a block's tiles pass over this one: 256 pair-rows of 128 bytes, 512
 // lines from float (slice + 256) x 32 on, spread over the block's T tiles x 16 steps x 2 slots: slot u takes line
 // (u x scale) >> 16, scale = (512 << 16) / (T x 32), one addition of scale per slot; clamped to the last float.
-// (Tile t's rows start at t x 32, its slots at t x 16 x 2 = t x 32.)
-// Weights of 1 MB or less (the 8 x 2048 below) are not prefetched (gemm-prefetch.mlir: the vector bodies).
+// (Tile t's rows start at t x 32, its slots at t x 16 x 2 = t x 32.) Only blocks of 16 tiles or more prefetch (every
+// line gets a slot); the others run a loop of tiles of their own without. Weights of 1 MB or less (the 8 x 2048
+// below) are not prefetched (gemm-prefetch.mlir: the vector bodies).
 
 // CHECK-LABEL: func.func private @lm_gemm_2048x512_bias_32x32_bf16amx
 // CHECK: %[[FLAT:.+]] = memref.collapse_shape %arg1 {{\[\[}}0, 1]]
@@ -13,6 +14,8 @@
 // CHECK: %[[T:.+]] = arith.divui %{{.*}}, %c32{{[_0-9]*}} : index
 // CHECK: %[[SLOTS:.+]] = arith.muli %[[T]], %c32{{[_0-9]*}} : index
 // CHECK: %[[SCALE:.+]] = arith.divui %c33554432, %[[SLOTS]] : index
+// CHECK: %[[MANY:.+]] = arith.cmpi uge, %[[T]], %c16{{[_0-9]*}} : index
+// CHECK: scf.if %[[MANY]] {
 // CHECK: scf.for %[[TILE:arg[0-9]+]] = %{{.*}} to %[[T]]
 // CHECK: %[[M0:.+]] = arith.muli %[[TILE]], %c32{{[_0-9]*}} : index
 // CHECK: %[[TSLOT:.+]] = arith.muli %[[TILE]], %c32{{[_0-9]*}} : index
@@ -36,6 +39,8 @@
 // CHECK-COUNT-4: amx.tile_mulf
 // CHECK: %[[LINE2:.+]] = arith.shrui %[[FIXED2]], %c16{{[_0-9]*}} : index
 // CHECK-COUNT-30: memref.prefetch %[[FLAT]]
+// CHECK-NOT: memref.prefetch
+// CHECK: scf.for %{{.*}} = %{{.*}} to %[[T]]
 // CHECK-NOT: memref.prefetch
 // CHECK-LABEL: func.func private @lm_gemm_task_2048x512_bias_32x32_bf16amx
 // CHECK-LABEL: func.func private @lm_gemm_8x2048_32x32_bf16amx
