@@ -8,7 +8,7 @@ Run through scripts/bench-bf16.sh (the bench environment: PyTorch). Steps:
      PLL) on the same ids; PyTorch fp32 and PyTorch with bf16 autocast compute the same entry on the same ids.
   3. Accuracy: `lmcc score` with and without --weights-dtype bf16 on every bundled model (random weights,
      lmcc init --seed 7) over 32 random sentences of 5-64 tokens: the largest and mean per-token difference.
-  4. bench/results/<date>-bf16.md.
+  4. bench/results/<date>-bf16.md (<date>-bf16-b.md, ... when there is one).
 """
 import argparse
 import datetime
@@ -176,7 +176,8 @@ def main():
             md.append("| %s | %d | %.2g | %.2g | %.2g |" % (m, r["tokens"], r["max"], r["mean"], r["max_score"]))
         else:
             md.append("| %s | %s | - | - | - |" % (m, r))
-    out = Path(args.out) / ("%s-bf16.md" % date)
+    # A second run on one day gets <date>-bf16-b.md, ... (it overwrote the first's report on 2026-12-06).
+    out = Path(args.out) / (suite.free_stem(Path(args.out), "%s-bf16" % date) + ".md")
     out.write_text("\n".join(md) + "\n")
     log("wrote %s" % out)
 
