@@ -72,6 +72,23 @@ SmallVector<Value> VectorKernel::visibleWeightedRows(Value W, int64_t r0, ArrayR
                                                      Value packed, Value M16, int64_t c0, int64_t nc) {
   const int64_t nr = pos.size();
   SmallVector<Value> firstRows = packedFirstRows(M16, c0, nc);
+  // The key loop's operands as views at their own addresses: each feature vector's packed rows and each row's
+  // weights, so that a key's loads share one scaled index (a key's packed rows c0 M16 + j.. as one view's
+  // indices cost a shift and an add each, the loop bound on its scalar instructions).
+  Type i64 = b.getI64Type();
+  auto asI64 = [&](Value index) { return b.create<arith::IndexCastOp>(loc, i64, index).getResult(); };
+  auto bytes = [&](Value floats) { return b.create<arith::MulIOp>(loc, asI64(floats), L.i64c(4)).getResult(); };
+  Value packedAt = L.address(packed), weightsAt = L.address(W);
+  Value weightCols = b.create<memref::DimOp>(loc, W, 1);
+  SmallVector<Value> vectors, weightRows;
+  for (Value first : firstRows)
+    vectors.push_back(memrefAt(b, loc, b.create<arith::AddIOp>(loc, packedAt, bytes(b.create<arith::MulIOp>(loc, first, L.idx(kLanes)))),
+                               {asI64(M16), L.i64c(kLanes)}, {L.i64c(kLanes), L.i64c(1)},
+                               MemRefType::get({ShapedType::kDynamic, kLanes}, L.f32())));
+  for (int64_t r = 0; r < nr; ++r)
+    weightRows.push_back(memrefAt(
+        b, loc, b.create<arith::AddIOp>(loc, weightsAt, bytes(b.create<arith::MulIOp>(loc, L.idx(r0 + r), weightCols))),
+        {asI64(weightCols)}, {L.i64c(1)}, MemRefType::get({ShapedType::kDynamic}, L.f32())));
   Value words = b.create<arith::DivUIOp>(loc, add(len, L.idx(31)), L.idx(32));
   Type i32 = L.i32();
   auto word32 = [&](Value index) { return b.create<arith::IndexCastOp>(loc, i32, index).getResult(); };
@@ -110,9 +127,9 @@ SmallVector<Value> VectorKernel::visibleWeightedRows(Value W, int64_t r0, ArrayR
           SmallVector<Value> next{b.create<arith::AndIOp>(loc, bits, b.create<arith::SubIOp>(loc, bits, one32))};
           SmallVector<Value> v;
           for (int64_t c = 0; c < nc; ++c)
-            v.push_back(load(packed, ValueRange{add(firstRows[c], j), L.idx(0)}));
+            v.push_back(load(vectors[c], ValueRange{j, L.idx(0)}));
           for (int64_t r = 0; r < nr; ++r) {
-            Value p = bcast(L.load(W, {L.idx(r0 + r), j}));
+            Value p = bcast(L.load(weightRows[r], {j}));
             for (int64_t c = 0; c < nc; ++c)
               next.push_back(b.create<vector::FMAOp>(loc, p, v[c], args[1 + r * nc + c]));
           }
