@@ -76,19 +76,21 @@ SmallVector<Value> VectorKernel::visibleWeightedRows(Value W, int64_t r0, ArrayR
   // weights, so that a key's loads share one scaled index (a key's packed rows c0 M16 + j.. as one view's
   // indices cost a shift and an add each, the loop bound on its scalar instructions).
   Type i64 = b.getI64Type();
-  auto asI64 = [&](Value index) { return b.create<arith::IndexCastOp>(loc, i64, index).getResult(); };
-  auto bytes = [&](Value floats) { return b.create<arith::MulIOp>(loc, asI64(floats), L.i64c(4)).getResult(); };
-  Value packedAt = L.address(packed), weightsAt = L.address(W);
-  Value weightCols = b.create<memref::DimOp>(loc, W, 1);
+  auto asI64 = [&](Value index) -> Value { return b.create<arith::IndexCastOp>(loc, i64, index); };
+  // `rows` x `width` floats (width 1: a vector) from float `offset` of the buffer at byte address `base`.
+  auto viewAt = [&](Value base, Value offset, Value rows, int64_t width) {
+    Value at = b.create<arith::AddIOp>(loc, base, b.create<arith::MulIOp>(loc, asI64(offset), L.i64c(4)));
+    if (width == 1)
+      return memrefAt(b, loc, at, {asI64(rows)}, {L.i64c(1)}, MemRefType::get({ShapedType::kDynamic}, L.f32()));
+    return memrefAt(b, loc, at, {asI64(rows), L.i64c(width)}, {L.i64c(width), L.i64c(1)},
+                    MemRefType::get({ShapedType::kDynamic, width}, L.f32()));
+  };
+  Value packedAt = L.address(packed), weightsAt = L.address(W), weightCols = b.create<memref::DimOp>(loc, W, 1);
   SmallVector<Value> vectors, weightRows;
   for (Value first : firstRows)
-    vectors.push_back(memrefAt(b, loc, b.create<arith::AddIOp>(loc, packedAt, bytes(b.create<arith::MulIOp>(loc, first, L.idx(kLanes)))),
-                               {asI64(M16), L.i64c(kLanes)}, {L.i64c(kLanes), L.i64c(1)},
-                               MemRefType::get({ShapedType::kDynamic, kLanes}, L.f32())));
+    vectors.push_back(viewAt(packedAt, b.create<arith::MulIOp>(loc, first, L.idx(kLanes)), M16, kLanes));
   for (int64_t r = 0; r < nr; ++r)
-    weightRows.push_back(memrefAt(
-        b, loc, b.create<arith::AddIOp>(loc, weightsAt, bytes(b.create<arith::MulIOp>(loc, L.idx(r0 + r), weightCols))),
-        {asI64(weightCols)}, {L.i64c(1)}, MemRefType::get({ShapedType::kDynamic}, L.f32())));
+    weightRows.push_back(viewAt(weightsAt, b.create<arith::MulIOp>(loc, L.idx(r0 + r), weightCols), weightCols, 1));
   Value words = b.create<arith::DivUIOp>(loc, add(len, L.idx(31)), L.idx(32));
   Type i32 = L.i32();
   auto word32 = [&](Value index) { return b.create<arith::IndexCastOp>(loc, i32, index).getResult(); };
