@@ -249,9 +249,9 @@ struct Gemm {
   }
 };
 
-/// out[c][r] = in[r][c] for columns [c0, c1) of the [rows, ld] matrix `in` (out: [*, rows]): 16 x 16 blocks
-/// transposed in registers and stored as whole rows, the edges word by word.
-void transposeColumns(const float *in, int64_t rows, int64_t ld, int64_t c0, int64_t c1, float *out) {
+/// out[c][r] = in[r][c] for columns [c0, c1) of the [rows, ld] matrix `in` (out: [*, ldo], ldo >= rows): 16 x 16
+/// blocks transposed in registers and stored as whole rows, the edges word by word.
+void transposeColumns(const float *in, int64_t rows, int64_t ld, int64_t c0, int64_t c1, float *out, int64_t ldo) {
   int64_t r0 = 0;
   for (; r0 + 16 <= rows; r0 += 16) {
     int64_t c = c0;
@@ -263,15 +263,23 @@ void transposeColumns(const float *in, int64_t rows, int64_t ld, int64_t c0, int
       transpose16(block);
 #pragma GCC unroll 16
       for (int64_t k = 0; k < 16; ++k)
-        std::memcpy(out + (c + k) * rows + r0, &block[k], sizeof(V16));
+        std::memcpy(out + (c + k) * ldo + r0, &block[k], sizeof(V16));
     }
     for (; c < c1; ++c)
       for (int64_t j = 0; j < 16; ++j)
-        out[c * rows + r0 + j] = in[(r0 + j) * ld + c];
+        out[c * ldo + r0 + j] = in[(r0 + j) * ld + c];
   }
   for (; r0 < rows; ++r0)
     for (int64_t c = c0; c < c1; ++c)
-      out[c * rows + r0] = in[r0 * ld + c];
+      out[c * ldo + r0] = in[r0 * ld + c];
+}
+
+/// A row stride for a transposed copy of `rows` words a row that the generated GEMM reads as its A: rows rounded up to
+/// whole lines, a line more where that is a multiple of 1024 words (4 KB), which would put the 12 rows of a tile in
+/// the same L1 sets (as Gemm.h GemmTile::rowsShareL1Sets).
+int64_t transposedStride(int64_t rows) {
+  const int64_t lines = (rows + 15) / 16 * 16;
+  return lines % 1024 == 0 ? lines + 16 : lines;
 }
 
 } // namespace
@@ -385,7 +393,8 @@ void tokenLossGradScaled(const float *h, const float *W, const float *bias, cons
   parallelFor(slices, [&](int64_t s) {
     Scratch scratch(kept ? 0 : R * kVocabTile);
     Scratch Wt(kept ? 0 : Gemm::packedSize(D, kVocabTile)), Wr(Gemm::packedSize(kVocabTile, D));
-    Scratch Gt(kVocabTile * R);
+    const int64_t ldGt = transposedStride(R);
+    Scratch Gt(kVocabTile * ldGt);
     for (int64_t tile = s; tile < tiles; tile += slices) {
       const int64_t v0 = tile * kVocabTile, nv = std::min(kVocabTile, V - v0);
       const float *Wtile = W + v0 * D;
@@ -410,8 +419,8 @@ void tokenLossGradScaled(const float *h, const float *W, const float *bias, cons
           row[y - v0] -= float((1 - smoothing) * invT);
       }
       // dW[v0 : v0 + nv] = G^T Hl.
-      transposeColumns(G, R, kVocabTile, 0, nv, Gt.data());
-      gemm.run(Gt.data(), R, nv, R, Hp.data(), dW + v0 * D, D, D, false);
+      transposeColumns(G, R, kVocabTile, 0, nv, Gt.data(), ldGt);
+      gemm.run(Gt.data(), ldGt, nv, R, Hp.data(), dW + v0 * D, D, D, false);
       if (dbias) {
         Buffer<double> acc(nv, 0.0); // each column summed over the rows in order
         for (int64_t i = 0; i < R; ++i) {
@@ -569,7 +578,8 @@ void linearGrad(const float *dy, const float *x, const float *W, int64_t rows, i
   const int64_t inPanels = Gemm::panels(in);
   // dx = dy W: B[k = o][n = i] = W[o][i]. dW = dy^T x: A = dy^T, B[k = r][n = i] = x[r][i].
   Scratch Wp(dx ? Gemm::packedSize(out, in) : 0), xp(Gemm::packedSize(rows, in));
-  Scratch dyT(out * rows);
+  const int64_t ldT = transposedStride(rows);
+  Scratch dyT(out * ldT);
   const int64_t wPieces = dx ? inPanels : 0, tPieces = blocks(out, 64);
   parallelFor(wPieces + inPanels + tPieces, [&](int64_t p) {
     if (p < wPieces)
@@ -578,7 +588,7 @@ void linearGrad(const float *dy, const float *x, const float *W, int64_t rows, i
     if (p < inPanels)
       return G.pack(x, in, /*byRows=*/true, rows, in, xp.data(), p, p + 1);
     p -= inPanels;
-    transposeColumns(dy, rows, out, p * 64, std::min(out, (p + 1) * 64), dyT.data());
+    transposeColumns(dy, rows, out, p * 64, std::min(out, (p + 1) * 64), dyT.data(), ldT);
   });
   // Pieces: dx row blocks, then dW blocks of output features (with their bias sums).
   const int64_t rowBlocks = dx ? blocks(rows, kGemmRows) : 0;
@@ -590,7 +600,7 @@ void linearGrad(const float *dy, const float *x, const float *W, int64_t rows, i
       return;
     }
     const int64_t o0 = (p - rowBlocks) * (kGemmRows / 2), no = std::min(kGemmRows / 2, out - o0);
-    G.run(dyT.data() + o0 * rows, rows, no, rows, xp.data(), dW + o0 * in, in, in, false);
+    G.run(dyT.data() + o0 * ldT, ldT, no, rows, xp.data(), dW + o0 * in, in, in, false);
     if (db) {
       // Each feature's sum runs over the rows in order; the features side by side (contiguous, vectorized).
       Buffer<double> acc(no, 0.0);

@@ -893,26 +893,29 @@ void expectClose(const std::vector<float> &a, const std::vector<double> &ref, do
 }
 
 // dX = dY W, dW = dY^T X, db = sum of dY's rows, for both packed slice widths (AVX-512's 64, AVX2's 16), on sizes
-// that are not multiples of anything.
+// that are not multiples of anything, and on 1024 rows (dY's transposed copy then takes a row stride a line past
+// 4 KB: TrainKernels.cpp transposedStride).
 TEST(TrainKernels, LinearGradOverTheGemmContract) {
-  const int64_t rows = 37, in = 70, out = 45;
-  auto dy = randoms(rows * out, 1), x = randoms(rows * in, 2), W = randoms(out * in, 3);
-  std::vector<double> dxRef(rows * in, 0.0), dWRef(out * in, 0.0), dbRef(out, 0.0);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t o = 0; o < out; ++o) {
-      dbRef[o] += dy[r * out + o];
-      for (int64_t i = 0; i < in; ++i) {
-        dxRef[r * in + i] += double(dy[r * out + o]) * W[o * in + i];
-        dWRef[o * in + i] += double(dy[r * out + o]) * x[r * in + i];
+  for (const int64_t rows : {37, 1024}) {
+    const int64_t in = 70, out = 45;
+    auto dy = randoms(rows * out, 1), x = randoms(rows * in, 2), W = randoms(out * in, 3);
+    std::vector<double> dxRef(rows * in, 0.0), dWRef(out * in, 0.0), dbRef(out, 0.0);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t o = 0; o < out; ++o) {
+        dbRef[o] += dy[r * out + o];
+        for (int64_t i = 0; i < in; ++i) {
+          dxRef[r * in + i] += double(dy[r * out + o]) * W[o * in + i];
+          dWRef[o * in + i] += double(dy[r * out + o]) * x[r * in + i];
+        }
       }
+    for (auto [gemm, cols] : {std::pair<lm_rt_gemm_fn, int64_t>{naiveGemm<64>, 64}, {naiveGemm<16>, 16}}) {
+      std::vector<float> dx(rows * in), dW(out * in), db(out);
+      lm_rt_linear_grad(dy.data(), x.data(), W.data(), rows, in, out, dx.data(), dW.data(), db.data(), gemm, cols);
+      const std::string at = " (" + std::to_string(rows) + " rows, slices of " + std::to_string(cols) + ")";
+      expectClose(dx, dxRef, 1e-5, "dx" + at);
+      expectClose(dW, dWRef, 1e-5, "dW" + at);
+      expectClose(db, dbRef, 1e-5, "db" + at);
     }
-  for (auto [gemm, cols] : {std::pair<lm_rt_gemm_fn, int64_t>{naiveGemm<64>, 64}, {naiveGemm<16>, 16}}) {
-    std::vector<float> dx(rows * in), dW(out * in), db(out);
-    lm_rt_linear_grad(dy.data(), x.data(), W.data(), rows, in, out, dx.data(), dW.data(), db.data(), gemm, cols);
-    const std::string at = " (slices of " + std::to_string(cols) + ")";
-    expectClose(dx, dxRef, 1e-5, "dx" + at);
-    expectClose(dW, dWRef, 1e-5, "dW" + at);
-    expectClose(db, dbRef, 1e-5, "db" + at);
   }
 }
 
