@@ -9,14 +9,16 @@
 //       tile lmcc picks for this host and that depth (GemmTile::forDepth) or RxC (rows x columns, e.g. 6x64), or
 //       the bf16 AMX kernel (`amx`: weights packed as bf16 pairs; only against another AMX build, on a host with
 //       AMX-BF16), into the shared library OUT.so;
-//   gemm_ab compare A.so B.so [--rounds R] [--cold] [--train] M K N [M K N ...]
+//   gemm_ab compare A.so B.so [--rounds R] [--cold] [--cold-c] [--train] M K N [M K N ...]
 //       loads both libraries, packs one random weight per shape with each library's own packer (as at model load),
 //       checks that both compute bit-identical C (every element is the same ordered FMA chain whatever the tile,
 //       block or chunk: Gemm.h), then times R rounds (default 20), each calling A and B for about 15 ms, the order
 //       reversed every other round, and prints per shape: B's speedup over A as the median over rounds of
 //       A's time / B's time, the rounds B won, and each one's best and median GFLOP/s. --cold: the packed weight is
 //       flushed from every cache level (clflush, untimed) before each call, as in a model call, where the other
-//       layers' weights have evicted it (a repeated GEMM otherwise reads its weight from L2/L3). --train: times
+//       layers' weights have evicted it (a repeated GEMM otherwise reads its weight from L2/L3). --cold-c: C is
+//       flushed likewise before each call, as where a GEMM writes memory the step has not touched since its last
+//       one (a weight's gradient, a table of logits), whose lines it must fetch before it can store. --train: times
 //       the training GEMM instead (lm_train_gemm_<tile>, lmrt.h's lm_rt_gemm_fn: the depth, strides and panels
 //       given at run time, as TrainKernels.cpp calls it) on the same packed weight; the libraries must have been
 //       built with one fp32 tile for every shape.
@@ -73,7 +75,7 @@ struct Shape {
 
 [[noreturn]] void usage() {
   fail("usage: gemm_ab build OUT.so [--tile RxC|amx] M K N [M K N ...]\n"
-       "       gemm_ab compare A.so B.so [--rounds R] [--cold] [--train] M K N [M K N ...]\n"
+       "       gemm_ab compare A.so B.so [--rounds R] [--cold] [--cold-c] [--train] M K N [M K N ...]\n"
        "       gemm_ab init A.so B.so MODEL [--rounds R]");
 }
 
@@ -188,14 +190,16 @@ void flush(const void *p, size_t bytes) {
   _mm_mfence();
 }
 
-void compare(const Library &a, const Library &b, int rounds, bool cold, bool train, const std::vector<Shape> &shapes) {
+void compare(const Library &a, const Library &b, int rounds, bool cold, bool coldC, bool train,
+             const std::vector<Shape> &shapes) {
   for (const Shape &s : shapes) // every function present before any timing
     for (const Library *l : {&a, &b})
       l->symbol<PackFn>("ab_pack_" + suffix(s)), l->symbol<GemmFn>("ab_gemm_" + suffix(s));
   if (train)
     a.plain<lm_rt_gemm_fn>("ab_train_gemm"), b.plain<lm_rt_gemm_fn>("ab_train_gemm");
-  std::printf("B = %s over A = %s, %d rounds%s%s\n", b.path.c_str(), a.path.c_str(), rounds,
+  std::printf("B = %s over A = %s, %d rounds%s%s%s\n", b.path.c_str(), a.path.c_str(), rounds,
               cold ? ", the weight flushed from the caches before each call" : "",
+              coldC ? ", C flushed from the caches before each call" : "",
               train ? ", the training GEMM (run-time depth and strides)" : "");
   std::printf("%-18s %-9s %-9s %-8s %-11s %-11s %-11s %-11s\n", "M x K x N", "identical", "speedup", "B won",
               "A best", "A median", "B best", "B median");
@@ -237,7 +241,7 @@ void compare(const Library &a, const Library &b, int rounds, bool cold, bool tra
     const int reps = std::max(1, int(2e9 / flops)); // about 15 ms at 130 GFLOP/s
     const size_t packedBytes = size_t(rows) * lmcc::codegen::kPanel * 4;
     auto seconds = [&](const std::function<void(MemRef<2> *, MemRef<2> *)> &gemm, MemRef<2> *p, MemRef<2> *c) {
-      if (!cold) {
+      if (!cold && !coldC) {
         auto start = std::chrono::steady_clock::now();
         for (int r = 0; r < reps; ++r)
           gemm(p, c);
@@ -245,7 +249,10 @@ void compare(const Library &a, const Library &b, int rounds, bool cold, bool tra
       }
       double total = 0;
       for (int r = 0; r < reps; ++r) {
-        flush(p->aligned, packedBytes);
+        if (cold)
+          flush(p->aligned, packedBytes);
+        if (coldC)
+          flush(c->aligned, size_t(s.m) * s.n * 4);
         auto start = std::chrono::steady_clock::now();
         gemm(p, c);
         total += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -371,7 +378,7 @@ int run(const std::vector<std::string> &args) {
     lm_rt_request_amx(); // AMX builds need the tile state; harmless without them
     std::vector<std::string> rest(args.begin() + 3, args.end());
     int rounds = 20;
-    bool cold = false, train = false;
+    bool cold = false, coldC = false, train = false;
     for (bool more = true; more;) {
       more = false;
       if (rest.size() >= 2 && rest[0] == "--rounds") {
@@ -380,12 +387,15 @@ int run(const std::vector<std::string> &args) {
       } else if (!rest.empty() && rest[0] == "--cold") {
         cold = true;
         rest.erase(rest.begin()), more = true;
+      } else if (!rest.empty() && rest[0] == "--cold-c") {
+        coldC = true;
+        rest.erase(rest.begin()), more = true;
       } else if (!rest.empty() && rest[0] == "--train") {
         train = true;
         rest.erase(rest.begin()), more = true;
       }
     }
-    compare(a, b, rounds, cold, train, shapesOf(rest));
+    compare(a, b, rounds, cold, coldC, train, shapesOf(rest));
   } else if (mode == "init") {
     if (args.size() != 4 && !(args.size() == 6 && args[4] == "--rounds"))
       usage();
