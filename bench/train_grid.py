@@ -101,6 +101,40 @@ def fmt(v, spec="%.0f"):
     return "-" if v is None else spec % v
 
 
+def gaps_section(rows):
+    """Every entry where lmcc is not ahead (median ratio under 1, or lmcc won at most half of the rounds), with where
+    the step's difference is by the breakdown columns (forward + backward against clipping + optimizer) and both
+    systems' roofline fractions (the same fraction on a GEMM-bound step: level on the GEMMs)."""
+    md = ["", "## Gaps", "",
+          "Entries where lmcc is not ahead of PyTorch (median ratio under 1.00x, or lmcc won at most half of the "
+          "rounds), with the breakdown of the difference (first round's `--breakdown`; positive: lmcc slower). "
+          "A step where both systems sit at the same roofline fraction is GEMM-bound in both: its time is the "
+          "GEMMs' (bench/results/2026-12-06-train-probes.md profiles the biLM step call by call).", ""]
+    gaps = 0
+    for r in rows:
+        L, T, ratios = r.get("lmcc"), r.get("torch"), r.get("ratios", [])
+        if not ratios or not L or not T or "ms_per_step" not in T:
+            continue
+        won = sum(x > 1 for x in ratios)
+        if median(ratios) >= 1 and 2 * won > len(ratios):
+            continue
+        gaps += 1
+        parts = []
+        if L.get("grad_ms", -1) > 0 and "fwd_ms" in T:
+            grad = L["grad_ms"] - (T["fwd_ms"] + T["bwd_ms"])
+            opt = (L["ms_per_step"] - L["grad_ms"]) - T.get("opt_ms", 0.0)
+            parts.append("forward + backward %+.0f ms, clipping + optimizer %+.0f ms" % (grad, opt))
+        parts.append("roofline %.1f%% (lmcc) / %.1f%% (torch)" % (100 * L["roofline_fraction"],
+                                                                 100 * T["roofline_fraction"]))
+        parts.append("%d of %d rows with a target" % (L["targets"], r["B"] * r["n"]))
+        md.append("- %s %s B %d n %d, %d thread%s: %.2fx (lmcc won %d of %d rounds); %s." % (
+            r["model"], r["objective"], r["B"], r["n"], r["threads"], "s" if r["threads"] > 1 else "",
+            median(ratios), won, len(ratios), "; ".join(parts)))
+    if not gaps:
+        md.append("None: lmcc is ahead on every timed entry.")
+    return md
+
+
 def write_report(path, args, header, rows, missing):
     md = ["# Training benchmark: lmcc compiled train step vs PyTorch eager (%s)" % header["date"], "",
           "Command: `%s`" % header["command"], "",
@@ -158,6 +192,7 @@ def write_report(path, args, header, rows, missing):
             "%s / %s" % (fmt(L and L["first_loss"], "%.5f"), fmt(tt and tt.get("check_torch"), "%.5f"))))
     if missing:
         md += ["", "Missing entries: " + "; ".join(missing)]
+    md += gaps_section(rows)
     md += ["", "Train FLOPs per step (GFLOP) and targets per batch:", ""]
     seen = set()
     for r in rows:
