@@ -448,6 +448,56 @@ LogicalResult TakeRowOp::verify() {
   return expectRank(*this, "positions [C]", getPositions(), 1);
 }
 
+LogicalResult TargetRowsOp::verify() {
+  if (failed(expectRank(*this, "targets [B, N]", getTargets(), 2)) ||
+      failed(expectRank(*this, "lengths [B]", getLengths(), 1)) || failed(expectRank(*this, "rows [B, T]", getRows(), 2)))
+    return failure();
+  if (getRows().getType() != getRowTargets().getType())
+    return emitOpError("rows and row_targets share one [B, T] type, got ") << getRows().getType() << " and "
+                                                                           << getRowTargets().getType();
+  if (!ShapedType::isDynamic(tensorOf(getRows()).getDimSize(1)))
+    return emitOpError("T (rows dim 1) is known only at run time: it must be ?, got ") << getRows().getType();
+  int64_t B = tensorOf(getTargets()).getDimSize(0);
+  if (failed(expectDim(*this, "lengths dim 0 (B)", tensorOf(getLengths()).getDimSize(0), B)))
+    return failure();
+  return expectDim(*this, "rows dim 0 (B)", tensorOf(getRows()).getDimSize(0), B);
+}
+
+/// The shared shape rules of lm.gather_rows and lm.scatter_rows: [B, from, ...] -> [B, to, ...] with rows [B, T].
+static LogicalResult verifyRowPlacement(Operation *op, Value input, Value rows, Value result, int64_t inputRows,
+                                        int64_t resultRows) {
+  auto in = tensorOf(input), out = tensorOf(result);
+  if (in.getRank() < 2 || out.getRank() != in.getRank())
+    return op->emitOpError("takes [B, rows, ...] to [B, rows', ...] of the same rank, got ") << in << " -> " << out;
+  if (failed(expectRank(op, "rows [B, T]", rows, 2)))
+    return failure();
+  int64_t B = in.getDimSize(0);
+  if (failed(expectDim(op, "rows dim 0 (B)", tensorOf(rows).getDimSize(0), B)) ||
+      failed(expectDim(op, "result dim 0 (B)", out.getDimSize(0), B)) ||
+      failed(expectDim(op, "input dim 1", in.getDimSize(1), inputRows)) ||
+      failed(expectDim(op, "result dim 1", out.getDimSize(1), resultRows)))
+    return failure();
+  for (int64_t i = 2; i < in.getRank(); ++i)
+    if (!compatible(in.getDimSize(i), out.getDimSize(i)))
+      return op->emitOpError("dim ") << i << " differs: " << in << " -> " << out;
+  return success();
+}
+
+LogicalResult GatherRowsOp::verify() {
+  int64_t T = tensorOf(getRows()).getRank() == 2 ? tensorOf(getRows()).getDimSize(1) : ShapedType::kDynamic;
+  return verifyRowPlacement(*this, getInput(), getRows(), getResult(), ShapedType::kDynamic, T);
+}
+
+LogicalResult ScatterRowsOp::verify() {
+  auto like = tensorOf(getLike());
+  if (like.getRank() < 2)
+    return emitOpError("like must be [B, N, ...], got ") << like;
+  if (failed(expectDim(*this, "like dim 0 (B)", like.getDimSize(0), tensorOf(getInput()).getDimSize(0))))
+    return failure();
+  int64_t T = tensorOf(getRows()).getRank() == 2 ? tensorOf(getRows()).getDimSize(1) : ShapedType::kDynamic;
+  return verifyRowPlacement(*this, getInput(), getRows(), getResult(), T, like.getDimSize(1));
+}
+
 LogicalResult SpliceCopiesOp::verify() {
   auto sentence = getSentence().getType(), masked = getMasked().getType(), result = getResult().getType();
   if (sentence != masked || sentence.getRank() < 2)

@@ -582,6 +582,52 @@ def Lm_TakeRowOp : Lm_Op<"take_row", [Pure]> {
   let hasVerifier = 1;
 }
 
+def Lm_TargetRowsOp : Lm_Op<"target_rows", [Pure]> {
+  let summary = "the rows a training loss predicts, per sentence: (rows [B, T], row_targets [B, T])";
+  let description = [{
+    rows[b, j] = the j-th position t (ascending) with t < min(lengths[b], N) and targets[b, t] >= 0 (the rows
+    lm.token_loss / lm.cross_entropy count), -1 for j >= count_b; row_targets[b, j] = targets[b, rows[b, j]],
+    -1 where rows[b, j] = -1. T = max(1, max_b count_b), known only at run time. lm-prune-loss-rows makes it.
+    ```mlir
+    %rows, %row_targets = lm.target_rows %targets, %lengths : (tensor<?x?xi32>, tensor<?xi32>) -> (tensor<?x?xi32>, tensor<?x?xi32>)
+    ```
+  }];
+  let arguments = (ins Lm_I32Tensor:$targets, Lm_I32Tensor:$lengths);
+  let results = (outs Lm_I32Tensor:$rows, Lm_I32Tensor:$row_targets);
+  let assemblyFormat = "$targets `,` $lengths attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Lm_GatherRowsOp : Lm_Op<"gather_rows", [Pure]> {
+  let summary = "rows of each sentence by position: out[b, j, ...] = x[b, rows[b, j], ...] (0 where rows[b, j] < 0)";
+  let description = [{
+    `rows` [B, T] as lm.target_rows makes them (each position at most once per sentence, -1 padding).
+    VJP: lm.scatter_rows of the gradient.
+    ```mlir
+    %xr = lm.gather_rows %x, %rows : (tensor<?x?x512xf32>, tensor<?x?xi32>) -> tensor<?x?x512xf32>
+    ```
+  }];
+  let arguments = (ins Lm_F32Tensor:$input, Lm_I32Tensor:$rows);
+  let results = (outs Lm_F32Tensor:$result);
+  let assemblyFormat = "$input `,` $rows attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Lm_ScatterRowsOp : Lm_Op<"scatter_rows", [Pure]> {
+  let summary = "the inverse placement: out[b, rows[b, j], ...] = x[b, j, ...], 0 at every other row of [B, N, ...]";
+  let description = [{
+    N is dim 1 of `like` (any tensor with the result's [B, N] leading dims); rows as lm.gather_rows's, each
+    position at most once per sentence, so nothing is summed. VJP: lm.gather_rows of the gradient.
+    ```mlir
+    %ce = lm.scatter_rows %ce_rows, %rows, %targets : (tensor<?x?xf32>, tensor<?x?xi32>, tensor<?x?xi32>) -> tensor<?x?xf32>
+    ```
+  }];
+  let arguments = (ins Lm_F32Tensor:$input, Lm_I32Tensor:$rows, AnyRankedTensor:$like);
+  let results = (outs Lm_F32Tensor:$result);
+  let assemblyFormat = "$input `,` $rows `,` $like attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
 def Lm_ConcatOp : Lm_Op<"concat", [Pure]> {
   let summary = "concatenation along the first axis (stacked weights for one wide GEMM)";
   let description = [{

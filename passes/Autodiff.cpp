@@ -40,9 +40,14 @@ public:
       return fn.emitOpError(pairs ? "lm-autodiff: a pair loss returns the per-row losses and the length log-probs"
                                   : "lm-autodiff: a loss function returns exactly the per-row losses");
     Value ce = ret.getOperand(0);
+    // lm-prune-loss-rows: the loss of the rows with a target, put back in place (no VJP needed: the seed is the
+    // loss op's).
+    if (auto placed = ce.getDefiningOp<lm::ScatterRowsOp>(); placed && ce.hasOneUse())
+      ce = placed.getInput();
     if (!ce.hasOneUse() || !isa_and_nonnull<lm::TokenLossOp, lm::CrossEntropyOp, lm::NgramLossOp>(ce.getDefiningOp()))
       return fn.emitOpError("lm-autodiff: the returned per-row losses must come straight from lm.token_loss, "
-                            "lm.cross_entropy or lm.ngram_loss (their VJP seeds d ce = 1/T)");
+                            "lm.cross_entropy or lm.ngram_loss (their VJP seeds d ce = 1/T), or through "
+                            "lm.scatter_rows");
     Operation *lengthLoss = nullptr;
     if (pairs) {
       Value l = ret.getOperand(1);
@@ -181,7 +186,7 @@ private:
       return success();
     }
     // lm.wdr_conjugate is the paper's stop-gradient: no VJP, so its copy of W gets nothing from it.
-    if (isa<lm::FillIdsOp, lm::WdrConjugateOp, lm::DirectionalTargetsOp>(op))
+    if (isa<lm::FillIdsOp, lm::WdrConjugateOp, lm::DirectionalTargetsOp, lm::TargetRowsOp>(op))
       return success();
     // Every other op: nothing to do unless one of its results has a gradient.
     if (llvm::none_of(op->getResults(), [&](Value r) { return bool(grad(r)); }))
@@ -266,6 +271,16 @@ private:
     }
     if (auto ls = dyn_cast<lm::LogSoftmaxOp>(op)) {
       accumulate(ls.getInput(), b.create<lm::LogSoftmaxGradOp>(loc, dy, ls.getResult()));
+      return success();
+    }
+    // Row placements move rows, each at most once: their VJPs move the gradient's rows back, summing nothing.
+    if (auto g = dyn_cast<lm::GatherRowsOp>(op)) {
+      accumulate(g.getInput(),
+                 b.create<lm::ScatterRowsOp>(loc, g.getInput().getType(), dy, g.getRows(), g.getInput()));
+      return success();
+    }
+    if (auto sc = dyn_cast<lm::ScatterRowsOp>(op)) {
+      accumulate(sc.getInput(), b.create<lm::GatherRowsOp>(loc, sc.getInput().getType(), dy, sc.getRows()));
       return success();
     }
     if (auto att = dyn_cast<lm::AttentionOp>(op)) {

@@ -56,6 +56,18 @@ def LmPruneRows : Pass<"lm-prune-rows", "::mlir::ModuleOp"> {
   let dependentDialects = ["::lmcc::lm::LmDialect"];
 }
 
+def LmPruneLossRows : Pass<"lm-prune-loss-rows", "::mlir::ModuleOp"> {
+  let summary = "Dead-row elimination in a training loss: the last layer's query side only on the rows with a target";
+  let description = [{
+    A training loss (lm.token_loss or lm.cross_entropy returned by a `loss` function) reads only the rows with a
+    target. Walking back from its hidden states, row-local ops run on those rows, packed per sentence by
+    lm.target_rows / lm.gather_rows ([B, T, D], T known at run time), and an attention without a mask (the biLM's)
+    computes only those query rows against every key and value; lm.scatter_rows puts the per-row losses back in
+    place. Applied only where such an attention is pruned.
+  }];
+  let dependentDialects = ["::lmcc::lm::LmDialect"];
+}
+
 def LmShareFirstLayer : Pass<"lm-share-first-layer", "::mlir::ModuleOp"> {
   let summary = "Compute the first layer's inputs and projections once per sentence, not once per masked copy";
   let description = [{

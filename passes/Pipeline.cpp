@@ -5,8 +5,8 @@ namespace lmcc {
 
 const std::vector<std::string> &defaultPipeline() {
   static const std::vector<std::string> passes = {"lm-fuse-attention", "lm-fuse-logprob", "lm-batch-mask-predict",
-                                                  "lm-share-first-layer", "lm-prune-rows", "lm-hoist-isolated-kv",
-                                                  "lm-fold-constants", "lm-fuse-activation"};
+                                                  "lm-share-first-layer", "lm-prune-rows", "lm-prune-loss-rows",
+                                                  "lm-hoist-isolated-kv", "lm-fold-constants", "lm-fuse-activation"};
   return passes;
 }
 
@@ -28,6 +28,8 @@ void addOptimizationPasses(mlir::OpPassManager &pm, const std::set<std::string> 
       pm.addPass(createLmFoldConstants());
     else if (flag == "lm-prune-rows")
       pm.addPass(createLmPruneRows());
+    else if (flag == "lm-prune-loss-rows")
+      pm.addPass(createLmPruneLossRows());
     else if (flag == "lm-fuse-activation")
       pm.addPass(createLmFuseActivation());
   }

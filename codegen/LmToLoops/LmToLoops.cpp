@@ -253,6 +253,7 @@ struct LmToLoopsPass : lmcc::impl::LmToLoopsBase<LmToLoopsPass> {
     populateAttentionPatterns(converter, patterns, context);
     populateLogprobPatterns(converter, patterns, context);
     populateMaskedBatchPatterns(converter, patterns, context);
+    populateRowsPatterns(converter, patterns, context);
     populateGemmPatterns(converter, patterns, context);
     populateWeightPatterns(converter, patterns, context);
     populateBackwardPatterns(converter, patterns, context);

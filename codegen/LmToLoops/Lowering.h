@@ -7,6 +7,7 @@
 //   AttentionGrad.cpp the vector form of its VJP lm.attention_grad (both built from AttentionVector.h)
 //   Logprob.cpp      lm.token_logprob (streamed vocabulary tiles), lm.gather, lm.sentence_score, lm.mean_pool
 //   MaskedBatch.cpp  lm.mask_and_predict (n passes), lm.masked_batch, lm.take_row, lm.splice_copies
+//   Rows.cpp         lm.target_rows, lm.gather_rows, lm.scatter_rows (a training loss's predicted rows)
 //   Gemm.cpp         lm.linear (the generated GEMM over load-time packed weights, or the runtime's Eigen GEMM)
 //   Weights.cpp      lm.weight, lm.concat, lm.folded_rows, lm.fold functions and the init kernel
 //   Backward.cpp     the training loss and lm-autodiff's backward ops (calls of the runtime's training kernels)
@@ -79,6 +80,9 @@ void populateBackwardPatterns(mlir::TypeConverter &converter, mlir::RewritePatte
 /// NGram.cpp: lm.wdr_conjugate, lm.ngram_ensemble, lm.ngram_loss and its VJP (issue 18).
 void populateNGramPatterns(mlir::TypeConverter &converter, mlir::RewritePatternSet &patterns,
                            const LoweringContext &context);
+/// Rows.cpp: lm.target_rows, lm.gather_rows, lm.scatter_rows (lm-prune-loss-rows).
+void populateRowsPatterns(mlir::TypeConverter &converter, mlir::RewritePatternSet &patterns,
+                          const LoweringContext &context);
 /// Diformer.cpp: lm.decoder_queries, lm.directional_targets, lm.length_logprob (issue 19).
 void populateDiformerPatterns(mlir::TypeConverter &converter, mlir::RewritePatternSet &patterns,
                               const LoweringContext &context);

@@ -378,3 +378,43 @@ func.func @ngram_loss_and_grad_heads(%h: tensor<?x?x8xf32>, %u: tensor<?x?x8xf32
   %ce, %l1, %l2, %d1, %dE, %db = lm.ngram_loss_and_grad heads(%h, %u : tensor<?x?x8xf32>, tensor<?x?x8xf32>) weight(%E : tensor<11x8xf32>) targets(%y, %len : tensor<?x?xi32>, tensor<?xi32>) {smoothing = 0.0 : f64} -> tensor<?x?xf32> lse(tensor<?x?xf32>, tensor<?x?xf32>) d_heads(tensor<?x?x8xf32>) tensor<11x8xf32>, tensor<11xf32>
   return
 }
+
+// -----
+
+func.func @target_rows_static_count(%y: tensor<?x?xi32>, %len: tensor<?xi32>) {
+  // expected-error @+1 {{T (rows dim 1) is known only at run time: it must be ?, got 'tensor<?x4xi32>'}}
+  %rows, %t = lm.target_rows %y, %len : (tensor<?x?xi32>, tensor<?xi32>) -> (tensor<?x4xi32>, tensor<?x4xi32>)
+  return
+}
+
+// -----
+
+func.func @target_rows_lengths(%y: tensor<3x?xi32>, %len: tensor<2xi32>) {
+  // expected-error @+1 {{lengths dim 0 (B): expected 3, got 2}}
+  %rows, %t = lm.target_rows %y, %len : (tensor<3x?xi32>, tensor<2xi32>) -> (tensor<3x?xi32>, tensor<3x?xi32>)
+  return
+}
+
+// -----
+
+func.func @gather_rows_features(%h: tensor<?x?x8xf32>, %rows: tensor<?x?xi32>) {
+  // expected-error @+1 {{dim 2 differs: 'tensor<?x?x8xf32>' -> 'tensor<?x?x4xf32>'}}
+  %g = lm.gather_rows %h, %rows : (tensor<?x?x8xf32>, tensor<?x?xi32>) -> tensor<?x?x4xf32>
+  return
+}
+
+// -----
+
+func.func @gather_rows_rank(%h: tensor<?x?x8xf32>, %rows: tensor<?xi32>) {
+  // expected-error @+1 {{rows [B, T] must have rank 2, got 'tensor<?xi32>'}}
+  %g = lm.gather_rows %h, %rows : (tensor<?x?x8xf32>, tensor<?xi32>) -> tensor<?x?x8xf32>
+  return
+}
+
+// -----
+
+func.func @scatter_rows_like(%g: tensor<?x5x8xf32>, %rows: tensor<?x5xi32>, %y: tensor<?x7xi32>) {
+  // expected-error @+1 {{result dim 1: expected 7, got 6}}
+  %s = lm.scatter_rows %g, %rows, %y : (tensor<?x5x8xf32>, tensor<?x5xi32>, tensor<?x7xi32>) -> tensor<?x6x8xf32>
+  return
+}

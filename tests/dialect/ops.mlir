@@ -152,3 +152,20 @@ func.func @embed_grad(%dy: tensor<?x?x8xf32>, %ids: tensor<?x?xi32>, %len: tenso
   %b = lm.embed_grad %dy, %ids, %len into(%a) : (tensor<?x?x8xf32>, tensor<?x?xi32>, tensor<?xi32>, tensor<11x8xf32>) -> tensor<11x8xf32>
   return %b : tensor<11x8xf32>
 }
+
+// The rows a training loss predicts (lm-prune-loss-rows): packed per sentence and put back.
+// CHECK-LABEL: func.func @target_rows
+func.func @target_rows(%h: tensor<?x?x8xf32>, %y: tensor<?x?xi32>, %len: tensor<?xi32>) -> (tensor<?x?x8xf32>, tensor<?x?xf32>) {
+  // CHECK: [[R:%.+]], [[T:%.+]] = lm.target_rows %{{.+}}, %{{.+}} : (tensor<?x?xi32>, tensor<?xi32>) -> (tensor<?x?xi32>, tensor<?x?xi32>)
+  %rows, %row_targets = lm.target_rows %y, %len : (tensor<?x?xi32>, tensor<?xi32>) -> (tensor<?x?xi32>, tensor<?x?xi32>)
+  // CHECK: [[G:%.+]] = lm.gather_rows %{{.+}}, [[R]] : (tensor<?x?x8xf32>, tensor<?x?xi32>) -> tensor<?x?x8xf32>
+  %g = lm.gather_rows %h, %rows : (tensor<?x?x8xf32>, tensor<?x?xi32>) -> tensor<?x?x8xf32>
+  // CHECK: lm.scatter_rows [[G]], [[R]], %{{.+}} : (tensor<?x?x8xf32>, tensor<?x?xi32>, tensor<?x?x8xf32>) -> tensor<?x?x8xf32>
+  %s = lm.scatter_rows %g, %rows, %h : (tensor<?x?x8xf32>, tensor<?x?xi32>, tensor<?x?x8xf32>) -> tensor<?x?x8xf32>
+  %ce = lm.gather_rows %s, %rows : (tensor<?x?x8xf32>, tensor<?x?xi32>) -> tensor<?x?x8xf32>
+  %c2 = arith.constant dense<0.0> : tensor<2x3xf32>
+  %f = tensor.cast %c2 : tensor<2x3xf32> to tensor<?x?xf32>
+  // CHECK: lm.scatter_rows %{{.+}}, [[R]], %{{.+}} : (tensor<?x?xf32>, tensor<?x?xi32>, tensor<?x?xi32>) -> tensor<?x?xf32>
+  %placed = lm.scatter_rows %f, %rows, %y : (tensor<?x?xf32>, tensor<?x?xi32>, tensor<?x?xi32>) -> tensor<?x?xf32>
+  return %ce, %placed : tensor<?x?x8xf32>, tensor<?x?xf32>
+}

@@ -202,6 +202,16 @@ std::vector<Case> cases() {
     s.train.labelSmoothing = 0.1, s.trainGiven = true;
     out.push_back({"unilm_pre_untied_sin", s});
   }
+  // lm-prune-loss-rows: the last layer's query side on the rows with a target only (mask none, no relative
+  // positions, no dropout): the runtime's attention backward (head size 10) and the vector one (16), post- and
+  // pre-norm; the batch has a sentence without targets and a sentence of length 1.
+  out.push_back({"bilm_post_tied", tiny("bilm_post_tied", Family::BiLM)});
+  {
+    ModelSpec s = tiny("bilm_pre_untied_vector", Family::BiLM);
+    s.norm = NormPlacement::Pre, s.tied = false, s.dims.dModel = 32, s.dims.heads = 2, s.dims.maxLen = 37;
+    s.train.labelSmoothing = 0.1, s.trainGiven = true;
+    out.push_back({"bilm_pre_untied_vector", s});
+  }
   {
     ModelSpec s = tiny("bilm_relpos_nohead", Family::BiLM);
     s.relativePositions = 3, s.headTransform = false, s.headBias = false, s.activation = Activation::GeluTanh;
@@ -316,6 +326,14 @@ TEST_P(TrainCompiled, GradientsMatchReference) {
   const bool attentionDropout = spec.train.attentionDropout > 0;
   EXPECT_EQ(std::count_if(pipelines.begin(), pipelines.end(), [](const auto &p) { return p.first == "no-fuse-attention"; }),
             attentionDropout ? 0 : 1);
+
+  // lm-prune-loss-rows changes the training IR exactly where the last attention has no mask, relative positions or
+  // dropout sites in its way (the biLM's masked objective).
+  const bool prunesLossRows = spec.mask == MaskKind::None && spec.relativePositions == 0 &&
+                              spec.train.dropout == 0 && !attentionDropout;
+  EXPECT_EQ(std::count_if(pipelines.begin(), pipelines.end(),
+                          [](const auto &p) { return p.first == "no-prune-loss-rows"; }),
+            prunesLossRows ? 1 : 0);
 
   std::string weightsPath = (fs::temp_directory_path() / ("lmcc-train-w-" + spec.name + "-" +
                                                           std::to_string(::getpid()) + ".safetensors"))
