@@ -856,7 +856,7 @@ LogicalResult RelativeValuesGradOp::verify() {
   return success();
 }
 
-static LogicalResult verifyDropout(Operation *op, Value x, double rate, int64_t site) {
+static LogicalResult verifyDropout(Operation *op, Value x, Value rows, double rate, int64_t site) {
   if (!(rate >= 0 && rate < 1))
     return op->emitOpError("rate must be in [0, 1), got ") << rate;
   if (site < 0 || site >= (int64_t(1) << 24))
@@ -865,15 +865,22 @@ static LogicalResult verifyDropout(Operation *op, Value x, double rate, int64_t 
   if (rank != 3 && rank != 4)
     return op->emitOpError("input must be a [B, N, C] activation or [B, H, N, M] attention probabilities, got ")
            << x.getType();
-  return success();
+  if (!rows)
+    return success();
+  if (rank != 3)
+    return op->emitOpError("rows (packed rows) apply to a [B, T, C] activation, got ") << x.getType();
+  if (failed(expectRank(op, "rows [B, T]", rows, 2)) ||
+      failed(expectDim(op, "rows dim 0 (B)", tensorOf(rows).getDimSize(0), tensorOf(x).getDimSize(0))))
+    return failure();
+  return expectDim(op, "rows dim 1 (T)", tensorOf(rows).getDimSize(1), tensorOf(x).getDimSize(1));
 }
 
 LogicalResult DropoutOp::verify() {
-  return verifyDropout(*this, getInput(), getRate().convertToDouble(), getSite());
+  return verifyDropout(*this, getInput(), getRows(), getRate().convertToDouble(), getSite());
 }
 
 LogicalResult DropoutGradOp::verify() {
-  return verifyDropout(*this, getGrad(), getRate().convertToDouble(), getSite());
+  return verifyDropout(*this, getGrad(), getRows(), getRate().convertToDouble(), getSite());
 }
 
 StringRef lmcc::lm::activationKind(Operation *op) {

@@ -1100,7 +1100,7 @@ def Lm_LengthLossGradOp : Lm_Op<"length_loss_grad", [Pure]> {
   let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
 }
 
-def Lm_DropoutOp : Lm_Op<"dropout", [Pure, SameOperandsAndResultType]> {
+def Lm_DropoutOp : Lm_Op<"dropout", [Pure, AllTypesMatch<["input", "result"]>]> {
   let summary = "dropout of a [B, N, C] activation or [B, H, N, M] attention probabilities: x * keep / (1 - rate) when `training`, else x";
   let description = [{
     The mask is a pure function of ([train] seed, the training step, `site`, sentence, row, feature):
@@ -1108,18 +1108,23 @@ def Lm_DropoutOp : Lm_Op<"dropout", [Pure, SameOperandsAndResultType]> {
     probabilities [B, H, N, M] element (b, h, i, j) is dropoutKeep's (sentence b H + h, row i, feature j).
     Rows past a sentence's length are 0. MLIRGen puts these in the `loss` entry; lm-autodiff marks the copy in
     `loss_grad` `training` and takes them out of `loss` (used for validation, it evaluates without dropout).
+    With `rows` [B, T] (lm.target_rows's; lm-prune-loss-rows) the activation holds packed rows: its row j of
+    sentence b is the sentence's row rows[b, j] for the mask (0 where that is -1), so the kept rows get the
+    masks they have in the full [B, N, C] activation.
     ```mlir
     %y = lm.dropout %x {rate = 1.000000e-01 : f64, site = 0 : i64, training} : tensor<?x?x512xf32>
     %p = lm.dropout %probs {rate = 1.000000e-01 : f64, site = 1048576 : i64, training} : tensor<?x8x?x?xf32>
+    %z = lm.dropout %packed rows(%rows : tensor<?x?xi32>) {rate = 1.000000e-01 : f64, site = 3 : i64} : tensor<?x?x512xf32>
     ```
   }];
-  let arguments = (ins Lm_F32Tensor:$input, F64Attr:$rate, I64Attr:$site, UnitAttr:$training);
+  let arguments = (ins Lm_F32Tensor:$input, Optional<Lm_I32Tensor>:$rows, F64Attr:$rate, I64Attr:$site,
+                       UnitAttr:$training);
   let results = (outs Lm_F32Tensor:$result);
-  let assemblyFormat = "$input attr-dict `:` type($result)";
+  let assemblyFormat = "$input (`rows` `(` $rows^ `:` type($rows) `)`)? attr-dict `:` type($result)";
   let hasVerifier = 1;
 }
 
-def Lm_DropoutGradOp : Lm_Op<"dropout_grad", [Pure, SameOperandsAndResultType]> {
+def Lm_DropoutGradOp : Lm_Op<"dropout_grad", [Pure, AllTypesMatch<["grad", "result"]>]> {
   let summary = "VJP of a training lm.dropout: dy * keep / (1 - rate), the same mask";
   let description = [{
     `rate` and `site` are the forward lm.dropout's (lm-autodiff copies them): the keep mask is recomputed
@@ -1127,15 +1132,15 @@ def Lm_DropoutGradOp : Lm_Op<"dropout_grad", [Pure, SameOperandsAndResultType]> 
     dropoutKeep (runtime/train/Philox.h), not stored, so it equals the forward's bit for bit. grad is a
     [B, N, C] activation gradient or a [B, H, N, M] probability gradient; the result has its type; rows past
     a sentence's length are 0. No `training` flag: lm-autodiff emits it only in `loss_grad`, where every
-    lm.dropout trains.
+    lm.dropout trains. `rows`: the forward's (packed rows).
     ```mlir
     %dx = lm.dropout_grad %dy {rate = 1.000000e-01 : f64, site = 0 : i64} : tensor<?x?x512xf32>
     %dp = lm.dropout_grad %dpd {rate = 1.000000e-01 : f64, site = 1048576 : i64} : tensor<?x8x?x?xf32>
     ```
   }];
-  let arguments = (ins Lm_F32Tensor:$grad, F64Attr:$rate, I64Attr:$site);
+  let arguments = (ins Lm_F32Tensor:$grad, Optional<Lm_I32Tensor>:$rows, F64Attr:$rate, I64Attr:$site);
   let results = (outs Lm_F32Tensor:$result);
-  let assemblyFormat = "$grad attr-dict `:` type($result)";
+  let assemblyFormat = "$grad (`rows` `(` $rows^ `:` type($rows) `)`)? attr-dict `:` type($result)";
   let hasVerifier = 1;
 }
 

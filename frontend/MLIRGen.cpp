@@ -116,7 +116,8 @@ private:
   Value drop(Value x, int64_t site) {
     if (dropoutRate <= 0)
       return x;
-    return b.create<lm::DropoutOp>(loc, x, b.getF64FloatAttr(dropoutRate), b.getI64IntegerAttr(site), UnitAttr());
+    return b.create<lm::DropoutOp>(loc, x.getType(), x, Value(), b.getF64FloatAttr(dropoutRate),
+                                   b.getI64IntegerAttr(site), UnitAttr());
   }
 
   Value ffn(Value x, const std::string &prefix, int64_t dFF) { // also an n-gram head (dFF = d_hidden)
@@ -167,7 +168,7 @@ private:
                                       lm::MaskKindAttr::get(b.getContext(), mask));
     Value probs = b.create<lm::SoftmaxOp>(loc, scores);
     if (dropProbabilities)
-      probs = b.create<lm::DropoutOp>(loc, probs, b.getF64FloatAttr(attentionDropoutRate),
+      probs = b.create<lm::DropoutOp>(loc, probs.getType(), probs, Value(), b.getF64FloatAttr(attentionDropoutRate),
                                       b.getI64IntegerAttr(probabilitySite), UnitAttr());
     Value context = b.create<lm::MatmulOp>(loc, headsType, probs, vh, UnitAttr());
     if (clip > 0)

@@ -228,7 +228,8 @@ private:
       return success();
     }
     if (auto d = dyn_cast<lm::DropoutOp>(op)) {
-      accumulate(d.getInput(), b.create<lm::DropoutGradOp>(loc, dy, d.getRateAttr(), d.getSiteAttr()));
+      accumulate(d.getInput(), b.create<lm::DropoutGradOp>(loc, dy.getType(), dy, d.getRows(), d.getRateAttr(),
+                                                           d.getSiteAttr()));
       return success();
     }
     if (auto scale = dyn_cast<lm::ScaleOp>(op)) {

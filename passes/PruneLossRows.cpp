@@ -11,10 +11,11 @@
 //                                                      position, so the packed rows are the cross-attention form),
 //   row(x) = lm.gather_rows x, %rows                 for anything else,
 //   ce = lm.scatter_rows (loss(row(h), %row_targets)), %rows, %targets   (0 at the other rows, as before).
-// Exact: the dropped rows contributed nothing to the loss and zeros to every gradient (lm-autodiff's VJPs of the
-// new ops move rows, never sum them). Applied where the last attention can be pruned: the biLM (masked LM)
-// objective; causal and diagonal masks would need the rows' positions (the T-TA and uniLM objectives predict every
-// row anyway), and dropout sites index their masks by row, so they stay full size.
+// A dropout on the packed rows takes `rows` (lm.dropout rows(...)): its masks are those of the rows in the full
+// activation. Exact: the dropped rows contributed nothing to the loss and zeros to every gradient (lm-autodiff's
+// VJPs of the new ops move rows, never sum them). Applied where the last attention can be pruned: the biLM (masked
+// LM) objective; causal and diagonal masks would need the rows' positions (the T-TA and uniLM objectives predict
+// every row anyway), and attention dropout keeps the attention decomposed.
 //
 //===----------------------------------------------------------------------===//
 #include "passes/Passes.h"
@@ -54,6 +55,18 @@ private:
 
   Value take(Value value) override {
     return builder.create<lm::GatherRowsOp>(value.getLoc(), rowType(value.getType()), value, rows);
+  }
+
+  /// A dropout of an activation: its packed rows keep the masks of their rows in the full activation.
+  bool isRowLocal(Operation *op) override {
+    if (auto d = dyn_cast<lm::DropoutOp>(op))
+      return !d.getRows() && llvm::cast<RankedTensorType>(d.getType()).getRank() == 3;
+    return RowPruner::isRowLocal(op);
+  }
+
+  void completeClone(Operation *clone) override {
+    if (auto d = dyn_cast<lm::DropoutOp>(clone))
+      d.getRowsMutable().assign(rows);
   }
 
   bool isPrunableAttention(lm::AttentionOp attn) override {

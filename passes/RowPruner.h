@@ -71,6 +71,8 @@ protected:
   virtual bool isPrunableAttention(lm::AttentionOp attn) = 0;
   /// That attention with `query` as its kept query rows (the builder is right after the original).
   virtual mlir::Value pruneAttention(lm::AttentionOp attn, mlir::Value query) = 0;
+  /// Completes the clone of a row-local op on the kept rows (its operands already those rows).
+  virtual void completeClone(mlir::Operation *clone) {}
   /// Whether `value` already holds only the kept rows (it is then its own row).
   virtual bool isKept(mlir::Value value) { return false; }
 
@@ -113,6 +115,7 @@ private:
       mlir::Operation *clone = builder.clone(*op);
       clone->setOperands(operands);
       clone->getResult(0).setType(rowType(value.getType()));
+      completeClone(clone);
       return clone->getResult(0);
     }
     if (auto attn = llvm::dyn_cast<lm::AttentionOp>(op); attn && isPrunableAttention(attn)) {

@@ -47,6 +47,7 @@ void declareTrainingRuntime(OpBuilder &b, Location loc) {
   declare("lm_rt_softmax_grad", {ptr, ptr, i64, i64, i32, ptr});
   declare("lm_rt_dropout", {ptr, ptr, i64, i64, i64, f64, i64, ptr});
   declare("lm_rt_dropout_heads", {ptr, ptr, i64, i64, i64, i64, f64, i64, ptr});
+  declare("lm_rt_dropout_rows", {ptr, ptr, ptr, i64, i64, i64, f64, i64, ptr});
 }
 
 namespace {
@@ -381,6 +382,9 @@ template <typename Op> struct DropoutLowering : LmLowering<Op> {
     const bool probabilities = llvm::cast<ShapedType>(op->getOperand(0).getType()).getRank() == 4;
     Call call{L};
     call.ptr(x).ptr(fn.getArgument(3));
+    Value rows = op.getRows() ? L.in(op.getRows()) : Value();
+    if (rows) // packed rows [B, T, C] (lm-prune-loss-rows)
+      call.ptr(rows);
     if (probabilities) {
       for (int64_t axis = 0; axis < 4; ++axis)
         call.i64(Value(L.b.create<memref::DimOp>(L.loc, x, axis)));
@@ -388,7 +392,7 @@ template <typename Op> struct DropoutLowering : LmLowering<Op> {
       call.i64(L.B()).i64(L.N()).i64(lastDim(op->getOperand(0)));
     }
     call.f64(op.getRate().convertToDouble()).i64(int64_t(op.getSite())).ptr(out);
-    call.emit(probabilities ? "lm_rt_dropout_heads" : "lm_rt_dropout");
+    call.emit(rows ? "lm_rt_dropout_rows" : probabilities ? "lm_rt_dropout_heads" : "lm_rt_dropout");
     return L.set(op, out);
   }
 };

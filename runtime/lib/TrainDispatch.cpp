@@ -131,11 +131,15 @@ void lm_rt_softmax_grad(const float *dy, const float *y, int64_t rows, int64_t C
 
 void lm_rt_dropout(const float *x, const int32_t *lengths, int64_t B, int64_t N, int64_t C, double rate, int64_t site,
                    float *out) {
-  LMRT_DISPATCH(dropout, x, lengths, B, 1, N, C, rate, site, t_dropout.seed, t_dropout.step, out)
+  LMRT_DISPATCH(dropout, x, lengths, nullptr, B, 1, N, C, rate, site, t_dropout.seed, t_dropout.step, out)
+}
+void lm_rt_dropout_rows(const float *x, const int32_t *lengths, const int32_t *rows, int64_t B, int64_t T, int64_t C,
+                        double rate, int64_t site, float *out) {
+  LMRT_DISPATCH(dropout, x, lengths, rows, B, 1, T, C, rate, site, t_dropout.seed, t_dropout.step, out)
 }
 void lm_rt_dropout_heads(const float *x, const int32_t *lengths, int64_t B, int64_t H, int64_t N, int64_t M,
                          double rate, int64_t site, float *out) {
-  LMRT_DISPATCH(dropout, x, lengths, B, H, N, M, rate, site, t_dropout.seed, t_dropout.step, out)
+  LMRT_DISPATCH(dropout, x, lengths, nullptr, B, H, N, M, rate, site, t_dropout.seed, t_dropout.step, out)
 }
 
 } // extern "C"

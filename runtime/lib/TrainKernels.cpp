@@ -974,16 +974,18 @@ void softmaxGrad(const float *dy, const float *y, int64_t rows, int64_t C, int32
   });
 }
 
-void dropout(const float *x, const int32_t *lengths, int64_t B, int64_t H, int64_t N, int64_t C, double rate,
-             int64_t site, uint64_t seed, uint64_t step, float *out) {
+void dropout(const float *x, const int32_t *lengths, const int32_t *rows, int64_t B, int64_t H, int64_t N,
+             int64_t C, double rate, int64_t site, uint64_t seed, uint64_t step, float *out) {
   const float scale = float(1.0 / (1.0 - rate));
   parallelFor(B * H, [&](int64_t bh) {
     const int64_t b = bh / H;
     for (int64_t t = 0; t < N; ++t)
       for (int64_t c = 0; c < C; ++c) {
         const int64_t at = (bh * N + t) * C + c;
-        const bool keep = t < lengths[b] && lmcc::train::dropoutKeep(seed, step, uint32_t(site), uint32_t(bh),
-                                                                     uint32_t(t), uint32_t(c), rate);
+        const int64_t row = rows ? rows[b * N + t] : t;
+        const bool keep = row >= 0 && row < lengths[b] &&
+                          lmcc::train::dropoutKeep(seed, step, uint32_t(site), uint32_t(bh), uint32_t(row),
+                                                   uint32_t(c), rate);
         out[at] = keep ? x[at] * scale : 0.0f;
       }
   });

@@ -75,9 +75,10 @@
                         double smoothing, int32_t perLength, float *dlp);                                         \
   void softmaxGrad(const float *dy, const float *y, int64_t rows, int64_t C, int32_t logarithmic, float *dx);     \
   /* x [B, H, N, C]: element (b, h, t, c) as dropoutKeep's (sentence b H + h, row t, feature c); H = 1 for an */ \
-  /* activation, the heads for attention probabilities */                                                        \
-  void dropout(const float *x, const int32_t *lengths, int64_t B, int64_t H, int64_t N, int64_t C, double rate, \
-               int64_t site, uint64_t seed, uint64_t step, float *out);                                          \
+  /* activation, the heads for attention probabilities. rows [B, N] (H = 1, or null): packed rows, row t of     */ \
+  /* sentence b the sentence's row rows[b N + t] (-1: none) */                                                    \
+  void dropout(const float *x, const int32_t *lengths, const int32_t *rows, int64_t B, int64_t H, int64_t N,    \
+               int64_t C, double rate, int64_t site, uint64_t seed, uint64_t step, float *out);                  \
   }
 
 namespace lmrt {

@@ -18,7 +18,7 @@ extern "C" {
 #endif
 
 #ifndef LM_ABI_VERSION
-#define LM_ABI_VERSION 10
+#define LM_ABI_VERSION 11
 #endif
 /* Every tensor of the flat weight buffer, and the buffer itself, starts at a multiple of this many bytes
  * (lmcc's weight layout, codegen/Layout/WeightLayout.h, and the runtime's loader both use it). */
@@ -425,6 +425,10 @@ LM_API void lm_rt_cross_entropy_grad(const int32_t *targets, const int32_t *leng
  * trainer's step (rows past a length: 0). The same call applies the mask to a gradient. */
 LM_API void lm_rt_dropout(const float *x, const int32_t *lengths, int64_t B, int64_t N, int64_t C, double rate,
                           int64_t site, float *out);
+/* ABI 11: lm_rt_dropout on packed rows x [B, T, C] (lm-prune-loss-rows): row j of sentence b is the sentence's row
+ * rows[b, j] for the mask (rows [B, T] from lm.target_rows; -1 or past the length: 0). */
+LM_API void lm_rt_dropout_rows(const float *x, const int32_t *lengths, const int32_t *rows, int64_t B, int64_t T,
+                               int64_t C, double rate, int64_t site, float *out);
 /* Attention dropout on probabilities x [B, H, N, M]: element (b, h, i, j) as lm_rt_dropout's (sentence b H + h,
  * row i, feature j) (runtime/train/Philox.h); rows past a length: 0. */
 LM_API void lm_rt_dropout_heads(const float *x, const int32_t *lengths, int64_t B, int64_t H, int64_t N, int64_t M,

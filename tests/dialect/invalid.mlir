@@ -418,3 +418,11 @@ func.func @scatter_rows_like(%g: tensor<?x5x8xf32>, %rows: tensor<?x5xi32>, %y: 
   %s = lm.scatter_rows %g, %rows, %y : (tensor<?x5x8xf32>, tensor<?x5xi32>, tensor<?x7xi32>) -> tensor<?x6x8xf32>
   return
 }
+
+// -----
+
+func.func @dropout_rows_probabilities(%p: tensor<?x2x?x?xf32>, %rows: tensor<?x?xi32>) {
+  // expected-error @+1 {{rows (packed rows) apply to a [B, T, C] activation, got 'tensor<?x2x?x?xf32>'}}
+  %d = lm.dropout %p rows(%rows : tensor<?x?xi32>) {rate = 0.1 : f64, site = 1048576 : i64} : tensor<?x2x?x?xf32>
+  return
+}

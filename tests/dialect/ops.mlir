@@ -160,8 +160,12 @@ func.func @target_rows(%h: tensor<?x?x8xf32>, %y: tensor<?x?xi32>, %len: tensor<
   %rows, %row_targets = lm.target_rows %y, %len : (tensor<?x?xi32>, tensor<?xi32>) -> (tensor<?x?xi32>, tensor<?x?xi32>)
   // CHECK: [[G:%.+]] = lm.gather_rows %{{.+}}, [[R]] : (tensor<?x?x8xf32>, tensor<?x?xi32>) -> tensor<?x?x8xf32>
   %g = lm.gather_rows %h, %rows : (tensor<?x?x8xf32>, tensor<?x?xi32>) -> tensor<?x?x8xf32>
-  // CHECK: lm.scatter_rows [[G]], [[R]], %{{.+}} : (tensor<?x?x8xf32>, tensor<?x?xi32>, tensor<?x?x8xf32>) -> tensor<?x?x8xf32>
-  %s = lm.scatter_rows %g, %rows, %h : (tensor<?x?x8xf32>, tensor<?x?xi32>, tensor<?x?x8xf32>) -> tensor<?x?x8xf32>
+  // CHECK: lm.dropout [[G]] rows([[R]] : tensor<?x?xi32>) {rate = 1.000000e-01 : f64, site = 3 : i64, training} : tensor<?x?x8xf32>
+  %gd = lm.dropout %g rows(%rows : tensor<?x?xi32>) {rate = 0.1 : f64, site = 3 : i64, training} : tensor<?x?x8xf32>
+  // CHECK: lm.dropout_grad %{{.+}} rows([[R]] : tensor<?x?xi32>) {rate = 1.000000e-01 : f64, site = 3 : i64} : tensor<?x?x8xf32>
+  %gg = lm.dropout_grad %gd rows(%rows : tensor<?x?xi32>) {rate = 0.1 : f64, site = 3 : i64} : tensor<?x?x8xf32>
+  // CHECK: lm.scatter_rows %{{.+}}, [[R]], %{{.+}} : (tensor<?x?x8xf32>, tensor<?x?xi32>, tensor<?x?x8xf32>) -> tensor<?x?x8xf32>
+  %s = lm.scatter_rows %gg, %rows, %h : (tensor<?x?x8xf32>, tensor<?x?xi32>, tensor<?x?x8xf32>) -> tensor<?x?x8xf32>
   %ce = lm.gather_rows %s, %rows : (tensor<?x?x8xf32>, tensor<?x?xi32>) -> tensor<?x?x8xf32>
   %c2 = arith.constant dense<0.0> : tensor<2x3xf32>
   %f = tensor.cast %c2 : tensor<2x3xf32> to tensor<?x?xf32>

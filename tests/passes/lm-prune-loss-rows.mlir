@@ -50,6 +50,24 @@ func.func @layer(%ids: tensor<?x?xi32>, %y: tensor<?x?xi32>, %len: tensor<?xi32>
   return %ce : tensor<?x?xf32>
 }
 
+// Dropout before the residual (a training spec's sub-layer dropout): the packed rows' dropout takes the rows, so
+// each keeps the mask of its row in the full activation; its VJP the same rows.
+// CHECK-LABEL: func.func @dropout
+// CHECK-NEXT: [[R:%.+]], [[RT:%.+]] = lm.target_rows
+// CHECK: [[A:%.+]] = lm.attention
+// CHECK-NEXT: lm.dropout [[A]] rows([[R]] : tensor<?x?xi32>) {rate = 1.000000e-01 : f64, site = 2 : i64} : tensor<?x?x8xf32>
+// GRAD-LABEL: func.func @dropout_grad
+// GRAD: lm.dropout_grad %{{.+}} rows(%rows : tensor<?x?xi32>) {rate = 1.000000e-01 : f64, site = 2 : i64} : tensor<?x?x8xf32>
+func.func @dropout(%ids: tensor<?x?xi32>, %y: tensor<?x?xi32>, %len: tensor<?xi32>) -> tensor<?x?xf32> attributes {lm.method = "loss"} {
+  %E = lm.weight "embed.token" : tensor<11x8xf32>
+  %x = lm.embed %E[%ids] : (tensor<11x8xf32>, tensor<?x?xi32>) -> tensor<?x?x8xf32>
+  %a = lm.attention %x, %x, %x, %len {heads = 2 : i64, mask = #lm.mask<none>, scale = 0.5 : f32} : tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<?x?x8xf32>, tensor<?xi32> -> tensor<?x?x8xf32>
+  %d = lm.dropout %a {rate = 0.1 : f64, site = 2 : i64} : tensor<?x?x8xf32>
+  %h = lm.add %x, %d : tensor<?x?x8xf32>
+  %ce, %lse = lm.token_loss %h, %E, %y, %len {smoothing = 0.0 : f64} : (tensor<?x?x8xf32>, tensor<11x8xf32>, tensor<?x?xi32>, tensor<?xi32>) -> (tensor<?x?xf32>, tensor<?x?xf32>)
+  return %ce : tensor<?x?xf32>
+}
+
 // A causal attention: a query row's keys depend on its position, which the packed rows do not keep; the loss is
 // left as it is (no attention to prune, no packing).
 // CHECK-LABEL: func.func @causal

@@ -203,7 +203,7 @@ std::vector<Case> cases() {
     out.push_back({"unilm_pre_untied_sin", s});
   }
   // lm-prune-loss-rows: the last layer's query side on the rows with a target only (mask none, no relative
-  // positions, no dropout): the runtime's attention backward (head size 10) and the vector one (16), post- and
+  // positions, no attention dropout): the runtime's attention backward (head size 10) and the vector one (16), post- and
   // pre-norm; the batch has a sentence without targets and a sentence of length 1.
   out.push_back({"bilm_post_tied", tiny("bilm_post_tied", Family::BiLM)});
   {
@@ -211,6 +211,12 @@ std::vector<Case> cases() {
     s.norm = NormPlacement::Pre, s.tied = false, s.dims.dModel = 32, s.dims.heads = 2, s.dims.maxLen = 37;
     s.train.labelSmoothing = 0.1, s.trainGiven = true;
     out.push_back({"bilm_pre_untied_vector", s});
+  }
+  {
+    // The last layer's dropouts on the packed rows (lm.dropout rows(...)): the masks of those rows.
+    ModelSpec s = tiny("bilm_dropout", Family::BiLM);
+    s.trainGiven = true, s.train.dropout = 0.2, s.train.seed = 3;
+    out.push_back({"bilm_dropout", s});
   }
   {
     ModelSpec s = tiny("bilm_relpos_nohead", Family::BiLM);
@@ -327,10 +333,9 @@ TEST_P(TrainCompiled, GradientsMatchReference) {
   EXPECT_EQ(std::count_if(pipelines.begin(), pipelines.end(), [](const auto &p) { return p.first == "no-fuse-attention"; }),
             attentionDropout ? 0 : 1);
 
-  // lm-prune-loss-rows changes the training IR exactly where the last attention has no mask, relative positions or
-  // dropout sites in its way (the biLM's masked objective).
-  const bool prunesLossRows = spec.mask == MaskKind::None && spec.relativePositions == 0 &&
-                              spec.train.dropout == 0 && !attentionDropout;
+  // lm-prune-loss-rows changes the training IR exactly where the last attention has no mask, no relative positions
+  // and no attention dropout (the biLM's masked objective).
+  const bool prunesLossRows = spec.mask == MaskKind::None && spec.relativePositions == 0 && !attentionDropout;
   EXPECT_EQ(std::count_if(pipelines.begin(), pipelines.end(),
                           [](const auto &p) { return p.first == "no-prune-loss-rows"; }),
             prunesLossRows ? 1 : 0);
