@@ -163,7 +163,10 @@ def write_report(path, args, header, rows, missing):
           "less the loss head's 8 x d_model x vocab FLOPs (forward, recomputed logits, dh, dW) of every row "
           "without a target (--stats counts the head on every row; both systems run it on target rows only: "
           "this matters for the masked objective). The same count is used for torch (which does not recompute "
-          "the logits, so its own count is ~2 x d_model x vocab per target row lower).",
+          "the logits, so its own count is ~2 x d_model x vocab per target row lower). Since 2026-12-07 lmcc also "
+          "runs the masked objective's last layer (query side, output projection, FFN, norms) on the target rows "
+          "only (lm-prune-loss-rows), which this count, the work PyTorch does, does not take out: lmcc's fraction "
+          "of the masked entries is an effective one, above the share of the peak its own FLOPs use.",
           "",
           "Breakdown columns: lmcc `grad` = `lm_rt_loss_and_grad` alone (forward + backward, best of two, "
           "timed after the steps), `opt` = step - grad (clipping, AdamW, schedule, gradient bookkeeping); "
