@@ -114,6 +114,10 @@ struct LmPruneLossRows : lmcc::impl::LmPruneLossRowsBase<LmPruneLossRows> {
       if (!loss.op)
         return;
       Block &block = fn.getBody().front();
+      // lm.target_rows goes first in the block: its operands must be the entry's arguments (as MLIRGen makes them).
+      auto isArgument = [&](Value v) { return llvm::isa<BlockArgument>(v) && v.getParentBlock() == &block; };
+      if (!isArgument(loss.targets) || !isArgument(loss.lengths))
+        return;
       OpBuilder builder(fn.getContext());
       builder.setInsertionPointToStart(&block);
       auto i32Rows = RankedTensorType::get({ShapedType::kDynamic, ShapedType::kDynamic}, builder.getI32Type());
