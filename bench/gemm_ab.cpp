@@ -54,6 +54,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <new>
 #include <random>
 #include <string>
@@ -112,8 +113,16 @@ void build(const std::string &out, const std::function<lmcc::codegen::GemmTile(i
     if (std::none_of(tiles.begin(), tiles.end(), [&](const auto &u) { return u.name() == t.name(); }))
       tiles.push_back(t);
   }
+  // The training GEMM specialized for every shape's depth (lda = K, as gemm_ab calls it), each prefetching as the
+  // fixed kernel would its widest weight of that depth: what a model's call sites of that depth get.
+  std::map<int64_t, int64_t> widest;
+  for (auto [n, k] : nk)
+    widest[k] = std::max(widest[k], n);
+  std::vector<lmcc::codegen::TrainGemmDepth> depths;
+  for (auto [k, n] : widest)
+    depths.push_back(lmcc::codegen::TrainGemmDepth::forWeight(k, n));
   mlir::MLIRContext context;
-  auto module = lmcc::codegen::buildGemmModule(context, nk, tiles);
+  auto module = lmcc::codegen::buildGemmModule(context, nk, tiles, depths);
   std::string names;
   for (auto [n, k] : nk) { // tile-independent names, so that libraries of different tiles compare
     const std::string tile = tileOf(k).name(), to = suffix({0, k, n}), from = to + "_" + tile;
@@ -122,12 +131,13 @@ void build(const std::string &out, const std::function<lmcc::codegen::GemmTile(i
     names += " " + to + ":" + tile;
   }
   // Every shape was built in every tile: only the chosen pairs are compiled. The training GEMM (run-time depth and
-  // strides, lmrt.h's lm_rt_gemm_fn) is kept as ab_train_gemm where one fp32 tile serves every shape.
+  // strides, lmrt.h's lm_rt_gemm_fn; specialized for the shapes' depths) is kept as ab_train_gemm, with the private
+  // bodies it calls, where one fp32 tile serves every shape.
   const bool oneTrainGemm = tiles.size() == 1 && !tiles[0].bf16();
   for (auto fn : llvm::to_vector(module->getOps<mlir::func::FuncOp>()))
     if (llvm::StringRef name = fn.getSymName(); oneTrainGemm && name == "lm_train_gemm_" + tiles[0].name())
       fn.setSymName("ab_train_gemm");
-    else if (name.starts_with("lm_bench_") || name.starts_with("lm_train_gemm_"))
+    else if (name.starts_with("lm_bench_") || (name.starts_with("lm_train_gemm_") && !oneTrainGemm))
       fn.erase();
   if (std::string err = lmcc::codegen::emitKernelLibrary(*module, out); !err.empty())
     fail(err);

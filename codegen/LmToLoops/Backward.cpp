@@ -50,6 +50,16 @@ void declareTrainingRuntime(OpBuilder &b, Location loc) {
   declare("lm_rt_dropout_rows", {ptr, ptr, ptr, i64, i64, i64, f64, i64, ptr});
 }
 
+SmallVector<TrainGemmDepth, 2> lossHeadGemmDepths(ShapedType weight, bool backward) {
+  const int64_t vocab = weight.getDimSize(0), d = weight.getDimSize(1);
+  // logits = h W_tile^T (depth d, a tile of weight rows); dh += G_tile W_tile (depth and lda the tile, d columns:
+  // the tiles of a vocabulary no wider than one tile are narrower than its lda).
+  SmallVector<TrainGemmDepth, 2> depths{TrainGemmDepth::forWeight(d, std::min<int64_t>(vocab, LMRT_LOSS_VOCAB_TILE))};
+  if (backward && vocab > LMRT_LOSS_VOCAB_TILE)
+    depths.push_back(TrainGemmDepth::forWeight(LMRT_LOSS_VOCAB_TILE, d));
+  return depths;
+}
+
 namespace {
 
 /// The temporary (memref.alloc) `buffer` is, through the casts to the generic layout of converted tensors; else null.
@@ -88,8 +98,8 @@ struct Call {
     args.push_back(L.f32c(v));
     return *this;
   }
-  Call &gemm() {
-    args.append(L.trainGemm());
+  Call &gemm(ArrayRef<TrainGemmDepth> depths) {
+    args.append(L.trainGemm(depths));
     return *this;
   }
   void emit(StringRef name) { L.b.create<func::CallOp>(L.loc, name, TypeRange{}, args); }
@@ -129,7 +139,7 @@ struct TokenLossLowering : LmLowering<lm::TokenLossOp> {
     headSizes(headOperands(call, op), op)
         .ptr(ce)
         .ptr(lse)
-        .gemm()
+        .gemm(lossHeadGemmDepths(op.getWeight().getType(), /*backward=*/false))
         .emit("lm_rt_token_loss");
     return L.setAll(op, {ce, lse});
   }
@@ -146,7 +156,7 @@ struct TokenLossGradLowering : LmLowering<lm::TokenLossGradOp> {
         .ptr(dh)
         .ptr(dW)
         .ptr(op.getDBias().use_empty() ? Value() : db)
-        .gemm()
+        .gemm(lossHeadGemmDepths(op.getWeight().getType(), /*backward=*/true))
         .emit("lm_rt_token_loss_grad");
     return L.setAll(op, {dh, dW, db});
   }
@@ -167,7 +177,7 @@ struct TokenLossAndGradLowering : LmLowering<lm::TokenLossAndGradOp> {
         .ptr(dh)
         .ptr(dW)
         .ptr(op.getDBias().use_empty() ? Value() : db)
-        .gemm()
+        .gemm(lossHeadGemmDepths(op.getWeight().getType(), /*backward=*/true))
         .emit("lm_rt_token_loss_and_grad");
     return L.setAll(op, {ce, lse, dh, dW, db});
   }
@@ -235,6 +245,8 @@ struct LinearGradLowering : LmLowering<lm::LinearGradOp> {
     Value dx = L.alloc(op.getDInput().getType()), dW = L.alloc(op.getDWeight().getType()),
           db = L.alloc(op.getDBias().getType());
     auto w = op.getWeight().getType();
+    // dx = dy W: depth and lda `out` (the training GEMM's static depth; no dx, no such product).
+    const TrainGemmDepth dxDepth = TrainGemmDepth::forWeight(w.getDimSize(0), w.getDimSize(1));
     Call{L}
         .ptr(L.in(op.getGrad()))
         .ptr(L.in(op.getInput()))
@@ -245,7 +257,7 @@ struct LinearGradLowering : LmLowering<lm::LinearGradOp> {
         .ptr(op.getDInput().use_empty() ? Value() : dx)
         .ptr(dW)
         .ptr(op.getDBias().use_empty() ? Value() : db)
-        .gemm()
+        .gemm(op.getDInput().use_empty() ? ArrayRef<TrainGemmDepth>() : ArrayRef<TrainGemmDepth>(dxDepth))
         .emit("lm_rt_linear_grad");
     return L.setAll(op, {dx, dW, db});
   }

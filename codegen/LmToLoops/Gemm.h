@@ -100,12 +100,39 @@ inline llvm::StringRef kernelActivation(GemmTile tile, llvm::StringRef activatio
   return tile.weights == GemmTile::Weights::Bf16Amx ? llvm::StringRef() : activation;
 }
 
+/// A depth a training GEMM is specialized for (getOrCreateTrainGemm): calls with K == lda == k run a body of static
+/// depth k, and prefetch the packed weight when `prefetch`.
+struct TrainGemmDepth {
+  int64_t k;
+  bool prefetch;
+  /// Shallower depths keep the run-time depth body: their products are small next to a model's, and each body
+  /// costs about what the run-time one does to compile (a tiny test model's training library: 7.2 s -> 9.2 s with
+  /// its depths 30 and 46 specialized).
+  static constexpr int64_t kMinDepth = 64;
+  /// Depth k for weights of at most `n` columns: prefetched as the fixed-shape kernel prefetches its weight (over
+  /// 1 MB packed: getOrCreateGemm).
+  static TrainGemmDepth forWeight(int64_t k, int64_t n) {
+    return {k, packedRows(n, k, /*bf16=*/false) * kPanel * 4 > (int64_t(1) << 20)};
+  }
+  bool operator<(const TrainGemmDepth &o) const { return k != o.k ? k < o.k : prefetch < o.prefetch; }
+  bool operator==(const TrainGemmDepth &o) const { return k == o.k && prefetch == o.prefetch; }
+};
+
 /// The training GEMM, callable from the runtime (lmrt.h's lm_rt_gemm_fn): `(A: !llvm.ptr, lda, M, K: i64, P: !llvm.ptr,
 /// C: !llvm.ptr, ldc, N, pBegin, pEnd, accumulate: i64)` computes, for panels p in [pBegin, pEnd) and columns
 /// n = p*64 + j < N, C[m*ldc + n] = (accumulate ? C[m*ldc + n] : 0) + sum_{k<K} A[m*lda + k] B[k][n], with B packed
 /// as the weights above ([N, K] = B^T, column slices of tile.cols()) and K known only at run time. The same kernel
 /// as getOrCreateGemm (fp32), so its results do not depend on how M or the panels are split.
-mlir::func::FuncOp getOrCreateTrainGemm(mlir::ModuleOp module, GemmTile tile);
+///
+/// With `depths` (a call site's static depths: a linear backward's dx product has the layer's output width, the
+/// loss head's products the model width and the runtime's vocabulary tile; those under kMinDepth are dropped), a
+/// call whose K and lda equal one of them runs a body of that static depth (`lm_train_gemm_<tile>_k<k>[p]`): the fixed-shape kernel's code, every row
+/// of A a constant offset from one base instead of a run-time stride's chain of additions, its blocks and chunks,
+/// and its prefetch rule; other calls run the run-time depth body (`lm_train_gemm_any_<tile>`, what a call without
+/// depths gets). Each element is the same ordered FMA chain in both, so which body runs never changes a result. The
+/// function is `lm_train_gemm_<tile>_for_k<k>[p]...` (one per set of depths), or `name` where given.
+mlir::func::FuncOp getOrCreateTrainGemm(mlir::ModuleOp module, GemmTile tile,
+                                        llvm::ArrayRef<TrainGemmDepth> depths = {}, llvm::StringRef name = {});
 
 /// A task for lm_rt_parallel_for: `(ctx: !llvm.ptr, begin: i64, end: i64)` runs the GEMM above on panels [first +
 /// begin, first + end), panel `first` being C's column 0. ctx holds 8 i64 slots: A address, M, packed-weight address,
@@ -129,10 +156,12 @@ namespace lmcc::codegen {
 /// A module exporting, for every (N, K) and tile, `lm_bench_pack_<N>x<K>_<tile.name()>(W memref<NxK>, P memref<?x64>)`,
 /// `lm_bench_gemm_<N>x<K>_<tile.name()>(A memref<?xK>, P memref<?x64>, C memref<?x?>)` and
 /// for bf16 tiles `lm_bench_gemm_bias_<N>x<K>_<tile.name()>(A, P, bias memref<N>, C)` (C interface), and for
-/// every fp32 tile the training GEMM `lm_train_gemm_<tile.name()>` (public, lm_rt_gemm_fn), for benchmarks and tests
-/// of the generated GEMM outside a model.
+/// every fp32 tile the training GEMM `lm_train_gemm_<tile.name()>` (public, lm_rt_gemm_fn; specialized for
+/// `trainDepths`, getOrCreateTrainGemm) and `lm_train_gemm_any_<tile.name()>` (the run-time depth body alone), for
+/// benchmarks and tests of the generated GEMM outside a model.
 mlir::OwningOpRef<mlir::ModuleOp> buildGemmModule(mlir::MLIRContext &context,
                                                   const std::vector<std::pair<int64_t, int64_t>> &shapes,
-                                                  const std::vector<GemmTile> &tiles);
+                                                  const std::vector<GemmTile> &tiles,
+                                                  const std::vector<TrainGemmDepth> &trainDepths = {});
 
 } // namespace lmcc::codegen

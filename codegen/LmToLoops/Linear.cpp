@@ -74,9 +74,9 @@ func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBia
   return fn;
 }
 
-func::FuncOp getOrCreateTrainGemm(ModuleOp module, GemmTile tile) {
-  tile.weights = GemmTile::Weights::F32;
-  std::string name = "lm_train_gemm_" + tile.name();
+/// A training GEMM body (the lm_rt_gemm_fn signature) named `name`: depth K from the call (`k` dynamic) or `k`
+/// (the caller checked K == lda == k).
+static func::FuncOp trainGemmBody(ModuleOp module, StringRef name, GemmTile tile, int64_t k, bool prefetch) {
   if (auto existing = module.lookupSymbol<func::FuncOp>(name))
     return existing;
   MLIRContext *ctx = module.getContext();
@@ -93,11 +93,13 @@ func::FuncOp getOrCreateTrainGemm(ModuleOp module, GemmTile tile) {
   auto address = [&](Value p) -> Value { return b.create<LLVM::PtrToIntOp>(loc, i64, p); };
   auto toIndex = [&](Value v) -> Value { return b.create<arith::IndexCastOp>(loc, b.getIndexType(), v); };
   auto rowMajor = MemRefType::get({dyn, dyn}, f32, StridedLayoutAttr::get(ctx, 0, {dyn, 1}));
-  Value K = arg(3);
+  const bool dynamicK = k == dyn;
+  Value K = dynamicK ? arg(3) : c64(k);
   Value panels = b.create<LLVM::UDivOp>(loc, i64, b.create<LLVM::AddOp>(loc, i64, arg(7), c64(kPanel - 1)), c64(kPanel));
   Value pRows = b.create<LLVM::MulOp>(loc, i64, panels, K);
   GemmBody op;
-  op.A = memrefAt(b, loc, address(arg(0)), {arg(2), K}, {arg(1), c64(1)}, rowMajor);
+  op.A = dynamicK ? memrefAt(b, loc, address(arg(0)), {arg(2), K}, {arg(1), c64(1)}, rowMajor)
+                  : memrefAt(b, loc, address(arg(0)), {arg(2), K}, {K, c64(1)}, MemRefType::get({dyn, k}, f32));
   op.P = memrefAt(b, loc, address(arg(4)), {pRows, c64(kPanel)}, {c64(kPanel), c64(1)},
                   MemRefType::get({dyn, kPanel}, f32, StridedLayoutAttr::get(ctx, dyn, {kPanel, 1})));
   op.C = memrefAt(b, loc, address(arg(5)), {arg(2), arg(7)}, {arg(6), c64(1)}, rowMajor);
@@ -105,8 +107,55 @@ func::FuncOp getOrCreateTrainGemm(ModuleOp module, GemmTile tile) {
   op.cBase = b.create<arith::ConstantIndexOp>(loc, 0);
   op.N = toIndex(arg(7)), op.K = toIndex(K);
   op.accumulate = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ne, arg(10), c64(0));
-  op.n = dyn, op.k = dyn, op.withBias = false, op.prefetch = true;
+  op.n = dyn, op.k = k, op.withBias = false, op.prefetch = prefetch;
   emitGemmBody(b, loc, op, tile);
+  b.create<func::ReturnOp>(loc);
+  return fn;
+}
+
+func::FuncOp getOrCreateTrainGemm(ModuleOp module, GemmTile tile, ArrayRef<TrainGemmDepth> depths, StringRef name) {
+  tile.weights = GemmTile::Weights::F32;
+  // The run-time depth body prefetches whatever the weight's size (its size is not known here).
+  func::FuncOp any = trainGemmBody(module, "lm_train_gemm_any_" + tile.name(), tile, ShapedType::kDynamic,
+                                   /*prefetch=*/true);
+
+  std::vector<TrainGemmDepth> sorted;
+  for (const TrainGemmDepth &d : depths)
+    if (d.k >= TrainGemmDepth::kMinDepth)
+      sorted.push_back(d);
+  std::sort(sorted.begin(), sorted.end());
+  sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
+  if (sorted.empty() && name.empty())
+    return any;
+  auto suffix = [](const TrainGemmDepth &d) { return "_k" + std::to_string(d.k) + (d.prefetch ? "p" : ""); };
+  std::string fnName = name.str();
+  if (fnName.empty()) {
+    fnName = "lm_train_gemm_" + tile.name() + "_for";
+    for (const TrainGemmDepth &d : sorted)
+      fnName += suffix(d);
+  }
+  if (auto existing = module.lookupSymbol<func::FuncOp>(fnName))
+    return existing;
+  OpBuilder b(module.getContext());
+  Location loc = b.getUnknownLoc();
+  Type i64 = b.getI64Type();
+  func::FuncOp fn = newPrivateFunction(b, module, fnName, any.getArgumentTypes());
+  Block *entry = &fn.getBody().front();
+  SmallVector<Value> args(entry->getArguments());
+  Value lda = args[1], K = args[3];
+  // The first depth equal to K and lda (a depth's two prefetch rules: the first, without).
+  for (const TrainGemmDepth &d : sorted) {
+    func::FuncOp body = trainGemmBody(module, "lm_train_gemm_" + tile.name() + suffix(d), tile, d.k, d.prefetch);
+    Value k = b.create<LLVM::ConstantOp>(loc, i64, b.getI64IntegerAttr(d.k));
+    Value match = b.create<LLVM::AndOp>(loc, b.create<LLVM::ICmpOp>(loc, LLVM::ICmpPredicate::eq, K, k),
+                                        b.create<LLVM::ICmpOp>(loc, LLVM::ICmpPredicate::eq, lda, k));
+    auto branch = b.create<scf::IfOp>(loc, match, /*withElseRegion=*/true);
+    b.setInsertionPointToStart(branch.thenBlock());
+    b.create<func::CallOp>(loc, body, args);
+    b.setInsertionPointToStart(branch.elseBlock());
+  }
+  b.create<func::CallOp>(loc, any, args);
+  b.setInsertionPointToEnd(entry);
   b.create<func::ReturnOp>(loc);
   return fn;
 }
@@ -166,7 +215,8 @@ func::FuncOp getOrCreateGemmRowTask(ModuleOp module, int64_t n, int64_t k, bool 
 }
 
 OwningOpRef<ModuleOp> buildGemmModule(MLIRContext &context, const std::vector<std::pair<int64_t, int64_t>> &shapes,
-                                      const std::vector<GemmTile> &tiles) {
+                                      const std::vector<GemmTile> &tiles,
+                                      const std::vector<TrainGemmDepth> &trainDepths) {
   context.loadDialect<amx::AMXDialect, arith::ArithDialect, func::FuncDialect, memref::MemRefDialect, scf::SCFDialect,
                       vector::VectorDialect, LLVM::LLVMDialect>();
   OpBuilder b(&context);
@@ -223,8 +273,10 @@ OwningOpRef<ModuleOp> buildGemmModule(MLIRContext &context, const std::vector<st
       }
     }
   for (GemmTile tile : tiles)
-    if (!tile.bf16())
+    if (!tile.bf16()) {
+      getOrCreateTrainGemm(*module, tile, trainDepths, "lm_train_gemm_" + tile.name()).setPublic();
       getOrCreateTrainGemm(*module, tile).setPublic();
+    }
   return module;
 }
 

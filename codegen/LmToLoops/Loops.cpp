@@ -443,8 +443,8 @@ Value Loops::functionPointer(func::FuncOp fn) {
       .getResult(0);
 }
 
-SmallVector<Value, 2> Loops::trainGemm() {
-  func::FuncOp gemm = getOrCreateTrainGemm(op->getParentOfType<ModuleOp>(), context.tile);
+SmallVector<Value, 2> Loops::trainGemm(ArrayRef<TrainGemmDepth> depths) {
+  func::FuncOp gemm = getOrCreateTrainGemm(op->getParentOfType<ModuleOp>(), context.tile, depths);
   return {functionPointer(gemm), i64c(context.tile.cols())};
 }
 

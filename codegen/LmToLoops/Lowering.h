@@ -88,6 +88,10 @@ void populateDiformerPatterns(mlir::TypeConverter &converter, mlir::RewritePatte
                               const LoweringContext &context);
 /// Declares the runtime's training kernels (lm_rt_token_loss, lm_rt_linear_grad, ...) at b's insertion point.
 void declareTrainingRuntime(mlir::OpBuilder &b, mlir::Location loc);
+/// The static depths of the loss-head kernels' GEMMs for a head weight [vocab, d]: the logits' (d), and with
+/// `backward` the hidden state gradient's (the runtime's vocabulary tile); the weight gradient's depth is the
+/// batch's rows.
+llvm::SmallVector<TrainGemmDepth, 2> lossHeadGemmDepths(mlir::ShapedType weight, bool backward);
 
 /// `<model>_init_kernel(weights)`: packs every GEMM weight into its panel layout, then calls every lowered
 /// lm.fold function (which writes its table) on one sentence of max_len pad ids. Built after the conversion.
@@ -301,8 +305,8 @@ public:
   /// The address of `fn` as an !llvm.ptr (a function pointer for the runtime).
   mlir::Value functionPointer(mlir::func::FuncOp fn);
   /// The arguments (lm_rt_gemm_fn, column-slice width) that hand the runtime's training kernels the library's
-  /// training GEMM (Gemm.h getOrCreateTrainGemm, the target's fp32 tile).
-  llvm::SmallVector<mlir::Value, 2> trainGemm();
+  /// training GEMM (Gemm.h getOrCreateTrainGemm, the target's fp32 tile), specialized for the call's static `depths`.
+  llvm::SmallVector<mlir::Value, 2> trainGemm(llvm::ArrayRef<TrainGemmDepth> depths = {});
   /// lm_rt_parallel_for(count, task, ctx) with ctx an array of the i64 `fields`; when the i1 `serial` is true,
   /// task(ctx, 0, count) on this thread instead.
   void parallelFor(mlir::func::FuncOp task, mlir::Value count, llvm::ArrayRef<mlir::Value> fields,

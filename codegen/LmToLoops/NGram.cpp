@@ -136,7 +136,7 @@ struct NgramLossLowering : LmLowering<lm::NgramLossOp> {
       c.headTerms(op.getSmoothing().convertToDouble(), j, n);
       c.ptr(results[0]);
       c.ptr(lse);
-      c.args.append(L.trainGemm());
+      c.args.append(L.trainGemm(lossHeadGemmDepths(op.getWeight().getType(), /*backward=*/false)));
       L.b.create<func::CallOp>(L.loc, "lm_rt_ngram_head_loss", TypeRange{}, c.args);
       results.push_back(lse);
     }
@@ -159,7 +159,7 @@ struct NgramLossGradLowering : LmLowering<lm::NgramLossGradOp> {
       c.ptr(results[j - 1]);
       c.ptr(dW);
       c.ptr(op.getDBias().use_empty() ? Value() : db);
-      c.args.append(L.trainGemm());
+      c.args.append(L.trainGemm(lossHeadGemmDepths(op.getWeight().getType(), /*backward=*/true)));
       L.b.create<func::CallOp>(L.loc, "lm_rt_ngram_head_grad", TypeRange{}, c.args);
     }
     results.append({dW, db});
@@ -189,7 +189,7 @@ struct NgramLossAndGradLowering : LmLowering<lm::NgramLossAndGradOp> {
       c.ptr(dHeads[j - 1]);
       c.ptr(dW);
       c.ptr(op.getDBias().use_empty() ? Value() : db);
-      c.args.append(L.trainGemm());
+      c.args.append(L.trainGemm(lossHeadGemmDepths(op.getWeight().getType(), /*backward=*/true)));
       L.b.create<func::CallOp>(L.loc, "lm_rt_ngram_head_loss_and_grad", TypeRange{}, c.args);
     }
     SmallVector<Value> results{total};

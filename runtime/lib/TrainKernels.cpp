@@ -124,7 +124,7 @@ int64_t denominator(const int32_t *targets, const int32_t *lengths, int64_t B, i
 
 constexpr int64_t kRowBlock = 64;    ///< rows per piece of the row-wise kernels
 constexpr int64_t kGemmRows = 256;   ///< rows (dx) / output features (dW) per GEMM piece of the linear backward
-constexpr int64_t kVocabTile = 512;  ///< vocabulary columns per tile of the loss kernels
+constexpr int64_t kVocabTile = LMRT_LOSS_VOCAB_TILE; ///< vocabulary columns per tile of the loss kernels
 constexpr int64_t kVocabSlices = 8;  ///< vocabulary slices of the loss backward, each with its own dh
 
 /// n T's of scratch from the runtime's per-thread workspace cache (lmrt.h, _mlir_memref_to_llvm_aligned_alloc), as

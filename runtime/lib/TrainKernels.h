@@ -21,6 +21,9 @@
 #define LMRT_ACT_GELU 0
 #define LMRT_ACT_GELU_TANH 1
 #define LMRT_ACT_RELU 2
+/* Vocabulary columns per tile of the loss kernels: the depth (and A's row stride) of the loss backward's dh
+   products, one of the depths the library's training GEMM specializes (codegen/LmToLoops/Backward.cpp). */
+#define LMRT_LOSS_VOCAB_TILE 512
 
 #define LMRT_DECLARE_TRAIN_KERNELS(NS)                                                                            \
   namespace lmrt::NS {                                                                                            \

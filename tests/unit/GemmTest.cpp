@@ -43,6 +43,9 @@ const std::vector<lmcc::codegen::GemmTile> kTiles = {
     lmcc::codegen::GemmTile::forDepth(lmcc::codegen::GemmTile::forVectorBits(512), 1024, 8)};
 std::string tileSuffix(lmcc::codegen::GemmTile t) { return t.name(); }
 
+// The training GEMM's static depths (getOrCreateTrainGemm): unchunked without and with the prefetch, and chunked.
+const std::vector<lmcc::codegen::TrainGemmDepth> kTrainDepths = {{64, false}, {512, false}, {512, true}, {2048, true}};
+
 class GemmTest : public ::testing::Test {
 protected:
   // Built from the test body, not SetUpTestSuite: a failure there would show as a skipped test.
@@ -50,7 +53,7 @@ protected:
     if (library.handle)
       return;
     mlir::MLIRContext context;
-    auto module = lmcc::codegen::buildGemmModule(context, kShapes, kTiles);
+    auto module = lmcc::codegen::buildGemmModule(context, kShapes, kTiles, kTrainDepths);
     ASSERT_NO_FATAL_FAILURE(library.build(*module, "gemm"));
   }
   static void TearDownTestSuite() { library.close(); }
@@ -128,6 +131,8 @@ TEST_F(GemmTest, MatchesNaiveProductForEveryRowCount) {
 // The training GEMM (Gemm.h getOrCreateTrainGemm, lmrt.h lm_rt_gemm_fn): depth known only at run time, strided A and
 // C, a panel range, accumulation into C. Packed here from the documented layout (not the runtime's packer); every
 // element must be the ordered FMA chain over k (fmaf here), added to C's old value when accumulating: bit-identical.
+// Both the run-time depth body alone (lm_train_gemm_any_) and the GEMM specialized for kTrainDepths, whose cases with
+// K == lda == 64, 512 or 2048 run a static-depth body (512: the first of its two, without the prefetch).
 TEST_F(GemmTest, TrainGemmIsTheOrderedFmaChain) {
   ASSERT_NO_FATAL_FAILURE(build());
   using TrainGemmFn = void (*)(const float *, int64_t, int64_t, int64_t, const float *, float *, int64_t, int64_t,
@@ -145,10 +150,18 @@ TEST_F(GemmTest, TrainGemmIsTheOrderedFmaChain) {
                                    {300, 64, 511, 64, 512, 0, 8, false},
                                    // Run-time depths up to 512 are one chunk; A over 1 MB then comes in 128 KB blocks.
                                    {40, 512, 64, 512, 64, 0, 1, false}, {700, 500, 100, 503, 101, 0, 2, true},
-                                   {61, 513, 70, 513, 70, 0, 2, true}};
-  for (auto tile : kTiles) {
-    auto gemm = reinterpret_cast<TrainGemmFn>(::dlsym(library.handle, ("lm_train_gemm_" + tile.name()).c_str()));
-    ASSERT_NE(gemm, nullptr) << tile.name();
+                                   {61, 513, 70, 513, 70, 0, 2, true},
+                                   // Static depths: blocks of A, panels and accumulation; a depth equal to one but
+                                   // with another lda (the run-time body).
+                                   {700, 512, 130, 512, 131, 1, 3, true}, {25, 64, 200, 64, 200, 0, 4, true},
+                                   {37, 2048, 70, 2048, 70, 0, 2, true}, {30, 512, 64, 520, 64, 0, 1, false}};
+  std::vector<std::pair<lmcc::codegen::GemmTile, std::string>> gemms;
+  for (auto tile : kTiles)
+    for (std::string prefix : {"lm_train_gemm_", "lm_train_gemm_any_"})
+      gemms.push_back({tile, prefix});
+  for (const auto &[tile, prefix] : gemms) {
+    auto gemm = reinterpret_cast<TrainGemmFn>(::dlsym(library.handle, (prefix + tile.name()).c_str()));
+    ASSERT_NE(gemm, nullptr) << prefix << tile.name();
     const int64_t c = tile.cols();
     for (const Case &t : cases) {
       std::vector<float> a(std::max<int64_t>(1, t.m * t.lda)), b(std::max<int64_t>(1, t.k * t.n));
@@ -167,7 +180,7 @@ TEST_F(GemmTest, TrainGemmIsTheOrderedFmaChain) {
         x = u(rng);
       std::vector<float> out = cOld;
       gemm(a.data(), t.lda, t.m, t.k, packed.data(), out.data(), t.ldc, t.n, t.pBegin, t.pEnd, t.accumulate);
-      const std::string where = tile.name() + " m=" + std::to_string(t.m) + " k=" + std::to_string(t.k) +
+      const std::string where = prefix + tile.name() + " m=" + std::to_string(t.m) + " k=" + std::to_string(t.k) +
                                 " n=" + std::to_string(t.n) + (t.accumulate ? " +=" : "");
       for (int64_t i = 0; i < t.m; ++i)
         for (int64_t j = 0; j < t.ldc; ++j) {
