@@ -115,7 +115,6 @@ struct TrainGemmDepth {
     return {k, packedRows(n, k, /*bf16=*/false) * kPanel * 4 > (int64_t(1) << 20)};
   }
   bool operator<(const TrainGemmDepth &o) const { return k != o.k ? k < o.k : prefetch < o.prefetch; }
-  bool operator==(const TrainGemmDepth &o) const { return k == o.k && prefetch == o.prefetch; }
 };
 
 /// The training GEMM, callable from the runtime (lmrt.h's lm_rt_gemm_fn): `(A: !llvm.ptr, lda, M, K: i64, P: !llvm.ptr,
@@ -125,12 +124,13 @@ struct TrainGemmDepth {
 /// as getOrCreateGemm (fp32), so its results do not depend on how M or the panels are split.
 ///
 /// With `depths` (a call site's static depths: a linear backward's dx product has the layer's output width, the
-/// loss head's products the model width and the runtime's vocabulary tile; those under kMinDepth are dropped), a
-/// call whose K and lda equal one of them runs a body of that static depth (`lm_train_gemm_<tile>_k<k>[p]`): the fixed-shape kernel's code, every row
-/// of A a constant offset from one base instead of a run-time stride's chain of additions, its blocks and chunks,
-/// and its prefetch rule; other calls run the run-time depth body (`lm_train_gemm_any_<tile>`, what a call without
-/// depths gets). Each element is the same ordered FMA chain in both, so which body runs never changes a result. The
-/// function is `lm_train_gemm_<tile>_for_k<k>[p]...` (one per set of depths), or `name` where given.
+/// loss head's products the model width and the runtime's vocabulary tile; those under kMinDepth are dropped, and a
+/// depth given twice prefetches if either does), a call whose K and lda equal one of them runs a body of that static
+/// depth (`lm_train_gemm_<tile>_k<k>[p]`): the fixed-shape kernel's code, every row of A a constant offset from one
+/// base instead of a run-time stride's chain of additions, its blocks and chunks, and its prefetch rule; other calls
+/// run the run-time depth body (`lm_train_gemm_any_<tile>`, what a call without depths gets). Each element is the
+/// same ordered FMA chain in both, so which body runs never changes a result. The function is
+/// `lm_train_gemm_<tile>_for_k<k>[p]...` (one per set of depths), or `name` where given.
 mlir::func::FuncOp getOrCreateTrainGemm(mlir::ModuleOp module, GemmTile tile,
                                         llvm::ArrayRef<TrainGemmDepth> depths = {}, llvm::StringRef name = {});
 

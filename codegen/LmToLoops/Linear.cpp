@@ -118,13 +118,19 @@ func::FuncOp getOrCreateTrainGemm(ModuleOp module, GemmTile tile, ArrayRef<Train
   // The run-time depth body prefetches whatever the weight's size (its size is not known here).
   func::FuncOp any = trainGemmBody(module, "lm_train_gemm_any_" + tile.name(), tile, ShapedType::kDynamic,
                                    /*prefetch=*/true);
-
+  // The depths in order, each once (prefetching if any of its entries does: the widest weight's rule).
   std::vector<TrainGemmDepth> sorted;
   for (const TrainGemmDepth &d : depths)
     if (d.k >= TrainGemmDepth::kMinDepth)
       sorted.push_back(d);
   std::sort(sorted.begin(), sorted.end());
-  sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
+  std::vector<TrainGemmDepth> merged;
+  for (const TrainGemmDepth &d : sorted)
+    if (!merged.empty() && merged.back().k == d.k)
+      merged.back().prefetch |= d.prefetch;
+    else
+      merged.push_back(d);
+  sorted = std::move(merged);
   if (sorted.empty() && name.empty())
     return any;
   auto suffix = [](const TrainGemmDepth &d) { return "_k" + std::to_string(d.k) + (d.prefetch ? "p" : ""); };
@@ -143,7 +149,7 @@ func::FuncOp getOrCreateTrainGemm(ModuleOp module, GemmTile tile, ArrayRef<Train
   Block *entry = &fn.getBody().front();
   SmallVector<Value> args(entry->getArguments());
   Value lda = args[1], K = args[3];
-  // The first depth equal to K and lda (a depth's two prefetch rules: the first, without).
+  // The depth equal to K and lda, if one is.
   for (const TrainGemmDepth &d : sorted) {
     func::FuncOp body = trainGemmBody(module, "lm_train_gemm_" + tile.name() + suffix(d), tile, d.k, d.prefetch);
     Value k = b.create<LLVM::ConstantOp>(loc, i64, b.getI64IntegerAttr(d.k));

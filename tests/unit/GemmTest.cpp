@@ -43,7 +43,8 @@ const std::vector<lmcc::codegen::GemmTile> kTiles = {
     lmcc::codegen::GemmTile::forDepth(lmcc::codegen::GemmTile::forVectorBits(512), 1024, 8)};
 std::string tileSuffix(lmcc::codegen::GemmTile t) { return t.name(); }
 
-// The training GEMM's static depths (getOrCreateTrainGemm): unchunked without and with the prefetch, and chunked.
+// The training GEMM's static depths (getOrCreateTrainGemm): unchunked without and with the prefetch (512 twice: merged
+// into one body that prefetches), and chunked.
 const std::vector<lmcc::codegen::TrainGemmDepth> kTrainDepths = {{64, false}, {512, false}, {512, true}, {2048, true}};
 
 class GemmTest : public ::testing::Test {
@@ -132,7 +133,7 @@ TEST_F(GemmTest, MatchesNaiveProductForEveryRowCount) {
 // C, a panel range, accumulation into C. Packed here from the documented layout (not the runtime's packer); every
 // element must be the ordered FMA chain over k (fmaf here), added to C's old value when accumulating: bit-identical.
 // Both the run-time depth body alone (lm_train_gemm_any_) and the GEMM specialized for kTrainDepths, whose cases with
-// K == lda == 64, 512 or 2048 run a static-depth body (512: the first of its two, without the prefetch).
+// K == lda == 64, 512 or 2048 run a static-depth body (512, given with and without the prefetch: one body, with it).
 TEST_F(GemmTest, TrainGemmIsTheOrderedFmaChain) {
   ASSERT_NO_FATAL_FAILURE(build());
   using TrainGemmFn = void (*)(const float *, int64_t, int64_t, int64_t, const float *, float *, int64_t, int64_t,
