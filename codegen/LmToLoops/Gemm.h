@@ -100,6 +100,12 @@ inline llvm::StringRef kernelActivation(GemmTile tile, llvm::StringRef activatio
   return tile.weights == GemmTile::Weights::Bf16Amx ? llvm::StringRef() : activation;
 }
 
+/// Whether the generated GEMM prefetches a weight [n, k] (packed for fp32, or as bf16 pairs): when the packed weight
+/// does not fit in the L2 cache (over 1 MB), where software prefetch pays off.
+inline bool prefetchesWeight(int64_t n, int64_t k, bool bf16) {
+  return packedRows(n, k, bf16) * kPanel * 4 > (int64_t(1) << 20);
+}
+
 /// A depth a training GEMM is specialized for (getOrCreateTrainGemm): calls with K == lda == k run a body of static
 /// depth k, and prefetch the packed weight when `prefetch`.
 struct TrainGemmDepth {
@@ -109,11 +115,8 @@ struct TrainGemmDepth {
   /// costs about what the run-time one does to compile (a tiny test model's training library: 7.2 s -> 9.2 s with
   /// its depths 30 and 46 specialized).
   static constexpr int64_t kMinDepth = 64;
-  /// Depth k for weights of at most `n` columns: prefetched as the fixed-shape kernel prefetches its weight (over
-  /// 1 MB packed: getOrCreateGemm).
-  static TrainGemmDepth forWeight(int64_t k, int64_t n) {
-    return {k, packedRows(n, k, /*bf16=*/false) * kPanel * 4 > (int64_t(1) << 20)};
-  }
+  /// Depth k for weights of at most `n` columns: prefetched as the fixed-shape kernel prefetches its weight.
+  static TrainGemmDepth forWeight(int64_t k, int64_t n) { return {k, prefetchesWeight(n, k, /*bf16=*/false)}; }
   bool operator<(const TrainGemmDepth &o) const { return k != o.k ? k < o.k : prefetch < o.prefetch; }
 };
 

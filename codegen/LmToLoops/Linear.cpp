@@ -64,8 +64,7 @@ func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBia
   op.cBase = entry->getArgument(6);
   op.n = n, op.k = k, op.withBias = withBias, op.activation = activation;
   op.N = b.create<arith::ConstantIndexOp>(loc, n);
-  // Software prefetch pays off when the packed weight does not fit in the L2 cache.
-  op.prefetch = packedRows(n, k, tile.bf16()) * kPanel * 4 > (int64_t(1) << 20);
+  op.prefetch = prefetchesWeight(n, k, tile.bf16());
   if (amx)
     emitAmxGemmBody(b, loc, op);
   else
