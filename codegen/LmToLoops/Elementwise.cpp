@@ -232,9 +232,11 @@ struct SplitHeadsLowering : LmLowering<lm::SplitHeadsOp> {
     auto in = L.dims(x);
     SmallVector<Value> sz = {in[0], L.idx(s.getType().getDimSize(1)), in[1], L.idx(dh)};
     Value out = L.alloc(s.getType(), sz);
-    L.nest(sz, [&](ValueRange iv) {
-      Value c = L.b.create<arith::AddIOp>(L.loc, L.b.create<arith::MulIOp>(L.loc, iv[1], L.idx(dh)), iv[3]);
-      L.store(L.load(x, {iv[0], iv[2], c}), out, iv);
+    L.outlined("split_heads", {x, out}, [&](ArrayRef<Value> p) {
+      L.nest(L.dims(p[1]), [&](ValueRange iv) {
+        Value c = L.b.create<arith::AddIOp>(L.loc, L.b.create<arith::MulIOp>(L.loc, iv[1], L.idx(dh)), iv[3]);
+        L.store(L.load(p[0], {iv[0], iv[2], c}), p[1], iv);
+      });
     });
     return L.set(s, out);
   }
@@ -248,9 +250,12 @@ struct MergeHeadsLowering : LmLowering<lm::MergeHeadsOp> {
     auto xt = llvm::cast<ShapedType>(m.getInput().getType());
     auto sz = L.dims(x);
     Value out = L.alloc(m.getType(), {sz[0], sz[2], L.idx(m.getType().getDimSize(2))});
-    L.nest(sz, [&](ValueRange iv) {
-      Value c = L.b.create<arith::AddIOp>(L.loc, L.b.create<arith::MulIOp>(L.loc, iv[1], L.idx(xt.getDimSize(3))), iv[3]);
-      L.store(L.load(x, iv), out, {iv[0], iv[2], c});
+    L.outlined("merge_heads", {x, out}, [&](ArrayRef<Value> p) {
+      L.nest(L.dims(p[0]), [&](ValueRange iv) {
+        Value c =
+            L.b.create<arith::AddIOp>(L.loc, L.b.create<arith::MulIOp>(L.loc, iv[1], L.idx(xt.getDimSize(3))), iv[3]);
+        L.store(L.load(p[0], iv), p[1], {iv[0], iv[2], c});
+      });
     });
     return L.set(m, out);
   }
@@ -266,16 +271,18 @@ struct MatmulLowering : LmLowering<lm::MatmulOp> {
     Value lhs = L.in(m.getLhs()), rhs = L.in(m.getRhs());
     bool t = m.getTransposeRhs(), tl = m.getTransposeLhs();
     auto ls = L.dims(lhs), rs = L.dims(rhs);
-    Value K = ls[tl ? 2 : 3];
     SmallVector<Value> sz = {ls[0], ls[1], ls[tl ? 3 : 2], rs[t ? 2 : 3]};
     Value out = L.alloc(m.getType(), sz);
-    L.nest(sz, [&](ValueRange iv) {
-      Value acc = L.reduce(L.idx(0), K, L.f32c(0), [&](Value k, Value acc) {
-        Value a = tl ? L.load(lhs, {iv[0], iv[1], k, iv[2]}) : L.load(lhs, {iv[0], iv[1], iv[2], k});
-        Value c = t ? L.load(rhs, {iv[0], iv[1], iv[3], k}) : L.load(rhs, {iv[0], iv[1], k, iv[3]});
-        return L.b.create<arith::AddFOp>(L.loc, acc, L.b.create<arith::MulFOp>(L.loc, a, c));
+    L.outlined(std::string("matmul") + (tl ? "_tl" : "") + (t ? "_t" : ""), {lhs, rhs, out}, [&](ArrayRef<Value> p) {
+      Value K = L.dims(p[0])[tl ? 2 : 3];
+      L.nest(L.dims(p[2]), [&](ValueRange iv) {
+        Value acc = L.reduce(L.idx(0), K, L.f32c(0), [&](Value k, Value acc) {
+          Value a = tl ? L.load(p[0], {iv[0], iv[1], k, iv[2]}) : L.load(p[0], {iv[0], iv[1], iv[2], k});
+          Value c = t ? L.load(p[1], {iv[0], iv[1], iv[3], k}) : L.load(p[1], {iv[0], iv[1], k, iv[3]});
+          return L.b.create<arith::AddFOp>(L.loc, acc, L.b.create<arith::MulFOp>(L.loc, a, c));
+        });
+        L.store(acc, p[2], iv);
       });
-      L.store(acc, out, iv);
     });
     return L.set(m, out);
   }
@@ -302,12 +309,18 @@ struct MaskFillLowering : LmLowering<lm::MaskFillOp> {
     Value s = L.in(m.getScores()), data = m.getMaskData() ? L.in(m.getMaskData()) : Value();
     auto sz = L.dims(s);
     Value out = L.alloc(m.getType(), sz);
-    Value negInf = L.f32c(-INFINITY);
-    L.nest(sz, [&](ValueRange iv) {
-      Value vis = m.getMask() == lm::MaskKind::directional
-                      ? L.directionalVisible(data, iv[0], iv[2], iv[3], L.lengthOf(iv[0]))
-                      : visible(L, m.getMask(), iv[2], iv[3], L.lengthOf(iv[0]));
-      L.store(L.select(vis, L.load(s, iv), negInf), out, iv);
+    SmallVector<Value> args{s, L.lengths, out};
+    if (data)
+      args.push_back(data);
+    L.outlined(("mask_fill_" + lm::stringifyMaskKind(m.getMask())).str(), args, [&](ArrayRef<Value> p) {
+      L.lengths = p[1];
+      Value negInf = L.f32c(-INFINITY);
+      L.nest(L.dims(p[0]), [&](ValueRange iv) {
+        Value vis = m.getMask() == lm::MaskKind::directional
+                        ? L.directionalVisible(p[3], iv[0], iv[2], iv[3], L.lengthOf(iv[0]))
+                        : visible(L, m.getMask(), iv[2], iv[3], L.lengthOf(iv[0]));
+        L.store(L.select(vis, L.load(p[0], iv), negInf), p[2], iv);
+      });
     });
     return L.set(m, out);
   }
@@ -319,31 +332,34 @@ struct SoftmaxLowering : LmLowering<lm::SoftmaxOp> {
   LogicalResult lower(lm::SoftmaxOp s, Loops &L) const override {
     auto &b = L.b;
     Location loc = L.loc;
-    Value x = L.in(s.getInput());
-    auto sz = L.dims(x);
-    Value out = L.alloc(s.getType(), sz);
-    Value C = sz.back();
-    SmallVector<Value> rows(sz.begin(), sz.end() - 1);
-    L.nest(rows, [&](ValueRange iv) {
-      SmallVector<Value> row(iv.begin(), iv.end());
-      Value max = L.rowMax(x, row, C);
-      Value maxD = L.toF64(max);
-      Value allMasked = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OEQ, max, L.f32c(-INFINITY));
-      Value sum = L.reduce(L.idx(0), C, L.f64c(0), [&](Value c, Value acc) {
-        row.push_back(c);
-        Value e = b.create<math::ExpOp>(loc, b.create<arith::SubFOp>(loc, L.toF64(L.load(x, row)), maxD));
-        row.pop_back();
-        return b.create<arith::AddFOp>(loc, acc, e);
-      });
-      L.nest({C}, [&](ValueRange c) {
-        row.push_back(c[0]);
-        Value e = b.create<math::ExpOp>(loc, b.create<arith::SubFOp>(loc, L.toF64(L.load(x, row)), maxD));
-        Value p = L.toF32(b.create<arith::DivFOp>(loc, e, sum));
-        L.store(L.select(allMasked, L.f32c(0), p), out, row);
-        row.pop_back();
+    Value input = L.in(s.getInput());
+    Value output = L.alloc(s.getType(), L.dims(input));
+    L.outlined("softmax", {input, output}, [&](ArrayRef<Value> params) {
+      Value x = params[0], out = params[1];
+      auto sz = L.dims(x);
+      Value C = sz.back();
+      SmallVector<Value> rows(sz.begin(), sz.end() - 1);
+      L.nest(rows, [&](ValueRange iv) {
+        SmallVector<Value> row(iv.begin(), iv.end());
+        Value max = L.rowMax(x, row, C);
+        Value maxD = L.toF64(max);
+        Value allMasked = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OEQ, max, L.f32c(-INFINITY));
+        Value sum = L.reduce(L.idx(0), C, L.f64c(0), [&](Value c, Value acc) {
+          row.push_back(c);
+          Value e = b.create<math::ExpOp>(loc, b.create<arith::SubFOp>(loc, L.toF64(L.load(x, row)), maxD));
+          row.pop_back();
+          return b.create<arith::AddFOp>(loc, acc, e);
+        });
+        L.nest({C}, [&](ValueRange c) {
+          row.push_back(c[0]);
+          Value e = b.create<math::ExpOp>(loc, b.create<arith::SubFOp>(loc, L.toF64(L.load(x, row)), maxD));
+          Value p = L.toF32(b.create<arith::DivFOp>(loc, e, sum));
+          L.store(L.select(allMasked, L.f32c(0), p), out, row);
+          row.pop_back();
+        });
       });
     });
-    return L.set(s, out);
+    return L.set(s, output);
   }
 };
 
@@ -386,13 +402,16 @@ struct RelativeScoresLowering : LmLowering<lm::RelativeScoresOp> {
     auto qs = L.dims(q);
     SmallVector<Value> sz = {qs[0], qs[1], qs[2], L.dims(L.in(r.getKeys()))[2]};
     Value out = L.alloc(r.getType(), sz);
-    L.nest(sz, [&](ValueRange iv) {
-      Value ri = L.relativeIndex(iv[2], iv[3], k);
-      Value acc = L.reduce(L.idx(0), L.idx(dh), L.f32c(0), [&](Value e, Value acc) {
-        return L.b.create<arith::AddFOp>(
-            L.loc, acc, L.b.create<arith::MulFOp>(L.loc, L.load(q, {iv[0], iv[1], iv[2], e}), L.load(rel, {ri, e})));
+    L.outlined(("relative_scores_k" + Twine(k)).str(), {q, rel, out}, [&](ArrayRef<Value> p) {
+      L.nest(L.dims(p[2]), [&](ValueRange iv) {
+        Value ri = L.relativeIndex(iv[2], iv[3], k);
+        Value acc = L.reduce(L.idx(0), L.idx(dh), L.f32c(0), [&](Value e, Value acc) {
+          return L.b.create<arith::AddFOp>(
+              L.loc, acc,
+              L.b.create<arith::MulFOp>(L.loc, L.load(p[0], {iv[0], iv[1], iv[2], e}), L.load(p[1], {ri, e})));
+        });
+        L.store(acc, p[2], iv);
       });
-      L.store(acc, out, iv);
     });
     return L.set(r, out);
   }
@@ -405,16 +424,20 @@ struct RelativeValuesLowering : LmLowering<lm::RelativeValuesOp> {
     Value p = L.in(r.getProbs()), rel = L.in(r.getRel());
     int64_t k = r.getClip();
     auto ps = L.dims(p);
-    Value M = ps[3];
     SmallVector<Value> sz = {ps[0], ps[1], ps[2], L.idx(r.getType().getDimSize(3))};
     Value out = L.alloc(r.getType(), sz);
-    L.nest(sz, [&](ValueRange iv) {
-      Value acc = L.reduce(L.idx(0), M, L.f32c(0), [&](Value j, Value acc) {
-        Value ri = L.relativeIndex(iv[2], j, k);
-        return L.b.create<arith::AddFOp>(
-            L.loc, acc, L.b.create<arith::MulFOp>(L.loc, L.load(p, {iv[0], iv[1], iv[2], j}), L.load(rel, {ri, iv[3]})));
+    L.outlined(("relative_values_k" + Twine(k)).str(), {p, rel, out}, [&](ArrayRef<Value> params) {
+      Value probs = params[0], table = params[1], result = params[2];
+      Value M = L.dims(probs)[3];
+      L.nest(L.dims(result), [&](ValueRange iv) {
+        Value acc = L.reduce(L.idx(0), M, L.f32c(0), [&](Value j, Value acc) {
+          Value ri = L.relativeIndex(iv[2], j, k);
+          return L.b.create<arith::AddFOp>(L.loc, acc,
+                                           L.b.create<arith::MulFOp>(L.loc, L.load(probs, {iv[0], iv[1], iv[2], j}),
+                                                                     L.load(table, {ri, iv[3]})));
+        });
+        L.store(acc, result, iv);
       });
-      L.store(acc, out, iv);
     });
     return L.set(r, out);
   }

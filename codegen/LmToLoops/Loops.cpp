@@ -1,6 +1,9 @@
 //===- Loops.cpp - Builder helpers shared by the lm-to-loops patterns -------===//
 #include "codegen/LmToLoops/Lowering.h"
 
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/xxhash.h"
+
 using namespace mlir;
 
 namespace lmcc::codegen {
@@ -403,6 +406,33 @@ void Loops::rowTask(StringRef name, ArrayRef<TaskView> views, ArrayRef<Value> sc
   for (Value scalar : scalars)
     fields.push_back(i64(scalar));
   parallelFor(task, count, fields, lt(work, idx(1 << 17)));
+}
+
+void Loops::outlined(StringRef kind, ArrayRef<Value> args, const std::function<void(ArrayRef<Value>)> &body) {
+  SmallVector<Type> types;
+  std::string signature;
+  llvm::raw_string_ostream os(signature);
+  for (Value a : args) {
+    types.push_back(a.getType());
+    os << a.getType() << ";";
+  }
+  const std::string name = ("lm_" + kind + "_" + llvm::utohexstr(llvm::xxh3_64bits(signature))).str();
+  auto module = op->getParentOfType<ModuleOp>();
+  func::FuncOp fn = module.lookupSymbol<func::FuncOp>(name);
+  if (!fn) {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToEnd(module.getBody());
+    fn = b.create<func::FuncOp>(module.getLoc(), name, b.getFunctionType(types, {}));
+    fn.setPrivate();
+    fn->setAttr("no_inline", b.getUnitAttr()); // kept by func-to-llvm: LLVM's noinline
+    Block *entry = fn.addEntryBlock();
+    b.setInsertionPointToStart(entry);
+    Value callerLengths = lengths;
+    body(SmallVector<Value>(entry->getArguments()));
+    lengths = callerLengths;
+    b.create<func::ReturnOp>(loc);
+  }
+  b.create<func::CallOp>(loc, fn, args);
 }
 
 bool Loops::forRows(StringRef name, ArrayRef<Value> buffers, ArrayRef<Value> vectors, int64_t cost,

@@ -341,6 +341,15 @@ public:
                int64_t cost,
                const std::function<void(llvm::ArrayRef<mlir::Value>, llvm::ArrayRef<mlir::Value>, mlir::Value)> &body);
 
+  /// body(params) in the private function `lm_<kind>_<hash of the argument types>` (made on first use), called
+  /// here with `args` (buffers and indices; params are the function's arguments in their place). `kind` must say
+  /// everything the body depends on but the arguments; the body must use nothing else of the caller (set
+  /// `lengths` from a parameter when it reads them). Never inlined: the decomposed attention's ops (the naive
+  /// pipeline) occur dozens of times per entry with a few signatures, and a copy of their loop nests at every
+  /// use made LLVM's unrolling and vectorization of one entry take minutes.
+  void outlined(llvm::StringRef kind, llvm::ArrayRef<mlir::Value> args,
+                const std::function<void(llvm::ArrayRef<mlir::Value>)> &body);
+
   mlir::Value lengths; ///< the op's key-padding lengths buffer, when it has one
 
 private:
