@@ -72,6 +72,37 @@ struct FoldedRowsLowering : LmLowering<lm::FoldedRowsOp> {
   }
 };
 
+/// The pack of the [n, k] weights for `tile`: `lm_pack_<n>x<k>_<tile>(weights, from, to)` packs the weight at offset
+/// `from` of the flat buffer into its panels at `to` (emitPack). One function per (n, k, tile), never inlined, called
+/// once per weight: the init kernel holds one copy of the pack's unrolled transposes per shape, not one per weight
+/// (a tiny Diformer's 47 GEMM weights made its init kernel 40% of the library's code and of LLVM's time).
+func::FuncOp getOrCreatePack(ModuleOp module, int64_t n, int64_t k, GemmTile tile) {
+  const std::string name = "lm_pack_" + std::to_string(n) + "x" + std::to_string(k) + "_" + tile.name();
+  if (auto existing = module.lookupSymbol<func::FuncOp>(name))
+    return existing;
+  OpBuilder b = OpBuilder::atBlockEnd(module.getBody());
+  Location loc = module.getLoc();
+  auto weightsType = MemRefType::get({ShapedType::kDynamic}, b.getF32Type());
+  auto fn = b.create<func::FuncOp>(
+      loc, name, b.getFunctionType({weightsType, b.getIndexType(), b.getIndexType()}, {}));
+  fn.setPrivate();
+  fn->setAttr("no_inline", b.getUnitAttr());
+  Block *entry = fn.addEntryBlock();
+  b.setInsertionPointToStart(entry);
+  auto view = [&](Value offset, ArrayRef<int64_t> shape) -> Value {
+    SmallVector<int64_t> strides{shape[1], 1};
+    auto type = MemRefType::get(shape, b.getF32Type(),
+                                StridedLayoutAttr::get(b.getContext(), ShapedType::kDynamic, strides));
+    return b.create<memref::ReinterpretCastOp>(loc, type, entry->getArgument(0), OpFoldResult(offset),
+                                               ArrayRef<OpFoldResult>{b.getIndexAttr(shape[0]), b.getIndexAttr(shape[1])},
+                                               ArrayRef<OpFoldResult>{b.getIndexAttr(strides[0]), b.getIndexAttr(1)});
+  };
+  emitPack(b, loc, view(entry->getArgument(1), {n, k}),
+           view(entry->getArgument(2), {packedRows(n, k, tile.bf16()), kPanel}), n, k, tile);
+  b.create<func::ReturnOp>(loc);
+  return fn;
+}
+
 } // namespace
 
 void populateWeightPatterns(TypeConverter &converter, RewritePatternSet &patterns, const LoweringContext &context) {
@@ -89,16 +120,16 @@ LogicalResult buildInitKernel(ModuleOp module, const LoweringContext &context, S
   Block *entry = kfn.addEntryBlock();
   b.setInsertionPointToStart(entry);
   Value weights = entry->getArgument(0);
-  auto view = [&](int64_t offset, ArrayRef<int64_t> shape) { return weightView(b, loc, weights, offset, shape); };
   // Pack every GEMM weight into its panel layout (once per load), before the folds, whose linear layers
   // read the packed form.
   for (const WeightLayout::Entry &p : context.layout->entries) {
     if (p.kind != WeightLayout::Kind::Packed)
       continue;
     const WeightLayout::Entry *src = context.layout->find(p.sources.front());
-    const GemmTile tile = context.tileFor(p.k);
-    emitPack(b, loc, view(src->offset, {p.n, p.k}), view(p.offset, {packedRows(p.n, p.k, tile.bf16()), kPanel}), p.n,
-             p.k, tile);
+    func::FuncOp pack = getOrCreatePack(module, p.n, p.k, context.tileFor(p.k));
+    b.create<func::CallOp>(loc, pack,
+                           ValueRange{weights, b.create<arith::ConstantIndexOp>(loc, src->offset),
+                                      b.create<arith::ConstantIndexOp>(loc, p.offset)});
   }
   // Every lowered lm.fold function, on one sentence of max_len pad ids: it writes its own table.
   auto *dialect = module.getContext()->getLoadedDialect<lm::LmDialect>();

@@ -20,8 +20,14 @@
 // GEN: vector.fma
 // GEN: func.func private @lm_gemm_task_16x8_bias_6x16
 // GEN-LABEL: func.func @m_init_kernel
+// The pack: one function per (N, K, tile), called with the weight's offset and its panels' offset.
+// GEN: %[[W:.+]] = arith.constant 96 : index
+// GEN: %[[P:.+]] = arith.constant 240 : index
+// GEN: call @lm_pack_16x8_6x16(%arg0, %[[W]], %[[P]]) : (memref<?xf32>, index, index) -> ()
 // The packed weight: ceil(16 / 64) panels of K = 8 rows of 64.
-// GEN: memref.reinterpret_cast %arg0 to offset: [{{[0-9]+}}], sizes: [8, 64], strides: [64, 1]
+// GEN-LABEL: func.func private @lm_pack_16x8_6x16(%arg0: memref<?xf32>, %arg1: index, %arg2: index) attributes {no_inline}
+// GEN: memref.reinterpret_cast %arg0 to offset: [%arg2], sizes: [8, 64], strides: [64, 1]
+// GEN: memref.reinterpret_cast %arg0 to offset: [%arg1], sizes: [16, 8], strides: [8, 1]
 
 // AVX512: func.func private @lm_gemm_16x8_bias_12x32
 
@@ -39,7 +45,9 @@
 // DOT: memref.alloca() : memref<{{[0-9]+}}x4xf32>
 // DOT: llvm.call_intrinsic "llvm.x86.avx512bf16.dpbf16ps.512"({{.*}}) : (vector<16xf32>, vector<32xbf16>, vector<32xbf16>) -> vector<16xf32>
 // DOT-LABEL: func.func @m_init_kernel
-// DOT: memref.reinterpret_cast %arg0 to offset: [{{[0-9]+}}], sizes: [4, 64], strides: [64, 1]
+// DOT: call @lm_pack_16x8_12x32_bf16dot(
+// DOT: func.func private @lm_pack_16x8_12x32_bf16dot(
+// DOT: memref.reinterpret_cast %arg0 to offset: [%arg2], sizes: [4, 64], strides: [64, 1]
 // WIDEN: func.func private @lm_gemm_16x8_bias_6x16_bf16
 // WIDEN: arith.shli {{.*}} : vector<8xi32>
 // WIDEN: arith.andi {{.*}} : vector<8xi32>
@@ -73,7 +81,9 @@
 // AMX-COUNT-4: amx.tile_store %arg3
 // AMX-LABEL: func.func private @lm_gemm_task_16x8_bias_32x32_bf16amx
 // AMX-LABEL: func.func @m_init_kernel
-// AMX: memref.reinterpret_cast %arg0 to offset: [{{[0-9]+}}], sizes: [4, 64], strides: [64, 1]
+// AMX: call @lm_pack_16x8_32x32_bf16amx(
+// AMX: func.func private @lm_pack_16x8_32x32_bf16amx(
+// AMX: memref.reinterpret_cast %arg0 to offset: [%arg2], sizes: [4, 64], strides: [64, 1]
 // BADDOT: lm-to-loops: weights-dtype must be f32 or bf16 and bf16-dot amx, yes, no or host
 module @m attributes {lm.model = #lm.model<name = "m", vocab = 11, max_len = 6, d_model = 8, heads = 2, d_ff = 16,
                                            layers = 1, pad = 0, eos = 1, unk = 2, bos = 3, mask = 4>} {

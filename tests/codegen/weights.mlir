@@ -12,9 +12,16 @@
 // CHECK: memref.reinterpret_cast %arg0 to offset: [{{[0-9]+}}], sizes: [24, 30], strides: [30, 1]
 // CHECK: return
 // CHECK-LABEL: func.func @tiny_tta_init_kernel(%arg0: memref<?xf32>) attributes {llvm.emit_c_interface}
-// Packing the stacked K/V weight from its one view:
-// CHECK: memref.reinterpret_cast %arg0 to offset: [[[STACK]]], sizes: [120, 30], strides: [30, 1]
-// CHECK: scf.for
+// Packing the stacked K/V weight from its one view (the pack function of its shape, called with its offset), then
+// every weight of one shape by one function (five 30 x 30 ones here):
+// CHECK: %[[AT:.+]] = arith.constant [[STACK]] : index
+// CHECK: call @lm_pack_120x30_6x16(%arg0, %[[AT]], %{{.+}}) : (memref<?xf32>, index, index) -> ()
+// CHECK-COUNT-5: call @lm_pack_30x30_6x16(%arg0
 // CHECK: call @fold_0(%arg0, %{{.+}}) : (memref<?xf32>, memref<?x?xi32>) -> ()
 // CHECK: memref.dealloc
+// CHECK: func.func private @lm_pack_120x30_6x16(%arg0: memref<?xf32>, %arg1: index, %arg2: index) attributes {no_inline}
+// CHECK: memref.reinterpret_cast %arg0 to offset: [%arg1], sizes: [120, 30], strides: [30, 1]
+// CHECK: scf.for
+// CHECK: func.func private @lm_pack_30x30_6x16(
+// CHECK-NOT: func.func private @lm_pack_30x30_6x16(
 // CHECK-NOT: lm.
