@@ -2,6 +2,7 @@
 #include "codegen/Emit/Object.h"
 
 #include "mlir/Conversion/Passes.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
 #include "mlir/Dialect/Math/Transforms/Passes.h"
 #include "mlir/Dialect/MemRef/Transforms/Passes.h"
@@ -44,25 +45,30 @@ LogicalResult lowerToLLVMDialect(ModuleOp module) {
   populateMathPolynomialApproximationPatterns(approximations);
   if (failed(applyPatternsAndFoldGreedily(module, std::move(approximations))))
     return failure();
+  // The conversions that work function by function run nested on func.func, so MLIR runs them over the
+  // functions on its thread pool (the module-anchored ones, which add declarations, at module level between them).
   PassManager pm(module.getContext());
-  pm.addPass(createConvertSCFToCFPass());
-  pm.addPass(createConvertMathToLLVMPass());
+  OpPassManager &functions = pm.nest<func::FuncOp>();
+  functions.addPass(createConvertSCFToCFPass());
+  functions.addPass(createConvertMathToLLVMPass());
   pm.addPass(createConvertMathToLibmPass());
   ConvertVectorToLLVMPassOptions vectorOptions;
   vectorOptions.amx = true; // the bf16 GEMM's AMX tiles (Gemm.cpp); nothing else uses the AMX dialect
-  pm.addPass(createConvertVectorToLLVMPass(vectorOptions));
-  pm.addPass(memref::createExpandStridedMetadataPass());
-  pm.addPass(createLowerAffinePass()); // collapse_shape/reinterpret_cast index math
+  OpPassManager &vectors = pm.nest<func::FuncOp>();
+  vectors.addPass(createConvertVectorToLLVMPass(vectorOptions));
+  vectors.addPass(memref::createExpandStridedMetadataPass());
+  vectors.addPass(createLowerAffinePass()); // collapse_shape/reinterpret_cast index math
   // Temporaries come from the runtime's per-thread workspace cache (lmrt.h), not malloc.
   FinalizeMemRefToLLVMConversionPassOptions memrefOptions;
   memrefOptions.useGenericFunctions = true;
   pm.addPass(createFinalizeMemRefToLLVMConversionPass(memrefOptions));
-  pm.addPass(createArithToLLVMConversionPass());
-  pm.addPass(createConvertIndexToLLVMPass());
+  OpPassManager &scalars = pm.nest<func::FuncOp>();
+  scalars.addPass(createArithToLLVMConversionPass());
+  scalars.addPass(createConvertIndexToLLVMPass());
   pm.addPass(createConvertControlFlowToLLVMPass());
   pm.addPass(createConvertFuncToLLVMPass());
   pm.addPass(createReconcileUnrealizedCastsPass());
-  pm.addPass(createCanonicalizerPass());
+  pm.nest<LLVM::LLVMFuncOp>().addPass(createCanonicalizerPass());
   if (failed(pm.run(module)))
     return failure();
   // vector.store has no alignment attribute in MLIR 19 and lowers with its element's (4 bytes), and LLVM splits
