@@ -419,6 +419,7 @@ void Loops::outlined(StringRef kind, ArrayRef<Value> args, const std::function<v
   const std::string name = ("lm_" + kind + "_" + llvm::utohexstr(llvm::xxh3_64bits(signature))).str();
   auto module = op->getParentOfType<ModuleOp>();
   func::FuncOp fn = module.lookupSymbol<func::FuncOp>(name);
+  assert((!fn || fn.getFunctionType() == b.getFunctionType(types, {})) && "two signatures with one hash");
   if (!fn) {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToEnd(module.getBody());
