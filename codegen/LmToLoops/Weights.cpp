@@ -75,7 +75,7 @@ struct FoldedRowsLowering : LmLowering<lm::FoldedRowsOp> {
 /// The pack of the [n, k] weights for `tile`: `lm_pack_<n>x<k>_<tile>(weights, from, to)` packs the weight at offset
 /// `from` of the flat buffer into its panels at `to` (emitPack). One function per (n, k, tile), never inlined, called
 /// once per weight: the init kernel holds one copy of the pack's unrolled transposes per shape, not one per weight
-/// (a tiny Diformer's 47 GEMM weights made its init kernel 40% of the library's code and of LLVM's time).
+/// (a tiny Diformer's 47 GEMM weights made its init kernel 31% of the library's machine code).
 func::FuncOp getOrCreatePack(ModuleOp module, int64_t n, int64_t k, GemmTile tile) {
   const std::string name = "lm_pack_" + std::to_string(n) + "x" + std::to_string(k) + "_" + tile.name();
   if (auto existing = module.lookupSymbol<func::FuncOp>(name))
