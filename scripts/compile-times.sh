@@ -25,9 +25,9 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 echo "| spec | flags | old | new | speedup | library old | new |"
 echo "|---|---|---|---|---|---|---|"
+declare -A wall user size
 while read -r spec flags; do
   [ -z "$spec" ] && continue
-  declare -A wall user size
   for side in old new; do
     bin=$old; [ $side = new ] && bin=$new
     rm -rf "$work/$side"

@@ -1,6 +1,8 @@
 //===- Loops.cpp - Builder helpers shared by the lm-to-loops patterns -------===//
 #include "codegen/LmToLoops/Lowering.h"
 
+#include "mlir/Dialect/Utils/StaticValueUtils.h"
+
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/xxhash.h"
 
@@ -225,12 +227,31 @@ Value Loops::weights() {
   return llvm::cast<func::FuncOp>(fn).getArgument(0);
 }
 
-Value weightView(OpBuilder &b, Location loc, Value weights, int64_t offset, ArrayRef<int64_t> shape) {
+Value weightView(OpBuilder &b, Location loc, Value weights, OpFoldResult offset, ArrayRef<int64_t> shape) {
   SmallVector<int64_t> strides(shape.size(), 1);
   for (int64_t i = int64_t(shape.size()) - 2; i >= 0; --i)
     strides[i] = strides[i + 1] * shape[i + 1];
-  auto type = MemRefType::get(shape, b.getF32Type(), StridedLayoutAttr::get(b.getContext(), offset, strides));
-  return b.create<memref::ReinterpretCastOp>(loc, type, weights, offset, shape, strides);
+  const int64_t layoutOffset = getConstantIntValue(offset).value_or(ShapedType::kDynamic);
+  auto type = MemRefType::get(shape, b.getF32Type(), StridedLayoutAttr::get(b.getContext(), layoutOffset, strides));
+  return b.create<memref::ReinterpretCastOp>(loc, type, weights, offset, getAsIndexOpFoldResult(b.getContext(), shape),
+                                             getAsIndexOpFoldResult(b.getContext(), strides));
+}
+
+func::FuncOp getOrCreateNoInline(ModuleOp module, StringRef name, TypeRange inputs,
+                                 const std::function<void(OpBuilder &, ValueRange)> &body) {
+  if (auto existing = module.lookupSymbol<func::FuncOp>(name)) {
+    assert(existing.getFunctionType().getInputs() == inputs && "one name, two signatures");
+    return existing;
+  }
+  OpBuilder b = OpBuilder::atBlockEnd(module.getBody());
+  auto fn = b.create<func::FuncOp>(module.getLoc(), name, b.getFunctionType(inputs, {}));
+  fn.setPrivate();
+  fn->setAttr("no_inline", b.getUnitAttr());
+  Block *entry = fn.addEntryBlock();
+  b.setInsertionPointToStart(entry);
+  body(b, entry->getArguments());
+  b.create<func::ReturnOp>(module.getLoc());
+  return fn;
 }
 
 Value Loops::weightView(int64_t offset, ArrayRef<int64_t> shape) {
@@ -417,22 +438,15 @@ void Loops::outlined(StringRef kind, ArrayRef<Value> args, const std::function<v
     os << a.getType() << ";";
   }
   const std::string name = ("lm_" + kind + "_" + llvm::utohexstr(llvm::xxh3_64bits(signature))).str();
-  auto module = op->getParentOfType<ModuleOp>();
-  func::FuncOp fn = module.lookupSymbol<func::FuncOp>(name);
-  assert((!fn || fn.getFunctionType() == b.getFunctionType(types, {})) && "two signatures with one hash");
-  if (!fn) {
-    OpBuilder::InsertionGuard guard(b);
-    b.setInsertionPointToEnd(module.getBody());
-    fn = b.create<func::FuncOp>(module.getLoc(), name, b.getFunctionType(types, {}));
-    fn.setPrivate();
-    fn->setAttr("no_inline", b.getUnitAttr()); // kept by func-to-llvm: LLVM's noinline
-    Block *entry = fn.addEntryBlock();
-    b.setInsertionPointToStart(entry);
-    Value callerLengths = lengths;
-    body(SmallVector<Value>(entry->getArguments()));
-    lengths = callerLengths;
-    b.create<func::ReturnOp>(loc);
-  }
+  func::FuncOp fn =
+      getOrCreateNoInline(op->getParentOfType<ModuleOp>(), name, types, [&](OpBuilder &, ValueRange params) {
+        // The body's lowering helpers build with b (the rewriter): at the function's entry, then back here.
+        OpBuilder::InsertionGuard guard(b);
+        b.setInsertionPointToStart(params.front().getParentBlock());
+        Value callerLengths = lengths;
+        body(SmallVector<Value>(params));
+        lengths = callerLengths;
+      });
   b.create<func::CallOp>(loc, fn, args);
 }
 

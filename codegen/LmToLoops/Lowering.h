@@ -138,9 +138,20 @@ mlir::Value taskField(mlir::OpBuilder &b, mlir::Location loc, mlir::Value ctx, i
 mlir::Value memrefAt(mlir::OpBuilder &b, mlir::Location loc, mlir::Value address, llvm::ArrayRef<mlir::Value> sizes,
                      llvm::ArrayRef<mlir::Value> strides, mlir::MemRefType type);
 
-/// A row-major view of the flat weight buffer `weights` at a float offset.
-mlir::Value weightView(mlir::OpBuilder &b, mlir::Location loc, mlir::Value weights, int64_t offset,
+/// A row-major view of the flat weight buffer `weights` at a float offset (static: in the view's type; or an index
+/// value: a dynamic offset).
+mlir::Value weightView(mlir::OpBuilder &b, mlir::Location loc, mlir::Value weights, mlir::OpFoldResult offset,
                        llvm::ArrayRef<int64_t> shape);
+inline mlir::Value weightView(mlir::OpBuilder &b, mlir::Location loc, mlir::Value weights, int64_t offset,
+                              llvm::ArrayRef<int64_t> shape) {
+  return weightView(b, loc, weights, b.getIndexAttr(offset), shape);
+}
+/// The private function `name` of `module` taking `inputs`, made on first use with body(builder, its arguments)
+/// (the builder at the end of its entry block; the return is added after) and marked no_inline (kept by
+/// func-to-llvm as LLVM's noinline): code that many call sites share stays one copy (Loops::outlined, the init
+/// kernel's packs).
+mlir::func::FuncOp getOrCreateNoInline(mlir::ModuleOp module, llvm::StringRef name, mlir::TypeRange inputs,
+                                       const std::function<void(mlir::OpBuilder &, mlir::ValueRange)> &body);
 
 /// The type converter (tensor -> bufferType, casts as materializations) and the target (lm illegal; the loop
 /// dialects, func calls and casts legal) every lowering with these patterns uses.

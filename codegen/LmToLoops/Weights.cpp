@@ -77,30 +77,15 @@ struct FoldedRowsLowering : LmLowering<lm::FoldedRowsOp> {
 /// once per weight: the init kernel holds one copy of the pack's unrolled transposes per shape, not one per weight
 /// (a tiny Diformer's 47 GEMM weights made its init kernel 31% of the library's machine code).
 func::FuncOp getOrCreatePack(ModuleOp module, int64_t n, int64_t k, GemmTile tile) {
-  const std::string name = "lm_pack_" + std::to_string(n) + "x" + std::to_string(k) + "_" + tile.name();
-  if (auto existing = module.lookupSymbol<func::FuncOp>(name))
-    return existing;
-  OpBuilder b = OpBuilder::atBlockEnd(module.getBody());
-  Location loc = module.getLoc();
-  auto weightsType = MemRefType::get({ShapedType::kDynamic}, b.getF32Type());
-  auto fn = b.create<func::FuncOp>(
-      loc, name, b.getFunctionType({weightsType, b.getIndexType(), b.getIndexType()}, {}));
-  fn.setPrivate();
-  fn->setAttr("no_inline", b.getUnitAttr());
-  Block *entry = fn.addEntryBlock();
-  b.setInsertionPointToStart(entry);
-  auto view = [&](Value offset, ArrayRef<int64_t> shape) -> Value {
-    SmallVector<int64_t> strides{shape[1], 1};
-    auto type = MemRefType::get(shape, b.getF32Type(),
-                                StridedLayoutAttr::get(b.getContext(), ShapedType::kDynamic, strides));
-    return b.create<memref::ReinterpretCastOp>(loc, type, entry->getArgument(0), OpFoldResult(offset),
-                                               ArrayRef<OpFoldResult>{b.getIndexAttr(shape[0]), b.getIndexAttr(shape[1])},
-                                               ArrayRef<OpFoldResult>{b.getIndexAttr(strides[0]), b.getIndexAttr(1)});
-  };
-  emitPack(b, loc, view(entry->getArgument(1), {n, k}),
-           view(entry->getArgument(2), {packedRows(n, k, tile.bf16()), kPanel}), n, k, tile);
-  b.create<func::ReturnOp>(loc);
-  return fn;
+  OpBuilder types(module.getContext());
+  return getOrCreateNoInline(
+      module, "lm_pack_" + std::to_string(n) + "x" + std::to_string(k) + "_" + tile.name(),
+      {MemRefType::get({ShapedType::kDynamic}, types.getF32Type()), types.getIndexType(), types.getIndexType()},
+      [&](OpBuilder &b, ValueRange args) {
+        Location loc = module.getLoc();
+        emitPack(b, loc, weightView(b, loc, args[0], args[1], {n, k}),
+                 weightView(b, loc, args[0], args[2], {packedRows(n, k, tile.bf16()), kPanel}), n, k, tile);
+      });
 }
 
 } // namespace
