@@ -237,19 +237,20 @@ Value weightView(OpBuilder &b, Location loc, Value weights, OpFoldResult offset,
                                              getAsIndexOpFoldResult(b.getContext(), strides));
 }
 
-func::FuncOp getOrCreateNoInline(ModuleOp module, StringRef name, TypeRange inputs,
-                                 const std::function<void(OpBuilder &, ValueRange)> &body) {
+func::FuncOp getOrCreateNoInline(OpBuilder &b, ModuleOp module, StringRef name, TypeRange inputs,
+                                 const std::function<void(ValueRange)> &body) {
   if (auto existing = module.lookupSymbol<func::FuncOp>(name)) {
     assert(existing.getFunctionType().getInputs() == inputs && "one name, two signatures");
     return existing;
   }
-  OpBuilder b = OpBuilder::atBlockEnd(module.getBody());
+  OpBuilder::InsertionGuard guard(b);
+  b.setInsertionPointToEnd(module.getBody());
   auto fn = b.create<func::FuncOp>(module.getLoc(), name, b.getFunctionType(inputs, {}));
   fn.setPrivate();
   fn->setAttr("no_inline", b.getUnitAttr());
   Block *entry = fn.addEntryBlock();
   b.setInsertionPointToStart(entry);
-  body(b, entry->getArguments());
+  body(entry->getArguments());
   b.create<func::ReturnOp>(module.getLoc());
   return fn;
 }
@@ -438,15 +439,11 @@ void Loops::outlined(StringRef kind, ArrayRef<Value> args, const std::function<v
     os << a.getType() << ";";
   }
   const std::string name = ("lm_" + kind + "_" + llvm::utohexstr(llvm::xxh3_64bits(signature))).str();
-  func::FuncOp fn =
-      getOrCreateNoInline(op->getParentOfType<ModuleOp>(), name, types, [&](OpBuilder &, ValueRange params) {
-        // The body's lowering helpers build with b (the rewriter): at the function's entry, then back here.
-        OpBuilder::InsertionGuard guard(b);
-        b.setInsertionPointToStart(params.front().getParentBlock());
-        Value callerLengths = lengths;
-        body(SmallVector<Value>(params));
-        lengths = callerLengths;
-      });
+  func::FuncOp fn = getOrCreateNoInline(b, op->getParentOfType<ModuleOp>(), name, types, [&](ValueRange params) {
+    Value callerLengths = lengths;
+    body(SmallVector<Value>(params));
+    lengths = callerLengths;
+  });
   b.create<func::CallOp>(loc, fn, args);
 }
 

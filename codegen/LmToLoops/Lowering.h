@@ -146,12 +146,13 @@ inline mlir::Value weightView(mlir::OpBuilder &b, mlir::Location loc, mlir::Valu
                               llvm::ArrayRef<int64_t> shape) {
   return weightView(b, loc, weights, b.getIndexAttr(offset), shape);
 }
-/// The private function `name` of `module` taking `inputs`, made on first use with body(builder, its arguments)
-/// (the builder at the end of its entry block; the return is added after) and marked no_inline (kept by
-/// func-to-llvm as LLVM's noinline): code that many call sites share stays one copy (Loops::outlined, the init
-/// kernel's packs).
-mlir::func::FuncOp getOrCreateNoInline(mlir::ModuleOp module, llvm::StringRef name, mlir::TypeRange inputs,
-                                       const std::function<void(mlir::OpBuilder &, mlir::ValueRange)> &body);
+/// The private function `name` of `module` taking `inputs`, made on first use with `b` (in a pattern, its
+/// rewriter), its body by body(its arguments) with `b` at the end of its entry block (the return is added after,
+/// and `b`'s insertion point restored), and marked no_inline (kept by func-to-llvm as LLVM's noinline): code that
+/// many call sites share stays one copy (Loops::outlined, the init kernel's packs).
+mlir::func::FuncOp getOrCreateNoInline(mlir::OpBuilder &b, mlir::ModuleOp module, llvm::StringRef name,
+                                       mlir::TypeRange inputs,
+                                       const std::function<void(mlir::ValueRange)> &body);
 
 /// The type converter (tensor -> bufferType, casts as materializations) and the target (lm illegal; the loop
 /// dialects, func calls and casts legal) every lowering with these patterns uses.

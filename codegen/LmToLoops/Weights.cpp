@@ -76,12 +76,11 @@ struct FoldedRowsLowering : LmLowering<lm::FoldedRowsOp> {
 /// `from` of the flat buffer into its panels at `to` (emitPack). One function per (n, k, tile), never inlined, called
 /// once per weight: the init kernel holds one copy of the pack's unrolled transposes per shape, not one per weight
 /// (a tiny Diformer's 47 GEMM weights made its init kernel 31% of the library's machine code).
-func::FuncOp getOrCreatePack(ModuleOp module, int64_t n, int64_t k, GemmTile tile) {
-  OpBuilder types(module.getContext());
+func::FuncOp getOrCreatePack(OpBuilder &b, ModuleOp module, int64_t n, int64_t k, GemmTile tile) {
   return getOrCreateNoInline(
-      module, "lm_pack_" + std::to_string(n) + "x" + std::to_string(k) + "_" + tile.name(),
-      {MemRefType::get({ShapedType::kDynamic}, types.getF32Type()), types.getIndexType(), types.getIndexType()},
-      [&](OpBuilder &b, ValueRange args) {
+      b, module, "lm_pack_" + std::to_string(n) + "x" + std::to_string(k) + "_" + tile.name(),
+      {MemRefType::get({ShapedType::kDynamic}, b.getF32Type()), b.getIndexType(), b.getIndexType()},
+      [&](ValueRange args) {
         Location loc = module.getLoc();
         emitPack(b, loc, weightView(b, loc, args[0], args[1], {n, k}),
                  weightView(b, loc, args[0], args[2], {packedRows(n, k, tile.bf16()), kPanel}), n, k, tile);
@@ -111,7 +110,7 @@ LogicalResult buildInitKernel(ModuleOp module, const LoweringContext &context, S
     if (p.kind != WeightLayout::Kind::Packed)
       continue;
     const WeightLayout::Entry *src = context.layout->find(p.sources.front());
-    func::FuncOp pack = getOrCreatePack(module, p.n, p.k, context.tileFor(p.k));
+    func::FuncOp pack = getOrCreatePack(b, module, p.n, p.k, context.tileFor(p.k));
     b.create<func::CallOp>(loc, pack,
                            ValueRange{weights, b.create<arith::ConstantIndexOp>(loc, src->offset),
                                       b.create<arith::ConstantIndexOp>(loc, p.offset)});
