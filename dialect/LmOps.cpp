@@ -261,7 +261,7 @@ LogicalResult AttentionOp::verify() {
     if (int64_t(getClip()) < 1)
       return emitOpError("relative positions need clip >= 1");
     for (Value t : {getRelKey(), getRelValue()})
-      if (tensorOf(t) != RankedTensorType::get({2 * getClip() + 1, d / int64_t(getHeads())}, q.getElementType()))
+      if (tensorOf(t) != RankedTensorType::get({2 * int64_t(getClip()) + 1, d / int64_t(getHeads())}, q.getElementType()))
         return emitOpError("relative tables must be [2 clip + 1, d_model / heads] = [")
                << 2 * getClip() + 1 << ", " << d / int64_t(getHeads()) << "], got " << t.getType();
   }
@@ -792,7 +792,7 @@ LogicalResult AttentionGradOp::verify() {
   if (getDRelative().size() != (getRelKey() ? 2u : 0u))
     return emitOpError("has one table gradient per relative table (d_relative: rel_key, rel_value)");
   if (getRelKey()) {
-    auto table = RankedTensorType::get({2 * getClip() + 1, d / int64_t(getHeads())}, q.getElementType());
+    auto table = RankedTensorType::get({2 * int64_t(getClip()) + 1, d / int64_t(getHeads())}, q.getElementType());
     if (getClip() < 1 || failed(expectType(*this, "rel_key", getRelKey(), table)) ||
         failed(expectType(*this, "rel_value", getRelValue(), table)) ||
         failed(expectType(*this, "d_relative #0", getDRelative()[0], table)) ||

@@ -354,6 +354,7 @@ std::string compileLibrary(const ModelSpec &spec, const LibraryOptions &options,
   lowering.bf16Dot = amx ? "amx" : bf16Kernel == codegen::Bf16Kernel::Dot ? "yes" : "no";
   // A named CPU's L1 is unknown here unless stated: its tile for every weight.
   lowering.l1Ways = options.l1Ways ? options.l1Ways : options.cpu.empty() ? 0 : -1;
+  lowering.halfBlocks = codegen::targetSplitsWideVectors(options.cpu) ? "yes" : "no";
   facts->amx = bf16 && amx; // the loader asks the OS for AMX tile state
   mlir::PassManager pm(&context);
   pm.addPass(createLmToLoops(lowering, layout));

@@ -104,6 +104,11 @@ static bool targetHas(const std::string &cpu, std::initializer_list<const char *
 
 int64_t targetVectorBits(const std::string &cpu) { return targetHas(cpu, {"avx512f"}) ? 512 : 256; }
 
+bool targetSplitsWideVectors(const std::string &cpu) {
+  const std::string name = cpu.empty() ? llvm::sys::getHostCPUName().str() : cpu;
+  return targetVectorBits(cpu) == 512 && name == "znver4";
+}
+
 bool targetHasBf16Dot(const std::string &cpu) { return targetHas(cpu, {"avx512f", "avx512bf16"}); }
 
 bool targetHasAmx(const std::string &cpu) { return targetHas(cpu, {"avx512f", "avx512bf16", "amx-tile", "amx-bf16"}); }

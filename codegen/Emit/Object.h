@@ -23,6 +23,10 @@ mlir::LogicalResult lowerToLLVMDialect(mlir::ModuleOp module);
 /// The width in bits of the widest vector registers of the target CPU (`cpu` as in ObjectOptions;
 /// empty = this host): 512 with AVX-512F, else 256 (x86-64 with AVX2, our minimum for fast code).
 int64_t targetVectorBits(const std::string &cpu);
+/// Whether the target CPU (empty = this host) has AVX-512 and executes a 512-bit operation as two 256-bit halves
+/// (AMD Zen 4, LLVM's "znver4"), so that a 256-bit FMA costs half a 512-bit one there; on the other AVX-512 cores
+/// it costs as much. The attention's score products take half blocks at 256 bits on such targets (Geometry).
+bool targetSplitsWideVectors(const std::string &cpu);
 /// Whether the target CPU (empty = this host) has AVX512_BF16 dot products (vdpbf16ps) with AVX-512.
 bool targetHasBf16Dot(const std::string &cpu);
 /// Whether the target CPU (empty = this host) has AMX tiles with bf16 tile dot products (tdpbf16ps), AVX-512 and

@@ -428,20 +428,21 @@ void populateAttentionPatterns(TypeConverter &converter, RewritePatternSet &patt
 
 namespace {
 
-/// Lowers the kernel module's lm ops by `populate`'s patterns alone, for `vectorBits` (0: the host's; the argument
-/// casts fold away); the kernel writes its output arguments directly (in a model the next op reads the buffer; a
+/// Lowers the kernel module's lm ops by `populate`'s patterns alone, for `kernelTarget` (the argument casts fold
+/// away); the kernel writes its output arguments directly (in a model the next op reads the buffer; a
 /// copy would be benchmark overhead): each copy's source buffer becomes its argument.
 OwningOpRef<ModuleOp> lowerKernelModule(MLIRContext &context, OwningOpRef<ModuleOp> module,
                                         void (*populate)(TypeConverter &, RewritePatternSet &,
                                                          const LoweringContext &),
-                                        int64_t vectorBits) {
+                                        KernelTarget kernelTarget) {
   TypeConverter converter;
   ConversionTarget target(context);
   configureLowering(converter, target);
   const WeightLayout noWeights;
   LoweringContext lowering;
   lowering.layout = &noWeights;
-  lowering.tile = GemmTile::forVectorBits(vectorBits ? vectorBits : targetVectorBits(""));
+  lowering.tile = GemmTile::forVectorBits(kernelTarget.vectorBits ? kernelTarget.vectorBits : targetVectorBits(""));
+  lowering.halfBlocks = kernelTarget.splitsWideVectors.value_or(targetSplitsWideVectors(""));
   RewritePatternSet patterns(&context);
   populate(converter, patterns, lowering);
   if (failed(applyPartialConversion(*module, target, std::move(patterns))))
@@ -475,7 +476,7 @@ OwningOpRef<ModuleOp> kernelModule(MLIRContext &context, OpBuilder &b) {
 } // namespace
 
 OwningOpRef<ModuleOp> buildAttentionModule(MLIRContext &context, lm::MaskKind mask, int64_t heads, int64_t dModel,
-                                           int64_t clip, int64_t rowWords, int64_t vectorBits) {
+                                           int64_t clip, int64_t rowWords, KernelTarget target) {
   OpBuilder b(&context);
   Location loc = b.getUnknownLoc();
   OwningOpRef<ModuleOp> module = kernelModule(context, b);
@@ -508,11 +509,11 @@ OwningOpRef<ModuleOp> buildAttentionModule(MLIRContext &context, lm::MaskKind ma
   Value result = b.create<UnrealizedConversionCastOp>(loc, m3, attention.getResult()).getResult(0);
   b.create<memref::CopyOp>(loc, result, entry->getArgument(args.size() - 1));
   b.create<func::ReturnOp>(loc);
-  return lowerKernelModule(context, std::move(module), populateAttentionPatterns, vectorBits);
+  return lowerKernelModule(context, std::move(module), populateAttentionPatterns, target);
 }
 
 OwningOpRef<ModuleOp> buildAttentionGradModule(MLIRContext &context, lm::MaskKind mask, int64_t heads, int64_t dModel,
-                                               int64_t clip, int64_t rowWords, int64_t vectorBits) {
+                                               int64_t clip, int64_t rowWords, KernelTarget target) {
   OpBuilder b(&context);
   Location loc = b.getUnknownLoc();
   OwningOpRef<ModuleOp> module = kernelModule(context, b);
@@ -555,7 +556,7 @@ OwningOpRef<ModuleOp> buildAttentionGradModule(MLIRContext &context, lm::MaskKin
         loc, b.create<UnrealizedConversionCastOp>(loc, i < 3 ? m3 : m2, grad->getResult(i)).getResult(0),
         arg(first + i));
   b.create<func::ReturnOp>(loc);
-  return lowerKernelModule(context, std::move(module), populateBackwardPatterns, vectorBits);
+  return lowerKernelModule(context, std::move(module), populateBackwardPatterns, target);
 }
 
 } // namespace lmcc::codegen

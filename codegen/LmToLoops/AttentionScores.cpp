@@ -210,12 +210,15 @@ void VectorKernel::products(Value a, Value bi, Value base, const Tile &tile, Val
   // the last block's upper half unseen (1..8 keys past the full blocks): its lower half alone.
   Value headHalf, first, fullEnd, tailHalf, end;
   // Several (512 bits only): every block of [from16, to) 16 keys wide (a half block's 8 unseen keys cost no
-  // instruction more there, and storeScores masks them as before), G at a time (a single block's R + 1 loads for
+  // instruction more on a core with full 512-bit units, and storeScores masks them as before; where the target
+  // splits 512-bit operations, Geometry::halfBlocks, the first and last blocks with 8 keys no row sees are half
+  // blocks on steps of their own, as above, the full blocks between), G at a time (a single block's R + 1 loads for
   // R FMAs kept the loop at the load ports of the two-FMA-port AVX-512 core), then the rem < G left in one step,
   // with the last group when rem is at most half a group (at most 24 accumulators): a group's chains over one block
   // alone are at most the 8 FMAs in flight two ports of latency 4 need, and 8 of them ran at two thirds of the
   // pairs' rate (bench/results/2026-12-06-score-steps.md).
   Value rem, peel, lastGroup, leftAt;
+  bool halves = false;
   if (G == 1) {
     headHalf =
         L.andI(L.ge(b.create<arith::SubIOp>(loc, tile.from, tile.from16), L.idx(half)), L.lt(tile.from, tile.to));
@@ -227,14 +230,26 @@ void VectorKernel::products(Value a, Value bi, Value base, const Tile &tile, Val
     end = L.select(L.lt(L.idx(half), rest), add(fullEnd, L.idx(kLanes)), fullEnd);
   } else {
     Value to16 = roundDown(add(tile.to, L.idx(kLanes - 1)));
-    Value covered = b.create<arith::MaxSIOp>(loc, b.create<arith::SubIOp>(loc, to16, tile.from16), L.idx(0));
+    Value nonEmpty = L.lt(tile.from, tile.to);
+    // Half steps keep one chain a row: 8 rows give the 8 FMAs in flight two ports of latency 4 need, 4 rows (the
+    // directional tiles) half of them, at the cost of a full block.
+    halves = geo.halfBlocks && groupRows >= 8;
+    if (halves) {
+      headHalf = L.andI(L.ge(b.create<arith::SubIOp>(loc, tile.from, tile.from16), L.idx(half)), nonEmpty);
+      tailHalf = L.andI(L.ge(b.create<arith::SubIOp>(loc, to16, tile.to), L.idx(half)), nonEmpty);
+      first = L.select(headHalf, add(tile.from16, L.idx(kLanes)), tile.from16);
+      fullEnd = L.select(tailHalf, b.create<arith::SubIOp>(loc, to16, L.idx(kLanes)), to16);
+    } else {
+      first = tile.from16, fullEnd = to16;
+    }
+    Value covered = b.create<arith::MaxSIOp>(loc, b.create<arith::SubIOp>(loc, fullEnd, first), L.idx(0));
     Value count = b.create<arith::DivUIOp>(loc, covered, L.idx(kLanes));
     Value groups = b.create<arith::DivUIOp>(loc, count, L.idx(G));
     rem = b.create<arith::RemUIOp>(loc, count, L.idx(G));
     peel = L.andI(L.andI(L.ge(groups, L.idx(1)), L.ge(rem, L.idx(1))), L.le(add(rem, rem), L.idx(G)));
     Value looped = L.select(peel, b.create<arith::SubIOp>(loc, groups, L.idx(1)), groups);
-    lastGroup = add(tile.from16, b.create<arith::MulIOp>(loc, looped, L.idx(G * kLanes)));
-    leftAt = add(tile.from16, b.create<arith::MulIOp>(loc, groups, L.idx(G * kLanes)));
+    lastGroup = add(first, b.create<arith::MulIOp>(loc, looped, L.idx(G * kLanes)));
+    leftAt = add(first, b.create<arith::MulIOp>(loc, groups, L.idx(G * kLanes)));
   }
   rowGroups(tile.row.size(), geo.scoreRows, [&](int64_t r0, int64_t R) {
     ArrayRef<Value> row = ArrayRef<Value>(tile.row).slice(r0, R);
@@ -297,7 +312,11 @@ void VectorKernel::products(Value a, Value bi, Value base, const Tile &tile, Val
       L.when(tailHalf, [&] { step({fullEnd}, half, 0); });
       return;
     }
-    loop(tile.from16, lastGroup, G * kLanes, {}, [&](Value jb, ValueRange) {
+    if (halves) {
+      L.when(headHalf, [&] { step({tile.from16}, half, half); });
+      L.when(tailHalf, [&] { step({fullEnd}, half, 0); });
+    }
+    loop(first, lastGroup, G * kLanes, {}, [&](Value jb, ValueRange) {
       blocksFrom(jb, G);
       return SmallVector<Value>{};
     });

@@ -30,17 +30,26 @@ struct Geometry {
   int64_t pvRows;      ///< query rows per p.v tile
   int64_t pvChunks;    ///< feature vectors (of 16) per p.v and dK / dV tile
   int64_t gradKeys;    ///< keys per dK / dV tile of the backward
+  /// The 512-bit score groups: a tile's first block whose lower 8 keys no row of it sees, and its last block whose
+  /// upper 8 keys none sees, go on steps of their own at 8 lanes (VectorKernel::products). Worth it where a 256-bit
+  /// FMA costs half a 512-bit one (targets that split 512-bit operations: targetSplitsWideVectors); elsewhere such
+  /// a block costs as much as a full one in a group. The 256-bit geometry's one-block steps always take half blocks.
+  bool halfBlocks = false;
   /// 512-bit (32 registers): 8 rows x 2 blocks of scores (16 accumulators), p.v 4 rows x 4 vectors (16), dK / dV
   /// 4 keys x 4 vectors (16). 256-bit (16 registers, two per vector): 4 rows x 1 block, 4 rows x 1 vector, 4 keys
   /// x 1 vector (8 registers of accumulators each, the 8 independent FMA chains two ports of latency 4 need).
-  static Geometry forVectorBits(int64_t bits);
+  static Geometry forTarget(int64_t bits, bool halfBlocks);
 };
 constexpr Geometry kWideGeometry{8, 2, 4, 4, 4}, kNarrowGeometry{4, 1, 4, 1, 4};
 // The backward's dq tiles (AttentionGrad.cpp) take pvRows rows at a time and the score groups scoreRows: both
 // split a tile's rows evenly.
 static_assert(kTileRows % kWideGeometry.pvRows == 0 && kTileRows % kNarrowGeometry.pvRows == 0 &&
               kTileRows % kWideGeometry.scoreRows == 0 && kTileRows % kNarrowGeometry.scoreRows == 0);
-inline Geometry Geometry::forVectorBits(int64_t bits) { return bits >= 512 ? kWideGeometry : kNarrowGeometry; }
+inline Geometry Geometry::forTarget(int64_t bits, bool halfBlocks) {
+  Geometry g = bits >= 512 ? kWideGeometry : kNarrowGeometry;
+  g.halfBlocks = bits >= 512 && halfBlocks;
+  return g;
+}
 
 /// vector.shuffle masks interleaving the low (high) halves of two 16-lane vectors.
 inline SmallVector<int64_t> interleaveMask(bool high) {
@@ -80,7 +89,7 @@ struct VectorKernel {
 
   VectorKernel(Loops &L, int64_t dh, lm::MaskKind mask, Value maskRows = Value())
       : L(L), b(L.b), loc(L.loc), dh(dh), chunks(dh / kLanes), mask(mask), maskRows(maskRows),
-        geo(Geometry::forVectorBits(L.context.tile.lanes * 32)), vt(VectorType::get({kLanes}, L.f32())),
+        geo(Geometry::forTarget(L.context.tile.lanes * 32, L.context.halfBlocks)), vt(VectorType::get({kLanes}, L.f32())),
         it(VectorType::get({kLanes}, L.b.getIndexType())) {
     negInf = L.f32c(-INFINITY), negInfV = bcast(negInf), zeroV = bcast(L.f32c(0));
     SmallVector<int64_t> lanes(kLanes);

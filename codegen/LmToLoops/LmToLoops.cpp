@@ -191,6 +191,10 @@ struct LmToLoopsPass : lmcc::impl::LmToLoopsBase<LmToLoopsPass> {
           << int64_t(l1Ways);
       return signalPassFailure();
     }
+    if (halfBlocks != "yes" && halfBlocks != "no" && halfBlocks != "host") {
+      module.emitError("lm-to-loops: half-blocks must be yes, no or host, got ") << halfBlocks;
+      return signalPassFailure();
+    }
     if (vectorBits != 0 && vectorBits != 256 && vectorBits != 512) {
       module.emitError("lm-to-loops: vector-bits must be 512 (AVX-512), 256 (AVX2) or 0 (this host's), got ")
           << int64_t(vectorBits);
@@ -218,6 +222,7 @@ struct LmToLoopsPass : lmcc::impl::LmToLoopsBase<LmToLoopsPass> {
     context.tile = GemmTile::forTarget(vectorBits ? vectorBits : targetVectorBits(""), bf16,
                                        kernel != Bf16Kernel::Widen, kernel == Bf16Kernel::Amx);
     context.l1Ways = l1Ways == 0 ? hostL1Ways() : l1Ways == -1 ? 0 : int64_t(l1Ways);
+    context.halfBlocks = halfBlocks == "host" ? targetSplitsWideVectors("") : halfBlocks == "yes";
     context.maxLen = model.getMaxLen();
 
     // Only the entry points (score, embed, the Diformer's decoding entries and, when built, the training entries)

@@ -52,6 +52,7 @@ struct LoweringContext {
   bool generatedGemm = true; ///< false: --gemm=eigen (lm_rt_sgemm_nt)
   GemmTile tile = GemmTile::forVectorBits(256); ///< the target's tile (tileFor: a weight's)
   int64_t l1Ways = 0;        ///< ways of the target's L1 data cache (0: unknown)
+  bool halfBlocks = false;   ///< the target splits 512-bit operations: attention scores at 8 lanes where they can (Geometry)
   int64_t maxLen = 0;        ///< the model's max_len (folded tables)
   /// Set when a lowering needed a batch size or sequence length no operand carried (Loops::B, Loops::N): the
   /// error is on the op; the pass fails after the conversion.
@@ -173,23 +174,29 @@ constexpr int64_t kKeptLogitsBytes = int64_t(512) << 20;
 /// Frees every buffer right after its last use in the block that allocates it (the pass's last step).
 void deallocateAfterLastUse(mlir::ModuleOp module);
 
+/// The target a kernel module below is lowered for: its vector width (AttentionVector.h's Geometry; 0: the host's)
+/// and whether it splits 512-bit operations into halves (Geometry::halfBlocks; unset: as the host).
+struct KernelTarget {
+  int64_t vectorBits = 0;
+  std::optional<bool> splitsWideVectors;
+};
+
 /// A module with the single kernel `attention_kernel(q, k, v [B, N, d_model], lengths [B], out [B, N, d_model])`
 /// (C interface): lm.attention with `mask` lowered by the model's pattern; with `clip` > 0, Shaw relative
 /// positions: `attention_kernel(q, k, v, lengths, rel_k, rel_v [2 clip + 1, d_head], out)`; with `rowWords` > 0
 /// (mask directional) the directional rows [B, N, rowWords] i32 (lm.mask_fill states them) follow the lengths.
-/// Lowered for `vectorBits` (the register tiles of AttentionVector.h's Geometry; 0: the host's). For kernel
-/// benchmarks (bench/kernel_bench.cpp) and tests.
+/// Lowered for `target`. For kernel benchmarks (bench/kernel_bench.cpp) and tests.
 mlir::OwningOpRef<mlir::ModuleOp> buildAttentionModule(mlir::MLIRContext &context, lm::MaskKind mask, int64_t heads,
                                                        int64_t dModel, int64_t clip = 0, int64_t rowWords = 0,
-                                                       int64_t vectorBits = 0);
+                                                       KernelTarget target = {});
 /// A module with the single kernel `attention_grad_kernel(dO, q, k, v [B, N, d_model], lengths [B], dq, dk, dv)`
 /// (C interface): lm.attention_grad with `mask` lowered by the model's pattern (its vector form); with `clip` > 0,
 /// Shaw relative positions: `attention_grad_kernel(dO, q, k, v, lengths, rel_k, rel_v, dq, dk, dv, drel_k, drel_v)`;
-/// with `rowWords` > 0 the directional rows follow the lengths, as in buildAttentionModule. Lowered for `vectorBits`
-/// (0: the host's). For kernel benchmarks and tests.
+/// with `rowWords` > 0 the directional rows follow the lengths, as in buildAttentionModule. Lowered for `target`.
+/// For kernel benchmarks and tests.
 mlir::OwningOpRef<mlir::ModuleOp> buildAttentionGradModule(mlir::MLIRContext &context, lm::MaskKind mask,
                                                            int64_t heads, int64_t dModel, int64_t clip = 0,
-                                                           int64_t rowWords = 0, int64_t vectorBits = 0);
+                                                           int64_t rowWords = 0, KernelTarget target = {});
 
 /// Builder helpers for one op's lowering: constants, loop nests, loads and stores, comparisons, and the
 /// op's converted operands (`in`). B and N are read off the converted operands (see the file comment).

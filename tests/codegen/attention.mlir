@@ -1,6 +1,8 @@
 // RUN: lmcc-opt --lm-to-loops="vector-bits=256" %s | FileCheck %s
 // RUN: lmcc-opt --lm-to-loops="vector-bits=256" %s | FileCheck %s --check-prefix=STREAM
-// RUN: lmcc-opt --lm-to-loops="vector-bits=512" %s | FileCheck %s --check-prefix=WIDE
+// RUN: lmcc-opt --lm-to-loops="vector-bits=512 half-blocks=no" %s | FileCheck %s --check-prefix=WIDE
+// RUN: lmcc-opt --lm-to-loops="vector-bits=512 half-blocks=yes" %s | FileCheck %s --check-prefix=HALF
+// RUN: not lmcc-opt --lm-to-loops="half-blocks=maybe" %s 2>&1 | FileCheck %s --check-prefix=BAD
 // lm.attention: head size 16 takes the vector form, register-tiled (per (entry, head) item the head's keys transposed
 // in 16 x 16 register blocks into 16-key blocks, its values packed per feature vector, query rows in tiles of 8
 // sharing each key vector load, their score accumulators in registers 4 rows at a time at 256 bits (two ymm a
@@ -67,6 +69,21 @@
 // WIDE: scf.for {{.*}} step %c4{{(_[0-9]+)?}} iter_args(%arg{{[0-9]+}} = {{%[0-9]+(, %arg[0-9]+ = %[0-9]+){7}[)]}}
 // WIDE-NOT: vector.fma {{.*}} : vector<8xf32>
 // WIDE: arith.cmpf ogt, {{.*}} : vector<16xf32>
+// half-blocks=yes (a target that splits 512-bit operations, where an 8-lane FMA costs half a 16-lane one): a tile's
+// first block whose lower 8 keys no row sees and its last whose upper 8 none sees each on a step of its own at 8
+// lanes (8 rows: 8 chains), then the full blocks between in the groups above
+// HALF-LABEL: func.func private @lm_attention_task_causal
+// HALF: scf.if
+// HALF: scf.for {{.*}} step %c4{{(_[0-9]+)?}} iter_args(%arg{{[0-9]+}} = {{%[0-9]+(, %arg[0-9]+ = %[0-9]+){7}[)]}} -> (vector<8xf32>
+// HALF: vector.load {{.*}}[{{.*}}, %c8{{(_[0-9]+)?}}] : memref<?x16xf32>, vector<8xf32>
+// HALF-COUNT-8: vector.fma {{.*}} : vector<8xf32>
+// HALF: scf.if
+// HALF: scf.for {{.*}} step %c4{{(_[0-9]+)?}} iter_args(%arg{{[0-9]+}} = {{%[0-9]+(, %arg[0-9]+ = %[0-9]+){7}[)]}} -> (vector<8xf32>
+// HALF: vector.load {{.*}}[{{.*}}, %c0{{(_[0-9]+)?}}] : memref<?x16xf32>, vector<8xf32>
+// HALF-COUNT-8: vector.fma {{.*}} : vector<8xf32>
+// HALF: scf.for {{.*}} step %c4{{(_[0-9]+)?}} iter_args(%arg{{[0-9]+}} = {{%[0-9]+(, %arg[0-9]+ = %[0-9]+){15}[)]}}
+// HALF-COUNT-16: vector.fma {{.*}} : vector<16xf32>
+// BAD: lm-to-loops: half-blocks must be yes, no or host, got maybe
 // CHECK: scf.if
 // CHECK: arith.select {{.*}} : vector<16xi1>, vector<16xf32>
 // row maxima by the rows' butterflies of lane swaps side by side (acrossRows: two rows a vector from the first

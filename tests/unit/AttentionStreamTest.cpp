@@ -40,8 +40,14 @@ constexpr int64_t kCompared = 12;
 constexpr int64_t kRowWords = 1 + (kRows + 31) / 32;
 /// The relative-position clip of the directional kernels' second set.
 constexpr int64_t kDirectionalClip = 5;
-/// The vector widths whose register tiles (AttentionVector.h's Geometry) AttentionStreamWidthTest compares.
-constexpr int64_t kWidths[] = {256, 512};
+/// The register tiles (AttentionVector.h's Geometry) AttentionStreamWidthTest compares: 256-bit, and 512-bit with
+/// the score groups over whole blocks and with half blocks on steps of their own (Geometry::halfBlocks).
+struct Width {
+  int64_t bits;
+  bool halfBlocks;
+  const char *suffix;
+};
+constexpr Width kWidths[] = {{256, false, "_w256"}, {512, false, "_w512"}, {512, true, "_w512h"}};
 /// Row patterns of the directional tests (DirectionalRows), and the entries of their backward compared with the
 /// runtime's C++ kernel: every pattern twice.
 constexpr int64_t kPatterns = 7, kDirectionalCompared = 2 * kPatterns;
@@ -198,20 +204,21 @@ protected:
           fn->moveBefore(module->getBody(), module->getBody()->end());
     };
     if (kernels == Widths) {
-      for (int64_t bits : kWidths) {
-        const std::string suffix = "_w" + std::to_string(bits);
+      for (const Width &w : kWidths) {
+        const std::string suffix = w.suffix;
+        const lmcc::codegen::KernelTarget target{w.bits, w.halfBlocks};
         for (auto [mask, name] : kMasks) {
-          absorb(lmcc::codegen::buildAttentionModule(context, mask, kHeads, kModel, 0, 0, bits), "attention_kernel",
-                 std::string("attention_") + name + suffix, suffix);
-          absorb(lmcc::codegen::buildAttentionGradModule(context, mask, kHeads, kModel, 0, 0, bits),
+          absorb(lmcc::codegen::buildAttentionModule(context, mask, kHeads, kModel, 0, 0, target),
+                 "attention_kernel", std::string("attention_") + name + suffix, suffix);
+          absorb(lmcc::codegen::buildAttentionGradModule(context, mask, kHeads, kModel, 0, 0, target),
                  "attention_grad_kernel", std::string("attention_grad_") + name + suffix, suffix);
         }
         const lm::MaskKind mask = lm::MaskKind::directional;
-        absorb(lmcc::codegen::buildAttentionModule(context, mask, kHeads, kModel, kDirectionalClip, kRowWords, bits),
+        absorb(lmcc::codegen::buildAttentionModule(context, mask, kHeads, kModel, kDirectionalClip, kRowWords, target),
                "attention_kernel", "attention_directional" + suffix, suffix);
-        absorb(
-            lmcc::codegen::buildAttentionGradModule(context, mask, kHeads, kModel, kDirectionalClip, kRowWords, bits),
-            "attention_grad_kernel", "attention_grad_directional" + suffix, suffix);
+        absorb(lmcc::codegen::buildAttentionGradModule(context, mask, kHeads, kModel, kDirectionalClip, kRowWords,
+                                                       target),
+               "attention_grad_kernel", "attention_grad_directional" + suffix, suffix);
       }
     }
     if (kernels == Directional) {
@@ -635,9 +642,9 @@ TEST_F(AttentionStreamDirectionalTest, BackwardMatchesRuntimeKernel) {
 namespace {
 
 // The register tiles of 256- and 512-bit targets (AttentionVector.h's Geometry: score accumulators of 4 or 8 rows,
-// p.v and dK / dV tiles of 1 or 4 feature vectors) give the same bits, forward and backward, for every mask kind
-// and for the directional mask with relative positions: the tiles group accumulators, never a sum's order. Both
-// widths' kernels run on this host (vector<16xf32> is two ymm or one zmm), on the streaming batch with an empty
+// p.v and dK / dV tiles of 1 or 4 feature vectors; at 512 bits the half blocks of Geometry::halfBlocks or not)
+// give the same bits, forward and backward, for every mask kind and for the directional mask with relative
+// positions: the tiles group accumulators, never a sum's order. Every variant runs on this host (vector<16xf32> is two ymm or one zmm), on the streaming batch with an empty
 // entry.
 TEST_F(AttentionStreamWidthTest, RegisterTilesOfEveryWidthGiveTheSameBits) {
   const int64_t size = kBatch * kRows * kModel, dh = kModel / kHeads, T = 2 * kDirectionalClip + 1;
@@ -647,10 +654,10 @@ TEST_F(AttentionStreamWidthTest, RegisterTilesOfEveryWidthGiveTheSameBits) {
   Buffer relK = buffer(T * dh, &rng), relV = buffer(T * dh, &rng);
   MemRef<2> rkm = {relK.get(), relK.get(), 0, {T, dh}, {dh, 1}}, rvm = {relV.get(), relV.get(), 0, {T, dh}, {dh, 1}};
   lengths[5] = 0;
-  // out, dq, dk, dv (and drel_k, drel_v: directional) of the kernels `name` at `bits`.
-  auto outputs = [&](const std::string &name, int64_t bits) {
+  // out, dq, dk, dv (and drel_k, drel_v: directional) of the kernels `name` with the tiles `w`.
+  auto outputs = [&](const std::string &name, const Width &w) {
     const bool directional = name == "directional";
-    const std::string suffix = "_" + name + "_w" + std::to_string(bits);
+    const std::string suffix = "_" + name + w.suffix;
     std::vector<Buffer> o;
     for (int i = 0; i < (directional ? 6 : 4); ++i) {
       const int64_t floats = i < 4 ? size : T * dh;
@@ -683,14 +690,18 @@ TEST_F(AttentionStreamWidthTest, RegisterTilesOfEveryWidthGiveTheSameBits) {
     names.push_back(name);
   const char *what[] = {"out", "dq", "dk", "dv", "drel_k", "drel_v"};
   for (const std::string &name : names) {
-    std::vector<Buffer> narrow = outputs(name, kWidths[0]), wide = outputs(name, kWidths[1]);
+    std::vector<Buffer> narrow = outputs(name, kWidths[0]);
     ASSERT_FALSE(HasFailure());
-    for (size_t i = 0; i < narrow.size(); ++i) {
-      const int64_t floats = i < 4 ? size : T * dh;
-      ASSERT_TRUE(std::none_of(narrow[i].get(), narrow[i].get() + floats, [](float x) { return std::isnan(x); }))
+    for (size_t i = 0; i < narrow.size(); ++i)
+      ASSERT_TRUE(std::none_of(narrow[i].get(), narrow[i].get() + (i < 4 ? size : T * dh),
+                               [](float x) { return std::isnan(x); }))
           << name << " " << what[i] << ": elements left unwritten (or NaN)";
-      ASSERT_EQ(0, std::memcmp(narrow[i].get(), wide[i].get(), floats * sizeof(float)))
-          << name << " " << what[i] << ": the 256-bit tiles' bits differ from the 512-bit tiles'";
+    for (const Width &w : llvm::ArrayRef<Width>(kWidths).drop_front()) {
+      std::vector<Buffer> wide = outputs(name, w);
+      ASSERT_FALSE(HasFailure());
+      for (size_t i = 0; i < narrow.size(); ++i)
+        ASSERT_EQ(0, std::memcmp(narrow[i].get(), wide[i].get(), (i < 4 ? size : T * dh) * sizeof(float)))
+            << name << " " << what[i] << ": the 256-bit tiles' bits differ from the " << w.suffix << " tiles'";
     }
   }
 }
