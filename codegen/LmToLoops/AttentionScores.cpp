@@ -230,11 +230,11 @@ void VectorKernel::products(Value a, Value bi, Value base, const Tile &tile, Val
     end = L.select(L.lt(L.idx(half), rest), add(fullEnd, L.idx(kLanes)), fullEnd);
   } else {
     Value to16 = roundDown(add(tile.to, L.idx(kLanes - 1)));
-    Value nonEmpty = L.lt(tile.from, tile.to);
     // Half steps keep one chain a row: 8 rows give the 8 FMAs in flight two ports of latency 4 need, 4 rows (the
     // directional tiles) half of them, at the cost of a full block.
     halves = geo.halfBlocks && groupRows >= 8;
     if (halves) {
+      Value nonEmpty = L.lt(tile.from, tile.to);
       headHalf = L.andI(L.ge(b.create<arith::SubIOp>(loc, tile.from, tile.from16), L.idx(half)), nonEmpty);
       tailHalf = L.andI(L.ge(b.create<arith::SubIOp>(loc, to16, tile.to), L.idx(half)), nonEmpty);
       first = L.select(headHalf, add(tile.from16, L.idx(kLanes)), tile.from16);
