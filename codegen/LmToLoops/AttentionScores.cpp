@@ -208,7 +208,6 @@ void VectorKernel::products(Value a, Value bi, Value base, const Tile &tile, Val
   const int64_t G = chains == 1 ? geo.scoreBlocks * std::max<int64_t>(1, geo.scoreRows / groupRows) : 1;
   // One block a step: the first block's lower half unseen: its upper half alone, the full blocks from the next;
   // the last block's upper half unseen (1..8 keys past the full blocks): its lower half alone.
-  Value headHalf, first, fullEnd, tailHalf, end;
   // Several (512 bits only): every block of [from16, to) 16 keys wide (a half block's 8 unseen keys cost no
   // instruction more on a core with full 512-bit units, and storeScores masks them as before; where the target
   // splits 512-bit operations, Geometry::halfBlocks, the first and last blocks with 8 keys no row sees are half
@@ -216,13 +215,17 @@ void VectorKernel::products(Value a, Value bi, Value base, const Tile &tile, Val
   // R FMAs kept the loop at the load ports of the two-FMA-port AVX-512 core), then the rem < G left in one step,
   // with the last group when rem is at most half a group (at most 24 accumulators): a group's chains over one block
   // alone are at most the 8 FMAs in flight two ports of latency 4 need, and 8 of them ran at two thirds of the
-  // pairs' rate (bench/results/2026-12-06-score-steps.md).
-  Value rem, peel, lastGroup, leftAt;
-  bool halves = false;
-  if (G == 1) {
-    headHalf =
-        L.andI(L.ge(b.create<arith::SubIOp>(loc, tile.from, tile.from16), L.idx(half)), L.lt(tile.from, tile.to));
+  // pairs' rate (bench/results/2026-12-06-score-steps.md). Half steps keep one chain a row: with groups of 8 rows
+  // the 8 FMAs in flight; 4 rows (the directional tiles) would give half of them, at the cost of a full block.
+  const bool halves = G == 1 || (geo.halfBlocks && groupRows >= 8);
+  Value headHalf, first = tile.from16, fullEnd, tailHalf, end, nonEmpty;
+  if (halves) {
+    nonEmpty = L.lt(tile.from, tile.to);
+    headHalf = L.andI(L.ge(b.create<arith::SubIOp>(loc, tile.from, tile.from16), L.idx(half)), nonEmpty);
     first = L.select(headHalf, add(tile.from16, L.idx(kLanes)), tile.from16);
+  }
+  Value rem, peel, lastGroup, leftAt;
+  if (G == 1) {
     Value span = b.create<arith::MaxSIOp>(loc, b.create<arith::SubIOp>(loc, tile.to, first), L.idx(0));
     fullEnd = add(first, roundDown(span));
     Value rest = b.create<arith::SubIOp>(loc, add(first, span), fullEnd);
@@ -230,17 +233,10 @@ void VectorKernel::products(Value a, Value bi, Value base, const Tile &tile, Val
     end = L.select(L.lt(L.idx(half), rest), add(fullEnd, L.idx(kLanes)), fullEnd);
   } else {
     Value to16 = roundDown(add(tile.to, L.idx(kLanes - 1)));
-    // Half steps keep one chain a row: 8 rows give the 8 FMAs in flight two ports of latency 4 need, 4 rows (the
-    // directional tiles) half of them, at the cost of a full block.
-    halves = geo.halfBlocks && groupRows >= 8;
+    fullEnd = to16;
     if (halves) {
-      Value nonEmpty = L.lt(tile.from, tile.to);
-      headHalf = L.andI(L.ge(b.create<arith::SubIOp>(loc, tile.from, tile.from16), L.idx(half)), nonEmpty);
       tailHalf = L.andI(L.ge(b.create<arith::SubIOp>(loc, to16, tile.to), L.idx(half)), nonEmpty);
-      first = L.select(headHalf, add(tile.from16, L.idx(kLanes)), tile.from16);
       fullEnd = L.select(tailHalf, b.create<arith::SubIOp>(loc, to16, L.idx(kLanes)), to16);
-    } else {
-      first = tile.from16, fullEnd = to16;
     }
     Value covered = b.create<arith::MaxSIOp>(loc, b.create<arith::SubIOp>(loc, fullEnd, first), L.idx(0));
     Value count = b.create<arith::DivUIOp>(loc, covered, L.idx(kLanes));
