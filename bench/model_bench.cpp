@@ -28,13 +28,16 @@
 // by two lmcc versions should; --naive and the optimized pipeline round differently: then the
 // largest difference), then times ROUNDS rounds (default 16), each calling A and B for about
 // 0.2 s, the order reversed every other round, and prints B's speedup over A: the median of
-// the per-round ratios, with the rounds B won. On a shared host, model_bench processes a
+// the per-round ratios, with the rounds B won; then every round's times and ratio with the round trip
+// of a cache line between the process's first two CPUs before and after it (-1: one CPU), which says
+// whether a 2-thread side's threads shared a last-level cache (CoreLatency.h). On a shared host, model_bench processes a
 // minute apart differ by more than the few percent a change is worth (2026-11-30: a runtime
 // change read 1.03-1.13x faster in alternating processes, 0.99-1.01x alternating calls in
 // one). Both libraries run under the first one's liblmrt.so (a process loads one): their
 // runtime ABI must be the same (lm_rt_check_abi says so at load).
 //
 //===----------------------------------------------------------------------===//
+#include "CoreLatency.h"
 #include "lmrt.h"
 
 #include <benchmark/benchmark.h>
@@ -276,6 +279,9 @@ int runAb(const std::vector<std::string> &args) {
     diff = std::max(diff, double(std::fabs(results[0][i] - results[1][i])));
   const int calls = std::max(1, int(0.2 / std::max(first, 1e-6)));
   std::vector<double> times[2], ratios;
+  // The CPUs' round trip before the first round and after every round (CoreLatency.h): where the threads of a
+  // round sat, for the rounds' lines below.
+  std::vector<double> trips{lmcc::bench::coreRoundTripNs()};
   int won = 0;
   for (int r = 0; r < rounds; ++r) {
     double t[2];
@@ -289,6 +295,7 @@ int runAb(const std::vector<std::string> &args) {
     }
     ratios.push_back(t[0] / t[1]);
     won += t[1] < t[0];
+    trips.push_back(lmcc::bench::coreRoundTripNs());
   }
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
@@ -301,6 +308,10 @@ int runAb(const std::vector<std::string> &args) {
   std::snprintf(same, sizeof same, identical ? "bit-identical" : "max |A - B| %.3g", diff);
   std::printf("%s  speedup %.3fx  B won %d/%d  A median %.3f ms  B median %.3f ms\n", same, median(ratios), won,
               rounds, median(times[0]) * 1e3, median(times[1]) * 1e3);
+  for (int r = 0; r < rounds; ++r)
+    std::printf("round %d: A %.3f ms  B %.3f ms  speedup %.3fx  cpu round trip %.0f / %.0f ns\n", r + 1,
+                times[0][size_t(r)] * 1e3, times[1][size_t(r)] * 1e3, ratios[size_t(r)], trips[size_t(r)],
+                trips[size_t(r) + 1]);
   for (int s = 0; s < 2; ++s)
     libs[s]->free(models[s]);
   return 0;

@@ -534,8 +534,43 @@ def parse_ab(text, what):
                   r"A median ([\d.]+) ms\s+B median ([\d.]+) ms", text, re.M)
     if not m:
         raise RuntimeError("model_bench --ab gave no result line for %s: %s" % (what, text[-300:]))
+    rounds = [{"ratio": float(r.group(1)), "trips": [float(r.group(2)), float(r.group(3))]}
+              for r in re.finditer(r"^round \d+: .*speedup ([\d.]+)x\s+cpu round trip (-?[\d.]+) / (-?[\d.]+) ns",
+                                   text, re.M)]
     return {"scaling": float(m.group(2)), "won": int(m.group(3)), "rounds": int(m.group(4)),
-            "one_ms": float(m.group(5)), "two_ms": float(m.group(6)), "identical": m.group(1) == "bit-identical"}
+            "one_ms": float(m.group(5)), "two_ms": float(m.group(6)), "identical": m.group(1) == "bit-identical",
+            "per_round": rounds}
+
+
+def nearest_trip(scaling):
+    """The fastest CPU round trip any side-by-side round of the run measured (model_bench --ab, CoreLatency.h),
+    or None: the two CPUs sharing a last-level cache, as near as this run saw them."""
+    trips = [t for s in (scaling or {}).values() for r in s.get("per_round", []) for t in r["trips"] if t > 0]
+    return min(trips) if trips else None
+
+
+def placement(s, nearest):
+    """Where a side-by-side measurement's rounds ran: {"far": rounds whose round trip before or after exceeded
+    twice the run's nearest, "rounds", "trip": the median round trip in ns, "near_scaling": the median speedup of
+    the other rounds (None if none)}, or None without round trips (an older model_bench, or one CPU)."""
+    rounds = [r for r in (s or {}).get("per_round", []) if min(r["trips"]) > 0]
+    if not rounds or nearest is None:
+        return None
+    far = [r for r in rounds if max(r["trips"]) > 2 * nearest]
+    near = [r["ratio"] for r in rounds if max(r["trips"]) <= 2 * nearest]
+    trip = statistics.median(max(r["trips"]) for r in rounds)
+    return {"far": len(far), "rounds": len(rounds), "trip": trip,
+            "near_scaling": statistics.median(near) if near else None}
+
+
+def placement_text(pl, nearest):
+    """A placement as the reports write it."""
+    if pl is None:
+        return "-"
+    text = "%.0f ns; far in %d/%d" % (pl["trip"], pl["far"], pl["rounds"])
+    if pl["far"] and pl["near_scaling"] is not None:
+        text += "; near rounds %.2fx" % pl["near_scaling"]
+    return text
 
 
 def load_output(path, entry):
@@ -702,7 +737,9 @@ def find_gaps(ws, limits, points, lmcc, peer, scaling=None):
             gaps.append({"point": p, "peer": best[0] if best else "-", "speedup": sp, "xb": xb, "ratio": ratio,
                          "ratio_how": how, "speedup_text": fmt_speedup(r, best[1]) if best else "-",
                          "unscaled_only": unscaled and not (behind or far), "flops": flops,
-                         "seconds": r["median"], "peak": limits[("peak", p.threads)]})
+                         "seconds": r["median"], "peak": limits[("peak", p.threads)],
+                         "placement": placement((scaling or {}).get(p.name), nearest_trip(scaling))
+                         if unscaled else None})
     return gaps
 
 
@@ -785,6 +822,11 @@ def measured_cause(g, profile):
         parts.append("thread scaling only (%.2fx, under the 1.74x line; ahead of the peers)" % g["ratio"])
     elif g["ratio"] is not None and g["ratio"] < 1.6:
         parts.append("thread scaling (%.2fx of the ideal 2x)" % g["ratio"])
+    pl = g.get("placement")
+    if pl and pl["far"]:
+        parts.append("the two CPUs did not share a last-level cache in %d of %d rounds (round trip %.0f ns)%s" % (
+            pl["far"], pl["rounds"], pl["trip"], "; the other rounds %.2fx" % pl["near_scaling"]
+            if pl["near_scaling"] is not None else ""))
     elif g["xb"] <= 1.15:
         parts.append("at the roofline bound: the peer is as close to it")
     else:
@@ -840,6 +882,7 @@ def scaling_section(points, lmcc, scaling):
     """Every entry of the scaling line (scaling_covered) with its 2-thread speedup side by side and the ratio of
     the grid's medians (timed minutes apart, in separate processes)."""
     rows = []
+    nearest = nearest_trip(scaling)
     for p in points:
         if not scaling_covered(p):
             continue
@@ -856,8 +899,9 @@ def scaling_section(points, lmcc, scaling):
         times = "%.2f / %.2f" % (s["one_ms"], s["two_ms"]) if s and "scaling" in s else "-"
         ratio, _ = two_thread_ratio(p, lmcc, scaling)
         verdict = "-" if ratio is None else "yes" if ratio >= 2 / 1.15 else "**no**"
-        rows.append("| %s | %s | %d | %d | %s | %s | %s | %s |" % (p.model, p.entry, p.n, p.batch, times, side,
-                                                                    medians, verdict))
+        where = placement_text(placement(s, nearest), nearest)
+        rows.append("| %s | %s | %d | %d | %s | %s | %s | %s | %s |" % (p.model, p.entry, p.n, p.batch, times, side,
+                                                                         where, medians, verdict))
     if not rows:
         return []
     return ["## Two threads", "",
@@ -866,9 +910,16 @@ def scaling_section(points, lmcc, scaling):
             "2 threads in one `model_bench --ab` process, calls alternating (median of the per-round ratios, the "
             "rounds the 2-thread side won; its medians in ms); `grid medians`: the 1-thread entry's median / the "
             "2-thread one's, timed minutes apart in separate processes (a slow spell of the host moves one and not "
-            "the other). The verdict uses the side-by-side ratio where there is one.", "",
-            "| model | entry | n | batch | 1 / 2 threads ms | side by side | grid medians | within the line |",
-            "|" + "---|" * 8] + rows + [""]
+            "the other). The verdict uses the side-by-side ratio where there is one. `CPU placement`: the round trip "
+            "of a cache line between the process's two CPUs, measured before and after every side-by-side round "
+            "(bench/CoreLatency.h; the median of the rounds' slower reading), and the rounds in which it was over "
+            "twice the fastest this run measured (%s): the two CPUs did not share a last-level cache then (a "
+            "virtual machine's vCPUs can move between L3 domains within seconds, and a 2-thread call slows where its "
+            "threads' data crosses: bench/results/2026-12-07-placement.md), with the median speedup of the other "
+            "rounds." % ("%.0f ns" % nearest if nearest else "none measured"), "",
+            "| model | entry | n | batch | 1 / 2 threads ms | side by side | CPU placement | grid medians | "
+            "within the line |",
+            "|" + "---|" * 9] + rows + [""]
 
 
 def flags_of(quick, only):
