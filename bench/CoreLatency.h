@@ -24,7 +24,7 @@ namespace lmcc::bench {
 /// when the process may run on one CPU only. The time depends on the line's address as well (where the coherence
 /// directory of that address sits: 60-130 ns for lines of one process on the Zen 4 host), so it is measured on
 /// kLines lines, `trips` round trips each after 200 unmeasured ones, and the fastest line's time returned. The
-/// calling thread's own affinity is restored before returning.
+/// calling thread's own affinity is restored before returning. The lines are static: one call at a time.
 inline double coreRoundTripNs(int trips = 2500) {
   constexpr int kLines = 8, kWarm = 200;
   // A thread pool's workers spin for a while after a parallel call; they would share the CPUs with the ping-pong.

@@ -563,7 +563,7 @@ def placement(s, nearest):
             "near_scaling": statistics.median(near) if near else None}
 
 
-def placement_text(pl, nearest):
+def placement_text(pl):
     """A placement as the reports write it."""
     if pl is None:
         return "-"
@@ -822,15 +822,15 @@ def measured_cause(g, profile):
         parts.append("thread scaling only (%.2fx, under the 1.74x line; ahead of the peers)" % g["ratio"])
     elif g["ratio"] is not None and g["ratio"] < 1.6:
         parts.append("thread scaling (%.2fx of the ideal 2x)" % g["ratio"])
+    elif g["xb"] <= 1.15:
+        parts.append("at the roofline bound: the peer is as close to it")
+    else:
+        parts.append("%.2fx the bound" % g["xb"])
     pl = g.get("placement")
     if pl and pl["far"]:
         parts.append("the two CPUs did not share a last-level cache in %d of %d rounds (round trip %.0f ns)%s" % (
             pl["far"], pl["rounds"], pl["trip"], "; the other rounds %.2fx" % pl["near_scaling"]
             if pl["near_scaling"] is not None else ""))
-    elif g["xb"] <= 1.15:
-        parts.append("at the roofline bound: the peer is as close to it")
-    else:
-        parts.append("%.2fx the bound" % g["xb"])
     if profile is None:
         parts.append("not profiled")
     elif "error" in profile:
@@ -899,7 +899,7 @@ def scaling_section(points, lmcc, scaling):
         times = "%.2f / %.2f" % (s["one_ms"], s["two_ms"]) if s and "scaling" in s else "-"
         ratio, _ = two_thread_ratio(p, lmcc, scaling)
         verdict = "-" if ratio is None else "yes" if ratio >= 2 / 1.15 else "**no**"
-        where = placement_text(placement(s, nearest), nearest)
+        where = placement_text(placement(s, nearest))
         rows.append("| %s | %s | %d | %d | %s | %s | %s | %s | %s |" % (p.model, p.entry, p.n, p.batch, times, side,
                                                                          where, medians, verdict))
     if not rows:
