@@ -927,11 +927,14 @@ def flags_of(quick, only):
     return (" --quick" if quick else "") + (" --only '%s'" % only if only else "")
 
 
-def command_line(flags):
-    """What produced the report: scripts/bench.sh (which sets LMCC_BENCH_SCRIPT and adds the training grid) or
+def command_line(flags, no_peers=False, max_call=None):
+    """What produced the report: scripts/bench.sh (which sets LMCC_BENCH_SCRIPT, adds the training grid and says
+    in LMCC_BENCH_NO_TRAIN=1 that --no-train dropped it) with the flags that change what is measured, or
     bench/run.py run directly, with its arguments."""
     if os.environ.get("LMCC_BENCH_SCRIPT"):
-        return "scripts/bench.sh" + flags
+        return ("scripts/bench.sh" + flags + (" --no-peers" if no_peers else "") +
+                (" --max-call %g" % max_call if max_call is not None else "") +
+                (" --no-train" if os.environ.get("LMCC_BENCH_NO_TRAIN") == "1" else ""))
     return " ".join(["bench/run.py"] + sys.argv[1:])
 
 
@@ -1333,7 +1336,7 @@ def main():
     paired = [] if args.no_peers else [p for p in points if has_peers(p)]
     naive = {p.name.replace("/opt/", "/naive/") for p in paired}
     versions = "lmcc %s" % run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"]).strip()
-    command = command_line(flags_of(args.quick, args.only))
+    command = command_line(flags_of(args.quick, args.only), args.no_peers, args.max_call)
     rounds = {"rounds": ROUNDS, "seconds": ROUND_SECONDS} if paired else None
     raw_path = ws.work / ("raw%s.json" % tag)
     l3 = l3_cache_bytes()

@@ -33,7 +33,7 @@ args=() train=1
 for arg in "$@"; do
   if [ "$arg" = --no-train ]; then train=0; else args+=("$arg"); fi
 done
-LMCC_BENCH_SCRIPT=1 "$venv/bin/python" "$root/bench/run.py" "${args[@]}"
+LMCC_BENCH_SCRIPT=1 LMCC_BENCH_NO_TRAIN=$((1 - train)) "$venv/bin/python" "$root/bench/run.py" "${args[@]}"
 # The full grid also times training (issue 14): bench/results/<date>-train.md (scripts/bench-train.sh).
 case " ${args[*]} " in
   *" --quick "* | *" --only "* | *" --only="*) ;;
