@@ -556,10 +556,9 @@ def placement(s, nearest):
     rounds = [r for r in (s or {}).get("per_round", []) if min(r["trips"]) > 0]
     if not rounds or nearest is None:
         return None
-    far = [r for r in rounds if max(r["trips"]) > 2 * nearest]
     near = [r["ratio"] for r in rounds if max(r["trips"]) <= 2 * nearest]
     trip = statistics.median(max(r["trips"]) for r in rounds)
-    return {"far": len(far), "rounds": len(rounds), "trip": trip,
+    return {"far": len(rounds) - len(near), "rounds": len(rounds), "trip": trip,
             "near_scaling": statistics.median(near) if near else None}
 
 
@@ -720,6 +719,7 @@ def find_gaps(ws, limits, points, lmcc, peer, scaling=None):
     with the numbers that locate the cause (the distance to the bound and, for 2-thread entries, the speedup over
     the same entry at 1 thread, 2.00x ideal: side by side where thread_scaling measured it)."""
     gaps = []
+    nearest = nearest_trip(scaling)
     for p in points:
         r = lmcc.get(p.name)
         if p.variant != "opt" or r is None or "median" not in r:
@@ -738,8 +738,7 @@ def find_gaps(ws, limits, points, lmcc, peer, scaling=None):
                          "ratio_how": how, "speedup_text": fmt_speedup(r, best[1]) if best else "-",
                          "unscaled_only": unscaled and not (behind or far), "flops": flops,
                          "seconds": r["median"], "peak": limits[("peak", p.threads)],
-                         "placement": placement((scaling or {}).get(p.name), nearest_trip(scaling))
-                         if unscaled else None})
+                         "placement": placement((scaling or {}).get(p.name), nearest) if unscaled else None})
     return gaps
 
 
