@@ -51,11 +51,53 @@ scf::ForOp VectorKernel::loop(Value lb, Value ub, int64_t step, ValueRange init,
   return f;
 }
 
+SmallVector<Value> VectorKernel::transposeBlock8(ArrayRef<Value> rows) {
+  auto shuffle = [&](Value x, Value y, ArrayRef<int64_t> mask) -> Value {
+    return b.create<vector::ShuffleOp>(loc, x, y, mask);
+  };
+  // Pairs of rows interleaved within 128-bit lanes: t[2p] = (r0_0 r1_0 r0_1 r1_1 | r0_4 r1_4 r0_5 r1_5) for rows
+  // 2p, 2p + 1, t[2p + 1] the same of lanes 2, 3 | 6, 7 (unpcklps, unpckhps).
+  SmallVector<Value> t, s, out(8);
+  for (int64_t p = 0; p < 4; ++p) {
+    t.push_back(shuffle(rows[2 * p], rows[2 * p + 1], {0, 8, 1, 9, 4, 12, 5, 13}));
+    t.push_back(shuffle(rows[2 * p], rows[2 * p + 1], {2, 10, 3, 11, 6, 14, 7, 15}));
+  }
+  // Four rows' lane c | c + 4 (shufps): s[4q + c] for rows 4q..4q+3, c = 0..3.
+  for (int64_t q = 0; q < 2; ++q)
+    for (int64_t c = 0; c < 4; ++c) {
+      Value x = t[4 * q + c / 2], y = t[4 * q + 2 + c / 2];
+      s.push_back(c % 2 ? shuffle(x, y, {2, 3, 10, 11, 6, 7, 14, 15}) : shuffle(x, y, {0, 1, 8, 9, 4, 5, 12, 13}));
+    }
+  // Lane c of all 8 rows: the low 128-bit halves of rows 0..3's and 4..7's (c < 4), or the high ones.
+  for (int64_t c = 0; c < 4; ++c) {
+    out[c] = shuffle(s[c], s[4 + c], {0, 1, 2, 3, 8, 9, 10, 11});
+    out[c + 4] = shuffle(s[c], s[4 + c], {4, 5, 6, 7, 12, 13, 14, 15});
+  }
+  return out;
+}
+
 void VectorKernel::transpose(Value src, Value bi, Value base, Value M, Value M16, Value t) {
   SmallVector<int64_t> lowMask = interleaveMask(false), highMask = interleaveMask(true);
   Value fullKeys = roundDown(M);
   loop(L.idx(0), fullKeys, kLanes, {}, [&](Value j0, ValueRange) {
     loop(L.idx(0), L.idx(dh), kLanes, {}, [&](Value e0, ValueRange) {
+      Value row0 = transposedRow(j0, e0);
+      if (geo.eightLaneTranspose) {
+        // Block (I, J): keys j0 + 8I.., features e0 + 8J..; its transpose's row f is feature e0 + 8J + f of those 8
+        // keys: lanes 8I.. of t's row row0 + 8J + f.
+        auto half = VectorType::get({kLanes / 2}, L.f32());
+        for (int64_t I = 0; I < 2; ++I)
+          for (int64_t J = 0; J < 2; ++J) {
+            SmallVector<Value> rows;
+            for (int64_t r = 0; r < kLanes / 2; ++r)
+              rows.push_back(b.create<vector::LoadOp>(
+                  loc, half, src, ValueRange{bi, add(j0, L.idx(8 * I + r)), add(base, add(e0, L.idx(8 * J)))}));
+            SmallVector<Value> cols = transposeBlock8(rows);
+            for (int64_t f = 0; f < kLanes / 2; ++f)
+              b.create<vector::StoreOp>(loc, cols[f], t, ValueRange{add(row0, L.idx(8 * J + f)), L.idx(8 * I)});
+          }
+        return SmallVector<Value>{};
+      }
       SmallVector<Value> rowsV;
       for (int64_t r = 0; r < kLanes; ++r)
         rowsV.push_back(load(src, ValueRange{bi, add(j0, L.idx(r)), add(base, e0)}));
@@ -67,7 +109,6 @@ void VectorKernel::transpose(Value src, Value bi, Value base, Value M, Value M16
         }
         rowsV = next;
       }
-      Value row0 = transposedRow(j0, e0);
       for (int64_t e = 0; e < kLanes; ++e)
         store(rowsV[e], t, ValueRange{add(row0, L.idx(e)), L.idx(0)});
       return SmallVector<Value>{};

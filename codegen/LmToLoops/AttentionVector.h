@@ -35,6 +35,11 @@ struct Geometry {
   /// FMA costs half a 512-bit one (targets that split 512-bit operations: targetSplitsWideVectors); elsewhere such
   /// a block costs as much as a full one in a group. The 256-bit geometry's one-block steps always take half blocks.
   bool halfBlocks = false;
+  /// 256-bit: the keys' (and the backward's values') 16 x 16 blocks are transposed as four 8 x 8 blocks of
+  /// 8-lane shuffles that are each one AVX instruction (unpcklps / unpckhps, shufps, a 128-bit lane move: 24 an
+  /// 8 x 8 block). LLVM lowered the 16-lane interleaves of the 512-bit transpose to ~900 instructions a block on
+  /// AVX2 (11.6% of the causal forward's samples at n 128 on a Zen 3). The same moves of the same floats.
+  bool eightLaneTranspose = false;
   /// 512-bit (32 registers): 8 rows x 2 blocks of scores (16 accumulators), p.v 4 rows x 4 vectors (16), dK / dV
   /// 4 keys x 4 vectors (16). 256-bit (16 registers, two per vector): 4 rows x 1 block, 4 rows x 1 vector, 4 keys
   /// x 1 vector (8 registers of accumulators each, the 8 independent FMA chains two ports of latency 4 need).
@@ -48,6 +53,7 @@ static_assert(kTileRows % kWideGeometry.pvRows == 0 && kTileRows % kNarrowGeomet
 inline Geometry Geometry::forTarget(int64_t bits, bool halfBlocks) {
   Geometry g = bits >= 512 ? kWideGeometry : kNarrowGeometry;
   g.halfBlocks = bits >= 512 && halfBlocks;
+  g.eightLaneTranspose = bits < 512;
   return g;
 }
 
@@ -154,8 +160,12 @@ struct VectorKernel {
   }
 
   /// t (transposedScratch) = features base..base+dh of src[bi, 0..M) transposed, zeros from M: full blocks of 16
-  /// rows x 16 features transposed in registers by four rounds of interleaves, the rest element by element.
+  /// rows x 16 features transposed in registers (by four rounds of 16-lane interleaves, or with
+  /// geo.eightLaneTranspose as four 8 x 8 blocks: transposeBlock8), the rest element by element.
   void transpose(Value src, Value bi, Value base, Value M, Value M16, Value t);
+  /// The transpose of 8 vectors of 8 floats (rows[r] lane c -> result[c] lane r) in 24 two-input shuffles whose
+  /// masks are those of single AVX instructions: unpcklps / unpckhps, shufps, and the 128-bit lane selects.
+  SmallVector<Value> transposeBlock8(ArrayRef<Value> rows);
 
   /// A read prefetch of the line holding buffer[entry, j, e] into L2 (locality 2: 0 was slower, 1 and 3 no
   /// better; bench/results/2026-11-27-softmax.md).
