@@ -78,57 +78,63 @@ SmallVector<Value> VectorKernel::transposeBlock8(ArrayRef<Value> rows) {
 
 void VectorKernel::transpose(Value src, Value bi, Value base, Value M, Value M16, Value t) {
   SmallVector<int64_t> lowMask = interleaveMask(false), highMask = interleaveMask(true);
-  Value fullKeys = roundDown(M);
-  loop(L.idx(0), fullKeys, kLanes, {}, [&](Value j0, ValueRange) {
-    loop(L.idx(0), L.idx(dh), kLanes, {}, [&](Value e0, ValueRange) {
-      Value row0 = transposedRow(j0, e0);
-      if (geo.eightLaneTranspose) {
-        // Block (I, J): keys j0 + 8I.., features e0 + 8J..; its transpose's row f is feature e0 + 8J + f of those 8
-        // keys: lanes 8I.. of t's row row0 + 8J + f.
-        auto half = VectorType::get({kLanes / 2}, L.f32());
-        for (int64_t I = 0; I < 2; ++I)
-          for (int64_t J = 0; J < 2; ++J) {
-            SmallVector<Value> rows;
-            for (int64_t r = 0; r < kLanes / 2; ++r)
-              rows.push_back(b.create<vector::LoadOp>(
-                  loc, half, src, ValueRange{bi, add(j0, L.idx(8 * I + r)), add(base, add(e0, L.idx(8 * J)))}));
-            SmallVector<Value> cols = transposeBlock8(rows);
-            for (int64_t f = 0; f < kLanes / 2; ++f)
-              b.create<vector::StoreOp>(loc, cols[f], t, ValueRange{add(row0, L.idx(8 * J + f)), L.idx(8 * I)});
-          }
-        return SmallVector<Value>{};
-      }
-      SmallVector<Value> rowsV;
-      for (int64_t r = 0; r < kLanes; ++r)
-        rowsV.push_back(load(src, ValueRange{bi, add(j0, L.idx(r)), add(base, e0)}));
-      for (int round = 0; round < 4; ++round) {
-        SmallVector<Value> next;
-        for (int64_t r = 0; r < kLanes / 2; ++r) {
-          next.push_back(b.create<vector::ShuffleOp>(loc, rowsV[r], rowsV[r + kLanes / 2], lowMask));
-          next.push_back(b.create<vector::ShuffleOp>(loc, rowsV[r], rowsV[r + kLanes / 2], highMask));
+  // Row r of the block of keys from j0: `type`'s features from e of key j0 + r; in the `tail` block (the last 1-15
+  // keys) zeros from key M on (read at the last key, then replaced).
+  auto rowAt = [&](Value j0, int64_t r, Value e, VectorType type, bool tail) -> Value {
+    Value j = add(j0, L.idx(r));
+    if (!tail)
+      return b.create<vector::LoadOp>(loc, type, src, ValueRange{bi, j, e});
+    Value safe = b.create<arith::MinSIOp>(loc, j, b.create<arith::SubIOp>(loc, M, L.idx(1)));
+    Value x = b.create<vector::LoadOp>(loc, type, src, ValueRange{bi, safe, e});
+    Value zero = b.create<arith::ConstantOp>(loc, type, DenseElementsAttr::get(type, 0.0f));
+    return b.create<arith::SelectOp>(loc, L.lt(j, M), x, zero);
+  };
+  // The 16 x 16 block of keys j0.. and features e0.. of the head into t.
+  auto block = [&](Value j0, Value e0, bool tail) {
+    Value row0 = transposedRow(j0, e0);
+    if (geo.eightLaneTranspose) {
+      // Block (I, J): keys j0 + 8I.., features e0 + 8J..; its transpose's row f is feature e0 + 8J + f of those 8
+      // keys: lanes 8I.. of t's row row0 + 8J + f.
+      auto half = VectorType::get({kLanes / 2}, L.f32());
+      for (int64_t I = 0; I < 2; ++I)
+        for (int64_t J = 0; J < 2; ++J) {
+          SmallVector<Value> rows;
+          for (int64_t r = 0; r < kLanes / 2; ++r)
+            rows.push_back(rowAt(j0, 8 * I + r, add(base, add(e0, L.idx(8 * J))), half, tail));
+          SmallVector<Value> cols = transposeBlock8(rows);
+          for (int64_t f = 0; f < kLanes / 2; ++f)
+            b.create<vector::StoreOp>(loc, cols[f], t, ValueRange{add(row0, L.idx(8 * J + f)), L.idx(8 * I)});
         }
-        rowsV = next;
+      return;
+    }
+    SmallVector<Value> rowsV;
+    for (int64_t r = 0; r < kLanes; ++r)
+      rowsV.push_back(rowAt(j0, r, add(base, e0), vt, tail));
+    for (int round = 0; round < 4; ++round) {
+      SmallVector<Value> next;
+      for (int64_t r = 0; r < kLanes / 2; ++r) {
+        next.push_back(b.create<vector::ShuffleOp>(loc, rowsV[r], rowsV[r + kLanes / 2], lowMask));
+        next.push_back(b.create<vector::ShuffleOp>(loc, rowsV[r], rowsV[r + kLanes / 2], highMask));
       }
-      for (int64_t e = 0; e < kLanes; ++e)
-        store(rowsV[e], t, ValueRange{add(row0, L.idx(e)), L.idx(0)});
+      rowsV = next;
+    }
+    for (int64_t e = 0; e < kLanes; ++e)
+      store(rowsV[e], t, ValueRange{add(row0, L.idx(e)), L.idx(0)});
+  };
+  auto features = [&](Value j0, bool tail) {
+    loop(L.idx(0), L.idx(dh), kLanes, {}, [&](Value e0, ValueRange) {
+      block(j0, e0, tail);
       return SmallVector<Value>{};
     });
+  };
+  Value fullKeys = roundDown(M);
+  loop(L.idx(0), fullKeys, kLanes, {}, [&](Value j0, ValueRange) {
+    features(j0, /*tail=*/false);
     return SmallVector<Value>{};
   });
-  loop(fullKeys, M16, 1, {}, [&](Value j, ValueRange) {
-    Value real = L.lt(j, M);
-    Value lane = b.create<arith::RemUIOp>(loc, j, L.idx(kLanes));
-    L.nest({L.idx(dh)}, [&](ValueRange e) {
-      Value x = L.choose(
-          real, L.f32(),
-          [&] {
-            return L.load(src, {bi, j, add(base, e[0])});
-          },
-          [&] { return L.f32c(0); });
-      L.store(x, t, {transposedRow(j, e[0]), lane});
-    });
-    return SmallVector<Value>{};
-  });
+  // The last M mod 16 keys as one more block (they were copied one float at a time, a branch each: at n = 20 that
+  // loop cost more than the item's products).
+  L.when(L.lt(fullKeys, M16), [&] { features(fullKeys, /*tail=*/true); });
 }
 
 void VectorKernel::prefetchNext(Value hasNext, Value nextEntry, Value nextBase, Value t, Value tiles, Value r0,

@@ -159,9 +159,9 @@ struct VectorKernel {
                    Value(b.create<arith::MulIOp>(loc, b.create<arith::DivUIOp>(loc, M16, L.idx(kLanes)), L.idx(dh))));
   }
 
-  /// t (transposedScratch) = features base..base+dh of src[bi, 0..M) transposed, zeros from M: full blocks of 16
-  /// rows x 16 features transposed in registers (by four rounds of 16-lane interleaves, or with
-  /// geo.eightLaneTranspose as four 8 x 8 blocks: transposeBlock8), the rest element by element.
+  /// t (transposedScratch) = features base..base+dh of src[bi, 0..M) transposed, zeros from M: blocks of 16 rows x
+  /// 16 features transposed in registers (by four rounds of 16-lane interleaves, or with geo.eightLaneTranspose as
+  /// four 8 x 8 blocks: transposeBlock8), the last M mod 16 rows a block whose rows from M are zeros.
   void transpose(Value src, Value bi, Value base, Value M, Value M16, Value t);
   /// The transpose of 8 vectors of 8 floats (rows[r] lane c -> result[c] lane r) in 24 two-input shuffles whose
   /// masks are those of single AVX instructions: unpcklps / unpckhps, shufps, and the 128-bit lane selects.
