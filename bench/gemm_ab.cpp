@@ -4,11 +4,13 @@
 // so a 5% change to the GEMM's code generation cannot be judged by two kernel_bench runs. This tool times two
 // builds of the generated GEMM in one process, alternately, and compares them round by round:
 //
-//   gemm_ab build OUT.so [--tile RxC|amx] M K N [M K N ...]
+//   gemm_ab build OUT.so [--tile RxC|amx] [--train-any] M K N [M K N ...]
 //       compiles this build's generated GEMM (codegen/LmToLoops/Gemm.cpp) for each shape's (N, K), in the register
 //       tile lmcc picks for this host and that depth (GemmTile::forDepth) or RxC (rows x columns, e.g. 6x64), or
 //       the bf16 AMX kernel (`amx`: weights packed as bf16 pairs; only against another AMX build, on a host with
-//       AMX-BF16), into the shared library OUT.so;
+//       AMX-BF16), into the shared library OUT.so. --train-any: its training GEMM is the run-time depth body alone
+//       (lm_train_gemm_any_<tile>: what a model's calls of a depth no call site fixes run, the weight gradients'
+//       products of depth = rows), not one specialized for the shapes' depths;
 //   gemm_ab compare A.so B.so [--rounds R] [--cold] [--cold-c] [--train] M K N [M K N ...]
 //       loads both libraries, packs one random weight per shape with each library's own packer (as at model load),
 //       checks that both compute bit-identical C (every element is the same ordered FMA chain whatever the tile,
@@ -75,7 +77,7 @@ struct Shape {
 }
 
 [[noreturn]] void usage() {
-  fail("usage: gemm_ab build OUT.so [--tile RxC|amx] M K N [M K N ...]\n"
+  fail("usage: gemm_ab build OUT.so [--tile RxC|amx] [--train-any] M K N [M K N ...]\n"
        "       gemm_ab compare A.so B.so [--rounds R] [--cold] [--cold-c] [--train] M K N [M K N ...]\n"
        "       gemm_ab init A.so B.so MODEL [--rounds R]");
 }
@@ -103,7 +105,7 @@ std::string suffix(const Shape &s) { return std::to_string(s.n) + "x" + std::to_
 
 /// `tileOf(k)`: the tile of a weight of depth k.
 void build(const std::string &out, const std::function<lmcc::codegen::GemmTile(int64_t)> &tileOf,
-           const std::vector<Shape> &shapes) {
+           const std::vector<Shape> &shapes, bool trainAny) {
   std::vector<std::pair<int64_t, int64_t>> nk;
   std::vector<lmcc::codegen::GemmTile> tiles;
   for (const Shape &s : shapes) {
@@ -114,13 +116,15 @@ void build(const std::string &out, const std::function<lmcc::codegen::GemmTile(i
       tiles.push_back(t);
   }
   // The training GEMM specialized for every shape's depth (lda = K, as gemm_ab calls it), each prefetching as the
-  // fixed kernel would its widest weight of that depth: what a model's call sites of that depth get.
+  // fixed kernel would its widest weight of that depth: what a model's call sites of that depth get. With trainAny,
+  // no depth: the run-time depth body alone.
   std::map<int64_t, int64_t> widest;
   for (auto [n, k] : nk)
     widest[k] = std::max(widest[k], n);
   std::vector<lmcc::codegen::TrainGemmDepth> depths;
   for (auto [k, n] : widest)
-    depths.push_back(lmcc::codegen::TrainGemmDepth::forWeight(k, n));
+    if (!trainAny)
+      depths.push_back(lmcc::codegen::TrainGemmDepth::forWeight(k, n));
   mlir::MLIRContext context;
   auto module = lmcc::codegen::buildGemmModule(context, nk, tiles, depths);
   std::string names;
@@ -380,7 +384,10 @@ int run(const std::vector<std::string> &args) {
       tileOf = [tile](int64_t) { return tile; };
       rest.erase(rest.begin(), rest.begin() + 2);
     }
-    build(out, tileOf, shapesOf(rest));
+    const bool trainAny = !rest.empty() && rest[0] == "--train-any";
+    if (trainAny)
+      rest.erase(rest.begin());
+    build(out, tileOf, shapesOf(rest), trainAny);
   } else if (mode == "compare") {
     if (args.size() < 3)
       usage();

@@ -281,6 +281,18 @@ void emitGemmBody(OpBuilder &b, Location loc, const GemmBody &op, GemmTile tile)
   auto i32Vec = VectorType::get({L}, b.getI32Type());
   Value highHalf = b.create<arith::ConstantOp>(loc, i32Vec, DenseElementsAttr::get(i32Vec, int32_t(0xffff0000u)));
   Value sixteen = b.create<arith::ConstantOp>(loc, i32Vec, DenseElementsAttr::get(i32Vec, int32_t(16)));
+  // A run-time depth (the training GEMM's weight gradients: depth = the batch's rows, A = dy^T at a padded stride)
+  // copies each block of A, once for every column slice, into `copies`: parts of kCopyDepth columns, a part's rows
+  // (blockRows of them) kCopyRow floats apart, so that a tile's rows are constant offsets from one address as in a
+  // fixed-depth body. Read at the run-time stride, x86-64 has too few general registers for the tile's row
+  // addresses and the prefetch's terms: LLVM spilled them (and vector temporaries) in the k loop, and the body ran
+  // at 0.36-0.48x the fixed-depth one on AVX2 (gemm_ab compare --train, build --train-any; 128 rows, depth 147-2048).
+  // A chunk (kChunk, or a shallow depth of at most kMaxUnchunked) never spans two parts. The copy moves the same
+  // floats: every result is unchanged.
+  constexpr int64_t kCopyDepth = 512, kCopyRow = kCopyDepth + 16; // rows a line apart from 2 KB: distinct L1 sets
+  static_assert(kCopyDepth % kChunk == 0 && kCopyDepth >= kMaxUnchunked);
+  const bool copyA = dynamicK;
+  Value copies; // [parts * blockRows, kCopyRow], allocated below once blockRows is final
   // A k row of a slice is W floats: `lines` cache lines.
   const int64_t lines = std::max<int64_t>(1, W / 16);
   // The prefetch of one tile (below: tilesOver): at k step kv, line ((kv + row) * scale) >> 16 of the region starting
@@ -308,6 +320,14 @@ void emitGemmBody(OpBuilder &b, Location loc, const GemmBody &op, GemmTile tile)
               loc, vec, partial, ValueRange{b.create<arith::AddIOp>(loc, blockRow, cidx(i)), cidx(L * j)}));
       b.create<scf::YieldOp>(loc, loaded);
       init.assign(start.getResults().begin(), start.getResults().end());
+    }
+    // A run-time depth reads the block's copy of A (below: copyA): the part holding [kBegin, kEnd), every row a
+    // constant offset from its start.
+    Value copiedRow, copiedFrom;
+    if (copyA) {
+      Value part = b.create<arith::DivUIOp>(loc, kBegin, cidx(kCopyDepth));
+      copiedFrom = b.create<arith::MulIOp>(loc, part, cidx(kCopyDepth));
+      copiedRow = b.create<arith::AddIOp>(loc, b.create<arith::MulIOp>(loc, part, blockRows), blockRow);
     }
     auto loop = b.create<scf::ForOp>(loc, kBegin, kEnd, cidx(1), init);
     {
@@ -346,7 +366,9 @@ void emitGemmBody(OpBuilder &b, Location loc, const GemmBody &op, GemmTile tile)
       SmallVector<Value> next;
       if (tile.weights == GemmTile::Weights::F32) {
         for (int64_t i = 0; i < r; ++i) {
-          Value a = b.create<memref::LoadOp>(loc, A, ValueRange{b.create<arith::AddIOp>(loc, m0, cidx(i)), kv});
+          Value a = copyA ? b.create<memref::LoadOp>(loc, copies, ValueRange{b.create<arith::AddIOp>(loc, copiedRow, cidx(i)),
+                                                                         b.create<arith::SubIOp>(loc, kv, copiedFrom)})
+                          : b.create<memref::LoadOp>(loc, A, ValueRange{b.create<arith::AddIOp>(loc, m0, cidx(i)), kv});
           Value av = b.create<vector::BroadcastOp>(loc, vec, a);
           for (int64_t j = 0; j < V; ++j)
             next.push_back(b.create<vector::FMAOp>(loc, av, bv[j], acc(i, j)));
@@ -447,12 +469,47 @@ void emitGemmBody(OpBuilder &b, Location loc, const GemmBody &op, GemmTile tile)
     Value height = b.create<arith::MulIOp>(loc, ceilDiv(ceilDiv(M, count), cidx(R)), cidx(R));
     blockRows = b.create<arith::MaxSIOp>(loc, height, cidx(R)); // <= the limit, a multiple of R
   }
+  if (copyA) {
+    Value parts = b.create<arith::DivUIOp>(loc, b.create<arith::AddIOp>(loc, depth, cidx(kCopyDepth - 1)),
+                                           cidx(kCopyDepth));
+    copies = b.create<memref::AllocOp>(loc, MemRefType::get({dyn, kCopyRow}, f32),
+                                       ValueRange{b.create<arith::MulIOp>(loc, parts, blockRows)},
+                                       b.getI64IntegerAttr(64));
+  }
   auto blocks = b.create<scf::ForOp>(loc, cidx(0), M, blockRows);
+  if (copyA) {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointAfter(blocks);
+    b.create<memref::DeallocOp>(loc, copies);
+  }
   {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(blocks.getBody());
     Value mb = blocks.getInductionVar();
     Value Mb = b.create<arith::MinSIOp>(loc, b.create<arith::SubIOp>(loc, M, mb), blockRows);
+    if (copyA) { // the block's rows of A into their parts: L floats a step (a part is a multiple of L), the rest one by one
+      auto rowsLoop = b.create<scf::ForOp>(loc, cidx(0), Mb, cidx(1));
+      OpBuilder::InsertionGuard g2(b);
+      b.setInsertionPointToStart(rowsLoop.getBody());
+      Value i = rowsLoop.getInductionVar(), row = b.create<arith::AddIOp>(loc, mb, i);
+      auto to = [&](Value kv) -> SmallVector<Value> {
+        Value part = b.create<arith::DivUIOp>(loc, kv, cidx(kCopyDepth));
+        return {b.create<arith::AddIOp>(loc, b.create<arith::MulIOp>(loc, part, blockRows), i),
+                b.create<arith::RemUIOp>(loc, kv, cidx(kCopyDepth))};
+      };
+      Value whole = b.create<arith::MulIOp>(loc, b.create<arith::DivUIOp>(loc, depth, cidx(L)), cidx(L));
+      {
+        auto steps = b.create<scf::ForOp>(loc, cidx(0), whole, cidx(L));
+        OpBuilder::InsertionGuard g3(b);
+        b.setInsertionPointToStart(steps.getBody());
+        Value kv = steps.getInductionVar();
+        b.create<vector::StoreOp>(loc, b.create<vector::LoadOp>(loc, vec, A, ValueRange{row, kv}), copies, to(kv));
+      }
+      auto rest = b.create<scf::ForOp>(loc, whole, depth, cidx(1));
+      b.setInsertionPointToStart(rest.getBody());
+      Value kv = rest.getInductionVar();
+      b.create<memref::StoreOp>(loc, b.create<memref::LoadOp>(loc, A, ValueRange{row, kv}), copies, to(kv));
+    }
     if (dot) { // the block's rows of A as bf16 pairs, once for every column slice
       auto rowsLoop = b.create<scf::ForOp>(loc, cidx(0), Mb, cidx(1));
       OpBuilder::InsertionGuard g2(b);
