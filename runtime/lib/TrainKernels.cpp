@@ -26,6 +26,9 @@
 
 #include <algorithm>
 #include <cmath>
+#if defined(__AVX2__) && !defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 #include <cstring>
 #include <new>
 #include <utility>
@@ -190,6 +193,65 @@ inline __attribute__((always_inline)) void transpose16(V16 *rows) {
   transposeStage<1>(rows);
 }
 
+#if defined(__AVX2__) && !defined(__AVX512F__)
+/// r[0..8) := their transpose (8 x 8 floats): 24 single-instruction shuffles (unpcklps / unpckhps, shufps, 128-bit
+/// lane selects), as codegen's VectorKernel::transposeBlock8.
+inline __attribute__((always_inline)) void transpose8(__m256 *r) {
+  __m256 t[8], s[8];
+  for (int p = 0; p < 4; ++p) {
+    t[2 * p] = _mm256_unpacklo_ps(r[2 * p], r[2 * p + 1]);
+    t[2 * p + 1] = _mm256_unpackhi_ps(r[2 * p], r[2 * p + 1]);
+  }
+  for (int q = 0; q < 2; ++q) {
+    s[4 * q + 0] = _mm256_shuffle_ps(t[4 * q], t[4 * q + 2], 0x44);
+    s[4 * q + 1] = _mm256_shuffle_ps(t[4 * q], t[4 * q + 2], 0xee);
+    s[4 * q + 2] = _mm256_shuffle_ps(t[4 * q + 1], t[4 * q + 3], 0x44);
+    s[4 * q + 3] = _mm256_shuffle_ps(t[4 * q + 1], t[4 * q + 3], 0xee);
+  }
+  for (int c = 0; c < 4; ++c) {
+    r[c] = _mm256_permute2f128_ps(s[c], s[4 + c], 0x20);
+    r[c + 4] = _mm256_permute2f128_ps(s[c], s[4 + c], 0x31);
+  }
+}
+#endif
+
+/// The transpose of a 16 x 16 block: dst[k * ldo + j] = src[j * ld + k] for rows j < valid of src, 0 for the rest.
+/// The AVX2 copy transposes the block's four 8 x 8 quarters in ymm registers and swaps the off-diagonal two: GCC
+/// lowers transpose16's 16-lane shuffles there to single floats moved through memory (546 vmovss in
+/// transposeColumns), and the transposes took 5% of a biLM train step on a Zen 3.
+inline __attribute__((always_inline)) void transposeBlock(const float *src, int64_t ld, int64_t valid, float *dst,
+                                                          int64_t ldo) {
+#if defined(__AVX2__) && !defined(__AVX512F__)
+  __m256 q[4][8]; // quarters: rows 0-7 / 8-15 x columns 0-7 / 8-15
+#pragma GCC unroll 16
+  for (int j = 0; j < 16; ++j) {
+    const bool has = j < valid;
+    q[j / 8 * 2][j % 8] = has ? _mm256_loadu_ps(src + j * ld) : _mm256_setzero_ps();
+    q[j / 8 * 2 + 1][j % 8] = has ? _mm256_loadu_ps(src + j * ld + 8) : _mm256_setzero_ps();
+  }
+  for (auto &quarter : q)
+    transpose8(quarter);
+  // Row k < 8 of the transpose: (top-left^T row k, bottom-left^T row k); row 8 + k: the right quarters'.
+#pragma GCC unroll 16
+  for (int k = 0; k < 16; ++k) {
+    _mm256_storeu_ps(dst + k * ldo, q[k / 8][k % 8]);
+    _mm256_storeu_ps(dst + k * ldo + 8, q[k / 8 + 2][k % 8]);
+  }
+#else
+  V16 block[16]; // in registers: every loop over it unrolled
+#pragma GCC unroll 16
+  for (int64_t j = 0; j < 16; ++j)
+    if (j < valid)
+      std::memcpy(&block[j], src + j * ld, sizeof(V16));
+    else
+      block[j] = V16{};
+  transpose16(block);
+#pragma GCC unroll 16
+  for (int64_t k = 0; k < 16; ++k)
+    std::memcpy(dst + k * ldo, &block[k], sizeof(V16));
+#endif
+}
+
 /// The generated GEMM of the model's library (lmrt.h lm_rt_gemm_fn) and the width of its packed column slices.
 struct Gemm {
   lm_rt_gemm_fn fn;
@@ -223,19 +285,8 @@ struct Gemm {
         int64_t k0 = 0;
         if (cols % 16 == 0)
           for (; k0 + 16 <= K; k0 += 16)
-            for (int64_t j0 = 0; j0 < cols; j0 += 16) {
-              V16 block[16]; // in registers: every loop over it unrolled
-#pragma GCC unroll 16
-              for (int64_t j = 0; j < 16; ++j)
-                if (j0 + j < nn)
-                  std::memcpy(&block[j], src + (n0 + j0 + j) * ld + k0, sizeof(V16));
-                else
-                  block[j] = V16{};
-              transpose16(block);
-#pragma GCC unroll 16
-              for (int64_t k = 0; k < 16; ++k)
-                std::memcpy(slice + (k0 + k) * cols + j0, &block[k], sizeof(V16));
-            }
+            for (int64_t j0 = 0; j0 < cols; j0 += 16)
+              transposeBlock(src + (n0 + j0) * ld + k0, ld, nn - j0, slice + k0 * cols + j0, cols);
         for (int64_t j = 0; j < cols; ++j)
           for (int64_t k = k0; k < K; ++k)
             slice[k * cols + j] = j < nn ? src[(n0 + j) * ld + k] : 0.0f;
@@ -255,16 +306,8 @@ void transposeColumns(const float *in, int64_t rows, int64_t ld, int64_t c0, int
   int64_t r0 = 0;
   for (; r0 + 16 <= rows; r0 += 16) {
     int64_t c = c0;
-    for (; c + 16 <= c1; c += 16) {
-      V16 block[16]; // in registers: every loop over it unrolled
-#pragma GCC unroll 16
-      for (int64_t j = 0; j < 16; ++j)
-        std::memcpy(&block[j], in + (r0 + j) * ld + c, sizeof(V16));
-      transpose16(block);
-#pragma GCC unroll 16
-      for (int64_t k = 0; k < 16; ++k)
-        std::memcpy(out + (c + k) * ldo + r0, &block[k], sizeof(V16));
-    }
+    for (; c + 16 <= c1; c += 16)
+      transposeBlock(in + r0 * ld + c, ld, 16, out + c * ldo + r0, ldo);
     for (; c < c1; ++c)
       for (int64_t j = 0; j < 16; ++j)
         out[c * ldo + r0 + j] = in[(r0 + j) * ld + c];
