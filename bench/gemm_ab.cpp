@@ -126,7 +126,7 @@ void build(const std::string &out, const std::function<lmcc::codegen::GemmTile(i
     if (!trainAny)
       depths.push_back(lmcc::codegen::TrainGemmDepth::forWeight(k, n));
   mlir::MLIRContext context;
-  auto module = lmcc::codegen::buildGemmModule(context, nk, tiles, depths);
+  auto module = lmcc::codegen::buildGemmModule(context, nk, tiles, depths, lmcc::codegen::hostL1Ways());
   std::string names;
   for (auto [n, k] : nk) { // tile-independent names, so that libraries of different tiles compare
     const std::string tile = tileOf(k).name(), to = suffix({0, k, n}), from = to + "_" + tile;

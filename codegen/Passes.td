@@ -30,7 +30,8 @@ def LmToLoops : Pass<"lm-to-loops", "::mlir::ModuleOp"> {
            "the FMA's rate)">,
     Option<"l1Ways", "l1-ways", "int64_t", "0",
            "ways of the target's L1 data cache, which picks the GEMM tile of weights whose depth is a multiple of "
-           "1024 (GemmTile::forDepth); 0 = this host's, -1 = unknown (the target's tile for every weight)">,
+           "1024 (GemmTile::forDepth) and whether the training GEMM's body for such a depth copies A "
+           "(getOrCreateTrainGemm); 0 = this host's, -1 = unknown (the target's tile for every weight, no copy)">,
     Option<"halfBlocks", "half-blocks", "std::string", "\"host\"",
            "with 512-bit vectors: yes = the attention's score products take a tile's half-seen first and last key "
            "blocks at 8 lanes (for targets that split 512-bit operations, e.g. Zen 4), no = in 16-lane groups, "

@@ -281,17 +281,21 @@ void emitGemmBody(OpBuilder &b, Location loc, const GemmBody &op, GemmTile tile)
   auto i32Vec = VectorType::get({L}, b.getI32Type());
   Value highHalf = b.create<arith::ConstantOp>(loc, i32Vec, DenseElementsAttr::get(i32Vec, int32_t(0xffff0000u)));
   Value sixteen = b.create<arith::ConstantOp>(loc, i32Vec, DenseElementsAttr::get(i32Vec, int32_t(16)));
-  // A run-time depth (the training GEMM's weight gradients: depth = the batch's rows, A = dy^T at a padded stride)
+  // op.copyA (the training GEMM's run-time depth, and its static depths whose rows overflow the L1 sets they share)
   // copies each block of A, once for every column slice, into `copies`: parts of kCopyDepth columns, a part's rows
   // (blockRows of them) kCopyRow floats apart, so that a tile's rows are constant offsets from one address as in a
-  // fixed-depth body. Read at the run-time stride, x86-64 has too few general registers for the tile's row
-  // addresses and the prefetch's terms: LLVM spilled them (and vector temporaries) in the k loop, and the body ran
-  // at 0.36-0.48x the fixed-depth one on AVX2 (gemm_ab compare --train, build --train-any; 128 rows, depth 147-2048).
-  // A chunk (kChunk, or a shallow depth of at most kMaxUnchunked) never spans two parts. The copy moves the same
+  // fixed-depth body, in distinct L1 sets. Read at the run-time stride (the weight gradients: depth = the batch's
+  // rows, A = dy^T at a padded stride), x86-64 has too few general registers for the tile's row addresses and the
+  // prefetch's terms: LLVM spilled them (and vector temporaries) in the k loop, and the body ran at 0.36-0.48x the
+  // fixed-depth one on AVX2 (gemm_ab compare --train, build --train-any; 128 rows, depth 147-2048). Read 8 KB apart
+  // (depth 2048, the 12-row tile, an 8-way L1) the fixed-depth body ran at 0.75x the copying one (Linear.cpp). A
+  // chunk (kChunk, or a shallow depth of at most kMaxUnchunked) never spans two parts. The copy moves the same
   // floats: every result is unchanged.
   constexpr int64_t kCopyDepth = 512, kCopyRow = kCopyDepth + 16; // rows a line apart from 2 KB: distinct L1 sets
   static_assert(kCopyDepth % kChunk == 0 && kCopyDepth >= kMaxUnchunked);
-  const bool copyA = dynamicK;
+  const bool copyA = op.copyA;
+  assert((!copyA || (tile.weights == GemmTile::Weights::F32 && (dynamicK || chunked || k <= kMaxUnchunked))) &&
+         "A is copied for the fp32 kernel, in parts no chunk spans");
   Value copies; // [parts * blockRows, kCopyRow], allocated below once blockRows is final
   // A k row of a slice is W floats: `lines` cache lines.
   const int64_t lines = std::max<int64_t>(1, W / 16);

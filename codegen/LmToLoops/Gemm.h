@@ -59,13 +59,16 @@ struct GemmTile {
   /// 3072 from 40 rows on (96% of the peak), level at 20 rows; at other depths 12 x 32 stays ahead (0.99x for 5 x 64
   /// on 20 x 768 x 3072). Results do not depend on the tile (getOrCreateGemm).
   static GemmTile forDepth(GemmTile target, int64_t k, int64_t l1Ways) {
-    const bool conflicting = rowsShareL1Sets(k) && l1Ways > 0 && l1Ways < target.rows;
-    if (target.weights == Weights::F32 && target.lanes == 16 && conflicting)
+    if (target.weights == Weights::F32 && target.lanes == 16 && rowsOverflowL1Sets(k, target.rows, l1Ways))
       return GemmTile{5, 4, 16};
     return target;
   }
   /// Whether rows of `words` 4-byte words put every row of a tile in the same L1 sets (a multiple of 4 KB apart).
   static bool rowsShareL1Sets(int64_t words) { return words % 1024 == 0; }
+  /// Whether a tile of `rows` rows `words` apart overflows the sets they share in an L1 of `l1Ways` ways (0: unknown).
+  static bool rowsOverflowL1Sets(int64_t words, int64_t rows, int64_t l1Ways) {
+    return rowsShareL1Sets(words) && l1Ways > 0 && l1Ways < rows;
+  }
 };
 
 /// The AMX kernel's input: A's rows rounded to bf16 pairs (as the weights: round to nearest even), each row
@@ -134,7 +137,11 @@ struct TrainGemmDepth {
 /// run the run-time depth body (`lm_train_gemm_any_<tile>`, what a call without depths gets). Each element is the
 /// same ordered FMA chain in both, so which body runs never changes a result. The function is
 /// `lm_train_gemm_<tile>_for_k<k>[p]...` (one per set of depths), or `name` where given.
-mlir::func::FuncOp getOrCreateTrainGemm(mlir::ModuleOp module, GemmTile tile,
+///
+/// The run-time depth body copies each block of A into rows a fixed distance apart (emitGemmBody's copyA), and so
+/// does a static depth's body where its rows would overflow the L1 sets they share (GemmTile::rowsOverflowL1Sets with
+/// the target's `l1Ways`, 0 if unknown): the tile stays the target's, since the runtime calls one training GEMM.
+mlir::func::FuncOp getOrCreateTrainGemm(mlir::ModuleOp module, GemmTile tile, int64_t l1Ways,
                                         llvm::ArrayRef<TrainGemmDepth> depths = {}, llvm::StringRef name = {});
 
 /// A task for lm_rt_parallel_for: `(ctx: !llvm.ptr, begin: i64, end: i64)` runs the GEMM above on panels [first +
@@ -161,10 +168,11 @@ namespace lmcc::codegen {
 /// for bf16 tiles `lm_bench_gemm_bias_<N>x<K>_<tile.name()>(A, P, bias memref<N>, C)` (C interface), and for
 /// every fp32 tile the training GEMM `lm_train_gemm_<tile.name()>` (public, lm_rt_gemm_fn; specialized for
 /// `trainDepths`, getOrCreateTrainGemm) and `lm_train_gemm_any_<tile.name()>` (the run-time depth body alone), for
-/// benchmarks and tests of the generated GEMM outside a model.
+/// benchmarks and tests of the generated GEMM outside a model; `l1Ways` is the target's (getOrCreateTrainGemm).
 mlir::OwningOpRef<mlir::ModuleOp> buildGemmModule(mlir::MLIRContext &context,
                                                   const std::vector<std::pair<int64_t, int64_t>> &shapes,
                                                   const std::vector<GemmTile> &tiles,
-                                                  const std::vector<TrainGemmDepth> &trainDepths = {});
+                                                  const std::vector<TrainGemmDepth> &trainDepths = {},
+                                                  int64_t l1Ways = 0);
 
 } // namespace lmcc::codegen

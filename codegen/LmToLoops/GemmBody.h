@@ -16,11 +16,13 @@ namespace lmcc::codegen {
 /// The operands of one generated GEMM body (getOrCreateGemm, getOrCreateTrainGemm). `k` is the static depth, or
 /// ShapedType::kDynamic with `K` its runtime value (fp32 only). `N` bounds the columns; `accumulate` (an i1, or null)
 /// adds C's old values to the products; `activation` (emitActivation's kind, or empty) is applied to each element
-/// of the product plus the bias, over each panel of a row block once the panel is done.
+/// of the product plus the bias, over each panel of a row block once the panel is done. `copyA` (fp32 only) reads A
+/// from a copy of each row block whose rows are a fixed distance apart (Gemm.cpp).
 struct GemmBody {
   mlir::Value A, P, bias, C, pBegin, pEnd, cBase, N, K, accumulate;
   int64_t n, k;
   bool withBias, prefetch;
+  bool copyA = false;
   llvm::StringRef activation;
 };
 

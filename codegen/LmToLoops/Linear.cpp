@@ -74,8 +74,9 @@ func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBia
 }
 
 /// A training GEMM body (the lm_rt_gemm_fn signature) named `name`: depth K from the call (`k` dynamic) or `k`
-/// (the caller checked K == lda == k).
-static func::FuncOp trainGemmBody(ModuleOp module, StringRef name, GemmTile tile, int64_t k, bool prefetch) {
+/// (the caller checked K == lda == k), reading A from copies of its row blocks when `copyA` (a run-time depth always).
+static func::FuncOp trainGemmBody(ModuleOp module, StringRef name, GemmTile tile, int64_t k, bool prefetch,
+                                  bool copyA) {
   if (auto existing = module.lookupSymbol<func::FuncOp>(name))
     return existing;
   MLIRContext *ctx = module.getContext();
@@ -106,17 +107,18 @@ static func::FuncOp trainGemmBody(ModuleOp module, StringRef name, GemmTile tile
   op.cBase = b.create<arith::ConstantIndexOp>(loc, 0);
   op.N = toIndex(arg(7)), op.K = toIndex(K);
   op.accumulate = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ne, arg(10), c64(0));
-  op.n = dyn, op.k = k, op.withBias = false, op.prefetch = prefetch;
+  op.n = dyn, op.k = k, op.withBias = false, op.prefetch = prefetch, op.copyA = dynamicK || copyA;
   emitGemmBody(b, loc, op, tile);
   b.create<func::ReturnOp>(loc);
   return fn;
 }
 
-func::FuncOp getOrCreateTrainGemm(ModuleOp module, GemmTile tile, ArrayRef<TrainGemmDepth> depths, StringRef name) {
+func::FuncOp getOrCreateTrainGemm(ModuleOp module, GemmTile tile, int64_t l1Ways, ArrayRef<TrainGemmDepth> depths,
+                                  StringRef name) {
   tile.weights = GemmTile::Weights::F32;
   // The run-time depth body prefetches whatever the weight's size (its size is not known here).
   func::FuncOp any = trainGemmBody(module, "lm_train_gemm_any_" + tile.name(), tile, ShapedType::kDynamic,
-                                   /*prefetch=*/true);
+                                   /*prefetch=*/true, /*copyA=*/true);
   // The depths in order, each once (prefetching if any of its entries does: the widest weight's rule).
   std::vector<TrainGemmDepth> sorted;
   for (const TrainGemmDepth &d : depths)
@@ -132,7 +134,14 @@ func::FuncOp getOrCreateTrainGemm(ModuleOp module, GemmTile tile, ArrayRef<Train
   sorted = std::move(merged);
   if (sorted.empty() && name.empty())
     return any;
-  auto suffix = [](const TrainGemmDepth &d) { return "_k" + std::to_string(d.k) + (d.prefetch ? "p" : ""); };
+  // A static depth whose rows overflow the L1 sets they share copies A as the run-time body does (suffix c): the
+  // inference GEMM takes the 5 x 64 tile there instead (GemmTile::forDepth), but the runtime calls one training GEMM
+  // for every product of a model. Depth 2048 at 1024 rows on a Zen 4 (8-way L1, 12 x 32): 1.33x
+  // (bench/results/2026-12-08-train-copy.md).
+  auto copies = [&](const TrainGemmDepth &d) { return GemmTile::rowsOverflowL1Sets(d.k, tile.rows, l1Ways); };
+  auto suffix = [&](const TrainGemmDepth &d) {
+    return "_k" + std::to_string(d.k) + (d.prefetch ? "p" : "") + (copies(d) ? "c" : "");
+  };
   std::string fnName = name.str();
   if (fnName.empty()) {
     fnName = "lm_train_gemm_" + tile.name() + "_for";
@@ -150,7 +159,8 @@ func::FuncOp getOrCreateTrainGemm(ModuleOp module, GemmTile tile, ArrayRef<Train
   Value lda = args[1], K = args[3];
   // The depth equal to K and lda, if one is.
   for (const TrainGemmDepth &d : sorted) {
-    func::FuncOp body = trainGemmBody(module, "lm_train_gemm_" + tile.name() + suffix(d), tile, d.k, d.prefetch);
+    func::FuncOp body =
+        trainGemmBody(module, "lm_train_gemm_" + tile.name() + suffix(d), tile, d.k, d.prefetch, copies(d));
     Value k = b.create<LLVM::ConstantOp>(loc, i64, b.getI64IntegerAttr(d.k));
     Value match = b.create<LLVM::AndOp>(loc, b.create<LLVM::ICmpOp>(loc, LLVM::ICmpPredicate::eq, K, k),
                                         b.create<LLVM::ICmpOp>(loc, LLVM::ICmpPredicate::eq, lda, k));
@@ -221,7 +231,7 @@ func::FuncOp getOrCreateGemmRowTask(ModuleOp module, int64_t n, int64_t k, bool 
 
 OwningOpRef<ModuleOp> buildGemmModule(MLIRContext &context, const std::vector<std::pair<int64_t, int64_t>> &shapes,
                                       const std::vector<GemmTile> &tiles,
-                                      const std::vector<TrainGemmDepth> &trainDepths) {
+                                      const std::vector<TrainGemmDepth> &trainDepths, int64_t l1Ways) {
   context.loadDialect<amx::AMXDialect, arith::ArithDialect, func::FuncDialect, memref::MemRefDialect, scf::SCFDialect,
                       vector::VectorDialect, LLVM::LLVMDialect>();
   OpBuilder b(&context);
@@ -279,8 +289,8 @@ OwningOpRef<ModuleOp> buildGemmModule(MLIRContext &context, const std::vector<st
     }
   for (GemmTile tile : tiles)
     if (!tile.bf16()) {
-      getOrCreateTrainGemm(*module, tile, trainDepths, "lm_train_gemm_" + tile.name()).setPublic();
-      getOrCreateTrainGemm(*module, tile).setPublic();
+      getOrCreateTrainGemm(*module, tile, l1Ways, trainDepths, "lm_train_gemm_" + tile.name()).setPublic();
+      getOrCreateTrainGemm(*module, tile, l1Ways).setPublic();
     }
   return module;
 }

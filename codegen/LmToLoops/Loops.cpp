@@ -486,7 +486,7 @@ Value Loops::functionPointer(func::FuncOp fn) {
 }
 
 SmallVector<Value, 2> Loops::trainGemm(ArrayRef<TrainGemmDepth> depths) {
-  func::FuncOp gemm = getOrCreateTrainGemm(op->getParentOfType<ModuleOp>(), context.tile, depths);
+  func::FuncOp gemm = getOrCreateTrainGemm(op->getParentOfType<ModuleOp>(), context.tile, context.l1Ways, depths);
   return {functionPointer(gemm), i64c(context.tile.cols())};
 }
 

@@ -44,8 +44,10 @@ const std::vector<lmcc::codegen::GemmTile> kTiles = {
 std::string tileSuffix(lmcc::codegen::GemmTile t) { return t.name(); }
 
 // The training GEMM's static depths (getOrCreateTrainGemm): unchunked without and with the prefetch (512 twice: merged
-// into one body that prefetches), and chunked.
+// into one body that prefetches), and chunked. Built for an 8-way L1 (kL1Ways): depth 2048 puts A's rows 8 KB apart,
+// so the 12-row tile's body reads a copy of A (as the run-time depth body does) and the 6- and 5-row ones read A.
 const std::vector<lmcc::codegen::TrainGemmDepth> kTrainDepths = {{64, false}, {512, false}, {512, true}, {2048, true}};
+constexpr int64_t kL1Ways = 8;
 
 class GemmTest : public ::testing::Test {
 protected:
@@ -54,7 +56,10 @@ protected:
     if (library.handle)
       return;
     mlir::MLIRContext context;
-    auto module = lmcc::codegen::buildGemmModule(context, kShapes, kTiles, kTrainDepths);
+    auto module = lmcc::codegen::buildGemmModule(context, kShapes, kTiles, kTrainDepths, kL1Ways);
+    // TrainGemmIsTheOrderedFmaChain runs both static depth 2048 bodies: copying A (12 rows) and not (6 rows).
+    ASSERT_TRUE(module->lookupSymbol("lm_train_gemm_" + kTiles[0].name() + "_k2048pc")) << kTiles[0].name();
+    ASSERT_TRUE(module->lookupSymbol("lm_train_gemm_" + kTiles[1].name() + "_k2048p")) << kTiles[1].name();
     ASSERT_NO_FATAL_FAILURE(library.build(*module, "gemm"));
   }
   static void TearDownTestSuite() { library.close(); }
