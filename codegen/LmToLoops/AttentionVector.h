@@ -44,6 +44,9 @@ struct Geometry {
   /// 4 keys x 4 vectors (16). 256-bit (16 registers, two per vector): 4 rows x 1 block, 4 rows x 1 vector, 4 keys
   /// x 1 vector (8 registers of accumulators each, the 8 independent FMA chains two ports of latency 4 need).
   static Geometry forTarget(int64_t bits, bool halfBlocks);
+  /// Whether an 8-lane vector operation costs half a 16-lane one: on 256-bit targets (a 16-lane operation is two)
+  /// and on 512-bit ones that split them (halfBlocks).
+  bool halfVectorsCheaper() const { return halfBlocks || eightLaneTranspose; }
 };
 constexpr Geometry kWideGeometry{8, 2, 4, 4, 4}, kNarrowGeometry{4, 1, 4, 1, 4};
 // The backward's dq tiles (AttentionGrad.cpp) take pvRows rows at a time and the score groups scoreRows: both

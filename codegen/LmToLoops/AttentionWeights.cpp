@@ -148,14 +148,21 @@ void VectorKernel::relativeProducts(Value a, Value bi, Value base, ArrayRef<Valu
   auto [first, last] = tableRows(clip);
   SmallVector<SmallVector<Value>> blocks; // [block][row]
   for (int64_t t0 = first; t0 <= last; t0 += kLanes) {
+    // A last block of at most 8 table rows (T = 2c + 1 = 33 for the Diformer's c = 16: the lone t = 32, or t = 16
+    // under a triangular mask) takes 8 lanes where they cost half: the same FMA chain per lane.
+    const VectorType type =
+        last - t0 < kLanes / 2 && geo.halfVectorsCheaper() ? VectorType::get({kLanes / 2}, L.f32()) : vt;
+    Value zero = b.create<arith::ConstantOp>(loc, type, DenseElementsAttr::get(type, 0.0f));
     blocks.emplace_back();
     rowGroups(R, geo.scoreRows, [&](int64_t r0, int64_t n) {
-      SmallVector<Value> zeros(n, zeroV);
+      SmallVector<Value> zeros(n, zero);
       auto dot = loop(L.idx(0), L.idx(dh), 1, zeros, [&](Value e, ValueRange acc) {
-        Value kv = load(relT, ValueRange{e, L.idx(t0)});
+        Value kv = b.create<vector::LoadOp>(loc, type, relT, ValueRange{e, L.idx(t0)});
         SmallVector<Value> next;
-        for (int64_t r = 0; r < n; ++r)
-          next.push_back(b.create<vector::FMAOp>(loc, bcast(L.load(a, {bi, row[r0 + r], add(base, e)})), kv, acc[r]));
+        for (int64_t r = 0; r < n; ++r) {
+          Value qe = b.create<vector::BroadcastOp>(loc, type, L.load(a, {bi, row[r0 + r], add(base, e)}));
+          next.push_back(b.create<vector::FMAOp>(loc, qe, kv, acc[r]));
+        }
         return next;
       });
       blocks.back().append(dot.getResults().begin(), dot.getResults().end());

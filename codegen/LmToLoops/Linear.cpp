@@ -136,7 +136,7 @@ func::FuncOp getOrCreateTrainGemm(ModuleOp module, GemmTile tile, int64_t l1Ways
     return any;
   // A static depth whose rows overflow the L1 sets they share copies A as the run-time body does (suffix c): the
   // inference GEMM takes the 5 x 64 tile there instead (GemmTile::forDepth), but the runtime calls one training GEMM
-  // for every product of a model. Depth 2048 at 1024 rows on a Zen 4 (8-way L1, 12 x 32): 1.33x
+  // for every product of a model. Depth 2048 at 600-2048 rows on a Zen 4 (8-way L1, 12 x 32): 1.06-1.39x
   // (bench/results/2026-12-08-train-copy.md).
   auto copies = [&](const TrainGemmDepth &d) { return GemmTile::rowsOverflowL1Sets(d.k, tile.rows, l1Ways); };
   auto suffix = [&](const TrainGemmDepth &d) {
