@@ -13,7 +13,11 @@
 //                  `lmcc init SPEC --seed 1 -o DIR/init.safetensors` when missing.
 //   --lmcc PATH    default: ../bin/lmcc next to this executable (build/bench -> build/bin).
 //   --flops F      train FLOPs of one step; default: `lmcc compile SPEC --stats --n N --train`, whose
-//                  `train: flops=` line is per sentence at batch 1, times B.
+//                  `train: flops=` line is per sentence at batch 1, times B, less the loss head's 8 x d_model x
+//                  vocab FLOPs (forward, recomputed logits, dh, dW) of every row without a target for the
+//                  causal, masked and autoencoding objectives (--stats counts the head on every row; the
+//                  compiled step runs it on target rows only: the masked objective trains about 15% of them;
+//                  bench/train_grid.py's useful_flops, which the training grid applies to a given --flops).
 //   --peak-gflops G  the machine's FP32 FMA peak at T threads; default: measured here (independent
 //                  FMA chains, AVX-512 where the CPU has it, else AVX2; best of three; T threads at once).
 //   --peak-only    prints {"threads":T,"peak_gflops":G,"peak_isa":...} (the measurement above) and exits.
@@ -208,7 +212,8 @@ int main(int argc, char **argv) {
     if (!fs::exists(a.weights))
       run(quote(a.lmcc) + " init " + quote(a.spec) + " --seed 1 -o " + quote(a.weights) + " 2>&1");
   }
-  if (a.flops <= 0) {
+  const bool statsFlops = a.flops <= 0;
+  if (statsFlops) {
     std::string out = run(quote(a.lmcc) + " compile " + quote(a.spec) + " --stats --n " + std::to_string(a.n) +
                           " --train 2>&1");
     size_t at = out.find("train: flops=");
@@ -245,6 +250,10 @@ int main(int argc, char **argv) {
     for (int32_t t : ex.targets[b])
       numTargets += t >= 0;
   }
+  const lmcc::Objective objective = lmcc::resolvedObjective(spec);
+  if (statsFlops && (objective == lmcc::Objective::Causal || objective == lmcc::Objective::Masked ||
+                     objective == lmcc::Objective::Autoencoding))
+    a.flops -= double(a.batch * a.n - numTargets) * 8.0 * double(spec.dims.dModel) * double(spec.dims.vocab);
   if (!a.dumpBatch.empty()) {
     std::ofstream out(a.dumpBatch);
     auto rows = [&](const std::vector<std::vector<int32_t>> &v) {
@@ -350,7 +359,7 @@ int main(int argc, char **argv) {
               "\"max_ms\":%.3f,\"steps_per_s\":%.5g,\"tokens_per_s\":%.6g,\"peak_rss_mb\":%.1f,"
               "\"train_flops_per_step\":%.0f,\"gflops\":%.4g,\"peak_gflops\":%.4g,\"peak_isa\":\"%s\","
               "\"roofline_fraction\":%.4f,\"loss_ms\":%.3f,\"grad_ms\":%.3f}\n",
-              spec.name.c_str(), objectiveName(lmcc::resolvedObjective(spec)).c_str(), (long long)a.batch,
+              spec.name.c_str(), objectiveName(objective).c_str(), (long long)a.batch,
               (long long)a.n, (long long)a.threads, (long long)a.steps, (long long)spec.dims.dModel,
               (long long)spec.dims.vocab, (long long)numTargets,
               (long long)rt.numParams(rt.desc), firstLoss, lastLoss, warmupMs, median,
