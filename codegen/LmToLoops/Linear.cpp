@@ -74,7 +74,8 @@ func::FuncOp getOrCreateGemm(ModuleOp module, int64_t n, int64_t k, bool withBia
 }
 
 /// A training GEMM body (the lm_rt_gemm_fn signature) named `name`: depth K from the call (`k` dynamic) or `k`
-/// (the caller checked K == lda == k), reading A from copies of its row blocks when `copyA` (a run-time depth always).
+/// (the caller checked K == lda == k), reading A from copies of its row blocks when `copyA` (a run-time depth's caller
+/// always asks for them).
 static func::FuncOp trainGemmBody(ModuleOp module, StringRef name, GemmTile tile, int64_t k, bool prefetch,
                                   bool copyA) {
   if (auto existing = module.lookupSymbol<func::FuncOp>(name))
@@ -107,7 +108,7 @@ static func::FuncOp trainGemmBody(ModuleOp module, StringRef name, GemmTile tile
   op.cBase = b.create<arith::ConstantIndexOp>(loc, 0);
   op.N = toIndex(arg(7)), op.K = toIndex(K);
   op.accumulate = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ne, arg(10), c64(0));
-  op.n = dyn, op.k = k, op.withBias = false, op.prefetch = prefetch, op.copyA = dynamicK || copyA;
+  op.n = dyn, op.k = k, op.withBias = false, op.prefetch = prefetch, op.copyA = copyA;
   emitGemmBody(b, loc, op, tile);
   b.create<func::ReturnOp>(loc);
   return fn;
